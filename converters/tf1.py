@@ -1,0 +1,249 @@
+"""google-research/bert TF1 checkpoints in and out of kbert, strictly.
+
+Reading: every kbert weight must be found with its exact shape; unknown `bert/` or `cls/`
+variables are an error; `global_step` and Adam slots are skipped and said so. Writing:
+the original names, shapes and values, loadable by the original code's
+`get_assignment_map_from_checkpoint` + `init_from_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import logging
+import os
+import shutil
+
+import numpy as np
+
+from kbert.config import BertConfig
+from kbert.errors import KbertError
+from kbert.files import atomic_output_dir
+from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab
+from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
+
+log = logging.getLogger("kbert")
+
+CKPT_PREFIX = "bert_model.ckpt"
+OPTIMIZER_SLOT_SUFFIXES = ("/adam_m", "/adam_v", "/Adam", "/Adam_1", "/lamb_m", "/lamb_v")
+SKIPPED_NAMES = ("global_step", "_CHECKPOINTABLE_OBJECT_GRAPH")
+
+
+@dataclasses.dataclass
+class Tf1Source:
+    """Where a google-research checkpoint's three parts are."""
+    prefix: str
+    config_file: str
+    vocab_file: str
+
+
+def find_checkpoint(src, config_file=None, vocab_file=None) -> Tf1Source:
+    """Resolve SRC: a directory (checkpoint found via its `checkpoint` file or its single
+    `*.index`) or a checkpoint prefix such as `model.ckpt-20000`."""
+    src = os.fspath(src).rstrip("/") or "/"
+    if os.path.isdir(src):
+        folder = src
+        prefix = _prefix_in_dir(src)
+    elif os.path.isfile(src + ".index"):
+        folder, prefix = os.path.dirname(src) or ".", src
+    elif src.endswith(".index") and os.path.isfile(src):
+        folder, prefix = os.path.dirname(src) or ".", src[: -len(".index")]
+    else:
+        raise KbertError(f"{src}: no such checkpoint directory or prefix; pass the folder holding "
+                         f"bert_config.json, vocab.txt and bert_model.ckpt.*, or a prefix like "
+                         f"DIR/model.ckpt-20000")
+    config_file = config_file or os.path.join(folder, CONFIG_FILE)
+    vocab_file = vocab_file or os.path.join(folder, VOCAB_FILE)
+    for path, what in ((config_file, "bert_config.json"), (vocab_file, "vocab.txt")):
+        if not os.path.isfile(path):
+            raise KbertError(f"{path}: missing; put the checkpoint's {what} there or pass "
+                             f"--{'config' if what.startswith('bert') else 'vocab'} PATH")
+    return Tf1Source(prefix, config_file, vocab_file)
+
+
+def _prefix_in_dir(folder: str) -> str:
+    state = os.path.join(folder, "checkpoint")
+    if os.path.isfile(state):
+        import tensorflow as tf
+        prefix = tf.train.latest_checkpoint(folder)
+        if prefix and os.path.isfile(prefix + ".index"):
+            return prefix
+    indexes = sorted(glob.glob(os.path.join(folder, "*.index")))
+    if len(indexes) == 1:
+        return indexes[0][: -len(".index")]
+    if not indexes:
+        raise KbertError(f"{folder}: no checkpoint (*.index) in this directory; pass the folder "
+                         f"that holds bert_model.ckpt.index and bert_model.ckpt.data-*")
+    names = ", ".join(os.path.basename(p)[: -len(".index")] for p in indexes[:5])
+    raise KbertError(f"{folder}: {len(indexes)} checkpoints here ({names}); pass one prefix, "
+                     f"e.g. {indexes[-1][: -len('.index')]}")
+
+
+def open_reader(prefix: str):
+    import tensorflow as tf
+    try:
+        return tf.train.load_checkpoint(prefix)
+    except Exception as e:  # tf raises DataLossError, NotFoundError, ... for broken files
+        raise KbertError(f"{prefix}: not a readable TF checkpoint ({_first_line(e)}); the files are "
+                         f"truncated or not a checkpoint: download or export them again") from None
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+def is_optimizer_state(name: str) -> bool:
+    return name in SKIPPED_NAMES or name.endswith(OPTIMIZER_SLOT_SUFFIXES)
+
+
+def _plural(n, word):
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _listing(names, limit=8):
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=None):
+    """A `BertPretrainer` holding the weights of a google-research/bert checkpoint.
+
+    Args:
+        src: str. A checkpoint directory (with bert_config.json, vocab.txt) or a prefix.
+        config_file, vocab_file: str. Override where the config and vocabulary are found.
+        do_lower_case: bool. Whether the vocabulary is uncased; guessed from the directory
+            name ("uncased"/"cased") when None, else True.
+
+    Returns the model; `model.vocab_file`, `model.do_lower_case` and `model.conversion`
+    (what was loaded, skipped and freshly initialised) are attached.
+
+    Example:
+    >>> model = kbert.converters.load_tf1_checkpoint("uncased_L-12_H-768_A-12/")  # doctest: +SKIP
+    """
+    from kbert.models import BertPretrainer
+
+    source = find_checkpoint(src, config_file, vocab_file)
+    config = BertConfig.from_json_file(source.config_file)
+    check_vocab(source.vocab_file, config)
+    reader = open_reader(source.prefix)
+    shapes = reader.get_variable_to_shape_map()
+
+    wanted = tf1_to_kbert_paths(config.num_hidden_layers)
+    skipped = sorted(n for n in shapes if is_optimizer_state(n))
+    ours = [n for n in shapes if n.startswith(("bert/", "cls/")) and not is_optimizer_state(n)]
+    other = sorted(n for n in shapes if n not in skipped and n not in ours)
+    unknown = sorted(n for n in ours if n not in wanted)
+    if unknown:
+        hint = ("; the checkpoint has more layers than num_hidden_layers in bert_config.json"
+                if any("/layer_" in n for n in unknown) else "; is this a BERT checkpoint?")
+        raise KbertError(f"{source.prefix}: {_plural(len(unknown), 'unknown variable')} "
+                         f"({_listing(unknown)}){hint}")
+
+    fresh_heads = [head for head, prefix in HEADS.items()
+                   if not any(n.startswith(prefix) for n in shapes)]
+    missing = sorted(n for n in wanted if n not in shapes
+                     and not any(n.startswith(HEADS[h]) for h in fresh_heads))
+    if missing:
+        hint = ("; bert_config.json has more layers (num_hidden_layers) than the checkpoint"
+                if any("/layer_" in n for n in missing) else "")
+        raise KbertError(f"{source.prefix}: {_plural(len(missing), 'weight')} missing from the "
+                         f"checkpoint ({_listing(missing)}){hint}")
+
+    model = BertPretrainer(config)
+    variables = {v.path: v for v in model.weights}
+    # Check every shape before copying anything, so an error names the real cause.
+    for tf1_name, path in wanted.items():
+        if tf1_name not in shapes:
+            continue
+        expected, found = tuple(variables[path].shape), tuple(shapes[tf1_name])
+        if expected != found:
+            raise KbertError(
+                f"{tf1_name}: the checkpoint has shape {list(found)} but bert_config.json gives "
+                f"{list(expected)}; check {suspect_field(tf1_name, expected, found)} in "
+                f"{source.config_file}")
+    for tf1_name, path in wanted.items():
+        if tf1_name in shapes:
+            try:
+                value = reader.get_tensor(tf1_name)
+            except Exception as e:
+                raise KbertError(f"{source.prefix}: cannot read {tf1_name} ({_first_line(e)}); the "
+                                 f"data file is truncated or damaged: download it again") from None
+            variables[path].assign(np.asarray(value, dtype=variables[path].dtype))
+
+    if skipped:
+        log.info("skipped %s of optimizer state (global_step, adam_m/adam_v slots)",
+                 _plural(len(skipped), "variable"))
+    if other:
+        log.info("ignored %s outside bert/ and cls/: %s", _plural(len(other), "variable"), _listing(other))
+    for head in fresh_heads:
+        log.info("the checkpoint has no %s head (%s*): it is freshly initialised", head, HEADS[head])
+
+    if do_lower_case is None:
+        do_lower_case = _guess_lower_case(source)
+    model.vocab_file = source.vocab_file
+    model.do_lower_case = do_lower_case
+    model.conversion = {
+        "checkpoint": source.prefix,
+        "loaded": len(wanted) - sum(1 for n in wanted if n not in shapes),
+        "skipped_optimizer_state": len(skipped),
+        "ignored": other,
+        "fresh_heads": fresh_heads,
+        "global_step": int(reader.get_tensor("global_step")) if "global_step" in shapes else None,
+    }
+    return model
+
+
+def _guess_lower_case(source: Tf1Source) -> bool:
+    # Released checkpoints don't record casing; their folder names do (uncased_L-12_H-768_A-12).
+    name = os.path.basename(os.path.dirname(os.path.abspath(source.prefix))).lower()
+    if "uncased" in name:
+        return True
+    return "cased" not in name
+
+
+def save_tf1_checkpoint(model, out_dir, vocab_file=None, overwrite: bool = False):
+    """Write `model` as a google-research/bert checkpoint directory, atomically.
+
+    Writes `bert_config.json` (the original keys only), `vocab.txt`, `checkpoint` and
+    `bert_model.ckpt.{index,data-00000-of-00001}` with the original variable names. Heads the
+    model does not have (an encoder has neither) are left out, as in an encoder-only release.
+
+    Args:
+        model: a kbert `BertEncoder` or `BertPretrainer`.
+        out_dir: str. Output directory (must not exist or be empty unless `overwrite`).
+        vocab_file: str. Defaults to `model.vocab_file` (set by `kbert.load` and the converters).
+
+    Example:
+    >>> kbert.converters.save_tf1_checkpoint(kbert.load("out/tiny"), "out/tiny-tf1")  # doctest: +SKIP
+    """
+    import tensorflow as tf
+
+    vocab_file = vocab_file or getattr(model, "vocab_file", None)
+    if not vocab_file:
+        raise KbertError("save_tf1_checkpoint needs the vocabulary: pass vocab_file=PATH/vocab.txt")
+    config = BertConfig.from_dict({k: v for k, v in model.config.to_dict().items()
+                                   if k in BertConfig.field_names()})
+    check_vocab(vocab_file, config)
+    kbert_to_tf1 = {path: name for name, path in tf1_to_kbert_paths(config.num_hidden_layers).items()}
+    names, tensors = [], []
+    for variable in model.weights:
+        if variable.path not in kbert_to_tf1:
+            raise KbertError(f"weight {variable.path} has no google-research name; only kbert "
+                             f"encoder and pretrainer weights can be written as a TF1 checkpoint")
+        if kbert_to_tf1[variable.path] in names:
+            continue  # the tied word embeddings appear once
+        names.append(kbert_to_tf1[variable.path])
+        # .value, not the keras.Variable: TF savers otherwise see Keras' own names.
+        tensors.append(tf.convert_to_tensor(variable.value))
+    with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:
+        config.to_json_file(os.path.join(tmp, CONFIG_FILE))
+        shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_FILE))
+        prefix = os.path.join(tmp, CKPT_PREFIX)
+        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+                          tensors=tensors)
+        with open(os.path.join(tmp, "checkpoint"), "w") as f:
+            f.write(f'model_checkpoint_path: "{CKPT_PREFIX}"\n'
+                    f'all_model_checkpoint_paths: "{CKPT_PREFIX}"\n')
+    return out_dir

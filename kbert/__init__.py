@@ -1,0 +1,39 @@
+"""kbert: BERT for Keras 3 on TensorFlow, numerically google-research/bert.
+
+>>> import kbert
+>>> config = kbert.BertConfig.from_json_file("bert_config.json")    # doctest: +SKIP
+>>> model = kbert.converters.load_tf1_checkpoint("uncased_L-12_H-768_A-12/")  # doctest: +SKIP
+
+Names are imported on first use, so `kbert --help` does not wait for TensorFlow.
+"""
+
+import importlib
+import os
+
+# kbert is TensorFlow-only: SavedModels, tf.data, tf.distribute and TF Text.
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "BertConfig": "kbert.config",
+    "KbertError": "kbert.errors",
+    "BertEncoder": "kbert.models",
+    "BertPretrainer": "kbert.models",
+    "bert_encoder": "kbert.models",
+    "bert_pretrainer": "kbert.models",
+    "load": "kbert.model_dir",
+    "save": "kbert.model_dir",
+    "Tokenizer": "kbert.tokenizer",
+    "GraphTokenizer": "kbert.graph_tokenizer",
+}
+
+__all__ = sorted(_EXPORTS) + ["converters"]
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in ("converters", "serving", "cli"):
+        return importlib.import_module(f"kbert.{name}")
+    raise AttributeError(f"module 'kbert' has no attribute {name!r}")

@@ -1,0 +1,96 @@
+"""`GraphTokenizer`: `Tokenizer`'s ids computed inside the TensorFlow graph, for tf.data and SavedModels.
+
+tf.text's `BertTokenizer` and `FastBertTokenizer` disagree with the original on about one
+hard line in ten: they case-fold with NFKC (which turns full-width letters into ASCII and
+"™" into "tm"), read character classes from ICU's Unicode version, and limit words by bytes
+rather than characters. So this layer composes lower-level ops into the original's steps:
+
+1. drop invalid UTF-8 bytes (as `bytes.decode("utf-8", "ignore")`);
+2. remove control/format characters, turn whitespace into spaces (`_clean_text`);
+3. put spaces around CJK ideographs;
+4. lower-case (`tf.strings.lower`, the full Unicode mapping `str.lower` uses), NFD, drop
+   non-spacing marks (only when lower-casing);
+5. split on whitespace and punctuation, keeping the punctuation;
+6. WordPiece with tf.text's `WordpieceTokenizer`, with words over 200 *characters* made [UNK].
+
+The character classes in steps 2, 3, 4 and 5 are written into the graph from Python's
+`unicodedata` (`kbert.unicode_classes`), the same tables the original reads.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from kbert import unicode_classes as uc
+from kbert.tokenizer import MAX_CHARS_PER_WORD, UNK, load_vocab
+
+# tf.text limits words by bytes; 4 bytes per character covers MAX_CHARS_PER_WORD characters,
+# and longer words are replaced with [UNK] before the lookup.
+_MAX_BYTES_PER_WORD = 4 * MAX_CHARS_PER_WORD
+
+
+class GraphTokenizer(keras.layers.Layer):
+    """Strings [batch] -> WordPiece ids as an int32 `tf.RaggedTensor` [batch, (tokens)].
+
+    Gives the same ids as `kbert.Tokenizer` (and so as google-research/bert's
+    FullTokenizer); runs in tf.data, `tf.function` and exported SavedModels.
+
+    Args:
+        vocab_file: str. The vocab.txt (line number = id).
+        do_lower_case: bool. Lower-case and strip accents.
+
+    Example:
+    >>> tokenizer = GraphTokenizer("tests/fixtures/vocab-uncased.txt")
+    >>> tokenizer(tf.constant(["Hello, world!"])).to_list()
+    [[7592, 1010, 2088, 999]]
+    """
+
+    def __init__(self, vocab_file, do_lower_case: bool = True, **kwargs):
+        kwargs.setdefault("dtype", "int32")
+        super().__init__(trainable=False, **kwargs)
+        self.vocab_file = str(vocab_file)
+        self.do_lower_case = bool(do_lower_case)
+        vocab = load_vocab(self.vocab_file)
+        tokens = sorted(vocab, key=vocab.get)
+        self._unk_id = vocab.get(UNK, -1)
+        self._table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(tokens), tf.constant([vocab[t] for t in tokens], dtype=tf.int64)),
+            default_value=-1)
+        self._wordpiece = tf_text.WordpieceTokenizer(
+            self._table, suffix_indicator="##", max_bytes_per_word=_MAX_BYTES_PER_WORD,
+            token_out_type=tf.int64, unknown_token=UNK)
+        self._removed = f"[{uc.re2_class(uc.removed_chars())}]"
+        self._whitespace = f"[{uc.re2_class(uc.whitespace_chars())}]"
+        self._cjk = "([" + "".join(f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in uc.CJK_RANGES) + "])"
+        self._marks = f"[{uc.re2_class(uc.mark_chars())}]"
+        punct = f"[{uc.re2_class(uc.punctuation_chars())}]"
+        self._split = f"[{uc.re2_class(uc.split_chars())}]+|{punct}"
+        self._keep = punct
+
+    def words(self, texts):
+        """The basic tokens (before WordPiece) as a string RaggedTensor [batch, (words)]."""
+        texts = tf.convert_to_tensor(texts, dtype=tf.string)
+        texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="ignore")
+        texts = tf.strings.regex_replace(texts, self._removed, "")
+        texts = tf.strings.regex_replace(texts, self._whitespace, " ")
+        texts = tf.strings.regex_replace(texts, self._cjk, " \\1 ")
+        if self.do_lower_case:
+            texts = tf.strings.lower(texts, encoding="utf-8")
+            texts = tf_text.normalize_utf8(texts, "NFD")
+            texts = tf.strings.regex_replace(texts, self._marks, "")
+        words = tf_text.regex_split(texts, self._split, self._keep)
+        # The original makes a word of more than 200 characters a single [UNK].
+        too_long = tf.strings.length(words.flat_values, unit="UTF8_CHAR") > MAX_CHARS_PER_WORD
+        return words.with_flat_values(tf.where(too_long, UNK, words.flat_values))
+
+    def call(self, texts):
+        ids = self._wordpiece.tokenize(self.words(texts))  # [batch, (words), (pieces)]
+        return tf.cast(ids.merge_dims(1, 2), tf.int32)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(vocab_file=self.vocab_file, do_lower_case=self.do_lower_case)
+        return config

@@ -1,0 +1,220 @@
+"""The layers of google-research/bert's `modeling.py`, as Keras 3 layers.
+
+Each layer keeps its weights in the original's shapes ([H, H] attention kernels, [2, H]
+next-sentence weights), so converting a checkpoint is a copy, never a reshape, and a round
+trip is bit for bit. Why not keras-hub's `TransformerEncoder`: it has one dropout rate where
+`bert_config.json` has two (`hidden_dropout_prob`, `attention_probs_dropout_prob`), and it
+masks attention with its own large negative number rather than the original's -10000.
+keras-hub's `PositionEmbedding` is reused as is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+from keras_hub.layers import PositionEmbedding
+
+from kbert.config import BertConfig
+
+
+def activation(name: str):
+    """The activation a `hidden_act` value names.
+
+    "gelu" is the exact erf form used to train the released checkpoints (google-research/bert's
+    first release); "gelu_new"/"gelu_tanh" are the tanh approximation.
+    """
+    if name == "gelu":
+        return lambda x: keras.activations.gelu(x, approximate=False)
+    if name in ("gelu_new", "gelu_tanh", "gelu_pytorch_tanh"):
+        return lambda x: keras.activations.gelu(x, approximate=True)
+    return keras.activations.get(name)
+
+
+def initializer(config: BertConfig):
+    # modeling.create_initializer: truncated normal (cut at 2 stddev) with initializer_range.
+    return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
+
+
+def layer_norm(name: str, dtype=None):
+    # tf.contrib.layers.layer_norm as modeling.py calls it: last axis, epsilon 1e-12.
+    return keras.layers.LayerNormalization(axis=-1, epsilon=1e-12, name=name, dtype=dtype)
+
+
+class BertEmbeddings(keras.layers.Layer):
+    """Word + segment + position embeddings, then LayerNorm and dropout (`embedding_postprocessor`).
+
+    Call with `(input_ids, segment_ids)`, both int [batch, seq]; returns [batch, seq, H].
+    """
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(**kwargs)
+        init = initializer(config)
+        self.word_embeddings = keras.layers.Embedding(
+            config.vocab_size, config.hidden_size, embeddings_initializer=init,
+            name="word_embeddings", dtype=self.dtype_policy)
+        self.token_type_embeddings = keras.layers.Embedding(
+            config.type_vocab_size, config.hidden_size, embeddings_initializer=init,
+            name="token_type_embeddings", dtype=self.dtype_policy)
+        self.position_embeddings = PositionEmbedding(
+            config.max_position_embeddings, initializer=init,
+            name="position_embeddings", dtype=self.dtype_policy)
+        self.layer_norm = layer_norm("layer_norm", self.dtype_policy)
+        self.dropout = keras.layers.Dropout(config.hidden_dropout_prob, name="dropout",
+                                            dtype=self.dtype_policy)
+
+    def build(self, input_ids_shape, segment_ids_shape=None):
+        self.word_embeddings.build(input_ids_shape)
+        self.token_type_embeddings.build(input_ids_shape)
+        hidden_shape = tuple(input_ids_shape) + (self.word_embeddings.output_dim,)
+        self.position_embeddings.build(hidden_shape)
+        self.layer_norm.build(hidden_shape)
+        self.built = True
+
+    def call(self, input_ids, segment_ids, training=None):
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(segment_ids)
+        x = x + self.position_embeddings(x)
+        return self.dropout(self.layer_norm(x), training=training)
+
+    def compute_output_spec(self, input_ids, segment_ids, training=None):
+        return keras.KerasTensor(tuple(input_ids.shape) + (self.word_embeddings.output_dim,),
+                                 dtype=self.compute_dtype)
+
+
+class TransformerLayer(keras.layers.Layer):
+    """One post-LayerNorm transformer layer, as modeling.transformer_model builds it.
+
+    Call with `(hidden, attention_adder)`: hidden [batch, seq, H] and attention_adder
+    [batch, 1, 1, seq] (0 for real tokens, -10000 for padding, see `attention_adder`).
+    """
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.head_size
+        init = initializer(config)
+        policy = self.dtype_policy
+
+        def dense(units, name, act=None):
+            return keras.layers.Dense(units, activation=act, kernel_initializer=init,
+                                      name=name, dtype=policy)
+
+        H = config.hidden_size
+        self.query = dense(H, "query")
+        self.key = dense(H, "key")
+        self.value = dense(H, "value")
+        self.attention_output = dense(H, "attention_output")
+        self.attention_layer_norm = layer_norm("attention_layer_norm", policy)
+        self.intermediate = dense(config.intermediate_size, "intermediate", activation(config.hidden_act))
+        self.output_dense = dense(H, "output")
+        self.output_layer_norm = layer_norm("output_layer_norm", policy)
+        self.attention_dropout = keras.layers.Dropout(config.attention_probs_dropout_prob,
+                                                      name="attention_dropout", dtype=policy)
+        self.hidden_dropout = keras.layers.Dropout(config.hidden_dropout_prob,
+                                                   name="hidden_dropout", dtype=policy)
+
+    def build(self, hidden_shape, attention_adder_shape=None):
+        H = hidden_shape[-1]
+        for dense in (self.query, self.key, self.value, self.attention_output):
+            dense.build(hidden_shape)
+        self.attention_layer_norm.build(hidden_shape)
+        self.intermediate.build(hidden_shape)
+        self.output_dense.build(tuple(hidden_shape[:-1]) + (self.intermediate.units,))
+        self.output_layer_norm.build(hidden_shape)
+        assert H == self.num_heads * self.head_size
+        self.built = True
+
+    def _split_heads(self, x, batch, seq):
+        # [batch, seq, H] -> [batch, heads, seq, head_size]
+        x = ops.reshape(x, (batch, seq, self.num_heads, self.head_size))
+        return ops.transpose(x, (0, 2, 1, 3))
+
+    def call(self, hidden, attention_adder, training=None):
+        batch, seq = ops.shape(hidden)[0], ops.shape(hidden)[1]
+        q = self._split_heads(self.query(hidden), batch, seq)
+        k = self._split_heads(self.key(hidden), batch, seq)
+        v = self._split_heads(self.value(hidden), batch, seq)
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(self.head_size))
+        # Softmax in float32 even under mixed precision: bf16 loses the small probabilities.
+        scores = ops.cast(scores, "float32") + ops.cast(attention_adder, "float32")
+        probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
+        probs = self.attention_dropout(probs, training=training)
+        context = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
+        context = ops.reshape(context, (batch, seq, self.num_heads * self.head_size))
+
+        attended = self.hidden_dropout(self.attention_output(context), training=training)
+        attended = self.attention_layer_norm(attended + hidden)
+        out = self.output_dense(self.intermediate(attended))
+        out = self.hidden_dropout(out, training=training)
+        return self.output_layer_norm(out + attended)
+
+    def compute_output_spec(self, hidden, attention_adder, training=None):
+        return keras.KerasTensor(hidden.shape, dtype=self.compute_dtype)
+
+
+def attention_adder(input_mask, dtype="float32"):
+    """[batch, seq] mask (1 = real token) -> [batch, 1, 1, seq] of 0 / -10000, as modeling.py."""
+    mask = ops.cast(input_mask, dtype)
+    return ops.expand_dims(ops.expand_dims((1.0 - mask) * -10000.0, 1), 1)
+
+
+class MaskedLMHead(keras.layers.Layer):
+    """`cls/predictions`: dense(H) + activation + LayerNorm, logits against the tied word embeddings.
+
+    Call with `(sequence_output, masked_lm_positions)`; returns float32 logits
+    [batch, positions, vocab]. Only the masked positions are transformed and projected,
+    which is where the original spends its time too (`gather_indexes`).
+    """
+
+    def __init__(self, config: BertConfig, word_embeddings: keras.layers.Embedding, **kwargs):
+        super().__init__(**kwargs)
+        self.word_embeddings = word_embeddings
+        self.transform = keras.layers.Dense(
+            config.hidden_size, activation=activation(config.hidden_act),
+            kernel_initializer=initializer(config), name="transform", dtype=self.dtype_policy)
+        self.layer_norm = layer_norm("layer_norm", self.dtype_policy)
+        self.vocab_size = config.vocab_size
+
+    def build(self, sequence_output_shape, masked_lm_positions_shape=None):
+        self.transform.build(sequence_output_shape)
+        self.layer_norm.build(sequence_output_shape)
+        self.output_bias = self.add_weight(name="output_bias", shape=(self.vocab_size,),
+                                           initializer="zeros")
+        self.built = True
+
+    def call(self, sequence_output, masked_lm_positions):
+        picked = ops.take_along_axis(
+            sequence_output, ops.expand_dims(ops.cast(masked_lm_positions, "int32"), -1), axis=1)
+        picked = self.layer_norm(self.transform(picked))
+        table = ops.cast(self.word_embeddings.embeddings, self.compute_dtype)
+        logits = ops.matmul(picked, ops.transpose(table))
+        return ops.cast(logits, "float32") + ops.cast(self.output_bias, "float32")
+
+    def compute_output_spec(self, sequence_output, masked_lm_positions):
+        return keras.KerasTensor(
+            (sequence_output.shape[0], masked_lm_positions.shape[1], self.vocab_size), dtype="float32")
+
+
+class NextSentenceHead(keras.layers.Layer):
+    """`cls/seq_relationship`: logits [batch, 2] from the pooled output; label 0 = "B follows A".
+
+    The weight is kept [2, H] and used transposed, exactly as the original stores it.
+    """
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(**kwargs)
+        self.initializer = initializer(config)
+
+    def build(self, pooled_output_shape):
+        self.output_weights = self.add_weight(name="output_weights", shape=(2, pooled_output_shape[-1]),
+                                              initializer=self.initializer)
+        self.output_bias = self.add_weight(name="output_bias", shape=(2,), initializer="zeros")
+        self.built = True
+
+    def call(self, pooled_output):
+        logits = ops.matmul(pooled_output, ops.transpose(ops.cast(self.output_weights, self.compute_dtype)))
+        return ops.cast(logits, "float32") + ops.cast(self.output_bias, "float32")
+
+    def compute_output_spec(self, pooled_output):
+        return keras.KerasTensor((pooled_output.shape[0], 2), dtype="float32")

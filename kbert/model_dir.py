@@ -1,0 +1,98 @@
+"""kbert model directories: `bert_config.json` + `vocab.txt` + `model.weights.h5`.
+
+`bert_config.json` keeps the original keys, plus kbert's own: `kbert_model` (which model
+class the weights belong to) and `do_lower_case`. `kbert.load` rebuilds the model from the
+config and loads the weights, so the directory stays readable by anything that reads
+google-research/bert's config.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from kbert.config import BertConfig
+from kbert.errors import KbertError
+from kbert.files import atomic_output_dir, count_lines, require_path
+
+CONFIG_FILE = "bert_config.json"
+VOCAB_FILE = "vocab.txt"
+WEIGHTS_FILE = "model.weights.h5"
+
+
+def check_vocab(vocab_file: str, config: BertConfig):
+    """A vocab.txt must have exactly `vocab_size` lines, or ids would point at the wrong rows."""
+    require_path(vocab_file, "vocab file", "pass the vocab.txt that came with the checkpoint")
+    n = count_lines(vocab_file)
+    if n != config.vocab_size:
+        raise KbertError(f"{vocab_file} has {n} entries but bert_config.json says vocab_size "
+                         f"{config.vocab_size}; use the vocab.txt this model was trained with")
+
+
+def model_kind(model) -> str:
+    from kbert.models import BertEncoder, BertPretrainer
+    if isinstance(model, BertPretrainer):
+        return "pretrainer"
+    if isinstance(model, BertEncoder):
+        return "encoder"
+    raise KbertError(f"cannot save a {type(model).__name__}: kbert model directories hold "
+                     f"kbert models (bert_encoder, bert_pretrainer)")
+
+
+def save(model, model_dir, vocab_file: str, do_lower_case: bool = True, overwrite: bool = False):
+    """Write `model` as a kbert model directory, atomically.
+
+    Args:
+        model: a kbert model (`bert_encoder`, `bert_pretrainer`).
+        model_dir: str. The directory to write; must not exist or be empty unless `overwrite`.
+        vocab_file: str. The vocab.txt to copy in.
+        do_lower_case: bool. Recorded so tokenizers built from the directory lower-case or not.
+        overwrite: bool. Replace a non-empty `model_dir`.
+    """
+    config = BertConfig.from_dict(model.config.to_dict())
+    check_vocab(vocab_file, config)
+    config.extras.update(kbert_model=model_kind(model), do_lower_case=bool(do_lower_case))
+    with atomic_output_dir(model_dir, overwrite=overwrite) as tmp:
+        config.to_json_file(os.path.join(tmp, CONFIG_FILE))
+        shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_FILE))
+        model.save_weights(os.path.join(tmp, WEIGHTS_FILE))
+    return model_dir
+
+
+def is_model_dir(path) -> bool:
+    return os.path.isfile(os.path.join(path, WEIGHTS_FILE))
+
+
+def load_config(model_dir) -> BertConfig:
+    require_path(model_dir, "model directory", "pass a directory written by kbert (convert, pretrain, finetune)")
+    return BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
+
+
+def load(model_dir):
+    """The model saved in a kbert model directory, with its weights.
+
+    The model carries `vocab_file` and `do_lower_case` attributes for building its tokenizer.
+
+    Example:
+    >>> model = kbert.load("out/tiny")  # doctest: +SKIP
+    """
+    from kbert.models import BertEncoder, BertPretrainer
+
+    model_dir = os.fspath(model_dir)
+    config = load_config(model_dir)
+    weights = os.path.join(model_dir, WEIGHTS_FILE)
+    require_path(weights, "weights file", "the model directory is incomplete; convert or train it again")
+    kind = config.extras.get("kbert_model", "pretrainer")
+    builders = {"pretrainer": BertPretrainer, "encoder": BertEncoder}
+    if kind not in builders:
+        raise KbertError(f"{model_dir}: unknown kbert_model {kind!r} in bert_config.json; "
+                         f"expected one of {', '.join(builders)}")
+    model = builders[kind](config)
+    try:
+        model.load_weights(weights)
+    except (ValueError, OSError) as e:
+        raise KbertError(f"{weights}: cannot load ({str(e).splitlines()[0]}); the file is damaged or "
+                         f"does not match bert_config.json") from None
+    model.vocab_file = os.path.join(model_dir, VOCAB_FILE)
+    model.do_lower_case = bool(config.extras.get("do_lower_case", True))
+    return model

@@ -1,0 +1,145 @@
+"""BERT as functional Keras models: the encoder (`modeling.BertModel`) and the pretrainer (+ MLM, NSP)."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from kbert.config import BertConfig
+from kbert.layers import (BertEmbeddings, MaskedLMHead, NextSentenceHead, TransformerLayer,
+                          attention_adder, initializer)
+
+ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
+
+
+def _as_config(config) -> BertConfig:
+    return config if isinstance(config, BertConfig) else BertConfig.from_dict(config)
+
+
+def _int_inputs(names):
+    # Sequence length is None: any length up to max_position_embeddings.
+    return {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in names}
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertEncoder(keras.Model):
+    """google-research/bert's `BertModel`: embeddings, L transformer layers and the pooler.
+
+    Inputs: a dict of int32 [batch, seq] `input_ids`, `input_mask` (1 = real token), `segment_ids`.
+    Outputs: a dict with `sequence_output` [batch, seq, H] and `pooled_output` [batch, H].
+
+    Args:
+        config: `BertConfig` or its dict.
+
+    Example:
+    >>> import numpy as np, kbert
+    >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+    ...                           num_attention_heads=4, intermediate_size=64)
+    >>> encoder = kbert.bert_encoder(config)
+    >>> ids = np.array([[2, 7, 9, 3]], dtype="int32")
+    >>> out = encoder({"input_ids": ids, "input_mask": np.ones_like(ids),
+    ...                "segment_ids": np.zeros_like(ids)})
+    >>> tuple(out["sequence_output"].shape), tuple(out["pooled_output"].shape)
+    ((1, 4, 32), (1, 32))
+    """
+
+    def __init__(self, config, **kwargs):
+        config = _as_config(config)
+        kwargs.setdefault("name", "bert_encoder")
+        # === Layers ===
+        self.embeddings = BertEmbeddings(config, name="embeddings")
+        self.transformer_layers = [TransformerLayer(config, name=f"transformer_layer_{i}")
+                                   for i in range(config.num_hidden_layers)]
+        self.pooler = keras.layers.Dense(config.hidden_size, activation="tanh",
+                                         kernel_initializer=initializer(config), name="pooler")
+
+        # === Functional Model ===
+        inputs = _int_inputs(ENCODER_INPUTS)
+        hidden = self.embeddings(inputs["input_ids"], inputs["segment_ids"])
+        adder = attention_adder(inputs["input_mask"])
+        for layer in self.transformer_layers:
+            hidden = layer(hidden, adder)
+        # The pooler reads the first ([CLS]) token.
+        pooled = self.pooler(hidden[:, 0, :])
+        super().__init__(inputs=inputs,
+                         outputs={"sequence_output": hidden, "pooled_output": pooled}, **kwargs)
+
+        # === Config ===
+        self.config = config
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertPretrainer(keras.Model):
+    """The encoder plus the masked-LM and next-sentence heads of `run_pretraining.py`.
+
+    Inputs: the encoder's three plus int32 `masked_lm_positions` [batch, P].
+    Outputs: `sequence_output`, `pooled_output`, `mlm_logits` [batch, P, vocab] and
+    `nsp_logits` [batch, 2] (float32; their log_softmax is the original's `log_probs`).
+
+    Args:
+        config: `BertConfig` or its dict.
+        encoder: optional `BertEncoder` to put the heads on (its weights are shared).
+
+    Example:
+    >>> import numpy as np, kbert
+    >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+    ...                           num_attention_heads=4, intermediate_size=64)
+    >>> model = kbert.bert_pretrainer(config)
+    >>> ids = np.array([[2, 7, 9, 3]], dtype="int32")
+    >>> out = model({"input_ids": ids, "input_mask": np.ones_like(ids),
+    ...              "segment_ids": np.zeros_like(ids),
+    ...              "masked_lm_positions": np.array([[1, 2]], dtype="int32")})
+    >>> tuple(out["mlm_logits"].shape), tuple(out["nsp_logits"].shape)
+    ((1, 2, 100), (1, 2))
+    """
+
+    def __init__(self, config, encoder: BertEncoder | None = None, **kwargs):
+        config = _as_config(config)
+        kwargs.setdefault("name", "bert_pretrainer")
+        # === Layers ===
+        self.encoder = encoder if encoder is not None else BertEncoder(config)
+        self.mlm_head = MaskedLMHead(config, self.encoder.embeddings.word_embeddings, name="mlm_head")
+        self.nsp_head = NextSentenceHead(config, name="nsp_head")
+
+        # === Functional Model ===
+        inputs = _int_inputs(ENCODER_INPUTS + ("masked_lm_positions",))
+        encoded = self.encoder({name: inputs[name] for name in ENCODER_INPUTS})
+        outputs = {
+            "sequence_output": encoded["sequence_output"],
+            "pooled_output": encoded["pooled_output"],
+            "mlm_logits": self.mlm_head(encoded["sequence_output"], inputs["masked_lm_positions"]),
+            "nsp_logits": self.nsp_head(encoded["pooled_output"]),
+        }
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+
+        # === Config ===
+        self.config = config
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def bert_encoder(config) -> BertEncoder:
+    """An untrained `BertEncoder` for `config` (a `BertConfig` or its dict)."""
+    return BertEncoder(config)
+
+
+def bert_pretrainer(config) -> BertPretrainer:
+    """An untrained `BertPretrainer` (encoder + MLM + NSP) for `config`."""
+    return BertPretrainer(config)
+
+
+def embedding_model(encoder: BertEncoder) -> keras.Model:
+    """A model from the encoder's inputs to `embedding_output` (after embeddings + LayerNorm)."""
+    return keras.Model(encoder.input, encoder.embeddings.output)

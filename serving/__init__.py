@@ -1,0 +1,1 @@
+"""SavedModel export for TF Serving (built in a later issue)."""
