@@ -1,0 +1,27 @@
+# Two commands for a fresh machine: `make quickstart` and `make test`. Each builds .venv if missing.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kbert-installed
+
+.PHONY: quickstart test bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[test]"
+	@touch $(STAMP)
+
+quickstart: $(STAMP)
+	@bash scripts/quickstart.sh
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e ".[test,bench]"
+	$(BIN)/python benchmarks/convert_bench.py
+	$(BIN)/python benchmarks/tokenizer_bench.py
+
+clean:
+	rm -rf $(VENV) quickstart-out

@@ -1,0 +1,1 @@
+"""kbert's command line (typer): one module per command group."""

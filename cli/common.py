@@ -1,0 +1,55 @@
+"""What every command shares: stdout for results (JSON), stderr for logs, quiet TensorFlow."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+
+def quiet_tensorflow():
+    """Keep TensorFlow's C++ start-up chatter (oneDNN, CUDA probes) off the user's terminal."""
+    if os.environ.get("KBERT_DEBUG") != "1":
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        os.environ.setdefault("ABSL_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+
+def import_tensorflow_quietly():
+    """Import TensorFlow with fd 2 pointed at /dev/null: its C++ start-up lines (oneDNN, CUDA
+    probes) ignore TF_CPP_MIN_LOG_LEVEL in 2.21 and would bury the one line a user needs."""
+    if os.environ.get("KBERT_DEBUG") == "1" or "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+        import tensorflow_text  # noqa: F401
+        import keras  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def setup_logging(debug: bool = False):
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("kbert: %(message)s"))
+    log = logging.getLogger("kbert")
+    log.handlers[:] = [handler]
+    log.setLevel(logging.DEBUG if debug else logging.INFO)
+    log.propagate = False
+    if not debug:
+        import warnings
+        warnings.filterwarnings("ignore")
+        logging.getLogger("absl").setLevel(logging.ERROR)
+        logging.getLogger("tensorflow").setLevel(logging.ERROR)
+
+
+def print_result(result: dict):
+    """The command's result: one JSON object on stdout."""
+    sys.stdout.write(json.dumps(result, sort_keys=False) + "\n")
+    sys.stdout.flush()

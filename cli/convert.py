@@ -1,0 +1,75 @@
+"""`kbert convert`: google-research/bert checkpoints into kbert model directories and back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kbert.cli.common import print_result
+
+app = typer.Typer(help="Move checkpoints between google-research/bert's TF1 format and kbert.",
+                  no_args_is_help=True)
+
+
+@app.command("from-tf1")
+def from_tf1(
+    src: Path = typer.Argument(..., help="Checkpoint directory (bert_config.json, vocab.txt, *.ckpt) or prefix like DIR/model.ckpt-20000."),
+    out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
+    config: Optional[Path] = typer.Option(None, help="bert_config.json, if not beside the checkpoint."),
+    vocab: Optional[Path] = typer.Option(None, help="vocab.txt, if not beside the checkpoint."),
+    lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Uncased vocabulary? Default: guessed from the folder name (uncased/cased), else lowercase."),
+    overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
+):
+    """Convert a google-research/bert checkpoint into a kbert model directory."""
+    import kbert
+    from kbert.converters import load_tf1_checkpoint
+    from kbert.files import check_output_dir
+
+    check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
+    model = load_tf1_checkpoint(src, config_file=config and str(config), vocab_file=vocab and str(vocab),
+                                do_lower_case=lowercase)
+    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+               overwrite=overwrite)
+    report = model.conversion
+    print_result({
+        "model_dir": str(out_model_dir),
+        "checkpoint": report["checkpoint"],
+        "parameters": int(model.count_params()),
+        "weights_loaded": report["loaded"],
+        "fresh_heads": report["fresh_heads"],
+        "skipped_optimizer_state": report["skipped_optimizer_state"],
+        "global_step": report["global_step"],
+        "do_lower_case": model.do_lower_case,
+    })
+
+
+@app.command("to-tf1")
+def to_tf1(
+    model_dir: Path = typer.Argument(..., help="kbert model directory."),
+    out_dir: Path = typer.Argument(..., help="Directory for bert_config.json, vocab.txt and bert_model.ckpt.*"),
+    overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists and is not empty."),
+):
+    """Write a kbert model as a checkpoint the original google-research/bert code loads."""
+    import kbert
+    from kbert.converters import save_tf1_checkpoint
+    from kbert.converters.tf1 import CKPT_PREFIX
+    from kbert.files import check_output_dir
+
+    check_output_dir(str(out_dir), overwrite)
+    model = kbert.load(model_dir)
+    save_tf1_checkpoint(model, out_dir, overwrite=overwrite)
+    print_result({"checkpoint": str(out_dir / CKPT_PREFIX), "parameters": int(model.count_params())})
+
+
+@app.command("inspect")
+def inspect_(src: Path = typer.Argument(..., help="Checkpoint directory or prefix, or kbert model directory.")):
+    """Show what a checkpoint or model directory holds: config, parameters, heads, optimizer slots, step."""
+    from kbert.converters.inspect import describe
+    from kbert.files import require_path
+    import os
+
+    if not os.path.exists(src) and not os.path.exists(f"{src}.index"):
+        require_path(src, "checkpoint or model directory", "check the path")
+    print_result(describe(src))

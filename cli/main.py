@@ -1,0 +1,62 @@
+"""`kbert`: the command line. One module per command group; this one joins them and turns
+user errors into one line on stderr and exit status 1 (tracebacks only with --debug)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from kbert.cli import convert
+from kbert.cli.common import import_tensorflow_quietly, quiet_tensorflow, setup_logging
+
+app = typer.Typer(
+    name="kbert",
+    help="BERT for Keras 3 on TensorFlow: convert, pretrain, fine-tune and serve google-research/bert models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+app.add_typer(convert.app, name="convert")
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks (or set KBERT_DEBUG=1).")):
+    """Results print as JSON on stdout; progress and logs go to stderr."""
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --debug is accepted anywhere on the line, so it can be added to a failing command as is.
+    debug = "--debug" in argv or os.environ.get("KBERT_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    if debug:
+        os.environ["KBERT_DEBUG"] = "1"
+    quiet_tensorflow()
+    setup_logging(debug)
+    if argv and not {"--help", "-h"} & set(argv) and argv[-1] not in ("convert",):
+        import_tensorflow_quietly()
+    from kbert.errors import KbertError
+    try:
+        app(args=argv, prog_name="kbert")
+    except KbertError as e:
+        if debug:
+            raise
+        print(f"kbert: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("kbert: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # a bug, not a user error: still one line unless --debug
+        if debug:
+            raise
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        print(f"kbert: unexpected error: {type(e).__name__}: {first} (rerun with --debug for the "
+              f"traceback)", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
