@@ -20,6 +20,7 @@ from kbert.config import BertConfig
 from kbert.errors import KbertError
 from kbert.files import atomic_output_dir
 from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab
+from kbert.layers import weights_from
 from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
 
 log = logging.getLogger("kbert")
@@ -122,6 +123,8 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
     Example:
     >>> model = kbert.converters.load_tf1_checkpoint("uncased_L-12_H-768_A-12/")  # doctest: +SKIP
     """
+    import tensorflow as tf
+
     from kbert.models import BertPretrainer
 
     source = find_checkpoint(src, config_file, vocab_file)
@@ -129,6 +132,7 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
     check_vocab(source.vocab_file, config)
     reader = open_reader(source.prefix)
     shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
 
     wanted = tf1_to_kbert_paths(config.num_hidden_layers)
     skipped = sorted(n for n in shapes if is_optimizer_state(n))
@@ -151,26 +155,39 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
         raise KbertError(f"{source.prefix}: {_plural(len(missing), 'weight')} missing from the "
                          f"checkpoint ({_listing(missing)}){hint}")
 
-    model = BertPretrainer(config)
-    variables = {v.path: v for v in model.weights}
-    # Check every shape before copying anything, so an error names the real cause.
-    for tf1_name, path in wanted.items():
-        if tf1_name not in shapes:
-            continue
-        expected, found = tuple(variables[path].shape), tuple(shapes[tf1_name])
-        if expected != found:
-            raise KbertError(
-                f"{tf1_name}: the checkpoint has shape {list(found)} but bert_config.json gives "
-                f"{list(expected)}; check {suspect_field(tf1_name, expected, found)} in "
-                f"{source.config_file}")
-    for tf1_name, path in wanted.items():
-        if tf1_name in shapes:
-            try:
-                value = reader.get_tensor(tf1_name)
-            except Exception as e:
-                raise KbertError(f"{source.prefix}: cannot read {tf1_name} ({_first_line(e)}); the "
-                                 f"data file is truncated or damaged: download it again") from None
-            variables[path].assign(np.asarray(value, dtype=variables[path].dtype))
+    # Each weight is created directly from the checkpoint's tensor (see layers.weights_from):
+    # no random draw, no second copy. Shapes are checked as the weights are created.
+    kbert_to_tf1 = {path: name for name, path in wanted.items()}
+    loaded, mismatches = set(), []
+
+    def value_for(path, shape):
+        name = kbert_to_tf1.get(path)
+        if name is None or name not in shapes:
+            return None
+        if tuple(shapes[name]) != shape:
+            mismatches.append((name, shape, tuple(shapes[name])))
+            return None
+        try:
+            # RestoreV2 reads straight into a tensor; reader.get_tensor would add two copies
+            # (to numpy, and numpy back to a tensor), which for BERT-base doubles the time.
+            value = tf.raw_ops.RestoreV2(prefix=source.prefix, tensor_names=[name],
+                                         shape_and_slices=[""], dtypes=[dtypes[name]])[0]
+        except Exception as e:  # tf raises DataLossError, OutOfRange... for damaged data files
+            raise KbertError(f"{source.prefix}: cannot read {name} ({_first_line(e)}); the data "
+                             f"file is truncated or damaged: download it again") from None
+        loaded.add(name)
+        return value
+
+    with weights_from(value_for):
+        model = BertPretrainer(config)
+    if mismatches:
+        name, expected, found = mismatches[0]
+        raise KbertError(
+            f"{name}: the checkpoint has shape {list(found)} but bert_config.json gives "
+            f"{list(expected)}; check {suspect_field(name, expected, found)} in {source.config_file}")
+    not_loaded = sorted(n for n in wanted if n in shapes and n not in loaded)
+    if not_loaded:  # a guard on the path-based loading itself
+        raise RuntimeError(f"kbert bug: weights not loaded from the checkpoint: {_listing(not_loaded)}")
 
     if skipped:
         log.info("skipped %s of optimizer state (global_step, adam_m/adam_v slots)",

@@ -5,18 +5,23 @@ next-sentence weights), so converting a checkpoint is a copy, never a reshape, a
 trip is bit for bit. Why not keras-hub's `TransformerEncoder`: it has one dropout rate where
 `bert_config.json` has two (`hidden_dropout_prob`, `attention_probs_dropout_prob`), and it
 masks attention with its own large negative number rather than the original's -10000.
-keras-hub's `PositionEmbedding` is reused as is.
+Why not keras-hub's `PositionEmbedding`: importing keras_hub costs every process about
+150 MiB and a second (measured in benchmarks/convert_bench.py), for a slice of one table.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import keras
 from keras import ops
-from keras_hub.layers import PositionEmbedding
+from keras.src.backend.common.name_scope import current_path
 
 from kbert.config import BertConfig
+
+# While a converter builds a model, a function from weight path to the checkpoint's value.
+_LOADER = [None]
 
 
 def activation(name: str):
@@ -32,14 +37,77 @@ def activation(name: str):
     return keras.activations.get(name)
 
 
-def initializer(config: BertConfig):
-    # modeling.create_initializer: truncated normal (cut at 2 stddev) with initializer_range.
-    return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
+def initializer(config: BertConfig, weight: str = "kernel", default=None):
+    """The original's initializer for one weight, or, inside `weights_from`, its loaded value.
+
+    Default: modeling.create_initializer, a truncated normal (cut at 2 stddev) with
+    `initializer_range`; biases and LayerNorm betas start at 0, gammas at 1.
+    """
+    if default is None:
+        default = keras.initializers.TruncatedNormal(stddev=config.initializer_range)
+    default = keras.initializers.get(default)
+    return default if _LOADER[0] is None else _LoadedValue(weight, default)
 
 
-def layer_norm(name: str, dtype=None):
+class _LoadedValue(keras.initializers.Initializer):
+    """Creates a weight directly from a checkpoint's value: no random draw, no second copy.
+
+    For BERT-base, drawing 110M random numbers and then overwriting them takes longer, and
+    twice the memory, than reading the checkpoint. Weights the loader has no value for
+    (a head the checkpoint lacks) get `default`.
+    """
+
+    def __init__(self, weight, default):
+        self.weight, self.default = weight, default
+
+    def __call__(self, shape, dtype=None):
+        # Keras creates a weight inside its layer's name scope, so the scope plus the weight
+        # name is the weight's path ("transformer_layer_0/query" + "/kernel").
+        path = f"{current_path()}/{self.weight}"
+        value = _LOADER[0](path, tuple(shape))
+        return self.default(shape, dtype) if value is None else value
+
+
+@contextlib.contextmanager
+def weights_from(loader):
+    """Build models whose weights come from `loader(path, shape) -> array or None`."""
+    _LOADER[0] = loader
+    try:
+        yield
+    finally:
+        _LOADER[0] = None
+
+
+def dense(config: BertConfig, units: int, name: str, act=None, dtype=None):
+    return keras.layers.Dense(units, activation=act, kernel_initializer=initializer(config, "kernel"),
+                              bias_initializer=initializer(config, "bias", "zeros"),
+                              name=name, dtype=dtype)
+
+
+class PositionEmbedding(keras.layers.Layer):
+    """`bert/embeddings/position_embeddings`: a [max_position_embeddings, H] table whose first
+    `seq` rows are added to a [batch, seq, H] input."""
+
+    def __init__(self, max_positions: int, initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.max_positions = max_positions
+        self.initializer = initializer
+
+    def build(self, inputs_shape):
+        self.embeddings = self.add_weight(name="embeddings", shape=(self.max_positions, inputs_shape[-1]),
+                                          initializer=self.initializer)
+        self.built = True
+
+    def call(self, inputs):
+        seq = ops.shape(inputs)[1]
+        return ops.expand_dims(ops.cast(self.embeddings[:seq], self.compute_dtype), 0)
+
+
+def layer_norm(config: BertConfig, name: str, dtype=None):
     # tf.contrib.layers.layer_norm as modeling.py calls it: last axis, epsilon 1e-12.
-    return keras.layers.LayerNormalization(axis=-1, epsilon=1e-12, name=name, dtype=dtype)
+    return keras.layers.LayerNormalization(
+        axis=-1, epsilon=1e-12, gamma_initializer=initializer(config, "gamma", "ones"),
+        beta_initializer=initializer(config, "beta", "zeros"), name=name, dtype=dtype)
 
 
 class BertEmbeddings(keras.layers.Layer):
@@ -50,7 +118,7 @@ class BertEmbeddings(keras.layers.Layer):
 
     def __init__(self, config: BertConfig, **kwargs):
         super().__init__(**kwargs)
-        init = initializer(config)
+        init = initializer(config, "embeddings")
         self.word_embeddings = keras.layers.Embedding(
             config.vocab_size, config.hidden_size, embeddings_initializer=init,
             name="word_embeddings", dtype=self.dtype_policy)
@@ -60,7 +128,7 @@ class BertEmbeddings(keras.layers.Layer):
         self.position_embeddings = PositionEmbedding(
             config.max_position_embeddings, initializer=init,
             name="position_embeddings", dtype=self.dtype_policy)
-        self.layer_norm = layer_norm("layer_norm", self.dtype_policy)
+        self.layer_norm = layer_norm(config, "layer_norm", self.dtype_policy)
         self.dropout = keras.layers.Dropout(config.hidden_dropout_prob, name="dropout",
                                             dtype=self.dtype_policy)
 
@@ -74,7 +142,7 @@ class BertEmbeddings(keras.layers.Layer):
 
     def call(self, input_ids, segment_ids, training=None):
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(segment_ids)
-        x = x + self.position_embeddings(x)
+        x = x + self.position_embeddings(x)  # broadcast over the batch
         return self.dropout(self.layer_norm(x), training=training)
 
     def compute_output_spec(self, input_ids, segment_ids, training=None):
@@ -93,22 +161,17 @@ class TransformerLayer(keras.layers.Layer):
         super().__init__(**kwargs)
         self.num_heads = config.num_attention_heads
         self.head_size = config.head_size
-        init = initializer(config)
         policy = self.dtype_policy
-
-        def dense(units, name, act=None):
-            return keras.layers.Dense(units, activation=act, kernel_initializer=init,
-                                      name=name, dtype=policy)
-
         H = config.hidden_size
-        self.query = dense(H, "query")
-        self.key = dense(H, "key")
-        self.value = dense(H, "value")
-        self.attention_output = dense(H, "attention_output")
-        self.attention_layer_norm = layer_norm("attention_layer_norm", policy)
-        self.intermediate = dense(config.intermediate_size, "intermediate", activation(config.hidden_act))
-        self.output_dense = dense(H, "output")
-        self.output_layer_norm = layer_norm("output_layer_norm", policy)
+        self.query = dense(config, H, "query", dtype=policy)
+        self.key = dense(config, H, "key", dtype=policy)
+        self.value = dense(config, H, "value", dtype=policy)
+        self.attention_output = dense(config, H, "attention_output", dtype=policy)
+        self.attention_layer_norm = layer_norm(config, "attention_layer_norm", policy)
+        self.intermediate = dense(config, config.intermediate_size, "intermediate",
+                                  activation(config.hidden_act), dtype=policy)
+        self.output_dense = dense(config, H, "output", dtype=policy)
+        self.output_layer_norm = layer_norm(config, "output_layer_norm", policy)
         self.attention_dropout = keras.layers.Dropout(config.attention_probs_dropout_prob,
                                                       name="attention_dropout", dtype=policy)
         self.hidden_dropout = keras.layers.Dropout(config.hidden_dropout_prob,
@@ -170,17 +233,17 @@ class MaskedLMHead(keras.layers.Layer):
     def __init__(self, config: BertConfig, word_embeddings: keras.layers.Embedding, **kwargs):
         super().__init__(**kwargs)
         self.word_embeddings = word_embeddings
-        self.transform = keras.layers.Dense(
-            config.hidden_size, activation=activation(config.hidden_act),
-            kernel_initializer=initializer(config), name="transform", dtype=self.dtype_policy)
-        self.layer_norm = layer_norm("layer_norm", self.dtype_policy)
+        self.transform = dense(config, config.hidden_size, "transform", activation(config.hidden_act),
+                               dtype=self.dtype_policy)
+        self.bias_initializer = initializer(config, "output_bias", "zeros")
+        self.layer_norm = layer_norm(config, "layer_norm", self.dtype_policy)
         self.vocab_size = config.vocab_size
 
     def build(self, sequence_output_shape, masked_lm_positions_shape=None):
         self.transform.build(sequence_output_shape)
         self.layer_norm.build(sequence_output_shape)
         self.output_bias = self.add_weight(name="output_bias", shape=(self.vocab_size,),
-                                           initializer="zeros")
+                                           initializer=self.bias_initializer)
         self.built = True
 
     def call(self, sequence_output, masked_lm_positions):
@@ -204,12 +267,13 @@ class NextSentenceHead(keras.layers.Layer):
 
     def __init__(self, config: BertConfig, **kwargs):
         super().__init__(**kwargs)
-        self.initializer = initializer(config)
+        self.weights_initializer = initializer(config, "output_weights")
+        self.bias_initializer = initializer(config, "output_bias", "zeros")
 
     def build(self, pooled_output_shape):
         self.output_weights = self.add_weight(name="output_weights", shape=(2, pooled_output_shape[-1]),
-                                              initializer=self.initializer)
-        self.output_bias = self.add_weight(name="output_bias", shape=(2,), initializer="zeros")
+                                              initializer=self.weights_initializer)
+        self.output_bias = self.add_weight(name="output_bias", shape=(2,), initializer=self.bias_initializer)
         self.built = True
 
     def call(self, pooled_output):

@@ -76,6 +76,9 @@ def load(model_dir):
     Example:
     >>> model = kbert.load("out/tiny")  # doctest: +SKIP
     """
+    import tensorflow as tf
+
+    from kbert.layers import weights_from
     from kbert.models import BertEncoder, BertPretrainer
 
     model_dir = os.fspath(model_dir)
@@ -87,7 +90,10 @@ def load(model_dir):
     if kind not in builders:
         raise KbertError(f"{model_dir}: unknown kbert_model {kind!r} in bert_config.json; "
                          f"expected one of {', '.join(builders)}")
-    model = builders[kind](config)
+    # Zero-filled weights, overwritten by load_weights next: drawing BERT-base's 110M random
+    # initial values would take longer than reading the file.
+    with weights_from(lambda path, shape: tf.zeros(shape)):
+        model = builders[kind](config)
     try:
         model.load_weights(weights)
     except (ValueError, OSError) as e:

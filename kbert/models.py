@@ -7,7 +7,7 @@ from keras import ops
 
 from kbert.config import BertConfig
 from kbert.layers import (BertEmbeddings, MaskedLMHead, NextSentenceHead, TransformerLayer,
-                          attention_adder, initializer)
+                          attention_adder, dense)
 
 ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
 
@@ -50,8 +50,7 @@ class BertEncoder(keras.Model):
         self.embeddings = BertEmbeddings(config, name="embeddings")
         self.transformer_layers = [TransformerLayer(config, name=f"transformer_layer_{i}")
                                    for i in range(config.num_hidden_layers)]
-        self.pooler = keras.layers.Dense(config.hidden_size, activation="tanh",
-                                         kernel_initializer=initializer(config), name="pooler")
+        self.pooler = dense(config, config.hidden_size, "pooler", "tanh")
 
         # === Functional Model ===
         inputs = _int_inputs(ENCODER_INPUTS)
