@@ -26,9 +26,10 @@ def import_tensorflow_quietly():
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        import tensorflow  # noqa: F401
+        import tensorflow
         import tensorflow_text  # noqa: F401
         import keras  # noqa: F401
+        tensorflow.config.list_logical_devices()  # device set-up prints its CUDA probe here
     finally:
         os.dup2(saved, 2)
         os.close(saved)

@@ -199,6 +199,8 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
 
     if do_lower_case is None:
         do_lower_case = _guess_lower_case(source)
+        log.info("do_lower_case=%s, guessed from the folder name; pass --lowercase/--no-lowercase "
+                 "to set it", do_lower_case)
     model.vocab_file = source.vocab_file
     model.do_lower_case = do_lower_case
     model.conversion = {

@@ -39,16 +39,27 @@ def model_kind(model) -> str:
                      f"kbert models (bert_encoder, bert_pretrainer)")
 
 
-def save(model, model_dir, vocab_file: str, do_lower_case: bool = True, overwrite: bool = False):
+def save(model, model_dir, vocab_file: str | None = None, do_lower_case: bool | None = None,
+         overwrite: bool = False):
     """Write `model` as a kbert model directory, atomically.
 
     Args:
         model: a kbert model (`bert_encoder`, `bert_pretrainer`).
         model_dir: str. The directory to write; must not exist or be empty unless `overwrite`.
-        vocab_file: str. The vocab.txt to copy in.
-        do_lower_case: bool. Recorded so tokenizers built from the directory lower-case or not.
+        vocab_file: str. The vocab.txt to copy in; defaults to `model.vocab_file`, which
+            `kbert.load` and the converters set.
+        do_lower_case: bool. Recorded so tokenizers built from the directory lower-case or
+            not; defaults to `model.do_lower_case`, else True.
         overwrite: bool. Replace a non-empty `model_dir`.
+
+    Example:
+    >>> kbert.save(kbert.converters.load_tf1_checkpoint("tests/fixtures/tf1-tiny"), "out/tiny")  # doctest: +SKIP
     """
+    vocab_file = vocab_file or getattr(model, "vocab_file", None)
+    if not vocab_file:
+        raise KbertError("kbert.save needs the vocabulary: pass vocab_file=PATH/vocab.txt")
+    if do_lower_case is None:
+        do_lower_case = getattr(model, "do_lower_case", True)
     config = BertConfig.from_dict(model.config.to_dict())
     check_vocab(vocab_file, config)
     config.extras.update(kbert_model=model_kind(model), do_lower_case=bool(do_lower_case))

@@ -8,6 +8,9 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from kbert.cli.common import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()
 
 import numpy as np  # noqa: E402
 

@@ -7,6 +7,9 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from kbert.cli.common import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()
 
 
 def main(a, b):

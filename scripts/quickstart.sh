@@ -26,7 +26,10 @@ say "5. Is the round trip bit for bit?"
 
 say "6. The tokenizer is google-research/bert's, in Python and inside the TF graph:"
 .venv/bin/python - <<'PY'
-import json, kbert, tensorflow as tf
+import json, kbert
+from kbert.cli.common import import_tensorflow_quietly
+import_tensorflow_quietly()
+import tensorflow as tf
 text = "Ｆｕｌｌ-width ™ café 東京 naïve\u200b text!"
 python_tok = kbert.Tokenizer("tests/fixtures/vocab-uncased.txt", do_lower_case=True)
 graph_tok = kbert.GraphTokenizer("tests/fixtures/vocab-uncased.txt", do_lower_case=True)
