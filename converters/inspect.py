@@ -20,7 +20,7 @@ def describe(src) -> dict:
 
     Example:
     >>> describe("tests/fixtures/tf1-tiny")["parameters"]
-    78622
+    99374
     """
     src = os.fspath(src)
     if os.path.isdir(src) and is_model_dir(src):

@@ -21,8 +21,19 @@ def _int_inputs(names):
     return {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in names}
 
 
+class _ConfiguredByBertConfig:
+    """get_config/from_config for models whose only argument is the BertConfig."""
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
 @keras.saving.register_keras_serializable(package="kbert")
-class BertEncoder(keras.Model):
+class BertEncoder(_ConfiguredByBertConfig, keras.Model):
     """google-research/bert's `BertModel`: embeddings, L transformer layers and the pooler.
 
     Inputs: a dict of int32 [batch, seq] `input_ids`, `input_mask` (1 = real token), `segment_ids`.
@@ -66,16 +77,9 @@ class BertEncoder(keras.Model):
         # === Config ===
         self.config = config
 
-    def get_config(self):
-        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
-
 
 @keras.saving.register_keras_serializable(package="kbert")
-class BertPretrainer(keras.Model):
+class BertPretrainer(_ConfiguredByBertConfig, keras.Model):
     """The encoder plus the masked-LM and next-sentence heads of `run_pretraining.py`.
 
     Inputs: the encoder's three plus int32 `masked_lm_positions` [batch, P].
@@ -120,13 +124,6 @@ class BertPretrainer(keras.Model):
 
         # === Config ===
         self.config = config
-
-    def get_config(self):
-        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
 
 
 def bert_encoder(config) -> BertEncoder:

@@ -1,0 +1,20 @@
+"""The Example blocks in docstrings run, from the repository root, and print what they say."""
+
+import doctest
+import importlib
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULES = ["kbert.config", "kbert.files", "kbert.models", "kbert.tokenizer", "kbert.graph_tokenizer",
+           "kbert.converters.names", "kbert.converters.inspect"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0
+    assert result.attempted > 0
