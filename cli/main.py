@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from kbert.cli import convert
+from kbert.cli import convert, fill_mask, pretrain
 from kbert.cli.common import import_tensorflow_quietly, quiet_tensorflow, setup_logging
 
 app = typer.Typer(
@@ -20,6 +20,8 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(convert.app, name="convert")
+app.command("pretrain")(pretrain.pretrain)
+app.command("fill-mask")(fill_mask.fill_mask)
 
 
 @app.callback()

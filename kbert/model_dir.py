@@ -113,3 +113,25 @@ def load(model_dir):
     model.vocab_file = os.path.join(model_dir, VOCAB_FILE)
     model.do_lower_case = bool(config.extras.get("do_lower_case", True))
     return model
+
+
+def write_model_files(model, model_dir, vocab_file: str, do_lower_case: bool, weights: bool = True):
+    """Write (or replace) the model-directory files inside an existing directory, each one
+    atomically: used by training, whose directory also holds checkpoints and logs."""
+    config = BertConfig.from_dict(model.config.to_dict())
+    config.extras.update(kbert_model=model_kind(model), do_lower_case=bool(do_lower_case))
+    os.makedirs(model_dir, exist_ok=True)
+
+    def replace(name, write):
+        tmp = os.path.join(model_dir, f".{name}.tmp")
+        write(tmp)
+        os.replace(tmp, os.path.join(model_dir, name))
+
+    replace(CONFIG_FILE, config.to_json_file)
+    if os.path.abspath(vocab_file) != os.path.abspath(os.path.join(model_dir, VOCAB_FILE)):
+        replace(VOCAB_FILE, lambda tmp: shutil.copyfile(vocab_file, tmp))
+    if weights:
+        # Keras insists on the .weights.h5 suffix, so the temporary name keeps it.
+        tmp = os.path.join(model_dir, ".tmp-" + WEIGHTS_FILE)
+        model.save_weights(tmp)
+        os.replace(tmp, os.path.join(model_dir, WEIGHTS_FILE))

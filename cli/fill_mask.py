@@ -1,0 +1,21 @@
+"""`kbert fill-mask MODEL_DIR "text with [MASK]"`: the top-k tokens for each mask, the quick
+eyeball check of a pretrained BERT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from kbert.cli.common import print_result
+
+
+def fill_mask(
+    model_dir: Path = typer.Argument(..., help="A kbert model directory with the MLM head (pretrained or converted)."),
+    text: str = typer.Argument(..., help='Text with one or more [MASK], e.g. "the capital of france is [MASK]."'),
+    top_k: int = typer.Option(5, help="Predictions per mask."),
+):
+    """Predict the tokens behind each [MASK]; prints one JSON object."""
+    from kbert.fill_mask import fill_mask as run
+
+    print_result(run(str(model_dir), text, top_k=top_k))

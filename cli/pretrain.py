@@ -1,0 +1,52 @@
+"""`kbert pretrain`: MLM + NSP pretraining on one device, many GPUs, many machines or a TPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kbert.cli.common import print_result
+
+
+def pretrain(
+    model_dir: Path = typer.Option(..., "--model-dir", help="Output: a kbert model directory, plus checkpoints/, logs/ (TensorBoard), loss.png."),
+    data: str = typer.Option(..., "--data", help="TFRecords from create_pretraining_data.py or kbert create-data (file, glob, or comma-separated)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="bert_config.json, to start from scratch (with --vocab)."),
+    vocab: Optional[Path] = typer.Option(None, "--vocab", help="vocab.txt, to start from scratch (with --config)."),
+    init: Optional[Path] = typer.Option(None, "--init", help="Start from this kbert model directory (e.g. a converted checkpoint)."),
+    max_seq_length: int = typer.Option(128, help="Must match the records (phase 2: --init + 512)."),
+    max_predictions_per_seq: int = typer.Option(20, help="Must match the records."),
+    steps: int = typer.Option(10000, help="Total optimizer steps (the learning rate decays to 0 at the last)."),
+    batch_size: int = typer.Option(32, help="Global batch size, split over replicas."),
+    learning_rate: float = typer.Option(1e-4, help="Peak learning rate."),
+    warmup_steps: Optional[int] = typer.Option(None, help="Linear warmup steps (default: 10% of --steps)."),
+    save_every: int = typer.Option(1000, help="Checkpoint every N steps."),
+    keep_checkpoints: int = typer.Option(3, help="How many recent checkpoints to keep."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --model-dir."),
+    eval_data: Optional[str] = typer.Option(None, help="Held-out TFRecords for periodic MLM/NSP accuracy."),
+    eval_every: Optional[int] = typer.Option(None, help="Evaluate every N steps (default: --save-every)."),
+    eval_steps: int = typer.Option(20, help="Batches per evaluation."),
+    strategy: str = typer.Option("auto", help="auto|cpu|gpu|mirrored|multi-worker|tpu."),
+    tpu: Optional[str] = typer.Option(None, help="TPU name or address, with --strategy tpu."),
+    mixed_precision: bool = typer.Option(False, "--mixed-precision", help="bfloat16 on CPU/TPU, float16 with loss scaling on GPU."),
+    jit: Optional[bool] = typer.Option(None, "--jit/--no-jit", help="XLA-compile the step (default: on for GPU/TPU, off on CPU)."),
+    steps_per_loop: int = typer.Option(10, help="Optimizer steps per compiled call."),
+    grad_accum: int = typer.Option(1, help="Micro-batches accumulated per optimizer step."),
+    optimizer: str = typer.Option("adamw", help="adamw (the original's) or lamb (large batches)."),
+    seed: int = typer.Option(12345, help="Data shuffling seed."),
+    lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Record the vocabulary's casing (default: from the config, else lowercase)."),
+):
+    """Pretrain BERT with masked-LM + next-sentence prediction; prints the final metrics as JSON."""
+    from kbert.pretraining import PretrainOptions, pretrain as run
+
+    options = PretrainOptions(
+        max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq, steps=steps,
+        batch_size=batch_size, learning_rate=learning_rate, warmup_steps=warmup_steps, save_every=save_every,
+        keep_checkpoints=keep_checkpoints, resume=resume, eval_data=eval_data, eval_every=eval_every,
+        eval_steps=eval_steps, strategy=strategy, tpu=tpu, mixed_precision=mixed_precision, jit=jit,
+        steps_per_loop=steps_per_loop, grad_accum=grad_accum, optimizer=optimizer, seed=seed)
+    result = run(str(model_dir), data, config_file=config and str(config), vocab_file=vocab and str(vocab),
+                 init=init and str(init), do_lower_case=lowercase, options=options)
+    print_result(result)

@@ -1,0 +1,62 @@
+"""`fill_mask(model_dir, text)`: the masked-LM head's top tokens for each [MASK] in a text."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kbert.errors import KbertError
+
+MASK = "[MASK]"
+
+
+def encode_with_masks(tokenizer, text: str, max_length: int):
+    """[CLS] tokens [SEP] with each literal "[MASK]" kept as the mask token (the original
+    tokenizer would split it into "[", "mask", "]")."""
+    tokens = ["[CLS]"]
+    for i, piece in enumerate(text.split(MASK)):
+        if i:
+            tokens.append(MASK)
+        tokens.extend(tokenizer.tokenize(piece))
+    tokens.append("[SEP]")
+    if len(tokens) > max_length:
+        raise KbertError(f"the text is {len(tokens)} tokens long, more than the model's "
+                         f"{max_length} positions; shorten it")
+    return tokens
+
+
+def fill_mask(model_dir, text: str, top_k: int = 5, model=None) -> dict:
+    """Top-k predictions for every [MASK] in `text`.
+
+    Example:
+    >>> fill_mask("out/bert", "the [MASK] is blue.")["masks"][0]["predictions"][0]["token"]  # doctest: +SKIP
+    'sky'
+    """
+    import keras
+
+    from kbert.model_dir import load
+    from kbert.models import BertPretrainer
+    from kbert.tokenizer import Tokenizer
+
+    if MASK not in text:
+        raise KbertError(f'the text has no {MASK}; write one where a token should be predicted, e.g. '
+                         f'"the capital of france is {MASK}."')
+    if top_k < 1:
+        raise KbertError(f"--top-k must be at least 1, got {top_k}")
+    model = model or load(model_dir)
+    if not isinstance(model, BertPretrainer):
+        raise KbertError(f"{model_dir} has no masked-LM head (it is an encoder); use a pretrained or "
+                         f"converted model directory")
+    tokenizer = Tokenizer(model.vocab_file, model.do_lower_case)
+    tokens = encode_with_masks(tokenizer, text, model.config.max_position_embeddings)
+    ids = np.array([tokenizer.convert_tokens_to_ids(tokens)], dtype="int32")
+    positions = np.array([[i for i, t in enumerate(tokens) if t == MASK]], dtype="int32")
+    outputs = model({"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids),
+                     "masked_lm_positions": positions}, training=False)
+    probabilities = np.asarray(keras.ops.softmax(outputs["mlm_logits"], axis=-1))[0]
+    masks = []
+    for position, probs in zip(positions[0], probabilities):
+        best = np.argsort(-probs)[:top_k]
+        masks.append({"position": int(position), "predictions": [
+            {"token": tokenizer.inv_vocab[int(i)], "id": int(i), "probability": round(float(probs[i]), 6)}
+            for i in best]})
+    return {"text": text, "tokens": tokens, "masks": masks}

@@ -1,0 +1,129 @@
+"""google-research/bert's optimizer: AdamW without bias correction, warmup then linear decay.
+
+`optimization.py` of the original: β1 0.9, β2 0.999, ε 1e-6, weight decay 0.01 except on
+LayerNorm and bias variables, learning rate rising linearly over the warmup steps and then
+falling linearly to 0 at the last step; gradients clipped to global norm 1.0 (done by the
+training step, before the cross-replica sum, as the original's CrossShardOptimizer does).
+LAMB (keras.optimizers.Lamb) is offered for large batches.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from kbert.errors import KbertError
+
+NO_DECAY = ("layer_norm", "LayerNorm", "bias")
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """lr(step) = peak·step/warmup during warmup, then peak·(1 - step/total), 0 after `total`.
+
+    Example:
+    >>> schedule = WarmupLinearDecay(1e-4, total_steps=100, warmup_steps=10)
+    >>> [round(float(schedule(s)), 7) for s in (0, 5, 10, 55, 100)]
+    [0.0, 5e-05, 9e-05, 4.5e-05, 0.0]
+    """
+
+    def __init__(self, peak: float, total_steps: int, warmup_steps: int = 0):
+        self.peak, self.total_steps, self.warmup_steps = float(peak), int(total_steps), int(warmup_steps)
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        decayed = self.peak * (1.0 - ops.minimum(step, self.total_steps) / max(self.total_steps, 1))
+        if self.warmup_steps <= 0:
+            return decayed
+        warmup = self.peak * step / self.warmup_steps
+        return ops.where(step < self.warmup_steps, warmup, decayed)
+
+    def get_config(self):
+        return {"peak": self.peak, "total_steps": self.total_steps, "warmup_steps": self.warmup_steps}
+
+
+class GradientsAlreadySummed:
+    """For optimizers fed gradients that the training step already summed over replicas.
+
+    kbert's step sums gradients itself (so that clipping sees the global gradient, as on a
+    single device); Keras' TF optimizer would otherwise sum them across replicas again.
+    """
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return grads_and_vars
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertAdamW(keras.optimizers.Optimizer):
+    """AdamWeightDecayOptimizer of google-research/bert, as a Keras optimizer.
+
+    m ← β1·m + (1-β1)·g;  v ← β2·v + (1-β2)·g²;  u = m / (√v + ε) (+ wd·w unless the weight is
+    a LayerNorm or bias);  w ← w - lr·u. No bias correction, as in the original. The slots are
+    named `adam_m` and `adam_v`, the original's names.
+
+    Args:
+        learning_rate: float or schedule.
+        weight_decay_rate: float. 0.01 in the original.
+        beta_1, beta_2, epsilon: floats. 0.9, 0.999, 1e-6 in the original.
+
+    Example:
+    >>> opt = BertAdamW(learning_rate=0.1, weight_decay_rate=0.0)
+    >>> w = keras.Variable([1.0, 2.0])
+    >>> _ = opt.apply_gradients([(keras.ops.convert_to_tensor([1.0, -1.0]), w)])
+    >>> [round(float(x), 4) for x in w.numpy()]  # no bias correction: u = 0.1·g / (√0.001·|g|) = ±3.162
+    [0.6838, 2.3162]
+    """
+
+    def __init__(self, learning_rate=1e-4, weight_decay_rate=0.01, beta_1=0.9, beta_2=0.999,
+                 epsilon=1e-6, name="bert_adamw", **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        self.weight_decay_rate = weight_decay_rate
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        self._m = [self.add_variable_from_reference(v, "adam_m") for v in var_list]
+        self._v = [self.add_variable_from_reference(v, "adam_v") for v in var_list]
+        self._decay = [not any(tag in v.path for tag in NO_DECAY) for v in var_list]
+
+    def update_step(self, gradient, variable, learning_rate):
+        index = self._get_variable_index(variable)
+        m, v = self._m[index], self._v[index]
+        lr = ops.cast(learning_rate, variable.dtype)
+        # Embedding gradients arrive as IndexedSlices; Adam's moments are dense anyway.
+        gradient = ops.cast(tf.convert_to_tensor(gradient), variable.dtype)
+        self.assign(m, self.beta_1 * m + (1.0 - self.beta_1) * gradient)
+        self.assign(v, self.beta_2 * v + (1.0 - self.beta_2) * ops.square(gradient))
+        update = m / (ops.sqrt(v) + self.epsilon)
+        if self._decay[index] and self.weight_decay_rate:
+            update = update + self.weight_decay_rate * variable
+        self.assign_sub(variable, lr * update)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(weight_decay_rate=self.weight_decay_rate, beta_1=self.beta_1,
+                      beta_2=self.beta_2, epsilon=self.epsilon)
+        return config
+
+
+def make_optimizer(name: str, learning_rate: float, total_steps: int, warmup_steps: int,
+                   weight_decay_rate: float = 0.01):
+    """The optimizer `kbert pretrain --optimizer NAME` uses: "adamw" (the original) or "lamb"."""
+    schedule = WarmupLinearDecay(learning_rate, total_steps, warmup_steps)
+    # global_clipnorm: the original's tf.clip_by_global_norm(grads, 1.0), applied to the summed gradient.
+    if name == "adamw":
+        return _SummedBertAdamW(schedule, weight_decay_rate=weight_decay_rate, global_clipnorm=1.0)
+    if name == "lamb":
+        return _SummedLamb(schedule, beta_1=0.9, beta_2=0.999, epsilon=1e-6, global_clipnorm=1.0)
+    raise KbertError(f"unknown optimizer {name!r}; use adamw (the original's) or lamb (large batches)")
+
+
+class _SummedBertAdamW(GradientsAlreadySummed, BertAdamW):
+    pass
+
+
+class _SummedLamb(GradientsAlreadySummed, keras.optimizers.Lamb):
+    pass

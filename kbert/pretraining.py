@@ -1,0 +1,371 @@
+"""`pretrain(...)`: MLM + NSP pretraining as run_pretraining.py does it, on any tf.distribute strategy.
+
+A custom `strategy.run` loop rather than `model.fit`: Keras 3.15's fit fails under
+MultiWorkerMirroredStrategy (tensorflow#72388), and a compiled multi-step inner loop is what
+TPUs want. Per step, on every replica:
+
+    loss = masked-LM loss (Σ w·xent / (Σ w + 1e-5), as the original) + mean next-sentence loss
+    gradients of loss / (replicas · accumulation steps), summed over micro-batches and replicas
+    -> clipped to global norm 1.0 -> BertAdamW (or LAMB) with warmup + linear decay.
+
+So the update equals the single-device update on the global batch, whatever the strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+
+from kbert.errors import KbertError
+
+log = logging.getLogger("kbert")
+
+CHECKPOINT_SUBDIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+LOSS_PLOT = "loss.png"
+
+
+def pretraining_losses(outputs, labels):
+    """The original's losses and accuracies from the pretrainer's outputs.
+
+    masked-LM: Σ w·(-log p(label)) / (Σ w + 1e-5) over all masked positions (padding has w=0);
+    next-sentence: the mean of -log p(label). Accuracies are weighted the same way.
+    """
+    import tensorflow as tf
+
+    ids, weights = labels["masked_lm_ids"], labels["masked_lm_weights"]
+    mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
+    per_position = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=ids, logits=mlm_logits)
+    mlm_loss = tf.reduce_sum(weights * per_position) / (tf.reduce_sum(weights) + 1e-5)
+    nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
+    nsp_labels = labels["next_sentence_labels"]
+    nsp_loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels,
+                                                                             logits=nsp_logits))
+    mlm_hits = tf.cast(tf.equal(tf.argmax(mlm_logits, -1, output_type=tf.int32), ids), tf.float32)
+    nsp_hits = tf.cast(tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32)
+    return {
+        "loss": mlm_loss + nsp_loss,
+        "mlm_loss": mlm_loss,
+        "nsp_loss": nsp_loss,
+        "mlm_accuracy": tf.reduce_sum(weights * mlm_hits) / (tf.reduce_sum(weights) + 1e-5),
+        "nsp_accuracy": tf.reduce_mean(nsp_hits),
+    }
+
+
+@dataclasses.dataclass
+class PretrainOptions:
+    """Everything `kbert pretrain` takes besides where the model and data are (see its --help)."""
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20
+    steps: int = 10000
+    batch_size: int = 32
+    learning_rate: float = 1e-4
+    warmup_steps: int | None = None      # default: 10% of steps, as the original's 10k of 100k
+    save_every: int = 1000
+    keep_checkpoints: int = 3
+    resume: bool = False
+    eval_data: str | None = None
+    eval_every: int | None = None        # default: save_every
+    eval_steps: int = 20
+    strategy: str = "auto"
+    tpu: str | None = None
+    mixed_precision: bool = False
+    jit: bool | None = None              # default: on for GPU/TPU, off on CPU (XLA:CPU skips oneDNN)
+    steps_per_loop: int = 10
+    grad_accum: int = 1
+    optimizer: str = "adamw"
+    seed: int = 12345
+    progress: bool = True
+
+
+def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_lower_case=None,
+             options: PretrainOptions | None = None, **overrides) -> dict:
+    """Pretrain a BERT with MLM + NSP; returns the final metrics (also printed by the CLI).
+
+    Args:
+        model_dir: str. Becomes a kbert model directory (bert_config.json, vocab.txt,
+            model.weights.h5) plus checkpoints/, logs/ (TensorBoard), metrics.jsonl, loss.png.
+        data: str. TFRecord file(s) or glob(s) made by create_pretraining_data.py or
+            `kbert create-data`.
+        config_file, vocab_file: str. Start from scratch with this bert_config.json and vocab.
+        init: str. Or start from this kbert model directory (e.g. `kbert convert from-tf1`),
+            for continued pretraining or phase 2 at sequence length 512.
+        options: `PretrainOptions`; keyword arguments override single fields.
+
+    Example:
+    >>> kbert.pretraining.pretrain("out/bert", "data/*.tfrecord", config_file="bert_config.json",
+    ...                            vocab_file="vocab.txt", steps=1000, batch_size=32)  # doctest: +SKIP
+    """
+    import keras
+    import tensorflow as tf
+
+    from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, load, write_model_files
+    from kbert.optimization import make_optimizer
+    from kbert.pretraining_input import check_records, find_files, pretraining_dataset
+    from kbert.strategy import is_chief, make_strategy
+    from kbert.config import BertConfig
+    from kbert.models import BertPretrainer
+    from kbert.training_ui import Progress, write_loss_plot
+
+    opts = dataclasses.replace(options or PretrainOptions(), **overrides)
+    _check_options(opts)
+    model_dir = os.fspath(model_dir)
+    ckpt_dir = os.path.join(model_dir, CHECKPOINT_SUBDIR)
+    has_checkpoints = tf.train.latest_checkpoint(ckpt_dir) is not None
+
+    # --- where the model comes from ---
+    if opts.resume:
+        if not has_checkpoints:
+            raise KbertError(f"--resume: {ckpt_dir} has no checkpoint to resume from; drop --resume "
+                             f"to start a new run")
+        config = BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
+        vocab_file = os.path.join(model_dir, VOCAB_FILE)
+        init = None
+    else:
+        if has_checkpoints:
+            raise KbertError(f"{model_dir} already has checkpoints; pass --resume to continue that run "
+                             f"or choose a new --model-dir")
+        if init:
+            config = BertConfig.from_json_file(os.path.join(init, CONFIG_FILE))
+            vocab_file = os.path.join(init, VOCAB_FILE)
+        elif config_file and vocab_file:
+            config = BertConfig.from_json_file(config_file)
+        else:
+            raise KbertError("say where the model starts: --config bert_config.json --vocab vocab.txt "
+                             "(from scratch), --init MODEL_DIR (continue), or --resume")
+    check_vocab(vocab_file, config)
+    if do_lower_case is None:
+        do_lower_case = config.extras.get("do_lower_case", True)
+    if opts.max_seq_length > config.max_position_embeddings:
+        raise KbertError(f"--max-seq-length {opts.max_seq_length} exceeds max_position_embeddings "
+                         f"{config.max_position_embeddings} of the model; lower it")
+
+    files = find_files(data)
+    check_records(files, opts.max_seq_length, opts.max_predictions_per_seq)
+    eval_files = find_files(opts.eval_data) if opts.eval_data else None
+    if eval_files:
+        check_records(eval_files, opts.max_seq_length, opts.max_predictions_per_seq)
+
+    # --- strategy, precision, model, optimizer ---
+    strategy = make_strategy(opts.strategy, opts.tpu)
+    on_accelerator = bool(tf.config.list_logical_devices("GPU")) or opts.strategy == "tpu"
+    jit = on_accelerator if opts.jit is None else opts.jit
+    if opts.mixed_precision:
+        gpu = bool(tf.config.list_logical_devices("GPU"))
+        keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
+    replicas = strategy.num_replicas_in_sync
+    if opts.batch_size % (replicas * opts.grad_accum):
+        raise KbertError(f"--batch-size {opts.batch_size} must divide evenly over {replicas} replicas x "
+                         f"{opts.grad_accum} accumulation steps; use a multiple of {replicas * opts.grad_accum}")
+    micro_batch = opts.batch_size // (replicas * opts.grad_accum)
+    warmup = opts.warmup_steps if opts.warmup_steps is not None else opts.steps // 10
+    chief = is_chief(strategy)
+
+    with strategy.scope():
+        model = load(init) if init else BertPretrainer(config)
+        optimizer = make_optimizer(opts.optimizer, opts.learning_rate, opts.steps, warmup)
+        if keras.mixed_precision.global_policy().name == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
+    checkpoint = tf.train.Checkpoint(weights=list(model.weights), optimizer=optimizer)
+    # Non-chief workers of a multi-worker run write their (identical) checkpoints aside.
+    manager = tf.train.CheckpointManager(checkpoint, ckpt_dir if chief else _worker_dir(model_dir, strategy),
+                                         max_to_keep=opts.keep_checkpoints)
+    step = 0
+    if opts.resume:
+        checkpoint.restore(manager.latest_checkpoint).expect_partial()
+        step = int(optimizer.iterations.numpy())
+        log.info("resumed from step %d", step)
+    elif chief:
+        os.makedirs(model_dir, exist_ok=True)
+        write_model_files(model, model_dir, vocab_file, do_lower_case, weights=False)
+    if step >= opts.steps:
+        raise KbertError(f"the run in {model_dir} is already at step {step} of --steps {opts.steps}; "
+                         f"raise --steps to train further")
+
+    # --- data ---
+    pipelines_skip = step * opts.grad_accum * replicas  # per-replica batches consumed so far
+
+    def train_input(context):
+        per_pipeline = pipelines_skip // context.num_input_pipelines
+        return pretraining_dataset(files, micro_batch, opts.max_seq_length, opts.max_predictions_per_seq,
+                                   training=True, seed=opts.seed, input_context=context,
+                                   skip_batches=per_pipeline)
+
+    train_iterator = iter(strategy.distribute_datasets_from_function(train_input))
+
+    # --- the compiled steps ---
+    train_loop = _make_train_loop(strategy, model, optimizer, opts.grad_accum, replicas, jit)
+    eval_loop = _make_eval_loop(strategy, model)
+
+    writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "train")) if chief else None
+    eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "eval")) if chief else None
+    eval_every = opts.eval_every or opts.save_every
+    history_path = os.path.join(model_dir, METRICS_FILE)
+    last, last_eval, last_saved = None, None, step
+    start_step = step
+    timed_steps, timed_seconds = 0, 0.0  # throughput leaves out the first call (tracing)
+    with Progress(total=opts.steps, start=step, enabled=opts.progress and chief,
+                  sequences_per_step=opts.batch_size) as bar:
+        while step < opts.steps:
+            n = min(opts.steps_per_loop, opts.steps - step,
+                    _to_boundary(step, opts.save_every), _to_boundary(step, eval_every))
+            t0 = time.perf_counter()
+            metrics = {k: float(v) for k, v in train_loop(train_iterator, tf.constant(n)).items()}
+            seconds = time.perf_counter() - t0
+            if not all(math.isfinite(v) for v in metrics.values()):
+                raise KbertError(
+                    f"the loss became {metrics['loss']} between steps {step} and {step + n}; stopped. The "
+                    f"last good checkpoint (step {last_saved}) is kept: lower --learning-rate or raise "
+                    f"--warmup-steps, then --resume")
+            if step > start_step:
+                timed_steps, timed_seconds = timed_steps + n, timed_seconds + seconds
+            step += n
+            metrics.update(step=step, learning_rate=float(optimizer.learning_rate),
+                           sequences_per_second=n * opts.batch_size / seconds)
+            last = metrics
+            bar.update(step, metrics)
+            if chief:
+                _log_scalars(writer, metrics, step)
+                with open(history_path, "a") as f:
+                    f.write(json.dumps(metrics) + "\n")
+            if eval_files and (step % eval_every == 0 or step == opts.steps):
+                last_eval = _evaluate(eval_loop, strategy, eval_files, opts, replicas)
+                bar.log(f"step {step}: held-out " + ", ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
+                if chief:
+                    _log_scalars(eval_writer, last_eval, step)
+                    with open(history_path, "a") as f:
+                        f.write(json.dumps(dict(last_eval, step=step, split="eval")) + "\n")
+            if step % opts.save_every == 0 or step == opts.steps:
+                manager.save(checkpoint_number=step)
+                last_saved = step
+
+    if chief:
+        write_model_files(model, model_dir, vocab_file, do_lower_case, weights=True)
+        write_loss_plot(history_path, os.path.join(model_dir, LOSS_PLOT))
+    result = {k: last[k] for k in ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
+    result["sequences_per_second"] = round(timed_steps * opts.batch_size / timed_seconds, 2) if timed_steps \
+        else round(last["sequences_per_second"], 2)
+    result["learning_rate"] = last["learning_rate"]
+    if last_eval:
+        result["eval"] = last_eval
+    result.update(replicas=replicas, strategy=opts.strategy, resumed_from=start_step if opts.resume else None,
+                  model_dir=model_dir, mixed_precision=keras.mixed_precision.global_policy().name, jit=jit)
+    return result
+
+
+def _check_options(opts: PretrainOptions):
+    for name in ("steps", "batch_size", "save_every", "steps_per_loop", "grad_accum", "max_seq_length",
+                 "max_predictions_per_seq", "keep_checkpoints", "eval_steps"):
+        value = getattr(opts, name)
+        if not isinstance(value, int) or value < 1:
+            raise KbertError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    if not opts.learning_rate > 0:
+        raise KbertError(f"--learning-rate must be positive, got {opts.learning_rate}")
+
+
+def _to_boundary(step: int, every: int) -> int:
+    return every - step % every
+
+
+def _worker_dir(model_dir, strategy):
+    import tempfile
+    task = getattr(strategy.cluster_resolver, "task_id", 0)
+    return os.path.join(tempfile.gettempdir(), f"kbert-worker-{task}-{os.getpid()}")
+
+
+def _log_scalars(writer, metrics, step):
+    import tensorflow as tf
+    with writer.as_default(step=step):
+        for key, value in metrics.items():
+            if key not in ("step", "split") and isinstance(value, float):
+                tf.summary.scalar(key, value)
+    writer.flush()
+
+
+def _make_train_loop(strategy, model, optimizer, grad_accum: int, replicas: int, jit: bool):
+    """A tf.function running N optimizer steps per call (N is a tensor: one trace for all N)."""
+    import tensorflow as tf
+
+    variables = model.trainable_variables
+
+    def forward_backward(features, labels):
+        with tf.GradientTape() as tape:
+            outputs = model(features, training=True)
+            metrics = pretraining_losses(outputs, labels)
+            # Mean over replicas and micro-batches: the summed gradient is the global batch's.
+            loss = metrics["loss"] / (replicas * grad_accum)
+            if isinstance(optimizer, _loss_scale_type()):
+                loss = optimizer.scale_loss(loss)
+        grads = tape.gradient(loss, variables)
+        return [tf.convert_to_tensor(g) for g in grads], metrics
+
+    if jit:
+        forward_backward = tf.function(forward_backward, jit_compile=True)
+
+    def replica_step(micro_batches):
+        total, metric_sums = None, None
+        for features, labels in micro_batches:
+            grads, metrics = forward_backward(features, labels)
+            total = grads if total is None else [a + b for a, b in zip(total, grads)]
+            metric_sums = metrics if metric_sums is None else {k: metric_sums[k] + v for k, v in metrics.items()}
+        context = tf.distribute.get_replica_context()
+        total = context.all_reduce(tf.distribute.ReduceOp.SUM, total)
+        # The optimizer clips (global norm 1.0) and applies; it does not reduce again.
+        optimizer.apply_gradients(zip(total, variables))
+        return {k: v / grad_accum for k, v in metric_sums.items()}
+
+    @tf.function
+    def train_loop(iterator, num_steps):
+        sums = {k: tf.constant(0.0) for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
+        for _ in tf.range(num_steps):
+            micro_batches = [next(iterator) for _ in range(grad_accum)]
+            per_replica = strategy.run(replica_step, args=(micro_batches,))
+            sums = {k: sums[k] + strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica[k], axis=None)
+                    for k in sums}
+        return {k: v / tf.cast(num_steps, tf.float32) for k, v in sums.items()}
+
+    return train_loop
+
+
+def _loss_scale_type():
+    import keras
+    return keras.optimizers.LossScaleOptimizer
+
+
+def _make_eval_loop(strategy, model):
+    import tensorflow as tf
+
+    def replica_eval(features, labels):
+        return pretraining_losses(model(features, training=False), labels)
+
+    @tf.function
+    def eval_step(batch):
+        per_replica = strategy.run(replica_eval, args=batch)
+        return {k: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in per_replica.items()}
+
+    return eval_step
+
+
+def _evaluate(eval_step, strategy, files, opts: PretrainOptions, replicas: int) -> dict:
+    """Held-out losses and accuracies over the first `eval_steps` batches of the eval data."""
+    from kbert.pretraining_input import pretraining_dataset
+
+    batch = max(1, opts.batch_size // replicas)
+
+    def eval_input(context):
+        return pretraining_dataset(files, batch, opts.max_seq_length, opts.max_predictions_per_seq,
+                                   training=False, input_context=context).repeat()
+
+    iterator = iter(strategy.distribute_datasets_from_function(eval_input))
+    sums, n = {}, 0
+    for _ in range(opts.eval_steps):
+        result = eval_step(next(iterator))
+        for k, v in result.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        n += 1
+    return {k: round(v / n, 6) for k, v in sums.items()}

@@ -1,0 +1,108 @@
+"""Reading create_pretraining_data.py's TFRecords with tf.data: sharded, interleaved, shuffled."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from kbert.errors import KbertError
+
+LABEL_KEYS = ("masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
+INPUT_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
+
+
+def feature_spec(max_seq_length: int, max_predictions_per_seq: int):
+    """The features run_pretraining.py's input_fn parses, with the same lengths and types."""
+    import tensorflow as tf
+    seq, pred = max_seq_length, max_predictions_per_seq
+    return {
+        "input_ids": tf.io.FixedLenFeature([seq], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([seq], tf.int64),
+        "segment_ids": tf.io.FixedLenFeature([seq], tf.int64),
+        "masked_lm_positions": tf.io.FixedLenFeature([pred], tf.int64),
+        "masked_lm_ids": tf.io.FixedLenFeature([pred], tf.int64),
+        "masked_lm_weights": tf.io.FixedLenFeature([pred], tf.float32),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
+
+
+def find_files(pattern: str) -> list[str]:
+    """The record files a --data glob names (comma-separated globs allowed), sorted."""
+    files = sorted({f for part in pattern.split(",") if part for f in glob.glob(part)})
+    files = [f for f in files if os.path.isfile(f)]
+    if not files:
+        raise KbertError(f"--data {pattern!r} matches no files; make records with `kbert create-data` "
+                         f"and pass their path or a glob such as 'data/*.tfrecord'")
+    return files
+
+
+def check_records(files, max_seq_length: int, max_predictions_per_seq: int):
+    """Read the first record of every file: a missing, corrupt or wrongly sized file is named
+    here, before training starts, rather than failing deep inside tf.data."""
+    import tensorflow as tf
+
+    for path in files:
+        try:
+            first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
+        except tf.errors.OpError as e:
+            raise KbertError(f"{path}: not a readable TFRecord file ({str(e).splitlines()[0][:150]}); "
+                             f"recreate it with kbert create-data") from None
+        if first is None:
+            raise KbertError(f"{path}: holds no records; recreate it with kbert create-data")
+        try:
+            example = tf.train.Example.FromString(first.numpy())
+        except Exception:
+            raise KbertError(f"{path}: its records are not tf.train.Example protos; recreate it with "
+                             f"kbert create-data") from None
+        features = example.features.feature
+        missing = [k for k in INPUT_KEYS + LABEL_KEYS if k not in features]
+        if missing:
+            raise KbertError(f"{path}: records lack {', '.join(missing)}; these are not pretraining "
+                             f"records (make them with kbert create-data)")
+        seq = len(features["input_ids"].int64_list.value)
+        pred = len(features["masked_lm_positions"].int64_list.value)
+        if (seq, pred) != (max_seq_length, max_predictions_per_seq):
+            raise KbertError(f"{path}: records have max_seq_length {seq} and max_predictions_per_seq "
+                             f"{pred}, but the flags say {max_seq_length} and {max_predictions_per_seq}; "
+                             f"pass --max-seq-length {seq} --max-predictions-per-seq {pred}")
+
+
+def pretraining_dataset(files, batch_size: int, max_seq_length: int, max_predictions_per_seq: int,
+                        training: bool = True, seed: int = 12345, input_context=None,
+                        skip_batches: int = 0):
+    """(features, labels) batches of `batch_size` (per replica), from run_pretraining.py records.
+
+    Training data repeats, is sharded per input pipeline (worker), interleaved over files and
+    shuffled with a fixed seed, so `skip_batches` resumes at the same place in the stream.
+    """
+    import tensorflow as tf
+
+    spec = feature_spec(max_seq_length, max_predictions_per_seq)
+    ds = tf.data.Dataset.from_tensor_slices(list(files))
+    shards = input_context.num_input_pipelines if input_context else 1
+    index = input_context.input_pipeline_id if input_context else 0
+    shard_files = len(files) >= shards
+    if shard_files and shards > 1:
+        ds = ds.shard(shards, index)
+    if training:
+        ds = ds.repeat().shuffle(len(files), seed=seed)
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(4, len(files)),
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if not shard_files and shards > 1:
+        ds = ds.shard(shards, index)  # fewer files than workers: split the records instead
+    if training:
+        ds = ds.shuffle(4096, seed=seed)
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, spec)
+        example = {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in example.items()}
+        features = {k: example[k] for k in INPUT_KEYS}
+        labels = {k: example[k] for k in LABEL_KEYS}
+        labels["next_sentence_labels"] = tf.reshape(labels["next_sentence_labels"], [])
+        return features, labels
+
+    if skip_batches:  # skip raw records, before the cost of parsing them
+        ds = ds.skip(skip_batches * batch_size)
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.batch(batch_size, drop_remainder=training)
+    return ds.prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,93 @@
+"""`--strategy auto|cpu|gpu|mirrored|multi-worker|tpu`: one flag picks the tf.distribute strategy."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from kbert.errors import KbertError
+
+STRATEGIES = ("auto", "cpu", "gpu", "mirrored", "multi-worker", "tpu")
+
+# Tests (and CPU-only users who want to try mirrored training) split the CPU into N logical
+# devices; this must happen before TensorFlow initialises its devices.
+LOGICAL_CPUS_ENV = "KBERT_LOGICAL_CPUS"
+
+
+def split_cpu_if_asked():
+    """Honour KBERT_LOGICAL_CPUS=N: expose the CPU as N logical devices (before any TF op)."""
+    n = int(os.environ.get(LOGICAL_CPUS_ENV, "0") or 0)
+    if n > 1:
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        try:
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+        except RuntimeError:
+            pass  # already initialised by an earlier call in this process
+
+
+def make_strategy(name: str = "auto", tpu: str | None = None):
+    """The tf.distribute strategy for `name`.
+
+    - auto: all local GPUs (mirrored) if there are several, the GPU if one, else the CPU.
+    - cpu / gpu: one device.
+    - mirrored: MirroredStrategy over all local GPUs, or all logical CPU devices.
+    - multi-worker: MultiWorkerMirroredStrategy; needs TF_CONFIG (cluster + task).
+    - tpu: TPUStrategy on the TPU named by `tpu` (or the one TPUClusterResolver finds).
+    """
+    import tensorflow as tf
+
+    if name not in STRATEGIES:
+        raise KbertError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}")
+    split_cpu_if_asked()
+    gpus = tf.config.list_logical_devices("GPU")
+    cpus = tf.config.list_logical_devices("CPU")
+    if name == "auto":
+        if len(gpus) > 1:
+            return tf.distribute.MirroredStrategy()
+        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+    if name == "cpu":
+        return tf.distribute.OneDeviceStrategy("/cpu:0")
+    if name == "gpu":
+        if not gpus:
+            raise KbertError("--strategy gpu: TensorFlow sees no GPU here; install a CUDA build "
+                             "of TensorFlow or use --strategy cpu")
+        return tf.distribute.OneDeviceStrategy("/gpu:0")
+    if name == "mirrored":
+        if gpus:
+            return tf.distribute.MirroredStrategy()
+        # No NCCL on CPU: reduce through one device.
+        return tf.distribute.MirroredStrategy([d.name for d in cpus],
+                                              cross_device_ops=tf.distribute.ReductionToOneDevice())
+    if name == "multi-worker":
+        if not os.environ.get("TF_CONFIG"):
+            raise KbertError("--strategy multi-worker needs TF_CONFIG, e.g. "
+                             '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
+                             '"task": {"type": "worker", "index": 0}} on each worker')
+        try:
+            json.loads(os.environ["TF_CONFIG"])
+        except json.JSONDecodeError as e:
+            raise KbertError(f"TF_CONFIG is not valid JSON ({e}); fix the environment variable") from None
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return _tpu_strategy(tpu)
+
+
+def _tpu_strategy(tpu):
+    import tensorflow as tf
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise KbertError(f"--strategy tpu: no TPU reachable{f' at {tpu!r}' if tpu else ''} ({first}); "
+                         f"run on a Cloud TPU VM or pass --tpu NAME") from None
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def is_chief(strategy) -> bool:
+    """Whether this worker writes the real checkpoints and logs (worker 0, or a single machine)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "task_type", None):
+        return True
+    return resolver.task_type == "chief" or (resolver.task_type == "worker" and resolver.task_id == 0)

@@ -1,0 +1,99 @@
+"""What a person watching training sees: a progress bar on stderr and a PNG loss curve."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+class Progress:
+    """A rich progress bar (steps, seq/s, loss, ETA) on stderr; plain log lines when stderr is
+    not a terminal (CI logs, files), so there is always a trace of the run.
+
+    Example:
+    >>> with Progress(total=10, enabled=False) as bar:
+    ...     bar.update(10, {"loss": 1.0, "sequences_per_second": 5.0})
+    """
+
+    def __init__(self, total: int, start: int = 0, enabled: bool = True, sequences_per_step: int = 1,
+                 description: str = "pretrain"):
+        self.total, self.start, self.enabled = total, start, enabled
+        self.interactive = enabled and sys.stderr.isatty()
+        self.description = description
+        self.sequences_per_step = sequences_per_step
+        self._last_logged = start
+        self._progress = None
+
+    def __enter__(self):
+        if self.interactive:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
+                                       TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+            self._progress = RichProgress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]} seq/s"), TextColumn("loss {task.fields[loss]}"),
+                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                console=Console(stderr=True), transient=False)
+            self._progress.__enter__()
+            self._task = self._progress.add_task(self.description, total=self.total, completed=self.start,
+                                                 rate="-", loss="-")
+        return self
+
+    def update(self, step: int, metrics: dict):
+        rate = metrics.get("sequences_per_second", 0.0)
+        loss = metrics.get("loss", float("nan"))
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, rate=f"{rate:,.1f}", loss=f"{loss:.4f}")
+        elif self.enabled and (step - self._last_logged >= max(1, self.total // 20) or step == self.total):
+            self._last_logged = step
+            eta = (self.total - step) * self.sequences_per_step / max(rate, 1e-9)
+            print(f"kbert: {self.description} step {step}/{self.total}  loss {loss:.4f}  "
+                  f"{rate:,.1f} seq/s  ETA {eta:,.0f} s", file=sys.stderr, flush=True)
+
+    def log(self, message: str):
+        if not self.enabled:
+            return
+        if self._progress is not None:
+            self._progress.console.print(message)
+        else:
+            print(f"kbert: {message}", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+        return False
+
+
+def write_loss_plot(history_path: str, png_path: str):
+    """Plot loss, MLM and NSP loss (and held-out values, if any) against step into a PNG."""
+    if not os.path.isfile(history_path):
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train, held_out = [], []
+    with open(history_path) as f:
+        for line in f:
+            row = json.loads(line)
+            (held_out if row.get("split") == "eval" else train).append(row)
+    # A resumed run appends again from its checkpoint: keep the latest value per step.
+    train = sorted({row["step"]: row for row in train}.values(), key=lambda r: r["step"])
+    held_out = sorted({row["step"]: row for row in held_out}.values(), key=lambda r: r["step"])
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for key, style in (("loss", "-"), ("mlm_loss", "--"), ("nsp_loss", ":")):
+        ax.plot([r["step"] for r in train], [r[key] for r in train], style, label=f"train {key}")
+    if held_out:
+        ax.plot([r["step"] for r in held_out], [r["loss"] for r in held_out], "o-", label="held-out loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("kbert pretraining (MLM + NSP)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = png_path + ".tmp.png"
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, png_path)
+    return png_path
