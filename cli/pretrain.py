@@ -35,7 +35,7 @@ def pretrain(
     steps_per_loop: int = typer.Option(10, help="Optimizer steps per compiled call."),
     grad_accum: int = typer.Option(1, help="Micro-batches accumulated per optimizer step."),
     optimizer: str = typer.Option("adamw", help="adamw (the original's) or lamb (large batches)."),
-    seed: int = typer.Option(12345, help="Data shuffling seed."),
+    seed: int = typer.Option(12345, help="Seed for the initial weights, dropout and data order."),
     lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Record the vocabulary's casing (default: from the config, else lowercase)."),
 ):
     """Pretrain BERT with masked-LM + next-sentence prediction; prints the final metrics as JSON."""

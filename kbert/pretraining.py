@@ -78,12 +78,12 @@ class PretrainOptions:
     steps_per_loop: int = 10
     grad_accum: int = 1
     optimizer: str = "adamw"
-    seed: int = 12345
+    seed: int = 12345                    # initial weights, dropout and data order
     progress: bool = True
 
 
 def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_lower_case=None,
-             options: PretrainOptions | None = None, **overrides) -> dict:
+             options: PretrainOptions | None = None, return_model: bool = False, **overrides):
     """Pretrain a BERT with MLM + NSP; returns the final metrics (also printed by the CLI).
 
     Args:
@@ -95,6 +95,7 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
         init: str. Or start from this kbert model directory (e.g. `kbert convert from-tf1`),
             for continued pretraining or phase 2 at sequence length 512.
         options: `PretrainOptions`; keyword arguments override single fields.
+        return_model: bool. Return `(metrics, model)` instead of the metrics alone.
 
     Example:
     >>> kbert.pretraining.pretrain("out/bert", "data/*.tfrecord", config_file="bert_config.json",
@@ -113,6 +114,8 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
 
     opts = dataclasses.replace(options or PretrainOptions(), **overrides)
     _check_options(opts)
+    # First, before any TensorFlow op: multi-worker collectives must be set up at start-up.
+    strategy = make_strategy(opts.strategy, opts.tpu)
     model_dir = os.fspath(model_dir)
     ckpt_dir = os.path.join(model_dir, CHECKPOINT_SUBDIR)
     has_checkpoints = tf.train.latest_checkpoint(ckpt_dir) is not None
@@ -150,8 +153,7 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
     if eval_files:
         check_records(eval_files, opts.max_seq_length, opts.max_predictions_per_seq)
 
-    # --- strategy, precision, model, optimizer ---
-    strategy = make_strategy(opts.strategy, opts.tpu)
+    # --- precision, model, optimizer ---
     on_accelerator = bool(tf.config.list_logical_devices("GPU")) or opts.strategy == "tpu"
     jit = on_accelerator if opts.jit is None else opts.jit
     if opts.mixed_precision:
@@ -165,6 +167,7 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
     warmup = opts.warmup_steps if opts.warmup_steps is not None else opts.steps // 10
     chief = is_chief(strategy)
 
+    keras.utils.set_random_seed(opts.seed)  # the same initial weights for the same --seed
     with strategy.scope():
         model = load(init) if init else BertPretrainer(config)
         optimizer = make_optimizer(opts.optimizer, opts.learning_rate, opts.steps, warmup)
@@ -241,7 +244,7 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
                     with open(history_path, "a") as f:
                         f.write(json.dumps(dict(last_eval, step=step, split="eval")) + "\n")
             if step % opts.save_every == 0 or step == opts.steps:
-                manager.save(checkpoint_number=step)
+                _save_checkpoint(manager, step, last_saved)
                 last_saved = step
 
     if chief:
@@ -255,7 +258,7 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
         result["eval"] = last_eval
     result.update(replicas=replicas, strategy=opts.strategy, resumed_from=start_step if opts.resume else None,
                   model_dir=model_dir, mixed_precision=keras.mixed_precision.global_policy().name, jit=jit)
-    return result
+    return (result, model) if return_model else result
 
 
 def _check_options(opts: PretrainOptions):
@@ -266,6 +269,18 @@ def _check_options(opts: PretrainOptions):
             raise KbertError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
     if not opts.learning_rate > 0:
         raise KbertError(f"--learning-rate must be positive, got {opts.learning_rate}")
+
+
+def _save_checkpoint(manager, step: int, last_saved: int):
+    """Save; a failed write (disk full, permissions) leaves the previous checkpoint intact,
+    because TensorFlow writes to a temporary name and renames only when complete."""
+    import tensorflow as tf
+    try:
+        manager.save(checkpoint_number=step)
+    except (tf.errors.OpError, OSError) as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise KbertError(f"writing the checkpoint for step {step} failed ({first}); the previous "
+                         f"checkpoint (step {last_saved}) is intact: fix the cause, then --resume") from None
 
 
 def _to_boundary(step: int, every: int) -> int:

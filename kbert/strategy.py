@@ -39,6 +39,19 @@ def make_strategy(name: str = "auto", tpu: str | None = None):
 
     if name not in STRATEGIES:
         raise KbertError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}")
+    # Multi-worker and TPU set-up must come before anything initialises TensorFlow's devices.
+    if name == "multi-worker":
+        if not os.environ.get("TF_CONFIG"):
+            raise KbertError("--strategy multi-worker needs TF_CONFIG, e.g. "
+                             '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
+                             '"task": {"type": "worker", "index": 0}} on each worker')
+        try:
+            json.loads(os.environ["TF_CONFIG"])
+        except json.JSONDecodeError as e:
+            raise KbertError(f"TF_CONFIG is not valid JSON ({e}); fix the environment variable") from None
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if name == "tpu":
+        return _tpu_strategy(tpu)
     split_cpu_if_asked()
     gpus = tf.config.list_logical_devices("GPU")
     cpus = tf.config.list_logical_devices("CPU")
@@ -53,36 +66,36 @@ def make_strategy(name: str = "auto", tpu: str | None = None):
             raise KbertError("--strategy gpu: TensorFlow sees no GPU here; install a CUDA build "
                              "of TensorFlow or use --strategy cpu")
         return tf.distribute.OneDeviceStrategy("/gpu:0")
-    if name == "mirrored":
-        if gpus:
-            return tf.distribute.MirroredStrategy()
-        # No NCCL on CPU: reduce through one device.
-        return tf.distribute.MirroredStrategy([d.name for d in cpus],
-                                              cross_device_ops=tf.distribute.ReductionToOneDevice())
-    if name == "multi-worker":
-        if not os.environ.get("TF_CONFIG"):
-            raise KbertError("--strategy multi-worker needs TF_CONFIG, e.g. "
-                             '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
-                             '"task": {"type": "worker", "index": 0}} on each worker')
-        try:
-            json.loads(os.environ["TF_CONFIG"])
-        except json.JSONDecodeError as e:
-            raise KbertError(f"TF_CONFIG is not valid JSON ({e}); fix the environment variable") from None
-        return tf.distribute.MultiWorkerMirroredStrategy()
-    return _tpu_strategy(tpu)
+    # mirrored
+    if gpus:
+        return tf.distribute.MirroredStrategy()
+    # No NCCL on CPU: reduce through one device.
+    return tf.distribute.MirroredStrategy([d.name for d in cpus],
+                                          cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
 def _tpu_strategy(tpu):
     import tensorflow as tf
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")
+        _probe(resolver.master())  # connecting to a dead address would hang, not fail
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as e:
+    except Exception as e:  # ValueError, URLError, OpError...: all mean "no TPU here"
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise KbertError(f"--strategy tpu: no TPU reachable{f' at {tpu!r}' if tpu else ''} ({first}); "
                          f"run on a Cloud TPU VM or pass --tpu NAME") from None
     return tf.distribute.TPUStrategy(resolver)
+
+
+def _probe(master: str, timeout: float = 10.0):
+    """Raise ConnectionError unless the TPU worker at `master` (grpc://host:port) accepts a connection."""
+    import socket
+    if not master.startswith("grpc://"):
+        return  # a local TPU VM ("" or "local"): nothing to dial
+    host, _, port = master[len("grpc://"):].rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout):
+        pass
 
 
 def is_chief(strategy) -> bool:

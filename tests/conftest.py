@@ -34,15 +34,20 @@ def run_kbert(*args, check=True, env=None):
     return result
 
 
-def assert_user_error(result, *fragments):
-    """Exit non-zero, one line on stderr that names the problem, and no traceback."""
+def assert_user_error(result, *fragments, alone=True):
+    """Exit non-zero, one line on stderr that names the problem, and no traceback.
+
+    alone=False allows progress lines before it (an error in the middle of training).
+    """
     assert result.returncode != 0, result.stdout
     assert "Traceback" not in result.stderr, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("kbert: error: "), lines[0]
+    if alone:
+        assert len(lines) == 1, result.stderr
+    assert sum(line.startswith("kbert: error: ") for line in lines) == 1, result.stderr
+    assert lines[-1].startswith("kbert: error: "), lines[-1]
     for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
+        assert fragment in lines[-1], (fragment, lines[-1])
     assert result.stdout == ""
 
 

@@ -1,0 +1,216 @@
+"""`kbert pretrain` end to end on records made by google-research's own create_pretraining_data.py."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import TINY, assert_user_error, kbert_command, run_kbert
+
+SAMPLE = os.path.join(os.path.dirname(TINY), "sample_text.txt")
+VOCAB = os.path.join(TINY, "vocab.txt")
+SHAPE = ["--max-seq-length", "32", "--max-predictions-per-seq", "5"]
+
+
+@pytest.fixture(scope="module")
+def original_records(tmp_path_factory):
+    """Records written by the original script (PyPI bert-tensorflow 1.0.4) from sample_text.txt."""
+    out = tmp_path_factory.mktemp("records") / "original.tfrecord"
+    result = subprocess.run(
+        [sys.executable, "-m", "bert.create_pretraining_data", f"--input_file={SAMPLE}", f"--output_file={out}",
+         f"--vocab_file={VOCAB}", "--do_lower_case=True", "--max_seq_length=32", "--max_predictions_per_seq=5",
+         "--dupe_factor=5", "--random_seed=7"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def no_dropout_init(tmp_path_factory, tiny_model_dir):
+    """The converted original checkpoint with dropout off, as a --init starting point."""
+    path = tmp_path_factory.mktemp("init") / "tiny"
+    shutil.copytree(tiny_model_dir, path)
+    config = json.load(open(path / "bert_config.json"))
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (path / "bert_config.json").write_text(json.dumps(config))
+    return path
+
+
+def _pretrain(model_dir, records, *extra, check=True, env=None, config=None):
+    start = [] if "--resume" in extra or "--init" in extra else \
+        ["--config", config or os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB]
+    return run_kbert("pretrain", "--model-dir", model_dir, "--data", records, *start, *SHAPE,
+                     "--batch-size", "8", *extra, check=check, env=env)
+
+
+def test_pretrain_then_resume(tmp_path, original_records):
+    out = tmp_path / "bert"
+    result = _pretrain(out, original_records, "--steps", "20", "--save-every", "10", "--learning-rate", "1e-3",
+                       "--eval-data", original_records, "--eval-steps", "2")
+    metrics = json.loads(result.stdout)
+    for key in ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "sequences_per_second"):
+        assert key in metrics
+    assert metrics["step"] == 20 and metrics["sequences_per_second"] > 0
+    assert metrics["loss"] == pytest.approx(metrics["mlm_loss"] + metrics["nsp_loss"], rel=1e-5)
+    assert set(metrics["eval"]) == {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"}
+    for name in ("bert_config.json", "vocab.txt", "model.weights.h5", "loss.png", "metrics.jsonl"):
+        assert (out / name).is_file(), name
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert any(p.name.startswith("events.out.tfevents") for p in (out / "logs" / "train").iterdir())
+    history = [json.loads(line) for line in open(out / "metrics.jsonl") if '"split"' not in line]
+    assert history[-1]["loss"] < history[0]["loss"]  # it learns
+
+    result = _pretrain(out, original_records, "--steps", "30", "--save-every", "10", "--resume")
+    assert "resumed from step 20" in result.stderr
+    assert json.loads(result.stdout)["step"] == 30 and json.loads(result.stdout)["resumed_from"] == 20
+    # The result is a model directory the other commands accept.
+    assert json.loads(run_kbert("convert", "inspect", out).stdout)["heads"]["masked_lm"]
+    run_kbert("convert", "to-tf1", out, tmp_path / "tf1")
+    fill = json.loads(run_kbert("fill-mask", out, "the [MASK] is here.", "--top-k", "3").stdout)
+    assert len(fill["masks"]) == 1 and len(fill["masks"][0]["predictions"]) == 3
+
+
+def test_refuses_to_overwrite_a_run_without_resume(tmp_path, original_records):
+    out = tmp_path / "bert"
+    _pretrain(out, original_records, "--steps", "2", "--save-every", "2")
+    assert_user_error(_pretrain(out, original_records, "--steps", "4", check=False), "--resume")
+
+
+def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path, original_records):
+    out = tmp_path / "bert"
+    args = kbert_command() + ["pretrain", "--model-dir", str(out), "--data", str(original_records),
+                              "--config", os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB, *SHAPE,
+                              "--batch-size", "8", "--steps", "100000", "--save-every", "5",
+                              "--steps-per-loop", "5"]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    ckpt = out / "checkpoints"
+    while time.time() < deadline and not (ckpt / "ckpt-15.index").exists():
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    saved = sorted(int(p.name[5:-6]) for p in ckpt.glob("ckpt-*.index"))
+    assert saved and saved[-1] >= 15, saved
+    result = _pretrain(out, original_records, "--steps", str(saved[-1] + 5), "--save-every", "5", "--resume")
+    assert f"resumed from step {saved[-1]}" in result.stderr
+    assert json.loads(result.stdout)["step"] == saved[-1] + 5
+
+
+def test_mirrored_over_two_cpus_equals_one_device(tmp_path, original_records, no_dropout_init):
+    """The global batch is split over replicas and gradients summed: from the same weights and
+    without dropout, the two runs must end with the same weights."""
+    single, mirrored = tmp_path / "single", tmp_path / "mirrored"
+    common = ("--init", no_dropout_init, "--steps", "6", "--save-every", "6", "--learning-rate", "1e-3",
+              "--warmup-steps", "0")
+    first = json.loads(_pretrain(single, original_records, *common, "--strategy", "cpu").stdout)
+    result = _pretrain(mirrored, original_records, *common, "--strategy", "mirrored",
+                       env={"KBERT_LOGICAL_CPUS": "2"})
+    assert json.loads(result.stdout)["replicas"] == 2
+    a, b = _weights(single), _weights(mirrored)
+    assert a.keys() == b.keys()
+    start = _weights(no_dropout_init)
+    assert max(float(np.abs(a[k] - start[k]).max()) for k in a) > 1e-3  # training moved the weights
+    for key in a:
+        np.testing.assert_allclose(a[key], b[key], atol=2e-5, err_msg=key)
+    assert json.loads(result.stdout)["loss"] == pytest.approx(first["loss"], abs=1e-4)
+
+
+def _weights(model_dir):
+    import h5py
+    out = {}
+    with h5py.File(model_dir / "model.weights.h5", "r") as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+WORKER = """
+import json, os, sys
+import numpy as np
+from kbert.pretraining import pretrain
+result, model = pretrain(sys.argv[1], sys.argv[2], config_file=sys.argv[3], vocab_file=sys.argv[4],
+                         max_seq_length=32, max_predictions_per_seq=5, steps=6, batch_size=8, save_every=3,
+                         strategy="multi-worker", progress=False, return_model=True)
+np.savez(sys.argv[5], *[w.numpy() for w in model.weights])
+print(json.dumps(result))
+"""
+
+
+def test_multi_worker_two_processes_end_identical(tmp_path, original_records):
+    ports = [_free_port(), _free_port()]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    processes = []
+    for index in range(2):
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        processes.append(subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(tmp_path / "bert"), str(original_records),
+             os.path.join(TINY, "bert_config.json"), VOCAB, str(tmp_path / f"worker{index}.npz")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=300) for p in processes]
+    for p, (out, err) in zip(processes, outputs):
+        assert p.returncode == 0, err[-3000:]
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert [r["replicas"] for r in results] == [2, 2] and [r["step"] for r in results] == [6, 6]
+    first, second = np.load(tmp_path / "worker0.npz"), np.load(tmp_path / "worker1.npz")
+    assert len(first.files) == 46
+    for key in first.files:
+        np.testing.assert_array_equal(first[key], second[key])
+    # Only the chief (worker 0) writes the model directory.
+    assert (tmp_path / "bert" / "model.weights.h5").is_file()
+
+
+def test_tpu_without_a_tpu_is_a_clear_error(tmp_path, original_records):
+    # A TPU address on 127.0.0.1 where nothing listens: the TPUClusterResolver is built and the
+    # worker probed (tests send traffic only to 127.0.0.1, so no TPU name lookup here).
+    address = f"grpc://127.0.0.1:{_free_port()}"
+    result = _pretrain(tmp_path / "bert", original_records, "--steps", "2", "--strategy", "tpu",
+                       "--tpu", address, check=False)
+    assert_user_error(result, f"no TPU reachable at '{address}'", "--tpu NAME")
+
+
+def test_missing_and_corrupt_data(tmp_path, original_records):
+    assert_user_error(_pretrain(tmp_path / "a", tmp_path / "none-*.tfrecord", "--steps", "2", check=False),
+                      "matches no files")
+    bad = tmp_path / "bad.tfrecord"
+    bad.write_bytes(b"\x00garbage" * 100)
+    assert_user_error(_pretrain(tmp_path / "b", bad, "--steps", "2", check=False), str(bad), "not a readable TFRecord")
+
+
+def test_lengths_that_differ_from_the_flags(tmp_path, original_records):
+    result = run_kbert("pretrain", "--model-dir", tmp_path / "c", "--data", original_records, "--config",
+                       os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB, "--max-seq-length", "64",
+                       "--steps", "2", check=False)
+    assert_user_error(result, "max_seq_length 32 and max_predictions_per_seq 5",
+                      "--max-seq-length 32 --max-predictions-per-seq 5")
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, original_records):
+    out = tmp_path / "bert"
+    _pretrain(out, original_records, "--steps", "4", "--save-every", "4")
+    result = _pretrain(out, original_records, "--steps", "40", "--save-every", "4", "--resume",
+                       "--learning-rate", "1e12", "--warmup-steps", "0", check=False)
+    assert_user_error(result, "the loss became", "last good checkpoint (step 4) is kept", alone=False)
+    assert sorted(p.name for p in (out / "checkpoints").glob("*.index")) == ["ckpt-4.index"]
+
+
+def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, original_records):
+    out = tmp_path / "bert"
+    _pretrain(out, original_records, "--steps", "4", "--save-every", "4")
+    # A file where TensorFlow writes the next checkpoint's temporary shard makes that write fail.
+    (out / "checkpoints" / "ckpt-8_temp").write_text("in the way")
+    result = _pretrain(out, original_records, "--steps", "8", "--save-every", "4", "--resume", check=False)
+    assert_user_error(result, "writing the checkpoint for step 8 failed", "(step 4) is intact", alone=False)
+    (out / "checkpoints" / "ckpt-8_temp").unlink()
+    result = _pretrain(out, original_records, "--steps", "8", "--save-every", "4", "--resume")
+    assert "resumed from step 4" in result.stderr
