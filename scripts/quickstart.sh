@@ -39,4 +39,17 @@ print(json.dumps({"text": text, "tokens": tokens, "ids": ids,
                   "in_graph_ids_equal": graph_tok(tf.constant([text])).to_list()[0] == ids},
                  ensure_ascii=False))
 PY
-say "Done. The kbert model directory is $OUT/tiny; load it in Python with kbert.load(\"$OUT/tiny\")."
+say "7. Pretraining records from the bundled sample text.   kbert create-data"
+$KBERT create-data --input tests/fixtures/sample_text.txt --vocab "$FIX/vocab.txt" \
+    --output "$OUT/sample.tfrecord" --max-seq-length 64 --max-predictions-per-seq 10 --dupe-factor 5 --overwrite
+
+say "8. Continue pretraining the converted model on them (MLM + NSP).   kbert pretrain --init $OUT/tiny"
+rm -rf "$OUT/pretrained"
+$KBERT pretrain --model-dir "$OUT/pretrained" --init "$OUT/tiny" --data "$OUT/sample.tfrecord" \
+    --max-seq-length 64 --max-predictions-per-seq 10 --steps 40 --batch-size 16 --learning-rate 5e-4 \
+    --save-every 20 --eval-data "$OUT/sample.tfrecord" --eval-steps 2
+
+say "9. What does it predict behind a [MASK]?   kbert fill-mask"
+$KBERT fill-mask "$OUT/pretrained" "the man went to the [MASK]." --top-k 3
+
+say "Done. Model directories: $OUT/tiny (converted) and $OUT/pretrained (with checkpoints/, logs/ for TensorBoard, loss.png); load either with kbert.load(...)."
