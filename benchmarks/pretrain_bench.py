@@ -110,6 +110,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--quick", action="store_true", help="10 steps, two settings each")
+    parser.add_argument("--kbert-xla", action="store_true", help="also time kbert with XLA (slower on CPU)")
     args = parser.parse_args()
     steps = 10 if args.quick else args.steps
     settings = [(False, False), (True, False)] if args.quick else \
@@ -120,6 +121,8 @@ def main():
     results = {"keras_hub": {}, "kbert": {}}
     for kind in ("keras_hub", "kbert"):
         for mixed, jit in settings:
+            if kind == "kbert" and jit and not args.kbert_xla:
+                continue
             name = f"{'mixed_bfloat16' if mixed else 'float32'}{'+xla' if jit else ''}"
             print(f"{kind} {name} ...", file=sys.stderr, flush=True)
             results[kind][name] = spawn(kind, records, steps, mixed, jit)

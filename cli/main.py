@@ -9,6 +9,7 @@ import sys
 import typer
 
 from kbert.cli import convert, fill_mask, pretrain
+from kbert.cli import create_data, vocab
 from kbert.cli.common import import_tensorflow_quietly, quiet_tensorflow, setup_logging
 
 app = typer.Typer(
@@ -22,6 +23,8 @@ app = typer.Typer(
 app.add_typer(convert.app, name="convert")
 app.command("pretrain")(pretrain.pretrain)
 app.command("fill-mask")(fill_mask.fill_mask)
+app.command("create-data")(create_data.create_data)
+app.command("vocab")(vocab.vocab)
 
 
 @app.callback()

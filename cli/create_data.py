@@ -1,0 +1,55 @@
+"""`kbert create-data`: pretraining TFRecords from text, as google-research/bert's
+create_pretraining_data.py makes them (same features, same algorithm), streamed and in parallel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from kbert.cli.common import print_result
+
+
+def create_data(
+    input: List[Path] = typer.Option(..., "--input", help="Text: one sentence per line, a blank line between documents. Repeat --input, or list more files after it (--input data/*.txt)."),
+    more_inputs: Optional[List[Path]] = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False),
+    vocab: Path = typer.Option(..., "--vocab", help="vocab.txt of the model (or from `kbert vocab`)."),
+    output: Path = typer.Option(..., "--output", help="TFRecord file to write; with --shards N, the prefix of OUTPUT-0000i-of-0000N."),
+    max_seq_length: int = typer.Option(128, help="Tokens per instance, [CLS] and [SEP]s included."),
+    max_predictions_per_seq: int = typer.Option(20, help="Masked positions per instance at most."),
+    masked_lm_prob: float = typer.Option(0.15, help="Share of tokens to mask."),
+    dupe_factor: int = typer.Option(10, help="Passes over the text, each with fresh instances and masks."),
+    short_seq_prob: float = typer.Option(0.1, help="Probability of a shorter target length."),
+    seed: int = typer.Option(12345, help="Random seed; the output depends on it, not on --workers."),
+    whole_word_mask: bool = typer.Option(False, "--whole-word-mask", help="Mask all WordPiece pieces of a word together."),
+    lowercase: bool = typer.Option(True, "--lowercase/--no-lowercase", help="Lower-case and strip accents (uncased vocabularies)."),
+    shards: int = typer.Option(1, help="Output files; records go to them round-robin."),
+    workers: Optional[int] = typer.Option(None, help="Processes making instances (default: the CPUs available)."),
+    overwrite: bool = typer.Option(False, help="Replace output files that exist."),
+):
+    """Make MLM + NSP pretraining records from text; prints a JSON summary with their statistics."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+
+    from kbert.pretraining_data import create_pretraining_data
+
+    console = Console(stderr=True)
+    # Only on a terminal: in a log file a progress bar is noise, and the JSON says it all.
+    progress = Progress(TextColumn("create-data"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                        TextColumn("{task.fields[instances]:,} instances"), TimeRemainingColumn(),
+                        console=console, disable=not console.is_terminal)
+    with progress:
+        task = progress.add_task("text", total=None, instances=0)
+
+        def on_progress(done, total, instances):
+            progress.update(task, completed=done, total=total, instances=instances)
+
+        result = create_pretraining_data(
+            [*input, *(more_inputs or [])], vocab, output, do_lower_case=lowercase,
+            max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq,
+            masked_lm_prob=masked_lm_prob, dupe_factor=dupe_factor, short_seq_prob=short_seq_prob,
+            seed=seed, whole_word_mask=whole_word_mask, shards=shards, workers=workers,
+            overwrite=overwrite, on_progress=on_progress)
+    print_result(result)

@@ -1,0 +1,205 @@
+"""`kbert vocab`: learn a WordPiece vocab.txt from text, made for `kbert.Tokenizer`.
+
+The learner is tensorflow-text's (`tools.wordpiece_vocab.wordpiece_tokenizer_learner_lib`,
+the one behind TF Text's BERT vocabulary guide): tensorflow-text is already a dependency for
+in-graph tokenization, so this adds none, where Hugging Face `tokenizers` would add one.
+
+It learns from word counts, and the words are those kbert.Tokenizer hands to WordPiece: the
+text cleaned, split on whitespace, lower-cased and accent-stripped (unless cased), with
+punctuation and CJK ideographs split off. So every piece learned is one the tokenizer can use,
+and every character the learner keeps (the 1,000 most frequent) tokenizes without [UNK].
+
+Layout: [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4, then the learner's order: single
+characters, then pieces by falling count (## continuations among them). The released BERT
+vocabularies put [UNK] at 100 and reserve [unusedN] slots; kbert looks special tokens up by
+name, so nothing depends on those ids, and a small --size is not swamped by 999 reserved lines.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import tempfile
+import time
+
+from kbert.errors import KbertError
+from kbert.tokenizer import UNK, Tokenizer, _tables
+
+RESERVED_TOKENS = ["[PAD]", UNK, "[CLS]", "[SEP]", "[MASK]"]
+JOINER = "##"
+log = logging.getLogger("kbert")
+
+
+class WordTokenizer(Tokenizer):
+    """kbert.Tokenizer with WordPiece switched off: the words WordPiece would be given.
+
+    Args:
+        do_lower_case: bool. Lower-case and strip accents, as the Tokenizer does.
+
+    Example:
+    >>> WordTokenizer(do_lower_case=True).tokenize("Héllo, wörld!  北京")
+    ['hello', ',', 'world', '!', '北', '京']
+    """
+
+    def __init__(self, do_lower_case: bool = True):
+        # No vocabulary to load; the cleaning tables and word cache are the Tokenizer's own.
+        self.vocab_file, self.vocab, self.inv_vocab = None, {}, {}
+        self.do_lower_case = bool(do_lower_case)
+        self._tables = _tables()
+        self._cache = {}
+
+    def wordpiece(self, token: str) -> list[str]:
+        return [token]
+
+
+def _lines(input_files):
+    for path in input_files:
+        with open(path, "rb") as f:
+            for raw in f:
+                # Invalid UTF-8 becomes U+FFFD, which the tokenizer's cleaning drops.
+                yield raw.decode("utf-8", "replace")
+
+
+def count_words(input_files, do_lower_case: bool = True) -> collections.Counter:
+    """How often each word (as kbert.Tokenizer splits text before WordPiece) occurs.
+
+    Args:
+        input_files: list of str. Text files.
+        do_lower_case: bool. Lower-case and strip accents.
+
+    Example:
+    >>> count_words(["tests/fixtures/sample_text.txt"]).most_common(3)
+    [(',', 73), ('the', 59), ('of', 34)]
+    """
+    words, counts = WordTokenizer(do_lower_case), collections.Counter()
+    for line in _lines(input_files):
+        counts.update(words.tokenize(line))
+    return counts
+
+
+def learn_vocab(word_counts, size: int) -> list[str]:
+    """A WordPiece vocabulary of at most `size` entries: reserved tokens, characters, pieces.
+
+    Args:
+        word_counts: dict or Counter. {word: count}.
+        size: int. Entries at most, reserved tokens included.
+
+    Example:
+    >>> vocab = learn_vocab({"low": 5, "lower": 2, "newest": 6, "widest": 3}, 30)
+    >>> vocab[:5], vocab[5:8], vocab[15:19], vocab[-2:]
+    (['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'], ['d', 'e', 'i'], ['newest', 'low', 'widest', 'lower'], ['##t', '##w'])
+    """
+    from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
+
+    # lower_thresh=1 lets a small corpus reach `size`; on a large one the search for the count
+    # threshold that gives `size` entries stops far above it.
+    vocab = learner.learn(dict(word_counts), size, RESERVED_TOKENS, lower_thresh=1, joiner=JOINER)
+    if len(vocab) <= size:
+        return vocab
+    # The threshold search can end a little over `size`. Drop the rarest pieces, never a
+    # character or its ## form: those are what lets any word be spelled without [UNK].
+    chars = {t for t in vocab if len(t) == 1 or (t.startswith(JOINER) and len(t) == len(JOINER) + 1)}
+    required = set(RESERVED_TOKENS) | chars
+    if len(required) > size:
+        raise KbertError(f"--size {size} is too small: the text has "
+                         f"{sum(len(t) == 1 for t in chars)} distinct "
+                         f"characters, which need {len(required)} entries with the reserved tokens; "
+                         f"use --size {len(required)} or more")
+    room = size - len(required)
+    kept = []
+    for token in vocab:
+        if token in required:
+            kept.append(token)
+        elif room > 0:
+            kept.append(token)
+            room -= 1
+    return kept
+
+
+def unk_rate(input_files, vocab_file, do_lower_case: bool = True) -> float:
+    """Share of the tokens kbert.Tokenizer makes of the text that are [UNK].
+
+    Example:
+    >>> unk_rate(["tests/fixtures/sample_text.txt"], "tests/fixtures/vocab-uncased.txt")
+    0.0
+    """
+    tokenizer, tokens, unknown = Tokenizer(vocab_file, do_lower_case), 0, 0
+    for line in _lines(input_files):
+        pieces = tokenizer.tokenize(line)
+        tokens += len(pieces)
+        unknown += pieces.count(UNK)
+    return unknown / max(tokens, 1)
+
+
+def _write_lines_atomically(path: str, lines: list[str]):
+    """Write to a temporary file beside `path`, then rename: never a half-written vocab.txt."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.writelines(line + "\n" for line in lines)
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
+
+
+def build_vocab(input_files, output, size: int = 30522, do_lower_case: bool = True,
+                overwrite: bool = False) -> dict:
+    """Learn a vocab.txt from text and check it on that text.
+
+    Args:
+        input_files: list of str. Text files (any line layout).
+        output: str. The vocab.txt to write (atomically).
+        size: int. Entries at most, reserved tokens included (the learner aims within 5% below).
+        do_lower_case: bool. Uncased (lower-case, strip accents) or cased vocabulary.
+        overwrite: bool. Replace `output` if it exists and is not empty.
+
+    Returns:
+        dict: vocab_file, size, requested_size, do_lower_case, words, distinct_words,
+        unk_rate (of kbert.Tokenizer with the new vocabulary on the same text), seconds.
+
+    Example:
+    >>> import tempfile
+    >>> out = os.path.join(tempfile.mkdtemp(), "vocab.txt")
+    >>> result = build_vocab(["tests/fixtures/sample_text.txt"], out, size=400)
+    >>> result["size"] <= 400, result["unk_rate"]
+    (True, 0.0)
+    """
+    started = time.perf_counter()
+    input_files, output = [os.fspath(p) for p in input_files], os.fspath(output)
+    if not input_files:
+        raise KbertError("no input files; pass --input FILE")
+    for path in input_files:
+        if not os.path.isfile(path):
+            raise KbertError(f"{path}: no such input file; pass text files to learn the vocabulary from")
+    if os.path.isdir(output):
+        raise KbertError(f"{output} is a directory; give a file path such as {output}/vocab.txt")
+    if os.path.exists(output) and os.path.getsize(output) > 0 and not overwrite:
+        raise KbertError(f"{output} exists and is not empty; pass --overwrite to replace it, or "
+                         f"choose a new output path")
+    if size < len(RESERVED_TOKENS) + 2:
+        raise KbertError(f"--size {size} is too small; a vocabulary needs the "
+                         f"{len(RESERVED_TOKENS)} reserved tokens and the text's characters")
+
+    counts = count_words(input_files, do_lower_case)
+    if not counts:
+        raise KbertError(f"{', '.join(input_files)}: no words to learn from; pass text files")
+    log.info("%s words, %s distinct; learning %s WordPieces", f"{sum(counts.values()):,}",
+             f"{len(counts):,}", f"{size:,}")
+    vocab = learn_vocab(counts, size)
+    _write_lines_atomically(output, vocab)
+    return {
+        "vocab_file": output,
+        "size": len(vocab),
+        "requested_size": size,
+        "do_lower_case": bool(do_lower_case),
+        "words": sum(counts.values()),
+        "distinct_words": len(counts),
+        "unk_rate": unk_rate(input_files, output, do_lower_case),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
