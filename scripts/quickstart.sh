@@ -49,7 +49,7 @@ $KBERT pretrain --model-dir "$OUT/pretrained" --init "$OUT/tiny" --data "$OUT/sa
     --max-seq-length 64 --max-predictions-per-seq 10 --steps 40 --batch-size 16 --learning-rate 5e-4 \
     --save-every 20 --eval-data "$OUT/sample.tfrecord" --eval-steps 2
 
-say "9. What does it predict behind a [MASK]?   kbert fill-mask"
+say "9. What does it predict behind a [MASK]?   kbert fill-mask   (a 300-token toy vocabulary and random weights trained 40 steps: expect noise; see the README for a real run)"
 $KBERT fill-mask "$OUT/pretrained" "the man went to the [MASK]." --top-k 3
 
 say "Done. Model directories: $OUT/tiny (converted) and $OUT/pretrained (with checkpoints/, logs/ for TensorBoard, loss.png); load either with kbert.load(...)."
