@@ -214,3 +214,10 @@ def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, original_recor
     (out / "checkpoints" / "ckpt-8_temp").unlink()
     result = _pretrain(out, original_records, "--steps", "8", "--save-every", "4", "--resume")
     assert "resumed from step 4" in result.stderr
+
+
+def test_fill_mask_bad_input(tmp_path, tiny_model_dir):
+    assert_user_error(run_kbert("fill-mask", tiny_model_dir, "no mask here", check=False), "has no [MASK]")
+    assert_user_error(run_kbert("fill-mask", tmp_path / "nope", "a [MASK].", check=False), "no such model directory")
+    assert_user_error(run_kbert("fill-mask", tiny_model_dir, "a [MASK].", "--top-k", "0", check=False),
+                      "--top-k must be at least 1")
