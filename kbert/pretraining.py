@@ -37,9 +37,13 @@ def pretraining_losses(outputs, labels):
     """
     import tensorflow as tf
 
+    from kbert.losses import sparse_softmax_cross_entropy
+
     ids, weights = labels["masked_lm_ids"], labels["masked_lm_weights"]
     mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
-    per_position = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=ids, logits=mlm_logits)
+    vocab = tf.shape(mlm_logits)[-1]
+    per_position = tf.reshape(sparse_softmax_cross_entropy(tf.reshape(ids, [-1]), tf.reshape(mlm_logits, [-1, vocab])),
+                              tf.shape(ids))
     mlm_loss = tf.reduce_sum(weights * per_position) / (tf.reduce_sum(weights) + 1e-5)
     nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
     nsp_labels = labels["next_sentence_labels"]
