@@ -9,7 +9,7 @@ import sys
 import typer
 
 from kbert.cli import convert, fill_mask, pretrain
-from kbert.cli import create_data, vocab
+from kbert.cli import create_data, finetune, vocab
 from kbert.cli.common import import_tensorflow_quietly, quiet_tensorflow, setup_logging
 
 app = typer.Typer(
@@ -25,6 +25,9 @@ app.command("pretrain")(pretrain.pretrain)
 app.command("fill-mask")(fill_mask.fill_mask)
 app.command("create-data")(create_data.create_data)
 app.command("vocab")(vocab.vocab)
+app.command("finetune")(finetune.finetune)
+app.command("predict")(finetune.predict)
+app.command("evaluate")(finetune.evaluate)
 
 
 @app.callback()

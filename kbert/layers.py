@@ -272,26 +272,38 @@ class MaskedLMHead(keras.layers.Layer):
             (sequence_output.shape[0], masked_lm_positions.shape[1], self.vocab_size), dtype="float32")
 
 
-class NextSentenceHead(keras.layers.Layer):
-    """`cls/seq_relationship`: logits [batch, 2] from the pooled output; label 0 = "B follows A".
+class OutputProjection(keras.layers.Layer):
+    """logits = x · Wᵀ + b with W kept [units, H], the layout of the original's task heads.
 
-    The weight is kept [2, H] and used transposed, exactly as the original stores it.
+    google-research/bert stores every head it adds on top of the encoder this way:
+    `cls/seq_relationship/output_weights` [2, H] (run_pretraining.py), `output_weights`
+    [num_labels, H] (run_classifier.py), `cls/squad/output_weights` [2, H] (run_squad.py).
+    Works on [batch, H] and [batch, seq, H]; returns float32 logits.
     """
 
-    def __init__(self, config: BertConfig, **kwargs):
+    def __init__(self, config: BertConfig, units: int, **kwargs):
         super().__init__(**kwargs)
+        self.units = int(units)
         self.weights_initializer = initializer(config, "output_weights")
         self.bias_initializer = initializer(config, "output_bias", "zeros")
 
-    def build(self, pooled_output_shape):
-        self.output_weights = self.add_weight(name="output_weights", shape=(2, pooled_output_shape[-1]),
+    def build(self, input_shape):
+        self.output_weights = self.add_weight(name="output_weights", shape=(self.units, input_shape[-1]),
                                               initializer=self.weights_initializer)
-        self.output_bias = self.add_weight(name="output_bias", shape=(2,), initializer=self.bias_initializer)
+        self.output_bias = self.add_weight(name="output_bias", shape=(self.units,),
+                                           initializer=self.bias_initializer)
         self.built = True
 
-    def call(self, pooled_output):
-        logits = ops.matmul(pooled_output, ops.transpose(ops.cast(self.output_weights, self.compute_dtype)))
+    def call(self, x):
+        logits = ops.matmul(x, ops.transpose(ops.cast(self.output_weights, self.compute_dtype)))
         return ops.cast(logits, "float32") + ops.cast(self.output_bias, "float32")
 
-    def compute_output_spec(self, pooled_output):
-        return keras.KerasTensor((pooled_output.shape[0], 2), dtype="float32")
+    def compute_output_spec(self, x):
+        return keras.KerasTensor(tuple(x.shape[:-1]) + (self.units,), dtype="float32")
+
+
+class NextSentenceHead(OutputProjection):
+    """`cls/seq_relationship`: logits [batch, 2] from the pooled output; label 0 = "B follows A"."""
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(config, 2, **kwargs)

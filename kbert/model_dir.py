@@ -18,6 +18,8 @@ from kbert.files import atomic_output_dir, count_lines, require_path
 CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
 WEIGHTS_FILE = "model.weights.h5"
+# What fine-tuning records in bert_config.json besides the original keys.
+TASK_KEYS = ("task", "labels", "max_seq_length")
 
 
 def check_vocab(vocab_file: str, config: BertConfig):
@@ -29,14 +31,30 @@ def check_vocab(vocab_file: str, config: BertConfig):
                          f"{config.vocab_size}; use the vocab.txt this model was trained with")
 
 
+def _model_classes():
+    from kbert import models
+    return {"pretrainer": models.BertPretrainer, "encoder": models.BertEncoder,
+            "classifier": models.BertClassifier, "tagger": models.BertTagger,
+            "span_predictor": models.BertSpanPredictor}
+
+
 def model_kind(model) -> str:
-    from kbert.models import BertEncoder, BertPretrainer
-    if isinstance(model, BertPretrainer):
-        return "pretrainer"
-    if isinstance(model, BertEncoder):
-        return "encoder"
-    raise KbertError(f"cannot save a {type(model).__name__}: kbert model directories hold "
-                     f"kbert models (bert_encoder, bert_pretrainer)")
+    for kind, cls in _model_classes().items():
+        if type(model) is cls:
+            return kind
+    raise KbertError(f"cannot save a {type(model).__name__}: kbert model directories hold kbert models "
+                     f"(bert_encoder, bert_pretrainer, bert_classifier, bert_tagger, bert_span_predictor)")
+
+
+def _describe(model, config: BertConfig, do_lower_case: bool):
+    """Record in the config what rebuilds `model`: its class, head size, casing and task metadata."""
+    for key in TASK_KEYS + ("num_classes",):  # a head's metadata must not outlive the head
+        config.extras.pop(key, None)
+    config.extras.update(kbert_model=model_kind(model), do_lower_case=bool(do_lower_case))
+    if hasattr(model, "num_classes"):
+        config.extras["num_classes"] = model.num_classes
+    # Fine-tuning sets these (task, labels, max_seq_length) so predict/evaluate/export need no flags.
+    config.extras.update(getattr(model, "task_info", None) or {})
 
 
 def save(model, model_dir, vocab_file: str | None = None, do_lower_case: bool | None = None,
@@ -62,7 +80,7 @@ def save(model, model_dir, vocab_file: str | None = None, do_lower_case: bool | 
         do_lower_case = getattr(model, "do_lower_case", True)
     config = BertConfig.from_dict(model.config.to_dict())
     check_vocab(vocab_file, config)
-    config.extras.update(kbert_model=model_kind(model), do_lower_case=bool(do_lower_case))
+    _describe(model, config, do_lower_case)
     with atomic_output_dir(model_dir, overwrite=overwrite) as tmp:
         config.to_json_file(os.path.join(tmp, CONFIG_FILE))
         shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_FILE))
@@ -90,21 +108,21 @@ def load(model_dir):
     import tensorflow as tf
 
     from kbert.layers import weights_from
-    from kbert.models import BertEncoder, BertPretrainer
-
     model_dir = os.fspath(model_dir)
     config = load_config(model_dir)
     weights = os.path.join(model_dir, WEIGHTS_FILE)
     require_path(weights, "weights file", "the model directory is incomplete; convert or train it again")
     kind = config.extras.get("kbert_model", "pretrainer")
-    builders = {"pretrainer": BertPretrainer, "encoder": BertEncoder}
+    builders = _model_classes()
     if kind not in builders:
         raise KbertError(f"{model_dir}: unknown kbert_model {kind!r} in bert_config.json; "
                          f"expected one of {', '.join(builders)}")
+    head = {"num_classes": int(config.extras.get("num_classes", 2))} if kind in (
+        "classifier", "tagger", "span_predictor") else {}
     # Zero-filled weights, overwritten by load_weights next: drawing BERT-base's 110M random
     # initial values would take longer than reading the file.
     with weights_from(lambda path, shape: tf.zeros(shape)):
-        model = builders[kind](config)
+        model = builders[kind](config, **head)
     try:
         model.load_weights(weights)
     except (ValueError, OSError) as e:
@@ -112,6 +130,7 @@ def load(model_dir):
                          f"does not match bert_config.json") from None
     model.vocab_file = os.path.join(model_dir, VOCAB_FILE)
     model.do_lower_case = bool(config.extras.get("do_lower_case", True))
+    model.task_info = {k: config.extras[k] for k in TASK_KEYS if k in config.extras}
     return model
 
 
@@ -119,7 +138,7 @@ def write_model_files(model, model_dir, vocab_file: str, do_lower_case: bool, we
     """Write (or replace) the model-directory files inside an existing directory, each one
     atomically: used by training, whose directory also holds checkpoints and logs."""
     config = BertConfig.from_dict(model.config.to_dict())
-    config.extras.update(kbert_model=model_kind(model), do_lower_case=bool(do_lower_case))
+    _describe(model, config, do_lower_case)
     os.makedirs(model_dir, exist_ok=True)
 
     def replace(name, write):

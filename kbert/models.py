@@ -6,8 +6,8 @@ import keras
 from keras import ops
 
 from kbert.config import BertConfig
-from kbert.layers import (BertEmbeddings, MaskedLMHead, NextSentenceHead, TransformerLayer,
-                          attention_adder, dense)
+from kbert.layers import (BertEmbeddings, MaskedLMHead, NextSentenceHead, OutputProjection,
+                          TransformerLayer, attention_adder, dense)
 
 ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
 
@@ -124,6 +124,160 @@ class BertPretrainer(_ConfiguredByBertConfig, keras.Model):
 
         # === Config ===
         self.config = config
+
+
+class _TaskModel(keras.Model):
+    """A head on a `BertEncoder`, built from (config, size of the head) and an optional encoder."""
+
+    def _encoder_and_inputs(self, config, encoder):
+        self.encoder = encoder if encoder is not None else BertEncoder(config)
+        inputs = _int_inputs(ENCODER_INPUTS)
+        return inputs, self.encoder({name: inputs[name] for name in ENCODER_INPUTS})
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "num_classes": self.num_classes, "dropout": self.dropout_rate,
+                "name": self.name, "trainable": self.trainable}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertClassifier(_TaskModel):
+    """`run_classifier.py`'s model: dropout on the pooled output, then `output_weights` [classes, H].
+
+    Inputs: the encoder's three. Outputs: {"logits": float32 [batch, num_classes]}.
+    With num_classes=1 it is a regressor (the logit is the prediction).
+
+    Args:
+        config: `BertConfig` or its dict.
+        num_classes: int. Number of labels (1 for regression).
+        encoder: optional `BertEncoder` to put the head on (its weights are shared).
+        dropout: float. Dropout on the pooled output; 0.1 in run_classifier.py.
+
+    Example:
+    >>> import numpy as np, kbert
+    >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+    ...                           num_attention_heads=4, intermediate_size=64)
+    >>> model = kbert.bert_classifier(config, num_classes=3)
+    >>> ids = np.array([[2, 7, 9, 3]], dtype="int32")
+    >>> out = model({"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)})
+    >>> tuple(out["logits"].shape)
+    (1, 3)
+    """
+
+    def __init__(self, config, num_classes: int, encoder: BertEncoder | None = None, dropout: float = 0.1,
+                 **kwargs):
+        config = _as_config(config)
+        kwargs.setdefault("name", "bert_classifier")
+        # === Layers ===
+        self.dropout = keras.layers.Dropout(dropout, name="dropout")
+        self.head = OutputProjection(config, num_classes, name="classifier_head")
+
+        # === Functional Model ===
+        inputs, encoded = self._encoder_and_inputs(config, encoder)
+        logits = self.head(self.dropout(encoded["pooled_output"]))
+        super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
+
+        # === Config ===
+        self.config, self.num_classes, self.dropout_rate = config, int(num_classes), float(dropout)
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertTagger(_TaskModel):
+    """Token classification (NER, POS): dropout on every token's output, then [labels, H] logits.
+
+    Inputs: the encoder's three. Outputs: {"logits": float32 [batch, seq, num_classes]}.
+
+    Args:
+        config: `BertConfig` or its dict.
+        num_classes: int. Number of tags.
+        encoder: optional `BertEncoder` to put the head on.
+        dropout: float. 0.1, as the classifier.
+    """
+
+    def __init__(self, config, num_classes: int, encoder: BertEncoder | None = None, dropout: float = 0.1,
+                 **kwargs):
+        config = _as_config(config)
+        kwargs.setdefault("name", "bert_tagger")
+        # === Layers ===
+        self.dropout = keras.layers.Dropout(dropout, name="dropout")
+        self.head = OutputProjection(config, num_classes, name="tagger_head")
+
+        # === Functional Model ===
+        inputs, encoded = self._encoder_and_inputs(config, encoder)
+        logits = self.head(self.dropout(encoded["sequence_output"]))
+        super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
+
+        # === Config ===
+        self.config, self.num_classes, self.dropout_rate = config, int(num_classes), float(dropout)
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertSpanPredictor(_TaskModel):
+    """`run_squad.py`'s model: `cls/squad/output_weights` [2, H] on every token, no extra dropout.
+
+    Inputs: the encoder's three. Outputs: {"start_logits", "end_logits"}: float32 [batch, seq].
+    """
+
+    def __init__(self, config, num_classes: int = 2, encoder: BertEncoder | None = None, dropout: float = 0.0,
+                 **kwargs):
+        config = _as_config(config)
+        kwargs.setdefault("name", "bert_span_predictor")
+        # === Layers ===
+        self.head = OutputProjection(config, 2, name="squad_head")
+
+        # === Functional Model ===
+        inputs, encoded = self._encoder_and_inputs(config, encoder)
+        logits = self.head(encoded["sequence_output"])
+        outputs = {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+
+        # === Config ===
+        self.config, self.num_classes, self.dropout_rate = config, 2, 0.0
+
+
+def _config_and_encoder(config_or_model):
+    """(BertConfig, encoder or None) from a config, a config dict, or a kbert model to build on."""
+    if isinstance(config_or_model, keras.Model):
+        encoder = config_or_model if isinstance(config_or_model, BertEncoder) else getattr(
+            config_or_model, "encoder", None)
+        if not isinstance(encoder, BertEncoder):
+            raise TypeError(f"cannot put a head on a {type(config_or_model).__name__}; pass a BertConfig or "
+                            f"a kbert model (kbert.load, kbert.converters.load_tf1_checkpoint)")
+        return encoder.config, encoder
+    return _as_config(config_or_model), None
+
+
+def _carry_tokenizer_settings(source, model):
+    for name in ("vocab_file", "do_lower_case"):
+        if hasattr(source, name):
+            setattr(model, name, getattr(source, name))
+    return model
+
+
+def bert_classifier(config_or_model, num_classes: int, dropout: float = 0.1) -> BertClassifier:
+    """A `BertClassifier`: untrained from a config, or sharing the encoder of a loaded model.
+
+    Example:
+    >>> pretrained = kbert.converters.load_tf1_checkpoint("tests/fixtures/tf1-tiny")  # doctest: +SKIP
+    >>> classifier = kbert.bert_classifier(pretrained, num_classes=2)  # doctest: +SKIP
+    """
+    config, encoder = _config_and_encoder(config_or_model)
+    return _carry_tokenizer_settings(config_or_model, BertClassifier(config, num_classes, encoder, dropout))
+
+
+def bert_tagger(config_or_model, num_classes: int, dropout: float = 0.1) -> BertTagger:
+    """A `BertTagger`: untrained from a config, or sharing the encoder of a loaded model."""
+    config, encoder = _config_and_encoder(config_or_model)
+    return _carry_tokenizer_settings(config_or_model, BertTagger(config, num_classes, encoder, dropout))
+
+
+def bert_span_predictor(config_or_model) -> BertSpanPredictor:
+    """A `BertSpanPredictor` (SQuAD): untrained from a config, or sharing a loaded model's encoder."""
+    config, encoder = _config_and_encoder(config_or_model)
+    return _carry_tokenizer_settings(config_or_model, BertSpanPredictor(config, encoder=encoder))
 
 
 def bert_encoder(config) -> BertEncoder:

@@ -9,7 +9,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = ["kbert.config", "kbert.files", "kbert.models", "kbert.tokenizer", "kbert.graph_tokenizer",
            "kbert.converters.names", "kbert.converters.inspect", "kbert.layers", "kbert.losses",
-           "kbert.optimization"]
+           "kbert.optimization", "kbert.metrics", "kbert.finetune_data", "kbert.squad", "kbert.preprocessing",
+           "kbert.models"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,0 +1,90 @@
+"""`kbert finetune / predict / evaluate`: fine-tuned heads for classification, regression,
+tagging and SQuAD, from the shell."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kbert.cli.common import print_result
+
+FORMATS = "auto, csv, tsv, jsonl, or a GLUE layout: mrpc, cola, sst2, stsb, mnli, qnli, qqp, rte"
+
+
+def finetune(
+    model_dir: Path = typer.Argument(..., help="A kbert model directory (converted or pretrained), or a google-research checkpoint directory."),
+    task: str = typer.Option(..., "--task", help="classify | regress | tag | squad."),
+    train: Path = typer.Option(..., "--train", help="Training data: CSV/TSV/JSONL with text[,text_b],label; a GLUE TSV; CoNLL (tag); SQuAD JSON (squad)."),
+    output: Path = typer.Option(..., "--output", help="Output: the fine-tuned kbert model directory."),
+    dev: Optional[Path] = typer.Option(None, "--dev", help="Dev data, same format: scored after each epoch; the best epoch is kept."),
+    epochs: int = typer.Option(3, help="Training epochs."),
+    batch_size: int = typer.Option(32, help="Global batch size (split over replicas)."),
+    learning_rate: float = typer.Option(5e-5, help="Peak learning rate (the paper used 2e-5..5e-5)."),
+    max_seq_length: Optional[int] = typer.Option(None, help="Tokens per example (default 128; 384 for squad)."),
+    warmup_proportion: float = typer.Option(0.1, help="Share of steps with linear warmup (run_classifier.py's 0.1)."),
+    seed: int = typer.Option(12345, help="Seed for the head's initial weights, dropout and data order."),
+    mixed_precision: bool = typer.Option(False, "--mixed-precision", help="bfloat16 on CPU, float16 with loss scaling on GPU."),
+    strategy: str = typer.Option("auto", help="auto | cpu | gpu | mirrored."),
+    patience: Optional[int] = typer.Option(None, help="Early stopping: stop after N epochs without a better dev score."),
+    format: str = typer.Option("auto", "--format", help=f"Data format: {FORMATS}."),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip rows with missing or extra columns instead of failing."),
+    doc_stride: int = typer.Option(128, help="squad: stride between windows over long contexts."),
+    max_query_length: int = typer.Option(64, help="squad: question tokens kept."),
+    n_best_size: int = typer.Option(20, help="squad: candidate spans considered per question."),
+    max_answer_length: int = typer.Option(30, help="squad: longest answer, in tokens."),
+    null_score_diff_threshold: float = typer.Option(0.0, help="squad v2: predict no answer when null score - best span score exceeds this."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output directory."),
+):
+    """Fine-tune BERT on a labelled file; prints the best epoch's dev metrics as JSON."""
+    from kbert.finetuning import FinetuneOptions, finetune as run
+
+    options = FinetuneOptions(
+        epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, max_seq_length=max_seq_length,
+        warmup_proportion=warmup_proportion, seed=seed, mixed_precision=mixed_precision, strategy=strategy,
+        patience=patience, format=format, skip_bad_rows=skip_bad_rows, doc_stride=doc_stride,
+        max_query_length=max_query_length, n_best_size=n_best_size, max_answer_length=max_answer_length,
+        null_score_diff_threshold=null_score_diff_threshold, overwrite=overwrite)
+    print_result(run(str(model_dir), task, str(train), str(output), dev=dev and str(dev), options=options))
+
+
+def predict(
+    model_dir: Path = typer.Argument(..., help="A fine-tuned model directory, or an encoder/pretrained one (features)."),
+    input: Path = typer.Option(..., "--input", help="Same formats as finetune (labels optional); for encoders, one text per line (a ||| b for pairs)."),
+    layers: Optional[str] = typer.Option(None, help="Encoders: per-token features of these layers, e.g. -1,-2,-3,-4 (extract_features.py)."),
+    batch_size: int = typer.Option(32, help="Examples per batch."),
+    max_seq_length: Optional[int] = typer.Option(None, help="Default: the length the model was fine-tuned with."),
+    format: str = typer.Option("auto", "--format", help=f"Data format: {FORMATS}."),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
+):
+    """Predict; prints one JSON object per input example."""
+    import json
+
+    from kbert.errors import KbertError
+    from kbert.finetuning import predict as run
+
+    wanted = None
+    if layers:
+        try:
+            wanted = [int(x) for x in layers.split(",")]
+        except ValueError:
+            raise KbertError(f"--layers {layers!r}: give comma-separated layer indexes, e.g. -1,-2") from None
+    for row in run(str(model_dir), str(input), layers=wanted, batch_size=batch_size, max_seq_length=max_seq_length,
+                   format=format, skip_bad_rows=skip_bad_rows):
+        sys.stdout.write(json.dumps(row) + "\n")
+    sys.stdout.flush()
+
+
+def evaluate(
+    model_dir: Path = typer.Argument(..., help="A model directory written by kbert finetune."),
+    input: Path = typer.Option(..., "--input", help="Labelled data in the format the model was trained on."),
+    batch_size: int = typer.Option(32, help="Examples per batch."),
+    format: str = typer.Option("auto", "--format", help=f"Data format: {FORMATS}."),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
+):
+    """Score a fine-tuned model on labelled data; prints one JSON object of metrics."""
+    from kbert.finetuning import evaluate as run
+
+    print_result(run(str(model_dir), str(input), batch_size=batch_size, format=format, skip_bad_rows=skip_bad_rows))

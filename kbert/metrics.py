@@ -1,0 +1,345 @@
+"""The scores `kbert evaluate` and `kbert finetune` report, in plain numpy.
+
+Each function matches the reference people compare BERT results with, so a number from
+kbert can sit in the same table as one from run_classifier.py or a paper:
+
+- classification_metrics: sklearn's accuracy_score, f1_score(average="macro",
+  zero_division=0) and matthews_corrcoef (GLUE reports MCC for CoLA, F1 for MRPC/QQP).
+- regression_metrics: scipy's pearsonr and spearmanr (average ranks for ties), and MSE.
+- tagging_metrics: conlleval's entity-level precision / recall / F1, as seqeval's
+  default mode computes it, for BIO (IOB2), IOB1, IOBES/BILOU and prefix-less IO tags.
+
+Scores are Python floats in [0, 1] (not percent), except pearson, spearman and mcc,
+which lie in [-1, 1], and mse, which is >= 0. Where scipy or sklearn would return nan or
+warn (a constant input, a class that never occurs), these return 0.0, so a score is
+always a number that can be compared to pick the best epoch.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from kbert.errors import KbertError
+
+# The number `best_metric` picks the best epoch by, per task; higher is better for all.
+BEST_METRIC = {"classify": "accuracy", "regress": "pearson", "tag": "f1", "squad": "f1"}
+
+
+# === Classification ===
+
+
+def classification_metrics(labels, predictions, label_names=None) -> dict:
+    """Accuracy and macro-F1, plus Matthews correlation when there are two classes.
+
+    Args:
+        labels: sequence of int class ids or str class names. The true classes.
+        predictions: sequence of the same kind and length. The predicted classes.
+        label_names: list of str, or None. All classes of the task, in id order: an int
+            in `labels`/`predictions` is an index into it, a str one of its names.
+            Classes that never occur still count in macro-F1 (with F1 0). When None,
+            the classes are the distinct values seen in `labels` and `predictions`.
+
+    Returns:
+        dict with "accuracy" and "macro_f1" (sklearn's f1_score(average="macro",
+        zero_division=0) over all classes), and "mcc" (sklearn's matthews_corrcoef, 0.0
+        when undefined) when there are exactly two classes.
+
+    Raises:
+        KbertError: the two sequences differ in length or are empty, or a value is not
+            one of `label_names`.
+
+    Example:
+    >>> m = classification_metrics([0, 0, 1, 1], [0, 1, 1, 1])
+    >>> m["accuracy"], round(m["macro_f1"], 4), round(m["mcc"], 4)
+    (0.75, 0.7333, 0.5774)
+    >>> classification_metrics(["a", "b"], ["a", "a"], label_names=["a", "b", "c"])
+    {'accuracy': 0.5, 'macro_f1': 0.2222222222222222}
+    """
+    labels, predictions = list(labels), list(predictions)
+    _check_lengths(labels, predictions)
+    if label_names is None:
+        classes = _sorted_classes(labels + predictions)
+        index = {name: i for i, name in enumerate(classes)}
+        y = np.array([index[v] for v in labels])
+        p = np.array([index[v] for v in predictions])
+    else:
+        classes = list(label_names)
+        y = _class_ids(labels, classes, "label")
+        p = _class_ids(predictions, classes, "prediction")
+    n = len(classes)
+
+    # confusion[i, j]: examples of true class i predicted as class j.
+    confusion = np.zeros((n, n), dtype=np.int64)
+    np.add.at(confusion, (y, p), 1)
+    tp = np.diag(confusion).astype(np.float64)
+    fp = confusion.sum(axis=0) - tp
+    fn = confusion.sum(axis=1) - tp
+    # F1 = 2tp / (2tp + fp + fn), the same as 2PR/(P+R); a class with no true and no
+    # predicted examples has 0/0 and scores 0 (sklearn's zero_division=0).
+    denominator = 2 * tp + fp + fn
+    f1 = np.divide(2 * tp, denominator, out=np.zeros(n), where=denominator > 0)
+
+    metrics = {"accuracy": float(np.mean(y == p)), "macro_f1": float(np.mean(f1))}
+    if n == 2:
+        metrics["mcc"] = _binary_mcc(confusion)
+    return metrics
+
+
+def _binary_mcc(confusion):
+    (tn, fp), (fn, tp) = confusion.astype(np.float64)
+    denominator = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    # A row or column of zeros (one class never true, or never predicted) leaves MCC
+    # undefined; sklearn returns 0.0 there, and so do we.
+    if denominator == 0:
+        return 0.0
+    return float((tp * tn - fp * fn) / denominator)
+
+
+def _sorted_classes(values):
+    try:
+        return sorted(set(values))
+    except TypeError:
+        raise KbertError("labels and predictions mix class ids and class names; pass "
+                         "label_names to say which id is which name") from None
+
+
+def _class_ids(values, classes, what):
+    index = {name: i for i, name in enumerate(classes)}
+    ids = []
+    for v in values:
+        if isinstance(v, str):
+            if v not in index:
+                raise KbertError(f"{what} {v!r} is not one of the label names {classes}")
+            ids.append(index[v])
+        elif isinstance(v, numbers.Integral) and 0 <= v < len(classes):
+            ids.append(int(v))
+        else:
+            raise KbertError(f"{what} {v!r} is not a class id in 0..{len(classes) - 1} "
+                             f"nor one of the label names {classes}")
+    return np.array(ids, dtype=np.int64)
+
+
+def _check_lengths(labels, predictions):
+    if len(labels) != len(predictions):
+        raise KbertError(f"{len(labels)} labels but {len(predictions)} predictions; "
+                         "each example needs one of each")
+    if not labels:
+        raise KbertError("no examples to score; the evaluation set is empty")
+
+
+# === Regression ===
+
+
+def regression_metrics(labels, predictions) -> dict:
+    """Pearson and Spearman correlation and mean squared error, as for STS-B.
+
+    Args:
+        labels: sequence of float. The true scores.
+        predictions: sequence of float, the same length. The predicted scores.
+
+    Returns:
+        dict with "pearson" (scipy's pearsonr), "spearman" (scipy's spearmanr: Pearson
+        of the ranks, tied values sharing their average rank) and "mse". A correlation
+        with a constant side (scipy: nan and a warning) is 0.0 here: a model that
+        predicts one number for everything has shown no correlation.
+
+    Raises:
+        KbertError: the two sequences differ in length or are empty.
+
+    Example:
+    >>> m = regression_metrics([1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 5.0])
+    >>> round(m["pearson"], 4), round(m["spearman"], 4), m["mse"]
+    (0.8315, 0.8, 0.75)
+    >>> regression_metrics([1.0, 2.0, 3.0], [2.5, 2.5, 2.5])["pearson"]
+    0.0
+    """
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    p = np.asarray(predictions, dtype=np.float64).reshape(-1)
+    _check_lengths(y.tolist(), p.tolist())
+    return {"pearson": _pearson(y, p), "spearman": _pearson(_average_ranks(y), _average_ranks(p)),
+            "mse": float(np.mean((p - y) ** 2))}
+
+
+def _pearson(x, y):
+    # Tested for constancy by equality, not by a zero standard deviation: the mean of
+    # [0.1, 0.1, 0.1] is not exactly 0.1, which would leave rounding noise to correlate.
+    if np.all(x == x[0]) or np.all(y == y[0]):
+        return 0.0
+    x, y = x - x.mean(), y - y.mean()
+    r = np.dot(x, y) / np.sqrt(np.dot(x, x) * np.dot(y, y))
+    return float(np.clip(r, -1.0, 1.0))
+
+
+def _average_ranks(x):
+    """Ranks 1..n; a run of equal values each gets the mean of the ranks it spans."""
+    order = np.argsort(x, kind="stable")
+    sorted_x = x[order]
+    # Start of each run of equal values in sorted order, and one past the last.
+    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
+    ends = np.r_[starts[1:], len(x)]
+    run_rank = (starts + 1 + ends) / 2.0  # mean of ranks starts+1 .. ends
+    ranks = np.empty(len(x))
+    ranks[order] = np.repeat(run_rank, ends - starts)
+    return ranks
+
+
+# === Tagging ===
+
+
+def tagging_metrics(gold_tags, predicted_tags) -> dict:
+    """Entity-level precision, recall and F1 as conlleval computes them, plus token accuracy.
+
+    An entity is (type, sentence, first token, last token); a predicted entity counts
+    only when the gold has one with exactly that type and those boundaries. Tags are
+    "O", or a prefix and a type: "B-PER". Spans are read as conlleval reads them (and
+    seqeval by default), so one function serves every common scheme:
+
+    - B- always starts an entity; S- (U-) is a one-token entity.
+    - I- continues an entity of its type; after "O", after a different type, or after
+      an entity that was closed, it starts one (the lenient rule that makes IOB1 work).
+    - E- (L-) continues like I- and closes the entity after it.
+    - a tag without one of these prefixes, e.g. "PER" in IO tagging, is read as "I-PER".
+
+    Entities never cross a sentence boundary.
+
+    Args:
+        gold_tags: list of sentences, each a list of str tags. The true tags.
+        predicted_tags: list of sentences, each the same length as its gold sentence.
+
+    Returns:
+        dict with "precision", "recall", "f1" over all entities (micro-averaged, 0.0
+        when their denominator is 0), "accuracy" (the fraction of tokens whose tag
+        string is exactly the gold one) and "per_type": {type: {"precision", "recall",
+        "f1", "support"}}, for every type in either side, with support the number of
+        gold entities of that type.
+
+    Raises:
+        KbertError: the sentence counts or a sentence's lengths differ, or there are
+            no tokens.
+
+    Example:
+    >>> gold = [["B-PER", "I-PER", "O", "B-LOC"]]
+    >>> pred = [["B-PER", "O", "O", "B-LOC"]]  # PER ends one token early
+    >>> m = tagging_metrics(gold, pred)
+    >>> m["precision"], m["recall"], m["f1"], m["accuracy"]
+    (0.5, 0.5, 0.5, 0.75)
+    >>> m["per_type"]["LOC"]
+    {'precision': 1.0, 'recall': 1.0, 'f1': 1.0, 'support': 1}
+    """
+    gold_tags, predicted_tags = list(gold_tags), list(predicted_tags)
+    if len(gold_tags) != len(predicted_tags):
+        raise KbertError(f"{len(gold_tags)} gold sentences but {len(predicted_tags)} "
+                         "predicted; each sentence needs one of each")
+    gold, predicted = set(), set()
+    tokens = correct_tokens = 0
+    for i, (gold_sentence, predicted_sentence) in enumerate(zip(gold_tags, predicted_tags)):
+        gold_sentence, predicted_sentence = list(gold_sentence), list(predicted_sentence)
+        if len(gold_sentence) != len(predicted_sentence):
+            raise KbertError(f"sentence {i} has {len(gold_sentence)} gold tags but "
+                             f"{len(predicted_sentence)} predicted; they must match token "
+                             "for token")
+        gold.update((kind, i, start, end) for kind, start, end in entities(gold_sentence))
+        predicted.update((kind, i, start, end)
+                         for kind, start, end in entities(predicted_sentence))
+        tokens += len(gold_sentence)
+        correct_tokens += sum(g == p for g, p in zip(gold_sentence, predicted_sentence))
+    if tokens == 0:
+        raise KbertError("no tokens to score; the evaluation set is empty")
+
+    metrics = _precision_recall_f1(len(gold & predicted), len(predicted), len(gold))
+    metrics["accuracy"] = correct_tokens / tokens
+    metrics["per_type"] = {}
+    for kind in sorted({e[0] for e in gold | predicted}):
+        gold_of_kind = {e for e in gold if e[0] == kind}
+        predicted_of_kind = {e for e in predicted if e[0] == kind}
+        scores = _precision_recall_f1(len(gold_of_kind & predicted_of_kind),
+                                      len(predicted_of_kind), len(gold_of_kind))
+        scores["support"] = len(gold_of_kind)
+        metrics["per_type"][kind] = scores
+    return metrics
+
+
+def entities(tags) -> list[tuple[str, int, int]]:
+    """The (type, first, last) token spans in one sentence's tags, read as conlleval does.
+
+    See `tagging_metrics` for the rules.
+
+    Args:
+        tags: list of str. One sentence's tags.
+
+    Returns:
+        list of (type, first token index, last token index), in order.
+
+    Example:
+    >>> entities(["B-PER", "I-PER", "O", "I-LOC", "I-LOC", "B-LOC"])  # IOB1
+    [('PER', 0, 1), ('LOC', 3, 4), ('LOC', 5, 5)]
+    >>> entities(["S-PER", "B-ORG", "E-ORG", "E-ORG"])  # IOBES; a stray E- starts anew
+    [('PER', 0, 0), ('ORG', 1, 2), ('ORG', 3, 3)]
+    """
+    spans = []
+    open_type = None  # the type of the entity the previous token left open, if any
+    closes = False  # whether the previous token (E- or S-) closed its entity
+    start = 0
+    for i, tag in enumerate(list(tags) + ["O"]):  # a final "O" closes the last entity
+        prefix, kind = _split_tag(tag)
+        if open_type is not None and (closes or prefix in "BSO" or kind != open_type):
+            spans.append((open_type, start, i - 1))
+            open_type = None
+        if prefix != "O" and open_type is None:
+            open_type, start = kind, i
+        closes = prefix in "ES"
+    return spans
+
+
+# BILOU's Last and Unit are IOBES's End and Single.
+_PREFIXES = {"B": "B", "I": "I", "E": "E", "S": "S", "L": "E", "U": "S"}
+
+
+def _split_tag(tag):
+    """("B", "PER") for "B-PER"; ("O", "") for "O"; ("I", "PER") for a bare "PER"."""
+    if tag == "O":
+        return "O", ""
+    prefix, dash, kind = tag.partition("-")
+    if dash and prefix in _PREFIXES and kind:
+        return _PREFIXES[prefix], kind
+    return "I", tag
+
+
+def _precision_recall_f1(correct, predicted, gold):
+    precision = correct / predicted if predicted else 0.0
+    recall = correct / gold if gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1}
+
+
+# === Choosing the best epoch ===
+
+
+def best_metric(task: str, metrics: dict) -> tuple[str, float]:
+    """The name and value of the score that picks the best epoch; higher is better.
+
+    classify: accuracy; regress: pearson; tag: entity F1; squad: F1.
+
+    Args:
+        task: str. One of "classify", "regress", "tag", "squad".
+        metrics: dict. What the task's metrics function returned.
+
+    Returns:
+        (name, value) with value a Python float.
+
+    Raises:
+        KbertError: an unknown task, or `metrics` lacks that task's score.
+
+    Example:
+    >>> best_metric("classify", {"accuracy": 0.75, "macro_f1": 0.73, "mcc": 0.58})
+    ('accuracy', 0.75)
+    """
+    if task not in BEST_METRIC:
+        raise KbertError(f"unknown task {task!r}; expected one of {', '.join(BEST_METRIC)}")
+    name = BEST_METRIC[task]
+    if name not in metrics:
+        raise KbertError(f"the {task} metrics have no {name!r} to pick the best epoch by; "
+                         f"they have {', '.join(sorted(metrics)) or 'nothing'}")
+    return name, float(metrics[name])

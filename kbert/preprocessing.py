@@ -1,0 +1,131 @@
+"""`BertPreprocessor`: strings (or sentence pairs) -> the model's three inputs, inside the graph.
+
+It packs exactly as google-research/bert's `run_classifier.convert_single_example`:
+`[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]`, segment 0 up to the first [SEP] and 1 after,
+mask 1 on real tokens, zero padding to `sequence_length`. A pair that is too long is cut
+as `_truncate_seq_pair` cuts it, one token at a time from the end of the longer text
+(from the second when they are equal), written here in closed form so it runs batched.
+Tokens are `GraphTokenizer`'s, which are the original tokenizer's.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from kbert.graph_tokenizer import GraphTokenizer
+from kbert.tokenizer import load_vocab
+
+
+def truncated_pair_lengths(len_a, len_b, budget):
+    """How many tokens of a and of b `_truncate_seq_pair(a, b, budget)` keeps (batched).
+
+    The original pops from the longer list (from b on a tie) until the pair fits, so: a pair
+    that fits is kept; if the shorter one fits in half the budget it is kept whole and the
+    longer gets the rest; otherwise a gets ceil(budget/2) and b floor(budget/2).
+
+    Example:
+    >>> [int(v) for v in truncated_pair_lengths(tf.constant([3, 10, 10, 2]), tf.constant([4, 10, 3, 9]), 7)[0]]
+    [3, 4, 4, 2]
+    """
+    len_a, len_b = tf.cast(len_a, tf.int32), tf.cast(len_b, tf.int32)
+    shorter = tf.minimum(len_a, len_b)
+    fits = len_a + len_b <= budget
+    shorter_kept_whole = 2 * shorter <= budget
+    half_b = budget // 2
+    keep_a = tf.where(fits, len_a, tf.where(shorter_kept_whole,
+                                            tf.where(len_a <= len_b, len_a, budget - len_b), budget - half_b))
+    keep_b = tf.where(fits, len_b, tf.where(shorter_kept_whole,
+                                            tf.where(len_a <= len_b, budget - len_a, len_b), half_b))
+    return keep_a, keep_b
+
+
+def _head(ragged, keep):
+    """The first `keep[i]` items of each row of a RaggedTensor."""
+    positions = tf.ragged.range(ragged.row_lengths())
+    return tf.ragged.boolean_mask(ragged, positions < tf.cast(keep, positions.dtype)[:, None])
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertPreprocessor(keras.layers.Layer):
+    """Strings [batch] (or a pair of them) -> {"input_ids", "input_mask", "segment_ids"} int32 [batch, length].
+
+    Use it in `tf.data` (`dataset.map`) or as the first layer of an exported model.
+
+    Args:
+        vocab_file: str. The model's vocab.txt.
+        do_lower_case: bool. As the model was trained (uncased models: True).
+        sequence_length: int. Output length; longer texts are truncated as the original does.
+
+    Example:
+    >>> pre = BertPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=8)
+    >>> out = pre((tf.constant(["Hello, world!"]), tf.constant(["Bye."])))
+    >>> out["input_ids"].numpy().tolist(), out["segment_ids"].numpy().tolist()
+    ([[101, 7592, 1010, 2088, 999, 102, 9061, 102]], [[0, 0, 0, 0, 0, 0, 1, 1]])
+    """
+
+    def __init__(self, vocab_file, do_lower_case: bool = True, sequence_length: int = 128, **kwargs):
+        kwargs.pop("trainable", None)  # nothing to train; from_config passes it back
+        kwargs.setdefault("dtype", "int32")
+        super().__init__(trainable=False, **kwargs)
+        self.vocab_file, self.do_lower_case = str(vocab_file), bool(do_lower_case)
+        self.sequence_length = int(sequence_length)
+        if self.sequence_length < 3:
+            raise ValueError(f"sequence_length must be at least 3 ([CLS] x [SEP]), got {sequence_length}")
+        self.tokenizer = GraphTokenizer(self.vocab_file, self.do_lower_case)
+        vocab = load_vocab(self.vocab_file)
+        self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
+
+    @classmethod
+    def for_model(cls, model_or_dir, sequence_length: int | None = None):
+        """The preprocessor a kbert model (or model directory) was trained with."""
+        if isinstance(model_or_dir, (str, bytes)) or hasattr(model_or_dir, "__fspath__"):
+            from kbert.model_dir import load_config, VOCAB_FILE
+            import os
+            config = load_config(model_or_dir)
+            vocab, lower = os.path.join(os.fspath(model_or_dir), VOCAB_FILE), config.extras.get("do_lower_case", True)
+            length = sequence_length or config.extras.get("max_seq_length", 128)
+        else:
+            vocab, lower = model_or_dir.vocab_file, getattr(model_or_dir, "do_lower_case", True)
+            length = sequence_length or (getattr(model_or_dir, "task_info", None) or {}).get("max_seq_length", 128)
+        return cls(vocab, lower, length)
+
+    def call(self, inputs):
+        if isinstance(inputs, (tuple, list)):
+            texts, texts_b = inputs if len(inputs) == 2 else (inputs[0], None)
+        else:
+            texts, texts_b = inputs, None
+        texts = tf.convert_to_tensor(texts, tf.string)
+        scalar = texts.shape.rank == 0
+        if scalar:
+            texts = texts[None]
+            texts_b = None if texts_b is None else tf.convert_to_tensor(texts_b, tf.string)[None]
+        a = self.tokenizer(texts)
+        batch = tf.shape(texts)[0]
+        cls = tf.fill([batch, 1], self.cls_id)
+        sep = tf.fill([batch, 1], self.sep_id)
+        if texts_b is None:
+            a = _head(a, tf.fill([batch], self.sequence_length - 2))
+            ids = tf.concat([cls, a, sep], axis=1)
+            segments = tf.zeros_like(ids)
+        else:
+            b = self.tokenizer(tf.convert_to_tensor(texts_b, tf.string))
+            keep_a, keep_b = truncated_pair_lengths(a.row_lengths(), b.row_lengths(), self.sequence_length - 3)
+            a, b = _head(a, keep_a), _head(b, keep_b)
+            first = tf.concat([cls, a, sep], axis=1)
+            second = tf.concat([b, sep], axis=1)
+            ids = tf.concat([first, second], axis=1)
+            segments = tf.concat([tf.zeros_like(first), tf.ones_like(second)], axis=1)
+        shape = [None, self.sequence_length]
+        out = {
+            "input_ids": ids.to_tensor(0, shape=shape),
+            "input_mask": tf.ones_like(ids).to_tensor(0, shape=shape),
+            "segment_ids": segments.to_tensor(0, shape=shape),
+        }
+        return {k: v[0] for k, v in out.items()} if scalar else out
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(vocab_file=self.vocab_file, do_lower_case=self.do_lower_case,
+                      sequence_length=self.sequence_length)
+        return config

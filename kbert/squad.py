@@ -1,0 +1,751 @@
+"""SQuAD v1.1 and v2.0 for `kbert finetune --task squad` and `kbert evaluate`, without TensorFlow.
+
+Each step is google-research/bert's run_squad.py, in plain Python and numpy:
+
+    read_squad          read_squad_examples: whitespace words and the answer's word span
+    squad_features      convert_examples_to_features: question + sliding doc_stride windows,
+                        the WordPiece answer span, [CLS] for answers outside a window
+    squad_predictions   write_predictions: n-best spans over the model's start/end logits,
+                        mapped back to the original text (get_final_text); v2's null answer
+    squad_evaluate      the official evaluate-v1.1.py / evaluate-v2.0.py exact match and F1
+
+The numbers are the original's: the same windows, positions, max-context flags, n-best order
+(ties broken the same way) and probabilities, which tests/test_squad.py checks against
+run_squad.py itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import string
+import tempfile
+import unicodedata
+
+import numpy as np
+
+from kbert import tokenizer as tokenization
+from kbert.errors import KbertError
+
+log = logging.getLogger("kbert")
+
+# read_squad_examples' is_whitespace: the characters that separate words in a context.
+_WHITESPACE = frozenset(" \t\r\n\u202f")
+
+
+@dataclasses.dataclass
+class SquadExample:
+    """One question on one paragraph: run_squad.py's SquadExample, plus the gold answers.
+
+    Args:
+        qas_id: str. The question's "id" in the SQuAD file.
+        question_text: str. The question.
+        doc_tokens: list[str]. The paragraph split on whitespace (space, tab, CR, LF, U+202F).
+            The questions of one paragraph share one list.
+        orig_answer_text: str | None. Training only: the answer's text ("" when impossible).
+        start_position: int | None. Training only: index in `doc_tokens` of the answer's
+            first word (-1 when impossible).
+        end_position: int | None. Training only: index of the answer's last word.
+        is_impossible: bool. SQuAD v2.0: the paragraph does not answer the question.
+        answers: list[str]. Every gold answer text in the file, for `squad_evaluate`
+            (empty for a v2.0 question without an answer).
+    """
+
+    qas_id: str
+    question_text: str
+    doc_tokens: list[str]
+    orig_answer_text: str | None = None
+    start_position: int | None = None
+    end_position: int | None = None
+    is_impossible: bool = False
+    answers: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class SquadFeature:
+    """One window of one example, with what `squad_predictions` needs to map logits back.
+
+    Args:
+        example_index: int. Index of the example in the list given to `squad_features`.
+        doc_span_index: int. Which window of that example (0, 1, ...).
+        tokens: list[str]. [CLS] question [SEP] window [SEP], unpadded.
+        doc_offset: int. Index in `tokens` of the window's first document token.
+        orig_index: np.ndarray. int32 [window length]: for each window token, the index in
+            the example's `doc_tokens` of the word it came from.
+        max_context: np.ndarray. bool [window length]: this window is the one where the
+            token has the most context on both sides (only there may an answer start).
+
+    `token_to_orig_map` and `token_is_max_context` give the last two as run_squad.py's
+    dicts, keyed by position in `tokens`.
+    """
+
+    example_index: int
+    doc_span_index: int
+    tokens: list[str]
+    doc_offset: int
+    orig_index: np.ndarray
+    max_context: np.ndarray
+
+    @property
+    def token_to_orig_map(self) -> dict[int, int]:
+        return {self.doc_offset + i: int(o) for i, o in enumerate(self.orig_index)}
+
+    @property
+    def token_is_max_context(self) -> dict[int, bool]:
+        return {self.doc_offset + i: bool(m) for i, m in enumerate(self.max_context)}
+
+
+# ---------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------
+
+def read_squad(path, is_training: bool) -> list[SquadExample]:
+    """The questions of a SQuAD v1.1 or v2.0 JSON file, as run_squad.py's read_squad_examples.
+
+    For training, each answerable question needs exactly one answer, and a question whose
+    answer text is not found at its `answer_start` is skipped (the original does the same);
+    how many were skipped is logged as one warning. A question with `"is_impossible": true`
+    (SQuAD v2.0) has no answer: start and end positions -1.
+
+    Args:
+        path: str. A SQuAD JSON file (`{"data": [{"paragraphs": [{"context", "qas"}]}]}`).
+        is_training: bool. Fill the answer positions and check them.
+
+    Returns:
+        list[SquadExample], in file order.
+
+    Raises:
+        KbertError: the file is missing, not JSON, or not shaped like SQuAD.
+
+    Example:
+    >>> import json, os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "train.json")
+    >>> squad = {"version": "1.1", "data": [{"title": "Curie", "paragraphs": [{
+    ...     "context": "Marie Curie was born in Warsaw in 1867.",
+    ...     "qas": [{"id": "q1", "question": "Where was Marie Curie born?",
+    ...              "answers": [{"text": "Warsaw", "answer_start": 24}]}]}]}]}
+    >>> with open(path, "w") as f:
+    ...     json.dump(squad, f)
+    >>> [example] = read_squad(path, is_training=True)
+    >>> example.doc_tokens
+    ['Marie', 'Curie', 'was', 'born', 'in', 'Warsaw', 'in', '1867.']
+    >>> example.start_position, example.end_position, example.answers
+    (5, 5, ['Warsaw'])
+    """
+    path = os.fspath(path)
+    dataset = _load_squad_json(path)
+    examples = []
+    questions = skipped = 0
+    for a, entry in enumerate(dataset["data"]):
+        for p, paragraph in enumerate(_field(entry, "paragraphs", list, path, f"data[{a}]")):
+            where = f"data[{a}].paragraphs[{p}]"
+            context = _field(paragraph, "context", str, path, where)
+            qas = _field(paragraph, "qas", list, path, where)
+            doc_tokens, char_to_word_offset = _split_words(context)
+            for q, qa in enumerate(qas):
+                questions += 1
+                example = _read_question(qa, f"{where}.qas[{q}]", path, is_training, context,
+                                         doc_tokens, char_to_word_offset)
+                if example is None:
+                    skipped += 1
+                else:
+                    examples.append(example)
+    if questions == 0:
+        raise KbertError(f"{path} has no questions: every 'qas' list is empty")
+    if skipped:
+        log.warning("%s: skipped %d of %d training questions whose answer text is not at its "
+                    "answer_start (run_squad.py skips these too)", path, skipped, questions)
+    return examples
+
+
+def _load_squad_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise KbertError(f"{path}: no such SQuAD file; pass a SQuAD JSON file such as "
+                         f"train-v1.1.json or dev-v2.0.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            dataset = json.load(f)
+    except UnicodeDecodeError as e:
+        raise KbertError(f"{path} is not SQuAD JSON: not UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise KbertError(f"{path} is not SQuAD JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(dataset, dict) or not isinstance(dataset.get("data"), list):
+        raise KbertError(f"{path} is not SQuAD JSON: no 'data' list")
+    return dataset
+
+
+_KIND_NAMES = {list: "list", str: "string", int: "integer", dict: "object"}
+
+
+def _field(obj, key, kind, path, where):
+    """obj[key], which must be a `kind`; otherwise a KbertError naming the file and place."""
+    if not isinstance(obj, dict):
+        raise KbertError(f"{path} is not SQuAD JSON: {where} is not an object")
+    value = obj.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise KbertError(f"{path} is not SQuAD JSON: {where} has no {key!r} {_KIND_NAMES[kind]}")
+    return value
+
+
+def _split_words(context: str) -> tuple[list[str], list[int]]:
+    """The context's whitespace-separated words, and for each character its word's index."""
+    doc_tokens, char_to_word_offset = [], []
+    prev_is_whitespace = True
+    for c in context:
+        if c in _WHITESPACE:
+            prev_is_whitespace = True
+        else:
+            if prev_is_whitespace:
+                doc_tokens.append(c)
+            else:
+                doc_tokens[-1] += c
+            prev_is_whitespace = False
+        char_to_word_offset.append(len(doc_tokens) - 1)
+    return doc_tokens, char_to_word_offset
+
+
+def _read_question(qa, where, path, is_training, context, doc_tokens, char_to_word_offset):
+    """One SquadExample, or None for a training question whose answer is not where it says."""
+    if not isinstance(qa, dict):
+        raise KbertError(f"{path} is not SQuAD JSON: {where} is not an object")
+    qas_id = qa.get("id")
+    if not isinstance(qas_id, (str, int)) or isinstance(qas_id, bool):
+        raise KbertError(f"{path} is not SQuAD JSON: {where} has no 'id' string")
+    question = _field(qa, "question", str, path, where)
+    answers = qa.get("answers", [])
+    if not isinstance(answers, list):
+        raise KbertError(f"{path} is not SQuAD JSON: {where}.answers is not a list")
+    texts = [_field(answer, "text", str, path, f"{where}.answers[{i}]") for i, answer in enumerate(answers)]
+    is_impossible = bool(qa.get("is_impossible", False))
+    example = SquadExample(qas_id, question, doc_tokens, is_impossible=is_impossible, answers=texts)
+    if not is_training:
+        return example
+    if is_impossible:
+        example.orig_answer_text, example.start_position, example.end_position = "", -1, -1
+        return example
+    if len(answers) != 1:
+        raise KbertError(f"{path}: question {qas_id!r} has {len(answers)} answers; training needs "
+                         f"exactly 1 per answerable question (a dev file lists several)")
+    text = texts[0]
+    offset = _field(answers[0], "answer_start", int, path, f"{where}.answers[0]")
+    if not text or offset < 0 or offset + len(text) > len(context):
+        raise KbertError(f"{path}: question {qas_id!r} has answer_start {offset} and a "
+                         f"{len(text)}-character answer, outside its {len(context)}-character context")
+    start_position = char_to_word_offset[offset]
+    end_position = char_to_word_offset[offset + len(text) - 1]
+    # Only answers whose text can be recovered from the words: a mismatch is usually odd
+    # Unicode or a wrong offset, and the original drops the question.
+    actual_text = " ".join(doc_tokens[start_position:end_position + 1])
+    if actual_text.find(" ".join(text.split())) == -1:
+        return None
+    example.orig_answer_text = text
+    example.start_position, example.end_position = start_position, end_position
+    return example
+
+
+# ---------------------------------------------------------------------------------------
+# Features
+# ---------------------------------------------------------------------------------------
+
+def squad_features(examples, tokenizer, max_seq_length=384, doc_stride=128, max_query_length=64,
+                   is_training=False) -> tuple[dict[str, np.ndarray], list[SquadFeature]]:
+    """Model inputs for SQuAD, as run_squad.py's convert_examples_to_features.
+
+    Each example becomes one or more features `[CLS] question [SEP] window [SEP]`: the
+    question cut to `max_query_length` tokens, the paragraph's WordPiece tokens in windows
+    of what is left of `max_seq_length`, each starting `doc_stride` tokens after the last.
+    For training, the answer's token span (narrowed to the answer text where WordPiece splits
+    punctuation off a word) is given relative to each window, or [CLS] (0, 0) for a window
+    that does not hold the whole answer and for impossible questions.
+
+    Args:
+        examples: list[SquadExample]. From `read_squad` (with `is_training` the same).
+        tokenizer: kbert.Tokenizer. The model's vocab and casing.
+        max_seq_length: int. Length of each feature, padded with id 0.
+        doc_stride: int. Tokens between the starts of two windows.
+        max_query_length: int. Question tokens kept.
+        is_training: bool. Also return the answer positions.
+
+    Returns:
+        (arrays, features): arrays `input_ids`, `input_mask`, `segment_ids` int32
+        [F, max_seq_length], and with `is_training` `start_positions`, `end_positions` int32
+        [F]; features, one SquadFeature per row, for `squad_predictions`.
+
+    Example:
+    >>> from kbert.tokenizer import Tokenizer
+    >>> tokenizer = Tokenizer("tests/fixtures/vocab-uncased.txt", do_lower_case=True)
+    >>> example = SquadExample("q1", "When was Marie Curie born?",
+    ...                        "Marie Curie was born in Warsaw in 1867.".split(), "1867", 7, 7)
+    >>> arrays, features = squad_features([example], tokenizer, max_seq_length=24,
+    ...                                   max_query_length=16, is_training=True)
+    >>> " ".join(features[0].tokens)
+    '[CLS] when was marie cu ##rie born ? [SEP] marie cu ##rie was born in warsaw in 1867 . [SEP]'
+    >>> start, end = arrays["start_positions"][0], arrays["end_positions"][0]
+    >>> features[0].tokens[start:end + 1]
+    ['1867']
+    >>> arrays["segment_ids"][0].tolist()
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0]
+    """
+    if max_seq_length <= max_query_length + 3:
+        raise KbertError(f"max_seq_length ({max_seq_length}) must be greater than max_query_length "
+                         f"({max_query_length}) + 3; raise --max-seq-length or lower --max-query-length")
+    if doc_stride < 1:
+        raise KbertError(f"doc_stride must be at least 1, not {doc_stride}")
+    missing = [t for t in ("[CLS]", "[SEP]") if t not in tokenizer.vocab]
+    if missing:
+        raise KbertError(f"{tokenizer.vocab_file} has no {' or '.join(missing)} token; "
+                         f"pass the vocab.txt of a BERT model")
+
+    rows = {"input_ids": [], "input_mask": [], "segment_ids": []}
+    if is_training:
+        rows.update(start_positions=[], end_positions=[])
+    features = []
+    paragraph = None
+    for example_index, example in enumerate(examples):
+        query_tokens = tokenizer.tokenize(example.question_text)[:max_query_length]
+
+        # The questions of one paragraph share its words: tokenize them once.
+        if example.doc_tokens is not paragraph:
+            paragraph = example.doc_tokens
+            tok_to_orig_index, orig_to_tok_index, all_doc_tokens = [], [], []
+            for i, word in enumerate(paragraph):
+                orig_to_tok_index.append(len(all_doc_tokens))
+                for sub_token in tokenizer.tokenize(word):
+                    tok_to_orig_index.append(i)
+                    all_doc_tokens.append(sub_token)
+            tok_to_orig_array = np.asarray(tok_to_orig_index, np.int32)
+            doc_ids = np.asarray(tokenizer.convert_tokens_to_ids(all_doc_tokens), np.int32)
+
+        if is_training and not example.is_impossible:
+            tok_start = orig_to_tok_index[example.start_position]
+            if example.end_position < len(example.doc_tokens) - 1:
+                tok_end = orig_to_tok_index[example.end_position + 1] - 1
+            else:
+                tok_end = len(all_doc_tokens) - 1
+            tok_start, tok_end = _improve_answer_span(all_doc_tokens, tok_start, tok_end, tokenizer,
+                                                      example.orig_answer_text)
+
+        # The -3 accounts for [CLS], [SEP] and [SEP].
+        max_tokens_for_doc = max_seq_length - len(query_tokens) - 3
+        doc_spans = _doc_spans(len(all_doc_tokens), max_tokens_for_doc, doc_stride)
+        best_span = _max_context_spans(doc_spans, len(all_doc_tokens))
+        head = ["[CLS]", *query_tokens, "[SEP]"]
+        head_ids = tokenizer.convert_tokens_to_ids(head)
+        doc_offset = len(head)
+        sep_id = head_ids[-1]
+
+        for doc_span_index, (span_start, span_length) in enumerate(doc_spans):
+            span_end = span_start + span_length
+            tokens = head + all_doc_tokens[span_start:span_end] + ["[SEP]"]
+            n = len(tokens)
+            input_ids = np.zeros(max_seq_length, np.int32)
+            input_ids[:doc_offset] = head_ids
+            input_ids[doc_offset:n - 1] = doc_ids[span_start:span_end]
+            input_ids[n - 1] = sep_id
+            input_mask = np.zeros(max_seq_length, np.int32)
+            input_mask[:n] = 1
+            segment_ids = np.zeros(max_seq_length, np.int32)
+            segment_ids[doc_offset:n] = 1
+            rows["input_ids"].append(input_ids)
+            rows["input_mask"].append(input_mask)
+            rows["segment_ids"].append(segment_ids)
+
+            if is_training:
+                # A window without the whole answer, or an impossible question, points at [CLS].
+                if (not example.is_impossible and tok_start >= span_start
+                        and tok_end <= span_end - 1):
+                    start_position = tok_start - span_start + doc_offset
+                    end_position = tok_end - span_start + doc_offset
+                else:
+                    start_position = end_position = 0
+                rows["start_positions"].append(start_position)
+                rows["end_positions"].append(end_position)
+
+            features.append(SquadFeature(
+                example_index=example_index, doc_span_index=doc_span_index, tokens=tokens,
+                doc_offset=doc_offset, orig_index=tok_to_orig_array[span_start:span_end],
+                max_context=best_span[span_start:span_end] == doc_span_index))
+
+    arrays = {}
+    for name, values in rows.items():
+        if name.endswith("_positions"):
+            arrays[name] = np.asarray(values, np.int32).reshape(len(values))
+        else:
+            arrays[name] = (np.stack(values) if values
+                            else np.zeros((0, max_seq_length), np.int32))
+    return arrays, features
+
+
+def _doc_spans(num_tokens: int, max_tokens_for_doc: int, doc_stride: int) -> list[tuple[int, int]]:
+    """(start, length) of each window: the sliding windows of convert_examples_to_features."""
+    spans = []
+    start = 0
+    while start < num_tokens:
+        length = min(num_tokens - start, max_tokens_for_doc)
+        spans.append((start, length))
+        if start + length == num_tokens:
+            break
+        start += min(length, doc_stride)
+    return spans
+
+
+def _max_context_spans(doc_spans, num_tokens: int) -> np.ndarray:
+    """For each document token, the window where it has the most context: _check_is_max_context.
+
+    The score is the smaller of its left and right context, plus 0.01 x the window length
+    (so a longer window wins a tie); the first window wins an exact tie. numpy computes the
+    same float64 sums as the original's Python.
+    """
+    best_span = np.full(num_tokens, -1, np.int32)
+    best_score = np.full(num_tokens, -np.inf)
+    for span_index, (start, length) in enumerate(doc_spans):
+        position = np.arange(start, start + length)
+        score = np.minimum(position - start, start + length - 1 - position) + 0.01 * length
+        better = score > best_score[start:start + length]
+        best_score[start:start + length][better] = score[better]
+        best_span[start:start + length][better] = span_index
+    return best_span
+
+
+def _improve_answer_span(doc_tokens, input_start, input_end, tokenizer, orig_answer_text):
+    """The sub-span whose tokens are exactly the answer's ("1895" in "(1895-1943)."), if any."""
+    tok_answer_text = " ".join(tokenizer.tokenize(orig_answer_text))
+    for new_start in range(input_start, input_end + 1):
+        for new_end in range(input_end, new_start - 1, -1):
+            if " ".join(doc_tokens[new_start:new_end + 1]) == tok_answer_text:
+                return new_start, new_end
+    return input_start, input_end
+
+
+# ---------------------------------------------------------------------------------------
+# Predictions
+# ---------------------------------------------------------------------------------------
+
+def squad_predictions(examples, features, start_logits, end_logits, n_best_size=20,
+                      max_answer_length=30, do_lower_case=True, version_2_with_negative=False,
+                      null_score_diff_threshold=0.0) -> tuple[dict, dict]:
+    """Answer texts from the model's logits, as run_squad.py's write_predictions.
+
+    For each example, every (start, end) pair among the `n_best_size` highest start and end
+    logits of each of its features is a candidate if both are in the window, start is where
+    the token has its most context, start <= end and the span has at most
+    `max_answer_length` tokens. Candidates are ranked by start + end logit and mapped back
+    to the paragraph's own text ("Steve Smith" for tokens `steve smith` in "Steve Smith's").
+    With `version_2_with_negative`, the null answer scores the smallest [CLS] start + end
+    over the features, and the example gets "" when that score minus the best non-null
+    candidate's is above `null_score_diff_threshold`.
+
+    Args:
+        examples: list[SquadExample]. As given to `squad_features`.
+        features: list[SquadFeature]. From `squad_features`.
+        start_logits: np.ndarray. float [F, max_seq_length], one row per feature.
+        end_logits: np.ndarray. float [F, max_seq_length].
+        n_best_size: int. Candidates kept per example (and logits tried per feature).
+        max_answer_length: int. Longest answer, in tokens.
+        do_lower_case: bool. The tokenizer's casing, for mapping back to the text.
+        version_2_with_negative: bool. SQuAD v2.0: allow "no answer".
+        null_score_diff_threshold: float. v2.0: predict "" above this margin.
+
+    Returns:
+        (predictions, nbest): `{qas_id: answer text}` ("" for no answer) and
+        `{qas_id: [{"text", "probability", "start_logit", "end_logit"}, ...]}`, best first,
+        probabilities a softmax over the n-best's start + end logits.
+
+    Example:
+    >>> from kbert.tokenizer import Tokenizer
+    >>> tokenizer = Tokenizer("tests/fixtures/vocab-uncased.txt", do_lower_case=True)
+    >>> example = SquadExample("q1", "When was Marie Curie born?",
+    ...                        "Marie Curie was born in Warsaw in 1867.".split())
+    >>> _, features = squad_features([example], tokenizer, max_seq_length=24, max_query_length=16)
+    >>> start, end = np.zeros((2, 1, 24), np.float32)
+    >>> year = features[0].tokens.index("1867")
+    >>> start[0, year], end[0, year], end[0, year + 1] = 5.0, 5.0, 3.0  # year + 1 is "."
+    >>> predictions, nbest = squad_predictions([example], features, start, end, n_best_size=2)
+    >>> predictions
+    {'q1': '1867'}
+    >>> [(entry["text"], round(entry["probability"], 4)) for entry in nbest["q1"]]
+    [('1867', 0.8808), ('1867.', 0.1192)]
+    """
+    start_logits = np.asarray(start_logits)
+    end_logits = np.asarray(end_logits)
+    if (start_logits.ndim != 2 or start_logits.shape[0] != len(features)
+            or end_logits.shape != start_logits.shape):
+        raise ValueError(f"start_logits {start_logits.shape} and end_logits {end_logits.shape} must both "
+                         f"be [{len(features)} features, max_seq_length]")
+    rows_of_example = collections.defaultdict(list)
+    for row, feature in enumerate(features):
+        rows_of_example[feature.example_index].append(row)
+
+    predictions, all_nbest = {}, {}
+    for example_index, example in enumerate(examples):
+        candidates = []  # (row, start_index, end_index, start_logit, end_logit)
+        score_null = 1000000.0  # the smallest [CLS] start + end logit over the features
+        null_row, null_start_logit, null_end_logit = None, 0.0, 0.0
+        for row in rows_of_example[example_index]:
+            feature = features[row]
+            starts = start_logits[row].tolist()
+            ends = end_logits[row].tolist()
+            if version_2_with_negative and starts[0] + ends[0] < score_null:
+                score_null = starts[0] + ends[0]
+                null_row, null_start_logit, null_end_logit = row, starts[0], ends[0]
+            first = feature.doc_offset
+            last = first + len(feature.orig_index) - 1
+            for start_index in _best_indexes(start_logits[row], n_best_size):
+                if not (first <= start_index <= last and feature.max_context[start_index - first]):
+                    continue
+                for end_index in _best_indexes(end_logits[row], n_best_size):
+                    if (first <= end_index <= last and start_index <= end_index
+                            and end_index - start_index + 1 <= max_answer_length):
+                        candidates.append((row, start_index, end_index, starts[start_index], ends[end_index]))
+        if version_2_with_negative:
+            candidates.append((null_row, 0, 0, null_start_logit, null_end_logit))
+        candidates.sort(key=lambda c: c[3] + c[4], reverse=True)  # stable, as the original's sorted()
+
+        nbest, seen = [], set()
+        for row, start_index, end_index, start_logit, end_logit in candidates:
+            if len(nbest) >= n_best_size:
+                break
+            if start_index > 0:
+                text = _candidate_text(example, features[row], start_index, end_index, do_lower_case)
+                if text in seen:
+                    continue
+            else:
+                text = ""
+            seen.add(text)
+            nbest.append((text, start_logit, end_logit))
+        if version_2_with_negative and "" not in seen:
+            nbest.append(("", null_start_logit, null_end_logit))
+        if not nbest:  # no valid span at all (the original's rare edge case)
+            nbest.append(("empty", 0.0, 0.0))
+
+        probabilities = _softmax([s + e for _, s, e in nbest])
+        all_nbest[example.qas_id] = [
+            {"text": text, "probability": p, "start_logit": s, "end_logit": e}
+            for (text, s, e), p in zip(nbest, probabilities)]
+        if not version_2_with_negative:
+            predictions[example.qas_id] = nbest[0][0]
+        else:
+            best = next((entry for entry in nbest if entry[0]), None)
+            if best is None or score_null - best[1] - best[2] > null_score_diff_threshold:
+                predictions[example.qas_id] = ""
+            else:
+                predictions[example.qas_id] = best[0]
+    return predictions, all_nbest
+
+
+def _best_indexes(logits: np.ndarray, n_best_size: int) -> list[int]:
+    """Indexes of the n largest logits, largest first, ties in index order (_get_best_indexes)."""
+    return np.argsort(-logits, kind="stable")[:n_best_size].tolist()
+
+
+def _softmax(scores: list[float]) -> list[float]:
+    """_compute_softmax, in the same float operations."""
+    max_score = max(scores)
+    exp_scores = [math.exp(score - max_score) for score in scores]
+    total = 0.0
+    for x in exp_scores:
+        total += x
+    return [x / total for x in exp_scores]
+
+
+def _candidate_text(example, feature, start_index, end_index, do_lower_case) -> str:
+    """The paragraph's own text for a token span: WordPieces joined, then get_final_text."""
+    tok_text = " ".join(feature.tokens[start_index:end_index + 1])
+    tok_text = tok_text.replace(" ##", "").replace("##", "")
+    tok_text = " ".join(tok_text.split())
+    orig_start = int(feature.orig_index[start_index - feature.doc_offset])
+    orig_end = int(feature.orig_index[end_index - feature.doc_offset])
+    orig_text = " ".join(example.doc_tokens[orig_start:orig_end + 1])
+    return get_final_text(tok_text, orig_text, do_lower_case)
+
+
+def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
+    """The part of `orig_text` (whole words) that the normalized `pred_text` came from.
+
+    run_squad.py's get_final_text: basic-tokenize `orig_text`, find `pred_text` in it, and
+    map the match back character by character, ignoring spaces. When that fails (the
+    lengths differ, say), the whole `orig_text`.
+
+    Example:
+    >>> get_final_text("steve smith", "Steve Smith's", do_lower_case=True)
+    'Steve Smith'
+    >>> get_final_text("zurich", "(Zürich),", do_lower_case=True)
+    'Zürich'
+    """
+    tok_text = " ".join(_basic_tokenize(orig_text, do_lower_case))
+    start_position = tok_text.find(pred_text)
+    if start_position == -1:
+        return orig_text
+    end_position = start_position + len(pred_text) - 1
+    if len(orig_text) - orig_text.count(" ") != len(tok_text) - tok_text.count(" "):
+        return orig_text
+    # Characters correspond one to one once spaces are ignored (the original's _strip_spaces maps).
+    ns_start = _non_space_index(tok_text, start_position)
+    ns_end = _non_space_index(tok_text, end_position)
+    if ns_start is None or ns_end is None:
+        return orig_text
+    orig_positions = [i for i, c in enumerate(orig_text) if c != " "]
+    return orig_text[orig_positions[ns_start]:orig_positions[ns_end] + 1]
+
+
+def _non_space_index(text: str, position: int) -> int | None:
+    """How many non-space characters precede text[position]; None for a space or outside text."""
+    if not 0 <= position < len(text) or text[position] == " ":
+        return None
+    return position - text.count(" ", 0, position)
+
+
+def _basic_tokenize(text: str, do_lower_case: bool) -> list[str]:
+    """tokenization.BasicTokenizer.tokenize (no WordPiece), on kbert.Tokenizer's tables."""
+    tables = tokenization._tables()
+    text = tables.cjk.sub(r" \1 ", text.translate(tables.clean))
+    tokens = []
+    for word in text.split():
+        if do_lower_case:
+            word = unicodedata.normalize("NFD", word.lower()).translate(tables.strip_marks)
+        tokens.extend(tables.punct_split.findall(word))
+    return tokens
+
+
+def write_predictions_json(predictions, path):
+    """Write `{qas_id: answer text}` as the official evaluation scripts read it, atomically.
+
+    The file is written beside `path` and renamed over it, so a failed run never leaves a
+    half-written file. Any JSON-serializable object works (the n-best dict too).
+
+    Example:
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "predictions.json")
+    >>> write_predictions_json({"q1": "1867"}, path)
+    >>> print(open(path).read())
+    {
+        "q1": "1867"
+    }
+    <BLANKLINE>
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(predictions, indent=4) + "\n")
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------
+
+def squad_evaluate(examples_or_dataset_path, predictions) -> dict:
+    """Exact match and F1 in percent, as the official evaluate-v1.1.py / evaluate-v2.0.py.
+
+    Both compare normalized texts (lower case, no punctuation, no articles a/an/the, single
+    spaces) and take the best over a question's gold answers; F1 is over the words in
+    common. When the data has v2.0 impossible questions, v2.0's rules apply: gold answers
+    that normalize to nothing are dropped, a question with none left has the gold answer
+    "", and an empty prediction scores 1 there (and 0 elsewhere). The result then also
+    splits the scores into `HasAns_*` and `NoAns_*`. A question without a prediction scores
+    0 (as in evaluate-v1.1.py) and is logged.
+
+    Args:
+        examples_or_dataset_path: list[SquadExample] | str. The examples, or a SQuAD file.
+        predictions: dict. `{qas_id: answer text}`.
+
+    Returns:
+        dict: `exact_match`, `f1` (percent), `total`; for v2.0 also `HasAns_exact`,
+        `HasAns_f1`, `HasAns_total`, `NoAns_exact`, `NoAns_f1`, `NoAns_total` when present.
+
+    Example:
+    >>> gold = [SquadExample("q1", "Where?", [], answers=["Warsaw", "in Warsaw, Poland"]),
+    ...         SquadExample("q2", "When?", [], answers=["1867"])]
+    >>> squad_evaluate(gold, {"q1": "the warsaw!", "q2": "in 1867"})
+    {'exact_match': 50.0, 'f1': 83.33333333333333, 'total': 2}
+    """
+    if isinstance(examples_or_dataset_path, (str, os.PathLike)):
+        examples = read_squad(examples_or_dataset_path, is_training=False)
+    else:
+        examples = list(examples_or_dataset_path)
+    if not examples:
+        raise KbertError("no questions to evaluate")
+    version_2 = any(example.is_impossible for example in examples)
+
+    exact, f1, has_answer = {}, {}, {}
+    missing = 0
+    for example in examples:
+        qid = example.qas_id
+        if version_2:
+            golds = [a for a in example.answers if normalize_answer(a)] or [""]
+            has_answer[qid] = bool(example.answers)
+        else:
+            golds = example.answers
+            if not golds:
+                raise KbertError(f"question {qid!r} has no gold answers; evaluate needs a SQuAD "
+                                 f"file with answers (a dev file, not a test file)")
+        prediction = predictions.get(qid)
+        if prediction is None:
+            missing += 1
+            exact[qid] = f1[qid] = 0.0
+            continue
+        f1_score = _f1_v2 if version_2 else _f1_v1
+        exact[qid] = float(max(normalize_answer(prediction) == normalize_answer(g) for g in golds))
+        f1[qid] = max(f1_score(prediction, g) for g in golds)
+    if missing:
+        log.warning("%d of %d questions have no prediction and score 0", missing, len(exact))
+
+    result = {"exact_match": 100.0 * sum(exact.values()) / len(exact),
+              "f1": 100.0 * sum(f1.values()) / len(f1), "total": len(exact)}
+    if version_2:
+        for prefix, wanted in (("HasAns", True), ("NoAns", False)):
+            qids = [qid for qid, has in has_answer.items() if has == wanted]
+            if qids:
+                result[f"{prefix}_exact"] = 100.0 * sum(exact[q] for q in qids) / len(qids)
+                result[f"{prefix}_f1"] = 100.0 * sum(f1[q] for q in qids) / len(qids)
+                result[f"{prefix}_total"] = len(qids)
+    return result
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """The official scripts' normalize_answer: lower case, drop punctuation and articles, squeeze spaces.
+
+    Example:
+    >>> normalize_answer("The  Denver Broncos!")
+    'denver broncos'
+    """
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def _f1_v1(prediction: str, gold: str) -> float:
+    """evaluate-v1.1.py's f1_score: 0 when no word is shared (so "" vs "" is 0)."""
+    prediction_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    num_same = sum((collections.Counter(prediction_tokens) & collections.Counter(gold_tokens)).values())
+    if num_same == 0:
+        return 0.0
+    precision = num_same / len(prediction_tokens)
+    recall = num_same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _f1_v2(prediction: str, gold: str) -> float:
+    """evaluate-v2.0.py's compute_f1: when either side is empty, 1 if both are, else 0."""
+    prediction_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    if not prediction_tokens or not gold_tokens:
+        return float(prediction_tokens == gold_tokens)
+    return _f1_v1(prediction, gold)
