@@ -277,10 +277,10 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     _check_options(opts)
     strategy = make_strategy(opts.strategy)
     check_output_dir(os.fspath(output), opts.overwrite)
-    max_seq_length = opts.max_seq_length or (384 if task == "squad" else 128)
-
     # --- data ---
     base_probe = _model_config(model_dir)
+    default_length = min(384 if task == "squad" else 128, base_probe["max_position_embeddings"])
+    max_seq_length = opts.max_seq_length or default_length
     if max_seq_length > base_probe["max_position_embeddings"]:
         raise KbertError(f"--max-seq-length {max_seq_length} exceeds the model's max_position_embeddings "
                          f"{base_probe['max_position_embeddings']}; lower it")
@@ -300,6 +300,13 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         if dev_data.truncated:
             log.warning("%s: %d of %d examples were truncated", dev, dev_data.truncated, dev_data.size)
 
+    replicas = strategy.num_replicas_in_sync
+    log.info("%s: %d training examples%s, %d replica%s", task, train_data.size,
+             f", {len(labels)} labels" if labels else "", replicas, "s" if replicas > 1 else "")
+    if opts.batch_size % replicas:
+        raise KbertError(f"--batch-size {opts.batch_size} must divide evenly over {replicas} replicas; "
+                         f"use a multiple of {replicas}")
+
     # --- model ---
     if opts.mixed_precision:
         gpu = bool(tf.config.list_logical_devices("GPU"))
@@ -310,9 +317,12 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     with strategy.scope():
         base = load_base_model(model_dir)
         model = build_task_model(task, base, len(labels) if labels else 1)
-        model.task_info = {"task": task, "max_seq_length": max_seq_length}
+        task_info = {"task": task, "max_seq_length": max_seq_length}
         if labels is not None:
-            model.task_info["labels"] = labels
+            task_info["labels"] = labels
+        if task == "squad":
+            task_info.update(doc_stride=opts.doc_stride, max_query_length=opts.max_query_length)
+        model.task_info = task_info
         compile_for_task(model, task, make_finetune_optimizer(
             opts.learning_rate, total_steps, int(total_steps * opts.warmup_proportion)))
 
@@ -452,9 +462,23 @@ class _BestEpoch(_keras_callback_base()):
 # --------------------------------------------------------------------------- predict / evaluate
 
 
-def _task_of(model):
+def _with_saved_squad_windows(model, opts: FinetuneOptions) -> FinetuneOptions:
+    """SQuAD windows as at fine-tuning time (stride, question length), recorded in the model dir."""
     info = getattr(model, "task_info", None) or {}
-    return info.get("task"), info.get("labels"), info.get("max_seq_length", 128)
+    keep = {k: info[k] for k in ("doc_stride", "max_query_length") if k in info}
+    return dataclasses.replace(opts, **keep)
+
+
+def _task_of(model, requested_length=None):
+    """(task, labels, sequence length) of a loaded model; the length defaults to the one it was
+    fine-tuned with (128 for other models, capped at max_position_embeddings)."""
+    info = getattr(model, "task_info", None) or {}
+    limit = model.config.max_position_embeddings
+    length = requested_length or min(info.get("max_seq_length", 128), limit)
+    if length > limit:
+        raise KbertError(f"--max-seq-length {length} exceeds the model's max_position_embeddings {limit}; "
+                         f"lower it")
+    return info.get("task"), info.get("labels"), length
 
 
 def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **overrides) -> dict:
@@ -462,12 +486,13 @@ def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **ov
     from kbert.model_dir import load
     opts = dataclasses.replace(options or FinetuneOptions(), **overrides)
     model = load(model_dir)
-    task, labels, max_seq_length = _task_of(model)
+    opts = _with_saved_squad_windows(model, opts)
+    task, labels, max_seq_length = _task_of(model, opts.max_seq_length)
     if task is None:
         raise KbertError(f"{model_dir} is not a fine-tuned model (no task in bert_config.json); "
                          f"evaluate a directory written by kbert finetune")
     tokenizer = _tokenizer(model.vocab_file, model.do_lower_case)
-    data, _ = read_task_data(task, input_path, tokenizer, opts.max_seq_length or max_seq_length, labels=labels,
+    data, _ = read_task_data(task, input_path, tokenizer, max_seq_length, labels=labels,
                              opts=opts, is_training=False)
     if data.size == 0:
         raise KbertError(f"{input_path} has no usable rows to evaluate")
@@ -485,8 +510,8 @@ def predict(model_dir, input_path, layers: list[int] | None = None, options: Fin
     from kbert.model_dir import load
     opts = dataclasses.replace(options or FinetuneOptions(), **overrides)
     model = load(model_dir)
-    task, labels, max_seq_length = _task_of(model)
-    max_seq_length = opts.max_seq_length or max_seq_length
+    opts = _with_saved_squad_windows(model, opts)
+    task, labels, max_seq_length = _task_of(model, opts.max_seq_length)
     tokenizer = _tokenizer(model.vocab_file, model.do_lower_case)
     if task is None:
         yield from _features(model, input_path, tokenizer, max_seq_length, layers, opts)
