@@ -1,4 +1,5 @@
-"""`kbert convert`: google-research/bert checkpoints into kbert model directories and back."""
+"""`kbert convert`: google-research/bert checkpoints and Hugging Face BERTs into kbert model
+directories and back."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import typer
 
 from kbert.cli.common import print_result
 
-app = typer.Typer(help="Move checkpoints between google-research/bert's TF1 format and kbert.",
+app = typer.Typer(help="Move checkpoints between google-research/bert's TF1 format, Hugging Face "
+                       "safetensors and kbert.",
                   no_args_is_help=True)
 
 
@@ -63,13 +65,61 @@ def to_tf1(
     print_result({"checkpoint": str(out_dir / CKPT_PREFIX), "parameters": int(model.count_params())})
 
 
+@app.command("from-hf")
+def from_hf(
+    src: Path = typer.Argument(..., help="Hugging Face BERT directory (config.json, model.safetensors, vocab.txt or tokenizer.json), or its model.safetensors."),
+    out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
+    lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Uncased vocabulary? Default: do_lower_case from tokenizer_config.json, else lowercase."),
+    overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
+):
+    """Convert a Hugging Face BERT (safetensors only; pickles are refused) into a kbert model directory."""
+    import kbert
+    from kbert.converters.hf import load_hf_model
+    from kbert.files import check_output_dir
+
+    check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
+    model = load_hf_model(src, do_lower_case=lowercase)
+    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+               overwrite=overwrite)
+    report = model.conversion
+    print_result({
+        "model_dir": str(out_model_dir),
+        "source": report["source"],
+        "parameters": int(model.count_params()),
+        "weights_loaded": report["loaded"],
+        "fresh_heads": report["fresh_heads"],
+        "skipped": report["skipped"],
+        "dtypes": report["dtypes"],
+        "vocab_from": report["vocab_from"],
+        "do_lower_case": model.do_lower_case,
+    })
+
+
+@app.command("to-hf")
+def to_hf(
+    model_dir: Path = typer.Argument(..., help="kbert model directory (a pretrainer or an encoder)."),
+    out_dir: Path = typer.Argument(..., help="Directory for config.json, model.safetensors, vocab.txt, tokenizer_config.json."),
+    overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists and is not empty."),
+):
+    """Write a kbert model as a Hugging Face BERT that transformers' from_pretrained loads."""
+    import kbert
+    from kbert.converters.hf import WEIGHTS_FILE, save_hf_model
+    from kbert.files import check_output_dir
+
+    check_output_dir(str(out_dir), overwrite)
+    model = kbert.load(model_dir)
+    save_hf_model(model, out_dir, overwrite=overwrite)
+    print_result({"model": str(out_dir / WEIGHTS_FILE), "parameters": int(model.count_params())})
+
+
 @app.command("inspect")
-def inspect_(src: Path = typer.Argument(..., help="Checkpoint directory or prefix, or kbert model directory.")):
+def inspect_(src: Path = typer.Argument(..., help="Checkpoint directory or prefix, kbert model directory, or Hugging Face model directory.")):
     """Show what a checkpoint or model directory holds: config, parameters, heads, optimizer slots, step."""
+    from kbert.converters.hf import describe_hf, is_hf_model
     from kbert.converters.inspect import describe
     from kbert.files import require_path
     import os
 
     if not os.path.exists(src) and not os.path.exists(f"{src}.index"):
         require_path(src, "checkpoint or model directory", "check the path")
-    print_result(describe(src))
+    print_result(describe_hf(src) if is_hf_model(src) else describe(src))

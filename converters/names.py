@@ -1,8 +1,9 @@
 """The one table between kbert's Keras weight paths and google-research/bert's variable names.
 
-Every converter (TF1 checkpoints, and any later format) goes through `WEIGHT_NAMES`; nothing
-else in kbert spells a checkpoint name. Shapes are the same on both sides (kbert keeps the
-original layouts), so each row is a plain copy.
+Every converter (TF1 checkpoints, Hugging Face safetensors, and any later format) goes through
+`WEIGHT_NAMES`; nothing else in kbert spells a checkpoint name. Shapes are the same on both
+sides (kbert keeps the original layouts), so each row is a plain copy. Hugging Face names are
+derived from the TF1 column by one rule (`hf_name`), not listed a second time.
 """
 
 from __future__ import annotations
@@ -62,6 +63,58 @@ _SUSPECT_FIELDS = {
 }
 
 
+# Hugging Face's BertForPreTraining names each parameter by the rule transformers' own TF1
+# converter (`load_tf_weights_in_bert`) applies to the names above: "/" -> ".", "layer_N" ->
+# "layer.N", kernel/gamma/output_weights -> weight, beta/output_bias -> bias, and an embedding
+# table gains ".weight". A kernel is stored transposed (torch's Linear is [out, in]);
+# output_weights is already [2, H] in both. `hf_name` is that rule, so the table stays one table.
+_HF_LEAF = {"kernel": "weight", "gamma": "weight", "beta": "bias",
+            "output_weights": "weight", "output_bias": "bias"}
+# Parameters transformers has that google-research/bert does not: the MLM decoder, tied to the
+# word embeddings and to cls.predictions.bias (an HF file may hold copies of them, or not).
+HF_TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+           "cls.predictions.decoder.bias": "cls.predictions.bias"}
+# Buffers some HF files hold that are not weights (position indices 0..max_position-1).
+HF_BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
+# Parts an HF file may lack, freshly initialised then: the two heads as in TF1, and the pooler,
+# which transformers leaves out of BertForMaskedLM (add_pooling_layer=False).
+HF_OPTIONAL = {**{head: prefix.replace("/", ".") for head, prefix in HEADS.items()},
+               "pooler": "bert.pooler."}
+
+
+def hf_name(tf1_name: str) -> tuple[str, bool]:
+    """(Hugging Face BertForPreTraining name, stored transposed?) of a google-research name.
+
+    >>> hf_name("bert/encoder/layer_3/attention/output/dense/kernel")
+    ('bert.encoder.layer.3.attention.output.dense.weight', True)
+    >>> hf_name("bert/embeddings/word_embeddings")
+    ('bert.embeddings.word_embeddings.weight', False)
+    >>> hf_name("cls/predictions/output_bias"), hf_name("cls/seq_relationship/output_weights")
+    (('cls.predictions.bias', False), ('cls.seq_relationship.weight', False))
+    """
+    parts = tf1_name.split("/")
+    leaf = parts[-1]
+    if leaf.endswith("_embeddings"):
+        parts.append("weight")
+    else:
+        parts[-1] = _HF_LEAF.get(leaf, leaf)
+    return re.sub(r"\.layer_(\d+)\.", r".layer.\1.", ".".join(parts)), leaf == "kernel"
+
+
+def hf_canonical(key: str) -> str:
+    """An HF file's key as BertForPreTraining names it: BertModel files lack the `bert.` prefix,
+    and files converted by early pytorch-pretrained-bert still say LayerNorm.gamma/beta.
+
+    >>> hf_canonical("encoder.layer.0.output.LayerNorm.gamma")
+    'bert.encoder.layer.0.output.LayerNorm.weight'
+    >>> hf_canonical("cls.predictions.bias")
+    'cls.predictions.bias'
+    """
+    if not key.startswith(("bert.", "cls.")):
+        key = "bert." + key
+    return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
+
+
 def tf1_to_kbert_paths(num_layers: int) -> dict[str, str]:
     """{google-research name: kbert weight path} for a model with `num_layers` layers.
 
@@ -76,6 +129,15 @@ def tf1_to_kbert_paths(num_layers: int) -> dict[str, str]:
         else:
             out[tf1_name] = kbert_path
     return out
+
+
+def hf_to_tf1_names(num_layers: int) -> dict[str, str]:
+    """{Hugging Face name: google-research name} for a model with `num_layers` layers.
+
+    >>> hf_to_tf1_names(1)["bert.encoder.layer.0.intermediate.dense.weight"]
+    'bert/encoder/layer_0/intermediate/dense/kernel'
+    """
+    return {hf_name(tf1)[0]: tf1 for tf1 in tf1_to_kbert_paths(num_layers)}
 
 
 def suspect_field(tf1_name: str, expected: tuple, found: tuple) -> str:

@@ -61,7 +61,7 @@ class BertPreprocessor(keras.layers.Layer):
     >>> pre = BertPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=8)
     >>> out = pre((tf.constant(["Hello, world!"]), tf.constant(["Bye."])))
     >>> out["input_ids"].numpy().tolist(), out["segment_ids"].numpy().tolist()
-    ([[101, 7592, 1010, 2088, 999, 102, 9061, 102]], [[0, 0, 0, 0, 0, 0, 1, 1]])
+    ([[101, 7592, 1010, 2088, 102, 9061, 1012, 102]], [[0, 0, 0, 0, 0, 1, 1, 1]])
     """
 
     def __init__(self, vocab_file, do_lower_case: bool = True, sequence_length: int = 128, **kwargs):
