@@ -23,7 +23,7 @@ import weakref
 import numpy as np
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError
+from kbert.errors import KbertError, listing as _listing, plural as _plural
 from kbert.files import atomic_output_dir, count_lines
 from kbert.model_dir import VOCAB_FILE, check_vocab
 from kbert.converters.names import (HF_BUFFERS, HF_OPTIONAL, HF_TIED, hf_canonical, hf_name,
@@ -379,16 +379,6 @@ def hf_lower_case(folder) -> tuple:
 
 
 # === Reading ===
-
-def _plural(n, word):
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def _listing(names, limit=8):
-    names = sorted(names)
-    more = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
-
 
 def _open_weights(source: HfSource) -> dict:
     """{canonical HF name: (file, the name in the file)} over every weight file."""

@@ -17,7 +17,7 @@ import shutil
 import numpy as np
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError
+from kbert.errors import KbertError, listing as _listing, plural as _plural
 from kbert.files import atomic_output_dir
 from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab
 from kbert.layers import weights_from
@@ -96,16 +96,6 @@ def _first_line(e: Exception) -> str:
 
 def is_optimizer_state(name: str) -> bool:
     return name in SKIPPED_NAMES or name.endswith(OPTIMIZER_SLOT_SUFFIXES)
-
-
-def _plural(n, word):
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def _listing(names, limit=8):
-    names = sorted(names)
-    more = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
 
 
 def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=None):

@@ -6,3 +6,23 @@ class KbertError(Exception):
 
     The message is one line that says what is wrong and how to fix it.
     """
+
+
+def plural(n: int, word: str) -> str:
+    """'1 weight', '2 weights': for messages.
+
+    >>> plural(1, "weight"), plural(3, "weight")
+    ('1 weight', '3 weights')
+    """
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def listing(names, limit: int = 8) -> str:
+    """Sorted names, the first `limit` of them, then 'and N more': for one-line errors.
+
+    >>> listing(["c", "a", "b"], limit=2)
+    'a, b and 1 more'
+    """
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more

@@ -65,3 +65,27 @@ def count_lines(path: str) -> int:
     with open(path, "rb") as f:
         data = f.read()
     return data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+
+
+def atomic_write_text(path, text: str):
+    r"""Write `text` to a temporary file beside `path`, then rename: never a half-written file.
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "out.txt")
+    >>> atomic_write_text(path, "one\n")
+    >>> open(path).read()
+    'one\n'
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise

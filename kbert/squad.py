@@ -31,6 +31,7 @@ import numpy as np
 
 from kbert import tokenizer as tokenization
 from kbert.errors import KbertError
+from kbert.files import atomic_write_text
 
 log = logging.getLogger("kbert")
 
@@ -628,19 +629,7 @@ def write_predictions_json(predictions, path):
     }
     <BLANKLINE>
     """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(predictions, indent=4) + "\n")
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
+    atomic_write_text(path, json.dumps(predictions, indent=4) + "\n")
 
 
 # ---------------------------------------------------------------------------------------

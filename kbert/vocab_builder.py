@@ -24,6 +24,7 @@ import tempfile
 import time
 
 from kbert.errors import KbertError
+from kbert.files import atomic_write_text
 from kbert.tokenizer import UNK, Tokenizer, _tables
 
 RESERVED_TOKENS = ["[PAD]", UNK, "[CLS]", "[SEP]", "[MASK]"]
@@ -133,19 +134,8 @@ def unk_rate(input_files, vocab_file, do_lower_case: bool = True) -> float:
 
 
 def _write_lines_atomically(path: str, lines: list[str]):
-    """Write to a temporary file beside `path`, then rename: never a half-written vocab.txt."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.writelines(line + "\n" for line in lines)
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
+    """Never a half-written vocab.txt: see `atomic_write_text`."""
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
 def build_vocab(input_files, output, size: int = 30522, do_lower_case: bool = True,
