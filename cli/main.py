@@ -9,7 +9,7 @@ import sys
 import typer
 
 from kbert.cli import convert, fill_mask, pretrain
-from kbert.cli import create_data, finetune, vocab
+from kbert.cli import create_data, export, finetune, vocab
 from kbert.cli.common import import_tensorflow_quietly, quiet_tensorflow, setup_logging
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ app.command("vocab")(vocab.vocab)
 app.command("finetune")(finetune.finetune)
 app.command("predict")(finetune.predict)
 app.command("evaluate")(finetune.evaluate)
+app.command("export")(export.export)
 
 
 @app.callback()

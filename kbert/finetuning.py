@@ -322,6 +322,9 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
             task_info["labels"] = labels
         if task == "squad":
             task_info.update(doc_stride=opts.doc_stride, max_query_length=opts.max_query_length)
+        if task in ("classify", "regress"):
+            # Whether inputs are sentence pairs: the export's serving signature takes text_b only then.
+            task_info["text_pairs"] = train_data.raw.texts_b is not None
         model.task_info = task_info
         compile_for_task(model, task, make_finetune_optimizer(
             opts.learning_rate, total_steps, int(total_steps * opts.warmup_proportion)))

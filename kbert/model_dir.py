@@ -19,7 +19,7 @@ CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
 WEIGHTS_FILE = "model.weights.h5"
 # What fine-tuning records in bert_config.json besides the original keys.
-TASK_KEYS = ("task", "labels", "max_seq_length", "doc_stride", "max_query_length")
+TASK_KEYS = ("task", "labels", "max_seq_length", "text_pairs", "doc_stride", "max_query_length")
 
 
 def check_vocab(vocab_file: str, config: BertConfig):

@@ -84,10 +84,13 @@ class BertPreprocessor(keras.layers.Layer):
             import os
             config = load_config(model_or_dir)
             vocab, lower = os.path.join(os.fspath(model_or_dir), VOCAB_FILE), config.extras.get("do_lower_case", True)
-            length = sequence_length or config.extras.get("max_seq_length", 128)
+            trained_length = config.extras.get("max_seq_length", 128)
         else:
+            config = model_or_dir.config
             vocab, lower = model_or_dir.vocab_file, getattr(model_or_dir, "do_lower_case", True)
-            length = sequence_length or (getattr(model_or_dir, "task_info", None) or {}).get("max_seq_length", 128)
+            trained_length = (getattr(model_or_dir, "task_info", None) or {}).get("max_seq_length", 128)
+        # Default: the length it was fine-tuned with, else 128, never past the model's positions.
+        length = sequence_length or min(trained_length, config.max_position_embeddings)
         return cls(vocab, lower, length)
 
     def call(self, inputs):

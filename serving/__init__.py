@@ -1,1 +1,1 @@
-"""SavedModel export for TF Serving (built in a later issue)."""
+"""SavedModel export for TF Serving: `kbert.serving.export.export_model` (`kbert export`)."""

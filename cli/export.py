@@ -1,0 +1,35 @@
+"""`kbert export MODEL_DIR EXPORT_BASE`: a SavedModel for TF Serving that takes raw text."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kbert.cli.common import print_result
+
+
+def export(
+    model_dir: Path = typer.Argument(..., help="A kbert model directory (converted, pretrained or fine-tuned)."),
+    export_base: Path = typer.Argument(..., help="The directory TF Serving watches (--model_base_path); "
+                                                 "the export goes to EXPORT_BASE/VERSION."),
+    version: Optional[int] = typer.Option(None, "--version", help="Version number (default: the next free one)."),
+    max_seq_length: Optional[int] = typer.Option(
+        None, help="Tokens per request; longer texts are truncated (default: the fine-tuning length, else 128)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Model name in models.config (default: EXPORT_BASE's name)."),
+    text_pairs: Optional[bool] = typer.Option(
+        None, "--text-pairs/--single-text",
+        help="Whether serving_default takes text_b (default: yes for classifiers and regressors)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing version."),
+):
+    """Export a model for TF Serving (signatures serving_default, serve_ids, serve_examples); prints JSON."""
+    from kbert.serving.export import BATCHING_PARAMETERS, MODELS_CONFIG, SIGNATURES, export_model
+
+    path = export_model(str(model_dir), str(export_base), version=version, max_seq_length=max_seq_length,
+                        overwrite=overwrite, name=name, text_pairs=text_pairs)
+    base = os.path.dirname(path)
+    print_result({"export": path, "version": int(os.path.basename(path)), "signatures": list(SIGNATURES),
+                  "model_config_file": os.path.join(base, MODELS_CONFIG),
+                  "batching_parameters_file": os.path.join(base, BATCHING_PARAMETERS)})

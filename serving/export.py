@@ -1,0 +1,276 @@
+"""`export_model`: a kbert model directory -> a TF Serving SavedModel that takes raw text.
+
+`EXPORT_BASE/<version>/` holds the SavedModel (`saved_model.pb`, `variables/`,
+`assets/vocab.txt`, `assets.extra/tf_serving_warmup_requests`); `EXPORT_BASE/models.config`
+and `EXPORT_BASE/batching_parameters.txt` are the files `tensorflow_model_server` reads.
+Tokenization runs inside the graph (`BertPreprocessor`, the original tokenizer's ids), so a
+client sends strings and needs neither kbert nor the vocabulary.
+
+Three signatures, all `tensorflow/serving/predict`, with the same outputs:
+
+- `serving_default`: string `text` [batch] (and `text_b` for sentence-pair models);
+- `serve_ids`: int32 `input_ids`, `input_mask`, `segment_ids` [batch, seq], already tokenized;
+- `serve_examples`: serialized `tf.Example`s [batch] named `examples`, with bytes features
+  `text` (and `text_b`): the input of TF Serving's Classify and Regress APIs.
+
+Outputs by model: encoders and pretrained models `pooled_output`, `sequence_output`,
+`input_mask`; classifiers `probabilities`, `label_id`, `label`; regressors `score`; taggers
+per-token `label_id`, `label` and `input_mask`. Floats are float32 and pass through
+`tf.debugging.check_numerics`, so a NaN fails the request instead of being served.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from kbert.errors import KbertError
+from kbert.files import atomic_output_dir
+
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+MODELS_CONFIG = "models.config"
+BATCHING_PARAMETERS = "batching_parameters.txt"
+SIGNATURES = ("serving_default", "serve_ids", "serve_examples")
+# Representative warmup requests: TF Serving runs them at load so that the first real request
+# does not pay for graph set-up; one per batch shape that a client typically sends.
+WARMUP_TEXTS = (["Hello, world!"],
+                ["The quick brown fox jumps over the lazy dog.", "A second sentence in the same batch."],
+                [" ".join(["a long request that will be truncated"] * 100)])
+
+
+def _next_version(export_base: str) -> int:
+    versions = [int(name) for name in os.listdir(export_base) if re.fullmatch(r"\d+", name)] \
+        if os.path.isdir(export_base) else []
+    return max(versions, default=0) + 1
+
+
+def _head(model, task_info, text_pairs):
+    """(the Keras model to track, outputs(features) -> dict, uses text_b) for `model`'s kind."""
+    import tensorflow as tf
+
+    from kbert.models import BertClassifier, BertEncoder, BertPretrainer, BertTagger
+
+    def finite(name, x):
+        return tf.debugging.check_numerics(tf.cast(x, tf.float32), f"non-finite values in output {name}")
+
+    task = task_info.get("task")
+    labels = task_info.get("labels")
+
+    def label_table(n):
+        names = [str(label) for label in labels] if labels else [str(i) for i in range(n)]
+        if len(names) != n:
+            raise KbertError(f"bert_config.json lists {len(names)} labels for a head of {n} classes; "
+                             f"fine-tune the model again")
+        return tf.constant(names)
+
+    if isinstance(model, (BertEncoder, BertPretrainer)):
+        encoder = model if isinstance(model, BertEncoder) else model.encoder
+
+        def outputs(features):
+            out = encoder(features, training=False)
+            return {"pooled_output": finite("pooled_output", out["pooled_output"]),
+                    "sequence_output": finite("sequence_output", out["sequence_output"]),
+                    "input_mask": features["input_mask"]}
+        return encoder, outputs, bool(text_pairs)
+
+    if isinstance(model, BertClassifier):
+        # finetune records "text_pairs"; directories from before it did may get pairs.
+        pairs = bool(task_info.get("text_pairs", True)) if text_pairs is None else text_pairs
+        if task == "regress" or (task is None and model.num_classes == 1):
+            def outputs(features):
+                return {"score": finite("score", model(features, training=False)["logits"][:, 0])}
+            return model, outputs, pairs
+        names = label_table(model.num_classes)
+
+        def outputs(features):
+            probabilities = finite("probabilities", tf.nn.softmax(
+                tf.cast(model(features, training=False)["logits"], tf.float32), axis=-1))
+            label_id = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
+            return {"probabilities": probabilities, "label_id": label_id, "label": tf.gather(names, label_id)}
+        return model, outputs, pairs
+
+    if isinstance(model, BertTagger):
+        names = label_table(model.num_classes)
+
+        def outputs(features):
+            logits = finite("logits", model(features, training=False)["logits"])
+            label_id = tf.argmax(logits, axis=-1, output_type=tf.int32)
+            return {"label_id": label_id, "label": tf.gather(names, label_id), "input_mask": features["input_mask"]}
+        return model, outputs, bool(text_pairs)
+
+    raise KbertError(f"kbert export serves encoders, pretrained models, classifiers, regressors and taggers; "
+                     f"a {type(model).__name__} (SQuAD) needs its question/context windows, which export "
+                     f"does not build yet: serve its encoder or use kbert predict")
+
+
+def _write_text(path: str, text: str):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _models_config(name: str, export_base: str) -> str:
+    return ("# tensorflow_model_server --model_config_file=THIS_FILE: serves the newest version under base_path.\n"
+            "model_config_list {\n"
+            "  config {\n"
+            f"    name: \"{name}\"\n"
+            f"    base_path: \"{export_base}\"\n"
+            "    model_platform: \"tensorflow\"\n"
+            "  }\n"
+            "}\n")
+
+
+def _batching_parameters(cores: int) -> str:
+    return (
+        "# tensorflow_model_server --enable_batching --batching_parameters_file=THIS_FILE\n"
+        "# Server-side batching: requests that arrive together run as one batch, which keeps\n"
+        "# the accelerator (or all CPU cores) busy under load. Starting points; tune on your traffic.\n"
+        "#\n"
+        "# Largest batch: BERT's cost grows linearly with batch size past ~32 sequences, so bigger\n"
+        "# batches add latency without adding much throughput; lower it for long max_seq_length.\n"
+        "max_batch_size { value: 32 }\n"
+        "# How long the first request of a batch waits for others: 2 ms is small next to one\n"
+        "# BERT-base forward pass (tens of ms), so a lightly loaded server barely notices it.\n"
+        "batch_timeout_micros { value: 2000 }\n"
+        f"# One batch per core of the machine that ran `kbert export` ({cores}); set it to the\n"
+        "# serving machine's cores (on a GPU, 1-4 batch threads are enough).\n"
+        f"num_batch_threads {{ value: {cores} }}\n"
+        "# Bound the queue: past this many waiting batches the server answers UNAVAILABLE at once,\n"
+        "# so an overloaded server sheds load instead of letting every request's latency grow.\n"
+        f"max_enqueued_batches {{ value: {max(4, 2 * cores)} }}\n"
+        "# The inputs are strings [batch] (tokenized and padded inside the graph) or ids already\n"
+        "# padded by the client, so there is nothing for the batcher to pad.\n"
+        "pad_variable_length_inputs: false\n")
+
+
+def _warmup_requests(path: str, name: str, text_pairs: bool):
+    """A TFRecord of PredictionLog protos: `serving_default` requests TF Serving replays at load."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tf.io.TFRecordWriter(path) as writer:
+        for texts in WARMUP_TEXTS:
+            request = predict_pb2.PredictRequest(
+                model_spec=model_pb2.ModelSpec(name=name, signature_name="serving_default"))
+            request.inputs["text"].CopyFrom(tf.make_tensor_proto(texts, dtype=tf.string))
+            if text_pairs:
+                second = ["And its second text."] * len(texts)
+                request.inputs["text_b"].CopyFrom(tf.make_tensor_proto(second, dtype=tf.string))
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+
+
+def export_model(model_dir, export_base, version: int | None = None, max_seq_length: int | None = None,
+                 overwrite: bool = False, name: str | None = None, text_pairs: bool | None = None) -> str:
+    """Export a kbert model directory for TF Serving; returns the path of `EXPORT_BASE/<version>`.
+
+    The version directory is built in a temporary directory inside `export_base` and renamed
+    into place, so TF Serving (which only loads all-digit names) never sees a half-written one.
+
+    Args:
+        model_dir: str. A kbert model directory (converted, pretrained or fine-tuned).
+        export_base: str. The directory TF Serving watches (`--model_base_path`).
+        version: int. The version number; default: one more than the highest there, or 1.
+        max_seq_length: int. Tokens per request (longer texts are truncated); default: the
+            length the model was fine-tuned with, else 128, capped at max_position_embeddings.
+        overwrite: bool. Replace an existing version directory.
+        name: str. The model name in models.config; default: the base name of `export_base`.
+        text_pairs: bool. Whether `serving_default` takes `text_b`; default: yes for classifiers
+            and regressors (a request with an empty `text_b` is a single text, as in
+            run_classifier.py), no otherwise. bert_config.json does not record whether a model
+            was fine-tuned on pairs, so a single-text classifier's clients send `text_b` "".
+
+    Example:
+    >>> path = export_model("out/classifier", "exports/sentiment")  # doctest: +SKIP
+    >>> path  # doctest: +SKIP
+    '/abs/exports/sentiment/1'
+    """
+    import keras
+    import tensorflow as tf
+
+    from kbert.model_dir import is_model_dir, load
+    from kbert.preprocessing import BertPreprocessor
+
+    model_dir, export_base = os.fspath(model_dir), os.path.abspath(os.fspath(export_base))
+    if not is_model_dir(model_dir):
+        raise KbertError(f"{model_dir} is not a kbert model directory (no model.weights.h5); convert a "
+                         f"checkpoint with kbert convert from-tf1, or pass a directory written by kbert finetune")
+    if os.path.isfile(export_base):
+        raise KbertError(f"{export_base} is a file; EXPORT_BASE must be a directory (TF Serving's --model_base_path)")
+    if version is None:
+        version = _next_version(export_base)
+    if version < 0:
+        raise KbertError(f"--version {version}: TF Serving versions are non-negative integers")
+    path = os.path.join(export_base, str(version))
+    if os.path.exists(path) and not overwrite:
+        raise KbertError(f"{path} already exists; pass --version with a new number, leave --version out for "
+                         f"the next free one ({_next_version(export_base)}), or pass --overwrite")
+    name = name or os.path.basename(export_base)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise KbertError(f"model name {name!r} must be letters, digits, '_', '-' or '.'; pass --name")
+
+    model = load(model_dir)
+    task_info = getattr(model, "task_info", None) or {}
+    limit = model.config.max_position_embeddings
+    length = max_seq_length or min(int(task_info.get("max_seq_length", 128)), limit)
+    if not 3 <= length <= limit:
+        raise KbertError(f"--max-seq-length {length} must be between 3 and the model's "
+                         f"max_position_embeddings {limit}")
+    tracked, outputs, pairs = _head(model, task_info, text_pairs)
+    preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)
+    preprocessor((tf.constant(["warm up"]), tf.constant(["b"])))  # builds it, so ExportArchive may track it
+
+    def pack(text, text_b=None):
+        single = preprocessor(text)
+        if text_b is None:
+            return single
+        pair = preprocessor((text, text_b))
+        # run_classifier.py packs a pair only when text_b has tokens (left after truncation):
+        # its segment-1 part is then more than the final [SEP].
+        has_b = tf.reduce_sum(pair["segment_ids"], axis=1) > 1
+        return {key: tf.where(has_b[:, None], pair[key], single[key]) for key in single}
+
+    archive = keras.export.ExportArchive()
+    archive.track(tracked)
+    archive.track(preprocessor)  # its tokenizer's vocabulary lookup table
+    # The tokenizer's table is built from the vocabulary in memory (the exact load_vocab
+    # semantics: stripped lines, the last id of a repeated token). This id -> token table
+    # reads the vocabulary from the SavedModel's assets, which puts vocab.txt there for clients.
+    archive.track(tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+        model.vocab_file, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
+        tf.string, tf.lookup.TextFileIndex.WHOLE_LINE), default_value="[UNK]"))
+
+    if pairs:
+        def serve_text(text, text_b):
+            return outputs(pack(text, text_b))
+        text_signature = [tf.TensorSpec([None], tf.string, name="text"),
+                          tf.TensorSpec([None], tf.string, name="text_b")]
+    else:
+        def serve_text(text):
+            return outputs(pack(text))
+        text_signature = [tf.TensorSpec([None], tf.string, name="text")]
+
+    def serve_ids(input_ids, input_mask, segment_ids):
+        return outputs({"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids})
+
+    def serve_examples(examples):
+        spec = {"text": tf.io.FixedLenFeature([], tf.string)}
+        if pairs:
+            spec["text_b"] = tf.io.FixedLenFeature([], tf.string, default_value="")
+        features = tf.io.parse_example(examples, spec)
+        return outputs(pack(features["text"], features.get("text_b")))
+
+    archive.add_endpoint("serving_default", serve_text, text_signature)
+    archive.add_endpoint("serve_ids", serve_ids, [tf.TensorSpec([None, None], tf.int32, name=n) for n in
+                                                  ("input_ids", "input_mask", "segment_ids")])
+    archive.add_endpoint("serve_examples", serve_examples, [tf.TensorSpec([None], tf.string, name="examples")])
+
+    os.makedirs(export_base, exist_ok=True)
+    with atomic_output_dir(path, overwrite=overwrite) as tmp:
+        archive.write_out(tmp, verbose=False)
+        _warmup_requests(os.path.join(tmp, WARMUP_FILE), name, pairs)
+    _write_text(os.path.join(export_base, MODELS_CONFIG), _models_config(name, export_base))
+    _write_text(os.path.join(export_base, BATCHING_PARAMETERS), _batching_parameters(os.cpu_count() or 1))
+    return path

@@ -1,0 +1,320 @@
+"""`kbert export` on the tiny checkpoint and on a tiny fine-tuned classifier.
+
+The SavedModel is read back in a fresh Python that imports only tensorflow and
+tensorflow_text (what TF Serving has: the graph; kbert and keras_hub cannot be imported there,
+and nothing loads Keras beyond what `import tensorflow` itself loads), after the model
+directory it came from is deleted, and its answers are compared with kbert's model run
+in this process on the same text.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import assert_user_error, run_kbert
+from test_finetuning import sentiment_rows, write_tsv
+
+LENGTH = 24  # the classifier's max_seq_length; the tiny encoder's default is its 64 positions
+LONG = " ".join(["gold"] * 5000)
+# Real text, an empty string, a text far past max length, and invalid UTF-8 bytes (dropped,
+# as the original's decode("utf-8", "ignore") drops them).
+TEXTS = [b"gold glorious great.", b"dead dust the dread.", b"", LONG.encode(), b"gold\xff glorious\xfe great."]
+TEXTS_B = [b"", b"", b"", b"", b"dead."]  # the last row is a sentence pair
+
+SERVE = r'''
+import json, sys
+sys.modules["kbert"] = sys.modules["keras_hub"] = None  # importing either would now fail
+import numpy as np
+import tensorflow as tf
+# TensorFlow 2.21 imports keras itself; anything more must not come from reading the export.
+after_tensorflow = set(sys.modules)
+import tensorflow_text  # noqa: F401  (registers the tokenizer's ops, as TF Serving's build does)
+
+spec = json.load(open(sys.argv[1]))
+texts = [bytes.fromhex(t) for t in spec["texts"]]
+texts_b = [bytes.fromhex(t) for t in spec["texts_b"]]
+
+
+def plain(outputs):
+    return {k: (np.char.decode(v.numpy().astype(bytes), "utf-8").tolist() if v.dtype == tf.string
+                else v.numpy().tolist()) for k, v in outputs.items()}
+
+
+def shapes(outputs):
+    return {k: list(v.shape) for k, v in outputs.items()}
+
+
+result = {}
+for kind, path in spec["exports"].items():
+    loaded = tf.saved_model.load(path)
+    default = loaded.signatures["serving_default"]
+    pairs = "text_b" in default.structured_input_signature[1]
+    text = {"text": tf.constant(texts)}
+    if pairs:
+        text["text_b"] = tf.constant(texts_b)
+    examples = []
+    for i, t in enumerate(texts):
+        feature = {"text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[t]))}
+        if pairs and texts_b[i]:
+            feature["text_b"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[texts_b[i]]))
+        examples.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    empty = {k: tf.constant([], tf.string) for k in text}
+    ids = {k: tf.constant(v, tf.int32) for k, v in spec["ids"][kind].items()}
+    result[kind] = {
+        "pairs": pairs,
+        "serving_default": plain(default(**text)),
+        "serve_ids": plain(loaded.signatures["serve_ids"](**ids)),
+        "serve_examples": plain(loaded.signatures["serve_examples"](examples=tf.constant(examples))),
+        "empty_batch": shapes(default(**empty)),
+    }
+result["modules"] = sorted(m for m in set(sys.modules) - after_tensorflow
+                          if m.split(".")[0] in ("kbert", "keras", "keras_hub", "tf_keras"))
+print(json.dumps(result))
+'''
+
+
+def kbert_reference(model_dir, texts, texts_b=None):
+    """The loaded kbert model on the same text, one example at a time (a pair only when b is
+    non-empty, as run_classifier.py packs), through BertPreprocessor."""
+    import tensorflow as tf
+
+    import kbert
+    from kbert.preprocessing import BertPreprocessor
+    model = kbert.load(model_dir)
+    limit = model.config.max_position_embeddings
+    pre = BertPreprocessor.for_model(model, min(model.task_info.get("max_seq_length", 128), limit))
+    rows = []
+    for i, text in enumerate(texts):
+        b = texts_b[i] if texts_b else b""
+        rows.append(pre((tf.constant([text]), tf.constant([b]))) if b else pre(tf.constant([text])))
+    features = {k: np.concatenate([row[k].numpy() for row in rows]) for k in rows[0]}
+    # A pretrained model serves its encoder's outputs; a classifier its head's logits.
+    run = model.encoder if isinstance(model, kbert.BertPretrainer) else model
+    outputs = run(features, training=False)
+    return model, features, {k: np.asarray(v) for k, v in outputs.items()}
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory, tiny_model_dir):
+    """A tiny sentiment classifier trained on sentence pairs (so its signature takes `text_b`),
+    one quick epoch: the export must match whatever it learned."""
+    work = tmp_path_factory.mktemp("export-classifier")
+    rows = [(text, "the city.", label) for text, label in sentiment_rows(64, 0)]
+    train = write_tsv(work / "train.tsv", rows, header=("text", "text_b", "label"))
+    run_kbert("finetune", tiny_model_dir, "--task", "classify", "--train", train, "--output", work / "model",
+              "--epochs", "1", "--batch-size", "16", "--learning-rate", "1e-3", "--max-seq-length", str(LENGTH))
+    return work / "model"
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, tiny_model_dir, classifier_dir):
+    """The encoder exported twice (versions 1 and 2) and the classifier once, from a copy of its
+    directory that is deleted before anything reads the export."""
+    work = tmp_path_factory.mktemp("exports")
+    encoder_base = work / "tiny_encoder"
+    first = run_kbert("export", tiny_model_dir, encoder_base)
+    second = run_kbert("export", tiny_model_dir, encoder_base)
+    copy = work / "classifier-copy"
+    shutil.copytree(classifier_dir, copy)
+    classifier_base = work / "sentiment"
+    run_kbert("export", copy, classifier_base)
+    shutil.rmtree(copy)
+    return {"encoder_base": encoder_base, "runs": [first, second],
+            "encoder": encoder_base / "2", "classifier": classifier_base / "1"}
+
+
+@pytest.fixture(scope="module")
+def references(exports, tiny_model_dir, classifier_dir):
+    return {"encoder": kbert_reference(tiny_model_dir, TEXTS),
+            "classifier": kbert_reference(classifier_dir, TEXTS, TEXTS_B)}
+
+
+@pytest.fixture(scope="module")
+def served(exports, references, tmp_path_factory):
+    """Every signature of both exports, run in a fresh Python with only tensorflow(_text)."""
+    work = tmp_path_factory.mktemp("served")
+    spec = {"exports": {k: str(exports[k]) for k in ("encoder", "classifier")},
+            "texts": [t.hex() for t in TEXTS], "texts_b": [t.hex() for t in TEXTS_B],
+            "ids": {k: {name: v.tolist() for name, v in references[k][1].items()} for k in references}}
+    (work / "spec.json").write_text(json.dumps(spec))
+    (work / "serve.py").write_text(SERVE)
+    result = subprocess.run([sys.executable, str(work / "serve.py"), str(work / "spec.json")],
+                            capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_export_writes_the_tf_serving_layout(exports):
+    base = exports["encoder_base"]
+    assert sorted(os.listdir(base)) == ["1", "2", "batching_parameters.txt", "models.config"]
+    outputs = [json.loads(run.stdout) for run in exports["runs"]]
+    assert [o["version"] for o in outputs] == [1, 2]
+    assert outputs[1]["export"] == str(base / "2")
+    for version in (exports["encoder"], exports["classifier"]):
+        for name in ("saved_model.pb", "variables", "assets/vocab.txt", "assets.extra/tf_serving_warmup_requests"):
+            assert os.path.exists(version / name), (version, name)
+        assert not [n for n in os.listdir(version.parent) if n.startswith(".")]  # no temporary left
+    vocab = (exports["classifier"] / "assets" / "vocab.txt").read_text().splitlines()
+    assert len(vocab) == 300 and vocab[:1] == ["[PAD]"]
+    config = (base / "models.config").read_text()
+    assert 'name: "tiny_encoder"' in config and f'base_path: "{base}"' in config
+    assert 'model_platform: "tensorflow"' in config
+    batching = (base / "batching_parameters.txt").read_text()
+    assert "max_batch_size { value: 32 }" in batching and "pad_variable_length_inputs: false" in batching
+    assert f"num_batch_threads {{ value: {os.cpu_count()} }}" in batching
+
+
+def test_existing_version_is_a_one_line_error(exports, tiny_model_dir):
+    result = run_kbert("export", tiny_model_dir, exports["encoder_base"], "--version", "1", check=False)
+    assert_user_error(result, "already exists", "--overwrite", "(3)")
+
+
+def test_fresh_process_needs_no_kbert_or_keras(served):
+    assert served["modules"] == []
+    assert served["encoder"]["pairs"] is False and served["classifier"]["pairs"] is True
+
+
+def test_encoder_serving_default_matches_kbert(served, references):
+    _, features, expected = references["encoder"]
+    out = served["encoder"]["serving_default"]
+    assert sorted(out) == ["input_mask", "pooled_output", "sequence_output"]
+    np.testing.assert_array_equal(out["input_mask"], features["input_mask"])
+    np.testing.assert_allclose(out["pooled_output"], expected["pooled_output"], atol=1e-4)
+    np.testing.assert_allclose(out["sequence_output"], expected["sequence_output"], atol=1e-4)
+    assert np.asarray(out["sequence_output"]).shape == (len(TEXTS), 64, 64)
+
+
+def test_classifier_serves_probabilities_and_labels(served, references):
+    model, _, expected = references["classifier"]
+    out = served["classifier"]["serving_default"]
+    assert sorted(out) == ["label", "label_id", "probabilities"]
+    logits = expected["logits"]
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    np.testing.assert_allclose(out["probabilities"], probabilities, atol=1e-4)
+    assert out["label_id"] == probabilities.argmax(-1).tolist()
+    assert out["label"] == [model.task_info["labels"][i] for i in out["label_id"]]
+    assert set(out["label"]) <= {"neg", "pos"}
+
+
+@pytest.mark.parametrize("kind", ["encoder", "classifier"])
+def test_serve_ids_matches_kbert(served, references, kind):
+    # The ids are BertPreprocessor's for TEXTS, so the answers are serving_default's.
+    by_ids, by_text = served[kind]["serve_ids"], served[kind]["serving_default"]
+    assert sorted(by_ids) == sorted(by_text)
+    for name in by_text:
+        if name in ("label", "label_id", "input_mask"):
+            assert by_ids[name] == by_text[name], name
+        else:
+            np.testing.assert_allclose(by_ids[name], by_text[name], atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["encoder", "classifier"])
+def test_serve_examples_equals_serving_default(served, kind):
+    by_text, by_example = served[kind]["serving_default"], served[kind]["serve_examples"]
+    assert sorted(by_text) == sorted(by_example)
+    for name in by_text:
+        if isinstance(by_text[name][0], str) or name in ("label_id", "input_mask"):
+            assert by_example[name] == by_text[name], name
+        else:
+            np.testing.assert_allclose(by_example[name], by_text[name], atol=1e-5)
+
+
+def test_bad_requests_give_defined_outputs(served, references):
+    encoder, classifier = served["encoder"], served["classifier"]
+    mask = np.asarray(encoder["serving_default"]["input_mask"])
+    assert mask[2].sum() == 2  # "" -> [CLS] [SEP]
+    assert mask[3].sum() == 64  # 5,000 words truncated to the 64 positions
+    _, features, _ = references["encoder"]
+    # The invalid bytes are dropped: the same ids as the clean text.
+    assert features["input_ids"][4].tolist() == features["input_ids"][0].tolist()
+    np.testing.assert_allclose(encoder["serving_default"]["pooled_output"][4],
+                               encoder["serving_default"]["pooled_output"][0], atol=1e-6)
+    assert np.isfinite(np.asarray(classifier["serving_default"]["probabilities"])).all()
+    assert encoder["empty_batch"] == {"input_mask": [0, 64], "pooled_output": [0, 64], "sequence_output": [0, 64, 64]}
+    assert classifier["empty_batch"] == {"label": [0], "label_id": [0], "probabilities": [0, 2]}
+
+
+def test_warmup_requests_run_against_the_export(exports):
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = str(exports["classifier"] / "assets.extra" / "tf_serving_warmup_requests")
+    logs = [prediction_log_pb2.PredictionLog.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
+    assert len(logs) == 3
+    signature = tf.saved_model.load(str(exports["classifier"])).signatures["serving_default"]
+    for log in logs:
+        request = log.predict_log.request
+        assert request.model_spec.name == "sentiment" and request.model_spec.signature_name == "serving_default"
+        inputs = {k: tf.constant(tf.make_ndarray(v)) for k, v in request.inputs.items()}
+        assert sorted(inputs) == ["text", "text_b"]
+        out = signature(**inputs)
+        assert out["probabilities"].shape == (inputs["text"].shape[0], 2)
+
+
+def test_saved_model_cli_lists_and_runs_the_signatures(exports):
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    shown = subprocess.run([cli, "show", "--dir", str(exports["classifier"]), "--all"], capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    for name in ("serving_default", "serve_ids", "serve_examples"):
+        assert f"signature_def['{name}']" in shown.stdout
+    assert "tensorflow/serving/predict" in shown.stdout
+    # `run` imports the graph, so the tf.text ops must be registered first: the plain script
+    # cannot (TF Serving links them into tensorflow_model_server), so run its main after
+    # importing tensorflow_text.
+    with_text_ops = [sys.executable, "-c", "import sys, tensorflow_text; from tensorflow.python.tools."
+                     "saved_model_cli import main; sys.argv[0] = 'saved_model_cli'; sys.exit(main())"]
+    run = subprocess.run([*with_text_ops, "run", "--dir", str(exports["classifier"]), "--tag_set", "serve",
+                          "--signature_def", "serve_ids", "--input_exprs",
+                          "input_ids=[[2,5,6,3]];input_mask=[[1,1,1,1]];segment_ids=[[0,0,0,0]]"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "probabilities" in run.stdout and "label_id" in run.stdout
+
+
+def test_non_finite_outputs_fail_the_request(tiny_model_dir, tmp_path):
+    # A regressor whose pooler weights are NaN: its score must fail the request, not be served.
+    import tensorflow as tf
+
+    import kbert
+    from kbert.serving.export import export_model
+    model = kbert.bert_classifier(kbert.load(tiny_model_dir), 1)
+    model.task_info = {"task": "regress", "max_seq_length": 8}
+    model.encoder.pooler.set_weights([np.full_like(w, np.nan) for w in model.encoder.pooler.get_weights()])
+    kbert.save(model, tmp_path / "broken")
+    path = export_model(tmp_path / "broken", tmp_path / "base")
+    assert path == str(tmp_path / "base" / "1")
+    signature = tf.saved_model.load(path).signatures["serving_default"]
+    assert sorted(signature.structured_outputs) == ["score"]
+    assert sorted(signature.structured_input_signature[1]) == ["text", "text_b"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="non-finite values in output score"):
+        signature(text=tf.constant(["gold."]), text_b=tf.constant([""]))
+
+
+def test_tagger_serves_a_label_per_token(tiny_model_dir, tmp_path):
+    import tensorflow as tf
+
+    import kbert
+    from kbert.preprocessing import BertPreprocessor
+    from kbert.serving.export import export_model
+    base = kbert.load(tiny_model_dir)
+    model = kbert.bert_tagger(base, 3)
+    model.task_info = {"task": "tag", "labels": ["B", "I", "O"], "max_seq_length": 8}
+    kbert.save(model, tmp_path / "tagger")
+    signature = tf.saved_model.load(export_model(tmp_path / "tagger", tmp_path / "base")).signatures
+    texts = tf.constant(["gold glorious great.", "dead."])
+    out = signature["serving_default"](text=texts)
+    assert sorted(out) == ["input_mask", "label", "label_id"]
+    features = BertPreprocessor(base.vocab_file, True, 8)(texts)
+    expected = model(features, training=False)["logits"].numpy().argmax(-1)
+    assert out["label_id"].numpy().tolist() == expected.tolist()
+    assert out["label"].numpy().astype(str).tolist() == [["BIO"[i] for i in row] for row in expected]
+    np.testing.assert_array_equal(out["input_mask"].numpy(), features["input_mask"].numpy())
