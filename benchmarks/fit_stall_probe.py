@@ -25,6 +25,8 @@ def main():
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--calls", type=int, default=3)
     args = parser.parse_args()
+    if args.steps < 2 or args.calls < 1:
+        parser.error("--steps must be at least 2 (a rate needs two step ends) and --calls at least 1")
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import keras
