@@ -1,0 +1,137 @@
+"""Training-time kernels for the element-wise parts of a BERT layer: exact GELU, dropout, LayerNorm.
+
+Written as plain TensorFlow ops, each of these is several passes over a [batch·seq, width]
+tensor, forward and again backward (GELU alone is eight), and on a CPU those passes cost as
+much as the matmuls around them. Here each one is a `tf.custom_gradient` whose forward and
+backward are XLA-compiled functions, so each tensor is read and written once per direction.
+The arithmetic is the original's (`modeling.gelu`, `modeling.dropout`, `layer_norm`), in
+float32 even when the tensors are bfloat16.
+
+Only training uses them. Inference keeps the plain ops, which TF's graph optimizer already
+fuses into oneDNN's matmul, and which a SavedModel serves without XLA.
+
+Example:
+>>> x = tf.constant([[-1.0, 0.0, 2.0]])
+>>> [round(float(v), 4) for v in gelu(x)[0]]
+[-0.1587, 0.0, 1.9545]
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+_SQRT_HALF = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _gelu_forward(x):
+    f = tf.cast(x, tf.float32)
+    return tf.cast(0.5 * f * (1.0 + tf.math.erf(f * _SQRT_HALF)), x.dtype)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _gelu_backward(x, upstream):
+    # d/dx x·Φ(x) = Φ(x) + x·φ(x). Recomputed from x rather than saved: one more erf is
+    # cheaper than writing and reading back a second activation-sized tensor.
+    f = tf.cast(x, tf.float32)
+    cdf = 0.5 * (1.0 + tf.math.erf(f * _SQRT_HALF))
+    pdf = tf.exp(-0.5 * f * f) * _INV_SQRT_2PI
+    return tf.cast(tf.cast(upstream, tf.float32) * (cdf + f * pdf), x.dtype)
+
+
+@tf.custom_gradient
+def gelu(x):
+    """Exact (erf) GELU, 0.5·x·(1 + erf(x/√2)), as modeling.gelu; one fused pass each way."""
+    return _gelu_forward(x), lambda upstream: _gelu_backward(x, upstream)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _keep_and_scale(x, noise, threshold, scale):
+    # 16-bit noise arrives as uint32 words, two draws per word; split them here, inside the
+    # fused loop, instead of materializing a uint16 copy.
+    if noise.dtype == tf.uint32:
+        noise = tf.reshape(tf.reshape(tf.bitcast(noise, tf.uint16), [-1])[:tf.size(x)], tf.shape(x))
+    return tf.where(noise >= threshold, x * scale, tf.zeros_like(x))
+
+
+def dropout(x, rate: float, seed):
+    """Zero each element with probability `rate` and scale the rest by 1/(1-rate).
+
+    float32 tensors draw the same uniform noise as keras' Dropout (`stateless_dropout`) for
+    the same seed, so results are bit for bit those of keras. Narrower tensors draw 16 bits
+    per element, two per Philox word: half the random-number work, and a finer threshold
+    than keras' bfloat16 noise, whose 7 bits make the rate 0.1 into 13/128 = 0.1016.
+
+    Args:
+        x: the tensor.
+        rate: python float in [0, 1).
+        seed: int32 [2], a stateless seed.
+
+    Example:
+    >>> y = dropout(tf.ones([1000]), 0.1, tf.constant([1, 2]))
+    >>> sorted(set(round(float(v), 4) for v in y.numpy()))
+    [0.0, 1.1111]
+    """
+    scale = tf.constant(1.0 / (1.0 - rate), x.dtype)
+    if x.dtype == tf.float32:
+        noise = tf.random.stateless_uniform(tf.shape(x), seed, dtype=tf.float32)
+        threshold = tf.constant(rate, tf.float32)
+    else:
+        words = (tf.size(x) + 1) // 2
+        noise = tf.random.stateless_uniform([words], seed, minval=None, maxval=None, dtype=tf.uint32)
+        threshold = tf.constant(round(rate * 65536), tf.uint16)
+
+    @tf.custom_gradient
+    def apply(x):
+        # The gradient is the same mask and scale, applied to the upstream gradient.
+        return (_keep_and_scale(x, noise, threshold, scale),
+                lambda upstream: _keep_and_scale(upstream, noise, threshold, scale))
+
+    return apply(x)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _layer_norm_forward(x, gamma, beta, epsilon):
+    f = tf.cast(x, tf.float32)
+    mean = tf.reduce_mean(f, axis=-1, keepdims=True)
+    variance = tf.reduce_mean(tf.math.squared_difference(f, mean), axis=-1, keepdims=True)
+    inv = tf.math.rsqrt(variance + epsilon)
+    scaled = inv * gamma
+    return tf.cast(f * scaled + (beta - mean * scaled), x.dtype), mean, inv
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _layer_norm_backward(upstream, x, gamma, mean, inv):
+    f = tf.cast(x, tf.float32)
+    dy = tf.cast(upstream, tf.float32)
+    normed = (f - mean) * inv
+    rows = tf.range(tf.rank(f) - 1)
+    d_gamma = tf.reduce_sum(dy * normed, axis=rows)
+    d_beta = tf.reduce_sum(dy, axis=rows)
+    g = dy * gamma
+    d_x = inv * (g - tf.reduce_mean(g, axis=-1, keepdims=True)
+                 - normed * tf.reduce_mean(g * normed, axis=-1, keepdims=True))
+    return tf.cast(d_x, x.dtype), d_gamma, d_beta
+
+
+def layer_norm(x, gamma, beta, epsilon: float):
+    """LayerNorm over the last axis, computed in float32; returns x's dtype.
+
+    Args: x [..., H]; gamma, beta float32 [H]; epsilon python float (1e-12 in BERT).
+
+    Example:
+    >>> y = layer_norm(tf.constant([[1.0, 2.0, 3.0]]), tf.ones([3]), tf.zeros([3]), 1e-12)
+    >>> [round(float(v), 4) for v in y[0]]
+    [-1.2247, 0.0, 1.2247]
+    """
+    epsilon = tf.constant(epsilon, tf.float32)
+
+    @tf.custom_gradient
+    def norm(x, gamma, beta):
+        y, mean, inv = _layer_norm_forward(x, gamma, beta, epsilon)
+        return y, lambda upstream: _layer_norm_backward(upstream, x, gamma, mean, inv)
+
+    return norm(x, gamma, beta)
