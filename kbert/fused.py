@@ -1,4 +1,4 @@
-"""Training-time kernels for the element-wise parts of a BERT layer: exact GELU, dropout, LayerNorm.
+"""Training-time kernels for the element-wise parts of BERT: exact GELU, dropout, LayerNorm, logit bias.
 
 Written as plain TensorFlow ops, each of these is several passes over a [batch·seq, width]
 tensor, forward and again backward (GELU alone is eight), and on a CPU those passes cost as
@@ -135,3 +135,30 @@ def layer_norm(x, gamma, beta, epsilon: float):
         return y, lambda upstream: _layer_norm_backward(upstream, x, gamma, mean, inv)
 
     return norm(x, gamma, beta)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _bias_add_forward(logits, bias):
+    return tf.cast(logits, tf.float32) + bias
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _bias_add_backward(upstream, like):
+    rows = tf.range(tf.rank(upstream) - 1)
+    return tf.cast(upstream, like.dtype), tf.reduce_sum(upstream, axis=rows)
+
+
+def bias_add_float32(logits, bias):
+    """float32(logits) + bias, with its gradient (the cast back and the bias's column sum) in
+    one pass. For the masked-LM logits: [batch·P, 30,522] is the largest activation in BERT.
+
+    Example:
+    >>> bias_add_float32(tf.constant([[1.0, 2.0]], tf.bfloat16), tf.constant([0.5, -1.0])).numpy().tolist()
+    [[1.5, 1.0]]
+    """
+    @tf.custom_gradient
+    def add(logits, bias):
+        like = tf.zeros([], logits.dtype)  # carries logits' dtype into the compiled backward
+        return _bias_add_forward(logits, bias), lambda upstream: _bias_add_backward(upstream, like)
+
+    return add(logits, bias)

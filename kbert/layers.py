@@ -295,22 +295,23 @@ class MaskedLMHead(keras.layers.Layer):
                                            initializer=self.bias_initializer)
         self.built = True
 
-    def call(self, sequence_output, masked_lm_positions):
+    def call(self, sequence_output, masked_lm_positions, training=None):
         import tensorflow as tf
 
         picked = ops.take_along_axis(
             sequence_output, ops.expand_dims(ops.cast(masked_lm_positions, "int32"), -1), axis=1)
         batch, positions = ops.shape(picked)[0], ops.shape(picked)[1]
         # [batch·P, H], as modeling.py's gather_indexes returns: a 2-D dense fuses its bias and GELU.
-        picked = self.layer_norm(self.transform(ops.reshape(picked, (-1, ops.shape(picked)[-1]))))
+        picked = self.layer_norm(self.transform(ops.reshape(picked, (-1, ops.shape(picked)[-1]))), training=training)
         table = ops.cast(self.word_embeddings.embeddings, self.compute_dtype)
         # transpose_b reads the [vocab, H] table as it is stored; ops.transpose would copy all
         # 30,522 rows every step, and its gradient once more.
         logits = tf.linalg.matmul(picked, table, transpose_b=True)
-        logits = ops.cast(logits, "float32") + ops.cast(self.output_bias, "float32")
+        bias = ops.cast(self.output_bias, "float32")
+        logits = fused.bias_add_float32(logits, bias) if training else ops.cast(logits, "float32") + bias
         return ops.reshape(logits, (batch, positions, self.vocab_size))
 
-    def compute_output_spec(self, sequence_output, masked_lm_positions):
+    def compute_output_spec(self, sequence_output, masked_lm_positions, training=None):
         return keras.KerasTensor(
             (sequence_output.shape[0], masked_lm_positions.shape[1], self.vocab_size), dtype="float32")
 
