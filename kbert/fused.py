@@ -12,7 +12,7 @@ fuses into oneDNN's matmul, and which a SavedModel serves without XLA.
 
 Example:
 >>> x = tf.constant([[-1.0, 0.0, 2.0]])
->>> [round(float(v), 4) for v in gelu(x)[0]]
+>>> [round(float(v), 4) for v in gelu(x, tf.zeros([3]))[0]]
 [-0.1587, 0.0, 1.9545]
 """
 
@@ -27,34 +27,58 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 @tf.function(jit_compile=True, reduce_retracing=True)
-def _gelu_forward(x):
-    f = tf.cast(x, tf.float32)
+def _gelu_forward(x, bias):
+    f = tf.cast(x, tf.float32) + tf.cast(bias, tf.float32)
     return tf.cast(0.5 * f * (1.0 + tf.math.erf(f * _SQRT_HALF)), x.dtype)
 
 
 @tf.function(jit_compile=True, reduce_retracing=True)
-def _gelu_backward(x, upstream):
+def _gelu_backward(x, bias, upstream):
     # d/dx x·Φ(x) = Φ(x) + x·φ(x). Recomputed from x rather than saved: one more erf is
     # cheaper than writing and reading back a second activation-sized tensor.
-    f = tf.cast(x, tf.float32)
+    f = tf.cast(x, tf.float32) + tf.cast(bias, tf.float32)
     cdf = 0.5 * (1.0 + tf.math.erf(f * _SQRT_HALF))
     pdf = tf.exp(-0.5 * f * f) * _INV_SQRT_2PI
-    return tf.cast(tf.cast(upstream, tf.float32) * (cdf + f * pdf), x.dtype)
+    d_x = tf.cast(upstream, tf.float32) * (cdf + f * pdf)
+    # The bias's gradient, summed in float32 in the same loop (TF's BiasAddGrad sums bfloat16
+    # in bfloat16, and reads the tensor once more).
+    d_bias = tf.reduce_sum(d_x, axis=tf.range(tf.rank(d_x) - 1))
+    return tf.cast(d_x, x.dtype), tf.cast(d_bias, bias.dtype)
 
 
 @tf.custom_gradient
-def gelu(x):
-    """Exact (erf) GELU, 0.5·x·(1 + erf(x/√2)), as modeling.gelu; one fused pass each way."""
-    return _gelu_forward(x), lambda upstream: _gelu_backward(x, upstream)
+def gelu(x, bias):
+    """Exact (erf) GELU of x + bias, as modeling.gelu: 0.5·y·(1 + erf(y/√2)) with y = x + bias.
+
+    One fused pass each way, which includes the dense layer's bias add and its gradient.
+    x: [..., width]; bias: [width].
+    """
+    return _gelu_forward(x, bias), lambda upstream: _gelu_backward(x, bias, upstream)
+
+
+def _unpack(noise, x):
+    # 16-bit noise arrives as uint32 words, two draws per word; split them inside the fused
+    # loop instead of materializing a uint16 copy.
+    if noise.dtype == tf.uint32:
+        noise = tf.reshape(tf.reshape(tf.bitcast(noise, tf.uint16), [-1])[:tf.size(x)], tf.shape(x))
+    return noise
 
 
 @tf.function(jit_compile=True, reduce_retracing=True)
-def _keep_and_scale(x, noise, threshold, scale):
-    # 16-bit noise arrives as uint32 words, two draws per word; split them here, inside the
-    # fused loop, instead of materializing a uint16 copy.
-    if noise.dtype == tf.uint32:
-        noise = tf.reshape(tf.reshape(tf.bitcast(noise, tf.uint16), [-1])[:tf.size(x)], tf.shape(x))
-    return tf.where(noise >= threshold, x * scale, tf.zeros_like(x))
+def _keep_and_scale(x, noise, threshold, scale, like):
+    kept = tf.where(_unpack(noise, x) >= threshold, tf.cast(x, scale.dtype) * scale, tf.zeros([], scale.dtype))
+    return tf.cast(kept, like.dtype)
+
+
+def _dropout_noise(x, rate: float, seed):
+    """(noise, threshold): keep an element where noise >= threshold."""
+    if x.dtype == tf.float32:
+        # The draw keras' Dropout makes (`stateless_dropout`), so float32 masks match it bit for bit.
+        return (tf.random.stateless_uniform(tf.shape(x), seed, dtype=tf.float32),
+                tf.constant(rate, tf.float32))
+    words = (tf.size(x) + 1) // 2
+    return (tf.random.stateless_uniform([words], seed, minval=None, maxval=None, dtype=tf.uint32),
+            tf.constant(round(rate * 65536), tf.uint16))
 
 
 def dropout(x, rate: float, seed):
@@ -75,22 +99,58 @@ def dropout(x, rate: float, seed):
     >>> sorted(set(round(float(v), 4) for v in y.numpy()))
     [0.0, 1.1111]
     """
+    noise, threshold = _dropout_noise(x, rate, seed)
     scale = tf.constant(1.0 / (1.0 - rate), x.dtype)
-    if x.dtype == tf.float32:
-        noise = tf.random.stateless_uniform(tf.shape(x), seed, dtype=tf.float32)
-        threshold = tf.constant(rate, tf.float32)
-    else:
-        words = (tf.size(x) + 1) // 2
-        noise = tf.random.stateless_uniform([words], seed, minval=None, maxval=None, dtype=tf.uint32)
-        threshold = tf.constant(round(rate * 65536), tf.uint16)
+    like = tf.zeros([], x.dtype)
 
     @tf.custom_gradient
     def apply(x):
         # The gradient is the same mask and scale, applied to the upstream gradient.
-        return (_keep_and_scale(x, noise, threshold, scale),
-                lambda upstream: _keep_and_scale(upstream, noise, threshold, scale))
+        return (_keep_and_scale(x, noise, threshold, scale, like),
+                lambda upstream: _keep_and_scale(upstream, noise, threshold, scale, like))
 
     return apply(x)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _attention_logits(scores, adder, scale):
+    return tf.cast(scores, tf.float32) * scale + adder
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _attention_backward(upstream, probs, noise, threshold, keep_scale, scale, like):
+    d_probs = tf.where(_unpack(noise, probs) >= threshold, tf.cast(upstream, tf.float32) * keep_scale, 0.0)
+    # Softmax's gradient, as TF's SoftmaxGrad: p·(dp - Σ dp·p).
+    d_logits = probs * (d_probs - tf.reduce_sum(d_probs * probs, axis=-1, keepdims=True))
+    return tf.cast(d_logits * scale, like.dtype)
+
+
+def attention_probs(scores, adder, scale: float, rate: float, seed):
+    """dropout(softmax(scores·scale + adder)): modeling.attention_layer's probabilities in training.
+
+    The softmax itself stays TF's (oneDNN's, with its exact exp); the scaling, mask add and
+    casts before it, the dropout after it, and the whole backward are fused around it.
+
+    Args:
+        scores: [batch, heads, seq, seq], Q·Kᵀ in the compute dtype.
+        adder: float32, broadcastable to scores: 0 for real tokens, -10000 for padding.
+        scale: python float, 1/√head_size.
+        rate, seed: as `dropout`; the noise is drawn exactly as `dropout` draws it for scores.
+
+    Returns: scores' dtype and shape.
+    """
+    noise, threshold = _dropout_noise(scores, rate, seed)
+    keep_scale = tf.constant(1.0 / (1.0 - rate), tf.float32)
+    scale = tf.constant(scale, tf.float32)
+    like = tf.zeros([], scores.dtype)
+
+    @tf.custom_gradient
+    def probs(scores):
+        p = tf.nn.softmax(_attention_logits(scores, adder, scale))
+        return (_keep_and_scale(p, noise, threshold, keep_scale, like),
+                lambda upstream: _attention_backward(upstream, p, noise, threshold, keep_scale, scale, like))
+
+    return probs(scores)
 
 
 @tf.function(jit_compile=True, reduce_retracing=True)

@@ -144,12 +144,16 @@ class Dropout(keras.layers.Dropout):
 
     def call(self, inputs, training=False):
         if training and self.rate > 0 and self.noise_shape is None:
-            seed = self.seed_generator.next()
-            # As keras' TF backend does (`_cast_seed`): stateless ops want int32 seeds.
-            if keras.backend.standardize_dtype(seed.dtype) != "int32":
-                seed = ops.cast(ops.mod(seed, 2**31 - 2), "int32")
-            return fused.dropout(inputs, self.rate, seed)
+            return fused.dropout(inputs, self.rate, self.next_seed())
         return super().call(inputs, training=training)
+
+    def next_seed(self):
+        """The int32 [2] seed of this layer's next mask, drawn as keras' Dropout draws it."""
+        seed = self.seed_generator.next()
+        # As keras' TF backend does (`_cast_seed`): stateless ops want int32 seeds.
+        if keras.backend.standardize_dtype(seed.dtype) != "int32":
+            seed = ops.cast(ops.mod(seed, 2**31 - 2), "int32")
+        return seed
 
 
 class BertEmbeddings(keras.layers.Layer):
@@ -245,19 +249,29 @@ class TransformerLayer(keras.layers.Layer):
         q = self._split_heads(self.query(flat), batch, seq)
         k = self._split_heads(self.key(flat), batch, seq)
         v = self._split_heads(self.value(flat), batch, seq)
-        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(self.head_size))
-        # Softmax in float32 even under mixed precision: bf16 loses the small probabilities.
-        scores = ops.cast(scores, "float32") + ops.cast(attention_adder, "float32")
-        probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
-        probs = self.attention_dropout(probs, training=training)
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+        scale, rate = 1.0 / math.sqrt(self.head_size), self.attention_dropout.rate
+        if training and rate > 0:
+            # The same arithmetic as below, with the scaling, casts and dropout fused around
+            # the softmax, forward and backward.
+            probs = fused.attention_probs(scores, ops.cast(attention_adder, "float32"), scale, rate,
+                                          self.attention_dropout.next_seed())
+        else:
+            # Softmax in float32 even under mixed precision: bf16 loses the small probabilities.
+            scores = ops.cast(scores * scale, "float32") + ops.cast(attention_adder, "float32")
+            probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
         context = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
         context = ops.reshape(context, (-1, H))
 
         attended = self.hidden_dropout(self.attention_output(context), training=training)
         attended = self.attention_layer_norm(attended + flat, training=training)
-        inner = self.intermediate(attended)
-        # Inference keeps the plain ops: TF's graph optimizer fuses them into oneDNN's matmul.
-        inner = fused.gelu(inner) if training and self.fused_gelu else self.intermediate_activation(inner)
+        if training and self.fused_gelu:
+            # The bias add, the GELU and the bias's gradient in one fused pass each way.
+            inner = fused.gelu(ops.matmul(attended, self.intermediate.kernel),
+                               ops.cast(self.intermediate.bias, self.compute_dtype))
+        else:
+            # Inference keeps the plain ops: TF's graph optimizer fuses them into oneDNN's matmul.
+            inner = self.intermediate_activation(self.intermediate(attended))
         out = self.hidden_dropout(self.output_dense(inner), training=training)
         return ops.reshape(self.output_layer_norm(out + attended, training=training), (batch, seq, H))
 
