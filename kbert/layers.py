@@ -263,7 +263,7 @@ class TransformerLayer(keras.layers.Layer):
         context = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
         context = ops.reshape(context, (-1, H))
 
-        attended = self.hidden_dropout(self.attention_output(context), training=training)
+        attended = self._dense_then_dropout(self.attention_output, context, training)
         attended = self.attention_layer_norm(attended + flat, training=training)
         if training and self.fused_gelu:
             # The bias add, the GELU and the bias's gradient in one fused pass each way.
@@ -272,8 +272,15 @@ class TransformerLayer(keras.layers.Layer):
         else:
             # Inference keeps the plain ops: TF's graph optimizer fuses them into oneDNN's matmul.
             inner = self.intermediate_activation(self.intermediate(attended))
-        out = self.hidden_dropout(self.output_dense(inner), training=training)
+        out = self._dense_then_dropout(self.output_dense, inner, training)
         return ops.reshape(self.output_layer_norm(out + attended, training=training), (batch, seq, H))
+
+    def _dense_then_dropout(self, dense, x, training):
+        if training and self.hidden_dropout.rate > 0:
+            # The bias add, the dropout and the bias's gradient in one fused pass each way.
+            return fused.bias_dropout(ops.matmul(x, dense.kernel), ops.cast(dense.bias, self.compute_dtype),
+                                      self.hidden_dropout.rate, self.hidden_dropout.next_seed())
+        return self.hidden_dropout(dense(x), training=training)
 
     def compute_output_spec(self, hidden, attention_adder, training=None):
         return keras.KerasTensor(hidden.shape, dtype=self.compute_dtype)

@@ -113,3 +113,17 @@ def test_bias_add_float32_and_its_gradient():
     np.testing.assert_array_equal(out.numpy(), [[1.5, 1.0, 3.0], [4.5, 4.0, 6.0]])
     np.testing.assert_array_equal(d_bias.numpy(), [4.0, 1.0, 1.0])
     np.testing.assert_array_equal(tf.cast(d_logits, tf.float32).numpy(), upstream.numpy())
+
+
+def test_bias_dropout_is_dropout_of_the_biased_input_with_the_bias_gradient():
+    rng = np.random.default_rng(3)
+    x = tf.constant(rng.normal(0, 1, (64, 32)), tf.float32)
+    bias = tf.constant(rng.normal(0, 1, 32), tf.float32)
+    upstream = tf.constant(rng.normal(0, 1, (64, 32)), tf.float32)
+    ours, (d_x, d_bias) = value_and_grads(lambda x, b: fused.bias_dropout(x, b, 0.1, SEED), [x, bias], upstream)
+    theirs, (their_d_x, their_d_bias) = value_and_grads(lambda x, b: fused.dropout(x + b, 0.1, SEED),
+                                                        [x, bias], upstream)
+    close(ours, theirs, 1e-6)
+    close(d_x, their_d_x, 1e-6)
+    close(d_bias, their_d_bias, 1e-6)
+    assert 0.85 < float(tf.reduce_mean(tf.cast(ours != 0, tf.float32))) < 0.95
