@@ -1,8 +1,8 @@
-"""Training-time kernels for the element-wise parts of BERT: exact GELU, dropout, LayerNorm, logit bias.
+"""Training-time kernels for BERT's element-wise work: GELU, dropout, attention softmax, LayerNorm.
 
-Written as plain TensorFlow ops, each of these is several passes over a [batch·seq, width]
-tensor, forward and again backward (GELU alone is eight), and on a CPU those passes cost as
-much as the matmuls around them. Here each one is a `tf.custom_gradient` whose forward and
+Also the bias adds next to them (dense layers', the MLM logits'). Written as plain TensorFlow
+ops, each of these is several passes over a [batch·seq, width] tensor, forward and again
+backward (GELU alone is eight), and on a CPU those passes cost as much as the matmuls around them. Here each one is a `tf.custom_gradient` whose forward and
 backward are XLA-compiled functions, so each tensor is read and written once per direction.
 The arithmetic is the original's (`modeling.gelu`, `modeling.dropout`, `layer_norm`), in
 float32 even when the tensors are bfloat16.
