@@ -5,7 +5,8 @@ ops, each of these is several passes over a [batch·seq, width] tensor, forward 
 backward (GELU alone is eight), and on a CPU those passes cost as much as the matmuls around them. Here each one is a `tf.custom_gradient` whose forward and
 backward are XLA-compiled functions, so each tensor is read and written once per direction.
 The arithmetic is the original's (`modeling.gelu`, `modeling.dropout`, `layer_norm`), in
-float32 even when the tensors are bfloat16.
+float32 even when the tensors are bfloat16, except plain `dropout`, which scales in the
+tensor's own dtype as keras' Dropout does.
 
 Only training uses them. Inference keeps the plain ops, which TF's graph optimizer already
 fuses into oneDNN's matmul, and which a SavedModel serves without XLA.
