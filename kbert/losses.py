@@ -5,6 +5,10 @@ single-pass but barely parallel on CPU: 640 masked positions took 65 ms forward 
 backward here, against 37 ms for the same arithmetic written as exp / sum / log with
 its gradient `softmax - one_hot`. The results agree to float32 rounding (6e-8 on the
 gradient, 0 on the loss in that measurement).
+
+The passes without a transcendental function (the row maximum and the shift by it; the
+gradient's scaling and its one-hot subtraction) are XLA-compiled, one pass each. The exp
+and log stay TensorFlow's: XLA:CPU's exp differs from it by about 4e-6 relative.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import tensorflow as tf
 
 
 def sparse_softmax_cross_entropy(labels, logits):
-    """-log softmax(logits)[label] per row; labels int [N], logits float [N, classes].
+    """-log softmax(logits)[label] per row; labels int [N], logits float32 [N, classes].
 
     Example:
     >>> import numpy as np
@@ -24,20 +28,45 @@ def sparse_softmax_cross_entropy(labels, logits):
     >>> bool(np.allclose(ours, theirs, atol=1e-6))
     True
     """
+    return cross_entropy_and_hits(labels, logits)[0]
+
+
+def cross_entropy_and_hits(labels, logits):
+    """(loss, hit) per row: the cross-entropy above, and whether the label's logit is the row's
+    largest (accuracy's test, from the maximum the loss computes anyway).
+
+    A hit differs from `argmax == label` only on an exact tie for the largest logit.
+
+    Example:
+    >>> loss, hit = cross_entropy_and_hits(tf.constant([0, 0]), tf.constant([[2.0, 1.0], [0.0, 3.0]]))
+    >>> hit.numpy().tolist()
+    [True, False]
+    """
     labels = tf.cast(labels, tf.int32)
-    index = tf.stack([tf.range(tf.shape(labels)[0]), labels], axis=-1)
+    shifted, top = _shift_by_row_max(tf.stop_gradient(logits))
+    exp = tf.exp(shifted)
+    total = tf.reduce_sum(exp, axis=-1)
 
     @tf.custom_gradient
     def cross_entropy(logits):
-        top = tf.stop_gradient(tf.reduce_max(logits, axis=-1, keepdims=True))
-        exp = tf.exp(logits - top)
-        total = tf.reduce_sum(exp, axis=-1, keepdims=True)
-        loss = tf.math.log(total[:, 0]) + top[:, 0] - tf.gather_nd(logits, index)
+        loss = tf.math.log(total) + top - tf.gather(logits, labels, batch_dims=1)
 
         def grad(upstream):
             # d loss / d logits = softmax - one_hot(label), without building the one-hot.
-            return tf.tensor_scatter_nd_sub(exp * (upstream[:, None] / total), index, upstream)
+            return _softmax_minus_one_hot(exp, upstream / total, labels, upstream)
 
         return loss, grad
 
-    return cross_entropy(logits)
+    return cross_entropy(logits), tf.gather(logits, labels, batch_dims=1) >= top
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _shift_by_row_max(logits):
+    top = tf.reduce_max(logits, axis=-1)
+    return logits - top[:, None], top
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _softmax_minus_one_hot(exp, scale, labels, upstream):
+    is_label = tf.range(tf.shape(exp)[-1])[None, :] == labels[:, None]
+    return exp * scale[:, None] - tf.where(is_label, upstream[:, None], tf.zeros([], exp.dtype))

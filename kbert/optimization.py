@@ -88,22 +88,49 @@ class BertAdamW(keras.optimizers.Optimizer):
         self._m = [self.add_variable_from_reference(v, "adam_m") for v in var_list]
         self._v = [self.add_variable_from_reference(v, "adam_v") for v in var_list]
         self._decay = [not any(tag in v.path for tag in NO_DECAY) for v in var_list]
+        # On one device, the clip and all the updates run as one XLA launch. Mirrored variables
+        # keep Keras' path: it clips each replica's gradient before the cross-replica sum (the
+        # original CrossShardOptimizer's order), then updates variable by variable.
+        self._one_launch = not any(isinstance(v.value, tf.distribute.DistributedValues) for v in var_list)
+
+    def _clip_gradients(self, grads):
+        if self._one_launch:
+            return grads  # clipped inside `_clip_and_update_all`
+        return super()._clip_gradients(grads)
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if not self._one_launch:
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        indices = [self._get_variable_index(v) for v in trainable_variables]
+        new = _clip_and_update_all(
+            # Embedding gradients arrive as IndexedSlices; Adam's moments are dense anyway.
+            [ops.cast(tf.convert_to_tensor(g), v.dtype) for g, v in zip(grads, trainable_variables)],
+            [tf.convert_to_tensor(self._m[i]) for i in indices], [tf.convert_to_tensor(self._v[i]) for i in indices],
+            [tf.convert_to_tensor(v) for v in trainable_variables], ops.cast(learning_rate, "float32"),
+            float(self.global_clipnorm or 0.0), self._hyper(), tuple(self._decay_rate(i) for i in indices))
+        for i, variable, (m, v, w) in zip(indices, trainable_variables, new):
+            self.assign(self._m[i], m)
+            self.assign(self._v[i], v)
+            self.assign(variable, w)
 
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)
         m, v = self._m[index], self._v[index]
-        decay = self.weight_decay_rate if self._decay[index] else 0.0
-        # Embedding gradients arrive as IndexedSlices; Adam's moments are dense anyway.
-        gradient = ops.cast(tf.convert_to_tensor(gradient), variable.dtype)
-        # 1 - β in Python's double precision, then float32, as the original's constants are.
-        hyper = tf.constant([self.beta_1, 1.0 - self.beta_1, self.beta_2, 1.0 - self.beta_2, self.epsilon, decay],
-                            variable.dtype)
-        new_m, new_v, new_w = _adamw_update(gradient, tf.convert_to_tensor(m), tf.convert_to_tensor(v),
-                                            tf.convert_to_tensor(variable),
-                                            ops.cast(learning_rate, variable.dtype), hyper)
+        new_m, new_v, new_w = _update_one(
+            ops.cast(tf.convert_to_tensor(gradient), variable.dtype), tf.convert_to_tensor(m),
+            tf.convert_to_tensor(v), tf.convert_to_tensor(variable), ops.cast(learning_rate, variable.dtype),
+            self._hyper(), self._decay_rate(index))
         self.assign(m, new_m)
         self.assign(v, new_v)
         self.assign(variable, new_w)
+
+    def _hyper(self):
+        # 1 - β in Python's double precision, then float32, as the original's constants are.
+        return tf.constant([self.beta_1, 1.0 - self.beta_1, self.beta_2, 1.0 - self.beta_2, self.epsilon],
+                           "float32")
+
+    def _decay_rate(self, index: int) -> float:
+        return self.weight_decay_rate if self._decay[index] else 0.0
 
     def get_config(self):
         config = super().get_config()
@@ -112,19 +139,40 @@ class BertAdamW(keras.optimizers.Optimizer):
         return config
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
-def _adamw_update(g, m, v, w, lr, hyper):
-    """One AdamW step on one variable; returns (m, v, w). Compiled by XLA into a single loop.
+def _clip_scale(grads, clip_norm: float):
+    """tf.clip_by_global_norm's factor, min(1, clip_norm / ‖grads‖); NaN if the norm is not
+    finite, and 1 when `clip_norm` is 0 (no clipping)."""
+    if clip_norm <= 0:
+        return tf.ones([], "float32")
+    norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads]))
+    return clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm) + (norm - norm)
 
-    Written as separate TensorFlow ops, this update is ten passes over every weight, each
-    reading and writing memory (the clip adds an eleventh); fused, it reads g, m, v, w once and
-    writes m, v, w once. The arithmetic is the original's, op for op.
-    """
-    beta_1, one_minus_beta_1, beta_2, one_minus_beta_2, epsilon, decay = tf.unstack(hyper)
+
+def _adamw(g, m, v, w, lr, hyper, decay):
+    """One AdamW step on one variable; returns (m, v, w). The arithmetic is the original's, op for op."""
+    beta_1, one_minus_beta_1, beta_2, one_minus_beta_2, epsilon = tf.unstack(hyper)
     m = beta_1 * m + one_minus_beta_1 * g
     v = beta_2 * v + one_minus_beta_2 * tf.square(g)
     update = m / (tf.sqrt(v) + epsilon) + decay * w
     return m, v, w - lr * update
+
+
+# Written as separate TensorFlow ops, the clip and the update are a dozen passes over every
+# weight, each reading and writing memory. Compiled by XLA, they read g, m, v and w once (g
+# twice with the clip) and write m, v and w once.
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _clip_and_update_all(grads, ms, vs, ws, lr, clip_norm, hyper, decays):
+    """The global-norm clip, then AdamW on every variable, in one launch rather than one per
+    variable (a launch costs about 0.2 ms on this CPU; BERT-base has about 200 variables)."""
+    scale = _clip_scale(grads, clip_norm)
+    return [_adamw(g * scale, m, v, w, lr, hyper, decay) for g, m, v, w, decay in zip(grads, ms, vs, ws, decays)]
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _update_one(g, m, v, w, lr, hyper, decay):
+    """AdamW on one variable (its gradient already clipped)."""
+    return _adamw(g, m, v, w, lr, hyper, decay)
 
 
 def make_optimizer(name: str, learning_rate: float, total_steps: int, warmup_steps: int,
