@@ -146,6 +146,20 @@ def bias_dropout(x, bias, rate: float, seed):
     return apply(x, bias)
 
 
+def _row_sum(f, weight=1.0):
+    """Σ over the last axis (times `weight`), keepdims, as a matrix-vector product: XLA:CPU's own
+    row reductions over a few hundred columns are slow (LayerNorm forward on [4096, 256]
+    bfloat16: 1.6 ms with reduce_mean, 1.1 ms this way; the attention backward 4.1 → 3.3 ms)."""
+    shape = tf.shape(f)
+    rows = tf.reshape(f, [-1, shape[-1]])  # a plain 2-D product; a batched one is slower again
+    sums = tf.linalg.matmul(rows, tf.fill([shape[-1], 1], tf.cast(weight, f.dtype)))
+    return tf.reshape(sums, tf.concat([shape[:-1], [1]], 0))
+
+
+def _row_mean(f):
+    return _row_sum(f, 1.0 / tf.cast(tf.shape(f)[-1], f.dtype))
+
+
 @tf.function(jit_compile=True, reduce_retracing=True)
 def _attention_logits(scores, adder, scale):
     return tf.cast(scores, tf.float32) * scale + adder
@@ -155,7 +169,7 @@ def _attention_logits(scores, adder, scale):
 def _attention_backward(upstream, probs, noise, threshold, keep_scale, scale, like):
     d_probs = tf.where(_unpack(noise, probs) >= threshold, tf.cast(upstream, tf.float32) * keep_scale, 0.0)
     # Softmax's gradient, as TF's SoftmaxGrad: p·(dp - Σ dp·p).
-    d_logits = probs * (d_probs - tf.reduce_sum(d_probs * probs, axis=-1, keepdims=True))
+    d_logits = probs * (d_probs - _row_sum(d_probs * probs))
     return tf.cast(d_logits * scale, like.dtype)
 
 
@@ -190,8 +204,8 @@ def attention_probs(scores, adder, scale: float, rate: float, seed):
 @tf.function(jit_compile=True, reduce_retracing=True)
 def _layer_norm_forward(x, gamma, beta, epsilon):
     f = tf.cast(x, tf.float32)
-    mean = tf.reduce_mean(f, axis=-1, keepdims=True)
-    variance = tf.reduce_mean(tf.math.squared_difference(f, mean), axis=-1, keepdims=True)
+    mean = _row_mean(f)
+    variance = _row_mean(tf.math.squared_difference(f, mean))
     inv = tf.math.rsqrt(variance + epsilon)
     scaled = inv * gamma
     return tf.cast(f * scaled + (beta - mean * scaled), x.dtype), mean, inv
@@ -206,8 +220,7 @@ def _layer_norm_backward(upstream, x, gamma, mean, inv):
     d_gamma = tf.reduce_sum(dy * normed, axis=rows)
     d_beta = tf.reduce_sum(dy, axis=rows)
     g = dy * gamma
-    d_x = inv * (g - tf.reduce_mean(g, axis=-1, keepdims=True)
-                 - normed * tf.reduce_mean(g * normed, axis=-1, keepdims=True))
+    d_x = inv * (g - _row_mean(g) - normed * _row_mean(g * normed))
     return tf.cast(d_x, x.dtype), d_gamma, d_beta
 
 
@@ -228,7 +241,9 @@ def layer_norm(x, gamma, beta, epsilon: float):
         y, mean, inv = _layer_norm_forward(x, gamma, beta, epsilon)
         return y, lambda upstream: _layer_norm_backward(upstream, x, gamma, mean, inv)
 
-    return norm(x, gamma, beta)
+    # On [rows, H]: XLA:CPU sums gamma's and beta's gradients over one row axis faster than over
+    # several (backward on [32, 128, 256] bfloat16: 4.1 ms, on [4096, 256]: 2.3 ms).
+    return tf.reshape(norm(tf.reshape(x, [-1, tf.shape(x)[-1]]), gamma, beta), tf.shape(x))
 
 
 @tf.function(jit_compile=True, reduce_retracing=True)

@@ -2,9 +2,12 @@
 
 `optimization.py` of the original: β1 0.9, β2 0.999, ε 1e-6, weight decay 0.01 except on
 LayerNorm and bias variables, learning rate rising linearly over the warmup steps and then
-falling linearly to 0 at the last step; gradients clipped to global norm 1.0 (done by the
-training step, before the cross-replica sum, as the original's CrossShardOptimizer does).
-LAMB (keras.optimizers.Lamb) is offered for large batches.
+falling linearly to 0 at the last step; gradients clipped to global norm 1.0. On one device the
+clip and every variable's update run as one XLA launch. `kbert pretrain` sums gradients over
+replicas before the optimizer sees them, so its clip sees the global gradient; under Keras'
+`fit` with mirrored variables, Keras clips each replica's gradient before the cross-replica
+sum, as the original's CrossShardOptimizer did. LAMB (keras.optimizers.Lamb) is offered for
+large batches.
 """
 
 from __future__ import annotations
