@@ -7,7 +7,7 @@ Runs, one after the other on the same corpus and flags, each as its own command 
 Both times are wall-clock seconds of the whole command, TensorFlow's start-up included, and
 instances/s is records written / those seconds. Peak memory: the original's is its process's
 ru_maxrss (from wait4); kbert's is what it reports, its own peak plus each worker's. Then the
-statistics of both outputs (kbert.pretraining_data.compute_statistics) side by side.
+statistics of both outputs (kbert.pretraining.create_data.compute_statistics) side by side.
 
 Run from the repository root:
     .venv/bin/python benchmarks/create_data_bench.py [--corpus /tmp/debian.txt]
@@ -135,7 +135,7 @@ def main():
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     sys.path.insert(0, ROOT)
-    from kbert.pretraining_data import compute_statistics
+    from kbert.pretraining.create_data import compute_statistics
 
     stats = {"original": compute_statistics([original_out], VOCAB),
              "kbert": compute_statistics([kbert_out], VOCAB)}

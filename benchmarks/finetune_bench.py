@@ -43,7 +43,7 @@ def child_kbert(steps, mixed, jit):
     import keras
     import tensorflow as tf
     import kbert
-    from kbert.finetuning import compile_for_task, make_finetune_optimizer
+    from kbert.finetuning.train import compile_for_task, make_finetune_optimizer
     if mixed:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     config = kbert.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,

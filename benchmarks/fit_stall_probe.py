@@ -34,7 +34,7 @@ def main():
     import tensorflow as tf
 
     import pretrain_bench as bench
-    from kbert.pretraining_input import pretraining_dataset
+    from kbert.pretraining.dataset import pretraining_dataset
 
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     records = os.path.join(tempfile.mkdtemp(), "random.tfrecord")

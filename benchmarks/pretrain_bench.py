@@ -62,7 +62,7 @@ def write_records(path, n=1024, seed=0):
 
 def child_kbert(records, steps, mixed, jit):
     import kbert
-    from kbert.pretraining import pretrain
+    from kbert.pretraining.train import pretrain
     config = kbert.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
                               intermediate_size=I, max_position_embeddings=512, type_vocab_size=2)
     work = tempfile.mkdtemp()
@@ -80,7 +80,7 @@ def child_keras_hub(records, steps, mixed, jit):
     import keras
     import keras_hub
     import tensorflow as tf
-    from kbert.pretraining_input import pretraining_dataset
+    from kbert.pretraining.dataset import pretraining_dataset
     if mixed:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     backbone = keras_hub.models.BertBackbone(vocabulary_size=V, num_layers=L, num_heads=A, hidden_dim=H,

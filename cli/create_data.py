@@ -33,7 +33,7 @@ def create_data(
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                TransferSpeedColumn)
 
-    from kbert.pretraining_data import create_pretraining_data
+    from kbert.pretraining.create_data import create_pretraining_data
 
     console = Console(stderr=True)
     # Only on a terminal: in a log file a progress bar is noise, and the JSON says it all.

@@ -16,6 +16,6 @@ def fill_mask(
     top_k: int = typer.Option(5, help="Predictions per mask."),
 ):
     """Predict the tokens behind each [MASK]; prints one JSON object."""
-    from kbert.fill_mask import fill_mask as run
+    from kbert.pretraining.fill_mask import fill_mask as run
 
     print_result(run(str(model_dir), text, top_k=top_k))

@@ -39,7 +39,7 @@ def finetune(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output directory."),
 ):
     """Fine-tune BERT on a labelled file; prints the best epoch's dev metrics as JSON."""
-    from kbert.finetuning import FinetuneOptions, finetune as run
+    from kbert.finetuning.train import FinetuneOptions, finetune as run
 
     options = FinetuneOptions(
         epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, max_seq_length=max_seq_length,
@@ -85,7 +85,7 @@ def predict(
     else:
         if model:
             raise KbertError(f"--model {model} names a served model; use it with --server, or drop it")
-        from kbert.finetuning import predict as run
+        from kbert.finetuning.train import predict as run
 
         wanted = None
         if layers:
@@ -108,6 +108,6 @@ def evaluate(
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
 ):
     """Score a fine-tuned model on labelled data; prints one JSON object of metrics."""
-    from kbert.finetuning import evaluate as run
+    from kbert.finetuning.train import evaluate as run
 
     print_result(run(str(model_dir), str(input), batch_size=batch_size, format=format, skip_bad_rows=skip_bad_rows))

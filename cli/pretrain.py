@@ -39,7 +39,7 @@ def pretrain(
     lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Record the vocabulary's casing (default: from the config, else lowercase)."),
 ):
     """Pretrain BERT with masked-LM + next-sentence prediction; prints the final metrics as JSON."""
-    from kbert.pretraining import PretrainOptions, pretrain as run
+    from kbert.pretraining.train import PretrainOptions, pretrain as run
 
     options = PretrainOptions(
         max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq, steps=steps,

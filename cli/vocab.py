@@ -19,7 +19,7 @@ def vocab(
     overwrite: bool = typer.Option(False, help="Replace OUTPUT if it exists."),
 ):
     """Learn a WordPiece vocabulary; prints its size and [UNK] rate on the text as JSON."""
-    from kbert.vocab_builder import build_vocab
+    from kbert.text.vocab_builder import build_vocab
 
     print_result(build_vocab([*input, *(more_inputs or [])], output, size=size, do_lower_case=lowercase,
                              overwrite=overwrite))

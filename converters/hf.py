@@ -450,8 +450,8 @@ def load_hf_model(src, do_lower_case=None):
     Example:
     >>> model = kbert.converters.load_hf_model("all-MiniLM-L6-v2/")  # doctest: +SKIP
     """
-    from kbert.layers import weights_from
-    from kbert.models import BertPretrainer
+    from kbert.model.layers import weights_from
+    from kbert.model.bert import BertPretrainer
 
     source = find_hf_model(src)
     config = config_from_hf(_read_json(source.config_file, "config"), source.config_file)
@@ -528,7 +528,7 @@ def load_hf_model(src, do_lower_case=None):
 def hf_tensors(model) -> tuple:
     """({HF name: float32 array}, architecture) for a kbert encoder or pretrainer: kernels
     transposed to torch's [out, in], the tied decoder written out as transformers names it."""
-    from kbert.models import BertEncoder, BertPretrainer
+    from kbert.model.bert import BertEncoder, BertPretrainer
 
     if type(model) not in (BertEncoder, BertPretrainer):
         raise KbertError(f"cannot write a {type(model).__name__} as a Hugging Face model; to-hf "

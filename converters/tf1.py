@@ -20,7 +20,7 @@ from kbert.config import BertConfig
 from kbert.errors import KbertError, listing as _listing, plural as _plural
 from kbert.files import atomic_output_dir
 from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab
-from kbert.layers import weights_from
+from kbert.model.layers import weights_from
 from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
 
 log = logging.getLogger("kbert")
@@ -115,7 +115,7 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
     """
     import tensorflow as tf
 
-    from kbert.models import BertPretrainer
+    from kbert.model.bert import BertPretrainer
 
     source = find_checkpoint(src, config_file, vocab_file)
     config = BertConfig.from_json_file(source.config_file)

@@ -32,10 +32,10 @@ def check_vocab(vocab_file: str, config: BertConfig):
 
 
 def _model_classes():
-    from kbert import models
-    return {"pretrainer": models.BertPretrainer, "encoder": models.BertEncoder,
-            "classifier": models.BertClassifier, "tagger": models.BertTagger,
-            "span_predictor": models.BertSpanPredictor}
+    from kbert.model import bert
+    return {"pretrainer": bert.BertPretrainer, "encoder": bert.BertEncoder,
+            "classifier": bert.BertClassifier, "tagger": bert.BertTagger,
+            "span_predictor": bert.BertSpanPredictor}
 
 
 def model_kind(model) -> str:
@@ -107,7 +107,7 @@ def load(model_dir):
     """
     import tensorflow as tf
 
-    from kbert.layers import weights_from
+    from kbert.model.layers import weights_from
     model_dir = os.fspath(model_dir)
     config = load_config(model_dir)
     weights = os.path.join(model_dir, WEIGHTS_FILE)

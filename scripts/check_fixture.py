@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 def main(model_dir, expected_path):
     import keras
     import kbert
-    from kbert.models import embedding_model
+    from kbert.model.bert import embedding_model
 
     expected = np.load(expected_path)
     model = kbert.load(model_dir)

@@ -21,7 +21,7 @@ def main():
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--max-predictions-per-seq", type=int, default=20)
     args = parser.parse_args()
-    from kbert.pretraining_input import pretraining_dataset
+    from kbert.pretraining.dataset import pretraining_dataset
 
     labels, nsp = collections.Counter(), collections.Counter()
     ds = pretraining_dataset(args.records, 256, args.max_seq_length, args.max_predictions_per_seq, training=False)

@@ -586,8 +586,8 @@ def predict_file(client: Client, input_path, *, batch_size: int = 32, format: st
     >>> next(rows)  # doctest: +SKIP
     {'label': 'pos', 'probabilities': {'neg': 0.031, 'pos': 0.969}}
     """
-    from kbert import finetune_data as fd
-    from kbert.finetuning import _report_read, read_lines
+    from kbert.finetuning import readers
+    from kbert.finetuning.train import _report_read, read_lines
 
     if batch_size < 1:
         raise KbertError(f"--batch-size {batch_size}: give at least 1")
@@ -603,13 +603,13 @@ def predict_file(client: Client, input_path, *, batch_size: int = 32, format: st
     if kind == "encoder":
         texts, texts_b = read_lines(input_path)
     elif kind == "tagger":
-        tagged = fd.read_tagged_examples(input_path, skip_bad_rows=skip_bad_rows, require_labels=False)
+        tagged = readers.read_tagged_examples(input_path, skip_bad_rows=skip_bad_rows, require_labels=False)
         _report_read(input_path, tagged.skipped_rows, tagged.replaced_bytes)
         words = tagged.words
         texts, texts_b = [" ".join(w) for w in words], None
     else:
         task = "regress" if kind in ("regress", "regressor") else "classify"
-        examples = fd.read_text_examples(input_path, task=task, format=format, skip_bad_rows=skip_bad_rows,
+        examples = readers.read_text_examples(input_path, task=task, format=format, skip_bad_rows=skip_bad_rows,
                                          require_labels=False)
         _report_read(input_path, examples.skipped_rows, examples.replaced_bytes)
         texts, texts_b = examples.texts, examples.texts_b

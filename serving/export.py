@@ -68,7 +68,7 @@ def _head(model, task_info, text_pairs) -> _Head:
     """How to serve `model`, by its kind."""
     import tensorflow as tf
 
-    from kbert.models import BertClassifier, BertEncoder, BertPretrainer, BertTagger
+    from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, BertTagger
 
     def finite(name, x):
         return tf.debugging.check_numerics(tf.cast(x, tf.float32), f"non-finite values in output {name}")
@@ -255,7 +255,7 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     import tensorflow as tf
 
     from kbert.model_dir import is_model_dir, load
-    from kbert.preprocessing import BertPreprocessor
+    from kbert.text.preprocessing import BertPreprocessor
 
     model_dir, export_base = os.fspath(model_dir), os.path.abspath(os.fspath(export_base))
     if precision not in PRECISIONS:

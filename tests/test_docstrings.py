@@ -7,10 +7,10 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = ["kbert.config", "kbert.files", "kbert.models", "kbert.tokenizer", "kbert.graph_tokenizer",
-           "kbert.converters.names", "kbert.converters.inspect", "kbert.converters.hf", "kbert.errors", "kbert.layers", "kbert.losses",
-           "kbert.optimization", "kbert.metrics", "kbert.finetune_data", "kbert.squad", "kbert.preprocessing",
-           "kbert.models", "kbert.serving.client"]
+MODULES = ["kbert.config", "kbert.files", "kbert.model.bert", "kbert.text.tokenizer", "kbert.text.graph_tokenizer",
+           "kbert.converters.names", "kbert.converters.inspect", "kbert.converters.hf", "kbert.errors", "kbert.model.layers", "kbert.pretraining.losses",
+           "kbert.training.optimization", "kbert.finetuning.metrics", "kbert.finetuning.readers", "kbert.finetuning.squad", "kbert.text.preprocessing",
+           "kbert.model.bert", "kbert.serving.client"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -87,7 +87,7 @@ def kbert_reference(model_dir, texts, texts_b=None):
     import tensorflow as tf
 
     import kbert
-    from kbert.preprocessing import BertPreprocessor
+    from kbert.text.preprocessing import BertPreprocessor
     model = kbert.load(model_dir)
     limit = model.config.max_position_embeddings
     pre = BertPreprocessor.for_model(model, min(model.task_info.get("max_seq_length", 128), limit))
@@ -329,7 +329,7 @@ def test_tagger_serves_a_label_per_token(tiny_model_dir, tmp_path):
     import tensorflow as tf
 
     import kbert
-    from kbert.preprocessing import BertPreprocessor
+    from kbert.text.preprocessing import BertPreprocessor
     from kbert.serving.export import export_model
     base = kbert.load(tiny_model_dir)
     model = kbert.bert_tagger(base, 3)

@@ -1,4 +1,4 @@
-"""kbert.finetune_data: reading fine-tuning files and building features.
+"""kbert.finetuning.readers: reading fine-tuning files and building features.
 
 Features and GLUE reading are compared with google-research/bert's own run_classifier.py
 (PyPI bert-tensorflow 1.0.4), run in a subprocess because its TF1 shim switches TensorFlow
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, REFERENCE, UNCASED_VOCAB
-from kbert import finetune_data
+from kbert.finetuning import readers
 from kbert.errors import KbertError
-from kbert.finetune_data import (encode_tagged, encode_texts, read_tagged_examples,
+from kbert.finetuning.readers import (encode_tagged, encode_texts, read_tagged_examples,
                                  read_text_examples)
-from kbert.tokenizer import Tokenizer
+from kbert.text.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
@@ -576,12 +576,12 @@ def test_unseen_tags_are_an_error(tokenizer):
 
 def test_docstring_examples(monkeypatch):
     monkeypatch.chdir(ROOT)
-    result = doctest.testmod(finetune_data, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(readers, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
 
 
 def test_module_does_not_import_tensorflow():
-    code = "import sys, kbert.finetune_data; print('tensorflow' in sys.modules)"
+    code = "import sys, kbert.finetuning.readers; print('tensorflow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                             timeout=120)
     assert result.stdout.strip() == "False", result.stderr

@@ -1,4 +1,4 @@
-"""kbert.fused's training kernels against the plain TensorFlow ops they replace: same values,
+"""kbert.model.fused's training kernels against the plain TensorFlow ops they replace: same values,
 same gradients (float32 to float32 rounding; bfloat16 against a float32 reference)."""
 
 import math
@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kbert import fused
-
+from kbert.model import fused
 SEED = tf.constant([7, 11])
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from kbert.losses import sparse_softmax_cross_entropy
+from kbert.pretraining.losses import sparse_softmax_cross_entropy
 
 
 def test_matches_tensorflow_loss_and_gradient_on_a_bert_sized_vocabulary():

@@ -1,4 +1,4 @@
-"""kbert.metrics against hand-worked values, published seqeval/conlleval examples and, where
+"""kbert.finetuning.metrics against hand-worked values, published seqeval/conlleval examples and, where
 installed, sklearn and scipy themselves."""
 
 import doctest
@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from kbert import metrics
+from kbert.finetuning import metrics
 from kbert.errors import KbertError
-from kbert.metrics import (best_metric, classification_metrics, entities, regression_metrics,
+from kbert.finetuning.metrics import (best_metric, classification_metrics, entities, regression_metrics,
                            tagging_metrics)
 
 
@@ -299,7 +299,7 @@ def test_docstring_examples():
 
 def test_import_does_not_load_tensorflow():
     # The CLI imports metrics for `evaluate`'s report; it must not pay TensorFlow's start-up.
-    code = "import sys, kbert.metrics; print('tensorflow' in sys.modules)"
+    code = "import sys, kbert.finetuning.metrics; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import kbert
-from kbert.models import BertEncoder, BertPretrainer
+from kbert.model.bert import BertEncoder, BertPretrainer
 
 CONFIG = kbert.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                           intermediate_size=64, max_position_embeddings=40, type_vocab_size=2)

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from kbert.optimization import WarmupLinearDecay, make_optimizer
+from kbert.training.optimization import WarmupLinearDecay, make_optimizer
 from conftest import REFERENCE
 
 sys.path.insert(0, REFERENCE)

@@ -19,7 +19,8 @@ def test_wheel_maps_folders_into_kbert(tmp_path):
     top = {n.split("/")[0] for n in names}
     assert top == {"kbert", "kbert-0.1.0.dist-info"}, top
     for module in ("kbert/cli/main.py", "kbert/converters/tf1.py", "kbert/converters/names.py",
-                   "kbert/serving/__init__.py", "kbert/models.py"):
+                   "kbert/serving/__init__.py", "kbert/model/bert.py", "kbert/text/tokenizer.py",
+                   "kbert/training/optimization.py", "kbert/pretraining/train.py", "kbert/finetuning/train.py"):
         assert module in names
     entry_points = zipfile.ZipFile(tmp_path / wheel).read("kbert-0.1.0.dist-info/entry_points.txt").decode()
     assert "kbert = kbert.cli.main:main" in entry_points

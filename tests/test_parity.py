@@ -11,7 +11,7 @@ import pytest
 
 import kbert
 from kbert.converters import load_tf1_checkpoint
-from kbert.models import embedding_model
+from kbert.model.bert import embedding_model
 from conftest import REFERENCE, TINY
 
 EXPECTED = np.load(os.path.join(TINY, "expected.npz"))

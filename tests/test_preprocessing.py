@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import FIXTURES, UNCASED_VOCAB
-from kbert.finetune_data import encode_texts
-from kbert.preprocessing import BertPreprocessor, truncated_pair_lengths
-from kbert.tokenizer import Tokenizer
+from kbert.finetuning.readers import encode_texts
+from kbert.text.preprocessing import BertPreprocessor, truncated_pair_lengths
+from kbert.text.tokenizer import Tokenizer
 
 
 def original_truncate(len_a, len_b, budget):

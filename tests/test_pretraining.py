@@ -138,7 +138,7 @@ def _free_port():
 WORKER = """
 import json, os, sys
 import numpy as np
-from kbert.pretraining import pretrain
+from kbert.pretraining.train import pretrain
 result, model = pretrain(sys.argv[1], sys.argv[2], config_file=sys.argv[3], vocab_file=sys.argv[4],
                          max_seq_length=32, max_predictions_per_seq=5, steps=6, batch_size=8, save_every=3,
                          strategy="multi-worker", progress=False, return_model=True)

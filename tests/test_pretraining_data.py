@@ -22,9 +22,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import FIXTURES, UNCASED_VOCAB, assert_user_error, run_kbert
-from kbert import pretraining_data
+from kbert.pretraining import create_data
 from kbert.errors import KbertError
-from kbert.pretraining_data import FEATURES, compute_statistics, create_pretraining_data
+from kbert.pretraining.create_data import FEATURES, compute_statistics, create_pretraining_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
@@ -108,9 +108,9 @@ def test_shuffle_and_randbelow_draw_exactly_like_random():
         a, b = list(range(n)), list(range(n))
         for _ in range(20):
             theirs.shuffle(a)
-            pretraining_data.shuffle(b, ours)
+            create_data.shuffle(b, ours)
             assert a == b
-            assert theirs.randint(0, 30521) == pretraining_data._randbelow(ours, 30522)
+            assert theirs.randint(0, 30521) == create_data._randbelow(ours, 30522)
         assert theirs.random() == ours.random()  # the same state afterwards
 
 
@@ -123,7 +123,7 @@ def test_truncate_seq_pair_cuts_like_original(original):
         ours, theirs = random.Random(seed), random.Random(seed)
         want_a, want_b = a[:], b[:]
         original.truncate_seq_pair(want_a, want_b, limit, theirs)
-        assert pretraining_data.truncate_seq_pair(a, b, limit, ours) == (want_a, want_b)
+        assert create_data.truncate_seq_pair(a, b, limit, ours) == (want_a, want_b)
         assert ours.random() == theirs.random()
 
 
@@ -217,7 +217,7 @@ def test_output_does_not_depend_on_the_number_of_workers(tmp_path):
 
 
 def test_whole_word_mask_masks_whole_words(tmp_path):
-    vocab = pretraining_data._Maker(UNCASED_VOCAB, True, pretraining_data.DataOptions()).tokenizer.inv_vocab
+    vocab = create_data._Maker(UNCASED_VOCAB, True, create_data.DataOptions()).tokenizer.inv_vocab
     result = create_pretraining_data([SAMPLE], UNCASED_VOCAB, tmp_path / "wwm.tfrecord", dupe_factor=20,
                                      workers=1, whole_word_mask=True)
     masked_multi_piece_words = 0
@@ -316,5 +316,5 @@ def test_vocab_without_special_tokens_is_refused(tmp_path):
 
 def test_docstring_examples(monkeypatch):
     monkeypatch.chdir(ROOT)
-    result = doctest.testmod(pretraining_data, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(create_data, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -1,4 +1,4 @@
-"""kbert.squad against google-research/bert's own run_squad.py, and the official SQuAD scores.
+"""kbert.finetuning.squad against google-research/bert's own run_squad.py, and the official SQuAD scores.
 
 The original's read_squad_examples, convert_examples_to_features and write_predictions run
 once, in a subprocess (tf1shim switches TensorFlow to graph mode), on hand-written SQuAD
@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 
 from conftest import REFERENCE, TESTS, UNCASED_VOCAB
-from kbert import squad
+from kbert.finetuning import squad
 from kbert.errors import KbertError
-from kbert.squad import (SquadExample, get_final_text, read_squad, squad_evaluate, squad_features,
+from kbert.finetuning.squad import (SquadExample, get_final_text, read_squad, squad_evaluate, squad_features,
                          squad_predictions, write_predictions_json)
-from kbert.tokenizer import Tokenizer
+from kbert.text.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(TESTS)
 SEQ, STRIDE, QUERY = 64, 16, 16
@@ -559,7 +559,7 @@ def test_write_predictions_json_is_atomic(tmp_path):
 
 
 def test_no_tensorflow_import_and_docstring_examples(monkeypatch):
-    code = "import sys, kbert.squad; assert 'tensorflow' not in sys.modules, 'imports TF'"
+    code = "import sys, kbert.finetuning.squad; assert 'tensorflow' not in sys.modules, 'imports TF'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     monkeypatch.chdir(ROOT)

@@ -88,7 +88,7 @@ def run_user_code(tiny_model_dir, tmp_path, mirrored):
     if mirrored:
         env["KBERT_LOGICAL_CPUS"] = "2"
     script = tmp_path / "user_code.py"
-    script.write_text(("import kbert.strategy; kbert.strategy.split_cpu_if_asked()\n" if mirrored else "") + USER_CODE)
+    script.write_text(("import kbert.training.strategy; kbert.training.strategy.split_cpu_if_asked()\n" if mirrored else "") + USER_CODE)
     out = subprocess.run([sys.executable, str(script), str(tiny_model_dir), str(tmp_path), "1" if mirrored else "0"],
                          capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

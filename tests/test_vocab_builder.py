@@ -9,10 +9,10 @@ import pytest
 
 import kbert
 from conftest import FIXTURES, assert_user_error, run_kbert
-from kbert import vocab_builder
+from kbert.text import vocab_builder
 from kbert.errors import KbertError
-from kbert.pretraining_data import create_pretraining_data
-from kbert.vocab_builder import RESERVED_TOKENS, WordTokenizer, build_vocab, count_words, learn_vocab
+from kbert.pretraining.create_data import create_pretraining_data
+from kbert.text.vocab_builder import RESERVED_TOKENS, WordTokenizer, build_vocab, count_words, learn_vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")

@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from kbert.config import BertConfig
-from kbert.layers import (BertEmbeddings, MaskedLMHead, NextSentenceHead, OutputProjection,
+from kbert.model.layers import (BertEmbeddings, MaskedLMHead, NextSentenceHead, OutputProjection,
                           TransformerLayer, attention_adder, dense)
 
 ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")

@@ -29,7 +29,7 @@ import unicodedata
 
 import numpy as np
 
-from kbert import tokenizer as tokenization
+from kbert.text.tokenizer import character_tables
 from kbert.errors import KbertError
 from kbert.files import atomic_write_text
 
@@ -278,7 +278,7 @@ def squad_features(examples, tokenizer, max_seq_length=384, doc_stride=128, max_
         [F]; features, one SquadFeature per row, for `squad_predictions`.
 
     Example:
-    >>> from kbert.tokenizer import Tokenizer
+    >>> from kbert.text.tokenizer import Tokenizer
     >>> tokenizer = Tokenizer("tests/fixtures/vocab-uncased.txt", do_lower_case=True)
     >>> example = SquadExample("q1", "When was Marie Curie born?",
     ...                        "Marie Curie was born in Warsaw in 1867.".split(), "1867", 7, 7)
@@ -458,7 +458,7 @@ def squad_predictions(examples, features, start_logits, end_logits, n_best_size=
         probabilities a softmax over the n-best's start + end logits.
 
     Example:
-    >>> from kbert.tokenizer import Tokenizer
+    >>> from kbert.text.tokenizer import Tokenizer
     >>> tokenizer = Tokenizer("tests/fixtures/vocab-uncased.txt", do_lower_case=True)
     >>> example = SquadExample("q1", "When was Marie Curie born?",
     ...                        "Marie Curie was born in Warsaw in 1867.".split())
@@ -603,7 +603,7 @@ def _non_space_index(text: str, position: int) -> int | None:
 
 def _basic_tokenize(text: str, do_lower_case: bool) -> list[str]:
     """tokenization.BasicTokenizer.tokenize (no WordPiece), on kbert.Tokenizer's tables."""
-    tables = tokenization._tables()
+    tables = character_tables()
     text = tables.cjk.sub(r" \1 ", text.translate(tables.clean))
     tokens = []
     for word in text.split():

@@ -271,7 +271,7 @@ class _Maker:
     """Makes one chunk's records; one per process (the vocabulary and byte tables are built once)."""
 
     def __init__(self, vocab_file: str, do_lower_case: bool, options: DataOptions):
-        from kbert.tokenizer import Tokenizer
+        from kbert.text.tokenizer import Tokenizer
         self.tokenizer = Tokenizer(vocab_file, do_lower_case)
         vocab = self.tokenizer.vocab
         self.options = options
@@ -683,7 +683,7 @@ def create_pretraining_data(input_files, vocab_file, output, *, do_lower_case: b
     vocab_file = os.fspath(vocab_file)
     outputs = shard_paths(output, shards)
     _check_paths(input_files, vocab_file, outputs, overwrite)
-    from kbert.tokenizer import load_vocab
+    from kbert.text.tokenizer import load_vocab
     missing = [t for t in SPECIAL_TOKENS if t not in load_vocab(vocab_file)]
     if missing:
         raise KbertError(f"{vocab_file} has no {', '.join(missing)}; pass a BERT vocab.txt "
@@ -771,7 +771,7 @@ def compute_statistics(tfrecord_paths, vocab_file) -> dict:
     """
     import numpy as np
     import tensorflow as tf
-    from kbert.tokenizer import load_vocab
+    from kbert.text.tokenizer import load_vocab
 
     paths = [os.fspath(p) for p in tfrecord_paths]
     mask_id = load_vocab(vocab_file)["[MASK]"]

@@ -18,7 +18,7 @@ import keras
 from keras import ops
 from keras.src.backend.common.name_scope import current_path
 
-from kbert import fused
+from kbert.model import fused
 from kbert.config import BertConfig
 
 # While a converter builds a model, a function from weight path to the checkpoint's value.

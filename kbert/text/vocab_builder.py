@@ -25,7 +25,7 @@ import time
 
 from kbert.errors import KbertError
 from kbert.files import atomic_write_text
-from kbert.tokenizer import UNK, Tokenizer, _tables
+from kbert.text.tokenizer import UNK, Tokenizer, character_tables
 
 RESERVED_TOKENS = ["[PAD]", UNK, "[CLS]", "[SEP]", "[MASK]"]
 JOINER = "##"
@@ -47,7 +47,7 @@ class WordTokenizer(Tokenizer):
         # No vocabulary to load; the cleaning tables and word cache are the Tokenizer's own.
         self.vocab_file, self.vocab, self.inv_vocab = None, {}, {}
         self.do_lower_case = bool(do_lower_case)
-        self._tables = _tables()
+        self._tables = character_tables()
         self._cache = {}
 
     def wordpiece(self, token: str) -> list[str]:

@@ -37,7 +37,7 @@ def pretraining_losses(outputs, labels):
     """
     import tensorflow as tf
 
-    from kbert.losses import cross_entropy_and_hits
+    from kbert.pretraining.losses import cross_entropy_and_hits
 
     ids, weights = labels["masked_lm_ids"], labels["masked_lm_weights"]
     mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
@@ -104,19 +104,19 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
         return_model: bool. Return `(metrics, model)` instead of the metrics alone.
 
     Example:
-    >>> kbert.pretraining.pretrain("out/bert", "data/*.tfrecord", config_file="bert_config.json",
+    >>> kbert.pretraining.train.pretrain("out/bert", "data/*.tfrecord", config_file="bert_config.json",
     ...                            vocab_file="vocab.txt", steps=1000, batch_size=32)  # doctest: +SKIP
     """
     import keras
     import tensorflow as tf
 
     from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, load, write_model_files
-    from kbert.optimization import make_optimizer
-    from kbert.pretraining_input import check_records, find_files, pretraining_dataset
-    from kbert.strategy import is_chief, make_strategy
+    from kbert.training.optimization import make_optimizer
+    from kbert.pretraining.dataset import check_records, find_files, pretraining_dataset
+    from kbert.training.strategy import is_chief, make_strategy
     from kbert.config import BertConfig
-    from kbert.models import BertPretrainer
-    from kbert.training_ui import Progress, write_loss_plot
+    from kbert.model.bert import BertPretrainer
+    from kbert.training.progress import Progress, write_loss_plot
 
     opts = dataclasses.replace(options or PretrainOptions(), **overrides)
     _check_options(opts)
@@ -374,7 +374,7 @@ def _make_eval_loop(strategy, model):
 
 def _evaluate(eval_step, strategy, files, opts: PretrainOptions, replicas: int) -> dict:
     """Held-out losses and accuracies over the first `eval_steps` batches of the eval data."""
-    from kbert.pretraining_input import pretraining_dataset
+    from kbert.pretraining.dataset import pretraining_dataset
 
     batch = max(1, opts.batch_size // replicas)
 

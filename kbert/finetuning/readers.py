@@ -523,7 +523,7 @@ def encode_texts(tokenizer, texts, texts_b, max_seq_length: int) -> tuple[dict[s
         "input_mask" and "segment_ids", and how many examples lost tokens.
 
     Example:
-    >>> from kbert.tokenizer import Tokenizer
+    >>> from kbert.text.tokenizer import Tokenizer
     >>> tokenizer = Tokenizer("tests/fixtures/vocab-uncased.txt")
     >>> features, truncated = encode_texts(tokenizer, ["Is it?"], ["Yes."], 8)
     >>> tokenizer.convert_ids_to_tokens(features["input_ids"][0])
@@ -600,7 +600,7 @@ def encode_tagged(tokenizer, words, tags, label_ids: dict[str, int], max_seq_len
         KbertError: a tag is not in `label_ids`.
 
     Example:
-    >>> from kbert.tokenizer import Tokenizer
+    >>> from kbert.text.tokenizer import Tokenizer
     >>> tokenizer = Tokenizer("tests/fixtures/vocab-uncased.txt")
     >>> features, labels, positions, truncated = encode_tagged(
     ...     tokenizer, [["Peter", "is", "unaffable"]], [["B-PER", "O", "O"]], {"O": 0, "B-PER": 1}, 8)

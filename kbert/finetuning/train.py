@@ -71,7 +71,7 @@ class TaskData:
 
 
 def _tokenizer(vocab_file, do_lower_case):
-    from kbert.tokenizer import Tokenizer
+    from kbert.text.tokenizer import Tokenizer
     return Tokenizer(vocab_file, do_lower_case=do_lower_case)
 
 
@@ -79,14 +79,13 @@ def read_task_data(task, path, tokenizer, max_seq_length, labels=None, opts: Fin
                    require_labels=True, is_training=False) -> tuple[TaskData, list | None]:
     """Read `path` for `task`; returns (TaskData, label names). `labels` fixes the label set
     (from training); unseen labels in `path` are then an error that lists them."""
-    from kbert import finetune_data as fd
-
+    from kbert.finetuning import readers
     opts = opts or FinetuneOptions()
     if task in ("classify", "regress"):
-        examples = fd.read_text_examples(path, task=task, format=opts.format, skip_bad_rows=opts.skip_bad_rows,
+        examples = readers.read_text_examples(path, task=task, format=opts.format, skip_bad_rows=opts.skip_bad_rows,
                                          require_labels=require_labels)
         _report_read(path, examples.skipped_rows, examples.replaced_bytes)
-        features, truncated = fd.encode_texts(tokenizer, examples.texts, examples.texts_b, max_seq_length)
+        features, truncated = readers.encode_texts(tokenizer, examples.texts, examples.texts_b, max_seq_length)
         targets = None
         if examples.labels is not None:
             if task == "regress":
@@ -99,17 +98,17 @@ def read_task_data(task, path, tokenizer, max_seq_length, labels=None, opts: Fin
                 targets = np.asarray([index[label] for label in examples.labels], dtype=np.int32)
         return TaskData(features, targets, len(examples.texts), truncated, examples), labels
     if task == "tag":
-        examples = fd.read_tagged_examples(path, skip_bad_rows=opts.skip_bad_rows, require_labels=require_labels)
+        examples = readers.read_tagged_examples(path, skip_bad_rows=opts.skip_bad_rows, require_labels=require_labels)
         _report_read(path, examples.skipped_rows, examples.replaced_bytes)
         if examples.tags is not None and labels is None:
             labels = sorted({tag for sentence in examples.tags for tag in sentence})
         label_ids = {label: i for i, label in enumerate(labels or [])}
-        features, targets, word_starts, truncated = fd.encode_tagged(
+        features, targets, word_starts, truncated = readers.encode_tagged(
             tokenizer, examples.words, examples.tags, label_ids, max_seq_length)
         return TaskData(features, targets if examples.tags is not None else None, len(examples.words),
                         truncated, examples, word_starts), labels
     if task == "squad":
-        from kbert import squad
+        from kbert.finetuning import squad
         examples = squad.read_squad(path, is_training=is_training)
         if not examples:
             raise KbertError(f"{path} holds no SQuAD questions; pass a SQuAD v1.1 or v2.0 JSON file")
@@ -143,14 +142,14 @@ def _check_known(path, found, labels):
 
 
 def build_task_model(task, base, num_classes):
-    from kbert import models
+    from kbert.model import bert
     if task == "classify":
-        return models.bert_classifier(base, num_classes)
+        return bert.bert_classifier(base, num_classes)
     if task == "regress":
-        return models.bert_classifier(base, 1)
+        return bert.bert_classifier(base, 1)
     if task == "tag":
-        return models.bert_tagger(base, num_classes)
-    return models.bert_span_predictor(base)
+        return bert.bert_tagger(base, num_classes)
+    return bert.bert_span_predictor(base)
 
 
 def compile_for_task(model, task, optimizer):
@@ -175,7 +174,7 @@ def compile_for_task(model, task, optimizer):
 
 def make_finetune_optimizer(learning_rate, total_steps, warmup_steps):
     """The original's `optimization.create_optimizer` as a Keras optimizer."""
-    from kbert.optimization import BertAdamW, WarmupLinearDecay
+    from kbert.training.optimization import BertAdamW, WarmupLinearDecay
     return BertAdamW(WarmupLinearDecay(learning_rate, total_steps, warmup_steps), weight_decay_rate=0.01,
                      global_clipnorm=1.0)
 
@@ -197,7 +196,7 @@ def predict_outputs(model, data: TaskData, batch_size):
 
 def score(task, data: TaskData, outputs, labels, opts: FinetuneOptions, do_lower_case=True):
     """The task's metrics for `outputs` on `data` (which must carry labels)."""
-    from kbert import metrics
+    from kbert.finetuning import metrics
     if task == "classify":
         return metrics.classification_metrics(data.targets.tolist(), outputs["logits"].argmax(-1).tolist(),
                                               label_names=list(range(len(labels))))
@@ -206,7 +205,7 @@ def score(task, data: TaskData, outputs, labels, opts: FinetuneOptions, do_lower
     if task == "tag":
         gold = data.raw.tags
         return metrics.tagging_metrics(gold, tag_predictions(data, outputs, labels))
-    from kbert import squad
+    from kbert.finetuning import squad
     predictions, _ = squad_answers(data, outputs, opts, do_lower_case)
     return squad.squad_evaluate(data.raw, predictions)
 
@@ -219,7 +218,7 @@ def tag_predictions(data: TaskData, outputs, labels):
 
 
 def squad_answers(data: TaskData, outputs, opts: FinetuneOptions, do_lower_case=True):
-    from kbert import squad
+    from kbert.finetuning import squad
     v2 = any(getattr(e, "is_impossible", False) for e in data.raw)
     return squad.squad_predictions(data.raw, data.extra, outputs["start_logits"], outputs["end_logits"],
                                    n_best_size=opts.n_best_size, max_answer_length=opts.max_answer_length,
@@ -261,7 +260,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     Returns: the dev metrics of the best epoch (train metrics without --dev), with `epoch`.
 
     Example:
-    >>> kbert.finetuning.finetune("uncased_L-12_H-768_A-12", "classify", "train.tsv", "out/mrpc",
+    >>> kbert.finetuning.train.finetune("uncased_L-12_H-768_A-12", "classify", "train.tsv", "out/mrpc",
     ...                           dev="dev.tsv", epochs=3)  # doctest: +SKIP
     """
     import keras
@@ -269,7 +268,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
 
     from kbert.files import atomic_output_dir, check_output_dir
     from kbert.model_dir import save
-    from kbert.strategy import make_strategy
+    from kbert.training.strategy import make_strategy
 
     opts = dataclasses.replace(options or FinetuneOptions(), **overrides)
     if task not in TASKS:
@@ -355,7 +354,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         with open(os.path.join(tmp, RESULTS_FILE), "w") as f:
             json.dump({"best": result, "history": tracker.history}, f, indent=2)
         if tracker.best_predictions is not None:
-            from kbert.squad import write_predictions_json
+            from kbert.finetuning.squad import write_predictions_json
             write_predictions_json(tracker.best_predictions, os.path.join(tmp, "predictions.json"))
         if os.path.isdir(logs_dir):
             os.replace(logs_dir, os.path.join(tmp, "logs"))
@@ -401,8 +400,8 @@ class _BestEpoch(_keras_callback_base()):
 
     def __init__(self, task, dev_data, labels, opts, do_lower_case, logs_dir, train_size, total_steps):
         super().__init__()
-        from kbert.metrics import best_metric
-        from kbert.training_ui import Progress
+        from kbert.finetuning.metrics import best_metric
+        from kbert.training.progress import Progress
         self.task, self.dev_data, self.labels, self.opts = task, dev_data, labels, opts
         self.do_lower_case, self.logs_dir = do_lower_case, logs_dir
         self.best_metric = best_metric
@@ -549,10 +548,10 @@ def _features(model, input_path, tokenizer, max_seq_length, layers, opts):
     """extract_features.py's output for an encoder or pretrained model: the pooled embedding, or
     with `layers` the per-token values of those layers (-1 = last)."""
     import keras
-    from kbert import finetune_data as fd
-    from kbert.models import BertEncoder
+    from kbert.finetuning import readers
+    from kbert.model.bert import BertEncoder
     texts, texts_b = read_lines(input_path)
-    features, truncated = fd.encode_texts(tokenizer, texts, texts_b, max_seq_length)
+    features, truncated = readers.encode_texts(tokenizer, texts, texts_b, max_seq_length)
     if truncated:
         log.warning("%s: %d of %d lines were truncated to --max-seq-length %d", input_path, truncated,
                     len(texts), max_seq_length)

@@ -14,7 +14,7 @@ rather than characters. So this layer composes lower-level ops into the original
 6. WordPiece with tf.text's `WordpieceTokenizer`, with words over 200 *characters* made [UNK].
 
 The character classes in steps 2, 3, 4 and 5 are written into the graph from Python's
-`unicodedata` (`kbert.unicode_classes`), the same tables the original reads.
+`unicodedata` (`kbert.text.unicode_classes`), the same tables the original reads.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from kbert import unicode_classes as uc
-from kbert.tokenizer import MAX_CHARS_PER_WORD, UNK, load_vocab
+from kbert.text import unicode_classes
+from kbert.text.tokenizer import MAX_CHARS_PER_WORD, UNK, load_vocab
 
 # tf.text limits words by bytes; 4 bytes per character covers MAX_CHARS_PER_WORD characters,
 # and longer words are replaced with [UNK] before the lookup.
@@ -62,12 +62,12 @@ class GraphTokenizer(keras.layers.Layer):
         self._wordpiece = tf_text.WordpieceTokenizer(
             self._table, suffix_indicator="##", max_bytes_per_word=_MAX_BYTES_PER_WORD,
             token_out_type=tf.int64, unknown_token=UNK)
-        self._removed = f"[{uc.re2_class(uc.removed_chars())}]"
-        self._whitespace = f"[{uc.re2_class(uc.whitespace_chars())}]"
-        self._cjk = "([" + "".join(f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in uc.CJK_RANGES) + "])"
-        self._marks = f"[{uc.re2_class(uc.mark_chars())}]"
-        punct = f"[{uc.re2_class(uc.punctuation_chars())}]"
-        self._split = f"[{uc.re2_class(uc.split_chars())}]+|{punct}"
+        self._removed = f"[{unicode_classes.re2_class(unicode_classes.removed_chars())}]"
+        self._whitespace = f"[{unicode_classes.re2_class(unicode_classes.whitespace_chars())}]"
+        self._cjk = "([" + "".join(f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in unicode_classes.CJK_RANGES) + "])"
+        self._marks = f"[{unicode_classes.re2_class(unicode_classes.mark_chars())}]"
+        punct = f"[{unicode_classes.re2_class(unicode_classes.punctuation_chars())}]"
+        self._split = f"[{unicode_classes.re2_class(unicode_classes.split_chars())}]+|{punct}"
         self._keep = punct
 
     def words(self, texts):

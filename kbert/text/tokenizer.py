@@ -16,7 +16,7 @@ import os
 import re
 import unicodedata
 
-from kbert import unicode_classes as uc
+from kbert.text import unicode_classes
 from kbert.errors import KbertError
 
 UNK = "[UNK]"
@@ -48,21 +48,21 @@ class _Tables:
     """Translate tables and regexes, built once per process from `unicode_classes`."""
 
     def __init__(self):
-        clean = {cp: None for cp in uc.removed_chars()}
-        clean.update({cp: " " for cp in uc.whitespace_chars()})
+        clean = {cp: None for cp in unicode_classes.removed_chars()}
+        clean.update({cp: " " for cp in unicode_classes.whitespace_chars()})
         self.clean = clean
         self.ascii_clean = {cp: v for cp, v in clean.items() if cp < 128}
-        self.strip_marks = {cp: None for cp in uc.mark_chars()}
-        cjk = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in uc.CJK_RANGES)
+        self.strip_marks = {cp: None for cp in unicode_classes.mark_chars()}
+        cjk = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in unicode_classes.CJK_RANGES)
         self.cjk = re.compile(f"([{cjk}])")
-        punct = uc.python_class(uc.punctuation_chars())
+        punct = unicode_classes.python_class(unicode_classes.punctuation_chars())
         self.punct_split = re.compile(f"[{punct}]|[^{punct}]+")
 
 
 _TABLES = None
 
 
-def _tables() -> _Tables:
+def character_tables() -> _Tables:
     global _TABLES
     if _TABLES is None:
         _TABLES = _Tables()
@@ -91,7 +91,7 @@ class Tokenizer:
         self.vocab = load_vocab(self.vocab_file)
         self.inv_vocab = {i: t for t, i in self.vocab.items()}
         self.do_lower_case = bool(do_lower_case)
-        self._tables = _tables()
+        self._tables = character_tables()
         self._cache: dict[str, list[str]] = {}
 
     @classmethod

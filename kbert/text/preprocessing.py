@@ -13,8 +13,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from kbert.graph_tokenizer import GraphTokenizer
-from kbert.tokenizer import load_vocab
+from kbert.text.graph_tokenizer import GraphTokenizer
+from kbert.text.tokenizer import load_vocab
 
 
 def truncated_pair_lengths(len_a, len_b, budget):

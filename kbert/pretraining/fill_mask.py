@@ -34,8 +34,8 @@ def fill_mask(model_dir, text: str, top_k: int = 5, model=None) -> dict:
     import keras
 
     from kbert.model_dir import load
-    from kbert.models import BertPretrainer
-    from kbert.tokenizer import Tokenizer
+    from kbert.model.bert import BertPretrainer
+    from kbert.text.tokenizer import Tokenizer
 
     if MASK not in text:
         raise KbertError(f'the text has no {MASK}; write one where a token should be predicted, e.g. '

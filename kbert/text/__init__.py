@@ -1,0 +1,8 @@
+"""Text to ids: the original tokenizer in Python and in the graph, and vocabularies.
+
+- `tokenizer`: `Tokenizer`, the same tokens as google-research/bert's `FullTokenizer`;
+- `unicode_classes`: the character classes both tokenizers share;
+- `graph_tokenizer`: `GraphTokenizer`, the same ids as TensorFlow ops (for SavedModels and tf.data);
+- `preprocessing`: `BertPreprocessor`, strings -> the encoder's three inputs, in the graph;
+- `vocab_builder`: `kbert vocab`, a WordPiece vocabulary from text.
+"""
