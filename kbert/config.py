@@ -11,6 +11,29 @@ from kbert.errors import KbertError
 # hidden_act values and the activation each one means (DESIGN.md, "Numerics").
 # "gelu" is the exact erf form: the released checkpoints were trained with it.
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu", "tanh")
+# Tokens per example when nothing else says: run_classifier.py's and create_pretraining_data.py's default.
+DEFAULT_MAX_SEQ_LENGTH = 128
+
+
+def sequence_length(requested: int | None, limit: int, trained: int | None = None,
+                    default: int = DEFAULT_MAX_SEQ_LENGTH) -> int:
+    """The tokens per example to use: the `requested` length, else the length the model was
+    `trained` with, else `default`; a default is capped at `limit` (max_position_embeddings),
+    a request past it is an error.
+
+    >>> sequence_length(None, 512), sequence_length(None, 64), sequence_length(None, 512, trained=256)
+    (128, 64, 256)
+    >>> sequence_length(600, 512)
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: --max-seq-length 600 exceeds the model's max_position_embeddings 512; lower it
+    """
+    if requested:
+        if requested > limit:
+            raise KbertError(f"--max-seq-length {requested} exceeds the model's max_position_embeddings "
+                             f"{limit}; lower it")
+        return int(requested)
+    return min(int(trained or default), limit)
 
 
 @dataclasses.dataclass

@@ -26,3 +26,16 @@ def listing(names, limit: int = 8) -> str:
     names = sorted(names)
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
+
+
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """An exception's first line, cut to `limit` characters (its type name if it has no text):
+    what a one-line error message quotes from a library's multi-line one.
+
+    >>> first_line(ValueError("shape mismatch\\nlong details..."))
+    'shape mismatch'
+    >>> first_line(KeyError())
+    'KeyError'
+    """
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__

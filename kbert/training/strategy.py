@@ -26,6 +26,16 @@ def split_cpu_if_asked():
             pass  # already initialised by an earlier call in this process
 
 
+def use_mixed_precision(enabled: bool):
+    """Turn on Keras' mixed precision if `enabled`: float16 compute (with loss scaling) on a GPU,
+    bfloat16 elsewhere (CPUs with AVX512-BF16 or AMX, TPUs); variables stay float32."""
+    if enabled:
+        import keras
+        import tensorflow as tf
+        gpu = bool(tf.config.list_logical_devices("GPU"))
+        keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
+
+
 def make_strategy(name: str = "auto", tpu: str | None = None):
     """The tf.distribute strategy for `name`.
 
