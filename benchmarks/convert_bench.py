@@ -21,9 +21,11 @@ dominated by the baseline. Progress goes to stderr, one JSON object to stdout.
 
 # The parent imports nothing heavy on purpose: on Linux a child's ru_maxrss starts from the
 # RSS of the process it was forked from, so a large parent would inflate every child's peak.
+# Each child function imports what it measures.
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -47,7 +49,6 @@ def mib(n_bytes):
 
 def rss():
     """{current RSS, peak RSS (ru_maxrss, KiB on Linux), VmHWM as a cross-check} in MiB."""
-    import resource
     with open("/proc/self/status") as f:
         status = {k: v.split()[0] for k, v in (line.split(":", 1) for line in f)
                   if k in ("VmRSS", "VmHWM")}

@@ -11,6 +11,8 @@ usage: .venv/bin/python benchmarks/finetune_bench.py [--steps 40] [--quick]
 Progress on stderr, one JSON object on stdout.
 """
 
+# Only the standard library and numpy at the top: each child process imports this module, then
+# only the libraries of the one it times (kbert's child never loads keras-hub, and the other way round).
 import argparse
 import json
 import os
@@ -18,12 +20,13 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 L, H, A, I, V, SEQ, BATCH, CLASSES = 4, 256, 4, 1024, 30522, 128, 32, 2
 
 
 def examples(n, seed=0):
     """Random token ids with real padding (lengths 32..128) and two segments."""
-    import numpy as np
     rng = np.random.default_rng(seed)
     lengths = rng.integers(32, SEQ + 1, n)
     ids = rng.integers(1000, V, (n, SEQ)).astype("int32")

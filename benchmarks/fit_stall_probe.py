@@ -15,9 +15,15 @@ One JSON object per call on stdout.
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
+
+import keras
+import keras_hub
+import tensorflow as tf
+
+import pretrain_bench as bench  # beside this script, so on sys.path when it runs
+from kbert.pretraining.dataset import pretraining_dataset
 
 
 def main():
@@ -27,14 +33,6 @@ def main():
     args = parser.parse_args()
     if args.steps < 2 or args.calls < 1:
         parser.error("--steps must be at least 2 (a rate needs two step ends) and --calls at least 1")
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import keras
-    import keras_hub
-    import tensorflow as tf
-
-    import pretrain_bench as bench
-    from kbert.pretraining.dataset import pretraining_dataset
 
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     records = os.path.join(tempfile.mkdtemp(), "random.tfrecord")

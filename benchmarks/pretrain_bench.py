@@ -19,6 +19,8 @@ usage: .venv/bin/python benchmarks/pretrain_bench.py [--steps 60] [--rounds 3] [
 Progress on stderr, one JSON object on stdout.
 """
 
+# Only the standard library and numpy at the top: each child process imports this module, then
+# only the libraries of the one it times (kbert's child never loads keras-hub, and the other way round).
 import argparse
 import json
 import os
@@ -27,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 L, H, A, I, V, SEQ, BATCH, PRED = 4, 256, 4, 1024, 30522, 128, 32, 20
 
@@ -40,7 +44,6 @@ def flops_per_sequence():
 
 def write_records(path, n=1024, seed=0):
     """Random-token records in create_pretraining_data.py's format (throughput needs no meaning)."""
-    import numpy as np
     import tensorflow as tf
     rng = np.random.default_rng(seed)
     with tf.io.TFRecordWriter(path) as writer:

@@ -30,6 +30,8 @@ Needs the bench extra and PyTorch for the Hugging Face row:
 Progress on stderr, one JSON object on stdout.
 """
 
+# Only the standard library and numpy at the top: each child process imports this module, then
+# only the libraries of the one it times (the PyTorch child never loads TensorFlow, and so on).
 import argparse
 import json
 import os
@@ -37,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 L, H, A, I, V, SEQ, BIG_BATCH = 12, 768, 12, 3072, 30522, 128, 32
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,7 +51,6 @@ TEXT = ("The package provides a command-line tool and a library for reading, wri
 
 
 def token_ids(batch, seed=0):
-    import numpy as np
     rng = np.random.default_rng(seed)
     ids = rng.integers(1000, V, (batch, SEQ)).astype("int32")
     ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
@@ -56,7 +59,6 @@ def token_ids(batch, seed=0):
 
 def measure(call, batch_one, batch_big, requests, batches):
     """p50/p99 latency (ms) of call(batch_one), and sequences/s of call(batch_big)."""
-    import numpy as np
     for _ in range(5):
         call(batch_one)
     times = []

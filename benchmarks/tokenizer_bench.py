@@ -28,6 +28,18 @@ import os
 import sys
 import time
 
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import absl.flags  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from bert import tokenization  # noqa: E402
+
+import kbert  # noqa: E402
+
+try:
+    from tokenizers import BertWordPieceTokenizer
+except ImportError:  # the bench extra is not installed: the hf row is skipped
+    BertWordPieceTokenizer = None
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = os.path.join(ROOT, "tests", "fixtures", "vocab-uncased.txt")
 SAMPLE = os.path.join(ROOT, "tests", "fixtures", "sample_text.txt")
@@ -104,12 +116,6 @@ def main():
     lines = read_lines(corpus, n)
     log(f"{len(lines)} lines from {corpus}")
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import absl.flags
-    import tensorflow as tf
-    from bert import tokenization
-    import kbert
-
     # tokenization.py reads the absl flag preserve_unused_tokens; flags must be parsed first.
     absl.flags.FLAGS(["x"])
     results = {}
@@ -130,9 +136,7 @@ def main():
     results["kbert_graph"], _ = run(
         "kbert_graph", lambda b: graph(tf.constant(b)), lambda r: r.to_list(), lines, reference)
 
-    try:
-        from tokenizers import BertWordPieceTokenizer
-    except ImportError:
+    if BertWordPieceTokenizer is None:
         log("hf: skipped, `tokenizers` is not installed (pip install .[bench])")
         results["hf"] = {"skipped": "tokenizers not installed"}
     else:

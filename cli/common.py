@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 
 
 def quiet_tensorflow():
@@ -26,6 +27,8 @@ def import_tensorflow_quietly():
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
+        # Imported here, inside the redirect, and only for commands that need TensorFlow: each
+        # of these imports it.
         import tensorflow
         import tensorflow_text  # noqa: F401
         import keras  # noqa: F401
@@ -47,7 +50,6 @@ def setup_logging(debug: bool = False):
     log.setLevel(logging.DEBUG if debug else logging.INFO)
     log.propagate = False
     if not debug:
-        import warnings
         warnings.filterwarnings("ignore")
         logging.getLogger("absl").setLevel(logging.ERROR)
         logging.getLogger("tensorflow").setLevel(logging.ERROR)

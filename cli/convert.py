@@ -3,12 +3,18 @@ directories and back."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+import kbert
 from kbert.cli.common import print_result
+from kbert.files import check_output_dir, require_path
+
+# The converters are imported inside each command, not here: they import TensorFlow, which
+# `kbert --help` should not wait for.
 
 app = typer.Typer(help="Move checkpoints between google-research/bert's TF1 format, Hugging Face "
                        "safetensors and kbert.",
@@ -25,9 +31,7 @@ def from_tf1(
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
     """Convert a google-research/bert checkpoint into a kbert model directory."""
-    import kbert
     from kbert.converters import load_tf1_checkpoint
-    from kbert.files import check_output_dir
 
     check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
     model = load_tf1_checkpoint(src, config_file=config and str(config), vocab_file=vocab and str(vocab),
@@ -54,10 +58,8 @@ def to_tf1(
     overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists and is not empty."),
 ):
     """Write a kbert model as a checkpoint the original google-research/bert code loads."""
-    import kbert
     from kbert.converters import save_tf1_checkpoint
     from kbert.converters.tf1 import CKPT_PREFIX
-    from kbert.files import check_output_dir
 
     check_output_dir(str(out_dir), overwrite)
     model = kbert.load(model_dir)
@@ -73,9 +75,7 @@ def from_hf(
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
     """Convert a Hugging Face BERT (safetensors only; pickles are refused) into a kbert model directory."""
-    import kbert
     from kbert.converters.hf import load_hf_model
-    from kbert.files import check_output_dir
 
     check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
     model = load_hf_model(src, do_lower_case=lowercase)
@@ -102,9 +102,7 @@ def to_hf(
     overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists and is not empty."),
 ):
     """Write a kbert model as a Hugging Face BERT that transformers' from_pretrained loads."""
-    import kbert
     from kbert.converters.hf import WEIGHTS_FILE, save_hf_model
-    from kbert.files import check_output_dir
 
     check_output_dir(str(out_dir), overwrite)
     model = kbert.load(model_dir)
@@ -117,8 +115,6 @@ def inspect_(src: Path = typer.Argument(..., help="Checkpoint directory or prefi
     """Show what a checkpoint or model directory holds: config, parameters, heads, optimizer slots, step."""
     from kbert.converters.hf import describe_hf, is_hf_model
     from kbert.converters.inspect import describe
-    from kbert.files import require_path
-    import os
 
     if not os.path.exists(src) and not os.path.exists(f"{src}.index"):
         require_path(src, "checkpoint or model directory", "check the path")

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from kbert.cli.common import print_result
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 
 
 def create_data(
@@ -16,7 +17,7 @@ def create_data(
     more_inputs: Optional[List[Path]] = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False),
     vocab: Path = typer.Option(..., "--vocab", help="vocab.txt of the model (or from `kbert vocab`)."),
     output: Path = typer.Option(..., "--output", help="TFRecord file to write; with --shards N, the prefix of OUTPUT-0000i-of-0000N."),
-    max_seq_length: int = typer.Option(128, help="Tokens per instance, [CLS] and [SEP]s included."),
+    max_seq_length: int = typer.Option(DEFAULT_MAX_SEQ_LENGTH, help="Tokens per instance, [CLS] and [SEP]s included."),
     max_predictions_per_seq: int = typer.Option(20, help="Masked positions per instance at most."),
     masked_lm_prob: float = typer.Option(0.15, help="Share of tokens to mask."),
     dupe_factor: int = typer.Option(10, help="Passes over the text, each with fresh instances and masks."),
@@ -29,6 +30,8 @@ def create_data(
     overwrite: bool = typer.Option(False, help="Replace output files that exist."),
 ):
     """Make MLM + NSP pretraining records from text; prints a JSON summary with their statistics."""
+    # Here, not at the top: every kbert command, `kbert --help` and create-data's spawned workers
+    # (which import the kbert script again) would otherwise pay for them.
     from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                TransferSpeedColumn)

@@ -10,12 +10,13 @@ import typer
 from kbert.cli.common import print_result
 
 
-def fill_mask(
+def fill_mask_command(
     model_dir: Path = typer.Argument(..., help="A kbert model directory with the MLM head (pretrained or converted)."),
     text: str = typer.Argument(..., help='Text with one or more [MASK], e.g. "the capital of france is [MASK]."'),
     top_k: int = typer.Option(5, help="Predictions per mask."),
 ):
     """Predict the tokens behind each [MASK]; prints one JSON object."""
-    from kbert.pretraining.fill_mask import fill_mask as run
+    # Here, not at the top: it imports TensorFlow, which `kbert --help` should not wait for.
+    from kbert.pretraining.fill_mask import fill_mask
 
-    print_result(run(str(model_dir), text, top_k=top_k))
+    print_result(fill_mask(str(model_dir), text, top_k=top_k))

@@ -11,6 +11,7 @@ import typer
 from kbert.cli import convert, fill_mask, pretrain
 from kbert.cli import create_data, export, finetune, vocab
 from kbert.cli.common import import_tensorflow_quietly, quiet_tensorflow, setup_logging
+from kbert.errors import KbertError, first_line
 
 app = typer.Typer(
     name="kbert",
@@ -21,8 +22,8 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(convert.app, name="convert")
-app.command("pretrain")(pretrain.pretrain)
-app.command("fill-mask")(fill_mask.fill_mask)
+app.command("pretrain")(pretrain.pretrain_command)
+app.command("fill-mask")(fill_mask.fill_mask_command)
 app.command("create-data")(create_data.create_data)
 app.command("vocab")(vocab.vocab)
 app.command("finetune")(finetune.finetune)
@@ -47,7 +48,6 @@ def main(argv=None):
     setup_logging(debug)
     if argv and not {"--help", "-h"} & set(argv) and argv[-1] not in ("convert",):
         import_tensorflow_quietly()
-    from kbert.errors import KbertError
     try:
         app(args=argv, prog_name="kbert")
     except KbertError as e:
@@ -61,7 +61,7 @@ def main(argv=None):
     except Exception as e:  # a bug, not a user error: still one line unless --debug
         if debug:
             raise
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        first = first_line(e, 300) if str(e).strip() else ""
         print(f"kbert: unexpected error: {type(e).__name__}: {first} (rerun with --debug for the "
               f"traceback)", file=sys.stderr)
         sys.exit(2)

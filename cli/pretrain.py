@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from kbert.cli.common import print_result
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 
 
-def pretrain(
+def pretrain_command(
     model_dir: Path = typer.Option(..., "--model-dir", help="Output: a kbert model directory, plus checkpoints/, logs/ (TensorBoard), loss.png."),
     data: str = typer.Option(..., "--data", help="TFRecords from create_pretraining_data.py or kbert create-data (file, glob, or comma-separated)."),
     config: Optional[Path] = typer.Option(None, "--config", help="bert_config.json, to start from scratch (with --vocab)."),
     vocab: Optional[Path] = typer.Option(None, "--vocab", help="vocab.txt, to start from scratch (with --config)."),
     init: Optional[Path] = typer.Option(None, "--init", help="Start from this kbert model directory (e.g. a converted checkpoint)."),
-    max_seq_length: int = typer.Option(128, help="Must match the records (phase 2: --init + 512)."),
+    max_seq_length: int = typer.Option(DEFAULT_MAX_SEQ_LENGTH, help="Must match the records (phase 2: --init + 512)."),
     max_predictions_per_seq: int = typer.Option(20, help="Must match the records."),
     steps: int = typer.Option(10000, help="Total optimizer steps (the learning rate decays to 0 at the last)."),
     batch_size: int = typer.Option(32, help="Global batch size, split over replicas."),
@@ -39,14 +41,14 @@ def pretrain(
     lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Record the vocabulary's casing (default: from the config, else lowercase)."),
 ):
     """Pretrain BERT with masked-LM + next-sentence prediction; prints the final metrics as JSON."""
-    from kbert.pretraining.train import PretrainOptions, pretrain as run
+    flags = locals()
+    # Here, not at the top: it imports TensorFlow, which `kbert --help` should not wait for.
+    from kbert.pretraining.train import PretrainOptions, pretrain
 
-    options = PretrainOptions(
-        max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq, steps=steps,
-        batch_size=batch_size, learning_rate=learning_rate, warmup_steps=warmup_steps, save_every=save_every,
-        keep_checkpoints=keep_checkpoints, resume=resume, eval_data=eval_data, eval_every=eval_every,
-        eval_steps=eval_steps, strategy=strategy, tpu=tpu, mixed_precision=mixed_precision, jit=jit,
-        steps_per_loop=steps_per_loop, grad_accum=grad_accum, optimizer=optimizer, seed=seed)
-    result = run(str(model_dir), data, config_file=config and str(config), vocab_file=vocab and str(vocab),
-                 init=init and str(init), do_lower_case=lowercase, options=options)
+    # Every flag but --model-dir, --data, --config, --vocab, --init and --lowercase is the
+    # PretrainOptions field of the same name (tests/test_pretraining.py checks that they match).
+    options = PretrainOptions(**{field.name: flags[field.name] for field in dataclasses.fields(PretrainOptions)
+                                 if field.name in flags})
+    result = pretrain(str(model_dir), data, config_file=config and str(config), vocab_file=vocab and str(vocab),
+                      init=init and str(init), do_lower_case=lowercase, options=options)
     print_result(result)

@@ -19,6 +19,8 @@ def vocab(
     overwrite: bool = typer.Option(False, help="Replace OUTPUT if it exists."),
 ):
     """Learn a WordPiece vocabulary; prints its size and [UNK] rate on the text as JSON."""
+    # Here, not at the top: it imports TensorFlow (the learner is tensorflow-text's), which
+    # `kbert --help` should not wait for.
     from kbert.text.vocab_builder import build_vocab
 
     print_result(build_vocab([*input, *(more_inputs or [])], output, size=size, do_lower_case=lowercase,

@@ -25,6 +25,8 @@ import numpy as np
 from kbert.config import BertConfig
 from kbert.errors import KbertError, listing as _listing, plural as _plural
 from kbert.files import atomic_output_dir, count_lines
+from kbert.model.bert import BertEncoder, BertPretrainer
+from kbert.model.layers import weights_from
 from kbert.model_dir import VOCAB_FILE, check_vocab
 from kbert.converters.names import (HF_BUFFERS, HF_OPTIONAL, HF_TIED, hf_canonical, hf_name,
                                     hf_to_tf1_names, suspect_field, tf1_to_kbert_paths)
@@ -450,9 +452,6 @@ def load_hf_model(src, do_lower_case=None):
     Example:
     >>> model = kbert.converters.load_hf_model("all-MiniLM-L6-v2/")  # doctest: +SKIP
     """
-    from kbert.model.layers import weights_from
-    from kbert.model.bert import BertPretrainer
-
     source = find_hf_model(src)
     config = config_from_hf(_read_json(source.config_file, "config"), source.config_file)
     vocab_file, vocab_origin = _vocab_file(source.folder, config, source.config_file)
@@ -528,8 +527,6 @@ def load_hf_model(src, do_lower_case=None):
 def hf_tensors(model) -> tuple:
     """({HF name: float32 array}, architecture) for a kbert encoder or pretrainer: kernels
     transposed to torch's [out, in], the tied decoder written out as transformers names it."""
-    from kbert.model.bert import BertEncoder, BertPretrainer
-
     if type(model) not in (BertEncoder, BertPretrainer):
         raise KbertError(f"cannot write a {type(model).__name__} as a Hugging Face model; to-hf "
                          f"writes kbert encoders and pretrainers (task heads have no HF layout here)")

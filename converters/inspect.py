@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import h5py
 import numpy as np
 
 from kbert.config import BertConfig
@@ -67,8 +68,6 @@ def _describe_checkpoint(src) -> dict:
 
 
 def _describe_model_dir(src) -> dict:
-    import h5py
-
     config = BertConfig.from_json_file(os.path.join(src, CONFIG_FILE))
     weights_path = os.path.join(src, WEIGHTS_FILE)
     total, seen = 0, set()

@@ -14,12 +14,13 @@ import logging
 import os
 import shutil
 
-import numpy as np
+import tensorflow as tf
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError, listing as _listing, plural as _plural
+from kbert.errors import KbertError, first_line, listing as _listing, plural as _plural
 from kbert.files import atomic_output_dir
 from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab
+from kbert.model.bert import BertPretrainer
 from kbert.model.layers import weights_from
 from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
 
@@ -65,7 +66,6 @@ def find_checkpoint(src, config_file=None, vocab_file=None) -> Tf1Source:
 def _prefix_in_dir(folder: str) -> str:
     state = os.path.join(folder, "checkpoint")
     if os.path.isfile(state):
-        import tensorflow as tf
         prefix = tf.train.latest_checkpoint(folder)
         if prefix and os.path.isfile(prefix + ".index"):
             return prefix
@@ -81,17 +81,11 @@ def _prefix_in_dir(folder: str) -> str:
 
 
 def open_reader(prefix: str):
-    import tensorflow as tf
     try:
         return tf.train.load_checkpoint(prefix)
     except Exception as e:  # tf raises DataLossError, NotFoundError, ... for broken files
-        raise KbertError(f"{prefix}: not a readable TF checkpoint ({_first_line(e)}); the files are "
+        raise KbertError(f"{prefix}: not a readable TF checkpoint ({first_line(e)}); the files are "
                          f"truncated or not a checkpoint: download or export them again") from None
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
 
 
 def is_optimizer_state(name: str) -> bool:
@@ -113,10 +107,6 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
     Example:
     >>> model = kbert.converters.load_tf1_checkpoint("uncased_L-12_H-768_A-12/")  # doctest: +SKIP
     """
-    import tensorflow as tf
-
-    from kbert.model.bert import BertPretrainer
-
     source = find_checkpoint(src, config_file, vocab_file)
     config = BertConfig.from_json_file(source.config_file)
     check_vocab(source.vocab_file, config)
@@ -163,7 +153,7 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
             value = tf.raw_ops.RestoreV2(prefix=source.prefix, tensor_names=[name],
                                          shape_and_slices=[""], dtypes=[dtypes[name]])[0]
         except Exception as e:  # tf raises DataLossError, OutOfRange... for damaged data files
-            raise KbertError(f"{source.prefix}: cannot read {name} ({_first_line(e)}); the data "
+            raise KbertError(f"{source.prefix}: cannot read {name} ({first_line(e)}); the data "
                              f"file is truncated or damaged: download it again") from None
         loaded.add(name)
         return value
@@ -227,8 +217,6 @@ def save_tf1_checkpoint(model, out_dir, vocab_file=None, overwrite: bool = False
     Example:
     >>> kbert.converters.save_tf1_checkpoint(kbert.load("out/tiny"), "out/tiny-tf1")  # doctest: +SKIP
     """
-    import tensorflow as tf
-
     vocab_file = vocab_file or getattr(model, "vocab_file", None)
     if not vocab_file:
         raise KbertError("save_tf1_checkpoint needs the vocabulary: pass vocab_file=PATH/vocab.txt")

@@ -12,14 +12,14 @@ from kbert.cli.common import import_tensorflow_quietly  # noqa: E402
 
 import_tensorflow_quietly()
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
+import kbert  # noqa: E402
+from kbert.model.bert import embedding_model  # noqa: E402
 
 
 def main(model_dir, expected_path):
-    import keras
-    import kbert
-    from kbert.model.bert import embedding_model
-
     expected = np.load(expected_path)
     model = kbert.load(model_dir)
     inputs = {k: expected[k].astype("int32")

@@ -11,11 +11,12 @@ from kbert.cli.common import import_tensorflow_quietly  # noqa: E402
 
 import_tensorflow_quietly()
 
+import numpy as np  # noqa: E402
+
+from kbert.converters.tf1 import find_checkpoint, is_optimizer_state, open_reader  # noqa: E402
+
 
 def main(a, b):
-    import numpy as np
-    from kbert.converters.tf1 import find_checkpoint, is_optimizer_state, open_reader
-
     readers = [open_reader(find_checkpoint(p).prefix) for p in (a, b)]
     names = [{n for n in r.get_variable_to_shape_map()
               if n.startswith(("bert/", "cls/")) and not is_optimizer_state(n)} for r in readers]

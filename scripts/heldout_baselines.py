@@ -13,15 +13,16 @@ import math
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH  # noqa: E402
+from kbert.pretraining.dataset import pretraining_dataset  # noqa: E402
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("records", nargs="+")
-    parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--max-seq-length", type=int, default=DEFAULT_MAX_SEQ_LENGTH)
     parser.add_argument("--max-predictions-per-seq", type=int, default=20)
     args = parser.parse_args()
-    from kbert.pretraining.dataset import pretraining_dataset
 
     labels, nsp = collections.Counter(), collections.Counter()
     ds = pretraining_dataset(args.records, 256, args.max_seq_length, args.max_predictions_per_seq, training=False)

@@ -1,5 +1,7 @@
 """`kbert pretrain` end to end on records made by google-research's own create_pretraining_data.py."""
 
+import dataclasses
+import inspect
 import json
 import os
 import shutil
@@ -9,10 +11,13 @@ import subprocess
 import sys
 import time
 
+import h5py
 import numpy as np
 import pytest
 
 from conftest import TINY, assert_user_error, kbert_command, run_kbert
+from kbert.cli.pretrain import pretrain_command
+from kbert.pretraining.train import PretrainOptions
 
 SAMPLE = os.path.join(os.path.dirname(TINY), "sample_text.txt")
 VOCAB = os.path.join(TINY, "vocab.txt")
@@ -47,6 +52,19 @@ def _pretrain(model_dir, records, *extra, check=True, env=None, config=None):
         ["--config", config or os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB]
     return run_kbert("pretrain", "--model-dir", model_dir, "--data", records, *start, *SHAPE,
                      "--batch-size", "8", *extra, check=check, env=env)
+
+
+def test_every_pretrain_option_is_a_flag_with_the_same_default():
+    """cli/pretrain.py hands its flags to PretrainOptions by name, so the two lists must match."""
+    flags = {name: parameter.default.default
+             for name, parameter in inspect.signature(pretrain_command).parameters.items()}
+    fields = {field.name: field.default for field in dataclasses.fields(PretrainOptions)}
+    # Where the model and data are: pretrain()'s own arguments, not options.
+    assert flags.keys() - fields.keys() == {"model_dir", "data", "config", "vocab", "init", "lowercase"}
+    # For Python callers only: the command always shows progress.
+    assert fields.keys() - flags.keys() == {"progress"}
+    assert {name: flags[name] for name in fields if name in flags} == \
+        {name: default for name, default in fields.items() if name in flags}
 
 
 def test_pretrain_then_resume(tmp_path, original_records):
@@ -122,7 +140,6 @@ def test_mirrored_over_two_cpus_equals_one_device(tmp_path, original_records, no
 
 
 def _weights(model_dir):
-    import h5py
     out = {}
     with h5py.File(model_dir / "model.weights.h5", "r") as f:
         f.visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)

@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import random
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -20,8 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from absl import flags
+from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.4
 
 from conftest import FIXTURES, UNCASED_VOCAB, assert_user_error, run_kbert
+from kbert import Tokenizer
 from kbert.pretraining import create_data
 from kbert.errors import KbertError
 from kbert.pretraining.create_data import FEATURES, compute_statistics, create_pretraining_data
@@ -52,8 +56,6 @@ def original_module(name, keep=lambda node: True):
 
 @pytest.fixture(scope="module")
 def original():
-    from absl import flags
-    from bert import tokenization
     if not flags.FLAGS.is_parsed():
         flags.FLAGS(["pytest"])  # tokenization reads --preserve_unused_tokens
     module = original_module("create_pretraining_data")
@@ -217,7 +219,7 @@ def test_output_does_not_depend_on_the_number_of_workers(tmp_path):
 
 
 def test_whole_word_mask_masks_whole_words(tmp_path):
-    vocab = create_data._Maker(UNCASED_VOCAB, True, create_data.DataOptions()).tokenizer.inv_vocab
+    vocab = create_data._InstanceBuilder(UNCASED_VOCAB, True, create_data.DataOptions()).tokenizer.inv_vocab
     result = create_pretraining_data([SAMPLE], UNCASED_VOCAB, tmp_path / "wwm.tfrecord", dupe_factor=20,
                                      workers=1, whole_word_mask=True)
     masked_multi_piece_words = 0
@@ -272,9 +274,18 @@ def test_cli_survives_bad_bytes_empty_documents_and_a_10mb_line(tmp_path):
 
 
 def token_id(word):
-    from kbert import Tokenizer
     (token,) = Tokenizer(UNCASED_VOCAB).convert_tokens_to_ids([word])
     return token
+
+
+def test_workers_do_not_load_tensorflow():
+    """A spawned worker imports the kbert script (so kbert.cli.main) and this module, then builds
+    its tokenizer: none of that may load TensorFlow, whose start-up each worker would pay again."""
+    code = ("import sys, kbert.cli.main; from kbert.pretraining import create_data; "
+            f"create_data._start_worker({UNCASED_VOCAB!r}, True, create_data.DataOptions()); "
+            "print('tensorflow' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
 
 
 def test_cli_user_errors(tmp_path):

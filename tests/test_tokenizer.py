@@ -7,6 +7,8 @@ import sys
 
 import pytest
 import tensorflow as tf
+from absl import flags
+from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.4
 
 import kbert
 from conftest import FIXTURES, UNCASED_VOCAB
@@ -41,8 +43,6 @@ HARD = [
 
 @pytest.fixture(scope="module")
 def original():
-    from absl import flags
-    from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.4
     if not flags.FLAGS.is_parsed():
         flags.FLAGS(["pytest"])
     return {lower: tokenization.FullTokenizer(UNCASED_VOCAB, do_lower_case=lower) for lower in (True, False)}

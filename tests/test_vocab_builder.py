@@ -6,6 +6,8 @@ import json
 import os
 
 import pytest
+from absl import flags
+from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.4
 
 import kbert
 from conftest import FIXTURES, assert_user_error, run_kbert
@@ -27,8 +29,6 @@ TRICKY = [
 
 @pytest.fixture(scope="module")
 def basic_tokenizer():
-    from absl import flags
-    from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.4
     if not flags.FLAGS.is_parsed():
         flags.FLAGS(["pytest"])
     return {lower: tokenization.BasicTokenizer(do_lower_case=lower) for lower in (True, False)}

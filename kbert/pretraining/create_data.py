@@ -50,8 +50,11 @@ import resource
 import signal
 import time
 import uuid
+from concurrent.futures import ProcessPoolExecutor
 
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.errors import KbertError
+from kbert.text.tokenizer import Tokenizer, load_vocab
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
@@ -86,7 +89,7 @@ class DataOptions:
         seed: int. Seed of chunk 0's `random.Random` (the original's --random_seed).
     """
 
-    max_seq_length: int = 128
+    max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
     max_predictions_per_seq: int = 20
     masked_lm_prob: float = 0.15
     dupe_factor: int = 10
@@ -239,10 +242,11 @@ class _ExampleBytes:
 
 # --- instances --------------------------------------------------------------------------------
 
-class _Tally:
-    """What a chunk made, summed so that the parent can merge chunks in order."""
+class _InstanceCounts:
+    """How many instances, documents, tokens and masks a chunk made, summed so that the parent
+    can merge chunks in order."""
 
-    # Slots: a tally is updated for every instance, and slot attributes are the fastest to update.
+    # Slots: the counts are updated for every instance, and slot attributes are the fastest to update.
     __slots__ = ("instances", "documents", "empty_documents", "tokens", "masked_share_sum",
                  "masked", "mask_token", "kept", "random_next")
 
@@ -250,7 +254,7 @@ class _Tally:
         for name in self.__slots__:
             setattr(self, name, 0)
 
-    def add(self, other: "_Tally"):
+    def add(self, other: "_InstanceCounts"):
         for name in self.__slots__:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -267,11 +271,11 @@ class _Tally:
         }
 
 
-class _Maker:
-    """Makes one chunk's records; one per process (the vocabulary and byte tables are built once)."""
+class _InstanceBuilder:
+    """Builds a chunk's training instances as serialized records; one per process (the
+    vocabulary and byte tables are built once)."""
 
     def __init__(self, vocab_file: str, do_lower_case: bool, options: DataOptions):
-        from kbert.text.tokenizer import Tokenizer
         self.tokenizer = Tokenizer(vocab_file, do_lower_case)
         vocab = self.tokenizer.vocab
         self.options = options
@@ -285,9 +289,9 @@ class _Maker:
         self.vocab_words = [self.token[word] for word in vocab]
         self.pieces = {self.token[word] for word in vocab if word.startswith("##")}
 
-    def chunk(self, index: int, raw_documents: list) -> tuple[list, _Tally]:
-        """Records (serialized, shuffled) and tallies of one chunk of documents."""
-        opts, tally = self.options, _Tally()
+    def chunk(self, index: int, raw_documents: list) -> tuple[list, _InstanceCounts]:
+        """Records (serialized, shuffled) and counts of one chunk of documents."""
+        opts, counts = self.options, _InstanceCounts()
         rng = random.Random(opts.seed + index * _SEED_STRIDE)
         tokenize, token = self.tokenizer.tokenize, self.token
         documents = []
@@ -300,18 +304,18 @@ class _Maker:
             if document:
                 documents.append(document)
             else:
-                tally.empty_documents += 1
-        tally.documents = len(documents)
+                counts.empty_documents += 1
+        counts.documents = len(documents)
         shuffle(documents, rng)
         records = []
         for _ in range(opts.dupe_factor):
             for document_index in range(len(documents)):
-                self.document(documents, document_index, rng, records, tally)
+                self.document(documents, document_index, rng, records, counts)
         shuffle(records, rng)
-        return records, tally
+        return records, counts
 
     def document(self, documents: list, document_index: int, rng: random.Random, records: list,
-                 tally: _Tally):
+                 counts: _InstanceCounts):
         """Append the records of one document's pass (create_instances_from_document)."""
         document = documents[document_index]
         max_num_tokens = self.options.max_seq_length - 3
@@ -345,12 +349,12 @@ class _Maker:
                     is_random_next = False
                     tokens_b = _joined(pending[a_end:])
                 tokens_a, tokens_b = truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-                records.append(self.instance(tokens_a, tokens_b, is_random_next, rng, tally))
+                records.append(self.instance(tokens_a, tokens_b, is_random_next, rng, counts))
                 pending, pending_length = [], 0
             i += 1
 
     def instance(self, tokens_a: list, tokens_b: list, is_random_next: bool, rng: random.Random,
-                 tally: _Tally) -> bytes:
+                 counts: _InstanceCounts) -> bytes:
         """Mask [CLS] A [SEP] B [SEP] (create_masked_lm_predictions) and serialize it."""
         opts = self.options
         tokens = [self.cls, *tokens_a, self.sep, *tokens_b, self.sep]
@@ -381,13 +385,13 @@ class _Maker:
                 kept += word is tokens[index]
         chosen.sort()
 
-        tally.instances += 1
-        tally.tokens += n
-        tally.masked += len(chosen)
-        tally.masked_share_sum += len(chosen) / n
-        tally.mask_token += mask_token
-        tally.kept += kept
-        tally.random_next += is_random_next
+        counts.instances += 1
+        counts.tokens += n
+        counts.masked += len(chosen)
+        counts.masked_share_sum += len(chosen) / n
+        counts.mask_token += mask_token
+        counts.kept += kept
+        counts.random_next += is_random_next
         return self.bytes.record(output, len_a, chosen, [tokens[p] for p in chosen], is_random_next)
 
     def whole_word_candidates(self, tokens: list, len_a: int, num_to_predict: int, rng) -> list:
@@ -458,12 +462,12 @@ def truncate_seq_pair(tokens_a: list, tokens_b: list, max_num_tokens: int, rng: 
 
 # --- processes --------------------------------------------------------------------------------
 
-_MAKER: _Maker | None = None
+_BUILDER: _InstanceBuilder | None = None
 
 
 def _start_worker(vocab_file, do_lower_case, options):
-    global _MAKER
-    _MAKER = _Maker(vocab_file, do_lower_case, options)
+    global _BUILDER
+    _BUILDER = _InstanceBuilder(vocab_file, do_lower_case, options)
 
 
 def _start_worker_process(*args):
@@ -474,15 +478,15 @@ def _start_worker_process(*args):
 
 
 def _make_chunk(chunk):
-    """(records joined, their lengths, tally, (pid, peak RSS in KiB)) of one chunk.
+    """(records joined, their lengths, counts, (pid, peak RSS in KiB)) of one chunk.
 
     One bytes object and an array of lengths cross the process boundary much faster than a
     list of a hundred thousand small bytes objects (pickling each costs microseconds).
     """
     index, documents, _ = chunk
-    records, tally = _MAKER.chunk(index, documents)
+    records, counts = _BUILDER.chunk(index, documents)
     lengths = array.array("Q", map(len, records))
-    return b"".join(records), lengths, tally, (os.getpid(), _own_peak_kib())
+    return b"".join(records), lengths, counts, (os.getpid(), _own_peak_kib())
 
 
 def read_chunks(input_files, chunk_docs: int = CHUNK_DOCS, chunk_bytes: int = CHUNK_BYTES):
@@ -539,7 +543,6 @@ def _chunk_results(chunks, workers: int, start_args: tuple):
         for chunk in chunks:
             yield (chunk, *_make_chunk(chunk))
         return
-    from concurrent.futures import ProcessPoolExecutor
     context = multiprocessing.get_context("spawn")
     others = set(multiprocessing.active_children())
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker_process,
@@ -626,7 +629,7 @@ def _peak_rss_mib(worker_peaks: dict) -> dict:
 
 
 def create_pretraining_data(input_files, vocab_file, output, *, do_lower_case: bool = True,
-                            max_seq_length: int = 128, max_predictions_per_seq: int = 20,
+                            max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH, max_predictions_per_seq: int = 20,
                             masked_lm_prob: float = 0.15, dupe_factor: int = 10,
                             short_seq_prob: float = 0.1, seed: int = 12345,
                             whole_word_mask: bool = False, shards: int = 1, workers: int | None = None,
@@ -683,12 +686,13 @@ def create_pretraining_data(input_files, vocab_file, output, *, do_lower_case: b
     vocab_file = os.fspath(vocab_file)
     outputs = shard_paths(output, shards)
     _check_paths(input_files, vocab_file, outputs, overwrite)
-    from kbert.text.tokenizer import load_vocab
     missing = [t for t in SPECIAL_TOKENS if t not in load_vocab(vocab_file)]
     if missing:
         raise KbertError(f"{vocab_file} has no {', '.join(missing)}; pass a BERT vocab.txt "
                          f"(kbert vocab writes one)")
 
+    # TensorFlow is imported here and in compute_statistics, not at the top: the spawned worker
+    # processes import this module, and need neither its seconds of start-up nor its memory.
     import tensorflow as tf
 
     total_bytes = sum(os.path.getsize(p) for p in input_files)
@@ -701,25 +705,25 @@ def create_pretraining_data(input_files, vocab_file, output, *, do_lower_case: b
     # directly saves a Python frame per record (about a second per million records).
     writes = [getattr(super(tf.io.TFRecordWriter, w), "write", w.write) for w in writers]
     replaced_before = _REPLACED[0]
-    tally, done_bytes, written, chunks, peaks = _Tally(), 0, 0, 0, {}
+    counts, done_bytes, written, chunks, peaks = _InstanceCounts(), 0, 0, 0, {}
     results = _chunk_results(read_chunks(input_files, chunk_docs, chunk_bytes), workers,
                              (vocab_file, do_lower_case, options))
     try:
-        for (_, _, size), records, lengths, chunk_tally, (pid, peak) in results:
+        for (_, _, size), records, lengths, chunk_counts, (pid, peak) in results:
             peaks[pid] = max(peak, peaks.get(pid, 0))
             start = 0
             for length in lengths:
                 writes[written % shards](records[start:start + length])
                 start += length
                 written += 1
-            tally.add(chunk_tally)
+            counts.add(chunk_counts)
             done_bytes += size
             chunks += 1
             if on_progress is not None:
-                on_progress(done_bytes, total_bytes, tally.instances)
+                on_progress(done_bytes, total_bytes, counts.instances)
         for writer in writers:
             writer.close()
-        if tally.instances == 0:
+        if counts.instances == 0:
             raise KbertError(f"{', '.join(input_files)}: no text to make instances from; pass "
                              f"text with one sentence per line and blank lines between documents")
         for temp, path in zip(temps, outputs):
@@ -735,16 +739,16 @@ def create_pretraining_data(input_files, vocab_file, output, *, do_lower_case: b
     seconds = time.perf_counter() - started
     return {
         "output_files": outputs,
-        "instances": tally.instances,
-        "documents": tally.documents,
-        "skipped_empty_documents": tally.empty_documents,
+        "instances": counts.instances,
+        "documents": counts.documents,
+        "skipped_empty_documents": counts.empty_documents,
         "replaced_invalid_utf8": _REPLACED[0] - replaced_before,
         "chunks": chunks,
         "workers": workers,
         "seconds": round(seconds, 3),
-        "instances_per_second": round(tally.instances / seconds, 1),
+        "instances_per_second": round(counts.instances / seconds, 1),
         **_peak_rss_mib(peaks),
-        **tally.statistics(),
+        **counts.statistics(),
     }
 
 
@@ -769,9 +773,8 @@ def compute_statistics(tfrecord_paths, vocab_file) -> dict:
     >>> compute_statistics([out], "tests/fixtures/vocab-uncased.txt")["instances"]
     11
     """
-    import numpy as np
+    import numpy as np  # not at the top, for the workers' sake (see create_pretraining_data)
     import tensorflow as tf
-    from kbert.text.tokenizer import load_vocab
 
     paths = [os.fspath(p) for p in tfrecord_paths]
     mask_id = load_vocab(vocab_file)["[MASK]"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import glob
 import os
 
-from kbert.errors import KbertError
+import tensorflow as tf
+
+from kbert.errors import KbertError, first_line
 
 LABEL_KEYS = ("masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
@@ -13,7 +15,6 @@ INPUT_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
 
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int):
     """The features run_pretraining.py's input_fn parses, with the same lengths and types."""
-    import tensorflow as tf
     seq, pred = max_seq_length, max_predictions_per_seq
     return {
         "input_ids": tf.io.FixedLenFeature([seq], tf.int64),
@@ -39,13 +40,11 @@ def find_files(pattern: str) -> list[str]:
 def check_records(files, max_seq_length: int, max_predictions_per_seq: int):
     """Read the first record of every file: a missing, corrupt or wrongly sized file is named
     here, before training starts, rather than failing deep inside tf.data."""
-    import tensorflow as tf
-
     for path in files:
         try:
             first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
         except tf.errors.OpError as e:
-            raise KbertError(f"{path}: not a readable TFRecord file ({str(e).splitlines()[0][:150]}); "
+            raise KbertError(f"{path}: not a readable TFRecord file ({first_line(e, 150)}); "
                              f"recreate it with kbert create-data") from None
         if first is None:
             raise KbertError(f"{path}: holds no records; recreate it with kbert create-data")
@@ -75,8 +74,6 @@ def pretraining_dataset(files, batch_size: int, max_seq_length: int, max_predict
     Training data repeats, is sharded per input pipeline (worker), interleaved over files and
     shuffled with a fixed seed, so `skip_batches` resumes at the same place in the stream.
     """
-    import tensorflow as tf
-
     spec = feature_spec(max_seq_length, max_predictions_per_seq)
     ds = tf.data.Dataset.from_tensor_slices(list(files))
     shards = input_context.num_input_pipelines if input_context else 1

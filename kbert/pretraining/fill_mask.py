@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 
 from kbert.errors import KbertError
+from kbert.model.bert import BertPretrainer
+from kbert.model_dir import load
+from kbert.text.tokenizer import Tokenizer
 
 MASK = "[MASK]"
 
@@ -31,12 +35,6 @@ def fill_mask(model_dir, text: str, top_k: int = 5, model=None) -> dict:
     >>> fill_mask("out/bert", "the [MASK] is blue.")["masks"][0]["predictions"][0]["token"]  # doctest: +SKIP
     'sky'
     """
-    import keras
-
-    from kbert.model_dir import load
-    from kbert.model.bert import BertPretrainer
-    from kbert.text.tokenizer import Tokenizer
-
     if MASK not in text:
         raise KbertError(f'the text has no {MASK}; write one where a token should be predicted, e.g. '
                          f'"the capital of france is {MASK}."')

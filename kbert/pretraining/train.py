@@ -18,9 +18,21 @@ import json
 import logging
 import math
 import os
+import tempfile
 import time
 
-from kbert.errors import KbertError
+import keras
+import tensorflow as tf
+
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH, BertConfig
+from kbert.errors import KbertError, first_line
+from kbert.model.bert import BertPretrainer
+from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, load, write_model_files
+from kbert.pretraining.dataset import check_records, find_files, pretraining_dataset
+from kbert.pretraining.losses import cross_entropy_and_hits
+from kbert.training.optimization import make_optimizer
+from kbert.training.progress import Progress, write_loss_plot
+from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision
 
 log = logging.getLogger("kbert")
 
@@ -35,10 +47,6 @@ def pretraining_losses(outputs, labels):
     masked-LM: Σ w·(-log p(label)) / (Σ w + 1e-5) over all masked positions (padding has w=0);
     next-sentence: the mean of -log p(label). Accuracies are weighted the same way.
     """
-    import tensorflow as tf
-
-    from kbert.pretraining.losses import cross_entropy_and_hits
-
     ids, weights = labels["masked_lm_ids"], labels["masked_lm_weights"]
     mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
     vocab = tf.shape(mlm_logits)[-1]
@@ -65,7 +73,7 @@ def pretraining_losses(outputs, labels):
 @dataclasses.dataclass
 class PretrainOptions:
     """Everything `kbert pretrain` takes besides where the model and data are (see its --help)."""
-    max_seq_length: int = 128
+    max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
     max_predictions_per_seq: int = 20
     steps: int = 10000
     batch_size: int = 32
@@ -107,17 +115,6 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
     >>> kbert.pretraining.train.pretrain("out/bert", "data/*.tfrecord", config_file="bert_config.json",
     ...                            vocab_file="vocab.txt", steps=1000, batch_size=32)  # doctest: +SKIP
     """
-    import keras
-    import tensorflow as tf
-
-    from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, load, write_model_files
-    from kbert.training.optimization import make_optimizer
-    from kbert.pretraining.dataset import check_records, find_files, pretraining_dataset
-    from kbert.training.strategy import is_chief, make_strategy
-    from kbert.config import BertConfig
-    from kbert.model.bert import BertPretrainer
-    from kbert.training.progress import Progress, write_loss_plot
-
     opts = dataclasses.replace(options or PretrainOptions(), **overrides)
     _check_options(opts)
     # First, before any TensorFlow op: multi-worker collectives must be set up at start-up.
@@ -162,9 +159,7 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
     # --- precision, model, optimizer ---
     on_accelerator = bool(tf.config.list_logical_devices("GPU")) or opts.strategy == "tpu"
     jit = on_accelerator if opts.jit is None else opts.jit
-    if opts.mixed_precision:
-        gpu = bool(tf.config.list_logical_devices("GPU"))
-        keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
+    use_mixed_precision(opts.mixed_precision)
     replicas = strategy.num_replicas_in_sync
     if opts.batch_size % (replicas * opts.grad_accum):
         raise KbertError(f"--batch-size {opts.batch_size} must divide evenly over {replicas} replicas x "
@@ -280,12 +275,10 @@ def _check_options(opts: PretrainOptions):
 def _save_checkpoint(manager, step: int, last_saved: int):
     """Save; a failed write (disk full, permissions) leaves the previous checkpoint intact,
     because TensorFlow writes to a temporary name and renames only when complete."""
-    import tensorflow as tf
     try:
         manager.save(checkpoint_number=step)
     except (tf.errors.OpError, OSError) as e:
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise KbertError(f"writing the checkpoint for step {step} failed ({first}); the previous "
+        raise KbertError(f"writing the checkpoint for step {step} failed ({first_line(e)}); the previous "
                          f"checkpoint (step {last_saved}) is intact: fix the cause, then --resume") from None
 
 
@@ -294,13 +287,11 @@ def _to_boundary(step: int, every: int) -> int:
 
 
 def _worker_dir(model_dir, strategy):
-    import tempfile
     task = getattr(strategy.cluster_resolver, "task_id", 0)
     return os.path.join(tempfile.gettempdir(), f"kbert-worker-{task}-{os.getpid()}")
 
 
 def _log_scalars(writer, metrics, step):
-    import tensorflow as tf
     with writer.as_default(step=step):
         for key, value in metrics.items():
             if key not in ("step", "split") and isinstance(value, float):
@@ -310,8 +301,6 @@ def _log_scalars(writer, metrics, step):
 
 def _make_train_loop(strategy, model, optimizer, grad_accum: int, replicas: int, jit: bool):
     """A tf.function running N optimizer steps per call (N is a tensor: one trace for all N)."""
-    import tensorflow as tf
-
     variables = model.trainable_variables
 
     def forward_backward(features, labels):
@@ -320,7 +309,7 @@ def _make_train_loop(strategy, model, optimizer, grad_accum: int, replicas: int,
             metrics = pretraining_losses(outputs, labels)
             # Mean over replicas and micro-batches: the summed gradient is the global batch's.
             loss = metrics["loss"] / (replicas * grad_accum)
-            if isinstance(optimizer, _loss_scale_type()):
+            if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
                 loss = optimizer.scale_loss(loss)
         grads = tape.gradient(loss, variables)
         return [tf.convert_to_tensor(g) for g in grads], metrics
@@ -353,14 +342,7 @@ def _make_train_loop(strategy, model, optimizer, grad_accum: int, replicas: int,
     return train_loop
 
 
-def _loss_scale_type():
-    import keras
-    return keras.optimizers.LossScaleOptimizer
-
-
 def _make_eval_loop(strategy, model):
-    import tensorflow as tf
-
     def replica_eval(features, labels):
         return pretraining_losses(model(features, training=False), labels)
 
@@ -374,8 +356,6 @@ def _make_eval_loop(strategy, model):
 
 def _evaluate(eval_step, strategy, files, opts: PretrainOptions, replicas: int) -> dict:
     """Held-out losses and accuracies over the first `eval_steps` batches of the eval data."""
-    from kbert.pretraining.dataset import pretraining_dataset
-
     batch = max(1, opts.batch_size // replicas)
 
     def eval_input(context):

@@ -10,9 +10,13 @@ Tokens are `GraphTokenizer`'s, which are the original tokenizer's.
 
 from __future__ import annotations
 
+import os
+
 import keras
 import tensorflow as tf
 
+import kbert.config
+from kbert.model_dir import VOCAB_FILE, load_config
 from kbert.text.graph_tokenizer import GraphTokenizer
 from kbert.text.tokenizer import load_vocab
 
@@ -64,7 +68,8 @@ class BertPreprocessor(keras.layers.Layer):
     ([[101, 7592, 1010, 2088, 102, 9061, 1012, 102]], [[0, 0, 0, 0, 0, 1, 1, 1]])
     """
 
-    def __init__(self, vocab_file, do_lower_case: bool = True, sequence_length: int = 128, **kwargs):
+    def __init__(self, vocab_file, do_lower_case: bool = True,
+                 sequence_length: int = kbert.config.DEFAULT_MAX_SEQ_LENGTH, **kwargs):
         kwargs.pop("trainable", None)  # nothing to train; from_config passes it back
         kwargs.setdefault("dtype", "int32")
         super().__init__(trainable=False, **kwargs)
@@ -80,17 +85,17 @@ class BertPreprocessor(keras.layers.Layer):
     def for_model(cls, model_or_dir, sequence_length: int | None = None):
         """The preprocessor a kbert model (or model directory) was trained with."""
         if isinstance(model_or_dir, (str, bytes)) or hasattr(model_or_dir, "__fspath__"):
-            from kbert.model_dir import load_config, VOCAB_FILE
-            import os
             config = load_config(model_or_dir)
             vocab, lower = os.path.join(os.fspath(model_or_dir), VOCAB_FILE), config.extras.get("do_lower_case", True)
-            trained_length = config.extras.get("max_seq_length", 128)
+            trained_length = config.extras.get("max_seq_length")
         else:
             config = model_or_dir.config
             vocab, lower = model_or_dir.vocab_file, getattr(model_or_dir, "do_lower_case", True)
-            trained_length = (getattr(model_or_dir, "task_info", None) or {}).get("max_seq_length", 128)
+            trained_length = (getattr(model_or_dir, "task_info", None) or {}).get("max_seq_length")
         # Default: the length it was fine-tuned with, else 128, never past the model's positions.
-        length = sequence_length or min(trained_length, config.max_position_embeddings)
+        # A length asked for is taken as is (kbert.config.sequence_length would refuse one past them).
+        length = sequence_length or kbert.config.sequence_length(None, config.max_position_embeddings,
+                                                                 trained=trained_length)
         return cls(vocab, lower, length)
 
     def call(self, inputs):

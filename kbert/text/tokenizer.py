@@ -97,6 +97,8 @@ class Tokenizer:
     @classmethod
     def from_model_dir(cls, model_dir) -> "Tokenizer":
         """The tokenizer of a kbert model directory (its vocab.txt and do_lower_case)."""
+        # Not at the top: this module must stay free of TensorFlow (create-data's worker processes
+        # and the SQuAD reader import it), and kbert.model_dir is where models are rebuilt.
         from kbert.model_dir import VOCAB_FILE, load_config
         config = load_config(model_dir)
         return cls(os.path.join(model_dir, VOCAB_FILE), config.extras.get("do_lower_case", True))

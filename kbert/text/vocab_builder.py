@@ -20,8 +20,9 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import tempfile
 import time
+
+from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from kbert.errors import KbertError
 from kbert.files import atomic_write_text
@@ -91,8 +92,6 @@ def learn_vocab(word_counts, size: int) -> list[str]:
     >>> vocab[:5], vocab[5:8], vocab[15:19], vocab[-2:]
     (['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'], ['d', 'e', 'i'], ['newest', 'low', 'widest', 'lower'], ['##t', '##w'])
     """
-    from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
-
     # lower_thresh=1 lets a small corpus reach `size`; on a large one the search for the count
     # threshold that gives `size` entries stops far above it.
     vocab = learner.learn(dict(word_counts), size, RESERVED_TOKENS, lower_thresh=1, joiner=JOINER)

@@ -6,6 +6,11 @@ import json
 import os
 import sys
 
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+
 
 class Progress:
     """A rich progress bar (steps, seq/s, loss, ETA) on stderr; plain log lines when stderr is
@@ -27,9 +32,6 @@ class Progress:
 
     def __enter__(self):
         if self.interactive:
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
-                                       TextColumn, TimeElapsedColumn, TimeRemainingColumn)
             self._progress = RichProgress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]} seq/s"), TextColumn("loss {task.fields[loss]}"),
@@ -69,10 +71,6 @@ def write_loss_plot(history_path: str, png_path: str):
     """Plot loss, MLM and NSP loss (and held-out values, if any) against step into a PNG."""
     if not os.path.isfile(history_path):
         return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     train, held_out = [], []
     with open(history_path) as f:
         for line in f:
@@ -81,7 +79,9 @@ def write_loss_plot(history_path: str, png_path: str):
     # A resumed run appends again from its checkpoint: keep the latest value per step.
     train = sorted({row["step"]: row for row in train}.values(), key=lambda r: r["step"])
     held_out = sorted({row["step"]: row for row in held_out}.values(), key=lambda r: r["step"])
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    # A Figure of its own, not pyplot's: no global backend to set, no figure to close.
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    ax = fig.subplots()
     for key, style in (("loss", "-"), ("mlm_loss", "--"), ("nsp_loss", ":")):
         ax.plot([r["step"] for r in train], [r[key] for r in train], style, label=f"train {key}")
     if held_out:
@@ -94,6 +94,5 @@ def write_loss_plot(history_path: str, png_path: str):
     fig.tight_layout()
     tmp = png_path + ".tmp.png"
     fig.savefig(tmp)
-    plt.close(fig)
     os.replace(tmp, png_path)
     return png_path

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
-from kbert.errors import KbertError
+import keras
+import tensorflow as tf
+
+from kbert.errors import KbertError, first_line
 
 STRATEGIES = ("auto", "cpu", "gpu", "mirrored", "multi-worker", "tpu")
 
@@ -18,7 +22,6 @@ def split_cpu_if_asked():
     """Honour KBERT_LOGICAL_CPUS=N: expose the CPU as N logical devices (before any TF op)."""
     n = int(os.environ.get(LOGICAL_CPUS_ENV, "0") or 0)
     if n > 1:
-        import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         try:
             tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
@@ -30,8 +33,6 @@ def use_mixed_precision(enabled: bool):
     """Turn on Keras' mixed precision if `enabled`: float16 compute (with loss scaling) on a GPU,
     bfloat16 elsewhere (CPUs with AVX512-BF16 or AMX, TPUs); variables stay float32."""
     if enabled:
-        import keras
-        import tensorflow as tf
         gpu = bool(tf.config.list_logical_devices("GPU"))
         keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
 
@@ -45,8 +46,6 @@ def make_strategy(name: str = "auto", tpu: str | None = None):
     - multi-worker: MultiWorkerMirroredStrategy; needs TF_CONFIG (cluster + task).
     - tpu: TPUStrategy on the TPU named by `tpu` (or the one TPUClusterResolver finds).
     """
-    import tensorflow as tf
-
     if name not in STRATEGIES:
         raise KbertError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}")
     # Multi-worker and TPU set-up must come before anything initialises TensorFlow's devices.
@@ -85,22 +84,19 @@ def make_strategy(name: str = "auto", tpu: str | None = None):
 
 
 def _tpu_strategy(tpu):
-    import tensorflow as tf
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")
         _probe(resolver.master())  # connecting to a dead address would hang, not fail
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except Exception as e:  # ValueError, URLError, OpError...: all mean "no TPU here"
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise KbertError(f"--strategy tpu: no TPU reachable{f' at {tpu!r}' if tpu else ''} ({first}); "
+        raise KbertError(f"--strategy tpu: no TPU reachable{f' at {tpu!r}' if tpu else ''} ({first_line(e)}); "
                          f"run on a Cloud TPU VM or pass --tpu NAME") from None
     return tf.distribute.TPUStrategy(resolver)
 
 
 def _probe(master: str, timeout: float = 10.0):
     """Raise ConnectionError unless the TPU worker at `master` (grpc://host:port) accepts a connection."""
-    import socket
     if not master.startswith("grpc://"):
         return  # a local TPU VM ("" or "local"): nothing to dial
     host, _, port = master[len("grpc://"):].rpartition(":")
