@@ -12,7 +12,7 @@ from kbert.cli.common import print_result
 
 
 def export(
-    model_dir: Path = typer.Argument(..., help="A kbert model directory (converted, pretrained or fine-tuned)."),
+    model_dir: Path = typer.Argument(..., help="A kbert model directory (converted, pretrained or fine-tuned), or a google-research checkpoint."),
     export_base: Path = typer.Argument(..., help="The directory TF Serving watches (--model_base_path); "
                                                  "the export goes to EXPORT_BASE/VERSION."),
     version: Optional[int] = typer.Option(None, "--version", help="Version number (default: the next free one)."),
@@ -23,7 +23,7 @@ def export(
         None, "--text-pairs/--single-text",
         help="Whether serving_default takes text_b (default: yes for classifiers and regressors)."),
     precision: str = typer.Option(
-        "float32", help="float32 (exact) or bfloat16 (on an AMX CPU here: 1.4x faster at batch 1, 1.7x at batch 32; outputs ~1e-2 off)."),
+        "float32", help="float32 (exact) or bfloat16 (on this AVX512-BF16 CPU: 1.4x faster at batch 1, 1.7x at batch 32; outputs ~1e-2 off)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing version."),
 ):
     """Export a model for TF Serving (serving_default, serve_ids, serve_examples; classify or regress); prints JSON."""

@@ -1,5 +1,8 @@
 """`kbert finetune / predict / evaluate`: fine-tuned heads for classification, regression,
-tagging and SQuAD, from the shell."""
+tagging, SQuAD and multiple choice, from the shell.
+
+The library is imported inside each command, not at the top: `kbert --help` and a mistyped
+flag should answer at once, without waiting for TensorFlow."""
 
 from __future__ import annotations
 
@@ -16,14 +19,14 @@ FORMATS = "auto, csv, tsv, jsonl, or a GLUE layout: mrpc, cola, sst2, stsb, mnli
 
 def finetune(
     model_dir: Path = typer.Argument(..., help="A kbert model directory (converted or pretrained), or a google-research checkpoint directory."),
-    task: str = typer.Option(..., "--task", help="classify | regress | tag | squad."),
-    train: Path = typer.Option(..., "--train", help="Training data: CSV/TSV/JSONL with text[,text_b],label; a GLUE TSV; CoNLL (tag); SQuAD JSON (squad)."),
+    task: str = typer.Option(..., "--task", help="classify | regress | tag | squad | choice."),
+    train: Path = typer.Option(..., "--train", help="Training data: CSV/TSV/JSONL with text[,text_b],label; a GLUE TSV; CoNLL (tag); SQuAD JSON (squad); SWAG CSV (choice)."),
     output: Path = typer.Option(..., "--output", help="Output: the fine-tuned kbert model directory."),
     dev: Optional[Path] = typer.Option(None, "--dev", help="Dev data, same format: scored after each epoch; the best epoch is kept."),
     epochs: int = typer.Option(3, help="Training epochs."),
     batch_size: int = typer.Option(32, help="Global batch size (split over replicas)."),
     learning_rate: float = typer.Option(5e-5, help="Peak learning rate (the paper used 2e-5..5e-5)."),
-    max_seq_length: Optional[int] = typer.Option(None, help="Tokens per example (default 128; 384 for squad)."),
+    max_seq_length: Optional[int] = typer.Option(None, help="Tokens per example (per context + ending for choice; default 128, 384 for squad)."),
     warmup_proportion: float = typer.Option(0.1, help="Share of steps with linear warmup (run_classifier.py's 0.1)."),
     seed: int = typer.Option(12345, help="Seed for the head's initial weights, dropout and data order."),
     mixed_precision: bool = typer.Option(False, "--mixed-precision", help="bfloat16 on CPU, float16 with loss scaling on GPU."),
@@ -39,7 +42,8 @@ def finetune(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output directory."),
 ):
     """Fine-tune BERT on a labelled file; prints the best epoch's dev metrics as JSON."""
-    from kbert.finetuning.train import FinetuneOptions, finetune as run
+    from kbert.finetuning.options import FinetuneOptions
+    from kbert.finetuning.train import finetune as finetune_model
 
     options = FinetuneOptions(
         epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, max_seq_length=max_seq_length,
@@ -47,11 +51,11 @@ def finetune(
         patience=patience, format=format, skip_bad_rows=skip_bad_rows, doc_stride=doc_stride,
         max_query_length=max_query_length, n_best_size=n_best_size, max_answer_length=max_answer_length,
         null_score_diff_threshold=null_score_diff_threshold, overwrite=overwrite)
-    print_result(run(str(model_dir), task, str(train), str(output), dev=dev and str(dev), options=options))
+    print_result(finetune_model(str(model_dir), task, str(train), str(output), dev=dev and str(dev), options=options))
 
 
 def predict(
-    model_dir: Optional[Path] = typer.Argument(None, help="A fine-tuned model directory, or an encoder/pretrained one (features). Leave out with --server."),
+    model_dir: Optional[Path] = typer.Argument(None, help="A fine-tuned model directory, or an encoder/pretrained one or a google-research checkpoint (features). Leave out with --server."),
     input: Path = typer.Option(..., "--input", help="Same formats as finetune (labels optional); for encoders, one text per line (a ||| b for pairs)."),
     server: Optional[str] = typer.Option(None, "--server", help="Predict with a model TF Serving serves instead: HOST:PORT (gRPC) or http://HOST:PORT (REST)."),
     model: Optional[str] = typer.Option(None, "--model", help="With --server: the model's name on the server."),
@@ -79,13 +83,14 @@ def predict(
             if value is not None:
                 raise KbertError(f"{flag} applies to a local model; the served model's export fixed it "
                                  f"(kbert export --max-seq-length)")
-        from kbert.serving.client import Client, predict_file
-        rows = predict_file(Client(server, model, timeout=timeout), input, batch_size=batch_size, format=format,
-                            skip_bad_rows=skip_bad_rows)
+        from kbert.finetuning.predict import predict_served
+        from kbert.serving.client import Client
+        rows = predict_served(Client(server, model, timeout=timeout), input, batch_size=batch_size, format=format,
+                              skip_bad_rows=skip_bad_rows)
     else:
         if model:
             raise KbertError(f"--model {model} names a served model; use it with --server, or drop it")
-        from kbert.finetuning.train import predict as run
+        from kbert.finetuning.predict import predict as predict_rows
 
         wanted = None
         if layers:
@@ -93,7 +98,7 @@ def predict(
                 wanted = [int(x) for x in layers.split(",")]
             except ValueError:
                 raise KbertError(f"--layers {layers!r}: give comma-separated layer indexes, e.g. -1,-2") from None
-        rows = run(str(model_dir), str(input), layers=wanted, batch_size=batch_size, max_seq_length=max_seq_length,
+        rows = predict_rows(str(model_dir), str(input), layers=wanted, batch_size=batch_size, max_seq_length=max_seq_length,
                    format=format, skip_bad_rows=skip_bad_rows)
     for row in rows:
         sys.stdout.write(json.dumps(row) + "\n")
@@ -108,6 +113,6 @@ def evaluate(
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
 ):
     """Score a fine-tuned model on labelled data; prints one JSON object of metrics."""
-    from kbert.finetuning.train import evaluate as run
+    from kbert.finetuning.predict import evaluate as evaluate_model
 
-    print_result(run(str(model_dir), str(input), batch_size=batch_size, format=format, skip_bad_rows=skip_bad_rows))
+    print_result(evaluate_model(str(model_dir), str(input), batch_size=batch_size, format=format, skip_bad_rows=skip_bad_rows))

@@ -28,6 +28,8 @@ _EXPORTS = {
     "bert_classifier": "kbert.model.bert",
     "bert_tagger": "kbert.model.bert",
     "bert_span_predictor": "kbert.model.bert",
+    "BertMultipleChoice": "kbert.model.bert",
+    "bert_multiple_choice": "kbert.model.bert",
     "BertPreprocessor": "kbert.text.preprocessing",
     "load": "kbert.model_dir",
     "save": "kbert.model_dir",

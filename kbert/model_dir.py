@@ -1,4 +1,8 @@
-"""kbert model directories: `bert_config.json` + `vocab.txt` + `model.weights.h5`.
+"""Model sources: kbert model directories, and the one opener of every model source.
+
+A kbert model directory is `bert_config.json` + `vocab.txt` + `model.weights.h5`.
+`open_model` opens any source a command takes (a kbert model directory, or a google-research
+checkpoint converted on the fly), and `lower_case_for` is the one rule for a source's casing.
 
 `bert_config.json` keeps the original keys, plus kbert's own: `kbert_model` (which model
 class the weights belong to) and `do_lower_case`. `kbert.load` rebuilds the model from the
@@ -8,12 +12,20 @@ google-research/bert's config.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import shutil
 
+import tensorflow as tf
+
 from kbert.config import BertConfig
-from kbert.errors import KbertError
+from kbert.errors import KbertError, first_line
 from kbert.files import atomic_output_dir, count_lines, require_path
+from kbert.model import bert
+from kbert.model.layers import weights_from
+
+log = logging.getLogger("kbert")
 
 CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
@@ -32,10 +44,9 @@ def check_vocab(vocab_file: str, config: BertConfig):
 
 
 def _model_classes():
-    from kbert.model import bert
     return {"pretrainer": bert.BertPretrainer, "encoder": bert.BertEncoder,
             "classifier": bert.BertClassifier, "tagger": bert.BertTagger,
-            "span_predictor": bert.BertSpanPredictor}
+            "span_predictor": bert.BertSpanPredictor, "multiple_choice": bert.BertMultipleChoice}
 
 
 def model_kind(model) -> str:
@@ -105,9 +116,6 @@ def load(model_dir):
     Example:
     >>> model = kbert.load("out/tiny")  # doctest: +SKIP
     """
-    import tensorflow as tf
-
-    from kbert.model.layers import weights_from
     model_dir = os.fspath(model_dir)
     config = load_config(model_dir)
     weights = os.path.join(model_dir, WEIGHTS_FILE)
@@ -117,8 +125,7 @@ def load(model_dir):
     if kind not in builders:
         raise KbertError(f"{model_dir}: unknown kbert_model {kind!r} in bert_config.json; "
                          f"expected one of {', '.join(builders)}")
-    head = {"num_classes": int(config.extras.get("num_classes", 2))} if kind in (
-        "classifier", "tagger", "span_predictor") else {}
+    head = {"num_classes": int(config.extras.get("num_classes", 2))} if kind in ("classifier", "tagger") else {}
     # Zero-filled weights, overwritten by load_weights next: drawing BERT-base's 110M random
     # initial values would take longer than reading the file.
     with weights_from(lambda path, shape: tf.zeros(shape)):
@@ -126,12 +133,90 @@ def load(model_dir):
     try:
         model.load_weights(weights)
     except (ValueError, OSError) as e:
-        raise KbertError(f"{weights}: cannot load ({str(e).splitlines()[0]}); the file is damaged or "
+        raise KbertError(f"{weights}: cannot load ({first_line(e)}); the file is damaged or "
                          f"does not match bert_config.json") from None
     model.vocab_file = os.path.join(model_dir, VOCAB_FILE)
     model.do_lower_case = bool(config.extras.get("do_lower_case", True))
     model.task_info = {k: config.extras[k] for k in TASK_KEYS if k in config.extras}
     return model
+
+
+@dataclasses.dataclass
+class SourceInfo:
+    """What a model source says about itself, read without loading its weights."""
+    config: BertConfig
+    vocab_file: str
+    do_lower_case: bool
+
+
+def lower_case_for(source, recorded: bool | None = None) -> bool:
+    """Whether a model source's vocabulary is uncased: the one place kbert decides casing.
+
+    A kbert model directory records it (`do_lower_case` in bert_config.json). google-research's
+    released checkpoints do not; their folder names do (uncased_L-12_H-768_A-12,
+    cased_L-12_H-768_A-12, multi_cased_L-12_H-768_A-12), so the folder name decides, and a
+    name that says neither means uncased, as most released models are.
+
+    >>> lower_case_for("models/cased_L-12_H-768_A-12"), lower_case_for("uncased_L-2_H-128_A-2/")
+    (False, True)
+    >>> lower_case_for("models/cased_L-12_H-768_A-12", recorded=True)
+    True
+    """
+    if recorded is not None:
+        return bool(recorded)
+    path = os.path.abspath(os.fspath(source))
+    # A checkpoint prefix (bert_model.ckpt, model.ckpt-20000) is named by its folder.
+    folder = os.path.dirname(path) if "ckpt" in os.path.basename(path) and not os.path.isdir(path) else path
+    name = os.path.basename(folder).lower()
+    return "uncased" in name or "cased" not in name
+
+
+def describe_source(source) -> SourceInfo:
+    """Config, vocabulary and casing of a kbert model directory or a google-research checkpoint.
+
+    Example:
+    >>> describe_source("tests/fixtures/tf1-tiny").do_lower_case  # doctest: +SKIP
+    True
+    """
+    source = os.fspath(source)
+    require_path(source, "model directory", "pass a kbert model directory or a google-research checkpoint")
+    if is_model_dir(source):
+        config = load_config(source)
+        vocab = os.path.join(source, VOCAB_FILE)
+        require_path(vocab, "vocab file", "the model directory needs its vocab.txt")
+        return SourceInfo(config, vocab, lower_case_for(source, config.extras.get("do_lower_case", True)))
+    checkpoint = _tf1().find_checkpoint(source)
+    return SourceInfo(BertConfig.from_json_file(checkpoint.config_file), checkpoint.vocab_file,
+                      lower_case_for(checkpoint.prefix))
+
+
+def open_model(source, do_lower_case: bool | None = None):
+    """The model at `source`, with its weights: a kbert model directory (`load`), or a
+    google-research checkpoint directory or prefix, converted on the fly.
+
+    The model carries `vocab_file` and `do_lower_case` (decided by `lower_case_for` unless
+    `do_lower_case` is given) for building its tokenizer.
+
+    Example:
+    >>> model = open_model("cased_L-12_H-768_A-12/")  # doctest: +SKIP
+    >>> model.do_lower_case  # doctest: +SKIP
+    False
+    """
+    source = os.fspath(source)
+    require_path(source, "model directory", "pass a kbert model directory or a google-research checkpoint")
+    if is_model_dir(source):
+        model = load(source)
+        if do_lower_case is not None:
+            model.do_lower_case = bool(do_lower_case)
+        return model
+    return _tf1().load_tf1_checkpoint(source, do_lower_case=do_lower_case)
+
+
+def _tf1():
+    # kbert.converters imports this module (its file names, check_vocab, lower_case_for), so
+    # importing it at the top would be an import cycle.
+    from kbert.converters import tf1
+    return tf1
 
 
 def write_model_files(model, model_dir, vocab_file: str, do_lower_case: bool, weights: bool = True):

@@ -18,9 +18,15 @@ classifiers get `classify` (`tensorflow/serving/classify`: `inputs` serialized t
 above -> `classes` [batch, C] label strings and `scores` [batch, C]); regressors get `regress`
 (`tensorflow/serving/regress`: `inputs` -> `outputs` [batch]).
 
-Outputs by model: encoders and pretrained models `pooled_output`, `sequence_output`,
-`input_mask`; classifiers `probabilities`, `label_id`, `label`; regressors `score`; taggers
-per-token `label_id`, `label` and `input_mask`. Floats are float32 and pass through
+Outputs by model (each task's `serve` in `kbert.finetuning.tasks`): encoders and pretrained
+models `pooled_output`, `sequence_output`, `input_mask`; classifiers `probabilities`,
+`label_id`, `label`; regressors `score`; taggers per-token `label_id`, `label` and
+`input_mask`, and from `serving_default`/`serve_examples` also `word_label` [batch, words]: the
+tag of each whitespace-separated word of `text` (on its first WordPiece, as `kbert predict`
+tags CoNLL words; "" past a sentence's words). Multiple-choice models take `text` [batch] and
+`endings` [batch, choices] strings (`serve_ids`: [batch, choices, seq] ids; `serve_examples`:
+a bytes feature `endings` with one value per ending) and give `probabilities` [batch, choices]
+and `label_id`. Floats are float32 and pass through
 `tf.debugging.check_numerics`, so a NaN fails the request instead of being served.
 """
 
@@ -28,10 +34,20 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, NamedTuple
 
+import keras
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.python.saved_model import fingerprinting_utils
+from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+from kbert.config import sequence_length
 from kbert.errors import KbertError
 from kbert.files import atomic_output_dir
+from kbert.finetuning.tasks import CLASSIFY_API, REGRESS_API, TASKS, ServingHead, finite, get_task
+from kbert.model.bert import BertEncoder, BertMultipleChoice, BertPretrainer, BertTagger
+from kbert.model_dir import describe_source, open_model
+from kbert.text.preprocessing import BertPreprocessor
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 MODELS_CONFIG = "models.config"
@@ -40,8 +56,7 @@ SIGNATURES = ("serving_default", "serve_ids", "serve_examples")
 PRECISIONS = ("float32", "bfloat16")
 # The Classify and Regress APIs' signature names, method names and keys (TF Serving's
 # signature_constants): TF Serving refuses a signature of the predict method for them.
-CLASSIFY, REGRESS = "classify", "regress"
-METHOD_NAMES = {CLASSIFY: "tensorflow/serving/classify", REGRESS: "tensorflow/serving/regress"}
+METHOD_NAMES = {CLASSIFY_API: "tensorflow/serving/classify", REGRESS_API: "tensorflow/serving/regress"}
 # Representative warmup requests: TF Serving runs them at load so that the first real request
 # does not pay for graph set-up; one per batch shape that a client typically sends.
 WARMUP_TEXTS = (["Hello, world!"],
@@ -55,34 +70,9 @@ def _next_version(export_base: str) -> int:
     return max(versions, default=0) + 1
 
 
-class _Head(NamedTuple):
-    """How to serve one kind of model."""
-    tracked: object  # the Keras model the archive tracks
-    outputs: Callable  # features -> dict of Predict API outputs
-    pairs: bool  # serving_default takes text_b
-    api: str | None = None  # CLASSIFY or REGRESS: the extra signature's name
-    api_outputs: Callable | None = None  # features -> that signature's outputs
-
-
-def _head(model, task_info, text_pairs) -> _Head:
-    """How to serve `model`, by its kind."""
-    import tensorflow as tf
-
-    from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, BertTagger
-
-    def finite(name, x):
-        return tf.debugging.check_numerics(tf.cast(x, tf.float32), f"non-finite values in output {name}")
-
+def _serving_head(model, task_info, text_pairs) -> ServingHead:
+    """How to serve `model`: its task's record says, and encoders serve their outputs."""
     task = task_info.get("task")
-    labels = task_info.get("labels")
-
-    def label_table(n):
-        names = [str(label) for label in labels] if labels else [str(i) for i in range(n)]
-        if len(names) != n:
-            raise KbertError(f"bert_config.json lists {len(names)} labels for a head of {n} classes; "
-                             f"fine-tune the model again")
-        return tf.constant(names)
-
     if isinstance(model, (BertEncoder, BertPretrainer)):
         encoder = model if isinstance(model, BertEncoder) else model.encoder
 
@@ -91,43 +81,25 @@ def _head(model, task_info, text_pairs) -> _Head:
             return {"pooled_output": finite("pooled_output", out["pooled_output"]),
                     "sequence_output": finite("sequence_output", out["sequence_output"]),
                     "input_mask": features["input_mask"]}
-        return _Head(encoder, outputs, bool(text_pairs))
-
-    if isinstance(model, BertClassifier):
+        return ServingHead(encoder, outputs, ("text", "text_b") if text_pairs else ("text",))
+    if task is None:  # a head saved without fine-tuning metadata: its kind says which task
+        task = {BertTagger: "tag", BertMultipleChoice: "choice"}.get(type(model)) or (
+            "regress" if getattr(model, "num_classes", 0) == 1 else "classify")
+    record = get_task(task)
+    if record.serve is None:
+        raise KbertError(f"kbert export serves encoders, pretrained models and the {task_list()} tasks; a "
+                         f"{task} model needs its question/context windows, which export does not build yet: "
+                         f"serve its encoder or use kbert predict")
+    head = record.serve(model, task_info.get("labels"))
+    if task in ("classify", "regress"):
         # finetune records "text_pairs"; directories from before it did may get pairs.
         pairs = bool(task_info.get("text_pairs", True)) if text_pairs is None else text_pairs
-        if task == "regress" or (task is None and model.num_classes == 1):
-            def outputs(features):
-                return {"score": finite("score", model(features, training=False)["logits"][:, 0])}
+        head = head._replace(text_inputs=("text", "text_b") if pairs else ("text",))
+    return head
 
-            def regress_outputs(features):
-                return {"outputs": outputs(features)["score"]}
-            return _Head(model, outputs, pairs, REGRESS, regress_outputs)
-        names = label_table(model.num_classes)
 
-        def outputs(features):
-            probabilities = finite("probabilities", tf.nn.softmax(
-                tf.cast(model(features, training=False)["logits"], tf.float32), axis=-1))
-            label_id = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
-            return {"probabilities": probabilities, "label_id": label_id, "label": tf.gather(names, label_id)}
-
-        def classify_outputs(features):
-            scores = outputs(features)["probabilities"]
-            return {"classes": tf.tile(names[None], [tf.shape(scores)[0], 1]), "scores": scores}
-        return _Head(model, outputs, pairs, CLASSIFY, classify_outputs)
-
-    if isinstance(model, BertTagger):
-        names = label_table(model.num_classes)
-
-        def outputs(features):
-            logits = finite("logits", model(features, training=False)["logits"])
-            label_id = tf.argmax(logits, axis=-1, output_type=tf.int32)
-            return {"label_id": label_id, "label": tf.gather(names, label_id), "input_mask": features["input_mask"]}
-        return _Head(model, outputs, bool(text_pairs))
-
-    raise KbertError(f"kbert export serves encoders, pretrained models, classifiers, regressors and taggers; "
-                     f"a {type(model).__name__} (SQuAD) needs its question/context windows, which export "
-                     f"does not build yet: serve its encoder or use kbert predict")
+def task_list() -> str:
+    return ", ".join(name for name, task in TASKS.items() if task.serve is not None)
 
 
 def _set_method_name(saved_model_dir: str, signature: str, method_name: str):
@@ -136,9 +108,6 @@ def _set_method_name(saved_model_dir: str, signature: str, method_name: str):
     TF2's saving writes every signature as `tensorflow/serving/predict`; TF Serving's Classify
     and Regress APIs refuse those, so the name is set in `saved_model.pb` itself.
     """
-    from tensorflow.core.protobuf import saved_model_pb2
-    from tensorflow.python.saved_model import fingerprinting_utils
-
     path = os.path.join(saved_model_dir, "saved_model.pb")
     saved_model = saved_model_pb2.SavedModel()
     with open(path, "rb") as f:
@@ -153,8 +122,6 @@ def _set_method_name(saved_model_dir: str, signature: str, method_name: str):
 
 def exported_signatures(path: str) -> dict:
     """{signature name: method name} of the SavedModel at `path`, read from saved_model.pb."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
     saved_model = saved_model_pb2.SavedModel()
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:
         saved_model.ParseFromString(f.read())
@@ -203,20 +170,20 @@ def _batching_parameters(cores: int) -> str:
         "pad_variable_length_inputs: false\n")
 
 
-def _warmup_requests(path: str, name: str, text_pairs: bool):
+def _warmup_requests(path: str, name: str, text_inputs: tuple):
     """A TFRecord of PredictionLog protos: `serving_default` requests TF Serving replays at load."""
-    import tensorflow as tf
-    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
-
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
         for texts in WARMUP_TEXTS:
             request = predict_pb2.PredictRequest(
                 model_spec=model_pb2.ModelSpec(name=name, signature_name="serving_default"))
             request.inputs["text"].CopyFrom(tf.make_tensor_proto(texts, dtype=tf.string))
-            if text_pairs:
+            if "text_b" in text_inputs:
                 second = ["And its second text."] * len(texts)
                 request.inputs["text_b"].CopyFrom(tf.make_tensor_proto(second, dtype=tf.string))
+            if "endings" in text_inputs:
+                endings = [["ends here.", "goes on and on."]] * len(texts)
+                request.inputs["endings"].CopyFrom(tf.make_tensor_proto(endings, dtype=tf.string))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
 
@@ -230,7 +197,8 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     into place, so TF Serving (which only loads all-digit names) never sees a half-written one.
 
     Args:
-        model_dir: str. A kbert model directory (converted, pretrained or fine-tuned).
+        model_dir: str. A kbert model directory (converted, pretrained or fine-tuned), or a
+            google-research checkpoint directory (converted on the fly).
         export_base: str. The directory TF Serving watches (`--model_base_path`).
         version: int. The version number; default: one more than the highest there, or 1.
         max_seq_length: int. Tokens per request (longer texts are truncated); default: the
@@ -242,7 +210,7 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
             run_classifier.py), no otherwise. bert_config.json does not record whether a model
             was fine-tuned on pairs, so a single-text classifier's clients send `text_b` "".
         precision: str. "float32" (the trained model's numbers) or "bfloat16": weights and
-            matmuls in bfloat16: on this project's AMX CPU 1.4x faster at batch 1 and 1.7x at
+            matmuls in bfloat16: on this project's AVX512-BF16 CPU 1.4x faster at batch 1 and 1.7x at
             batch 32 for BERT-base, at about 1e-2 of difference in the outputs (softmax and LayerNorm statistics
             stay in float32; the outputs are float32).
 
@@ -251,18 +219,10 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     >>> path  # doctest: +SKIP
     '/abs/exports/sentiment/1'
     """
-    import keras
-    import tensorflow as tf
-
-    from kbert.model_dir import is_model_dir, load
-    from kbert.text.preprocessing import BertPreprocessor
-
     model_dir, export_base = os.fspath(model_dir), os.path.abspath(os.fspath(export_base))
     if precision not in PRECISIONS:
         raise KbertError(f"--precision {precision!r}: choose {' or '.join(PRECISIONS)}")
-    if not is_model_dir(model_dir):
-        raise KbertError(f"{model_dir} is not a kbert model directory (no model.weights.h5); convert a "
-                         f"checkpoint with kbert convert from-tf1, or pass a directory written by kbert finetune")
+    source = describe_source(model_dir)  # a clear error for a path that is neither model nor checkpoint
     if os.path.isfile(export_base):
         raise KbertError(f"{export_base} is a file; EXPORT_BASE must be a directory (TF Serving's --model_base_path)")
     if version is None:
@@ -280,17 +240,15 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(precision)  # the variables' dtype as well as the compute's
     try:
-        model = load(model_dir)
+        model = open_model(model_dir, do_lower_case=source.do_lower_case)
     finally:
         keras.mixed_precision.set_global_policy(previous)
     task_info = getattr(model, "task_info", None) or {}
-    limit = model.config.max_position_embeddings
-    length = max_seq_length or min(int(task_info.get("max_seq_length", 128)), limit)
-    if not 3 <= length <= limit:
-        raise KbertError(f"--max-seq-length {length} must be between 3 and the model's "
-                         f"max_position_embeddings {limit}")
-    head = _head(model, task_info, text_pairs)
-    outputs, pairs = head.outputs, head.pairs
+    length = sequence_length(max_seq_length, model.config.max_position_embeddings, task_info.get("max_seq_length"))
+    if length < 3:
+        raise KbertError(f"--max-seq-length {length} must be at least 3 ([CLS] x [SEP])")
+    head = _serving_head(model, task_info, text_pairs)
+    outputs = head.outputs
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)
     preprocessor((tf.constant(["warm up"]), tf.constant(["b"])))  # builds it, so ExportArchive may track it
 
@@ -314,34 +272,50 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
         model.vocab_file, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
         tf.string, tf.lookup.TextFileIndex.WHOLE_LINE), default_value="[UNK]"))
 
-    if pairs:
-        def serve_text(text, text_b):
-            return outputs(pack(text, text_b))
-        text_signature = [tf.TensorSpec([None], tf.string, name="text"),
-                          tf.TensorSpec([None], tf.string, name="text_b")]
-    else:
+    specs = {"text": tf.TensorSpec([None], tf.string, name="text"),
+             "text_b": tf.TensorSpec([None], tf.string, name="text_b"),
+             "endings": tf.TensorSpec([None, None], tf.string, name="endings")}
+
+    def text_outputs(strings):
+        if head.text_outputs is not None:
+            return head.text_outputs(strings, pack, preprocessor)
+        return outputs(pack(strings["text"], strings.get("text_b")))
+
+    # serving_default's inputs are named by the head: text, and text_b or endings.
+    if head.text_inputs == ("text",):
         def serve_text(text):
-            return outputs(pack(text))
-        text_signature = [tf.TensorSpec([None], tf.string, name="text")]
+            return text_outputs({"text": text})
+    elif head.text_inputs == ("text", "text_b"):
+        def serve_text(text, text_b):
+            return text_outputs({"text": text, "text_b": text_b})
+    else:
+        def serve_text(text, endings):
+            return text_outputs({"text": text, "endings": endings})
+    text_signature = [specs[name] for name in head.text_inputs]
 
     def serve_ids(input_ids, input_mask, segment_ids):
         return outputs({"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids})
 
     def parse_examples(examples):
         spec = {"text": tf.io.FixedLenFeature([], tf.string)}
-        if pairs:
+        if "text_b" in head.text_inputs:
             spec["text_b"] = tf.io.FixedLenFeature([], tf.string, default_value="")
-        features = tf.io.parse_example(examples, spec)
-        return pack(features["text"], features.get("text_b"))
+        if "endings" in head.text_inputs:
+            spec["endings"] = tf.io.RaggedFeature(tf.string)
+        strings = tf.io.parse_example(examples, spec)
+        if "endings" in strings:
+            strings["endings"] = strings["endings"].to_tensor("")
+        return strings
 
     def serve_examples(examples):
-        return outputs(parse_examples(examples))
+        return text_outputs(parse_examples(examples))
 
     def serve_api(inputs):
-        return head.api_outputs(parse_examples(inputs))
+        strings = parse_examples(inputs)
+        return head.api_outputs(pack(strings["text"], strings.get("text_b")))
 
     archive.add_endpoint("serving_default", serve_text, text_signature)
-    archive.add_endpoint("serve_ids", serve_ids, [tf.TensorSpec([None, None], tf.int32, name=n) for n in
+    archive.add_endpoint("serve_ids", serve_ids, [tf.TensorSpec([None] * head.ids_rank, tf.int32, name=n) for n in
                                                   ("input_ids", "input_mask", "segment_ids")])
     archive.add_endpoint("serve_examples", serve_examples, [tf.TensorSpec([None], tf.string, name="examples")])
     if head.api:
@@ -352,7 +326,7 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
         archive.write_out(tmp, verbose=False)
         if head.api:
             _set_method_name(tmp, head.api, METHOD_NAMES[head.api])
-        _warmup_requests(os.path.join(tmp, WARMUP_FILE), name, pairs)
+        _warmup_requests(os.path.join(tmp, WARMUP_FILE), name, head.text_inputs)
     _write_text(os.path.join(export_base, MODELS_CONFIG), _models_config(name, export_base))
     _write_text(os.path.join(export_base, BATCHING_PARAMETERS), _batching_parameters(os.cpu_count() or 1))
     return path

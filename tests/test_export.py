@@ -338,12 +338,19 @@ def test_tagger_serves_a_label_per_token(tiny_model_dir, tmp_path):
     signature = tf.saved_model.load(export_model(tmp_path / "tagger", tmp_path / "base")).signatures
     texts = tf.constant(["gold glorious great.", "dead."])
     out = signature["serving_default"](text=texts)
-    assert sorted(out) == ["input_mask", "label", "label_id"]
+    assert sorted(out) == ["input_mask", "label", "label_id", "word_label"]
     features = BertPreprocessor(base.vocab_file, True, 8)(texts)
     expected = model(features, training=False)["logits"].numpy().argmax(-1)
     assert out["label_id"].numpy().tolist() == expected.tolist()
     assert out["label"].numpy().astype(str).tolist() == [["BIO"[i] for i in row] for row in expected]
     np.testing.assert_array_equal(out["input_mask"].numpy(), features["input_mask"].numpy())
+    # One tag per whitespace word, read at its first WordPiece ("great." is "great" "."), "" past
+    # a sentence's words; serve_ids, without words, gives the per-token outputs only.
+    tags = [["BIO"[i] for i in row] for row in expected]
+    assert out["word_label"].numpy().astype(str).tolist() == [[tags[0][1], tags[0][2], tags[0][3]],
+                                                             [tags[1][1], "", ""]]
+    assert sorted(signature["serve_ids"](**{k: tf.constant(v) for k, v in features.items()})) == \
+        ["input_mask", "label", "label_id"]
 
 
 def test_bfloat16_export_is_close_to_float32_and_half_the_size(tiny_model_dir, tmp_path):

@@ -11,7 +11,8 @@ import pytest
 
 from kbert.finetuning import metrics
 from kbert.errors import KbertError
-from kbert.finetuning.metrics import (best_metric, classification_metrics, entities, regression_metrics,
+from kbert.finetuning.tasks import best_metric
+from kbert.finetuning.metrics import (classification_metrics, entities, regression_metrics,
                            tagging_metrics)
 
 
@@ -282,7 +283,7 @@ def test_best_metric(task, scores, expected):
 
 def test_best_metric_converts_numpy_and_rejects_bad_input():
     assert type(best_metric("classify", {"accuracy": np.float32(0.5)})[1]) is float
-    with pytest.raises(KbertError, match="unknown task 'summarize'"):
+    with pytest.raises(KbertError, match="unknown --task 'summarize'"):
         best_metric("summarize", {"f1": 1.0})
     with pytest.raises(KbertError, match="no 'pearson'.*mse"):
         best_metric("regress", {"mse": 0.1})

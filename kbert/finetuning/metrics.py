@@ -23,8 +23,6 @@ import numpy as np
 
 from kbert.errors import KbertError
 
-# The number `best_metric` picks the best epoch by, per task; higher is better for all.
-BEST_METRIC = {"classify": "accuracy", "regress": "pearson", "tag": "f1", "squad": "f1"}
 
 
 # === Classification ===
@@ -315,31 +313,3 @@ def _precision_recall_f1(correct, predicted, gold):
 
 
 # === Choosing the best epoch ===
-
-
-def best_metric(task: str, metrics: dict) -> tuple[str, float]:
-    """The name and value of the score that picks the best epoch; higher is better.
-
-    classify: accuracy; regress: pearson; tag: entity F1; squad: F1.
-
-    Args:
-        task: str. One of "classify", "regress", "tag", "squad".
-        metrics: dict. What the task's metrics function returned.
-
-    Returns:
-        (name, value) with value a Python float.
-
-    Raises:
-        KbertError: an unknown task, or `metrics` lacks that task's score.
-
-    Example:
-    >>> best_metric("classify", {"accuracy": 0.75, "macro_f1": 0.73, "mcc": 0.58})
-    ('accuracy', 0.75)
-    """
-    if task not in BEST_METRIC:
-        raise KbertError(f"unknown task {task!r}; expected one of {', '.join(BEST_METRIC)}")
-    name = BEST_METRIC[task]
-    if name not in metrics:
-        raise KbertError(f"the {task} metrics have no {name!r} to pick the best epoch by; "
-                         f"they have {', '.join(sorted(metrics)) or 'nothing'}")
-    return name, float(metrics[name])

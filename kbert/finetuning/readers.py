@@ -17,6 +17,12 @@
   or when `format="cola"` says so. CoLA's test.tsv has SST-2's test header
   ("index\\tsentence") and reads the same either way (it is reported as "sst2").
 
+`--task choice` reads SWAG's CSV (`train.csv`, `val.csv`, `test.csv` of rowanz/swagaf): a
+header naming `sent1` (the context), `sent2` (the start of every ending), `ending0`..`endingN-1`
+and, in labelled files, `label` (the index of the right ending). Each choice is the pair
+(sent1, sent2 + " " + ending), as the BERT paper and Hugging Face's run_swag build it. A CSV
+whose header names `context` and `ending0`.. (no `sent2`) reads the same way.
+
 `--task tag` reads CoNLL: one word per line, the word in the first column and its tag in
 the last (tab- or space-separated), a blank line between sentences, `-DOCSTART-` lines
 ignored.
@@ -39,6 +45,7 @@ import csv
 import dataclasses
 import io
 import json
+import logging
 import math
 import os
 from collections import Counter
@@ -46,6 +53,8 @@ from collections import Counter
 import numpy as np
 
 from kbert.errors import KbertError
+
+log = logging.getLogger("kbert")
 
 TEXT_FORMATS = ("csv", "tsv", "jsonl", "mrpc", "cola", "sst2", "stsb", "mnli", "qnli", "qqp", "rte")
 TEXT_NAMES = ("text", "text_a")  # generic files: the column or key of the (first) text
@@ -112,6 +121,26 @@ class TaggedExamples:
     replaced_bytes: int
 
 
+@dataclasses.dataclass
+class ChoiceExamples:
+    """Questions for `--task choice` (SWAG), as read from one CSV file.
+
+    Args:
+        contexts: list of str. The context of each question (SWAG's `sent1`).
+        endings: list of list of str. The full candidate endings of each question (SWAG's
+            `sent2 + " " + endingK`), the same number for every question.
+        labels: list of int, or None. The index of the right ending; None without labels.
+        skipped_rows: list of int. 1-based line numbers of the rows skipped as bad.
+        replaced_bytes: int. Invalid UTF-8 sequences replaced with U+FFFD.
+    """
+
+    contexts: list[str]
+    endings: list[list[str]]
+    labels: list[int] | None
+    skipped_rows: list[int]
+    replaced_bytes: int
+
+
 # === Reading ===
 
 
@@ -161,7 +190,7 @@ def read_text_examples(path, task: str = "classify", format: str = "auto",
     detect = format == "auto"
     if detect:
         format = _format_from_extension(path, text)
-    reader = _Rows(path, task, skip_bad_rows, require_labels)
+    reader = _TextExampleCollector(path, task, skip_bad_rows, require_labels)
     if format == "jsonl":
         _read_jsonl(reader, text)
     else:
@@ -240,6 +269,98 @@ def read_tagged_examples(path, skip_bad_rows: bool = False,
                           skipped_rows=[n for n, _ in bad], replaced_bytes=replaced)
 
 
+def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool = True) -> ChoiceExamples:
+    """Read a SWAG CSV file: a context, N endings and the right ending's index per row.
+
+    Args:
+        path: str or PathLike. The file.
+        skip_bad_rows: bool. Skip bad rows (listed in `skipped_rows`) instead of failing.
+        require_labels: bool. Rows need a `label` (0..N-1). With False, a file without a
+            label column (SWAG's test.csv) reads with `labels` None.
+
+    Returns:
+        ChoiceExamples.
+
+    Raises:
+        KbertError: a missing or empty file, a header without the context or ending
+            columns, or bad rows without `skip_bad_rows`.
+
+    Example:
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "val.csv")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write(",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,label\\n"
+    ...                 "0,v1,5,x,A man sits.,He,gold,smiles.,flies away.,0\\n")
+    >>> examples = read_choice_examples(path)
+    >>> examples.contexts, examples.endings, examples.labels
+    (['A man sits.'], [['He smiles.', 'He flies away.']], [0])
+    """
+    path = os.fspath(path)
+    text, replaced = _read_file(path)
+    rows = _table_rows(text, ",", quoting=True)
+    if not rows or rows[0][1] is None:
+        raise KbertError(f"{path}: no readable header; a SWAG CSV starts with a header naming sent1, "
+                         f"sent2, ending0, ending1, ... and label")
+    header = [name.strip() for name in rows[0][1]]
+    column = {name: i for i, name in enumerate(header)}
+    context = "sent1" if "sent1" in column else "context" if "context" in column else None
+    endings = []
+    while f"ending{len(endings)}" in column:
+        endings.append(column[f"ending{len(endings)}"])
+    if context is None or len(endings) < 2:
+        raise KbertError(f"{path}: the header ({', '.join(header[:12])}) needs a sent1 (or context) column "
+                         f"and at least ending0 and ending1: pass a SWAG CSV")
+    has_label = "label" in column
+    if require_labels and not has_label:
+        raise KbertError(f"{path}: no label column; training and evaluation need the right ending's index "
+                         f"in a column named label")
+    contexts, choices, labels, bad = [], [], [], []
+    for line_no, fields, complaint in rows[1:]:
+        if fields is None or len(fields) != len(header):
+            bad.append((line_no, complaint or f"expected {len(header)} columns, found {len(fields or [])}"))
+            continue
+        start = fields[column["sent2"]].strip() if "sent2" in column else ""
+        label = None
+        if has_label:
+            raw = fields[column["label"]].strip()
+            if raw.isdigit() and int(raw) < len(endings):
+                label = int(raw)
+            elif require_labels or raw:
+                bad.append((line_no, f"label {raw[:20]!r} is not an ending index 0..{len(endings) - 1}"))
+                continue
+        contexts.append(fields[column[context]].strip())
+        choices.append([f"{start} {fields[i].strip()}".strip() for i in endings])
+        labels.append(label)
+    _check_bad_rows(path, bad, skip_bad_rows, len(contexts))
+    if not has_label or any(label is None for label in labels):
+        labels = None
+    return ChoiceExamples(contexts=contexts, endings=choices, labels=labels,
+                          skipped_rows=[n for n, _ in bad], replaced_bytes=replaced)
+
+
+def report_skipped(path, examples):
+    """Log (to stderr) the rows `skip_bad_rows` dropped and the invalid UTF-8 that was replaced."""
+    skipped = examples.skipped_rows
+    if skipped:
+        shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+        log.warning("%s: skipped %d bad rows (lines %s)", path, len(skipped), shown)
+    if examples.replaced_bytes:
+        log.warning("%s: replaced %d invalid UTF-8 byte sequences with U+FFFD", path, examples.replaced_bytes)
+
+
+def read_lines(path) -> tuple[list[str], list[str] | None]:
+    """extract_features.py's input: one text per line, `text_a ||| text_b` for pairs.
+
+    Returns (texts, texts_b), texts_b None when no line has a pair.
+    """
+    text, _ = _read_file(os.fspath(path))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    pairs = [line.split(" ||| ", 1) for line in lines]
+    texts = [p[0] for p in pairs]
+    texts_b = [p[1] if len(p) > 1 else "" for p in pairs] if any(len(p) > 1 for p in pairs) else None
+    return texts, texts_b
+
+
 def _read_file(path: str) -> tuple[str, int]:
     """The file's text and how many invalid UTF-8 sequences became U+FFFD."""
     if not os.path.exists(path):
@@ -273,7 +394,7 @@ def _format_from_extension(path: str, text: str) -> str:
     return "tsv"  # refined by the header in _read_table
 
 
-class _Rows:
+class _TextExampleCollector:
     """Collects examples and bad rows while a file is read."""
 
     def __init__(self, path, task, skip_bad_rows, require_labels):
@@ -369,7 +490,7 @@ def _table_rows(text: str, delimiter: str, quoting: bool) -> list[tuple[int, lis
             rows.append((start, fields, ""))
 
 
-def _read_table(reader: _Rows, text: str, format: str, detect_glue: bool):
+def _read_table(reader: _TextExampleCollector, text: str, format: str, detect_glue: bool):
     path = reader.path
     quoting = format == "csv"
     rows = _table_rows(text, "," if quoting else "\t", quoting)
@@ -448,7 +569,7 @@ def _columns(path: str, format: str, header: list[str]) -> tuple:
     return tuple(found)
 
 
-def _read_jsonl(reader: _Rows, text: str):
+def _read_jsonl(reader: _TextExampleCollector, text: str):
     path = reader.path
     reader.format = "jsonl"
     stripped = text.lstrip()
@@ -651,3 +772,35 @@ def encode_tagged(tokenizer, words, tags, label_ids: dict[str, int], max_seq_len
                     labels[i, position] = label_ids[tag]
         all_positions.append(positions)
     return features, labels, all_positions, truncated
+
+
+def encode_choices(tokenizer, contexts, endings, max_seq_length: int) -> tuple[dict[str, np.ndarray], int]:
+    """Model inputs for multiple choice: each (context, ending) pair packed as `encode_texts`
+    packs a sentence pair, as the BERT paper fine-tuned on SWAG.
+
+    Args:
+        tokenizer: kbert.Tokenizer.
+        contexts: list of str. One context per question.
+        endings: list of list of str. The endings of each question, the same number for all.
+        max_seq_length: int. Tokens per (context, ending) pair, special tokens included.
+
+    Returns:
+        (features, truncated): int32 [N, choices, max_seq_length] arrays "input_ids",
+        "input_mask" and "segment_ids", and how many pairs lost tokens.
+
+    Example:
+    >>> from kbert.text.tokenizer import Tokenizer
+    >>> tokenizer = Tokenizer("tests/fixtures/vocab-uncased.txt")
+    >>> features, truncated = encode_choices(tokenizer, ["A man sits."], [["He smiles.", "He flies."]], 10)
+    >>> features["input_ids"].shape, truncated
+    ((1, 2, 10), 0)
+    >>> tokenizer.convert_ids_to_tokens(features["input_ids"][0, 1])
+    ['[CLS]', 'a', 'man', 'sits', '.', '[SEP]', 'he', 'flies', '.', '[SEP]']
+    """
+    n = len(contexts)
+    choices = len(endings[0]) if endings else 0
+    if any(len(row) != choices for row in endings):
+        raise KbertError("every question needs the same number of endings")
+    flat, truncated = encode_texts(tokenizer, [c for c in contexts for _ in range(choices)],
+                                   [e for row in endings for e in row], max_seq_length)
+    return {k: v.reshape(n, choices, max_seq_length) for k, v in flat.items()}, truncated

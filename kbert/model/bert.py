@@ -219,10 +219,13 @@ class BertSpanPredictor(_TaskModel):
     """`run_squad.py`'s model: `cls/squad/output_weights` [2, H] on every token, no extra dropout.
 
     Inputs: the encoder's three. Outputs: {"start_logits", "end_logits"}: float32 [batch, seq].
+
+    Args:
+        config: `BertConfig` or its dict.
+        encoder: optional `BertEncoder` to put the head on.
     """
 
-    def __init__(self, config, num_classes: int = 2, encoder: BertEncoder | None = None, dropout: float = 0.0,
-                 **kwargs):
+    def __init__(self, config, encoder: BertEncoder | None = None, **kwargs):
         config = _as_config(config)
         kwargs.setdefault("name", "bert_span_predictor")
         # === Layers ===
@@ -235,7 +238,79 @@ class BertSpanPredictor(_TaskModel):
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
         # === Config ===
-        self.config, self.num_classes, self.dropout_rate = config, 2, 0.0
+        self.config, self.num_classes = config, 2
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+
+
+class _FoldChoices(keras.layers.Layer):
+    """[batch, choices, seq] -> [batch·choices, seq]; the sizes are read when called."""
+
+    def call(self, x):
+        return ops.reshape(x, (-1, ops.shape(x)[-1]))
+
+    def compute_output_spec(self, x):
+        return keras.KerasTensor((None, x.shape[-1]), dtype=x.dtype)
+
+
+class _UnfoldChoices(keras.layers.Layer):
+    """Scores [batch·choices, 1] -> [batch, choices], the choices counted in `like` [batch, choices, seq]."""
+
+    def call(self, scores, like):
+        return ops.reshape(scores, (-1, ops.shape(like)[1]))
+
+    def compute_output_spec(self, scores, like):
+        return keras.KerasTensor((like.shape[0], like.shape[1]), dtype=scores.dtype)
+
+
+@keras.saving.register_keras_serializable(package="kbert")
+class BertMultipleChoice(_TaskModel):
+    """Multiple choice, as the BERT paper fine-tuned SWAG: each (context, ending) pair is encoded
+    on its own, a [1, H] `output_weights` scores its pooled [CLS] output, and a softmax over the
+    N scores picks the ending.
+
+    Inputs: the encoder's three, each int32 [batch, choices, seq]. Outputs: {"logits": float32
+    [batch, choices]}. The number of choices may differ from call to call.
+
+    Args:
+        config: `BertConfig` or its dict.
+        encoder: optional `BertEncoder` to put the head on (its weights are shared).
+        dropout: float. Dropout on the pooled output; 0.1, as the classifier.
+
+    Example:
+    >>> import numpy as np, kbert
+    >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+    ...                           num_attention_heads=4, intermediate_size=64)
+    >>> model = kbert.bert_multiple_choice(config)
+    >>> ids = np.array([[[2, 7, 3], [2, 9, 3], [2, 5, 3], [2, 6, 3]]], dtype="int32")
+    >>> out = model({"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)})
+    >>> tuple(out["logits"].shape)
+    (1, 4)
+    """
+
+    def __init__(self, config, encoder: BertEncoder | None = None, dropout: float = 0.1, **kwargs):
+        config = _as_config(config)
+        kwargs.setdefault("name", "bert_multiple_choice")
+        # === Layers ===
+        self.encoder = encoder if encoder is not None else BertEncoder(config)
+        self.dropout = keras.layers.Dropout(dropout, name="dropout")
+        self.head = OutputProjection(config, 1, name="choice_head")
+
+        # === Functional Model ===
+        inputs = {name: keras.Input(shape=(None, None), dtype="int32", name=name) for name in ENCODER_INPUTS}
+        # Every choice is one sequence to the encoder: [batch·choices, seq].
+        flat = {name: _FoldChoices(name=f"fold_{name}")(tensor) for name, tensor in inputs.items()}
+        scores = self.head(self.dropout(self.encoder(flat)["pooled_output"]))
+        logits = _UnfoldChoices(name="unfold_choices")(scores, inputs["input_ids"])
+        super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
+
+        # === Config ===
+        self.config, self.num_classes, self.dropout_rate = config, 1, float(dropout)
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "dropout": self.dropout_rate, "name": self.name,
+                "trainable": self.trainable}
 
 
 def _config_and_encoder(config_or_model):
@@ -278,6 +353,12 @@ def bert_span_predictor(config_or_model) -> BertSpanPredictor:
     """A `BertSpanPredictor` (SQuAD): untrained from a config, or sharing a loaded model's encoder."""
     config, encoder = _config_and_encoder(config_or_model)
     return _carry_tokenizer_settings(config_or_model, BertSpanPredictor(config, encoder=encoder))
+
+
+def bert_multiple_choice(config_or_model, dropout: float = 0.1) -> BertMultipleChoice:
+    """A `BertMultipleChoice` (SWAG): untrained from a config, or sharing a loaded model's encoder."""
+    config, encoder = _config_and_encoder(config_or_model)
+    return _carry_tokenizer_settings(config_or_model, BertMultipleChoice(config, encoder, dropout))
 
 
 def bert_encoder(config) -> BertEncoder:

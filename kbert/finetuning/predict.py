@@ -1,0 +1,198 @@
+"""`kbert predict` and `kbert evaluate`: a model's predictions and metrics on a file, locally
+(`predict`, `evaluate`) or from a model TF Serving serves (`predict_served`).
+
+Both ways read the file with the task's reader and print the task's JSON
+(`kbert.finetuning.tasks`), so local and server prediction print the same lines for the same
+model. An encoder or pretrained model gives extract_features.py's features instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Iterator
+
+import keras
+import numpy as np
+
+from kbert.config import sequence_length
+from kbert.errors import KbertError, listing
+from kbert.finetuning import readers
+from kbert.finetuning.options import FinetuneOptions
+from kbert.finetuning.tasks import CLASSIFY_API, REGRESS_API, get_task, predict_outputs
+from kbert.model.bert import BertEncoder
+from kbert.files import require_path
+from kbert.model_dir import open_model
+from kbert.serving.client import CLASSIFY_METHOD, REGRESS_METHOD, Client
+from kbert.text.tokenizer import Tokenizer
+
+log = logging.getLogger("kbert")
+
+
+def _json_floats(values: dict) -> dict:
+    return {k: (round(float(v), 6) if isinstance(v, (float, np.floating)) else v) for k, v in values.items()}
+
+
+def _prepare(model_dir, options, overrides):
+    """(model, task or None, options, tokenizer, sequence length) for a saved model."""
+    opts = dataclasses.replace(options or FinetuneOptions(), **overrides)
+    model = open_model(model_dir)
+    info = getattr(model, "task_info", None) or {}
+    # SQuAD windows as at fine-tuning time (stride, question length), recorded in the model dir.
+    opts = dataclasses.replace(opts, **{k: info[k] for k in ("doc_stride", "max_query_length") if k in info})
+    task = get_task(info["task"]) if info.get("task") else None
+    length = sequence_length(opts.max_seq_length, model.config.max_position_embeddings, info.get("max_seq_length"))
+    return model, task, opts, Tokenizer(model.vocab_file, do_lower_case=model.do_lower_case), length
+
+
+def _read(task, path, tokenizer, length, labels, opts, require_labels):
+    data = task.read(path, tokenizer, length, labels, opts, require_labels, False)
+    if data.truncated:
+        log.warning("%s: %d of %d examples were truncated", path, data.truncated, data.size)
+    return data
+
+
+def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **overrides) -> dict:
+    """The task's metrics of the fine-tuned model in `model_dir` on a labelled file.
+
+    Example:
+    >>> evaluate("out/mrpc", "dev.tsv")  # doctest: +SKIP
+    {'accuracy': 0.84, 'macro_f1': 0.81, 'mcc': 0.63, 'examples': 408}
+    """
+    model, task, opts, tokenizer, length = _prepare(model_dir, options, overrides)
+    if task is None:
+        raise KbertError(f"{model_dir} is not a fine-tuned model (no task in bert_config.json); "
+                         f"evaluate a directory written by kbert finetune")
+    labels = model.task_info.get("labels")
+    data = _read(task, input_path, tokenizer, length, labels, opts, require_labels=True)
+    if data.size == 0:
+        raise KbertError(f"{input_path} has no usable rows to evaluate")
+    result = task.score(data, predict_outputs(model, data, opts.batch_size), opts, model.do_lower_case)
+    result["examples"] = len(data.raw) if task.name == "squad" else data.size
+    return _json_floats({k: v for k, v in result.items() if not isinstance(v, dict)})
+
+
+def predict(model_dir, input_path, layers: list[int] | None = None, options: FinetuneOptions | None = None,
+            **overrides) -> Iterator[dict]:
+    """One JSON-ready dict per input example (see `kbert predict --help`).
+
+    Fine-tuned models give their task's predictions; encoders and pretrained models give
+    features (`layers`: per-token values of those layers, as extract_features.py).
+
+    Example:
+    >>> next(predict("out/sentiment", "test.tsv"))  # doctest: +SKIP
+    {'label': 'pos', 'probabilities': {'neg': 0.031, 'pos': 0.969}}
+    """
+    model, task, opts, tokenizer, length = _prepare(model_dir, options, overrides)
+    if task is None:
+        yield from features(model, input_path, tokenizer, length, layers, opts.batch_size)
+        return
+    data = _read(task, input_path, tokenizer, length, model.task_info.get("labels"), opts, require_labels=False)
+    yield from task.rows(data, predict_outputs(model, data, opts.batch_size), opts, model.do_lower_case)
+
+
+def features(model, input_path, tokenizer, max_seq_length, layers=None, batch_size=32) -> Iterator[dict]:
+    """extract_features.py's output for an encoder or pretrained model: the pooled embedding
+    (`{"pooled_output": [...]}`), or with `layers` the per-token values of those layers (-1 = last)."""
+    texts, texts_b = readers.read_lines(input_path)
+    inputs, truncated = readers.encode_texts(tokenizer, texts, texts_b, max_seq_length)
+    if truncated:
+        log.warning("%s: %d of %d lines were truncated to --max-seq-length %d", input_path, truncated,
+                    len(texts), max_seq_length)
+    encoder = model if isinstance(model, BertEncoder) else model.encoder
+    if not layers:
+        pooled = keras.Model(encoder.input, encoder.output["pooled_output"]).predict(
+            inputs, batch_size=batch_size, verbose=0)
+        for row in pooled:
+            yield pooled_row(row)
+        return
+    n = len(encoder.transformer_layers)
+    for index in layers:
+        if not -n <= index < n:
+            raise KbertError(f"--layers {index}: the model has {n} layers; use -{n}..{n - 1} (-1 = last)")
+    outputs = [encoder.transformer_layers[i].output for i in layers]
+    values = keras.Model(encoder.input, outputs).predict(inputs, batch_size=batch_size, verbose=0)
+    values = values if isinstance(values, list) else [values]
+    ids = inputs["input_ids"]
+    for row in range(len(texts)):
+        length = int(inputs["input_mask"][row].sum())
+        tokens = tokenizer.convert_ids_to_tokens(ids[row, :length].tolist())
+        yield {"linex_index": row, "features": [
+            {"token": token, "layers": [{"index": index, "values": [round(float(v), 6) for v in values[k][row, t]]}
+                                        for k, index in enumerate(layers)]}
+            for t, token in enumerate(tokens)]}
+
+
+def pooled_row(values) -> dict:
+    """An encoder's JSON for one text: its pooled output.
+
+    >>> pooled_row([0.5, -0.25])
+    {'pooled_output': [0.5, -0.25]}
+    """
+    return {"pooled_output": [round(float(v), 6) for v in values]}
+
+
+def served_task(signatures: dict) -> str | None:
+    """The task of a model kbert export wrote, from its signatures (None for an encoder).
+
+    >>> served_task({"serving_default": {"inputs": {"text": {}, "endings": {}}, "outputs": {}}})
+    'choice'
+    """
+    if signatures.get(CLASSIFY_API, {}).get("method_name") == CLASSIFY_METHOD:
+        return "classify"
+    if signatures.get(REGRESS_API, {}).get("method_name") == REGRESS_METHOD:
+        return "regress"
+    default = signatures.get("serving_default", {})
+    outputs = set(default.get("outputs", {}))
+    if "endings" in default.get("inputs", {}):
+        return "choice"
+    if "word_label" in outputs:
+        return "tag"
+    if "pooled_output" in outputs:
+        return None
+    raise KbertError(f"the served model's serving_default has outputs {listing(outputs) or 'none'}; kbert "
+                     f"predict --server reads what kbert export writes (classifiers, regressors, taggers, "
+                     f"multiple choice, encoders): use Client.predict for other models")
+
+
+def predict_served(client: Client, input_path, options: FinetuneOptions | None = None,
+                   **overrides) -> Iterator[dict]:
+    """One JSON-ready dict per example of `input_path`, as the served model predicts it: the
+    same file formats and the same dicts as local `predict` on the model that was exported.
+
+    Args:
+        client: `kbert.serving.Client`. The served model.
+        input_path: str or PathLike. The input file.
+        options: `FinetuneOptions` (batch_size: examples per request; format; skip_bad_rows);
+            keyword arguments override single fields.
+
+    Example:
+    >>> rows = predict_served(Client("localhost:8500", "sentiment"), "test.tsv")  # doctest: +SKIP
+    >>> next(rows)  # doctest: +SKIP
+    {'label': 'pos', 'probabilities': {'neg': 0.031, 'pos': 0.969}}
+    """
+    opts = dataclasses.replace(options or FinetuneOptions(), **overrides)
+    if opts.batch_size < 1:
+        raise KbertError(f"--batch-size {opts.batch_size}: give at least 1")
+    # The file's layout depends on the served model's task, which the server tells; a missing or
+    # empty file is wrong whatever the task, so say so before asking a server that may be down.
+    require_path(input_path, "input file", "pass --input with the file to predict on")
+    if os.path.getsize(input_path) == 0:
+        raise KbertError(f"{input_path}: the file is empty; pass a file with one example per row")
+    signatures = client.metadata()
+    task = served_task(signatures)
+    if task is not None:
+        yield from get_task(task).served_rows(client, signatures, input_path, opts)
+        return
+    texts, texts_b = readers.read_lines(input_path)
+    if "text_b" not in signatures.get("serving_default", {}).get("inputs", {}):
+        if texts_b is not None and any(texts_b):
+            raise KbertError(f"{input_path} has sentence pairs (text_b), but the served model {client.model_name} "
+                             f"takes single texts: give one text per line")
+        texts_b = None
+    for start in range(0, len(texts), opts.batch_size):
+        stop = start + opts.batch_size
+        out = client.predict_text(texts[start:stop], texts_b[start:stop] if texts_b is not None else None)
+        for row in out["pooled_output"]:
+            yield pooled_row(row)
