@@ -10,7 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = ["kbert.config", "kbert.files", "kbert.model.bert", "kbert.text.tokenizer", "kbert.text.graph_tokenizer",
            "kbert.converters.names", "kbert.converters.inspect", "kbert.converters.hf", "kbert.errors", "kbert.model.layers", "kbert.pretraining.losses",
            "kbert.training.optimization", "kbert.finetuning.metrics", "kbert.finetuning.readers", "kbert.finetuning.squad", "kbert.text.preprocessing",
-           "kbert.model.bert", "kbert.serving.client"]
+           "kbert.serving.client", "kbert.model.fused", "kbert.pretraining.create_data", "kbert.text.vocab_builder"]
 
 
 @pytest.mark.parametrize("name", MODULES)

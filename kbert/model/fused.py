@@ -9,7 +9,9 @@ float32 even when the tensors are bfloat16, except plain `dropout`, which scales
 tensor's own dtype as keras' Dropout does.
 
 Only training uses them. Inference keeps the plain ops, which TF's graph optimizer already
-fuses into oneDNN's matmul, and which a SavedModel serves without XLA.
+fuses into oneDNN's matmul, and which a SavedModel serves without XLA. Inside `disabled()`,
+training runs the plain ops too (tests/test_layers.py checks that both paths agree);
+`kbert.model.layers.use_fused` is the one place the layers ask which path to take.
 
 Example:
 >>> x = tf.constant([[-1.0, 0.0, 2.0]])
@@ -19,12 +21,43 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import tensorflow as tf
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+# False inside `disabled()`.
+_ENABLED = [True]
+
+
+def enabled() -> bool:
+    """Whether training uses these kernels: True unless inside `disabled()`."""
+    return _ENABLED[0]
+
+
+@contextlib.contextmanager
+def disabled():
+    """Train through the plain Keras ops instead of these kernels, inside this block.
+
+    The layers ask when they are called, so a `tf.function` keeps the path it was traced with:
+    call Keras' `fit` (which traces its training step) inside the block, not just compile.
+
+    Example:
+    >>> with disabled():
+    ...     enabled()
+    False
+    >>> enabled()
+    True
+    """
+    previous = _ENABLED[0]
+    _ENABLED[0] = False
+    try:
+        yield
+    finally:
+        _ENABLED[0] = previous
 
 
 @tf.function(jit_compile=True, reduce_retracing=True)

@@ -7,6 +7,9 @@ trip is bit for bit. Why not keras-hub's `TransformerEncoder`: it has one dropou
 masks attention with its own large negative number rather than the original's -10000.
 Why not keras-hub's `PositionEmbedding`: importing keras_hub costs every process about
 150 MiB and a second (measured in benchmarks/convert_bench.py), for a slice of one table.
+
+Training runs through `kbert.model.fused`'s XLA kernels and inference through the plain Keras
+ops; `use_fused` alone decides which, and tests/test_layers.py checks that both paths agree.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import contextlib
 import math
 
 import keras
+import tensorflow as tf
 from keras import ops
+# Private: Keras has no public way to read the current name scope's path (keras.name_scope only
+# opens one). Guarded by tests/test_optimization.py, and the reason keras is pinned in pyproject.toml.
 from keras.src.backend.common.name_scope import current_path
 
 from kbert.model import fused
@@ -49,6 +55,33 @@ def exact_gelu(x):
     [-0.1587, 0.0, 1.9545]
     """
     return 0.5 * x * (1.0 + ops.erf(x / math.sqrt(2.0)))
+
+
+def use_fused(training, *denses) -> bool:
+    """Whether this call runs `kbert.model.fused`'s training kernels rather than the plain ops.
+
+    True when training, unless inside `fused.disabled()` or one of `denses` (the Dense layers
+    whose kernel and bias the fused kernel would apply itself) is not a plain Dense.
+
+    Example:
+    >>> use_fused(True), use_fused(False)
+    (True, False)
+    >>> with fused.disabled():
+    ...     use_fused(True)
+    False
+    """
+    return bool(training) and fused.enabled() and all(_plain_dense(d) for d in denses)
+
+
+def _plain_dense(dense) -> bool:
+    # The fused kernels do `matmul(x, dense.kernel)` and add `dense.bias` themselves, bypassing
+    # `Dense.call`. That is only the same computation for keras' own Dense, unquantized (an int8
+    # or int4 layer's `kernel` lacks its scale; Layer.__call__ sends it to `quantized_call`) and
+    # without LoRA (Keras 3.15's `kernel` property adds the LoRA delta, but a later Keras may
+    # apply it in `call` instead). Any other Dense keeps its own `call`, in training as at
+    # inference, and gets the plain path.
+    return (type(dense) is keras.layers.Dense and dense.quantization_mode is None and not dense.lora_enabled
+            and dense.bias is not None and dense.activation in (None, keras.activations.linear))
 
 
 def initializer(config: BertConfig, weight: str = "kernel", default=None):
@@ -132,7 +165,8 @@ class LayerNorm(keras.layers.LayerNormalization):
     `fused.layer_norm`: one XLA loop forward and one backward instead of about twenty ops."""
 
     def call(self, inputs, training=None):
-        if training and self.axis in (-1, [-1], [len(inputs.shape) - 1]) and self.center and self.scale:
+        if (use_fused(training) and self.axis in (-1, [-1], [len(inputs.shape) - 1]) and self.center and self.scale
+                and not self.rms_scaling):
             return fused.layer_norm(inputs, ops.cast(self.gamma, "float32"), ops.cast(self.beta, "float32"),
                                     self.epsilon)
         return super().call(inputs)
@@ -143,7 +177,7 @@ class Dropout(keras.layers.Dropout):
     `fused.dropout`: one XLA loop each way, and 16-bit noise for bfloat16 tensors."""
 
     def call(self, inputs, training=False):
-        if training and self.rate > 0 and self.noise_shape is None:
+        if use_fused(training) and self.rate > 0 and self.noise_shape is None:
             return fused.dropout(inputs, self.rate, self.next_seed())
         return super().call(inputs, training=training)
 
@@ -251,7 +285,7 @@ class TransformerLayer(keras.layers.Layer):
         v = self._split_heads(self.value(flat), batch, seq)
         scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
         scale, rate = 1.0 / math.sqrt(self.head_size), self.attention_dropout.rate
-        if training and rate > 0:
+        if use_fused(training) and rate > 0:
             # The same arithmetic as below, with the scaling, casts and dropout fused around
             # the softmax, forward and backward.
             probs = fused.attention_probs(scores, ops.cast(attention_adder, "float32"), scale, rate,
@@ -259,13 +293,14 @@ class TransformerLayer(keras.layers.Layer):
         else:
             # Softmax in float32 even under mixed precision: bf16 loses the small probabilities.
             scores = ops.cast(scores * scale, "float32") + ops.cast(attention_adder, "float32")
-            probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
+            probs = self.attention_dropout(ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype),
+                                           training=training)
         context = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
         context = ops.reshape(context, (-1, H))
 
         attended = self._dense_then_dropout(self.attention_output, context, training)
         attended = self.attention_layer_norm(attended + flat, training=training)
-        if training and self.fused_gelu:
+        if self.fused_gelu and use_fused(training, self.intermediate):
             # The bias add, the GELU and the bias's gradient in one fused pass each way.
             inner = fused.gelu(ops.matmul(attended, self.intermediate.kernel),
                                ops.cast(self.intermediate.bias, self.compute_dtype))
@@ -276,7 +311,7 @@ class TransformerLayer(keras.layers.Layer):
         return ops.reshape(self.output_layer_norm(out + attended, training=training), (batch, seq, H))
 
     def _dense_then_dropout(self, dense, x, training):
-        if training and self.hidden_dropout.rate > 0:
+        if self.hidden_dropout.rate > 0 and use_fused(training, dense):
             # The bias add, the dropout and the bias's gradient in one fused pass each way.
             return fused.bias_dropout(ops.matmul(x, dense.kernel), ops.cast(dense.bias, self.compute_dtype),
                                       self.hidden_dropout.rate, self.hidden_dropout.next_seed())
@@ -317,8 +352,6 @@ class MaskedLMHead(keras.layers.Layer):
         self.built = True
 
     def call(self, sequence_output, masked_lm_positions, training=None):
-        import tensorflow as tf
-
         # tf.gather with batch_dims: its gradient is a quarter of take_along_axis' (measured
         # 1.3 against 5.3 ms forward + backward on [32, 128, 256] bf16), with equal results.
         picked = tf.gather(sequence_output, ops.cast(masked_lm_positions, "int32"), batch_dims=1)
@@ -330,7 +363,7 @@ class MaskedLMHead(keras.layers.Layer):
         # 30,522 rows every step, and its gradient once more.
         logits = tf.linalg.matmul(picked, table, transpose_b=True)
         bias = ops.cast(self.output_bias, "float32")
-        logits = fused.bias_add_float32(logits, bias) if training else ops.cast(logits, "float32") + bias
+        logits = fused.bias_add_float32(logits, bias) if use_fused(training) else ops.cast(logits, "float32") + bias
         return ops.reshape(logits, (batch, positions, self.vocab_size))
 
     def compute_output_spec(self, sequence_output, masked_lm_positions, training=None):
