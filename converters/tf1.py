@@ -19,7 +19,7 @@ import tensorflow as tf
 from kbert.config import BertConfig
 from kbert.errors import KbertError, first_line, listing as _listing, plural as _plural
 from kbert.files import atomic_output_dir
-from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab
+from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, lower_case_for
 from kbert.model.bert import BertPretrainer
 from kbert.model.layers import weights_from
 from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
@@ -178,8 +178,8 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
         log.info("the checkpoint has no %s head (%s*): it is freshly initialised", head, HEADS[head])
 
     if do_lower_case is None:
-        do_lower_case = _guess_lower_case(source)
-        log.info("do_lower_case=%s, guessed from the folder name; pass --lowercase/--no-lowercase "
+        do_lower_case = lower_case_for(source.prefix)
+        log.info("do_lower_case=%s, from the folder name; pass --lowercase/--no-lowercase "
                  "to set it", do_lower_case)
     model.vocab_file = source.vocab_file
     model.do_lower_case = do_lower_case
@@ -192,14 +192,6 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
         "global_step": int(reader.get_tensor("global_step")) if "global_step" in shapes else None,
     }
     return model
-
-
-def _guess_lower_case(source: Tf1Source) -> bool:
-    # Released checkpoints don't record casing; their folder names do (uncased_L-12_H-768_A-12).
-    name = os.path.basename(os.path.dirname(os.path.abspath(source.prefix))).lower()
-    if "uncased" in name:
-        return True
-    return "cased" not in name
 
 
 def save_tf1_checkpoint(model, out_dir, vocab_file=None, overwrite: bool = False):

@@ -178,8 +178,7 @@ def describe_source(source) -> SourceInfo:
     >>> describe_source("tests/fixtures/tf1-tiny").do_lower_case  # doctest: +SKIP
     True
     """
-    source = os.fspath(source)
-    require_path(source, "model directory", "pass a kbert model directory or a google-research checkpoint")
+    source = _require_source(source)
     if is_model_dir(source):
         config = load_config(source)
         vocab = os.path.join(source, VOCAB_FILE)
@@ -202,14 +201,20 @@ def open_model(source, do_lower_case: bool | None = None):
     >>> model.do_lower_case  # doctest: +SKIP
     False
     """
-    source = os.fspath(source)
-    require_path(source, "model directory", "pass a kbert model directory or a google-research checkpoint")
+    source = _require_source(source)
     if is_model_dir(source):
         model = load(source)
         if do_lower_case is not None:
             model.do_lower_case = bool(do_lower_case)
         return model
     return _tf1().load_tf1_checkpoint(source, do_lower_case=do_lower_case)
+
+
+def _require_source(source) -> str:
+    source = os.fspath(source)
+    if not os.path.exists(source + ".index"):  # a checkpoint prefix names no file of its own
+        require_path(source, "model directory", "pass a kbert model directory or a google-research checkpoint")
+    return source
 
 
 def _tf1():
