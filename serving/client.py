@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import socket
 import urllib.error
 import urllib.parse
@@ -31,7 +30,7 @@ import urllib.request
 
 import numpy as np
 
-from kbert.errors import KbertError, listing
+from kbert.errors import KbertError
 
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"

@@ -1,9 +1,14 @@
 """Shared test helpers: fixture paths, and running `kbert` as a user runs it."""
 
+import contextlib
+import io
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import traceback
+import warnings
 
 import pytest
 
@@ -22,16 +27,65 @@ def kbert_command():
     return [exe] if os.path.exists(exe) else [sys.executable, "-m", "kbert.cli.main"]
 
 
-def run_kbert(*args, check=True, env=None):
-    """Run the `kbert` console script; returns CompletedProcess with text stdout/stderr."""
+# Commands that run in a process of their own even without `env`: pretraining (strategies,
+# TF_CONFIG, signals and kill -9 are per process) and create-data (worker processes).
+OWN_PROCESS = {"pretrain", "create-data"}
+
+
+def run_kbert(*args, check=True, env=None, own_process=None):
+    """Run `kbert ARGS` as the console script does; returns CompletedProcess with text stdout/stderr.
+
+    By default the command runs in this process, through the console script's own entry point
+    (`kbert.cli.main.main`), with stdout and stderr captured and the exit status taken from its
+    SystemExit: a new process would spend about 6 s of the machine's 2 cores importing
+    TensorFlow for every call, and the suite makes about 150. Calls with `env` (logical CPUs,
+    TF_CONFIG), pretraining and create-data, or `own_process=True`, run the real `kbert`
+    executable in a new process, as a user's shell does; tests/test_cli_process.py checks that
+    both ways print the same.
+    """
+    args = [str(a) for a in args]
+    if own_process is None:
+        own_process = bool(env) or bool(OWN_PROCESS & set(args[:1]))
+    run = _run_in_new_process if own_process else _run_in_this_process
+    result = run(args, env)
+    if check and result.returncode != 0:
+        raise AssertionError(f"kbert {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result
+
+
+def _run_in_new_process(args, env):
     full_env = dict(os.environ, **(env or {}))
     full_env.pop("KBERT_DEBUG", None)
-    result = subprocess.run(kbert_command() + [str(a) for a in args], capture_output=True,
-                            text=True, env=full_env, timeout=600)
-    if check and result.returncode != 0:
-        raise AssertionError(f"kbert {' '.join(map(str, args))} failed ({result.returncode}):\n"
-                             f"{result.stderr}")
-    return result
+    return subprocess.run(kbert_command() + args, capture_output=True, text=True, env=full_env, timeout=600)
+
+
+def _run_in_this_process(args, env):
+    import keras
+
+    from kbert.cli.main import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_env, policy = dict(os.environ), keras.mixed_precision.global_policy()
+    kbert_log = logging.getLogger("kbert")
+    saved_handlers = list(kbert_log.handlers)
+    os.environ.pop("KBERT_DEBUG", None)
+    code = 0
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                main(args)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except Exception:  # what Python does with an exception nothing caught (--debug)
+                traceback.print_exc()
+                code = 1
+    finally:
+        # What a command may change for the rest of its process, put back for the next test.
+        os.environ.clear()
+        os.environ.update(saved_env)
+        keras.mixed_precision.set_global_policy(policy)
+        kbert_log.handlers[:] = saved_handlers
+    return subprocess.CompletedProcess(["kbert"] + args, code, stdout.getvalue(), stderr.getvalue())
 
 
 def assert_user_error(result, *fragments, alone=True):

@@ -10,13 +10,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = ["kbert.config", "kbert.files", "kbert.model.bert", "kbert.text.tokenizer", "kbert.text.graph_tokenizer",
            "kbert.converters.names", "kbert.converters.inspect", "kbert.converters.hf", "kbert.errors", "kbert.model.layers", "kbert.pretraining.losses",
            "kbert.training.optimization", "kbert.finetuning.metrics", "kbert.finetuning.readers", "kbert.finetuning.squad", "kbert.text.preprocessing",
-           "kbert.serving.client", "kbert.model.fused", "kbert.pretraining.create_data", "kbert.text.vocab_builder"]
+           "kbert.serving.client", "kbert.model.fused", "kbert.pretraining.create_data", "kbert.text.vocab_builder",
+           "kbert.finetuning.tasks", "kbert.finetuning.predict", "kbert.finetuning.options", "kbert.model_dir"]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name, monkeypatch):
     monkeypatch.chdir(ROOT)
     module = importlib.import_module(name)
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
+                             extraglobs={"kbert": importlib.import_module("kbert")})
     assert result.failed == 0
     assert result.attempted > 0

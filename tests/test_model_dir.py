@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY, run_kbert
-from test_finetuning import sentiment_rows, write_tsv
+from helpers import sentiment_rows, write_tsv
 
 from kbert.model_dir import describe_source, lower_case_for, open_model
 

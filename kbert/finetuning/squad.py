@@ -24,7 +24,6 @@ import math
 import os
 import re
 import string
-import tempfile
 import unicodedata
 
 import numpy as np

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, NamedTuple
 
 import keras
 import numpy as np

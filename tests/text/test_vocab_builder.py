@@ -10,13 +10,13 @@ from absl import flags
 from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.4
 
 import kbert
-from conftest import FIXTURES, assert_user_error, run_kbert
+from conftest import FIXTURES, TESTS, assert_user_error, run_kbert
 from kbert.text import vocab_builder
 from kbert.errors import KbertError
 from kbert.pretraining.create_data import create_pretraining_data
 from kbert.text.vocab_builder import RESERVED_TOKENS, WordTokenizer, build_vocab, count_words, learn_vocab
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(TESTS)
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
 TRICKY = [
     "Héllo, WÖRLD! naïve café — «quoted» ‘single’",

@@ -15,14 +15,14 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REFERENCE, UNCASED_VOCAB
+from conftest import FIXTURES, REFERENCE, TESTS, UNCASED_VOCAB
 from kbert.finetuning import readers
 from kbert.errors import KbertError
 from kbert.finetuning.readers import (encode_tagged, encode_texts, read_tagged_examples,
                                  read_text_examples)
 from kbert.text.tokenizer import Tokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(TESTS)
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
 
 # Rows as the GLUE download script writes them (first rows of the real files), tab-separated.

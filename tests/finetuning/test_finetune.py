@@ -11,22 +11,9 @@ import numpy as np
 import pytest
 
 from conftest import assert_user_error, run_kbert
-from test_user_fit import FILLER, NEGATIVE, POSITIVE, sentiment_texts
+from helpers import FILLER, NEGATIVE, POSITIVE, conll_sentences, sentiment_rows, write_conll, write_tsv
 
 TRAIN_FLAGS = ["--epochs", "4", "--batch-size", "16", "--learning-rate", "1e-3", "--max-seq-length", "24"]
-
-
-def write_tsv(path, rows, header=("text", "label")):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\t".join(header) + "\n")
-        for row in rows:
-            f.write("\t".join(str(v) for v in row) + "\n")
-    return path
-
-
-def sentiment_rows(n, seed):
-    texts, labels = sentiment_texts(n, seed)
-    return [(t, "pos" if y else "neg") for t, y in zip(texts, labels)]
 
 
 @pytest.fixture(scope="module")
@@ -97,43 +84,6 @@ def test_regress_sentence_pairs(tmp_path, tiny_model_dir):
     assert set(metrics) >= {"pearson", "spearman", "mse"}
     first = json.loads(run_kbert("predict", tmp_path / "model", "--input", dev).stdout.splitlines()[0])
     assert isinstance(first["prediction"], float)
-
-
-def conll_sentences(n, seed):
-    """Tag place words LOC (two-word places B-LOC I-LOC) and people PER; the rest O.
-
-    Each word has one tag wherever it stands: the tiny checkpoint has random weights, and a
-    few hundred sentences do not teach it context; span assembly and WordPiece alignment are
-    what this checks."""
-    rng = np.random.default_rng(seed)
-    places, people = ["city", "camp", "desert", "highway", "cabin"], ["cassius", "guide", "fellow"]
-    out = []
-    for _ in range(n):
-        words, tags = [], []
-        for _ in range(int(rng.integers(3, 7))):
-            r = rng.random()
-            if r < 0.2:  # two-word places: "great street", "great stream"
-                words += ["great", str(rng.choice(["street", "stream"]))]
-                tags += ["B-LOC", "I-LOC"]
-            elif r < 0.4:
-                words.append(str(rng.choice(places)))
-                tags.append("B-LOC")
-            elif r < 0.55:
-                words.append(str(rng.choice(people)))
-                tags.append("B-PER")
-            else:
-                words.append(str(rng.choice(FILLER[:10])))
-                tags.append("O")
-        out.append((words, tags))
-    return out
-
-
-def write_conll(path, sentences):
-    with open(path, "w") as f:
-        for words, tags in sentences:
-            f.writelines(f"{w}\t{t}\n" for w, t in zip(words, tags))
-            f.write("\n")
-    return path
 
 
 def test_tag_conll(tmp_path, tiny_model_dir):

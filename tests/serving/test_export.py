@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_user_error, run_kbert
-from test_finetuning import sentiment_rows, write_tsv
+from helpers import sentiment_rows, write_tsv
 
 LENGTH = 24  # the classifier's max_seq_length; the tiny encoder's default is its 64 positions
 LONG = " ".join(["gold"] * 5000)

@@ -24,13 +24,13 @@ import tensorflow as tf
 from absl import flags
 from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.4
 
-from conftest import FIXTURES, UNCASED_VOCAB, assert_user_error, run_kbert
+from conftest import FIXTURES, TESTS, UNCASED_VOCAB, assert_user_error, run_kbert
 from kbert import Tokenizer
 from kbert.pretraining import create_data
 from kbert.errors import KbertError
 from kbert.pretraining.create_data import FEATURES, compute_statistics, create_pretraining_data
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(TESTS)
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
 
 

@@ -1,7 +1,7 @@
 """`kbert.serving.Client` and `kbert predict --server`, over gRPC and REST.
 
 The real tensorflow_model_server cannot be installed here, so the server is
-tests/standin_server.py: it loads the exports the way TF Serving does (a TF1 session on the
+tests/serving/standin_server.py: it loads the exports the way TF Serving does (a TF1 session on the
 signature_defs, tensorflow_text's ops registered) and answers with TF Serving's protos, JSON,
 status codes and messages. One server serves a sentence-pair classifier and a single-text
 regressor, both the tiny checkpoint with a head (what the head learned does not matter to
@@ -18,8 +18,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import TESTS, assert_user_error, kbert_command, run_kbert
-from test_finetuning import write_tsv
+from conftest import assert_user_error, kbert_command, run_kbert
+from helpers import STANDIN_SERVER, write_tsv
 
 from kbert.errors import KbertError
 from kbert.serving import Client
@@ -77,7 +77,7 @@ def server(exports):
     configs = [os.path.join(os.path.dirname(exports[name]), "models.config") for name in ("sentiment", "similarity")]
     log = open(exports["work"] / "server.log", "w")
     process = subprocess.Popen(
-        [sys.executable, os.path.join(TESTS, "standin_server.py"), "--grpc-port", "0", "--rest-port", "0",
+        [sys.executable, STANDIN_SERVER, "--grpc-port", "0", "--rest-port", "0",
          "--enable_signature_method_name_check", *[a for c in configs for a in ("--model_config_file", c)]],
         stdout=subprocess.PIPE, stderr=log, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     try:

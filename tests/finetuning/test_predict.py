@@ -1,46 +1,16 @@
 """Local `kbert predict` and `kbert predict --server` print the same JSON for the same model,
 for every task that exports; and the multiple-choice task end to end.
 
-The server is tests/standin_server.py (the real tensorflow_model_server cannot be installed
+The server is tests/serving/standin_server.py (the real tensorflow_model_server cannot be installed
 here; see tests/test_serving_client.py), serving what `kbert export` wrote.
 """
 
 import json
-import os
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 
-from conftest import TESTS, run_kbert
-from test_finetuning import conll_sentences, write_conll, write_tsv
-from test_user_fit import FILLER, NEGATIVE, POSITIVE
-
-SWAG_HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label"
-
-
-def swag_rows(n, seed):
-    """SWAG-shaped questions over the tiny vocabulary: the right ending is the one with the
-    positive cue words, the three others have negative ones."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i in range(n):
-        context = " ".join(rng.choice(FILLER[:12], size=4)) + "."
-        right = int(rng.integers(0, 4))
-        endings = [" ".join(rng.choice(POSITIVE if k == right else NEGATIVE, size=2)) + "." for k in range(4)]
-        rows.append((f"v{i}", context, "the", endings, right))
-    return rows
-
-
-def write_swag(path, rows, labels=True):
-    with open(path, "w") as f:
-        f.write(SWAG_HEADER + "\n" if labels else SWAG_HEADER.rsplit(",", 1)[0] + "\n")
-        for i, (video, context, start, endings, label) in enumerate(rows):
-            fields = [str(i), video, "0", f"{context} {start}", context, start, "gold", *endings]
-            f.write(",".join(fields + ([str(label)] if labels else [])) + "\n")
-    return path
-
+from conftest import run_kbert
+from helpers import conll_sentences, start_standin_server, swag_rows, write_conll, write_swag, write_tsv
 
 @pytest.fixture(scope="module")
 def choice_run(tmp_path_factory, tiny_model_dir):
@@ -86,17 +56,9 @@ def served(tmp_path_factory, tiny_model_dir, choice_run):
     for name, model in models.items():
         pairs = ["--text-pairs"] if name == "encoder" else []
         run_kbert("export", model, work / "exports" / name, "--max-seq-length", "16", *pairs)
-        configs += ["--model_config_file", str(work / "exports" / name / "models.config")]
-    log = open(work / "server.log", "w")
-    process = subprocess.Popen([sys.executable, os.path.join(TESTS, "standin_server.py"), "--grpc-port", "0",
-                                "--rest-port", "0", "--enable_signature_method_name_check", *configs],
-                               stdout=subprocess.PIPE, stderr=log, text=True,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        configs.append(work / "exports" / name / "models.config")
+    process, ready = start_standin_server(configs, work / "server.log")
     try:
-        line = process.stdout.readline()
-        log.flush()
-        assert line, "the stand-in server did not start:\n" + (work / "server.log").read_text()[-3000:]
-        ready = json.loads(line)
         inputs = {
             # CoNLL words, one of them two WordPieces (cass ##ius) and one past --max-seq-length.
             "tagger": write_conll(work / "in.conll", [(["the", "great", "city", "cassius"], ["O"] * 4),
@@ -113,7 +75,6 @@ def served(tmp_path_factory, tiny_model_dir, choice_run):
     finally:
         process.terminate()
         process.wait(timeout=30)
-        log.close()
 
 
 def assert_same_json(remote, local, where=""):

@@ -19,7 +19,7 @@ import kbert
 from kbert.converters.hf import SafetensorsFile, write_safetensors
 from kbert.converters.names import HF_TIED, hf_name, tf1_to_kbert_paths
 from conftest import FIXTURES, TINY, assert_user_error, run_kbert
-from test_parity import EXPECTED, _outputs
+from helpers import EXPECTED, original_outputs
 
 HF_TINY = os.path.join(FIXTURES, "hf-tiny")
 
@@ -74,7 +74,7 @@ def hf_model_dir(tmp_path_factory):
 # --- conversions and round trips ---
 
 def test_from_hf_reproduces_the_original_code(hf_model_dir):
-    out = _outputs(kbert.load(hf_model_dir))
+    out = original_outputs(kbert.load(hf_model_dir))
     for name, value in out.items():
         np.testing.assert_allclose(np.asarray(value), EXPECTED[name], atol=1e-5, rtol=0)
 
@@ -130,7 +130,7 @@ def test_tf1_to_hf_to_tf1_is_bit_for_bit(tiny_model_dir, tmp_path):
     original, back = _tf1(f"{TINY}/bert_model.ckpt"), _tf1(tmp_path / "tf1" / "bert_model.ckpt")
     assert sorted(back) == sorted(original)
     assert all(np.array_equal(back[n], original[n]) for n in original)
-    for name, value in _outputs(kbert.load(tmp_path / "kbert")).items():
+    for name, value in original_outputs(kbert.load(tmp_path / "kbert")).items():
         np.testing.assert_allclose(np.asarray(value), EXPECTED[name], atol=1e-5, rtol=0)
 
 

@@ -7,38 +7,16 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from conftest import TESTS
 
-POSITIVE = ["gold", "glorious", "glittering", "great", "fortunate", "fresh", "grand", "young"]
-NEGATIVE = ["dead", "dread", "empty", "dust", "fallen", "debris", "desert", "dim"]
-FILLER = ["the", "of", "and", "a", "to", "at", "his", "in", "that", "he", "was", "city", "camp", "fire",
-          "highway", "stream", "cabin", "morning", "rain", "they", "through", "street"]
-
-
-def sentiment_texts(n, seed):
-    """Short sentences of cue words of one class plus a little filler; label 1 = positive cues."""
-    rng = np.random.default_rng(seed)
-    texts, labels = [], []
-    for _ in range(n):
-        label = int(rng.integers(0, 2))
-        words = list(rng.choice(POSITIVE if label else NEGATIVE, size=int(rng.integers(2, 5))))
-        for _ in range(int(rng.integers(0, 3))):
-            words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(FILLER)))
-        texts.append(" ".join(words) + ".")
-        labels.append(label)
-    return texts, np.array(labels, dtype="int32")
-
-
 USER_CODE = r'''
 import json, os, sys
-import numpy as np
 import keras
 import tensorflow as tf
 import kbert
-from test_user_fit import sentiment_texts
+from helpers import sentiment_texts
 
 model_dir, out_dir, use_mirrored = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 train_texts, train_labels = sentiment_texts(256, seed=0)

@@ -29,6 +29,7 @@ from kbert.finetuning.squad import (SquadExample, get_final_text, read_squad, sq
 from kbert.text.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(TESTS)
+HERE = os.path.dirname(os.path.abspath(__file__))
 SEQ, STRIDE, QUERY = 64, 16, 16
 
 BRIDGE = ("The railway bridge over the Rhine at Kehl was completed in 1861 (after four years of "
@@ -245,7 +246,7 @@ def original(data_files, tmp_path_factory):
                 spec[name]["predictions"].append(dict(run, logits=str(directory / f"{name}-{i}.npz")))
     spec_path = directory / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    code = f"import sys; sys.path.insert(0, {TESTS!r}); import test_squad; test_squad.run_original({str(spec_path)!r})"
+    code = f"import sys; sys.path.insert(0, {HERE!r}); import test_squad; test_squad.run_original({str(spec_path)!r})"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])

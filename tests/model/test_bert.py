@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import kbert
+from helpers import assert_round_trips
 from kbert.model.bert import BertEncoder, BertPretrainer
 
 CONFIG = kbert.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -147,3 +148,17 @@ def test_model_fit_runs():
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = nsp.fit(inputs, np.array([0, 1] * 4), epochs=3, batch_size=4, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+@pytest.mark.parametrize("build", [
+    kbert.bert_encoder, kbert.bert_pretrainer, lambda c: kbert.bert_classifier(c, 3), lambda c: kbert.bert_classifier(c, 1),
+    lambda c: kbert.bert_tagger(c, 4), kbert.bert_span_predictor, kbert.bert_multiple_choice,
+], ids=["encoder", "pretrainer", "classifier", "regressor", "tagger", "span_predictor", "multiple_choice"])
+def test_every_model_round_trips(build, tmp_path):
+    model = build(CONFIG)
+    inputs = _inputs() if isinstance(model, BertPretrainer) else _encoder_inputs(_inputs())
+    if isinstance(model, kbert.BertMultipleChoice):  # [batch, choices, seq]: the same 2 rows as 3 choices
+        inputs = {k: np.stack([v, v[::-1], v], axis=1) for k, v in inputs.items()}
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"w{i}\n" for i in range(CONFIG.vocab_size)))
+    assert_round_trips(model, inputs, tmp_path, vocab_file=str(vocab))

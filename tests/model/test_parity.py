@@ -5,34 +5,17 @@ import subprocess
 import sys
 
 import json
-import keras
 import numpy as np
 import pytest
 
 import kbert
 from kbert.converters import load_tf1_checkpoint
-from kbert.model.bert import embedding_model
 from conftest import REFERENCE, TINY
-
-EXPECTED = np.load(os.path.join(TINY, "expected.npz"))
-ENCODER_KEYS = ("input_ids", "input_mask", "segment_ids")
-
-
-def _outputs(model):
-    inputs = {k: EXPECTED[k].astype("int32") for k in ENCODER_KEYS + ("masked_lm_positions",)}
-    out = model(inputs, training=False)
-    return {
-        "embedding_output": embedding_model(model.encoder)({k: inputs[k] for k in ENCODER_KEYS}),
-        "sequence_output": out["sequence_output"],
-        "pooled_output": out["pooled_output"],
-        "mlm_log_probs": keras.ops.log_softmax(out["mlm_logits"], axis=-1),
-        "nsp_log_probs": keras.ops.log_softmax(out["nsp_logits"], axis=-1),
-    }
-
+from helpers import EXPECTED, original_outputs
 
 @pytest.fixture(scope="module")
 def converted():
-    return _outputs(load_tf1_checkpoint(TINY))
+    return original_outputs(load_tf1_checkpoint(TINY))
 
 
 @pytest.mark.parametrize("name", ["embedding_output", "sequence_output", "pooled_output",
@@ -49,7 +32,7 @@ def test_padded_row_is_really_padded():
 
 
 def test_model_dir_reproduces_original(tiny_model_dir):
-    out = _outputs(kbert.load(tiny_model_dir))
+    out = original_outputs(kbert.load(tiny_model_dir))
     for name, value in out.items():
         np.testing.assert_allclose(np.asarray(value), EXPECTED[name], atol=1e-5, rtol=0)
 

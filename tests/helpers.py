@@ -1,0 +1,176 @@
+"""What several test files share: the toy data sets the tiny checkpoint can learn, the
+original code's outputs on the tiny checkpoint, the stand-in TF Serving server, and the
+save/load round trip every model class must pass (as keras-hub's `run_serialization_test`)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+
+from conftest import TESTS, TINY
+
+from kbert.model.bert import embedding_model
+
+# === Toy data over the tiny checkpoint's 300-word vocabulary ===
+
+POSITIVE = ["gold", "glorious", "glittering", "great", "fortunate", "fresh", "grand", "young"]
+NEGATIVE = ["dead", "dread", "empty", "dust", "fallen", "debris", "desert", "dim"]
+FILLER = ["the", "of", "and", "a", "to", "at", "his", "in", "that", "he", "was", "city", "camp", "fire",
+          "highway", "stream", "cabin", "morning", "rain", "they", "through", "street"]
+
+
+def sentiment_texts(n, seed):
+    """Short sentences of cue words of one class plus a little filler; label 1 = positive cues."""
+    rng = np.random.default_rng(seed)
+    texts, labels = [], []
+    for _ in range(n):
+        label = int(rng.integers(0, 2))
+        words = list(rng.choice(POSITIVE if label else NEGATIVE, size=int(rng.integers(2, 5))))
+        for _ in range(int(rng.integers(0, 3))):
+            words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(FILLER)))
+        texts.append(" ".join(words) + ".")
+        labels.append(label)
+    return texts, np.array(labels, dtype="int32")
+
+
+def write_tsv(path, rows, header=("text", "label")):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\t".join(header) + "\n")
+        for row in rows:
+            f.write("\t".join(str(v) for v in row) + "\n")
+    return path
+
+
+def sentiment_rows(n, seed):
+    texts, labels = sentiment_texts(n, seed)
+    return [(t, "pos" if y else "neg") for t, y in zip(texts, labels)]
+
+
+def conll_sentences(n, seed):
+    """Tag place words LOC (two-word places B-LOC I-LOC) and people PER; the rest O.
+
+    Each word has one tag wherever it stands: the tiny checkpoint has random weights, and a
+    few hundred sentences do not teach it context; span assembly and WordPiece alignment are
+    what this checks."""
+    rng = np.random.default_rng(seed)
+    places, people = ["city", "camp", "desert", "highway", "cabin"], ["cassius", "guide", "fellow"]
+    out = []
+    for _ in range(n):
+        words, tags = [], []
+        for _ in range(int(rng.integers(3, 7))):
+            r = rng.random()
+            if r < 0.2:  # two-word places: "great street", "great stream"
+                words += ["great", str(rng.choice(["street", "stream"]))]
+                tags += ["B-LOC", "I-LOC"]
+            elif r < 0.4:
+                words.append(str(rng.choice(places)))
+                tags.append("B-LOC")
+            elif r < 0.55:
+                words.append(str(rng.choice(people)))
+                tags.append("B-PER")
+            else:
+                words.append(str(rng.choice(FILLER[:10])))
+                tags.append("O")
+        out.append((words, tags))
+    return out
+
+
+def write_conll(path, sentences):
+    with open(path, "w") as f:
+        for words, tags in sentences:
+            f.writelines(f"{w}\t{t}\n" for w, t in zip(words, tags))
+            f.write("\n")
+    return path
+
+
+SWAG_HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label"
+
+
+def swag_rows(n, seed):
+    """SWAG-shaped questions over the tiny vocabulary: the right ending is the one with the
+    positive cue words, the three others have negative ones."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        context = " ".join(rng.choice(FILLER[:12], size=4)) + "."
+        right = int(rng.integers(0, 4))
+        endings = [" ".join(rng.choice(POSITIVE if k == right else NEGATIVE, size=2)) + "." for k in range(4)]
+        rows.append((f"v{i}", context, "the", endings, right))
+    return rows
+
+
+def write_swag(path, rows, labels=True):
+    with open(path, "w") as f:
+        f.write(SWAG_HEADER + "\n" if labels else SWAG_HEADER.rsplit(",", 1)[0] + "\n")
+        for i, (video, context, start, endings, label) in enumerate(rows):
+            fields = [str(i), video, "0", f"{context} {start}", context, start, "gold", *endings]
+            f.write(",".join(fields + ([str(label)] if labels else [])) + "\n")
+    return path
+
+
+# === The original code's outputs on the tiny checkpoint (fixtures/tf1-tiny/expected.npz) ===
+
+EXPECTED = np.load(os.path.join(TINY, "expected.npz"))
+ENCODER_KEYS = ("input_ids", "input_mask", "segment_ids")
+
+
+def original_outputs(model):
+    """The outputs expected.npz holds, computed by `model` on the same inputs."""
+    inputs = {k: EXPECTED[k].astype("int32") for k in ENCODER_KEYS + ("masked_lm_positions",)}
+    out = model(inputs, training=False)
+    return {
+        "embedding_output": embedding_model(model.encoder)({k: inputs[k] for k in ENCODER_KEYS}),
+        "sequence_output": out["sequence_output"],
+        "pooled_output": out["pooled_output"],
+        "mlm_log_probs": keras.ops.log_softmax(out["mlm_logits"], axis=-1),
+        "nsp_log_probs": keras.ops.log_softmax(out["nsp_logits"], axis=-1),
+    }
+
+
+# === The stand-in TF Serving (the real tensorflow_model_server cannot be installed here) ===
+
+STANDIN_SERVER = os.path.join(TESTS, "serving", "standin_server.py")
+
+
+def start_standin_server(model_config_files, log_path):
+    """The stand-in serving the models of these models.config files with TF Serving's strictest
+    signature checks; returns (process, its ready line as a dict)."""
+    log = open(log_path, "w")
+    args = [a for path in model_config_files for a in ("--model_config_file", str(path))]
+    process = subprocess.Popen([sys.executable, STANDIN_SERVER, "--grpc-port", "0", "--rest-port", "0",
+                                "--enable_signature_method_name_check", *args],
+                               stdout=subprocess.PIPE, stderr=log, text=True,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    line = process.stdout.readline()
+    log.close()
+    if not line:
+        process.wait(timeout=30)
+        raise AssertionError("the stand-in server did not start:\n" + open(log_path).read()[-3000:])
+    return process, json.loads(line)
+
+
+# === Save/load round trips ===
+
+
+def assert_round_trips(model, inputs, tmp_path, vocab_file=os.path.join(TINY, "vocab.txt")):
+    """`model` survives every way kbert and Keras save it, with outputs equal bit for bit:
+    get_config/from_config (same config), `model.save` + `keras.saving.load_model`, and
+    `kbert.save` + `kbert.load` (same class, same outputs)."""
+    import kbert
+
+    clone = type(model).from_config(model.get_config())
+    assert clone.get_config() == model.get_config()
+    expected = {k: np.asarray(v) for k, v in model(inputs, training=False).items()}
+    model.save(tmp_path / "model.keras")
+    restored = keras.saving.load_model(tmp_path / "model.keras")
+    assert type(restored) is type(model)
+    for name, value in restored(inputs, training=False).items():
+        np.testing.assert_array_equal(np.asarray(value), expected[name], err_msg=f".keras: {name}")
+    kbert.save(model, tmp_path / "model_dir", vocab_file=vocab_file)
+    loaded = kbert.load(tmp_path / "model_dir")
+    assert type(loaded) is type(model)
+    for name, value in loaded(inputs, training=False).items():
+        np.testing.assert_array_equal(np.asarray(value), expected[name], err_msg=f"model dir: {name}")
