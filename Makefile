@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kbert-installed
 
-.PHONY: quickstart test bench clean
+.PHONY: quickstart test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -17,6 +17,11 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# The inner loop: everything but the tests marked slow (training runs, exports, servers,
+# packaging), in under 3 minutes. CI runs the whole `make test`.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e ".[test,bench]"

@@ -32,6 +32,8 @@ import numpy as np
 
 from kbert.errors import KbertError
 
+# gRPC's stubs and TF Serving's protos are imported inside the methods that use them: they
+# import TensorFlow (seconds), which a REST client never needs.
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"
 # TF Serving's DataType names -> numpy dtypes (object: Python str or bytes).

@@ -44,7 +44,7 @@ from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 from kbert.config import sequence_length
 from kbert.errors import KbertError
 from kbert.files import atomic_output_dir
-from kbert.finetuning.tasks import CLASSIFY_API, REGRESS_API, TASKS, ServingHead, finite, get_task
+from kbert.finetuning.tasks import API_METHODS, TASKS, ServingHead, finite, get_task
 from kbert.model.bert import BertEncoder, BertMultipleChoice, BertPretrainer, BertTagger
 from kbert.model_dir import describe_source, open_model
 from kbert.text.preprocessing import BertPreprocessor
@@ -56,7 +56,6 @@ SIGNATURES = ("serving_default", "serve_ids", "serve_examples")
 PRECISIONS = ("float32", "bfloat16")
 # The Classify and Regress APIs' signature names, method names and keys (TF Serving's
 # signature_constants): TF Serving refuses a signature of the predict method for them.
-METHOD_NAMES = {CLASSIFY_API: "tensorflow/serving/classify", REGRESS_API: "tensorflow/serving/regress"}
 # Representative warmup requests: TF Serving runs them at load so that the first real request
 # does not pay for graph set-up; one per batch shape that a client typically sends.
 WARMUP_TEXTS = (["Hello, world!"],
@@ -81,7 +80,7 @@ def _serving_head(model, task_info, text_pairs) -> ServingHead:
             return {"pooled_output": finite("pooled_output", out["pooled_output"]),
                     "sequence_output": finite("sequence_output", out["sequence_output"]),
                     "input_mask": features["input_mask"]}
-        return ServingHead(encoder, outputs, ("text", "text_b") if text_pairs else ("text",))
+        return ServingHead(encoder, outputs, {"text": 1, "text_b": 1} if text_pairs else {"text": 1})
     if task is None:  # a head saved without fine-tuning metadata: its kind says which task
         task = {BertTagger: "tag", BertMultipleChoice: "choice"}.get(type(model)) or (
             "regress" if getattr(model, "num_classes", 0) == 1 else "classify")
@@ -94,7 +93,7 @@ def _serving_head(model, task_info, text_pairs) -> ServingHead:
     if task in ("classify", "regress"):
         # finetune records "text_pairs"; directories from before it did may get pairs.
         pairs = bool(task_info.get("text_pairs", True)) if text_pairs is None else text_pairs
-        head = head._replace(text_inputs=("text", "text_b") if pairs else ("text",))
+        head = head._replace(text_inputs={"text": 1, "text_b": 1} if pairs else {"text": 1})
     return head
 
 
@@ -170,7 +169,7 @@ def _batching_parameters(cores: int) -> str:
         "pad_variable_length_inputs: false\n")
 
 
-def _warmup_requests(path: str, name: str, text_inputs: tuple):
+def _warmup_requests(path: str, name: str, text_inputs: dict):
     """A TFRecord of PredictionLog protos: `serving_default` requests TF Serving replays at load."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
@@ -178,12 +177,10 @@ def _warmup_requests(path: str, name: str, text_inputs: tuple):
             request = predict_pb2.PredictRequest(
                 model_spec=model_pb2.ModelSpec(name=name, signature_name="serving_default"))
             request.inputs["text"].CopyFrom(tf.make_tensor_proto(texts, dtype=tf.string))
-            if "text_b" in text_inputs:
-                second = ["And its second text."] * len(texts)
-                request.inputs["text_b"].CopyFrom(tf.make_tensor_proto(second, dtype=tf.string))
-            if "endings" in text_inputs:
-                endings = [["ends here.", "goes on and on."]] * len(texts)
-                request.inputs["endings"].CopyFrom(tf.make_tensor_proto(endings, dtype=tf.string))
+            for extra, rank in list(text_inputs.items())[1:]:  # text_b: one more text; endings: a list
+                value = [["ends here.", "goes on and on."]] * len(texts) if rank == 2 else \
+                    ["And its second text."] * len(texts)
+                request.inputs[extra].CopyFrom(tf.make_tensor_proto(value, dtype=tf.string))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
 
@@ -252,15 +249,23 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)
     preprocessor((tf.constant(["warm up"]), tf.constant(["b"])))  # builds it, so ExportArchive may track it
 
-    def pack(text, text_b=None):
+    # Packing is traced once per input form and shared by every signature that packs text: the
+    # tokenizer's graph is large, and tracing it for each signature made exports 1.5x slower.
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def pack_single(text):
+        return preprocessor(text)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.string)])
+    def pack_pair(text, text_b):
         single = preprocessor(text)
-        if text_b is None:
-            return single
         pair = preprocessor((text, text_b))
         # run_classifier.py packs a pair only when text_b has tokens (left after truncation):
         # its segment-1 part is then more than the final [SEP].
         has_b = tf.reduce_sum(pair["segment_ids"], axis=1) > 1
         return {key: tf.where(has_b[:, None], pair[key], single[key]) for key in single}
+
+    def pack(text, text_b=None):
+        return pack_single(text) if text_b is None else pack_pair(text, text_b)
 
     archive = keras.export.ExportArchive()
     archive.track(head.tracked)
@@ -272,40 +277,34 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
         model.vocab_file, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
         tf.string, tf.lookup.TextFileIndex.WHOLE_LINE), default_value="[UNK]"))
 
-    specs = {"text": tf.TensorSpec([None], tf.string, name="text"),
-             "text_b": tf.TensorSpec([None], tf.string, name="text_b"),
-             "endings": tf.TensorSpec([None, None], tf.string, name="endings")}
+    names = list(head.text_inputs)  # "text", then "text_b" or "endings" (see the task's ServingHead)
 
     def text_outputs(strings):
         if head.text_outputs is not None:
             return head.text_outputs(strings, pack, preprocessor)
         return outputs(pack(strings["text"], strings.get("text_b")))
 
-    # serving_default's inputs are named by the head: text, and text_b or endings.
-    if head.text_inputs == ("text",):
+    # serving_default takes the head's string inputs, in order; their names are the TensorSpecs'.
+    if len(names) == 1:
         def serve_text(text):
-            return text_outputs({"text": text})
-    elif head.text_inputs == ("text", "text_b"):
-        def serve_text(text, text_b):
-            return text_outputs({"text": text, "text_b": text_b})
+            return text_outputs({names[0]: text})
     else:
-        def serve_text(text, endings):
-            return text_outputs({"text": text, "endings": endings})
-    text_signature = [specs[name] for name in head.text_inputs]
+        def serve_text(text, second):
+            return text_outputs({names[0]: text, names[1]: second})
+    text_signature = [tf.TensorSpec([None] * rank, tf.string, name=name) for name, rank in head.text_inputs.items()]
 
     def serve_ids(input_ids, input_mask, segment_ids):
         return outputs({"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids})
 
     def parse_examples(examples):
-        spec = {"text": tf.io.FixedLenFeature([], tf.string)}
-        if "text_b" in head.text_inputs:
-            spec["text_b"] = tf.io.FixedLenFeature([], tf.string, default_value="")
-        if "endings" in head.text_inputs:
-            spec["endings"] = tf.io.RaggedFeature(tf.string)
+        # One bytes feature per input: `text` required, a second text "" when absent, and a
+        # list input (endings) with one value per item.
+        spec = {name: tf.io.RaggedFeature(tf.string) if rank == 2 else
+                tf.io.FixedLenFeature([], tf.string, default_value=None if name == "text" else "")
+                for name, rank in head.text_inputs.items()}
         strings = tf.io.parse_example(examples, spec)
-        if "endings" in strings:
-            strings["endings"] = strings["endings"].to_tensor("")
-        return strings
+        return {name: value.to_tensor("") if isinstance(value, tf.RaggedTensor) else value
+                for name, value in strings.items()}
 
     def serve_examples(examples):
         return text_outputs(parse_examples(examples))
@@ -325,7 +324,7 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     with atomic_output_dir(path, overwrite=overwrite) as tmp:
         archive.write_out(tmp, verbose=False)
         if head.api:
-            _set_method_name(tmp, head.api, METHOD_NAMES[head.api])
+            _set_method_name(tmp, head.api, API_METHODS[head.api])
         _warmup_requests(os.path.join(tmp, WARMUP_FILE), name, head.text_inputs)
     _write_text(os.path.join(export_base, MODELS_CONFIG), _models_config(name, export_base))
     _write_text(os.path.join(export_base, BATCHING_PARAMETERS), _batching_parameters(os.cpu_count() or 1))

@@ -27,9 +27,8 @@ def kbert_command():
     return [exe] if os.path.exists(exe) else [sys.executable, "-m", "kbert.cli.main"]
 
 
-# Commands that run in a process of their own even without `env`: pretraining (strategies,
-# TF_CONFIG, signals and kill -9 are per process) and create-data (worker processes).
-OWN_PROCESS = {"pretrain", "create-data"}
+# Commands that run in a process of their own even without `env`: create-data (worker processes).
+OWN_PROCESS = {"create-data"}
 
 
 def run_kbert(*args, check=True, env=None, own_process=None):
@@ -39,7 +38,7 @@ def run_kbert(*args, check=True, env=None, own_process=None):
     (`kbert.cli.main.main`), with stdout and stderr captured and the exit status taken from its
     SystemExit: a new process would spend about 6 s of the machine's 2 cores importing
     TensorFlow for every call, and the suite makes about 150. Calls with `env` (logical CPUs,
-    TF_CONFIG), pretraining and create-data, or `own_process=True`, run the real `kbert`
+    TF_CONFIG), create-data, or `own_process=True`, run the real `kbert`
     executable in a new process, as a user's shell does; tests/test_cli_process.py checks that
     both ways print the same.
     """

@@ -4,7 +4,11 @@ and must print the same, exit the same way and write the same files."""
 
 import json
 
+import pytest
+
 from conftest import TINY, run_kbert
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 
 
 def test_a_result_is_the_same_in_a_new_process(tmp_path):

@@ -16,6 +16,8 @@ from helpers import sentiment_rows, write_tsv
 
 from kbert.model_dir import describe_source, lower_case_for, open_model
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
+
 
 @pytest.fixture(scope="module")
 def cased_dir(tmp_path_factory):

@@ -5,7 +5,11 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 from conftest import TESTS
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 
 ROOT = os.path.dirname(TESTS)
 

@@ -20,11 +20,11 @@ from kbert.config import sequence_length
 from kbert.errors import KbertError, listing
 from kbert.finetuning import readers
 from kbert.finetuning.options import FinetuneOptions
-from kbert.finetuning.tasks import CLASSIFY_API, REGRESS_API, get_task, predict_outputs
+from kbert.finetuning.tasks import TASKS, get_task, predict_outputs
 from kbert.model.bert import BertEncoder
 from kbert.files import require_path
 from kbert.model_dir import open_model
-from kbert.serving.client import CLASSIFY_METHOD, REGRESS_METHOD, Client
+from kbert.serving.client import Client
 from kbert.text.tokenizer import Tokenizer
 
 log = logging.getLogger("kbert")
@@ -139,21 +139,16 @@ def served_task(signatures: dict) -> str | None:
     >>> served_task({"serving_default": {"inputs": {"text": {}, "endings": {}}, "outputs": {}}})
     'choice'
     """
-    if signatures.get(CLASSIFY_API, {}).get("method_name") == CLASSIFY_METHOD:
-        return "classify"
-    if signatures.get(REGRESS_API, {}).get("method_name") == REGRESS_METHOD:
-        return "regress"
-    default = signatures.get("serving_default", {})
-    outputs = set(default.get("outputs", {}))
-    if "endings" in default.get("inputs", {}):
-        return "choice"
-    if "word_label" in outputs:
-        return "tag"
+    for task in TASKS.values():
+        if task.served_by is not None and task.served_by(signatures):
+            return task.name
+    outputs = set(signatures.get("serving_default", {}).get("outputs", {}))
     if "pooled_output" in outputs:
         return None
     raise KbertError(f"the served model's serving_default has outputs {listing(outputs) or 'none'}; kbert "
-                     f"predict --server reads what kbert export writes (classifiers, regressors, taggers, "
-                     f"multiple choice, encoders): use Client.predict for other models")
+                     f"predict --server reads what kbert export writes (the tasks "
+                     f"{', '.join(n for n, t in TASKS.items() if t.served_by)} and encoders): use Client.predict "
+                     f"for other models")
 
 
 def predict_served(client: Client, input_path, options: FinetuneOptions | None = None,

@@ -40,8 +40,10 @@ from kbert.text.tokenizer import UNK, load_vocab
 
 log = logging.getLogger("kbert")
 
-# TF Serving's Classify and Regress APIs: the signature names an export adds for them.
+# TF Serving's Classify and Regress APIs: the signature names an export adds for them, and
+# the method names TF Serving requires of them.
 CLASSIFY_API, REGRESS_API = "classify", "regress"
+API_METHODS = {CLASSIFY_API: "tensorflow/serving/classify", REGRESS_API: "tensorflow/serving/regress"}
 
 
 @dataclasses.dataclass
@@ -60,7 +62,7 @@ class ServingHead(NamedTuple):
     """What an export serves for one kind of model (see `kbert.serving.export`)."""
     tracked: keras.Model          # the Keras model the SavedModel tracks
     outputs: Callable             # int32 features -> dict of the Predict API's outputs
-    text_inputs: tuple = ("text",)  # serving_default's string inputs ("text_b", "endings")
+    text_inputs: dict = {"text": 1}  # serving_default's string inputs: name -> rank ([batch] or [batch, N])
     text_outputs: Callable | None = None  # (strings dict, pack, preprocessor) -> outputs; default: pack them
     ids_rank: int = 2             # rank of serve_ids' inputs ([batch, seq]; choice: [batch, choices, seq])
     api: str | None = None        # CLASSIFY_API or REGRESS_API: the extra signature's name
@@ -78,6 +80,7 @@ class Task:
     score: Callable     # (TaskData, outputs, opts, do_lower_case) -> metrics dict
     rows: Callable      # (TaskData, outputs, opts, do_lower_case) -> one JSON-ready dict per example
     serve: Callable | None = None        # (model, label names) -> ServingHead; None: not exportable
+    served_by: Callable | None = None    # (a server's signatures) -> whether they are this task's export
     served_rows: Callable | None = None  # (client, signatures, path, opts) -> the same dicts as `rows`
     max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
 
@@ -106,6 +109,14 @@ def _check_known(path, found, labels):
         shown = ", ".join(repr(u) for u in unseen[:10]) + (f" and {len(unseen) - 10} more" if len(unseen) > 10 else "")
         raise KbertError(f"{path} has labels the model was never trained on: {shown}; the model knows "
                          f"{', '.join(repr(label) for label in labels)}")
+
+
+def _has_api(signatures, api):
+    return signatures.get(api, {}).get("method_name") == API_METHODS[api]
+
+
+def _default(signatures):
+    return signatures.get("serving_default", {})
 
 
 def _batches(n, batch_size):
@@ -206,7 +217,8 @@ CLASSIFY = Task(
         data.targets["logits"].tolist(), outputs["logits"].argmax(-1).tolist(),
         label_names=list(range(len(data.labels)))),
     rows=lambda data, outputs, opts, lower: (classify_row(data.labels, row) for row in _softmax(outputs["logits"])),
-    serve=_serve_classifier, served_rows=_served_texts("classify"))
+    serve=_serve_classifier, served_by=lambda signatures: _has_api(signatures, CLASSIFY_API),
+    served_rows=_served_texts("classify"))
 
 REGRESS = Task(
     name="regress", read=_read_texts("regress"),
@@ -216,7 +228,8 @@ REGRESS = Task(
     score=lambda data, outputs, opts, lower: metrics.regression_metrics(
         data.targets["logits"].tolist(), outputs["logits"][:, 0].tolist()),
     rows=lambda data, outputs, opts, lower: ({"prediction": round(float(v), 6)} for v in outputs["logits"][:, 0]),
-    serve=_serve_regressor, served_rows=_served_texts("regress"))
+    serve=_serve_regressor, served_by=lambda signatures: _has_api(signatures, REGRESS_API),
+    served_rows=_served_texts("regress"))
 
 
 # === tag: one label per word, on its first WordPiece ===
@@ -307,7 +320,8 @@ TAG = Task(
     score=lambda data, outputs, opts, lower: metrics.tagging_metrics(data.raw.tags, _word_tags(data, outputs)),
     rows=lambda data, outputs, opts, lower: ({"words": words, "tags": tags}
                                              for words, tags in zip(data.raw.words, _word_tags(data, outputs))),
-    serve=_serve_tagger, served_rows=_served_tags)
+    serve=_serve_tagger, served_by=lambda signatures: "word_label" in _default(signatures).get("outputs", {}),
+    served_rows=_served_tags)
 
 
 # === squad: run_squad.py ===
@@ -390,7 +404,7 @@ def _serve_choices(model, labels):
         flat = pack(tf.repeat(strings["text"], choices), tf.reshape(endings, [-1]))
         shape = [-1, choices, preprocessor.sequence_length]
         return outputs({name: tf.reshape(value, shape) for name, value in flat.items()})
-    return ServingHead(model, outputs, text_inputs=("text", "endings"), text_outputs=text_outputs, ids_rank=3)
+    return ServingHead(model, outputs, text_inputs={"text": 1, "endings": 2}, text_outputs=text_outputs, ids_rank=3)
 
 
 def _served_choices(client, signatures, path, opts):
@@ -411,7 +425,8 @@ CHOICE = Task(
     score=lambda data, outputs, opts, lower: {"accuracy": float(np.mean(
         outputs["logits"].argmax(-1) == data.targets["logits"]))},
     rows=lambda data, outputs, opts, lower: (choice_row(row) for row in _softmax(outputs["logits"])),
-    serve=_serve_choices, served_rows=_served_choices)
+    serve=_serve_choices, served_by=lambda signatures: "endings" in _default(signatures).get("inputs", {}),
+    served_rows=_served_choices)
 
 
 TASKS = {task.name: task for task in (CLASSIFY, REGRESS, TAG, SQUAD, CHOICE)}

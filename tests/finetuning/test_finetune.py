@@ -13,6 +13,8 @@ import pytest
 from conftest import assert_user_error, run_kbert
 from helpers import FILLER, NEGATIVE, POSITIVE, conll_sentences, sentiment_rows, write_conll, write_tsv
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
+
 TRAIN_FLAGS = ["--epochs", "4", "--batch-size", "16", "--learning-rate", "1e-3", "--max-seq-length", "24"]
 
 

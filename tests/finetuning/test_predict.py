@@ -10,7 +10,9 @@ import json
 import pytest
 
 from conftest import run_kbert
-from helpers import conll_sentences, start_standin_server, swag_rows, write_conll, write_swag, write_tsv
+from helpers import start_standin_server, swag_rows, write_conll, write_swag, write_tsv
+
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 
 @pytest.fixture(scope="module")
 def choice_run(tmp_path_factory, tiny_model_dir):
@@ -40,18 +42,25 @@ def test_choice_learns_predicts_and_evaluates(choice_run):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_model_dir, choice_run):
     """A tagger, a single-text classifier, a regressor, an encoder and the multiple-choice model,
-    each exported by `kbert export` and served by the stand-in server; plus each one's input file."""
+    each exported by `kbert export` and served by the stand-in server; plus each one's input file.
+    The first three are untrained heads (what a head learned does not matter to this comparison),
+    saved with the task metadata `kbert finetune` records."""
+    import keras
+
+    import kbert
+
     work = tmp_path_factory.mktemp("served")
-    tagged = write_conll(work / "train.conll", conll_sentences(64, 0))
-    sentiment = write_tsv(work / "train.tsv", [("gold glorious great.", "pos"), ("dead dust.", "neg")] * 16)
-    scores = write_tsv(work / "scores.tsv", [("gold glorious.", 4.5), ("dead dust.", 0.5)] * 16)
-    fast = ["--epochs", "1", "--batch-size", "16", "--max-seq-length", "16"]
-    models = {"choice": choice_run[1]}
-    for name, task, train in (("tagger", "tag", tagged), ("sentiment", "classify", sentiment),
-                              ("similarity", "regress", scores)):
-        run_kbert("finetune", tiny_model_dir, "--task", task, "--train", train, "--output", work / name, *fast)
+    keras.utils.set_random_seed(2)
+    base = kbert.load(tiny_model_dir)
+    heads = {"tagger": (kbert.bert_tagger(base, 3), {"task": "tag", "labels": ["B-LOC", "I-LOC", "O"]}),
+             "sentiment": (kbert.bert_classifier(base, 2), {"task": "classify", "labels": ["neg", "pos"],
+                                                             "text_pairs": False}),
+             "similarity": (kbert.bert_classifier(base, 1), {"task": "regress", "text_pairs": False})}
+    models = {"choice": choice_run[1], "encoder": tiny_model_dir}
+    for name, (model, info) in heads.items():
+        model.task_info = dict(info, max_seq_length=16)
+        kbert.save(model, work / name)
         models[name] = work / name
-    models["encoder"] = tiny_model_dir
     configs = []
     for name, model in models.items():
         pairs = ["--text-pairs"] if name == "encoder" else []

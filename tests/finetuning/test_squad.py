@@ -246,7 +246,7 @@ def original(data_files, tmp_path_factory):
                 spec[name]["predictions"].append(dict(run, logits=str(directory / f"{name}-{i}.npz")))
     spec_path = directory / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    code = f"import sys; sys.path.insert(0, {HERE!r}); import test_squad; test_squad.run_original({str(spec_path)!r})"
+    code = f"import sys; sys.path[:0] = [{HERE!r}, {TESTS!r}]; import test_squad; test_squad.run_original({str(spec_path)!r})"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -11,8 +11,11 @@ import pytest
 
 from conftest import TESTS
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
+
 USER_CODE = r'''
 import json, os, sys
+import numpy as np
 import keras
 import tensorflow as tf
 import kbert
@@ -55,6 +58,8 @@ print(json.dumps({
     "first_loss": history.history["loss"][0], "last_loss": history.history["loss"][-1],
     "test_accuracy": accuracy,
     "reload_max_diff": float(np.abs(before - after).max()),
+    "reloaded_weights_equal": all(np.array_equal(a, b) for a, b in zip(model.get_weights(), reloaded.get_weights())),
+    "model_dir_weights_equal": all(np.array_equal(a, b) for a, b in zip(model.get_weights(), from_dir.get_weights())),
     "model_dir_max_diff": float(np.abs(before - after_dir).max()),
     "test_predicted_accuracy": float((before.argmax(-1) == test_labels).mean()),
 }))
@@ -80,5 +85,10 @@ def test_user_fits_evaluates_saves_reloads_and_predicts(tiny_model_dir, tmp_path
     assert result["last_loss"] < result["first_loss"]
     assert result["test_accuracy"] >= 0.85, result  # chance is 0.5
     assert result["test_predicted_accuracy"] == pytest.approx(result["test_accuracy"], abs=1e-6)
-    assert result["reload_max_diff"] == 0.0, result
-    assert result["model_dir_max_diff"] == 0.0, result
+    # The weights come back bit for bit. The predictions do too on one device; under
+    # MirroredStrategy `before` ran split over the two replicas and the reloaded models on one
+    # device, whose matmuls may round differently (seen here: 1.2e-7 on some hosts, 0 on others).
+    assert result["reloaded_weights_equal"] and result["model_dir_weights_equal"], result
+    tolerance = 1e-5 if mirrored else 0.0
+    assert result["reload_max_diff"] <= tolerance, result
+    assert result["model_dir_max_diff"] <= tolerance, result

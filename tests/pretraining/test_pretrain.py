@@ -19,6 +19,8 @@ from conftest import TINY, assert_user_error, kbert_command, run_kbert
 from kbert.cli.pretrain import pretrain_command
 from kbert.pretraining.train import PretrainOptions
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
+
 SAMPLE = os.path.join(os.path.dirname(TINY), "sample_text.txt")
 VOCAB = os.path.join(TINY, "vocab.txt")
 SHAPE = ["--max-seq-length", "32", "--max-predictions-per-seq", "5"]

@@ -24,6 +24,8 @@ from helpers import STANDIN_SERVER, write_tsv
 from kbert.errors import KbertError
 from kbert.serving import Client
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
+
 LENGTH = 24
 LONG = " ".join(["gold"] * 5000)
 # Real text, an empty string, a text far past max length, and invalid UTF-8 bytes (dropped in

@@ -26,6 +26,8 @@ LONG = " ".join(["gold"] * 5000)
 TEXTS = [b"gold glorious great.", b"dead dust the dread.", b"", LONG.encode(), b"gold\xff glorious\xfe great."]
 TEXTS_B = [b"", b"", b"", b"", b"dead."]  # the last row is a sentence pair
 
+pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
+
 SERVE = r'''
 import json, sys
 sys.modules["kbert"] = sys.modules["keras_hub"] = None  # importing either would now fail
@@ -312,7 +314,8 @@ def test_non_finite_outputs_fail_the_request(tiny_model_dir, tmp_path):
     kbert.save(model, tmp_path / "broken")
     path = export_model(tmp_path / "broken", tmp_path / "base")
     assert path == str(tmp_path / "base" / "1")
-    signature = tf.saved_model.load(path).signatures["serving_default"]
+    loaded = tf.saved_model.load(path)
+    signature = loaded.signatures["serving_default"]
     assert sorted(signature.structured_outputs) == ["score"]
     from kbert.serving.export import exported_signatures
     assert exported_signatures(path)["regress"] == "tensorflow/serving/regress"
@@ -322,7 +325,7 @@ def test_non_finite_outputs_fail_the_request(tiny_model_dir, tmp_path):
     example = tf.train.Example(features=tf.train.Features(feature={
         "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"gold."]))}))
     with pytest.raises(tf.errors.InvalidArgumentError, match="non-finite values in output score"):
-        tf.saved_model.load(path).signatures["regress"](inputs=tf.constant([example.SerializeToString()]))
+        loaded.signatures["regress"](inputs=tf.constant([example.SerializeToString()]))
 
 
 def test_tagger_serves_a_label_per_token(tiny_model_dir, tmp_path):
