@@ -585,3 +585,42 @@ def test_module_does_not_import_tensorflow():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                             timeout=120)
     assert result.stdout.strip() == "False", result.stderr
+
+
+SWAG_HEAD = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3"
+
+
+def test_swag_csv_reads_as_the_bert_paper_pairs_it(tmp_path):
+    path = tmp_path / "val.csv"
+    path.write_text(SWAG_HEAD + ",label\n"
+                    '0,v,1,"A man, tired, sits. He",A man sits.,He,gold,"smiles, slowly.",runs.,flies.,sings.,0\n'
+                    "1,v,2,x,The dog barks.,It,gold,sleeps.,eats.,\"jumps, high.\",naps.,2\n")
+    examples = readers.read_choice_examples(path)
+    assert examples.contexts == ["A man sits.", "The dog barks."]
+    assert examples.endings[0] == ["He smiles, slowly.", "He runs.", "He flies.", "He sings."]
+    assert examples.labels == [0, 2]
+    test = tmp_path / "test.csv"
+    test.write_text(SWAG_HEAD + "\n0,v,1,x,A man sits.,He,gold,a.,b.,c.,d.\n")
+    assert readers.read_choice_examples(test, require_labels=False).labels is None
+    with pytest.raises(KbertError, match="no label column"):
+        readers.read_choice_examples(test)
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ("sent1,sent2,label\na,b,0\n", "needs a sent1 (or context) column and at least ending0 and ending1"),
+    (SWAG_HEAD + ",label\n0,v,1,x,A.,He,gold,a.,b.,c.,d.,4\n", "label '4' is not an ending index 0..3"),
+    (SWAG_HEAD + ",label\n0,v,1,x,A.,He,gold,a.,b.,c.\n", "expected 12 columns, found 10"),
+])
+def test_swag_csv_errors_name_the_line_and_the_fix(tmp_path, content, fragment):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    with pytest.raises(KbertError) as error:
+        readers.read_choice_examples(path)
+    assert fragment in str(error.value) and "\n" not in str(error.value)
+
+
+def test_swag_bad_rows_can_be_skipped(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text(SWAG_HEAD + ",label\n0,v,1,x,A.,He,gold,a.,b.,c.,d.,9\n1,v,1,x,B.,It,gold,a.,b.,c.,d.,1\n")
+    examples = readers.read_choice_examples(path, skip_bad_rows=True)
+    assert examples.contexts == ["B."] and examples.labels == [1] and examples.skipped_rows == [2]
