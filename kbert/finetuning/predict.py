@@ -14,13 +14,12 @@ import os
 from typing import Iterator
 
 import keras
-import numpy as np
 
 from kbert.config import sequence_length
 from kbert.errors import KbertError, listing
 from kbert.finetuning import readers
 from kbert.finetuning.options import FinetuneOptions
-from kbert.finetuning.tasks import TASKS, get_task, predict_outputs
+from kbert.finetuning.tasks import TASKS, get_task, json_floats, predict_outputs, served_texts_b
 from kbert.model.bert import BertEncoder
 from kbert.files import require_path
 from kbert.model_dir import open_model
@@ -28,10 +27,6 @@ from kbert.serving.client import Client
 from kbert.text.tokenizer import Tokenizer
 
 log = logging.getLogger("kbert")
-
-
-def _json_floats(values: dict) -> dict:
-    return {k: (round(float(v), 6) if isinstance(v, (float, np.floating)) else v) for k, v in values.items()}
 
 
 def _prepare(model_dir, options, overrides):
@@ -70,7 +65,7 @@ def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **ov
         raise KbertError(f"{input_path} has no usable rows to evaluate")
     result = task.score(data, predict_outputs(model, data, opts.batch_size), opts, model.do_lower_case)
     result["examples"] = len(data.raw) if task.name == "squad" else data.size
-    return _json_floats({k: v for k, v in result.items() if not isinstance(v, dict)})
+    return json_floats({k: v for k, v in result.items() if not isinstance(v, dict)})
 
 
 def predict(model_dir, input_path, layers: list[int] | None = None, options: FinetuneOptions | None = None,
@@ -181,11 +176,7 @@ def predict_served(client: Client, input_path, options: FinetuneOptions | None =
         yield from get_task(task).served_rows(client, signatures, input_path, opts)
         return
     texts, texts_b = readers.read_lines(input_path)
-    if "text_b" not in signatures.get("serving_default", {}).get("inputs", {}):
-        if texts_b is not None and any(texts_b):
-            raise KbertError(f"{input_path} has sentence pairs (text_b), but the served model {client.model_name} "
-                             f"takes single texts: give one text per line")
-        texts_b = None
+    texts_b = served_texts_b(input_path, texts_b, signatures, client)
     for start in range(0, len(texts), opts.batch_size):
         stop = start + opts.batch_size
         out = client.predict_text(texts[start:stop], texts_b[start:stop] if texts_b is not None else None)

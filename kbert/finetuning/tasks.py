@@ -123,7 +123,16 @@ def _batches(n, batch_size):
     return ((start, min(start + batch_size, n)) for start in range(0, n, batch_size))
 
 
-def _check_text_pairs(path, texts_b, signatures, client):
+def json_floats(values: dict) -> dict:
+    """Metrics as printed: floats (numpy's too) rounded to 6 digits, everything else as is.
+
+    >>> json_floats({"accuracy": np.float32(0.8125), "examples": 64})
+    {'accuracy': 0.8125, 'examples': 64}
+    """
+    return {k: (round(float(v), 6) if isinstance(v, (float, np.floating)) else v) for k, v in values.items()}
+
+
+def served_texts_b(path, texts_b, signatures, client):
     """None, or texts_b if the served model takes pairs; an error if the file has pairs it cannot take."""
     takes_b = "text_b" in signatures.get("serving_default", {}).get("inputs", {})
     if texts_b is not None and not takes_b:
@@ -196,7 +205,7 @@ def _served_texts(task):
         examples = readers.read_text_examples(path, task=task, format=opts.format,
                                               skip_bad_rows=opts.skip_bad_rows, require_labels=False)
         readers.report_skipped(path, examples)
-        texts_b = _check_text_pairs(path, examples.texts_b, signatures, client)
+        texts_b = served_texts_b(path, examples.texts_b, signatures, client)
         for start, stop in _batches(len(examples.texts), opts.batch_size):
             batch_b = texts_b[start:stop] if texts_b is not None else None
             if task == "regress":

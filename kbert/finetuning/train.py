@@ -21,7 +21,6 @@ import os
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from kbert.config import sequence_length
@@ -29,7 +28,8 @@ from kbert.errors import KbertError
 from kbert.files import atomic_output_dir, check_output_dir
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.squad import write_predictions_json
-from kbert.finetuning.tasks import Task, TaskData, best_metric, get_task, predict_outputs, squad_answers
+from kbert.finetuning.tasks import (Task, TaskData, best_metric, get_task, json_floats, predict_outputs,
+                                    squad_answers)
 from kbert.model_dir import describe_source, open_model, save
 from kbert.text.tokenizer import Tokenizer
 from kbert.training.optimization import BertAdamW, WarmupLinearDecay
@@ -52,10 +52,6 @@ def make_finetune_optimizer(learning_rate, total_steps, warmup_steps):
     """The original's `optimization.create_optimizer` as a Keras optimizer."""
     return BertAdamW(WarmupLinearDecay(learning_rate, total_steps, warmup_steps), weight_decay_rate=0.01,
                      global_clipnorm=1.0)
-
-
-def _json_floats(metrics):
-    return {k: (round(float(v), 6) if isinstance(v, (float, np.floating)) else v) for k, v in metrics.items()}
 
 
 def _warn_truncated(path, data: TaskData, max_seq_length):
@@ -157,7 +153,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
             write_predictions_json(tracker.best_predictions, os.path.join(tmp, "predictions.json"))
         if os.path.isdir(logs_dir):
             os.replace(logs_dir, os.path.join(tmp, "logs"))
-    return _json_floats(result)
+    return json_floats(result)
 
 
 def _check_options(opts: FinetuneOptions):
@@ -211,7 +207,7 @@ class _BestEpoch(keras.callbacks.Callback):
             row.update({f"dev_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
         else:
             metrics, name, value = {"loss": row["loss"]}, "loss", -row["loss"]
-        self.history.append(_json_floats(row))
+        self.history.append(json_floats(row))
         self.progress.log(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()
                                                              if isinstance(v, float)))
         if self.writer is None:
