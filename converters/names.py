@@ -1,50 +1,55 @@
 """The one table between kbert's Keras weight paths and google-research/bert's variable names.
 
 Every converter (TF1 checkpoints, Hugging Face safetensors, and any later format) goes through
-`WEIGHT_NAMES`; nothing else in kbert spells a checkpoint name. Shapes are the same on both
-sides (kbert keeps the original layouts), so each row is a plain copy. Hugging Face names are
-derived from the TF1 column by one rule (`hf_name`), not listed a second time.
+`WEIGHT_NAMES`; nothing else in kbert spells a checkpoint name. Its columns are kbert, TF1,
+Model Garden (TF Hub encoders) and keras-hub. Shapes are the original's in kbert and TF1; Model
+Garden and keras-hub split attention weights by head (`split_heads_shape`), a reshape of the same
+numbers. Hugging Face names are derived from the TF1 column by one rule (`hf_name`), not listed
+a second time.
 """
 
 from __future__ import annotations
 
 import re
 
-# (kbert weight path, google-research/bert name). "{i}" is the transformer layer index.
+# One row per weight: (kbert weight path, google-research/bert name, Model Garden name, keras-hub
+# path). Model Garden's is the variable name in its TF Hub encoders (`official.nlp` BertEncoder
+# and BertPretrainerV2's MaskedLM, as `export_tfhub_lib` saves them); keras-hub's is the weight
+# path in a BertBackbone. None: that format has no such weight. "{i}" is the layer index.
 WEIGHT_NAMES = (
     # --- encoder: modeling.BertModel ---
-    ("embeddings/word_embeddings/embeddings", "bert/embeddings/word_embeddings"),
-    ("embeddings/token_type_embeddings/embeddings", "bert/embeddings/token_type_embeddings"),
-    ("embeddings/position_embeddings/embeddings", "bert/embeddings/position_embeddings"),
-    ("embeddings/layer_norm/gamma", "bert/embeddings/LayerNorm/gamma"),
-    ("embeddings/layer_norm/beta", "bert/embeddings/LayerNorm/beta"),
-    ("transformer_layer_{i}/query/kernel", "bert/encoder/layer_{i}/attention/self/query/kernel"),
-    ("transformer_layer_{i}/query/bias", "bert/encoder/layer_{i}/attention/self/query/bias"),
-    ("transformer_layer_{i}/key/kernel", "bert/encoder/layer_{i}/attention/self/key/kernel"),
-    ("transformer_layer_{i}/key/bias", "bert/encoder/layer_{i}/attention/self/key/bias"),
-    ("transformer_layer_{i}/value/kernel", "bert/encoder/layer_{i}/attention/self/value/kernel"),
-    ("transformer_layer_{i}/value/bias", "bert/encoder/layer_{i}/attention/self/value/bias"),
-    ("transformer_layer_{i}/attention_output/kernel", "bert/encoder/layer_{i}/attention/output/dense/kernel"),
-    ("transformer_layer_{i}/attention_output/bias", "bert/encoder/layer_{i}/attention/output/dense/bias"),
-    ("transformer_layer_{i}/attention_layer_norm/gamma", "bert/encoder/layer_{i}/attention/output/LayerNorm/gamma"),
-    ("transformer_layer_{i}/attention_layer_norm/beta", "bert/encoder/layer_{i}/attention/output/LayerNorm/beta"),
-    ("transformer_layer_{i}/intermediate/kernel", "bert/encoder/layer_{i}/intermediate/dense/kernel"),
-    ("transformer_layer_{i}/intermediate/bias", "bert/encoder/layer_{i}/intermediate/dense/bias"),
-    ("transformer_layer_{i}/output/kernel", "bert/encoder/layer_{i}/output/dense/kernel"),
-    ("transformer_layer_{i}/output/bias", "bert/encoder/layer_{i}/output/dense/bias"),
-    ("transformer_layer_{i}/output_layer_norm/gamma", "bert/encoder/layer_{i}/output/LayerNorm/gamma"),
-    ("transformer_layer_{i}/output_layer_norm/beta", "bert/encoder/layer_{i}/output/LayerNorm/beta"),
-    ("pooler/kernel", "bert/pooler/dense/kernel"),
-    ("pooler/bias", "bert/pooler/dense/bias"),
+    ("embeddings/word_embeddings/embeddings", "bert/embeddings/word_embeddings", "word_embeddings/embeddings", "token_embedding/embeddings"),
+    ("embeddings/token_type_embeddings/embeddings", "bert/embeddings/token_type_embeddings", "type_embeddings/embeddings", "segment_embedding/embeddings"),
+    ("embeddings/position_embeddings/embeddings", "bert/embeddings/position_embeddings", "position_embedding/embeddings", "position_embedding/embeddings"),
+    ("embeddings/layer_norm/gamma", "bert/embeddings/LayerNorm/gamma", "embeddings/layer_norm/gamma", "embeddings_layer_norm/gamma"),
+    ("embeddings/layer_norm/beta", "bert/embeddings/LayerNorm/beta", "embeddings/layer_norm/beta", "embeddings_layer_norm/beta"),
+    ("transformer_layer_{i}/query/kernel", "bert/encoder/layer_{i}/attention/self/query/kernel", "transformer/layer_{i}/self_attention/query/kernel", "transformer_layer_{i}/self_attention_layer/query/kernel"),
+    ("transformer_layer_{i}/query/bias", "bert/encoder/layer_{i}/attention/self/query/bias", "transformer/layer_{i}/self_attention/query/bias", "transformer_layer_{i}/self_attention_layer/query/bias"),
+    ("transformer_layer_{i}/key/kernel", "bert/encoder/layer_{i}/attention/self/key/kernel", "transformer/layer_{i}/self_attention/key/kernel", "transformer_layer_{i}/self_attention_layer/key/kernel"),
+    ("transformer_layer_{i}/key/bias", "bert/encoder/layer_{i}/attention/self/key/bias", "transformer/layer_{i}/self_attention/key/bias", "transformer_layer_{i}/self_attention_layer/key/bias"),
+    ("transformer_layer_{i}/value/kernel", "bert/encoder/layer_{i}/attention/self/value/kernel", "transformer/layer_{i}/self_attention/value/kernel", "transformer_layer_{i}/self_attention_layer/value/kernel"),
+    ("transformer_layer_{i}/value/bias", "bert/encoder/layer_{i}/attention/self/value/bias", "transformer/layer_{i}/self_attention/value/bias", "transformer_layer_{i}/self_attention_layer/value/bias"),
+    ("transformer_layer_{i}/attention_output/kernel", "bert/encoder/layer_{i}/attention/output/dense/kernel", "transformer/layer_{i}/self_attention/attention_output/kernel", "transformer_layer_{i}/self_attention_layer/attention_output/kernel"),
+    ("transformer_layer_{i}/attention_output/bias", "bert/encoder/layer_{i}/attention/output/dense/bias", "transformer/layer_{i}/self_attention/attention_output/bias", "transformer_layer_{i}/self_attention_layer/attention_output/bias"),
+    ("transformer_layer_{i}/attention_layer_norm/gamma", "bert/encoder/layer_{i}/attention/output/LayerNorm/gamma", "transformer/layer_{i}/self_attention_layer_norm/gamma", "transformer_layer_{i}/self_attention_layer_norm/gamma"),
+    ("transformer_layer_{i}/attention_layer_norm/beta", "bert/encoder/layer_{i}/attention/output/LayerNorm/beta", "transformer/layer_{i}/self_attention_layer_norm/beta", "transformer_layer_{i}/self_attention_layer_norm/beta"),
+    ("transformer_layer_{i}/intermediate/kernel", "bert/encoder/layer_{i}/intermediate/dense/kernel", "transformer/layer_{i}/intermediate/kernel", "transformer_layer_{i}/feedforward_intermediate_dense/kernel"),
+    ("transformer_layer_{i}/intermediate/bias", "bert/encoder/layer_{i}/intermediate/dense/bias", "transformer/layer_{i}/intermediate/bias", "transformer_layer_{i}/feedforward_intermediate_dense/bias"),
+    ("transformer_layer_{i}/output/kernel", "bert/encoder/layer_{i}/output/dense/kernel", "transformer/layer_{i}/output/kernel", "transformer_layer_{i}/feedforward_output_dense/kernel"),
+    ("transformer_layer_{i}/output/bias", "bert/encoder/layer_{i}/output/dense/bias", "transformer/layer_{i}/output/bias", "transformer_layer_{i}/feedforward_output_dense/bias"),
+    ("transformer_layer_{i}/output_layer_norm/gamma", "bert/encoder/layer_{i}/output/LayerNorm/gamma", "transformer/layer_{i}/output_layer_norm/gamma", "transformer_layer_{i}/feedforward_layer_norm/gamma"),
+    ("transformer_layer_{i}/output_layer_norm/beta", "bert/encoder/layer_{i}/output/LayerNorm/beta", "transformer/layer_{i}/output_layer_norm/beta", "transformer_layer_{i}/feedforward_layer_norm/beta"),
+    ("pooler/kernel", "bert/pooler/dense/kernel", "pooler_transform/kernel", "pooled_dense/kernel"),
+    ("pooler/bias", "bert/pooler/dense/bias", "pooler_transform/bias", "pooled_dense/bias"),
     # --- masked-LM head: run_pretraining.get_masked_lm_output ---
-    ("mlm_head/transform/kernel", "cls/predictions/transform/dense/kernel"),
-    ("mlm_head/transform/bias", "cls/predictions/transform/dense/bias"),
-    ("mlm_head/layer_norm/gamma", "cls/predictions/transform/LayerNorm/gamma"),
-    ("mlm_head/layer_norm/beta", "cls/predictions/transform/LayerNorm/beta"),
-    ("mlm_head/output_bias", "cls/predictions/output_bias"),
+    ("mlm_head/transform/kernel", "cls/predictions/transform/dense/kernel", "bert/cls/predictions/transform/dense/kernel", None),
+    ("mlm_head/transform/bias", "cls/predictions/transform/dense/bias", "bert/cls/predictions/transform/dense/bias", None),
+    ("mlm_head/layer_norm/gamma", "cls/predictions/transform/LayerNorm/gamma", "bert/cls/predictions/transform/LayerNorm/gamma", None),
+    ("mlm_head/layer_norm/beta", "cls/predictions/transform/LayerNorm/beta", "bert/cls/predictions/transform/LayerNorm/beta", None),
+    ("mlm_head/output_bias", "cls/predictions/output_bias", "bert/cls/predictions/output_bias/bias", None),
     # --- next-sentence head: run_pretraining.get_next_sentence_output ---
-    ("nsp_head/output_weights", "cls/seq_relationship/output_weights"),
-    ("nsp_head/output_bias", "cls/seq_relationship/output_bias"),
+    ("nsp_head/output_weights", "cls/seq_relationship/output_weights", None, None),
+    ("nsp_head/output_bias", "cls/seq_relationship/output_bias", None, None),
 )
 
 # Which head a TF1 name belongs to, by prefix; used to report heads present or fresh.
@@ -122,13 +127,58 @@ def tf1_to_kbert_paths(num_layers: int) -> dict[str, str]:
     'transformer_layer_0/query/kernel'
     """
     out = {}
-    for kbert_path, tf1_name in WEIGHT_NAMES:
+    for kbert_path, tf1_name, *_ in WEIGHT_NAMES:
         if "{i}" in kbert_path:
             for i in range(num_layers):
                 out[tf1_name.format(i=i)] = kbert_path.format(i=i)
         else:
             out[tf1_name] = kbert_path
     return out
+
+
+COLUMNS = ("kbert", "tf1", "model_garden", "keras_hub")
+
+
+def names_to_kbert_paths(column: str, num_layers: int) -> dict[str, str]:
+    """{name in `column` of WEIGHT_NAMES: kbert weight path} for a model with `num_layers` layers.
+
+    >>> names_to_kbert_paths("keras_hub", 2)["transformer_layer_1/self_attention_layer/query/kernel"]
+    'transformer_layer_1/query/kernel'
+    >>> names_to_kbert_paths("model_garden", 1)["pooler_transform/bias"]
+    'pooler/bias'
+    """
+    index = COLUMNS.index(column)
+    out = {}
+    for row in WEIGHT_NAMES:
+        if row[index] is None:
+            continue
+        for i in range(num_layers) if "{i}" in row[0] else [None]:
+            out[row[index].format(i=i)] = row[0].format(i=i)
+    return out
+
+
+def split_heads_shape(kbert_path: str, shape: tuple, num_heads: int) -> tuple:
+    """The shape Model Garden and keras-hub store a kbert weight in: attention weights split by
+    head (their EinsumDense layers), the rest as kbert. The values are the same in row-major
+    order, so converting is a reshape.
+
+    >>> split_heads_shape("transformer_layer_0/query/kernel", (768, 768), 12)
+    (768, 12, 64)
+    >>> split_heads_shape("transformer_layer_0/value/bias", (768,), 12)
+    (12, 64)
+    >>> split_heads_shape("transformer_layer_0/attention_output/kernel", (768, 768), 12)
+    (12, 64, 768)
+    >>> split_heads_shape("pooler/kernel", (768, 768), 12)
+    (768, 768)
+    """
+    layer_weight = kbert_path.split("/", 1)[-1]
+    if layer_weight in ("query/kernel", "key/kernel", "value/kernel"):
+        return (shape[0], num_heads, shape[1] // num_heads)
+    if layer_weight in ("query/bias", "key/bias", "value/bias"):
+        return (num_heads, shape[0] // num_heads)
+    if layer_weight == "attention_output/kernel":
+        return (num_heads, shape[0] // num_heads, shape[1])
+    return tuple(shape)
 
 
 def hf_to_tf1_names(num_layers: int) -> dict[str, str]:
