@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from kbert.cli.common import print_result
+from kbert.errors import KbertError
 
 
 def export(
@@ -24,10 +25,27 @@ def export(
         help="Whether serving_default takes text_b (default: yes for classifiers and regressors)."),
     precision: str = typer.Option(
         "float32", help="float32 (exact) or bfloat16 (on this AVX512-BF16 CPU: 1.4x faster at batch 1, 1.7x at batch 32; outputs ~1e-2 off)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing version."),
+    export_format: str = typer.Option(
+        "serving", "--format",
+        help="serving: a TF Serving version under EXPORT_BASE. tfhub: EXPORT_BASE/encoder and "
+             "EXPORT_BASE/preprocessor, TF Hub's BERT SavedModels (hub.KerasLayer, TFSMLayer)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing version (tfhub: an existing EXPORT_BASE)."),
 ):
-    """Export a model for TF Serving (serving_default, serve_ids, serve_examples; classify or regress); prints JSON."""
+    """Export a model for TF Serving (serving_default, serve_ids, serve_examples; classify or regress), or in
+    TF Hub's BERT format with --format tfhub; prints JSON."""
     from kbert.serving.export import BATCHING_PARAMETERS, MODELS_CONFIG, export_model, exported_signatures
+    from kbert.serving.tfhub import export_tfhub
+
+    if export_format == "tfhub":
+        for flag, value in (("--version", version), ("--name", name), ("--text-pairs/--single-text", text_pairs)):
+            if value is not None:
+                raise KbertError(f"{flag} is for TF Serving exports; --format tfhub takes --max-seq-length and --overwrite")
+        if precision != "float32":
+            raise KbertError("--format tfhub writes float32 (TF Hub encoders are fine-tuned); leave out --precision")
+        print_result(export_tfhub(str(model_dir), str(export_base), max_seq_length=max_seq_length, overwrite=overwrite))
+        return
+    if export_format != "serving":
+        raise KbertError(f"--format {export_format!r}: choose serving or tfhub")
 
     path = export_model(str(model_dir), str(export_base), version=version, max_seq_length=max_seq_length,
                         overwrite=overwrite, name=name, text_pairs=text_pairs, precision=precision)

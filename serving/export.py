@@ -257,12 +257,8 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.string)])
     def pack_pair(text, text_b):
-        single = preprocessor(text)
-        pair = preprocessor((text, text_b))
-        # run_classifier.py packs a pair only when text_b has tokens (left after truncation):
-        # its segment-1 part is then more than the final [SEP].
-        has_b = tf.reduce_sum(pair["segment_ids"], axis=1) > 1
-        return {key: tf.where(has_b[:, None], pair[key], single[key]) for key in single}
+        # A row whose text_b has no tokens is packed as a single text, as run_classifier.py does.
+        return preprocessor((text, text_b))
 
     def pack(text, text_b=None):
         return pack_single(text) if text_b is None else pack_pair(text, text_b)

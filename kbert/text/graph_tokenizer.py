@@ -70,6 +70,11 @@ class GraphTokenizer(keras.layers.Layer):
         self._split = f"[{unicode_classes.re2_class(unicode_classes.split_chars())}]+|{punct}"
         self._keep = punct
 
+    @property
+    def table(self) -> tf.lookup.StaticHashTable:
+        """The token -> id lookup table (an exported SavedModel must track it)."""
+        return self._table
+
     def words(self, texts):
         """The basic tokens (before WordPiece) as a string RaggedTensor [batch, (words)]."""
         texts = tf.convert_to_tensor(texts, dtype=tf.string)
@@ -86,9 +91,17 @@ class GraphTokenizer(keras.layers.Layer):
         too_long = tf.strings.length(words.flat_values, unit="UTF8_CHAR") > MAX_CHARS_PER_WORD
         return words.with_flat_values(tf.where(too_long, UNK, words.flat_values))
 
+    def word_pieces(self, texts):
+        """The ids word by word: an int32 RaggedTensor [batch, (words), (pieces)], the shape
+        TF Hub's BERT preprocessors give from `tokenize`.
+
+        >>> GraphTokenizer("tests/fixtures/vocab-uncased.txt").word_pieces(tf.constant(["Hello, worldly"])).to_list()
+        [[[7592], [1010], [2088, 2135]]]
+        """
+        return tf.cast(self._wordpiece.tokenize(self.words(texts)), tf.int32)
+
     def call(self, texts):
-        ids = self._wordpiece.tokenize(self.words(texts))  # [batch, (words), (pieces)]
-        return tf.cast(ids.merge_dims(1, 2), tf.int32)
+        return self.word_pieces(texts).merge_dims(1, 2)
 
     def get_config(self):
         config = super().get_config()

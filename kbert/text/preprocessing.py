@@ -50,6 +50,51 @@ def _head(ragged, keep):
     return tf.ragged.boolean_mask(ragged, positions < tf.cast(keep, positions.dtype)[:, None])
 
 
+def pack_token_ids(a, b, sequence_length, cls_id: int, sep_id: int) -> dict:
+    """Token ids of texts (and of second texts) -> the model's three inputs, as run_classifier packs.
+
+    `convert_single_example` packs a pair only when the second text has tokens: a row whose
+    `b` is empty is packed as a single text (with its longer budget), and a second text cut to
+    nothing gets no [SEP] of its own.
+
+    Args:
+        a, b: int32 RaggedTensors [batch, (tokens)]; `b` None for single texts.
+        sequence_length: int or int32 scalar tensor. Output length.
+        cls_id, sep_id: ids of [CLS] and [SEP].
+
+    Example:
+    >>> out = pack_token_ids(tf.ragged.constant([[7, 8, 9], [7]]), tf.ragged.constant([[5, 6], []]), 6, 1, 2)
+    >>> out["input_ids"].numpy().tolist(), out["segment_ids"].numpy().tolist()
+    ([[1, 7, 8, 2, 5, 2], [1, 7, 2, 0, 0, 0]], [[0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0]])
+    """
+    batch = a.nrows(out_type=tf.int32)
+    cls = tf.fill([batch, 1], tf.constant(cls_id, a.dtype))
+    sep = tf.fill([batch, 1], tf.constant(sep_id, a.dtype))
+    single = tf.concat([cls, _head(a, tf.fill([batch], sequence_length - 2)), sep], axis=1)
+    if b is None:
+        ids, segments = single, tf.zeros_like(single)
+    else:
+        keep_a, keep_b = truncated_pair_lengths(a.row_lengths(), b.row_lengths(), sequence_length - 3)
+        first = tf.concat([cls, _head(a, keep_a), sep], axis=1)
+        second = _head(tf.concat([_head(b, keep_b), sep], axis=1), keep_b + tf.cast(keep_b > 0, keep_b.dtype))
+        has_b = b.row_lengths() > 0
+        pair_segments = tf.concat([tf.zeros_like(first), tf.ones_like(second)], axis=1)
+        ids = _rows_where(has_b, tf.concat([first, second], axis=1), single)
+        segments = _rows_where(has_b, pair_segments, tf.zeros_like(single))
+    # A Python length keeps the static shape [None, length]; a tensor one is known at run time.
+    shape = [None, sequence_length] if isinstance(sequence_length, int) else tf.stack([batch, sequence_length])
+    return {"input_ids": ids.to_tensor(0, shape=shape),
+            "input_mask": tf.ones_like(ids).to_tensor(0, shape=shape),
+            "segment_ids": segments.to_tensor(0, shape=shape)}
+
+
+def _rows_where(condition, x, y):
+    """Row i of RaggedTensor `x` where condition[i], else row i of `y`."""
+    x_rows, y_rows = tf.where(condition)[:, 0], tf.where(~condition)[:, 0]
+    order = tf.argsort(tf.concat([x_rows, y_rows], axis=0))
+    return tf.gather(tf.concat([tf.gather(x, x_rows), tf.gather(y, y_rows)], axis=0), order)
+
+
 @keras.saving.register_keras_serializable(package="kbert")
 class BertPreprocessor(keras.layers.Layer):
     """Strings [batch] (or a pair of them) -> {"input_ids", "input_mask", "segment_ids"} int32 [batch, length].
@@ -109,27 +154,8 @@ class BertPreprocessor(keras.layers.Layer):
             texts = texts[None]
             texts_b = None if texts_b is None else tf.convert_to_tensor(texts_b, tf.string)[None]
         a = self.tokenizer(texts)
-        batch = tf.shape(texts)[0]
-        cls = tf.fill([batch, 1], self.cls_id)
-        sep = tf.fill([batch, 1], self.sep_id)
-        if texts_b is None:
-            a = _head(a, tf.fill([batch], self.sequence_length - 2))
-            ids = tf.concat([cls, a, sep], axis=1)
-            segments = tf.zeros_like(ids)
-        else:
-            b = self.tokenizer(tf.convert_to_tensor(texts_b, tf.string))
-            keep_a, keep_b = truncated_pair_lengths(a.row_lengths(), b.row_lengths(), self.sequence_length - 3)
-            a, b = _head(a, keep_a), _head(b, keep_b)
-            first = tf.concat([cls, a, sep], axis=1)
-            second = tf.concat([b, sep], axis=1)
-            ids = tf.concat([first, second], axis=1)
-            segments = tf.concat([tf.zeros_like(first), tf.ones_like(second)], axis=1)
-        shape = [None, self.sequence_length]
-        out = {
-            "input_ids": ids.to_tensor(0, shape=shape),
-            "input_mask": tf.ones_like(ids).to_tensor(0, shape=shape),
-            "segment_ids": segments.to_tensor(0, shape=shape),
-        }
+        b = None if texts_b is None else self.tokenizer(tf.convert_to_tensor(texts_b, tf.string))
+        out = pack_token_ids(a, b, self.sequence_length, self.cls_id, self.sep_id)
         return {k: v[0] for k, v in out.items()} if scalar else out
 
     def get_config(self):
