@@ -1,5 +1,5 @@
-"""`kbert convert`: google-research/bert checkpoints and Hugging Face BERTs into kbert model
-directories and back."""
+"""`kbert convert`: google-research/bert checkpoints, Hugging Face BERTs, TF Hub encoders and
+keras-hub presets into kbert model directories and back."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from kbert.files import check_output_dir, require_path
 # `kbert --help` should not wait for.
 
 app = typer.Typer(help="Move checkpoints between google-research/bert's TF1 format, Hugging Face "
-                       "safetensors and kbert.",
+                       "safetensors, TF Hub SavedModels, keras-hub presets and kbert.",
                   no_args_is_help=True)
 
 
@@ -108,6 +108,38 @@ def to_hf(
     model = kbert.load(model_dir)
     save_hf_model(model, out_dir, overwrite=overwrite)
     print_result({"model": str(out_dir / WEIGHTS_FILE), "parameters": int(model.count_params())})
+
+
+@app.command("from-tfhub")
+def from_tfhub(
+    src: Path = typer.Argument(..., help="A TF Hub BERT encoder SavedModel directory (Model Garden's export_tfhub, or kbert export --format tfhub)."),
+    out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
+    preprocessor: Optional[Path] = typer.Option(None, help="Its preprocessor SavedModel: the vocabulary and casing are read from there."),
+    lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Uncased vocabulary? Default: what the SavedModels record."),
+    hidden_act: Optional[str] = typer.Option(None, help="Override the activation: gelu_tanh (Model Garden's gelu) or gelu (exact erf)."),
+    overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
+):
+    """Convert a TF Hub BERT encoder (read from its files, not run) into a kbert model directory."""
+    from kbert.converters.tfhub import load_tfhub_encoder
+
+    check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
+    model = load_tfhub_encoder(src, preprocessor=preprocessor, do_lower_case=lowercase, hidden_act=hidden_act)
+    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+               overwrite=overwrite)
+    report = model.conversion
+    print_result({
+        "model_dir": str(out_model_dir),
+        "source": report["source"],
+        "names": report["names"],
+        "parameters": int(model.count_params()),
+        "weights_loaded": report["loaded"],
+        "fresh_heads": report["fresh_heads"],
+        "skipped": report["skipped"],
+        "hidden_act": report["hidden_act"],
+        "vocab_from": report["vocab_from"],
+        "do_lower_case": model.do_lower_case,
+        "do_lower_case_from": report["do_lower_case_from"],
+    })
 
 
 @app.command("inspect")
