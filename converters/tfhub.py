@@ -79,16 +79,17 @@ class SavedModelFiles:
                           for a in node.attributes if a.name == "VARIABLE_VALUE"}
         return self._reader
 
-    def variable_nodes(self) -> dict:
-        """{variable name: node id} over the whole object graph (sub-objects such as `mlm` included)."""
-        out = {}
+    def variable_nodes(self) -> tuple[dict, set]:
+        """({variable name: node id}, names given to more than one variable) over the whole
+        object graph (sub-objects such as `mlm` included)."""
+        out, repeated = {}, set()
         for i, node in enumerate(self.nodes):
             if node.WhichOneof("kind") == "variable":
                 name = node.variable.name.split(":")[0]
                 if name in out:
-                    raise KbertError(f"{self.path}: two variables are named {name}; is this a BERT encoder?")
+                    repeated.add(name)
                 out[name] = i
-        return out
+        return out, repeated
 
     def read(self, node_id: int) -> np.ndarray:
         reader = self._checkpoint()
@@ -213,13 +214,16 @@ def load_tfhub_encoder(src, preprocessor=None, do_lower_case: bool | None = None
     src = os.fspath(src)
     files = SavedModelFiles(src, "encoder")
     pre = SavedModelFiles(os.fspath(preprocessor), "preprocessor") if preprocessor else None
-    nodes = files.variable_nodes()
+    nodes, repeated = files.variable_nodes()
     lower_node = files.root.get("do_lower_case")
     names = {n: i for n, i in nodes.items() if i != lower_node and not NOT_WEIGHTS.search(n)}
     column = _naming(names)
     if not column:
         raise KbertError(f"{src}: not a BERT encoder: none of its {len(names)} variables ({listing(names, 4)}) is "
                          f"named as in Model Garden's BertEncoder or kbert's; pass a TF Hub BERT encoder")
+    if repeated & set(names):
+        raise KbertError(f"{src}: more than one variable is named {listing(repeated & set(names), 2)}; "
+                         f"which one is the weight cannot be told, so it is not converted")
     if column == "kbert" and any(n.startswith(("classifier/", "tagger/", "span_", "choice")) for n in names):
         raise KbertError(f"{src}: a kbert TF Serving export, not a TF Hub encoder; convert the model directory "
                          f"it came from, or export it with --format tfhub")
