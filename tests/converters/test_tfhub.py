@@ -8,6 +8,7 @@ SavedModels compute; see its make.py) and tf1-tiny's expected.npz (the original 
 import json
 import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -73,6 +74,21 @@ def test_round_trip_through_tfhub_keeps_every_weight_bit_for_bit(tmp_path):
     assert len(weights) == 46 and all(np.array_equal(ours[p], theirs[p]) for p in weights)
     for name, value in original_outputs(back).items():
         np.testing.assert_allclose(np.asarray(value), EXPECTED[name], atol=1e-5)
+
+
+@pytest.mark.skipif(not os.environ.get("KBERT_MODEL_GARDEN_PYTHON"),
+                    reason="needs Model Garden (tf-models-nightly) in a venv of its own: see fixtures/model-garden-tfhub/make.py")
+def test_model_garden_fixture_is_what_model_garden_makes(tmp_path):
+    """Remakes the committed fixture with Model Garden's code and compares what its SavedModels compute."""
+    result = subprocess.run([os.environ["KBERT_MODEL_GARDEN_PYTHON"], os.path.join(MG, "make.py"), str(tmp_path / "mg")],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    fresh = np.load(tmp_path / "mg" / "outputs.npz")
+    assert sorted(fresh) == sorted(MG_OUTPUTS)
+    for name in fresh:
+        np.testing.assert_allclose(fresh[name], MG_OUTPUTS[name], atol=1e-6, err_msg=name)
+    report, _ = _convert(tmp_path, tmp_path / "mg" / "encoder_mlm")
+    assert report["weights_loaded"] == 44 and report["hidden_act"] == "gelu_tanh"
 
 
 def _saved_module(path, **variables):
