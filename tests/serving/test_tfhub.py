@@ -201,3 +201,17 @@ def test_bad_input_one_line_and_nothing_written(hub_export, tmp_path):
     result = run_kbert("export", base / "tiny", base / "hub", "--format", "tfhub", check=False)  # exists
     assert_user_error(result, "--overwrite")
     assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_fine_tuned_model_exports_its_encoder(hub_export, tmp_path):
+    base, _ = hub_export
+    classifier = kbert.bert_classifier(kbert.load(base / "tiny"), num_classes=3)
+    kbert.save(classifier, tmp_path / "classifier", vocab_file=VOCAB)
+    summary = json.loads(run_kbert("export", tmp_path / "classifier", tmp_path / "hub", "--format", "tfhub",
+                                   "--max-seq-length", "32").stdout)
+    assert summary["mlm"] is False and summary["seq_length"] == 32
+    encoder = tf.saved_model.load(str(tmp_path / "hub" / "encoder"))
+    assert not hasattr(encoder, "mlm") and not hasattr(encoder, "nsp")
+    np.testing.assert_allclose(encoder(IDS)["pooled_output"].numpy(), EXPECTED["pooled_output"], atol=1e-5)
+    preprocessor = tf.saved_model.load(str(tmp_path / "hub" / "preprocessor"))
+    assert preprocessor(tf.constant(["a b"]))["input_word_ids"].shape == (1, 32)
