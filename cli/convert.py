@@ -142,6 +142,39 @@ def from_tfhub(
     })
 
 
+@app.command("to-keras-hub")
+def to_keras_hub(
+    model_dir: Path = typer.Argument(..., help="kbert model directory (encoder, pretraining model or classifier)."),
+    out: Path = typer.Argument(..., help="keras-hub preset directory to write."),
+    overwrite: bool = typer.Option(False, help="Replace OUT if it exists and is not empty."),
+):
+    """Write a kbert model as a keras-hub BERT preset (BertBackbone.from_preset loads it); reports keras-hub's GELU difference."""
+    from kbert.converters.keras_hub import save_keras_hub_preset
+
+    check_output_dir(str(out), overwrite)
+    print_result(save_keras_hub_preset(model_dir, out, overwrite=overwrite))
+
+
+@app.command("from-keras-hub")
+def from_keras_hub(
+    src: Path = typer.Argument(..., help="A keras-hub BERT preset directory (as save_to_preset writes it)."),
+    out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
+    lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Uncased vocabulary? Default: the preset tokenizer's lowercase."),
+    overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
+):
+    """Convert a keras-hub BertBackbone preset into a kbert model directory, exactly (hidden_act gelu_tanh)."""
+    from kbert.converters.keras_hub import load_keras_hub_preset
+
+    check_output_dir(str(out_model_dir), overwrite)
+    model = load_keras_hub_preset(src, do_lower_case=lowercase)
+    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+               overwrite=overwrite)
+    report = model.conversion
+    print_result({"model_dir": str(out_model_dir), "source": report["source"], "parameters": int(model.count_params()),
+                  "weights_loaded": report["loaded"], "fresh_heads": report["fresh_heads"],
+                  "hidden_act": report["hidden_act"], "do_lower_case": model.do_lower_case})
+
+
 @app.command("inspect")
 def inspect_(src: Path = typer.Argument(..., help="Checkpoint directory or prefix, kbert model directory, or Hugging Face model directory.")):
     """Show what a checkpoint or model directory holds: config, parameters, heads, optimizer slots, step."""

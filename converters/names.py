@@ -202,3 +202,12 @@ def suspect_field(tf1_name: str, expected: tuple, found: tuple) -> str:
                 return field
         return "hidden_size"
     return "none (shapes agree)"
+
+
+# A fine-tuned classifier's head (run_classifier.py's output_weights [num_labels, H] and
+# output_bias) in keras-hub's BertTextClassifier: its "logits" Dense, kernel [H, num_labels].
+# (kbert path, keras-hub path, stored transposed?)
+KERAS_HUB_CLASSIFIER_HEAD = (
+    ("classifier_head/output_weights", "logits/kernel", True),
+    ("classifier_head/output_bias", "logits/bias", False),
+)

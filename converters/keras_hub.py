@@ -1,0 +1,228 @@
+"""keras-hub BERT presets in and out of kbert, written and read by keras-hub's own code.
+
+A preset directory is what `save_to_preset` writes: `config.json` (the BertBackbone),
+`model.weights.h5`, `tokenizer.json` + `assets/tokenizer/vocabulary.txt`, `metadata.json`, and
+for a classifier `preprocessor.json`, `task.json` and `task.weights.h5`. kbert builds keras-hub's
+objects, copies the weights by the names table's "keras_hub" column, and lets keras-hub save
+them (writing); it lets keras-hub load the preset and copies the weights back (reading).
+
+keras-hub's BertBackbone computes GELU with the tanh approximation, hard-coded. The released
+google-research checkpoints were trained with the exact erf GELU (kbert's `gelu`), so such a
+model cannot come out exact: `to-keras-hub` measures the difference on real text and reports it.
+Reading is exact: the kbert model gets `hidden_act: gelu_tanh`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+
+import keras
+import keras_hub
+import numpy as np
+
+from kbert.config import BertConfig
+from kbert.errors import KbertError, first_line, listing
+from kbert.files import atomic_output_dir
+from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer
+from kbert.model_dir import check_vocab, open_model
+from kbert.converters.named import named_arrays, pretrainer_from_named
+from kbert.converters.names import KERAS_HUB_CLASSIFIER_HEAD
+from kbert.text.preprocessing import BertPreprocessor
+
+log = logging.getLogger("kbert")
+
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, TASK_FILE = "config.json", "model.weights.h5", "tokenizer.json", "task.json"
+VOCABULARY_FILE = os.path.join("assets", "tokenizer", "vocabulary.txt")
+# The activations kbert computes that map onto keras-hub's (tanh) GELU.
+GELU_TANH = ("gelu_tanh", "gelu_new", "gelu_pytorch_tanh")
+# keras-hub's text classifier preprocessor pads to 512 by default; never past the model's positions.
+DEFAULT_SEQUENCE_LENGTH = 512
+# Real text for measuring the erf/tanh GELU difference (Debian package descriptions and
+# google-research/bert's sample text), so the number reported is the one users will see.
+MEASURE_TEXTS = (
+    "This package contains the shared library needed by programs that use the GNU C library.",
+    "A fast, scalable, distributed revision control system with an extensive set of commands.",
+    "Text::Wrap formats paragraphs; it is a drop-in replacement for the fmt utility.",
+    "The man went to the store. He bought a gallon of milk.",
+    "Penguins are flightless birds, mostly of the southern hemisphere; see also puffin.",
+    "Unicode is handled properly: café, naïve, 東京, and ﬁ ligatures.",
+)
+
+
+def _unique_vocabulary(vocab_file: str, out_file: str) -> int:
+    """Copy vocab.txt, renaming earlier copies of a repeated token; returns how many were renamed.
+
+    keras-hub's tokenizer (tf.text's FastWordpieceTokenizer) refuses repeated tokens. The
+    original's `load_vocab` maps a repeated token to its last id, so renaming the earlier
+    ones keeps every token's id as the original tokenizer gives it.
+    """
+    with open(vocab_file, encoding="utf-8") as f:
+        tokens = [line.strip() for line in f]
+    last = {token: i for i, token in enumerate(tokens)}
+    renamed = [token if last[token] == i else f"[unused_repeat_{i}]" for i, token in enumerate(tokens)]
+    with open(out_file, "w", encoding="utf-8") as f:
+        f.write("\n".join(renamed) + "\n")
+    return sum(a != b for a, b in zip(tokens, renamed))
+
+
+def _backbone(config: BertConfig):
+    return keras_hub.models.BertBackbone(
+        vocabulary_size=config.vocab_size, num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads, hidden_dim=config.hidden_size,
+        intermediate_dim=config.intermediate_size, dropout=config.hidden_dropout_prob,
+        max_sequence_length=config.max_position_embeddings, num_segments=config.type_vocab_size)
+
+
+def _set_weights(layer, arrays: dict, what: str):
+    """Assign every weight of a keras-hub layer from `arrays` by path; all must be there and used."""
+    paths = {w.path for w in layer.weights}
+    if paths != set(arrays):
+        raise RuntimeError(f"kbert bug: {what} weights do not match keras-hub's: missing "
+                           f"{listing(paths - set(arrays))}, extra {listing(set(arrays) - paths)}")
+    for weight in layer.weights:
+        weight.assign(arrays[weight.path])
+
+
+def _max_difference(encoder: BertEncoder, backbone, vocab_file: str, do_lower_case: bool) -> dict:
+    """Max |kbert - keras-hub| of sequence_output and pooled_output on MEASURE_TEXTS (same ids)."""
+    length = min(64, encoder.config.max_position_embeddings)
+    packed = BertPreprocessor(vocab_file, do_lower_case, length)(np.array(MEASURE_TEXTS))
+    ours = encoder(packed, training=False)
+    theirs = backbone({"token_ids": packed["input_ids"], "segment_ids": packed["segment_ids"],
+                       "padding_mask": packed["input_mask"]}, training=False)
+    mask = np.asarray(packed["input_mask"], bool)  # padding positions are not compared
+    return {
+        "sequence_output": float(np.abs(np.asarray(ours["sequence_output"]) -
+                                        np.asarray(theirs["sequence_output"]))[mask].max()),
+        "pooled_output": float(np.abs(np.asarray(ours["pooled_output"]) - np.asarray(theirs["pooled_output"])).max()),
+    }
+
+
+def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
+    """Write a kbert model as a keras-hub BERT preset directory; returns a JSON-ready report.
+
+    `keras_hub.models.BertBackbone.from_preset(out_dir)`, `BertTokenizer.from_preset` and
+    `BertTextClassifier.from_preset(out_dir, num_classes=N)` load it. A fine-tuned kbert
+    classifier also writes keras-hub's task files, so `BertTextClassifier.from_preset(out_dir)`
+    gets the trained head.
+
+    Args:
+        model_dir: str. A kbert model directory or a google-research checkpoint directory.
+        out_dir: str. The preset directory to write (atomically).
+        overwrite: bool. Replace `out_dir` if it exists and is not empty.
+
+    Example:
+    >>> report = save_keras_hub_preset("out/tiny", "presets/tiny")  # doctest: +SKIP
+    """
+    model = open_model(os.fspath(model_dir))
+    if isinstance(model, (BertEncoder, BertPretrainer, BertClassifier)):
+        encoder = getattr(model, "encoder", model)
+    else:
+        raise KbertError(f"{model_dir}: keras-hub has no preset for a {type(model).__name__}; convert an encoder, a "
+                         f"pretraining model or a classifier (the encoder of any fine-tuned model: kbert export "
+                         f"--format tfhub)")
+    config = encoder.config
+    if config.hidden_act not in ("gelu",) + GELU_TANH:
+        raise KbertError(f"{model_dir}: hidden_act {config.hidden_act!r}; keras-hub's BertBackbone computes GELU "
+                         f"only, so this model cannot be written as a keras-hub preset")
+    backbone = _backbone(config)
+    _set_weights(backbone, named_arrays(encoder, "keras_hub"), "encoder")
+    difference = _max_difference(encoder, backbone, model.vocab_file, model.do_lower_case)
+
+    with atomic_output_dir(out_dir, overwrite=overwrite) as tmp, tempfile.TemporaryDirectory() as scratch:
+        vocab = os.path.join(scratch, "vocab.txt")
+        renamed = _unique_vocabulary(model.vocab_file, vocab)
+        # An uncased BERT strips accents as it lower-cases (the original's _run_strip_accents).
+        tokenizer = keras_hub.models.BertTokenizer(vocabulary=vocab, lowercase=model.do_lower_case,
+                                                   strip_accents=model.do_lower_case)
+        preprocessor = keras_hub.models.BertTextClassifierPreprocessor(
+            tokenizer, sequence_length=min(DEFAULT_SEQUENCE_LENGTH, config.max_position_embeddings))
+        if isinstance(model, BertClassifier):
+            task = keras_hub.models.BertTextClassifier(backbone, model.num_classes, preprocessor=preprocessor,
+                                                       dropout=model.dropout_rate)
+            head = {w.path: w.numpy() for w in model.weights}
+            _set_weights(task.output_dense, {theirs: head[ours].T if transposed else head[ours]
+                                             for ours, theirs, transposed in KERAS_HUB_CLASSIFIER_HEAD}, "classifier")
+            task.save_to_preset(tmp)  # backbone, preprocessor (with the tokenizer), task
+        else:
+            backbone.save_to_preset(tmp)
+            preprocessor.save_to_preset(tmp)  # the tokenizer too, and the sequence length
+    exact = config.hidden_act in GELU_TANH
+    return {
+        "preset": os.path.abspath(os.fspath(out_dir)),
+        "parameters": int(backbone.count_params()),
+        "task": "BertTextClassifier" if isinstance(model, BertClassifier) else None,
+        "hidden_act": config.hidden_act,
+        "max_abs_difference": difference,
+        "note": ("keras-hub computes the same GELU (tanh): the outputs agree to float32 rounding" if exact else
+                 "keras-hub's BertBackbone computes GELU with tanh; this model was trained with the exact erf "
+                 "GELU, so keras-hub's outputs differ from kbert's by max_abs_difference on real text"),
+        "renamed_repeated_tokens": renamed,
+        "do_lower_case": model.do_lower_case,
+    }
+
+
+def _read_json(path: str, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise KbertError(f"{path}: unreadable {what} ({first_line(e)}); save the preset again") from None
+
+
+def load_keras_hub_preset(src, do_lower_case: bool | None = None):
+    """A `BertPretrainer` holding a keras-hub BertBackbone preset's weights, exactly.
+
+    The next-sentence and masked-LM heads, which a BertBackbone does not have, are fresh.
+
+    Args:
+        src: str. A local keras-hub preset directory (`save_to_preset`'s output).
+        do_lower_case: bool. Default: the preset tokenizer's `lowercase`.
+
+    Returns the model with `vocab_file`, `do_lower_case` and `conversion` attached.
+
+    Example:
+    >>> model = load_keras_hub_preset("presets/bert_tiny_en_uncased")  # doctest: +SKIP
+    """
+    src = os.fspath(src)
+    if not os.path.isdir(src):
+        raise KbertError(f"{src}: no such directory; pass a keras-hub preset directory (config.json, "
+                         f"model.weights.h5, tokenizer.json)")
+    for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, VOCABULARY_FILE):
+        if not os.path.isfile(os.path.join(src, name)):
+            raise KbertError(f"{src}: {name} is missing; a BERT preset as keras-hub's save_to_preset writes it has "
+                             f"{CONFIG_FILE}, {WEIGHTS_FILE}, {TOKENIZER_FILE} and {VOCABULARY_FILE}")
+    saved = _read_json(os.path.join(src, CONFIG_FILE), "preset config")
+    kind = saved.get("class_name") if isinstance(saved, dict) else None
+    if kind != "BertBackbone":
+        raise KbertError(f"{src}: a {kind or 'non-Keras'} preset; kbert converts BERT presets (BertBackbone)")
+    try:
+        backbone = keras_hub.models.BertBackbone.from_preset(src)
+    except Exception as e:  # keras-hub raises ValueError, OSError, h5py errors, ...
+        raise KbertError(f"{src}: keras-hub cannot load this preset ({first_line(e)})") from None
+    values = saved["config"]
+    config = BertConfig(vocab_size=values["vocabulary_size"], hidden_size=values["hidden_dim"],
+                        num_hidden_layers=values["num_layers"], num_attention_heads=values["num_heads"],
+                        intermediate_size=values["intermediate_dim"], hidden_act="gelu_tanh",
+                        hidden_dropout_prob=values.get("dropout", 0.1),
+                        attention_probs_dropout_prob=values.get("dropout", 0.1),
+                        max_position_embeddings=values["max_sequence_length"],
+                        type_vocab_size=values.get("num_segments", 2))
+    vocab_file = os.path.join(src, VOCABULARY_FILE)
+    check_vocab(vocab_file, config)
+    arrays = {w.path: keras.ops.convert_to_numpy(w.value) for w in backbone.weights}
+    model, fresh_heads = pretrainer_from_named(config, arrays, "keras_hub", src)
+    if do_lower_case is None:
+        tokenizer = _read_json(os.path.join(src, TOKENIZER_FILE), "tokenizer config")
+        do_lower_case = bool(tokenizer.get("config", {}).get("lowercase", True))
+    task = os.path.join(src, TASK_FILE)
+    if os.path.isfile(task):
+        log.info("%s holds a %s task; its head is not converted (kbert converts the backbone)", src,
+                 _read_json(task, "task config").get("class_name"))
+    model.vocab_file = vocab_file
+    model.do_lower_case = do_lower_case
+    model.conversion = {"source": src, "loaded": len(arrays), "fresh_heads": fresh_heads, "hidden_act": "gelu_tanh"}
+    return model
