@@ -9,7 +9,7 @@ STAMP := $(VENV)/.kbert-installed
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test,beam]"
 	@touch $(STAMP)
 
 quickstart: $(STAMP)
@@ -24,7 +24,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e ".[test,bench]"
+	$(BIN)/pip install --quiet -e ".[test,beam,bench]"
 	$(BIN)/python benchmarks/convert_bench.py
 	$(BIN)/python benchmarks/tokenizer_bench.py
 

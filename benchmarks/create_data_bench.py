@@ -3,7 +3,9 @@
 Runs, one after the other on the same corpus and flags, each as its own command line:
   original  `python -m bert.create_pretraining_data` (PyPI bert-tensorflow 1.0.4, unmodified;
             it runs on TF 2.21 through tensorflow.compat.v1 as it is)
-  kbert     `kbert create-data --workers N`
+  kbert     `kbert create-data --workers N` (the local default)
+  beam      `kbert create-data --runner DirectRunner --pipeline-options "--direct_num_workers=N
+            --direct_running_mode=multi_processing"` (Beam's own runner, N worker processes)
 Both times are wall-clock seconds of the whole command, TensorFlow's start-up included, and
 instances/s is records written / those seconds. Peak memory: the original's is its process's
 ru_maxrss (from wait4); kbert's is what it reports, its own peak plus each worker's. Then the
@@ -133,13 +135,37 @@ def main():
              "chunks": report["chunks"], "workers": report["workers"]}
     log(f"kbert: {seconds:.1f} s, peak {report['peak_rss_mib']:.0f} MiB (main + workers)")
 
+    beam_out = os.path.join(work, "beam.tfrecord")
+    seconds, peak_main, stdout = run_timed([
+        os.path.join(BIN, "kbert"), "create-data", "--input", corpus, "--vocab", VOCAB,
+        "--output", beam_out, "--overwrite", "--runner", "DirectRunner", "--pipeline-options",
+        f"--direct_num_workers={args.workers} --direct_running_mode=multi_processing",
+        "--dupe-factor", str(args.dupe_factor),
+        "--max-seq-length", str(FLAGS["max_seq_length"]),
+        "--max-predictions-per-seq", str(FLAGS["max_predictions_per_seq"]),
+        "--masked-lm-prob", str(FLAGS["masked_lm_prob"]), "--short-seq-prob", str(FLAGS["short_seq_prob"]),
+        "--seed", str(FLAGS["seed"])], os.path.join(work, "beam.log"))
+    report = json.loads(stdout)
+    beam = {"seconds": round(seconds, 2), "seconds_reported": report["seconds"], "peak_rss_mib_main": round(peak_main, 1),
+            "peak_rss_mib_largest_worker": report["peak_rss_mib_largest_worker"], "chunks": report["chunks"],
+            "workers": args.workers}
+    log(f"beam: {seconds:.1f} s, largest worker peak {report['peak_rss_mib_largest_worker']:.0f} MiB")
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     sys.path.insert(0, ROOT)
+    import tensorflow as tf
+
     from kbert.pretraining.create_data import compute_statistics
 
+    def records(path):
+        return sorted(r.numpy() for r in tf.data.TFRecordDataset([path]))
+    same_records = records(kbert_out) == records(beam_out)
+    log(f"beam wrote the local path's records, as a set: {same_records}")
+
     stats = {"original": compute_statistics([original_out], VOCAB),
-             "kbert": compute_statistics([kbert_out], VOCAB)}
-    for name, result in (("original", original), ("kbert", kbert)):
+             "kbert": compute_statistics([kbert_out], VOCAB),
+             "beam": compute_statistics([beam_out], VOCAB)}
+    for name, result in (("original", original), ("kbert", kbert), ("beam", beam)):
         result["instances"] = stats[name]["instances"]
         result["instances_per_second"] = round(result["instances"] / result["seconds"], 1)
     print(json.dumps({
@@ -151,9 +177,12 @@ def main():
         "flags": FLAGS,
         "original": original,
         "kbert": kbert,
+        "beam": beam,
         "speedup_instances_per_second": round(kbert["instances_per_second"] / original["instances_per_second"], 2),
-        "statistics": {key: {"original": round(stats["original"][key], 5), "kbert": round(stats["kbert"][key], 5)}
-                       for key in stats["original"]},
+        "beam_speedup_instances_per_second": round(beam["instances_per_second"] / original["instances_per_second"], 2),
+        "beam_over_local_seconds": round(beam["seconds"] / kbert["seconds"], 2),
+        "beam_records_equal_local_records": same_records,
+        "statistics": {key: {name: round(stats[name][key], 5) for name in stats} for key in stats["original"]},
         "note": ("wall-clock seconds of each whole command, TensorFlow start-up included; kbert's "
                  "random-next segments come from its chunk, the original's from the whole corpus"
                  + (f"; only the first {args.max_docs} documents" if args.max_docs else "")),

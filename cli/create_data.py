@@ -28,6 +28,15 @@ def create_data(
     shards: int = typer.Option(1, help="Output files; records go to them round-robin."),
     workers: Optional[int] = typer.Option(None, help="Processes making instances (default: the CPUs available)."),
     overwrite: bool = typer.Option(False, help="Replace output files that exist."),
+    chunk_docs: int = typer.Option(5000, help="Documents per chunk at most: the pool random next segments come from, "
+                                              "and the unit of work. Part of what decides the records."),
+    chunk_bytes: int = typer.Option(1 << 20, help="Input bytes after which a chunk closes at the next document end."),
+    runner: str = typer.Option(
+        "local", help="local (this machine's processes, no set-up), or an Apache Beam runner: DirectRunner, "
+                      "DataflowRunner, FlinkRunner, SparkRunner, PortableRunner, PrismRunner (pip install 'kbert[beam]')."),
+    pipeline_options: str = typer.Option(
+        "", help="Beam's own flags as one string, passed to PipelineOptions, e.g. "
+                 "\"--direct_num_workers=2 --direct_running_mode=multi_processing\"."),
 ):
     """Make MLM + NSP pretraining records from text; prints a JSON summary with their statistics."""
     # Here, not at the top: every kbert command, `kbert --help` and create-data's spawned workers
@@ -36,7 +45,26 @@ def create_data(
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                TransferSpeedColumn)
 
-    from kbert.pretraining.create_data import create_pretraining_data
+    from kbert.errors import KbertError
+    from kbert.pretraining.create_data import DataOptions, create_pretraining_data
+
+    inputs = [*input, *(more_inputs or [])]
+    if runner != "local":
+        try:
+            from kbert.pretraining.beam_pipeline import run_pipeline
+        except ImportError:
+            raise KbertError(f"--runner {runner} needs Apache Beam: pip install 'kbert[beam]'") from None
+        if workers is not None:
+            raise KbertError("--workers is for --runner local; Beam runners take theirs in --pipeline-options "
+                             "(e.g. --direct_num_workers=2, --num_workers=N on Dataflow)")
+        options = DataOptions(max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor,
+                              short_seq_prob, whole_word_mask, seed)
+        print_result(run_pipeline([str(p) for p in inputs], vocab, output, runner=runner, flags=pipeline_options,
+                                  do_lower_case=lowercase, options=options, shards=shards, overwrite=overwrite,
+                                  chunk_docs=chunk_docs, chunk_bytes=chunk_bytes))
+        return
+    if pipeline_options:
+        raise KbertError("--pipeline-options are Beam's; pass --runner DirectRunner (or another Beam runner) too")
 
     console = Console(stderr=True)
     # Only on a terminal: in a log file a progress bar is noise, and the JSON says it all.
@@ -50,9 +78,9 @@ def create_data(
             progress.update(task, completed=done, total=total, instances=instances)
 
         result = create_pretraining_data(
-            [*input, *(more_inputs or [])], vocab, output, do_lower_case=lowercase,
+            inputs, vocab, output, do_lower_case=lowercase,
             max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq,
             masked_lm_prob=masked_lm_prob, dupe_factor=dupe_factor, short_seq_prob=short_seq_prob,
             seed=seed, whole_word_mask=whole_word_mask, shards=shards, workers=workers,
-            overwrite=overwrite, on_progress=on_progress)
+            overwrite=overwrite, chunk_docs=chunk_docs, chunk_bytes=chunk_bytes, on_progress=on_progress)
     print_result(result)

@@ -242,7 +242,7 @@ class _ExampleBytes:
 
 # --- instances --------------------------------------------------------------------------------
 
-class _InstanceCounts:
+class InstanceCounts:
     """How many instances, documents, tokens and masks a chunk made, summed so that the parent
     can merge chunks in order."""
 
@@ -254,7 +254,7 @@ class _InstanceCounts:
         for name in self.__slots__:
             setattr(self, name, 0)
 
-    def add(self, other: "_InstanceCounts"):
+    def add(self, other: "InstanceCounts"):
         for name in self.__slots__:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -271,7 +271,7 @@ class _InstanceCounts:
         }
 
 
-class _InstanceBuilder:
+class InstanceBuilder:
     """Builds a chunk's training instances as serialized records; one per process (the
     vocabulary and byte tables are built once)."""
 
@@ -289,9 +289,9 @@ class _InstanceBuilder:
         self.vocab_words = [self.token[word] for word in vocab]
         self.pieces = {self.token[word] for word in vocab if word.startswith("##")}
 
-    def chunk(self, index: int, raw_documents: list) -> tuple[list, _InstanceCounts]:
+    def chunk(self, index: int, raw_documents: list) -> tuple[list, InstanceCounts]:
         """Records (serialized, shuffled) and counts of one chunk of documents."""
-        opts, counts = self.options, _InstanceCounts()
+        opts, counts = self.options, InstanceCounts()
         rng = random.Random(opts.seed + index * _SEED_STRIDE)
         tokenize, token = self.tokenizer.tokenize, self.token
         documents = []
@@ -315,7 +315,7 @@ class _InstanceBuilder:
         return records, counts
 
     def document(self, documents: list, document_index: int, rng: random.Random, records: list,
-                 counts: _InstanceCounts):
+                 counts: InstanceCounts):
         """Append the records of one document's pass (create_instances_from_document)."""
         document = documents[document_index]
         max_num_tokens = self.options.max_seq_length - 3
@@ -354,7 +354,7 @@ class _InstanceBuilder:
             i += 1
 
     def instance(self, tokens_a: list, tokens_b: list, is_random_next: bool, rng: random.Random,
-                 counts: _InstanceCounts) -> bytes:
+                 counts: InstanceCounts) -> bytes:
         """Mask [CLS] A [SEP] B [SEP] (create_masked_lm_predictions) and serialize it."""
         opts = self.options
         tokens = [self.cls, *tokens_a, self.sep, *tokens_b, self.sep]
@@ -462,12 +462,12 @@ def truncate_seq_pair(tokens_a: list, tokens_b: list, max_num_tokens: int, rng: 
 
 # --- processes --------------------------------------------------------------------------------
 
-_BUILDER: _InstanceBuilder | None = None
+_BUILDER: InstanceBuilder | None = None
 
 
 def _start_worker(vocab_file, do_lower_case, options):
     global _BUILDER
-    _BUILDER = _InstanceBuilder(vocab_file, do_lower_case, options)
+    _BUILDER = InstanceBuilder(vocab_file, do_lower_case, options)
 
 
 def _start_worker_process(*args):
@@ -483,50 +483,86 @@ def _make_chunk(chunk):
     One bytes object and an array of lengths cross the process boundary much faster than a
     list of a hundred thousand small bytes objects (pickling each costs microseconds).
     """
-    index, documents, _ = chunk
+    index, documents = chunk[:2]
     records, counts = _BUILDER.chunk(index, documents)
     lengths = array.array("Q", map(len, records))
-    return b"".join(records), lengths, counts, (os.getpid(), _own_peak_kib())
+    return b"".join(records), lengths, counts, (os.getpid(), own_peak_kib())
 
 
-def read_chunks(input_files, chunk_docs: int = CHUNK_DOCS, chunk_bytes: int = CHUNK_BYTES):
-    """Stream (index, documents, bytes_read) chunks; a document is a list of non-blank lines.
+# A file whose decoded text is more than this share of U+FFFD (invalid UTF-8) is not text: a
+# binary or compressed file passed by mistake. Checked after BINARY_CHECK_BYTES and at its end.
+MAX_INVALID_SHARE = 0.1
+BINARY_CHECK_BYTES = 1 << 16
+
+
+def _check_text(path, size: int, replaced: int):
+    if size and replaced > MAX_INVALID_SHARE * size:
+        raise KbertError(f"{path}: not UTF-8 text ({replaced:,} invalid sequences in its first {size:,} bytes); "
+                         f"is it a binary or compressed file? pass text, one sentence per line (gunzip it first)")
+
+
+def read_chunks(sources, chunk_docs: int = CHUNK_DOCS, chunk_bytes: int = CHUNK_BYTES, open_file=None):
+    """Stream (index, documents, bytes_read, ranges) chunks; a document is a list of non-blank lines.
 
     A chunk closes after the document that brings it to `chunk_docs` documents or
-    `chunk_bytes` bytes of input, so memory holds a few chunks whatever the corpus size.
+    `chunk_bytes` bytes of input, so memory holds a few chunks whatever the corpus size. Its
+    `ranges` [(path, start, end), ...] are the bytes it was read from: reading just those
+    ranges again (as one chunk, with `chunk_docs=None`) gives the same documents, which is how
+    the Beam pipeline's workers read the chunks its launcher planned.
 
     Args:
-        input_files: list of str. Text files: one sentence per line, blank lines between documents.
-        chunk_docs: int. Documents per chunk at most.
-        chunk_bytes: int. Input bytes after which a chunk closes at the next document end.
+        sources: list of paths, or of (path, start, end) byte ranges. Text: one sentence per
+            line, blank lines between documents.
+        chunk_docs: int or None (no limit). Documents per chunk at most.
+        chunk_bytes: int or None (no limit). Input bytes after which a chunk closes at the next
+            document end.
+        open_file: callable(path) -> binary file; default `open(path, "rb")` (Beam passes its
+            file systems' open, for gs:// and the like).
 
     Example:
     >>> chunks = list(read_chunks(["tests/fixtures/sample_text.txt"], chunk_docs=2))
-    >>> [len(documents) for _, documents, _ in chunks], sum(size for _, _, size in chunks)
+    >>> [len(documents) for _, documents, _, _ in chunks], sum(size for _, _, size, _ in chunks)
     ([2, 1], 4394)
-    >>> chunks[1][1][0][0]
-    'The fountain of classic wisdom, Hypatia herself.'
+    >>> chunks[1][1][0][0], chunks[1][3]
+    ('The fountain of classic wisdom, Hypatia herself.', [('tests/fixtures/sample_text.txt', 1876, 4394)])
+    >>> [len(d) for _, d, _, _ in read_chunks(chunks[1][3], chunk_docs=None)] == [len(chunks[1][1])]
+    True
     """
-    index, documents, document, size = 0, [], [], 0
-    for path in input_files:
-        with open(path, "rb") as f:
+    open_file = open_file or (lambda path: open(path, "rb"))
+    index, documents, document, size, ranges = 0, [], [], 0, []
+    for source in sources:
+        path, begin, stop = source if isinstance(source, tuple) else (source, 0, None)
+        offset, range_start, replaced_before, checked = begin, begin, _REPLACED[0], False
+        with open_file(path) as f:
+            if begin:
+                f.seek(begin)
             for raw in f:
+                offset += len(raw)
                 size += len(raw)
                 line = raw.decode("utf-8", "kbert.count_replace").strip()
+                if not checked and offset - begin >= BINARY_CHECK_BYTES:
+                    _check_text(path, offset - begin, _REPLACED[0] - replaced_before)
+                    checked = True
                 if line:
                     document.append(line)
-                    continue
-                if document:
+                elif document:
                     documents.append(document)
                     document = []
-                if len(documents) >= chunk_docs or (documents and size >= chunk_bytes):
-                    yield index, documents, size
-                    index, documents, size = index + 1, [], 0
-        if document:  # the end of a file ends its last document
+                if not line and (chunk_docs is not None and len(documents) >= chunk_docs or (
+                        chunk_bytes is not None and documents and size >= chunk_bytes)):
+                    ranges.append((path, range_start, offset))
+                    yield index, documents, size, ranges
+                    index, documents, size, ranges, range_start = index + 1, [], 0, [], offset
+                if stop is not None and offset >= stop:
+                    break
+        _check_text(path, offset - begin, _REPLACED[0] - replaced_before)
+        if document:  # the end of a file (or of its range) ends its last document
             documents.append(document)
             document = []
+        if offset > range_start:
+            ranges.append((path, range_start, offset))
     if documents or size:
-        yield index, documents, size
+        yield index, documents, size, ranges
 
 
 def _chunk_results(chunks, workers: int, start_args: tuple):
@@ -600,7 +636,7 @@ def _check_paths(input_files, vocab_file, outputs, overwrite):
                              f"or choose a new output path")
 
 
-def _own_peak_kib() -> int:
+def own_peak_kib() -> int:
     """This process's peak resident memory in KiB: VmHWM where Linux has it, else ru_maxrss.
 
     ru_maxrss of a spawned process counts the parent's pages from before its exec, so a
@@ -622,7 +658,7 @@ def _peak_rss_mib(worker_peaks: dict) -> dict:
     Workers report their own peaks because RUSAGE_CHILDREN gives the largest child of this
     process ever, not a sum (and TensorFlow's import starts a child of its own).
     """
-    own = _own_peak_kib() / 1024
+    own = own_peak_kib() / 1024
     workers = [kib / 1024 for pid, kib in worker_peaks.items() if pid != os.getpid()]
     return {"peak_rss_mib": round(own + sum(workers), 1), "peak_rss_mib_main": round(own, 1),
             "peak_rss_mib_largest_worker": round(max(workers, default=0.0), 1)}
@@ -705,11 +741,11 @@ def create_pretraining_data(input_files, vocab_file, output, *, do_lower_case: b
     # directly saves a Python frame per record (about a second per million records).
     writes = [getattr(super(tf.io.TFRecordWriter, w), "write", w.write) for w in writers]
     replaced_before = _REPLACED[0]
-    counts, done_bytes, written, chunks, peaks = _InstanceCounts(), 0, 0, 0, {}
+    counts, done_bytes, written, chunks, peaks = InstanceCounts(), 0, 0, 0, {}
     results = _chunk_results(read_chunks(input_files, chunk_docs, chunk_bytes), workers,
                              (vocab_file, do_lower_case, options))
     try:
-        for (_, _, size), records, lengths, chunk_counts, (pid, peak) in results:
+        for (_, _, size, _), records, lengths, chunk_counts, (pid, peak) in results:
             peaks[pid] = max(peak, peaks.get(pid, 0))
             start = 0
             for length in lengths:

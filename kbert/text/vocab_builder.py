@@ -137,8 +137,22 @@ def _write_lines_atomically(path: str, lines: list[str]):
     atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
+def unk_rate_of_counts(word_counts, vocab_file, do_lower_case: bool = True) -> float:
+    """`unk_rate` from word counts: the tokenizer's pieces are per word, so it is the same number.
+
+    >>> unk_rate_of_counts(count_words(["tests/fixtures/sample_text.txt"]), "tests/fixtures/vocab-uncased.txt")
+    0.0
+    """
+    tokenizer, tokens, unknown = Tokenizer(vocab_file, do_lower_case), 0, 0
+    for word, count in word_counts.items():
+        pieces = tokenizer.wordpiece(word)
+        tokens += count * len(pieces)
+        unknown += count * pieces.count(UNK)
+    return unknown / max(tokens, 1)
+
+
 def build_vocab(input_files, output, size: int = 30522, do_lower_case: bool = True,
-                overwrite: bool = False) -> dict:
+                overwrite: bool = False, word_counts=None) -> dict:
     """Learn a vocab.txt from text and check it on that text.
 
     Args:
@@ -147,6 +161,8 @@ def build_vocab(input_files, output, size: int = 30522, do_lower_case: bool = Tr
         size: int. Entries at most, reserved tokens included (the learner aims within 5% below).
         do_lower_case: bool. Uncased (lower-case, strip accents) or cased vocabulary.
         overwrite: bool. Replace `output` if it exists and is not empty.
+        word_counts: callable(input_files, do_lower_case) -> Counter, or None for `count_words`
+            (the Beam pipeline passes its own counter).
 
     Returns:
         dict: vocab_file, size, requested_size, do_lower_case, words, distinct_words,
@@ -163,7 +179,7 @@ def build_vocab(input_files, output, size: int = 30522, do_lower_case: bool = Tr
     input_files, output = [os.fspath(p) for p in input_files], os.fspath(output)
     if not input_files:
         raise KbertError("no input files; pass --input FILE")
-    for path in input_files:
+    for path in input_files if word_counts is None else ():  # Beam checks its own paths and globs
         if not os.path.isfile(path):
             raise KbertError(f"{path}: no such input file; pass text files to learn the vocabulary from")
     if os.path.isdir(output):
@@ -175,7 +191,7 @@ def build_vocab(input_files, output, size: int = 30522, do_lower_case: bool = Tr
         raise KbertError(f"--size {size} is too small; a vocabulary needs the "
                          f"{len(RESERVED_TOKENS)} reserved tokens and the text's characters")
 
-    counts = count_words(input_files, do_lower_case)
+    counts = (word_counts or count_words)(input_files, do_lower_case)
     if not counts:
         raise KbertError(f"{', '.join(input_files)}: no words to learn from; pass text files")
     log.info("%s words, %s distinct; learning %s WordPieces", f"{sum(counts.values()):,}",
@@ -189,6 +205,6 @@ def build_vocab(input_files, output, size: int = 30522, do_lower_case: bool = Tr
         "do_lower_case": bool(do_lower_case),
         "words": sum(counts.values()),
         "distinct_words": len(counts),
-        "unk_rate": unk_rate(input_files, output, do_lower_case),
+        "unk_rate": unk_rate_of_counts(counts, output, do_lower_case),
         "seconds": round(time.perf_counter() - started, 3),
     }

@@ -219,7 +219,7 @@ def test_output_does_not_depend_on_the_number_of_workers(tmp_path):
 
 
 def test_whole_word_mask_masks_whole_words(tmp_path):
-    vocab = create_data._InstanceBuilder(UNCASED_VOCAB, True, create_data.DataOptions()).tokenizer.inv_vocab
+    vocab = create_data.InstanceBuilder(UNCASED_VOCAB, True, create_data.DataOptions()).tokenizer.inv_vocab
     result = create_pretraining_data([SAMPLE], UNCASED_VOCAB, tmp_path / "wwm.tfrecord", dupe_factor=20,
                                      workers=1, whole_word_mask=True)
     masked_multi_piece_words = 0

@@ -1,0 +1,151 @@
+"""`kbert create-data --runner R`: create_pretraining_data.py's algorithm as an Apache Beam pipeline.
+
+The same chunks as the local path, made by any Beam runner (DirectRunner here; Dataflow,
+Flink, Spark, Prism where the user has them):
+
+1. The launcher reads the input once, as the local path does, and plans the chunks: chunk k
+   is a list of byte ranges [(file, start, end), ...] (`create_data.read_chunks`). Chunk
+   boundaries depend on the data alone (documents and bytes), never on the runner or its
+   workers; the plan is small (a few ranges per MB of text) and the launcher holds one
+   chunk of text at a time.
+2. `beam.Create(plan)` hands the chunks to the workers (Create's reshuffle spreads them);
+   each worker reads its ranges through Beam's file systems (local paths, gs://, s3://,
+   hdfs://) and builds the chunk's records with `random.Random(seed + k * 2**64)`: the
+   local path's generator, so chunk k's records are the same whoever makes them, and a
+   corpus that fits in one chunk gives the original script's records.
+3. Beam's own TFRecord sink writes `--shards` files: temporary files, renamed into their
+   final names only when the job succeeds.
+
+Statistics are Beam counters incremented by the workers (namespace "kbert"), read from the
+job's result: nothing re-reads the output.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.tfrecordio import WriteToTFRecord
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
+
+from kbert.beam import expand_inputs, open_file, pipeline_options, run
+from kbert.errors import KbertError
+from kbert.pretraining import create_data
+from kbert.pretraining.create_data import DataOptions, InstanceBuilder, InstanceCounts, read_chunks
+from kbert.text.tokenizer import load_vocab
+
+NAMESPACE = "kbert"
+# A float statistic kept in an integer counter, in units of 1e-9 (counters are integers).
+_NANO = 10 ** 9
+
+
+class BuildChunk(beam.DoFn):
+    """(index, ranges) -> the chunk's serialized records; counts go to Beam counters."""
+
+    def __init__(self, vocab_text: str, do_lower_case: bool, options: DataOptions):
+        # The vocabulary travels inside the DoFn: workers (Dataflow's, say) do not see the
+        # launcher's disk.
+        self.vocab_text, self.do_lower_case, self.options = vocab_text, do_lower_case, options
+        self.counters = {name: Metrics.counter(NAMESPACE, name) for name in InstanceCounts.__slots__ + ("replaced",)}
+        self.peak_rss = Metrics.distribution(NAMESPACE, "peak_rss_kib")  # its max: the largest worker's
+
+    def setup(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
+            f.write(self.vocab_text)
+        self.builder = InstanceBuilder(f.name, self.do_lower_case, self.options)
+        os.remove(f.name)
+
+    def process(self, chunk):
+        index, ranges = chunk
+        replaced_before = create_data._REPLACED[0]
+        documents = [d for _, chunk_documents, _, _ in read_chunks(ranges, None, None, open_file=open_file)
+                     for d in chunk_documents]
+        records, counts = self.builder.chunk(index, documents)
+        for name in InstanceCounts.__slots__:
+            value = getattr(counts, name)
+            self.counters[name].inc(round(value * _NANO) if name == "masked_share_sum" else value)
+        self.counters["replaced"].inc(create_data._REPLACED[0] - replaced_before)
+        self.peak_rss.update(create_data.own_peak_kib())
+        yield from records
+
+
+def _plan(input_files, chunk_docs, chunk_bytes):
+    """[(index, ranges)] of every chunk, and the documents planned (the launcher's one pass)."""
+    plan, documents = [], 0
+    for index, chunk_documents, _, ranges in read_chunks(input_files, chunk_docs, chunk_bytes, open_file=open_file):
+        plan.append((index, ranges))
+        documents += len(chunk_documents)
+    return plan, documents
+
+
+def run_pipeline(input_patterns, vocab_file, output, *, runner: str = "DirectRunner", flags: str = "",
+                 do_lower_case: bool = True, options: DataOptions = DataOptions(), shards: int = 1,
+                 overwrite: bool = False, chunk_docs: int = create_data.CHUNK_DOCS,
+                 chunk_bytes: int = create_data.CHUNK_BYTES) -> dict:
+    """Run create-data on a Beam runner; returns the same summary as the local path.
+
+    Example:
+    >>> run_pipeline(["corpus/*.txt"], "vocab.txt", "gs://bucket/data.tfrecord", runner="DataflowRunner",
+    ...              flags="--project=P --region=R --temp_location=gs://bucket/tmp", shards=256)  # doctest: +SKIP
+    """
+    started = time.perf_counter()
+    options.check()
+    beam_options = pipeline_options(runner, flags)  # before any reading: a typo fails at once
+    if shards < 1:
+        raise KbertError("--shards must be at least 1")
+    input_files = expand_inputs(input_patterns)
+    vocab_file = os.fspath(vocab_file)
+    if not os.path.isfile(vocab_file):
+        raise KbertError(f"{vocab_file}: no such vocab file; pass the vocab.txt of the model (or make one with "
+                         f"`kbert vocab`)")
+    missing = [t for t in create_data.SPECIAL_TOKENS if t not in load_vocab(vocab_file)]
+    if missing:
+        raise KbertError(f"{vocab_file} has no {', '.join(missing)}; pass a BERT vocab.txt (kbert vocab writes one)")
+    output = os.fspath(output)
+    outputs = create_data.shard_paths(output, shards)
+    for path in outputs:
+        if FileSystems.exists(path) and not overwrite:
+            raise KbertError(f"{path} exists; pass --overwrite to replace it, or choose a new output path")
+
+    plan, documents = _plan(input_files, chunk_docs, chunk_bytes)
+    if documents == 0:
+        raise KbertError(f"{', '.join(input_files)}: no text to make instances from; pass text with one "
+                         f"sentence per line and blank lines between documents")
+    with open(vocab_file, encoding="utf-8") as f:
+        vocab_text = f.read()
+    if not output.startswith(("gs://", "s3://", "hdfs://")):
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+
+    pipeline = beam.Pipeline(options=beam_options)
+    _ = (pipeline
+         | "Chunks" >> beam.Create(plan)
+         | "Records" >> beam.ParDo(BuildChunk(vocab_text, do_lower_case, options))
+         | "Write" >> WriteToTFRecord(output, num_shards=shards,
+                                      shard_name_template="" if shards == 1 else "-SSSSS-of-NNNNN"))
+    result = run(pipeline, runner)
+    metrics = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
+    counts = {r.key.metric.name: r.committed for r in metrics["counters"]}
+    peaks = [r.committed.max for r in metrics["distributions"] if r.committed is not None]
+    totals = InstanceCounts()
+    for name in InstanceCounts.__slots__:
+        setattr(totals, name, counts.get(name, 0) / _NANO if name == "masked_share_sum" else counts.get(name, 0))
+    seconds = time.perf_counter() - started
+    return {
+        "output_files": outputs,
+        "runner": runner,
+        "instances": totals.instances,
+        "documents": totals.documents,
+        "skipped_empty_documents": totals.empty_documents,
+        "replaced_invalid_utf8": counts.get("replaced", 0),
+        "chunks": len(plan),
+        "seconds": round(seconds, 3),
+        "instances_per_second": round(totals.instances / seconds, 1),
+        # In-memory DirectRunner runs the workers in this process; multi_processing in their own.
+        "peak_rss_mib_largest_worker": round(max(peaks, default=0) / 1024, 1),
+        "peak_rss_mib_main": round(create_data.own_peak_kib() / 1024, 1),
+        **totals.statistics(),
+    }

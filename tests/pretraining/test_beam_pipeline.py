@@ -1,0 +1,163 @@
+"""`kbert create-data --runner DirectRunner`: the Beam pipeline writes exactly the local path's records.
+
+Beam's own DirectRunner runs it, in memory and in multi_processing mode with two worker
+processes; the reference is the local path (itself checked against the original script in
+test_create_data.py) and the original code's reader and script.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, UNCASED_VOCAB, assert_user_error, kbert_command, run_kbert
+from test_create_data import (SAMPLE, compute_statistics, many_documents_corpus, original,  # noqa: F401 (fixture)
+                              original_input_fn, read_examples, write_original)
+
+pytest.importorskip("apache_beam")
+pytestmark = pytest.mark.slow
+
+MULTI = "--direct_num_workers=2 --direct_running_mode=multi_processing"
+STATISTICS = ("instances", "documents", "skipped_empty_documents", "mean_length", "masked_share", "mask_token_share",
+              "kept_share", "random_share", "random_next_share", "replaced_invalid_utf8")
+
+
+def records(paths):
+    """The records of TFRecord files, as a sorted list of bytes (a multiset)."""
+    import tensorflow as tf
+    return sorted(r.numpy() for r in tf.data.TFRecordDataset([str(p) for p in paths]))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Real text split over three files, in chunks that span file boundaries."""
+    base = tmp_path_factory.mktemp("corpus")
+    whole = many_documents_corpus(base / "many.txt", lines_per_document=2).read_text(encoding="utf-8")
+    documents = whole.split("\n\n")
+    third = len(documents) // 3
+    parts = [documents[:third], documents[third:2 * third], documents[2 * third:]]
+    files = []
+    for i, part in enumerate(parts):
+        files.append(base / f"part-{i}.txt")
+        # A bad byte, to check the replaced-UTF-8 count comes through the pipeline too.
+        files[-1].write_bytes(("\n\n".join(part) + "\n").encode() + (b"caf\xe9\n" if i == 1 else b""))
+    return base, files
+
+
+def create(args, corpus_files, out, *extra):
+    # Small chunks, so the corpus makes several and they cross file ends.
+    flags = ["--dupe-factor", "3", "--max-seq-length", "64", "--max-predictions-per-seq", "10", "--chunk-docs", "3"]
+    # Beam's runners start worker processes of their own: the call can run in this process
+    # (the local path with --workers 2 spawns, so it gets a process of its own).
+    result = run_kbert("create-data", "--input", *corpus_files, "--vocab", UNCASED_VOCAB, "--output", out,
+                       *flags, *args, *extra, own_process="--runner" not in args)
+    return json.loads(result.stdout)
+
+
+def test_every_runner_worker_and_shard_count_writes_the_same_records(corpus, tmp_path):
+    base, files = corpus
+    local = create(["--workers", "1"], files, tmp_path / "local.tfrecord")
+    assert local["chunks"] > 3
+    runs = {
+        "local, 2 workers, 2 shards": create(["--workers", "2", "--shards", "2"], files, tmp_path / "l2.tfrecord"),
+        "DirectRunner in memory": create(["--runner", "DirectRunner"], files, tmp_path / "d.tfrecord"),
+        "DirectRunner, 2 processes, 3 shards": create(["--runner", "DirectRunner", "--pipeline-options", MULTI,
+                                                       "--shards", "3"], files, tmp_path / "mp.tfrecord"),
+    }
+    want = records(local["output_files"])
+    assert len(want) == local["instances"] > 50
+    for name, run in runs.items():
+        assert records(run["output_files"]) == want, name
+        for key in STATISTICS:
+            assert run[key] == pytest.approx(local[key], rel=1e-9), (name, key)
+    assert local["replaced_invalid_utf8"] == 1
+    assert [p.name for p in tmp_path.iterdir()] and not [p for p in tmp_path.iterdir() if "temp" in p.name]
+    # The seed decides the records, the runner does not.
+    other = create(["--runner", "DirectRunner", "--seed", "12346"], files, tmp_path / "seed.tfrecord")
+    assert records(other["output_files"]) != want
+
+
+def test_one_chunk_is_the_original_scripts_records_and_its_reader_parses_them(original, original_input_fn, tmp_path):
+    theirs = tmp_path / "original.tfrecord"
+    write_original(original, SAMPLE, [theirs], dupe_factor=3, seed=5, max_seq_length=64,
+                   max_predictions_per_seq=10)
+    ours = create(["--runner", "DirectRunner", "--pipeline-options", MULTI, "--seed", "5"], [SAMPLE],
+                  tmp_path / "beam.tfrecord")
+    # Parsed, not as bytes: the original's protobuf writer orders the feature map its own way.
+    parsed = sorted(json.dumps(e, sort_keys=True) for path in ours["output_files"] for e in read_examples(path))
+    assert parsed == sorted(json.dumps(e, sort_keys=True) for e in read_examples(theirs))
+    n = ours["instances"]
+    batch = next(iter(original_input_fn(ours["output_files"], 64, 10, is_training=False)({"batch_size": n})))
+    assert tuple(batch["input_ids"].shape) == (n, 64) and tuple(batch["masked_lm_weights"].shape) == (n, 10)
+    want = compute_statistics([theirs], UNCASED_VOCAB)
+    for key, value in want.items():
+        assert ours[key] == pytest.approx(value, rel=1e-9), key
+
+
+def test_a_killed_job_leaves_nothing_under_the_final_names(tmp_path):
+    big = tmp_path / "big.txt"
+    big.write_text((Path(SAMPLE).read_text(encoding="utf-8") + "\n") * 400, encoding="utf-8")
+    out = tmp_path / "out" / "data.tfrecord"
+    process = subprocess.Popen(kbert_command() + ["create-data", "--input", str(big), "--vocab", UNCASED_VOCAB,
+                                                  "--output", str(out), "--dupe-factor", "10", "--runner",
+                                                  "DirectRunner", "--pipeline-options", MULTI],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    # Kill it once Beam's sink has begun writing its temporary files.
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("out/beam-temp-*/*")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None, "the job ended before it could be killed; make the corpus bigger"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert list(tmp_path.glob("out/beam-temp-*/*"))  # it was writing
+    assert not out.exists() and not list(tmp_path.glob("out/data.tfrecord*"))
+
+
+def test_bad_input_one_line_and_nothing_written(corpus, tmp_path):
+    _, files = corpus
+    out = tmp_path / "out.tfrecord"
+
+    def fails(*args, fragment, runner="DirectRunner"):
+        result = run_kbert("create-data", "--vocab", UNCASED_VOCAB, "--output", out, "--runner", runner, *args,
+                           check=False, own_process=False)  # each fails before any worker starts
+        assert_user_error(result, fragment, alone=False)
+        assert not out.exists()
+
+    fails("--input", str(tmp_path / "nothing-*.txt"), fragment="no file matches")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n\n")
+    fails("--input", empty, fragment="no text")
+    binary = tmp_path / "random.bin"
+    binary.write_bytes(os.urandom(20_000))
+    for runner in ("DirectRunner", "local"):
+        fails("--input", binary, fragment="random.bin: not UTF-8 text", runner=runner)
+    fails("--input", files[0], fragment="--runner", runner="SparkRunnr")
+    fails("--input", files[0], "--pipeline-options", "--direct_num_wrkers=2", fragment="--direct_num_wrkers")
+    fails("--input", files[0], "--pipeline-options", "--direct_running_mode=fast", fragment="Beam refuses")
+    fails("--input", files[0], "--pipeline-options", "--direct_num_workers=2", fragment="--runner", runner="local")
+
+
+def test_vocab_counted_by_beam_is_the_local_vocab(corpus, tmp_path):
+    _, files = corpus
+    results = {}
+    for name, args in (("local", []), ("beam", ["--runner", "DirectRunner", "--pipeline-options", MULTI])):
+        out = tmp_path / f"{name}.txt"
+        results[name] = json.loads(run_kbert("vocab", "--input", *files, "--output", out, "--size", "300", *args).stdout)
+        results[name]["lines"] = out.read_text(encoding="utf-8")
+    assert results["beam"]["lines"] == results["local"]["lines"]
+    for key in ("size", "words", "distinct_words", "unk_rate"):
+        assert results["beam"][key] == results["local"][key], key
+    assert not [p for p in tmp_path.iterdir() if ".counts-" in p.name]  # the counts file is gone
+    # The rate from word counts is the rate of tokenizing the text (a small vocabulary, so some [UNK]).
+    from kbert.text import vocab_builder
+    tiny = tmp_path / "half-the-letters.txt"
+    letters = "abcdefghijklm"
+    tiny.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *("##" + c for c in letters)]))
+    rate = vocab_builder.unk_rate(files, tiny)
+    assert vocab_builder.unk_rate_of_counts(vocab_builder.count_words(files), tiny) == pytest.approx(rate, rel=1e-12)
+    assert 0.1 < rate < 1
