@@ -73,5 +73,8 @@ def run(pipeline, runner: str):
     except KbertError:
         raise
     except Exception as e:  # the runner's own failure (a worker's error, a cluster refusing the job)
-        raise KbertError(f"the {runner} job failed: {first_line(e)}") from None
+        lines = [line for line in str(e).splitlines() if line.strip() and not line.startswith(" ")]
+        # A worker's error arrives as its whole traceback: its last line says what went wrong.
+        cause = lines[-1] if lines and lines[0].startswith("Traceback") else first_line(e)
+        raise KbertError(f"the {runner} job failed: {cause[:300]}") from None
     return result

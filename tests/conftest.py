@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 import logging
 import os
 import shutil
@@ -120,3 +121,13 @@ def tiny_model_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("converted") / "tiny"
     run_kbert("convert", "from-tf1", TINY, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_hub_export(tmp_path_factory):
+    """tf1-tiny converted, then exported with `kbert export --format tfhub`: (base dir, its JSON).
+    base/"tiny" is the model directory, base/"hub" the export. Shared: an export takes ~20 s."""
+    base = tmp_path_factory.mktemp("tfhub")
+    run_kbert("convert", "from-tf1", TINY, base / "tiny")
+    result = run_kbert("export", base / "tiny", base / "hub", "--format", "tfhub")
+    return base, json.loads(result.stdout)

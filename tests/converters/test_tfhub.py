@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import kbert
-from conftest import FIXTURES, TINY, assert_user_error, run_kbert
+from conftest import FIXTURES, assert_user_error, run_kbert
 from helpers import EXPECTED, original_outputs
 
 MG = os.path.join(FIXTURES, "model-garden-tfhub")
@@ -62,12 +62,11 @@ def test_model_garden_encoder_with_its_preprocessor(tmp_path):
     np.testing.assert_array_equal(packed["segment_ids"].numpy(), MG_OUTPUTS["preprocessed_input_type_ids"])
 
 
-def test_round_trip_through_tfhub_keeps_every_weight_bit_for_bit(tmp_path):
-    run_kbert("convert", "from-tf1", TINY, tmp_path / "tiny")
-    run_kbert("export", tmp_path / "tiny", tmp_path / "hub", "--format", "tfhub")
-    report, back = _convert(tmp_path, tmp_path / "hub" / "encoder", "--preprocessor", tmp_path / "hub" / "preprocessor")
+def test_round_trip_through_tfhub_keeps_every_weight_bit_for_bit(tiny_hub_export, tmp_path):
+    base, _ = tiny_hub_export  # tf1-tiny converted and exported by kbert export --format tfhub
+    report, back = _convert(tmp_path, base / "hub" / "encoder", "--preprocessor", base / "hub" / "preprocessor")
     assert report["names"] == "kbert" and report["fresh_heads"] == [] and report["hidden_act"] == "gelu"
-    original = kbert.load(tmp_path / "tiny")
+    original = kbert.load(base / "tiny")
     ours = {w.path: w.numpy() for w in original.weights}
     theirs = {w.path: w.numpy() for w in back.weights}
     weights = [p for p in ours if "seed_generator" not in p]

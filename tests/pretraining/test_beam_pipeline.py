@@ -76,7 +76,7 @@ def test_every_runner_worker_and_shard_count_writes_the_same_records(corpus, tmp
         for key in STATISTICS:
             assert run[key] == pytest.approx(local[key], rel=1e-9), (name, key)
     assert local["replaced_invalid_utf8"] == 1
-    assert [p.name for p in tmp_path.iterdir()] and not [p for p in tmp_path.iterdir() if "temp" in p.name]
+    assert not [p for p in tmp_path.iterdir() if "temp" in p.name]  # Beam's temporary files are gone
     # The seed decides the records, the runner does not.
     other = create(["--runner", "DirectRunner", "--seed", "12346"], files, tmp_path / "seed.tfrecord")
     assert records(other["output_files"]) != want
@@ -109,12 +109,12 @@ def test_a_killed_job_leaves_nothing_under_the_final_names(tmp_path):
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     # Kill it once Beam's sink has begun writing its temporary files.
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("out/beam-temp-*/*")) and process.poll() is None and time.monotonic() < deadline:
+    while not list(tmp_path.glob("out/.data.tfrecord.beam-temp-*/*")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert process.poll() is None, "the job ended before it could be killed; make the corpus bigger"
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    assert list(tmp_path.glob("out/beam-temp-*/*"))  # it was writing
+    assert list(tmp_path.glob("out/.data.tfrecord.beam-temp-*/*"))  # it was writing
     assert not out.exists() and not list(tmp_path.glob("out/data.tfrecord*"))
 
 

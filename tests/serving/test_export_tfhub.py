@@ -31,12 +31,9 @@ HUB_INPUTS = {"input_word_ids": "input_ids", "input_mask": "input_mask", "input_
 IDS = {hub: EXPECTED[ours].astype("int32") for hub, ours in HUB_INPUTS.items()}
 
 
-@pytest.fixture(scope="module")
-def hub_export(tmp_path_factory):
-    base = tmp_path_factory.mktemp("tfhub")
-    run_kbert("convert", "from-tf1", TINY, base / "tiny")
-    result = run_kbert("export", base / "tiny", base / "hub", "--format", "tfhub")
-    return base, json.loads(result.stdout)
+@pytest.fixture
+def hub_export(tiny_hub_export):
+    return tiny_hub_export
 
 
 def test_writes_encoder_and_preprocessor_with_their_assets(hub_export):
