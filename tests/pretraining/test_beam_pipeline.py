@@ -109,12 +109,12 @@ def test_a_killed_job_leaves_nothing_under_the_final_names(tmp_path):
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     # Kill it once Beam's sink has begun writing its temporary files.
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("out/.data.tfrecord.beam-temp-*/*")) and process.poll() is None and time.monotonic() < deadline:
+    while not list(tmp_path.glob("out/beam-temp-*/*")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert process.poll() is None, "the job ended before it could be killed; make the corpus bigger"
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    assert list(tmp_path.glob("out/.data.tfrecord.beam-temp-*/*"))  # it was writing
+    assert list(tmp_path.glob("out/beam-temp-*/*"))  # it was writing
     assert not out.exists() and not list(tmp_path.glob("out/data.tfrecord*"))
 
 
