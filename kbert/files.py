@@ -17,6 +17,34 @@ def require_path(path, what: str, fix: str):
         raise KbertError(f"{path}: no such {what}; {fix}")
 
 
+# A file whose decoded text is more than this share invalid UTF-8 is not text: a binary or
+# compressed file passed by mistake (real corpora have a few bad bytes, never one in ten).
+MAX_INVALID_SHARE = 0.1
+TEXT_CHECK_BYTES = 1 << 16  # readers check after this much of a file, and at its end
+
+
+def check_text(path, size: int, invalid: int):
+    """Raise a one-line `KbertError` naming `path` if `invalid` of its first `size` bytes
+    (invalid UTF-8 sequences) are more than MAX_INVALID_SHARE of them."""
+    if size and invalid > MAX_INVALID_SHARE * size:
+        raise KbertError(f"{path}: not UTF-8 text ({invalid:,} invalid sequences in its first {size:,} bytes); "
+                         f"is it a binary or compressed file? pass text, one sentence per line (gunzip it first)")
+
+
+def check_head_is_text(path, head: bytes):
+    """`check_text` on the first bytes of a file (a cut multi-byte character at the end is not counted).
+
+    Example:
+    >>> check_head_is_text("notes.txt", "plain text, caf\u00e9\n".encode())
+    >>> check_head_is_text("data.gz", bytes(range(256)) * 4)
+    Traceback (most recent call last):
+    kbert.errors.KbertError: data.gz: not UTF-8 text (512 invalid sequences in its first 1,024 bytes); is it a binary or compressed file? pass text, one sentence per line (gunzip it first)
+    """
+    text = head.decode("utf-8", "surrogateescape")
+    invalid = sum(1 for c in text if "\udc80" <= c <= "\udcff")
+    check_text(path, len(head), max(0, invalid - 3 if len(head) >= TEXT_CHECK_BYTES else invalid))
+
+
 def check_output_dir(path: str, overwrite: bool):
     """Refuse a file, or a non-empty directory unless `overwrite`."""
     if os.path.isfile(path):

@@ -54,6 +54,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.errors import KbertError
+from kbert.files import TEXT_CHECK_BYTES, check_text
 from kbert.text.tokenizer import Tokenizer, load_vocab
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -489,18 +490,6 @@ def _make_chunk(chunk):
     return b"".join(records), lengths, counts, (os.getpid(), own_peak_kib())
 
 
-# A file whose decoded text is more than this share of U+FFFD (invalid UTF-8) is not text: a
-# binary or compressed file passed by mistake. Checked after BINARY_CHECK_BYTES and at its end.
-MAX_INVALID_SHARE = 0.1
-BINARY_CHECK_BYTES = 1 << 16
-
-
-def _check_text(path, size: int, replaced: int):
-    if size and replaced > MAX_INVALID_SHARE * size:
-        raise KbertError(f"{path}: not UTF-8 text ({replaced:,} invalid sequences in its first {size:,} bytes); "
-                         f"is it a binary or compressed file? pass text, one sentence per line (gunzip it first)")
-
-
 def read_chunks(sources, chunk_docs: int = CHUNK_DOCS, chunk_bytes: int = CHUNK_BYTES, open_file=None):
     """Stream (index, documents, bytes_read, ranges) chunks; a document is a list of non-blank lines.
 
@@ -540,8 +529,8 @@ def read_chunks(sources, chunk_docs: int = CHUNK_DOCS, chunk_bytes: int = CHUNK_
                 offset += len(raw)
                 size += len(raw)
                 line = raw.decode("utf-8", "kbert.count_replace").strip()
-                if not checked and offset - begin >= BINARY_CHECK_BYTES:
-                    _check_text(path, offset - begin, _REPLACED[0] - replaced_before)
+                if not checked and offset - begin >= TEXT_CHECK_BYTES:
+                    check_text(path, offset - begin, _REPLACED[0] - replaced_before)
                     checked = True
                 if line:
                     document.append(line)
@@ -555,7 +544,7 @@ def read_chunks(sources, chunk_docs: int = CHUNK_DOCS, chunk_bytes: int = CHUNK_
                     index, documents, size, ranges, range_start = index + 1, [], 0, [], offset
                 if stop is not None and offset >= stop:
                     break
-        _check_text(path, offset - begin, _REPLACED[0] - replaced_before)
+        check_text(path, offset - begin, _REPLACED[0] - replaced_before)
         if document:  # the end of a file (or of its range) ends its last document
             documents.append(document)
             document = []

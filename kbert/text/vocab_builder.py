@@ -25,7 +25,7 @@ import time
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from kbert.errors import KbertError
-from kbert.files import atomic_write_text
+from kbert.files import TEXT_CHECK_BYTES, atomic_write_text, check_head_is_text
 from kbert.text.tokenizer import UNK, Tokenizer, character_tables
 
 RESERVED_TOKENS = ["[PAD]", UNK, "[CLS]", "[SEP]", "[MASK]"]
@@ -182,6 +182,8 @@ def build_vocab(input_files, output, size: int = 30522, do_lower_case: bool = Tr
     for path in input_files if word_counts is None else ():  # Beam checks its own paths and globs
         if not os.path.isfile(path):
             raise KbertError(f"{path}: no such input file; pass text files to learn the vocabulary from")
+        with open(path, "rb") as f:
+            check_head_is_text(path, f.read(TEXT_CHECK_BYTES))
     if os.path.isdir(output):
         raise KbertError(f"{output} is a directory; give a file path such as {output}/vocab.txt")
     if os.path.exists(output) and os.path.getsize(output) > 0 and not overwrite:

@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from kbert.beam import expand_inputs, open_file, pipeline_options, run
 from kbert.errors import KbertError
+from kbert.files import TEXT_CHECK_BYTES, check_head_is_text
 from kbert.text.vocab_builder import WordTokenizer
 
 
@@ -45,6 +46,9 @@ def beam_word_counts(input_patterns, output, do_lower_case: bool = True, runner:
     """
     options = pipeline_options(runner, flags)
     input_files = expand_inputs(input_patterns)
+    for path in input_files:  # a binary or compressed file is refused before the job starts
+        with open_file(path) as f:
+            check_head_is_text(path, f.read(TEXT_CHECK_BYTES))
     counts_prefix = f"{os.fspath(output)}.counts-{uuid.uuid4().hex[:8]}"
     pipeline = beam.Pipeline(options=options)
     _ = (pipeline

@@ -107,14 +107,14 @@ def test_a_killed_job_leaves_nothing_under_the_final_names(tmp_path):
                                                   "--output", str(out), "--dupe-factor", "10", "--runner",
                                                   "DirectRunner", "--pipeline-options", MULTI],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-    # Kill it once Beam's sink has begun writing its temporary files.
+    # Kill it once the workers have begun writing chunk files (staged beside the output).
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("out/beam-temp-*/*")) and process.poll() is None and time.monotonic() < deadline:
+    while not list(tmp_path.glob("out/kbert-temp-*/*")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert process.poll() is None, "the job ended before it could be killed; make the corpus bigger"
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    assert list(tmp_path.glob("out/beam-temp-*/*"))  # it was writing
+    assert list(tmp_path.glob("out/kbert-temp-*/*"))  # it was writing
     assert not out.exists() and not list(tmp_path.glob("out/data.tfrecord*"))
 
 
@@ -153,6 +153,14 @@ def test_vocab_counted_by_beam_is_the_local_vocab(corpus, tmp_path):
     for key in ("size", "words", "distinct_words", "unk_rate"):
         assert results["beam"][key] == results["local"][key], key
     assert not [p for p in tmp_path.iterdir() if ".counts-" in p.name]  # the counts file is gone
+    # A binary file is refused by name on both paths, before anything is learnt or written.
+    binary = tmp_path / "random.bin"
+    binary.write_bytes(os.urandom(20_000))
+    for args in ([], ["--runner", "DirectRunner"]):
+        out = tmp_path / "never.txt"
+        result = run_kbert("vocab", "--input", files[0], binary, "--output", out, *args, check=False, own_process=False)
+        assert_user_error(result, "random.bin: not UTF-8 text", alone=False)
+        assert not out.exists()
     # The rate from word counts is the rate of tokenizing the text (a small vocabulary, so some [UNK]).
     from kbert.text import vocab_builder
     tiny = tmp_path / "half-the-letters.txt"
