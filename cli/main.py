@@ -11,7 +11,7 @@ import typer
 from kbert.cli import convert, fill_mask, pretrain
 from kbert.cli import create_data, export, finetune, vocab
 from kbert.cli.common import import_tensorflow_quietly, quiet_tensorflow, setup_logging
-from kbert.errors import KbertError, first_line
+from kbert.errors import Interrupted, KbertError, first_line
 
 app = typer.Typer(
     name="kbert",
@@ -55,6 +55,9 @@ def main(argv=None):
             raise
         print(f"kbert: error: {e}", file=sys.stderr)
         sys.exit(1)
+    except Interrupted as e:
+        print(f"kbert: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("kbert: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -8,6 +8,17 @@ class KbertError(Exception):
     """
 
 
+class Interrupted(Exception):
+    """A run stopped by SIGTERM or SIGINT after saving what it needs to resume.
+
+    The CLI prints the message as one line and exits with `exit_code` (128 + the signal).
+    """
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def plural(n: int, word: str) -> str:
     """'1 weight', '2 weights': for messages.
 

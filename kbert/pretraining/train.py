@@ -31,6 +31,7 @@ from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, load, write_mo
 from kbert.pretraining.dataset import check_records, find_files, pretraining_dataset
 from kbert.pretraining.losses import cross_entropy_and_hits
 from kbert.training.optimization import make_optimizer
+from kbert.training.interruption import StopSignals
 from kbert.training.progress import Progress, write_loss_plot
 from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision
 
@@ -175,13 +176,16 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
         if keras.mixed_precision.global_policy().name == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-    checkpoint = tf.train.Checkpoint(weights=list(model.weights), optimizer=optimizer)
+    checkpoint = tf.train.Checkpoint(weights=list(model.weights), optimizer=optimizer,
+                                     seeds=random_state_variables(model))
     # Non-chief workers of a multi-worker run write their (identical) checkpoints aside.
     manager = tf.train.CheckpointManager(checkpoint, ckpt_dir if chief else _worker_dir(model_dir, strategy),
                                          max_to_keep=opts.keep_checkpoints)
     step = 0
     if opts.resume:
-        checkpoint.restore(manager.latest_checkpoint).expect_partial()
+        # Every worker restores the chief's checkpoint (the model directory is shared storage
+        # in a multi-worker run); the others' own copies are written aside and never read.
+        checkpoint.restore(tf.train.latest_checkpoint(ckpt_dir)).expect_partial()
         step = int(optimizer.iterations.numpy())
         log.info("resumed from step %d", step)
     elif chief:
@@ -214,12 +218,15 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
     start_step = step
     timed_steps, timed_seconds = 0, 0.0  # throughput leaves out the first call (tracing)
     with Progress(total=opts.steps, start=step, enabled=opts.progress and chief,
-                  sequences_per_step=opts.batch_size) as bar:
+                  sequences_per_step=opts.batch_size) as bar, StopSignals() as signals:
         while step < opts.steps:
             n = min(opts.steps_per_loop, opts.steps - step,
                     _to_boundary(step, opts.save_every), _to_boundary(step, eval_every))
             t0 = time.perf_counter()
-            metrics = {k: float(v) for k, v in train_loop(train_iterator, tf.constant(n)).items()}
+            metrics = {k: float(v) for k, v in train_loop(train_iterator, tf.constant(n),
+                                                          tf.constant(float(signals.requested is not None))).items()}
+            # Summed over every replica of every worker: all stop after the same step.
+            stop_requested = metrics.pop("stop_requested") > 0
             seconds = time.perf_counter() - t0
             if not all(math.isfinite(v) for v in metrics.values()):
                 raise KbertError(
@@ -244,9 +251,13 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
                     _log_scalars(eval_writer, last_eval, step)
                     with open(history_path, "a") as f:
                         f.write(json.dumps(dict(last_eval, step=step, split="eval")) + "\n")
-            if step % opts.save_every == 0 or step == opts.steps:
+            if step % opts.save_every == 0 or step == opts.steps or stop_requested:
                 _save_checkpoint(manager, step, last_saved)
                 last_saved = step
+            if stop_requested and step < opts.steps:
+                if chief:
+                    write_loss_plot(history_path, os.path.join(model_dir, LOSS_PLOT))
+                raise signals.interrupted(step, "checkpoint saved", "--resume")
 
     if chief:
         write_model_files(model, model_dir, vocab_file, do_lower_case, weights=True)
@@ -280,6 +291,16 @@ def _save_checkpoint(manager, step: int, last_saved: int):
     except (tf.errors.OpError, OSError) as e:
         raise KbertError(f"writing the checkpoint for step {step} failed ({first_line(e)}); the previous "
                          f"checkpoint (step {last_saved}) is intact: fix the cause, then --resume") from None
+
+
+def random_state_variables(model) -> list:
+    """The model's random-number states (Keras seed generators, which draw dropout masks).
+
+    `model.weights` leaves them out; a checkpoint that keeps them resumes with the same
+    dropout draws as an uninterrupted run.
+    """
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
 
 
 def _to_boundary(step: int, every: int) -> int:
@@ -330,14 +351,20 @@ def _make_train_loop(strategy, model, optimizer, grad_accum: int, replicas: int,
         return {k: v / grad_accum for k, v in metric_sums.items()}
 
     @tf.function
-    def train_loop(iterator, num_steps):
+    def train_loop(iterator, num_steps, stop_requested):
+        """Mean metrics of `num_steps` steps, and `stop_requested` summed over all workers: a
+        signal one worker got reaches every worker at the same step (what Model Garden's
+        PreemptionCheckpointHandler does through the coordination service)."""
         sums = {k: tf.constant(0.0) for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
         for _ in tf.range(num_steps):
             micro_batches = [next(iterator) for _ in range(grad_accum)]
             per_replica = strategy.run(replica_step, args=(micro_batches,))
             sums = {k: sums[k] + strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica[k], axis=None)
                     for k in sums}
-        return {k: v / tf.cast(num_steps, tf.float32) for k, v in sums.items()}
+        means = {k: v / tf.cast(num_steps, tf.float32) for k, v in sums.items()}
+        means["stop_requested"] = strategy.reduce(
+            tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(stop_requested,)), axis=None)
+        return means
 
     return train_loop
 

@@ -1,0 +1,70 @@
+"""SIGTERM and SIGINT during training: finish the step in flight, save, say how to go on.
+
+Preemptible machines (spot GPUs, preemptible TPUs) get SIGTERM with seconds to spare, and
+people press Ctrl-C. While `StopSignals` is active, the first of either signal only records a
+request; the training loop looks at it between steps, saves a checkpoint at the step reached
+and raises `Interrupted`, which the CLI prints as one line and turns into the exit status a
+shell expects (128 + the signal: 143 for SIGTERM, 130 for SIGINT). A second signal means "now":
+the process exits at once. The checkpoint being written then is left unfinished, but the last
+good one is intact: TensorFlow writes a checkpoint under temporary names and records it as the
+latest only once it is complete.
+
+Example:
+>>> with StopSignals() as signals:
+...     for step in range(3):
+...         if signals.requested:
+...             break
+>>> signals.requested is None
+True
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+from kbert.errors import Interrupted
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    """A context in which SIGTERM and SIGINT ask the training loop to stop at the next step.
+
+    `requested` is the signal number received first, or None. Outside the main thread (where
+    Python cannot install handlers) it does nothing and `requested` stays None.
+    """
+
+    def __init__(self, second_signal_message: str = "stopped at once; the last saved checkpoint is intact"):
+        self.requested = None
+        self.second_signal_message = second_signal_message
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for number in SIGNALS:
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
+        return False
+
+    def _handle(self, number, frame):
+        if self.requested is None:
+            self.requested = number
+            print(f"kbert: {signal.Signals(number).name} received: saving a checkpoint after the step in flight "
+                  f"(send it again to stop at once)", file=sys.stderr, flush=True)
+            return
+        print(f"kbert: second {signal.Signals(number).name}: {self.second_signal_message}", file=sys.stderr,
+              flush=True)
+        os._exit(128 + number)  # not sys.exit: it would run TensorFlow's teardown mid-write
+
+    def interrupted(self, step: int, what: str, resume: str) -> Interrupted:
+        """The exception to raise once the checkpoint at `step` is saved."""
+        return Interrupted(f"interrupted at step {step}: {what}; continue with {resume}",
+                           exit_code=128 + int(self.requested or signal.SIGTERM))

@@ -1,0 +1,179 @@
+"""`kbert pretrain` interrupted by real signals (SIGTERM, SIGINT, kill -9) and resumed.
+
+Each run is a real `kbert pretrain` process; the signals are sent to it by the operating system.
+An interrupted and resumed run must end with the weights of the run that was never interrupted:
+the same data order, dropout draws and optimizer state.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import TINY, kbert_command
+from test_pretrain import SHAPE, VOCAB, _free_port, original_records  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.slow
+
+# Dropout stays on (the tiny config's 0.1): its draws must resume too.
+RUN = [*SHAPE, "--batch-size", "8", "--steps", "24", "--steps-per-loop", "2", "--learning-rate", "1e-3"]
+
+
+def pretrain_args(model_dir, records, *extra):
+    start = [] if "--resume" in extra else ["--config", os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB]
+    return kbert_command() + ["pretrain", "--model-dir", str(model_dir), "--data", str(records), *start, *RUN,
+                              *extra]
+
+
+def start(model_dir, records, *extra, env=None):
+    log = open(f"{model_dir}.{time.monotonic_ns()}.log", "w+")
+    process = subprocess.Popen(pretrain_args(model_dir, records, *extra), stdout=subprocess.PIPE, stderr=log,
+                               text=True, env=env)
+    process.log = log
+    return process
+
+
+def finish(process, timeout=300):
+    stdout, _ = process.communicate(timeout=timeout)
+    process.log.seek(0)
+    return process.returncode, stdout, process.log.read()
+
+
+def logged_steps(model_dir):
+    path = os.path.join(model_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line)["step"] for line in f if line.endswith("\n") and '"split"' not in line]
+
+
+def wait_for(condition, process, timeout=180):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, "the run ended before it could be interrupted"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def final_weights(model_dir):
+    with h5py.File(os.path.join(model_dir, "model.weights.h5")) as f:
+        arrays = {}
+        f.visititems(lambda name, item: arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+    return arrays
+
+
+def largest_difference(a, b):
+    assert a.keys() == b.keys() and len(a) >= 46
+    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, original_records):
+    out = tmp_path_factory.mktemp("reference") / "bert"
+    code, stdout, log = finish(start(out, original_records))
+    assert code == 0, log[-2000:]
+    return final_weights(out)
+
+
+def interrupt(model_dir, records, number, *extra, after_step):
+    """Start a run, send it `number` once it has logged `after_step`; returns (code, stderr, last logged step)."""
+    process = start(model_dir, records, *extra)
+    wait_for(lambda: logged_steps(model_dir) and logged_steps(model_dir)[-1] >= after_step, process)
+    process.send_signal(number)
+    code, _, log = finish(process)
+    return code, log, logged_steps(model_dir)[-1]
+
+
+def test_sigterm_then_sigint_save_the_step_reached_and_the_resumed_run_is_exact(tmp_path, original_records,
+                                                                               uninterrupted):
+    out = tmp_path / "bert"
+    code, log, last = interrupt(out, original_records, signal.SIGTERM, after_step=6)
+    assert code == 143, log[-2000:]
+    lines = log.strip().splitlines()
+    assert lines[-1] == f"kbert: interrupted at step {last}: checkpoint saved; continue with --resume"
+    assert "Traceback" not in log
+    # No step lost: the checkpoint is at the last step the run logged.
+    assert (out / "checkpoints" / f"ckpt-{last}.index").exists() and 6 <= last < 24
+
+    code, log, second = interrupt(out, original_records, signal.SIGINT, "--resume", after_step=last + 4)
+    assert code == 130, log[-2000:]
+    assert log.strip().splitlines()[-1] == f"kbert: interrupted at step {second}: checkpoint saved; continue with --resume"
+    assert (out / "checkpoints" / f"ckpt-{second}.index").exists()
+
+    code, stdout, log = finish(start(out, original_records, "--resume"))
+    assert code == 0, log[-2000:]
+    assert f"resumed from step {second}" in log and json.loads(stdout)["step"] == 24
+    difference = largest_difference(final_weights(out), uninterrupted)
+    print(f"largest weight difference after two interruptions: {difference:.3g}")
+    assert difference <= 1e-6
+
+
+def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path, original_records, uninterrupted):
+    out = tmp_path / "bert"
+    process = start(out, original_records, "--save-every", "4")
+    wait_for(lambda: (out / "checkpoints" / "ckpt-8.index").exists(), process)
+    process.send_signal(signal.SIGKILL)
+    finish(process)
+    code, stdout, log = finish(start(out, original_records, "--resume", "--save-every", "4"))
+    assert code == 0, log[-2000:]
+    assert json.loads(stdout)["resumed_from"] >= 8
+    difference = largest_difference(final_weights(out), uninterrupted)
+    print(f"largest weight difference after kill -9: {difference:.3g}")
+    assert difference <= 1e-6
+
+
+def test_a_second_signal_stops_at_once_and_the_last_good_checkpoint_resumes(tmp_path, original_records):
+    import tensorflow as tf
+    out = tmp_path / "bert"
+    process = start(out, original_records, "--save-every", "2", "--steps-per-loop", "1")
+    wait_for(lambda: len(logged_steps(out)) >= 5, process)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    code, _, log = finish(process)
+    assert code == 143, log[-2000:]
+    assert "second SIGTERM" in log and "Traceback" not in log
+    latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
+    assert latest is not None
+    code, stdout, log = finish(start(out, original_records, "--resume", "--save-every", "2", "--steps-per-loop", "1"))
+    assert code == 0, log[-2000:]
+    assert f"resumed from step {int(latest.rsplit('-', 1)[1])}" in log and json.loads(stdout)["step"] == 24
+
+
+def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, original_records):
+    ports = [_free_port(), _free_port()]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    out = tmp_path / "bert"
+
+    def workers(*extra):
+        processes = []
+        for index in range(2):
+            env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
+            processes.append(start(out, original_records, "--strategy", "multi-worker", "--steps", "200", *extra, env=env))
+        return processes
+
+    chief, other = workers()
+    wait_for(lambda: logged_steps(out) and logged_steps(out)[-1] >= 4, chief)
+    other.send_signal(signal.SIGTERM)  # the non-chief worker is preempted
+    results = [finish(p) for p in (chief, other)]
+    steps = []
+    for code, _, log in results:
+        assert code == 143, log[-3000:]
+        line = log.strip().splitlines()[-1]
+        assert line.startswith("kbert: interrupted at step ") and line.endswith("checkpoint saved; continue with --resume")
+        steps.append(int(line.split("step ")[1].split(":")[0]))
+    assert steps[0] == steps[1] == logged_steps(out)[-1]
+    assert (out / "checkpoints" / f"ckpt-{steps[0]}.index").exists()
+
+    ports[:] = [_free_port(), _free_port()]
+    cluster["worker"] = [f"127.0.0.1:{p}" for p in ports]
+    processes = workers("--resume")
+    for code, stdout, log in (finish(p) for p in processes):
+        assert code == 0, log[-3000:]
+        assert f"resumed from step {steps[0]}" in log and json.loads(stdout)["step"] == 200
