@@ -12,6 +12,7 @@ import typer
 import kbert
 from kbert.cli.common import print_result
 from kbert.files import check_output_dir, require_path
+from kbert.outputs import claim_output
 
 # The converters are imported inside each command, not here: they import TensorFlow, which
 # `kbert --help` should not wait for.
@@ -33,11 +34,12 @@ def from_tf1(
     """Convert a google-research/bert checkpoint into a kbert model directory."""
     from kbert.converters import load_tf1_checkpoint
 
-    check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
-    model = load_tf1_checkpoint(src, config_file=config and str(config), vocab_file=vocab and str(vocab),
-                                do_lower_case=lowercase)
-    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-               overwrite=overwrite)
+    with claim_output(out_model_dir, inputs=[src, config, vocab]):
+        check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
+        model = load_tf1_checkpoint(src, config_file=config and str(config), vocab_file=vocab and str(vocab),
+                                    do_lower_case=lowercase)
+        kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+                   overwrite=overwrite)
     report = model.conversion
     print_result({
         "model_dir": str(out_model_dir),
@@ -61,9 +63,10 @@ def to_tf1(
     from kbert.converters import save_tf1_checkpoint
     from kbert.converters.tf1 import CKPT_PREFIX
 
-    check_output_dir(str(out_dir), overwrite)
-    model = kbert.load(model_dir)
-    save_tf1_checkpoint(model, out_dir, overwrite=overwrite)
+    with claim_output(out_dir, inputs=[model_dir]):
+        check_output_dir(str(out_dir), overwrite)
+        model = kbert.load(model_dir)
+        save_tf1_checkpoint(model, out_dir, overwrite=overwrite)
     print_result({"checkpoint": str(out_dir / CKPT_PREFIX), "parameters": int(model.count_params())})
 
 
@@ -77,10 +80,11 @@ def from_hf(
     """Convert a Hugging Face BERT (safetensors only; pickles are refused) into a kbert model directory."""
     from kbert.converters.hf import load_hf_model
 
-    check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
-    model = load_hf_model(src, do_lower_case=lowercase)
-    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-               overwrite=overwrite)
+    with claim_output(out_model_dir, inputs=[src]):
+        check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
+        model = load_hf_model(src, do_lower_case=lowercase)
+        kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+                   overwrite=overwrite)
     report = model.conversion
     print_result({
         "model_dir": str(out_model_dir),
@@ -104,9 +108,10 @@ def to_hf(
     """Write a kbert model as a Hugging Face BERT that transformers' from_pretrained loads."""
     from kbert.converters.hf import WEIGHTS_FILE, save_hf_model
 
-    check_output_dir(str(out_dir), overwrite)
-    model = kbert.load(model_dir)
-    save_hf_model(model, out_dir, overwrite=overwrite)
+    with claim_output(out_dir, inputs=[model_dir]):
+        check_output_dir(str(out_dir), overwrite)
+        model = kbert.load(model_dir)
+        save_hf_model(model, out_dir, overwrite=overwrite)
     print_result({"model": str(out_dir / WEIGHTS_FILE), "parameters": int(model.count_params())})
 
 
@@ -122,10 +127,11 @@ def from_tfhub(
     """Convert a TF Hub BERT encoder (read from its files, not run) into a kbert model directory."""
     from kbert.converters.tfhub import load_tfhub_encoder
 
-    check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
-    model = load_tfhub_encoder(src, preprocessor=preprocessor, do_lower_case=lowercase, hidden_act=hidden_act)
-    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-               overwrite=overwrite)
+    with claim_output(out_model_dir, inputs=[src, preprocessor]):
+        check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
+        model = load_tfhub_encoder(src, preprocessor=preprocessor, do_lower_case=lowercase, hidden_act=hidden_act)
+        kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+                   overwrite=overwrite)
     report = model.conversion
     print_result({
         "model_dir": str(out_model_dir),
@@ -151,8 +157,10 @@ def to_keras_hub(
     """Write a kbert model as a keras-hub BERT preset (BertBackbone.from_preset loads it); reports keras-hub's GELU difference."""
     from kbert.converters.keras_hub import save_keras_hub_preset
 
-    check_output_dir(str(out), overwrite)
-    print_result(save_keras_hub_preset(model_dir, out, overwrite=overwrite))
+    with claim_output(out, inputs=[model_dir]):
+        check_output_dir(str(out), overwrite)
+        result = save_keras_hub_preset(model_dir, out, overwrite=overwrite)
+    print_result(result)
 
 
 @app.command("from-keras-hub")
@@ -165,10 +173,11 @@ def from_keras_hub(
     """Convert a keras-hub BertBackbone preset into a kbert model directory, exactly (hidden_act gelu_tanh)."""
     from kbert.converters.keras_hub import load_keras_hub_preset
 
-    check_output_dir(str(out_model_dir), overwrite)
-    model = load_keras_hub_preset(src, do_lower_case=lowercase)
-    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-               overwrite=overwrite)
+    with claim_output(out_model_dir, inputs=[src]):
+        check_output_dir(str(out_model_dir), overwrite)
+        model = load_keras_hub_preset(src, do_lower_case=lowercase)
+        kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+                   overwrite=overwrite)
     report = model.conversion
     print_result({"model_dir": str(out_model_dir), "source": report["source"], "parameters": int(model.count_params()),
                   "weights_loaded": report["loaded"], "fresh_heads": report["fresh_heads"],

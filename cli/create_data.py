@@ -10,6 +10,7 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
+from kbert.outputs import check_apart, claim_output
 
 
 def create_data(
@@ -46,41 +47,44 @@ def create_data(
                                TransferSpeedColumn)
 
     from kbert.errors import KbertError
-    from kbert.pretraining.create_data import DataOptions, create_pretraining_data
+    from kbert.pretraining.create_data import DataOptions, create_pretraining_data, shard_paths
 
     inputs = [*input, *(more_inputs or [])]
-    if runner != "local":
-        try:
-            from kbert.pretraining.beam_pipeline import run_pipeline
-        except ImportError:
-            raise KbertError(f"--runner {runner} needs Apache Beam: pip install 'kbert[beam]'") from None
-        if workers is not None:
-            raise KbertError("--workers is for --runner local; Beam runners take theirs in --pipeline-options "
-                             "(e.g. --direct_num_workers=2, --num_workers=N on Dataflow)")
-        options = DataOptions(max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor,
-                              short_seq_prob, whole_word_mask, seed)
-        print_result(run_pipeline([str(p) for p in inputs], vocab, output, runner=runner, flags=pipeline_options,
-                                  do_lower_case=lowercase, options=options, shards=shards, overwrite=overwrite,
-                                  chunk_docs=chunk_docs, chunk_bytes=chunk_bytes))
-        return
-    if pipeline_options:
-        raise KbertError("--pipeline-options are Beam's; pass --runner DirectRunner (or another Beam runner) too")
+    for path in shard_paths(output, shards):
+        check_apart(path, [*inputs, vocab])
+    with claim_output(output, inputs=[*inputs, vocab]):
+        if runner != "local":
+            try:
+                from kbert.pretraining.beam_pipeline import run_pipeline
+            except ImportError:
+                raise KbertError(f"--runner {runner} needs Apache Beam: pip install 'kbert[beam]'") from None
+            if workers is not None:
+                raise KbertError("--workers is for --runner local; Beam runners take theirs in --pipeline-options "
+                                 "(e.g. --direct_num_workers=2, --num_workers=N on Dataflow)")
+            options = DataOptions(max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor,
+                                  short_seq_prob, whole_word_mask, seed)
+            print_result(run_pipeline([str(p) for p in inputs], vocab, output, runner=runner, flags=pipeline_options,
+                                      do_lower_case=lowercase, options=options, shards=shards, overwrite=overwrite,
+                                      chunk_docs=chunk_docs, chunk_bytes=chunk_bytes))
+            return
+        if pipeline_options:
+            raise KbertError("--pipeline-options are Beam's; pass --runner DirectRunner (or another Beam runner) too")
 
-    console = Console(stderr=True)
-    # Only on a terminal: in a log file a progress bar is noise, and the JSON says it all.
-    progress = Progress(TextColumn("create-data"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        TextColumn("{task.fields[instances]:,} instances"), TimeRemainingColumn(),
-                        console=console, disable=not console.is_terminal)
-    with progress:
-        task = progress.add_task("text", total=None, instances=0)
+        console = Console(stderr=True)
+        # Only on a terminal: in a log file a progress bar is noise, and the JSON says it all.
+        progress = Progress(TextColumn("create-data"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                            TextColumn("{task.fields[instances]:,} instances"), TimeRemainingColumn(),
+                            console=console, disable=not console.is_terminal)
+        with progress:
+            task = progress.add_task("text", total=None, instances=0)
 
-        def on_progress(done, total, instances):
-            progress.update(task, completed=done, total=total, instances=instances)
+            def on_progress(done, total, instances):
+                progress.update(task, completed=done, total=total, instances=instances)
 
-        result = create_pretraining_data(
-            inputs, vocab, output, do_lower_case=lowercase,
-            max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq,
-            masked_lm_prob=masked_lm_prob, dupe_factor=dupe_factor, short_seq_prob=short_seq_prob,
-            seed=seed, whole_word_mask=whole_word_mask, shards=shards, workers=workers,
-            overwrite=overwrite, chunk_docs=chunk_docs, chunk_bytes=chunk_bytes, on_progress=on_progress)
-    print_result(result)
+            result = create_pretraining_data(
+                inputs, vocab, output, do_lower_case=lowercase,
+                max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq,
+                masked_lm_prob=masked_lm_prob, dupe_factor=dupe_factor, short_seq_prob=short_seq_prob,
+                seed=seed, whole_word_mask=whole_word_mask, shards=shards, workers=workers,
+                overwrite=overwrite, chunk_docs=chunk_docs, chunk_bytes=chunk_bytes, on_progress=on_progress)
+        print_result(result)

@@ -10,6 +10,7 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.errors import KbertError
+from kbert.outputs import claim_output
 
 
 def export(
@@ -42,13 +43,17 @@ def export(
                 raise KbertError(f"{flag} is for TF Serving exports; --format tfhub takes --max-seq-length and --overwrite")
         if precision != "float32":
             raise KbertError("--format tfhub writes float32 (TF Hub encoders are fine-tuned); leave out --precision")
-        print_result(export_tfhub(str(model_dir), str(export_base), max_seq_length=max_seq_length, overwrite=overwrite))
+        with claim_output(export_base, inputs=[model_dir]):
+            result = export_tfhub(str(model_dir), str(export_base), max_seq_length=max_seq_length, overwrite=overwrite)
+        print_result(result)
         return
     if export_format != "serving":
         raise KbertError(f"--format {export_format!r}: choose serving or tfhub")
 
-    path = export_model(str(model_dir), str(export_base), version=version, max_seq_length=max_seq_length,
-                        overwrite=overwrite, name=name, text_pairs=text_pairs, precision=precision)
+    # The base is written in place (a new version beside the others, models.config), never replaced.
+    with claim_output(export_base, inputs=[model_dir], in_place=True):
+        path = export_model(str(model_dir), str(export_base), version=version, max_seq_length=max_seq_length,
+                            overwrite=overwrite, name=name, text_pairs=text_pairs, precision=precision)
     base = os.path.dirname(path)
     print_result({"export": path, "version": int(os.path.basename(path)), "precision": precision,
                   "signatures": exported_signatures(path),

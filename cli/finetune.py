@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from kbert.cli.common import print_result
+from kbert.outputs import claim_output
 
 FORMATS = "auto, csv, tsv, jsonl, or a GLUE layout: mrpc, cola, sst2, stsb, mnli, qnli, qqp, rte"
 
@@ -51,7 +52,9 @@ def finetune(
         patience=patience, format=format, skip_bad_rows=skip_bad_rows, doc_stride=doc_stride,
         max_query_length=max_query_length, n_best_size=n_best_size, max_answer_length=max_answer_length,
         null_score_diff_threshold=null_score_diff_threshold, overwrite=overwrite)
-    print_result(finetune_model(str(model_dir), task, str(train), str(output), dev=dev and str(dev), options=options))
+    with claim_output(output, inputs=[model_dir, train, dev]):
+        result = finetune_model(str(model_dir), task, str(train), str(output), dev=dev and str(dev), options=options)
+    print_result(result)
 
 
 def predict(

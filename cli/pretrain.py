@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Optional
@@ -10,6 +11,7 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
+from kbert.outputs import claim_output
 
 
 def pretrain_command(
@@ -44,11 +46,17 @@ def pretrain_command(
     flags = locals()
     # Here, not at the top: it imports TensorFlow, which `kbert --help` should not wait for.
     from kbert.pretraining.train import PretrainOptions, pretrain
+    from kbert.training.strategy import writes_shared_files
 
     # Every flag but --model-dir, --data, --config, --vocab, --init and --lowercase is the
     # PretrainOptions field of the same name (tests/test_pretraining.py checks that they match).
     options = PretrainOptions(**{field.name: flags[field.name] for field in dataclasses.fields(PretrainOptions)
                                  if field.name in flags})
-    result = pretrain(str(model_dir), data, config_file=config and str(config), vocab_file=vocab and str(vocab),
-                      init=init and str(init), do_lower_case=lowercase, options=options)
+    # --model-dir is written in place (checkpoints/ grows). The other workers of a multi-worker
+    # run write theirs aside, so only the chief locks it.
+    claim = claim_output(model_dir, inputs=[init], in_place=True) if writes_shared_files(strategy) \
+        else contextlib.nullcontext()
+    with claim:
+        result = pretrain(str(model_dir), data, config_file=config and str(config), vocab_file=vocab and str(vocab),
+                          init=init and str(init), do_lower_case=lowercase, options=options)
     print_result(result)

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from kbert.cli.common import print_result
+from kbert.outputs import check_apart, check_writable
 
 
 def vocab(
@@ -38,5 +39,8 @@ def vocab(
             return beam_word_counts(files, output, do_lower_case, runner=runner, flags=pipeline_options)
     elif pipeline_options:
         raise KbertError("--pipeline-options are Beam's; pass --runner DirectRunner (or another Beam runner) too")
-    print_result(build_vocab([str(p) for p in [*input, *(more_inputs or [])]], output, size=size,
+    inputs = [*input, *(more_inputs or [])]
+    check_apart(output, inputs)
+    check_writable(output)  # before the learning, which takes minutes on a real corpus
+    print_result(build_vocab([str(p) for p in inputs], output, size=size,
                              do_lower_case=lowercase, overwrite=overwrite, word_counts=word_counts))

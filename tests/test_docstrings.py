@@ -12,7 +12,7 @@ MODULES = ["kbert.config", "kbert.files", "kbert.model.bert", "kbert.text.tokeni
            "kbert.training.optimization", "kbert.finetuning.metrics", "kbert.finetuning.readers", "kbert.finetuning.squad", "kbert.text.preprocessing",
            "kbert.serving.client", "kbert.model.fused", "kbert.pretraining.create_data", "kbert.text.vocab_builder",
            "kbert.finetuning.tasks", "kbert.finetuning.predict", "kbert.finetuning.options", "kbert.model_dir",
-           "kbert.converters.named"]
+           "kbert.converters.named", "kbert.locks", "kbert.outputs"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -109,4 +109,26 @@ def is_chief(strategy) -> bool:
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not getattr(resolver, "task_type", None):
         return True
-    return resolver.task_type == "chief" or (resolver.task_type == "worker" and resolver.task_id == 0)
+    return _is_chief_task(resolver.task_type, resolver.task_id)
+
+
+def _is_chief_task(task_type: str, task_id: int) -> bool:
+    return task_type == "chief" or (task_type == "worker" and task_id == 0)
+
+
+def writes_shared_files(name: str) -> bool:
+    """Whether this process, with `--strategy name`, is the one that writes --model-dir: any
+    process but the non-chief workers of a multi-worker run (told apart by TF_CONFIG, before
+    the strategy is made).
+
+    Example:
+    >>> writes_shared_files("cpu")
+    True
+    """
+    if name != "multi-worker":
+        return True
+    try:
+        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+        return _is_chief_task(task.get("type", "worker"), int(task.get("index", 0)))
+    except (ValueError, AttributeError, TypeError):
+        return True  # make_strategy names what is wrong with TF_CONFIG
