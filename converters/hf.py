@@ -28,6 +28,7 @@ from kbert.files import atomic_output_dir, count_lines
 from kbert.model.bert import BertEncoder, BertPretrainer
 from kbert.model.layers import weights_from
 from kbert.model_dir import VOCAB_FILE, check_vocab
+from kbert.text.tokenizer import load_vocab
 from kbert.converters.names import (HF_BUFFERS, HF_OPTIONAL, HF_TIED, hf_canonical, hf_name,
                                     hf_to_tf1_names, suspect_field, tf1_to_kbert_paths)
 
@@ -572,9 +573,9 @@ def save_hf_model(model, out_dir, vocab_file=None, do_lower_case=None, overwrite
                                    if k in BertConfig.field_names()})
     check_vocab(vocab_file, config)
     tensors, architecture = hf_tensors(model)
-    with open(vocab_file, encoding="utf-8") as f:
-        vocab = [line.strip() for line in f]
-    pad_token_id = vocab.index("[PAD]") if "[PAD]" in vocab else 0
+    # transformers' BertTokenizer reads vocab.txt as the original's load_vocab does: a repeated
+    # token gets its last id, so that is the [PAD] id the config must name.
+    pad_token_id = load_vocab(vocab_file).get("[PAD]", 0)
     tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": bool(do_lower_case),
                         "model_max_length": config.max_position_embeddings}
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:

@@ -31,6 +31,7 @@ from kbert.model_dir import check_vocab, open_model
 from kbert.converters.named import named_arrays, pretrainer_from_named
 from kbert.converters.names import KERAS_HUB_CLASSIFIER_HEAD
 from kbert.text.preprocessing import BertPreprocessor
+from kbert.text.tokenizer import load_vocab, vocab_tokens
 
 log = logging.getLogger("kbert")
 
@@ -59,9 +60,8 @@ def _unique_vocabulary(vocab_file: str, out_file: str) -> int:
     original's `load_vocab` maps a repeated token to its last id, so renaming the earlier
     ones keeps every token's id as the original tokenizer gives it.
     """
-    with open(vocab_file, encoding="utf-8") as f:
-        tokens = [line.strip() for line in f]
-    last = {token: i for i, token in enumerate(tokens)}
+    tokens = vocab_tokens(vocab_file)
+    last = load_vocab(vocab_file)
     renamed = [token if last[token] == i else f"[unused_repeat_{i}]" for i, token in enumerate(tokens)]
     with open(out_file, "w", encoding="utf-8") as f:
         f.write("\n".join(renamed) + "\n")

@@ -54,7 +54,9 @@ def fill_mask(model_dir, text: str, top_k: int = 5, model=None) -> dict:
     masks = []
     for position, probs in zip(positions[0], probabilities):
         best = np.argsort(-probs)[:top_k]
+        # Every id has a token, an earlier copy of a repeated token too (tokenizer.vocab_tokens).
+        tokens_of_best = tokenizer.convert_ids_to_tokens(best)
         masks.append({"position": int(position), "predictions": [
-            {"token": tokenizer.inv_vocab[int(i)], "id": int(i), "probability": round(float(probs[i]), 6)}
-            for i in best]})
+            {"token": token, "id": int(i), "probability": round(float(probs[i]), 6)}
+            for token, i in zip(tokens_of_best, best)]})
     return {"text": text, "tokens": tokens, "masks": masks}

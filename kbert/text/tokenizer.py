@@ -24,15 +24,33 @@ MAX_CHARS_PER_WORD = 200
 _CACHE_LIMIT = 500_000
 
 
-def load_vocab(vocab_file) -> dict[str, int]:
-    """{token: id} as tokenization.load_vocab reads it: one token per line, stripped."""
+def vocab_tokens(vocab_file) -> list[str]:
+    """Every id's token (id -> token): line `id` of vocab.txt, stripped, as tokenization.load_vocab reads it.
+
+    A token on several lines keeps each of its ids here, so every id a model predicts has a
+    token, where the original's `inv_vocab` (built from `load_vocab`) lacks the earlier ones.
+
+    Example:
+    >>> vocab_tokens("tests/fixtures/tf1-tiny/vocab.txt")[16:18], load_vocab("tests/fixtures/tf1-tiny/vocab.txt")["4"]
+    (['4', ':'], 185)
+    """
     if not os.path.isfile(vocab_file):
         raise KbertError(f"{vocab_file}: no such vocab file; pass the vocab.txt of the model")
-    vocab = {}
-    with open(vocab_file, encoding="utf-8") as f:
-        for index, line in enumerate(f):
-            vocab[line.strip()] = index
-    return vocab
+    # As the original's tf.gfile readline reads them: lines end at "\n" only (as `count_lines`
+    # counts them), and TensorFlow's line reader drops every "\r", inside a line too.
+    with open(vocab_file, encoding="utf-8", newline="\n") as f:
+        return [line.replace("\r", "").strip() for line in f]
+
+
+def load_vocab(vocab_file) -> dict[str, int]:
+    """{token: id} as tokenization.load_vocab reads it: one token per line, stripped; a token on
+    several lines gets the last line's id (the original assigns them in order, so the last wins).
+
+    Example:
+    >>> load_vocab("tests/fixtures/tf1-tiny/vocab.txt")["a"]
+    106
+    """
+    return {token: index for index, token in enumerate(vocab_tokens(vocab_file))}
 
 
 def convert_to_unicode(text) -> str:
@@ -88,8 +106,10 @@ class Tokenizer:
 
     def __init__(self, vocab_file, do_lower_case: bool = True):
         self.vocab_file = os.fspath(vocab_file)
-        self.vocab = load_vocab(self.vocab_file)
-        self.inv_vocab = {i: t for t, i in self.vocab.items()}
+        tokens = vocab_tokens(self.vocab_file)
+        self.vocab = {token: index for index, token in enumerate(tokens)}  # load_vocab: the last id wins
+        # id -> token from the lines themselves: an earlier copy of a repeated token keeps its token.
+        self.inv_vocab = dict(enumerate(tokens))
         self.do_lower_case = bool(do_lower_case)
         self._tables = character_tables()
         self._cache: dict[str, list[str]] = {}

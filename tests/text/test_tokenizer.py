@@ -1,5 +1,6 @@
 """kbert.Tokenizer and GraphTokenizer against google-research/bert's FullTokenizer."""
 
+import collections
 import json
 import os
 import random
@@ -12,6 +13,7 @@ from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.
 
 import kbert
 from conftest import FIXTURES, UNCASED_VOCAB
+from kbert.text.tokenizer import load_vocab, vocab_tokens
 
 SAMPLE = [json.loads(line) for line in open(os.path.join(FIXTURES, "tokenizer-sample.jsonl"), encoding="utf-8")]
 
@@ -163,3 +165,62 @@ def test_graph_tokenizer_in_tf_data(graph):
 def test_missing_vocab():
     with pytest.raises(kbert.KbertError, match="no such vocab file"):
         kbert.Tokenizer("nope/vocab.txt")
+
+
+# A vocabulary with repeated tokens (tf1-tiny's has "4", "a" and "i" twice), a CRLF line, padding
+# spaces and a carriage return inside a line: load_vocab's rules on each.
+REPEATS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "a", "  c  ", "b", "d\r", "e\rf", "##x", "a", "c"]
+
+
+def github_load_vocab(vocab_file):
+    """google-research/bert's tokenization.load_vocab as github.com/google-research/bert has it
+    (Apache 2.0), verbatim but for its module prefixes.
+
+    Not PyPI's bert-tensorflow 1.0.4, which the other tests here use: its load_vocab differs. It
+    keeps the first copy of a repeated token and renumbers the rest (`if token not in vocab:
+    vocab[token] = len(vocab)`), so every id after a repeat is shifted; the released models, and
+    the tf1-tiny fixture (made from a copy of the GitHub repository), read vocabularies as below.
+    """
+    vocab = collections.OrderedDict()
+    index = 0
+    with tf.io.gfile.GFile(vocab_file, "r") as reader:
+        while True:
+            token = tokenization.convert_to_unicode(reader.readline())
+            if not token:
+                break
+            token = token.strip()
+            vocab[token] = index
+            index += 1
+    return vocab
+
+
+def test_repeated_tokens_follow_the_original_load_vocab(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_bytes("\n".join(REPEATS).encode() + b"\n")
+    original = github_load_vocab(str(path))
+    original_inv = {v: k for k, v in original.items()}  # FullTokenizer.inv_vocab on GitHub
+    ours = kbert.Tokenizer(path, do_lower_case=True)
+    # token -> id: the original's dict exactly, so a repeated token has its last id.
+    assert ours.vocab == dict(original) and load_vocab(path) == dict(original)
+    assert ours.convert_tokens_to_ids(["a", "b", "c", "d", "ef"]) == [13, 9, 14, 10, 11]
+    # id -> token: every id has its own line's token (stripped; lines end at "\n" only and lose
+    # every "\r", as GFile reads them). The original's inv_vocab inverts load_vocab, so it has no entry for an earlier
+    # copy's id (convert_ids_to_tokens raises KeyError there); where it has one, ours agrees.
+    tokens = ours.convert_ids_to_tokens(range(len(REPEATS)))
+    assert tokens == vocab_tokens(path) == [line.replace("\r", "").strip() for line in REPEATS]
+    assert sorted(set(range(len(REPEATS))) - set(original_inv)) == [5, 6, 7, 8]  # earlier copies of a, b, c
+    assert {i: tokens[i] for i in original_inv} == original_inv
+    # tokens -> ids -> tokens is the identity; ids -> tokens -> ids gives each id's last copy.
+    assert ours.convert_ids_to_tokens(ours.convert_tokens_to_ids(tokens)) == tokens
+    assert ours.convert_tokens_to_ids(tokens) == [original[t] for t in tokens]
+
+
+def test_repeated_tokens_in_the_graph_tokenizer(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(["[PAD]", "[UNK]", "a", "##b", "a", "##b", "c"]) + "\n")
+    texts = ["a ab c abb", "cab"]
+    want = [[4, 4, 5, 6, 4, 5, 5], [1]]  # the last copies' ids, as github_load_vocab gives them
+    assert github_load_vocab(str(path)) == {"[PAD]": 0, "[UNK]": 1, "a": 4, "##b": 5, "c": 6}
+    python = kbert.Tokenizer(path)
+    assert [python.convert_tokens_to_ids(python.tokenize(t)) for t in texts] == want
+    assert kbert.GraphTokenizer(path)(tf.constant(texts)).to_list() == want
