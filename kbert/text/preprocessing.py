@@ -128,7 +128,19 @@ class BertPreprocessor(keras.layers.Layer):
 
     @classmethod
     def for_model(cls, model_or_dir, sequence_length: int | None = None):
-        """The preprocessor a kbert model (or model directory) was trained with."""
+        """The preprocessor a kbert model (or model directory) was trained with.
+
+        Args:
+            model_or_dir: a kbert model (with `vocab_file`), or a kbert model directory.
+            sequence_length: int. Output length; default: the length the model was fine-tuned
+                with, else 128, capped at max_position_embeddings. A longer one raises ValueError.
+
+        Example:
+        >>> BertPreprocessor.for_model("tests/fixtures/tf1-tiny", sequence_length=128)
+        Traceback (most recent call last):
+        ...
+        ValueError: sequence_length 128 exceeds the model's max_position_embeddings 64; pass sequence_length=64 or less
+        """
         if isinstance(model_or_dir, (str, bytes)) or hasattr(model_or_dir, "__fspath__"):
             config = load_config(model_or_dir)
             vocab, lower = os.path.join(os.fspath(model_or_dir), VOCAB_FILE), config.extras.get("do_lower_case", True)
@@ -138,7 +150,12 @@ class BertPreprocessor(keras.layers.Layer):
             vocab, lower = model_or_dir.vocab_file, getattr(model_or_dir, "do_lower_case", True)
             trained_length = (getattr(model_or_dir, "task_info", None) or {}).get("max_seq_length")
         # Default: the length it was fine-tuned with, else 128, never past the model's positions.
-        # A length asked for is taken as is (kbert.config.sequence_length would refuse one past them).
+        if sequence_length and sequence_length > config.max_position_embeddings:
+            # Refused here, where the length is chosen: the model itself would fail deep inside
+            # Keras ("Dimensions must be equal") at its first batch.
+            raise ValueError(f"sequence_length {sequence_length} exceeds the model's max_position_embeddings "
+                             f"{config.max_position_embeddings}; pass sequence_length="
+                             f"{config.max_position_embeddings} or less")
         length = sequence_length or kbert.config.sequence_length(None, config.max_position_embeddings,
                                                                  trained=trained_length)
         return cls(vocab, lower, length)

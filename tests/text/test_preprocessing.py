@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import kbert
 from conftest import FIXTURES, UNCASED_VOCAB
 from kbert.finetuning.readers import encode_texts
 from kbert.text.preprocessing import BertPreprocessor, truncated_pair_lengths
@@ -56,3 +57,17 @@ def test_config_round_trip():
     layer = BertPreprocessor(UNCASED_VOCAB, do_lower_case=False, sequence_length=16)
     again = BertPreprocessor.from_config(layer.get_config())
     assert (again.vocab_file, again.do_lower_case, again.sequence_length) == (UNCASED_VOCAB, False, 16)
+
+
+def test_for_model_refuses_a_length_past_the_models_positions(tiny_model_dir):
+    model = kbert.load(tiny_model_dir)  # 64 positions
+    with pytest.raises(ValueError, match=r"^sequence_length 128 exceeds the model's max_position_embeddings 64; "
+                                         r"pass sequence_length=64 or less$"):
+        BertPreprocessor.for_model(model, sequence_length=128)
+    with pytest.raises(ValueError, match="max_position_embeddings 64"):
+        BertPreprocessor.for_model(str(tiny_model_dir), sequence_length=65)
+    # At the limit, and by default, it packs what the model runs.
+    features = BertPreprocessor.for_model(model, sequence_length=64)(tf.constant(["the city."]))
+    assert features["input_ids"].shape == (1, 64)
+    assert model.encoder(features, training=False)["sequence_output"].shape == (1, 64, 64)
+    assert BertPreprocessor.for_model(model).sequence_length == 64
