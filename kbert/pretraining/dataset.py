@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 import tensorflow as tf
 
@@ -37,6 +38,17 @@ def find_files(pattern: str) -> list[str]:
     return files
 
 
+def op_error_text(error) -> str:
+    """A TensorFlow op error's own words, whole: its first line without the `{{function_node ...}}`
+    prefix and `[Op:...]` suffix that tf.function adds (which left no room for the words themselves).
+
+    >>> op_error_text(ValueError("{{function_node __wrapped__IteratorGetNext}} corrupted record at 0 [Op:IteratorGetNext]"))
+    'corrupted record at 0'
+    """
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", first_line(error, limit=1000))
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text).strip() or type(error).__name__
+
+
 def check_records(files, max_seq_length: int, max_predictions_per_seq: int):
     """Read the first record of every file: a missing, corrupt or wrongly sized file is named
     here, before training starts, rather than failing deep inside tf.data."""
@@ -44,8 +56,9 @@ def check_records(files, max_seq_length: int, max_predictions_per_seq: int):
         try:
             first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
         except tf.errors.OpError as e:
-            raise KbertError(f"{path}: not a readable TFRecord file ({first_line(e, 150)}); "
-                             f"recreate it with kbert create-data") from None
+            raise KbertError(f"{path}: not a readable TFRecord file (TensorFlow says: {op_error_text(e)}); "
+                             f"--data takes the records kbert create-data (or create_pretraining_data.py) makes from "
+                             f"text: make them first") from None
         if first is None:
             raise KbertError(f"{path}: holds no records; recreate it with kbert create-data")
         try:
