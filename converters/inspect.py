@@ -1,18 +1,27 @@
 """`describe(src)`: what a google-research checkpoint or a kbert model directory holds, without
-building a model: config, parameter count, heads, optimizer slots, step."""
+building a model: config, parameter count, heads, optimizer slots, step.
+
+It also checks what it reads, so that a damaged source is not reported as healthy: the data
+files must hold every byte the index lists (a download cut short), and every weight's shape must
+be the one bert_config.json implies (a config from another model). A problem is one line naming
+the file or variable, what was expected and what was found.
+"""
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 
 import h5py
 import numpy as np
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError
+from kbert.errors import KbertError, plural
 from kbert.files import count_lines
-from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, WEIGHTS_FILE, is_model_dir
-from kbert.converters.names import HEADS
+from kbert.model_dir import (CONFIG_FILE, VOCAB_FILE, WEIGHTS_FILE, interrupted_pretraining,
+                             interrupted_pretraining_message, is_model_dir)
+from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
 from kbert.converters.tf1 import find_checkpoint, is_optimizer_state, open_reader
 
 
@@ -26,7 +35,74 @@ def describe(src) -> dict:
     src = os.fspath(src)
     if os.path.isdir(src) and is_model_dir(src):
         return _describe_model_dir(src)
+    prefix = interrupted_pretraining(src)
+    if prefix:
+        return _describe_interrupted_run(src, prefix)
     return _describe_checkpoint(src)
+
+
+def tf1_shapes(config: BertConfig) -> dict:
+    """{google-research name: shape} of every weight a model with this config has.
+
+    >>> shapes = tf1_shapes(BertConfig.from_json_file("tests/fixtures/tf1-tiny/bert_config.json"))
+    >>> shapes["bert/embeddings/word_embeddings"], shapes["bert/encoder/layer_1/output/dense/kernel"]
+    ((300, 64), (128, 64))
+    """
+    h, inner = config.hidden_size, config.intermediate_size
+    by_suffix = (  # the first matching rule gives the shape; modeling.py's layer sizes
+        (r"word_embeddings$", (config.vocab_size, h)),
+        (r"token_type_embeddings$", (config.type_vocab_size, h)),
+        (r"position_embeddings$", (config.max_position_embeddings, h)),
+        (r"intermediate/dense/kernel$", (h, inner)),
+        (r"intermediate/dense/bias$", (inner,)),
+        (r"layer_\d+/output/dense/kernel$", (inner, h)),
+        (r"seq_relationship/output_weights$", (2, h)),
+        (r"seq_relationship/output_bias$", (2,)),
+        (r"predictions/output_bias$", (config.vocab_size,)),
+        (r"kernel$", (h, h)),
+        (r"", (h,)),  # biases, LayerNorm gamma and beta
+    )
+    return {name: next(shape for pattern, shape in by_suffix if re.search(pattern, name))
+            for name in tf1_to_kbert_paths(config.num_hidden_layers)}
+
+
+def _config_problems(config: BertConfig, config_file: str, shapes: dict) -> list:
+    """What in a checkpoint's weights contradicts its bert_config.json, one sentence each."""
+    problems = []
+    layers = {int(m.group(1)) for n in shapes for m in [re.match(r"bert/encoder/layer_(\d+)/", n)] if m}
+    if layers and len(layers) != config.num_hidden_layers:
+        problems.append(f"the checkpoint has {plural(len(layers), 'layer')} but {config_file} says "
+                        f"num_hidden_layers {config.num_hidden_layers}")
+    for name, expected in tf1_shapes(config).items():
+        found = tuple(shapes.get(name, expected))
+        if found != expected:
+            problems.append(f"{name} has shape {list(found)} but {config_file} gives {list(expected)}; "
+                            f"check {suspect_field(name, expected, found)}")
+    return problems
+
+
+def _data_problems(prefix: str, shapes: dict, dtypes: dict) -> list:
+    """Data files missing or shorter than the tensors the index lists (a copy cut short)."""
+    shards = sorted(glob.glob(glob.escape(prefix) + ".data-*-of-*"))
+    wanted = int(re.search(r"-of-(\d+)$", shards[0]).group(1)) if shards else 1
+    if len(shards) != wanted:
+        return [f"{plural(wanted - len(shards), 'data file')} of {wanted} missing "
+                f"({prefix}.data-NNNNN-of-{wanted:05d})"]
+    if any(dtypes[n].name == "string" for n in shapes):
+        return []  # string tensors have no fixed size; the sum below would not hold
+    # The data files are the tensors' bytes back to back, so together they are exactly this long.
+    expected = sum(int(np.prod(shape)) * dtypes[name].size for name, shape in shapes.items())
+    found = sum(os.path.getsize(p) for p in shards)
+    if found < expected:
+        return [f"the data file{'s hold' if len(shards) > 1 else ' holds'} {found:,} bytes of the {expected:,} "
+                f"the index lists: truncated (a copy or download cut short)"]
+    return []
+
+
+def _raise_problems(where: str, problems: list, fix: str):
+    if problems:
+        more = f" (and {plural(len(problems) - 1, 'more problem')})" if len(problems) > 1 else ""
+        raise KbertError(f"{where}: {problems[0]}{more}; {fix}")
 
 
 def _config_summary(path):
@@ -48,7 +124,15 @@ def _describe_checkpoint(src) -> dict:
     reader = open_reader(prefix)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
+    _raise_problems(prefix, _data_problems(prefix, shapes, dtypes), "download or copy the checkpoint again")
     weights = {n: s for n, s in shapes.items() if n.startswith(("bert/", "cls/")) and not is_optimizer_state(n)}
+    if config_file:
+        config = BertConfig.from_json_file(config_file)
+        problems = _config_problems(config, config_file, weights)
+        if vocab_file and os.path.isfile(vocab_file) and count_lines(vocab_file) != config.vocab_size:
+            problems.append(f"{vocab_file} has {count_lines(vocab_file)} entries but {config_file} says "
+                            f"vocab_size {config.vocab_size}")
+        _raise_problems(prefix, problems, "use the bert_config.json and vocab.txt that came with the checkpoint")
     slots = sorted(n for n in shapes if is_optimizer_state(n) and n != "global_step")
     layers = {int(n.split("/")[2].split("_")[1]) for n in weights if n.startswith("bert/encoder/layer_")}
     return {
@@ -67,22 +151,85 @@ def _describe_checkpoint(src) -> dict:
     }
 
 
+def _describe_interrupted_run(src, prefix: str) -> dict:
+    """A `kbert pretrain --model-dir` that stopped before writing model.weights.h5: its config,
+    the checkpoint `--resume` continues from, and how to continue it."""
+    reader = open_reader(prefix)
+    # tf.train.Checkpoint(weights=[...], optimizer=...) as kbert.pretraining.train saves it.
+    weights = {n: s for n, s in reader.get_variable_to_shape_map().items()
+               if re.fullmatch(r"weights/\d+/\.ATTRIBUTES/VARIABLE_VALUE", n)}
+    vocab = os.path.join(src, VOCAB_FILE)
+    return {
+        "kind": "kbert pretraining run that stopped before writing the model",
+        "model_dir": src,
+        "checkpoint": prefix,
+        "step": int(prefix.rsplit("-", 1)[-1]),
+        "config": BertConfig.from_json_file(os.path.join(src, CONFIG_FILE)).to_dict(),
+        "vocab_entries": count_lines(vocab) if os.path.isfile(vocab) else None,
+        "parameters": int(sum(np.prod(s) for s in weights.values())),
+        "resume": interrupted_pretraining_message(src, prefix),
+    }
+
+
+# Where a kbert model directory's weights file keeps the weights that fix its config's sizes
+# (Keras names the groups after kbert's layers), and their google-research names for tf1_shapes.
+H5_SIZED_WEIGHTS = (
+    ("word_embeddings/vars/0", "bert/embeddings/word_embeddings"),
+    ("token_type_embeddings/vars/0", "bert/embeddings/token_type_embeddings"),
+    ("position_embeddings/vars/0", "bert/embeddings/position_embeddings"),
+    ("transformer_layer/query/vars/0", "bert/encoder/layer_0/attention/self/query/kernel"),
+    ("transformer_layer/intermediate/vars/0", "bert/encoder/layer_0/intermediate/dense/kernel"),
+    ("transformer_layer/output_dense/vars/0", "bert/encoder/layer_0/output/dense/kernel"),
+)
+
+
+def _weights_file_shapes(weights_path: str) -> dict:
+    """{dataset path: shape} of a Keras weights file; a truncated or unreadable one is a one-line error."""
+    shapes = {}
+    try:
+        with h5py.File(weights_path, "r") as f:
+            f.visititems(lambda name, obj: shapes.__setitem__(name, tuple(obj.shape))
+                         if isinstance(obj, h5py.Dataset) else None)
+    except OSError as e:
+        cut = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(e))
+        if cut:
+            raise KbertError(f"{weights_path}: holds {int(cut.group(1)):,} bytes of the {int(cut.group(2)):,} it "
+                             f"should: truncated (a copy cut short); copy it again, or convert or train again") from None
+        raise KbertError(f"{weights_path}: not a readable weights file ({e}); convert or train again") from None
+    return shapes
+
+
+def _model_dir_problems(config: BertConfig, shapes: dict) -> list:
+    """What in a model directory's weights contradicts its bert_config.json, one sentence each."""
+    expected_shapes = tf1_shapes(config)
+    problems = []
+    layers = {m.group(1) for name in shapes for m in [re.search(r"/(transformer_layer(?:_\d+)?)/", name)] if m}
+    if layers and len(layers) != config.num_hidden_layers:
+        problems.append(f"the weights hold {plural(len(layers), 'transformer layer')} but bert_config.json says "
+                        f"num_hidden_layers {config.num_hidden_layers}")
+    for suffix, tf1_name in H5_SIZED_WEIGHTS:
+        found = next((shape for name, shape in shapes.items() if name.endswith("/" + suffix)), None)
+        expected = expected_shapes[tf1_name]
+        if found is not None and found != expected:
+            problems.append(f"{tf1_name} has shape {list(found)} but bert_config.json gives {list(expected)}; "
+                            f"check {suspect_field(tf1_name, expected, found)}")
+    return problems
+
+
 def _describe_model_dir(src) -> dict:
     config = BertConfig.from_json_file(os.path.join(src, CONFIG_FILE))
     weights_path = os.path.join(src, WEIGHTS_FILE)
-    total, seen = 0, set()
-    try:
-        with h5py.File(weights_path, "r") as f:
-            def visit(name, obj):
-                nonlocal total
-                if isinstance(obj, h5py.Dataset) and obj.id.__hash__() not in seen:
-                    seen.add(obj.id.__hash__())
-                    total += int(np.prod(obj.shape))
-            f.visititems(visit)
-    except OSError as e:
-        raise KbertError(f"{weights_path}: not a readable weights file ({e}); convert or train again") from None
-    kind = config.extras.get("kbert_model", "pretrainer")
+    shapes = _weights_file_shapes(weights_path)
     vocab = os.path.join(src, VOCAB_FILE)
+    problems = _model_dir_problems(config, shapes)
+    if os.path.isfile(vocab) and count_lines(vocab) != config.vocab_size:
+        problems.append(f"{vocab} has {count_lines(vocab)} entries but bert_config.json says vocab_size "
+                        f"{config.vocab_size}")
+    _raise_problems(src, problems, "a model directory's three files must come from the same model: "
+                                   "convert or train it again")
+    # Tied weights are stored once, so every dataset counts.
+    total = sum(int(np.prod(shape)) for shape in shapes.values())
+    kind = config.extras.get("kbert_model", "pretrainer")
     return {
         "kind": f"kbert model directory ({kind})",
         "model_dir": src,

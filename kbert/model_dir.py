@@ -30,6 +30,8 @@ log = logging.getLogger("kbert")
 CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
 WEIGHTS_FILE = "model.weights.h5"
+# Where `kbert pretrain` keeps its checkpoints inside --model-dir (kbert.pretraining.train).
+CHECKPOINTS_DIR = "checkpoints"
 # What fine-tuning records in bert_config.json besides the original keys.
 TASK_KEYS = ("task", "labels", "max_seq_length", "text_pairs", "doc_stride", "max_query_length")
 
@@ -103,6 +105,37 @@ def is_model_dir(path) -> bool:
     return os.path.isfile(os.path.join(path, WEIGHTS_FILE))
 
 
+def interrupted_pretraining(path) -> str | None:
+    """The latest checkpoint prefix of a `kbert pretrain --model-dir` whose run stopped before
+    writing model.weights.h5 (bert_config.json and checkpoints/ckpt-N, no weights), else None."""
+    path = os.fspath(path)
+    if not os.path.isdir(path) or is_model_dir(path) or not os.path.isfile(os.path.join(path, CONFIG_FILE)):
+        return None
+    # The checkpoint `--resume` would continue from: the one the `checkpoint` state file names.
+    return tf.train.latest_checkpoint(os.path.join(path, CHECKPOINTS_DIR))
+
+
+def check_not_interrupted(path):
+    """Raise a one-line `KbertError` for an interrupted pretraining directory: which checkpoint
+    it stopped at and how to continue it, where "no weights file" would send the user astray."""
+    prefix = interrupted_pretraining(path)
+    if prefix:
+        raise KbertError(interrupted_pretraining_message(path, prefix))
+
+
+def interrupted_pretraining_message(path, prefix: str) -> str:
+    """'D: pretraining stopped at step N (checkpoints/ckpt-N) before writing the model; ...'
+
+    >>> print(interrupted_pretraining_message("out/bert", "out/bert/checkpoints/ckpt-100"))
+    out/bert: pretraining stopped at step 100 (checkpoints/ckpt-100) before writing the model; continue it with `kbert pretrain --model-dir out/bert --resume --data DATA --steps N` (DATA: the records it trained on; N: its total steps)
+    """
+    path = os.fspath(path)
+    step = prefix.rsplit("-", 1)[-1]  # CheckpointManager numbers them by step: ckpt-<step>
+    return (f"{path}: pretraining stopped at step {step} ({os.path.relpath(prefix, path)}) before writing "
+            f"the model; continue it with `kbert pretrain --model-dir {path} --resume --data DATA --steps N` "
+            f"(DATA: the records it trained on; N: its total steps)")
+
+
 def load_config(model_dir) -> BertConfig:
     require_path(model_dir, "model directory", "pass a directory written by kbert (convert, pretrain, finetune)")
     return BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
@@ -117,6 +150,7 @@ def load(model_dir):
     >>> model = kbert.load("out/tiny")  # doctest: +SKIP
     """
     model_dir = os.fspath(model_dir)
+    check_not_interrupted(model_dir)
     config = load_config(model_dir)
     weights = os.path.join(model_dir, WEIGHTS_FILE)
     require_path(weights, "weights file", "the model directory is incomplete; convert or train it again")
@@ -212,6 +246,7 @@ def open_model(source, do_lower_case: bool | None = None):
 
 def _require_source(source) -> str:
     source = os.fspath(source)
+    check_not_interrupted(source)
     if not os.path.exists(source + ".index"):  # a checkpoint prefix names no file of its own
         require_path(source, "model directory", "pass a kbert model directory or a google-research checkpoint")
     return source

@@ -6,14 +6,21 @@ Each command that takes a checkpoint directly (finetune, predict, export) must t
 """
 
 import json
+import os
+import re
 import shutil
+import signal
+import subprocess
+import time
 
 import numpy as np
 import pytest
 
-from conftest import TINY, run_kbert
+from conftest import TINY, assert_user_error, kbert_command, run_kbert
 from helpers import sentiment_rows, write_tsv
 
+import kbert
+from kbert.errors import KbertError
 from kbert.model_dir import describe_source, lower_case_for, open_model
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
@@ -59,3 +66,46 @@ def test_finetune_predict_and_export_keep_a_cased_checkpoint_cased(cased_dir, tm
     serve = tf.saved_model.load(path).signatures["serving_default"]
     pooled = serve(text=tf.constant(["GOLD glorious.", "gold glorious."]))["pooled_output"].numpy()
     assert np.abs(pooled[0] - pooled[1]).max() > 1e-4
+
+
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory):
+    """A `kbert pretrain --model-dir` killed (SIGKILL) after its second checkpoint and before it
+    wrote model.weights.h5: bert_config.json, vocab.txt and checkpoints/ckpt-N, as a crash leaves it."""
+    work = tmp_path_factory.mktemp("interrupted")
+    vocab = os.path.join(TINY, "vocab.txt")
+    run_kbert("create-data", "--input", os.path.join(os.path.dirname(TINY), "sample_text.txt"), "--vocab", vocab,
+              "--output", work / "data.tfrecord", "--max-seq-length", "32", "--max-predictions-per-seq", "5",
+              "--dupe-factor", "1")
+    model_dir = work / "bert"
+    process = subprocess.Popen(
+        kbert_command() + ["pretrain", "--model-dir", str(model_dir), "--data", str(work / "data.tfrecord"),
+                           "--config", os.path.join(TINY, "bert_config.json"), "--vocab", vocab,
+                           "--max-seq-length", "32", "--max-predictions-per-seq", "5", "--batch-size", "8",
+                           "--steps", "100000", "--save-every", "2", "--steps-per-loop", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (model_dir / "checkpoints" / "ckpt-4.index").exists():
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    import tensorflow as tf
+    prefix = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))  # what --resume continues from
+    assert prefix and not (model_dir / "model.weights.h5").exists(), sorted(os.listdir(model_dir))
+    return model_dir, int(prefix.rsplit("-", 1)[1])
+
+
+def test_an_interrupted_pretraining_run_is_named_with_its_checkpoint(interrupted_run, tmp_path):
+    model_dir, step = interrupted_run
+    said = (f"{model_dir}: pretraining stopped at step {step} (checkpoints/ckpt-{step}) before writing the model; "
+            f"continue it with `kbert pretrain --model-dir {model_dir} --resume --data DATA --steps N`")
+    assert_user_error(run_kbert("fill-mask", model_dir, "the [MASK].", check=False), said)
+    assert_user_error(run_kbert("export", model_dir, tmp_path / "exports", check=False), said)
+    assert not (tmp_path / "exports").exists()
+    assert_user_error(run_kbert("predict", model_dir, "--input", TINY + "/vocab.txt", check=False), said)
+    with pytest.raises(KbertError, match=re.escape(said)):
+        kbert.load(model_dir)
+    report = json.loads(run_kbert("convert", "inspect", model_dir).stdout)
+    assert report["checkpoint"] == str(model_dir / "checkpoints" / f"ckpt-{step}") and report["step"] == step
+    assert report["resume"].startswith(said)
+    assert report["parameters"] == 99374 and report["config"]["hidden_size"] == 64
