@@ -122,7 +122,7 @@ def _remove_if_empty(directories):
 
 def _acquire(path: str, output: str) -> int:
     while True:
-        fd = _open_lock_file(path)
+        fd = _open_lock_file(path, output)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -146,12 +146,14 @@ def _acquire(path: str, output: str) -> int:
         return fd
 
 
-def _open_lock_file(path: str) -> int:
+def _open_lock_file(path: str, output: str) -> int:
+    # An unwritable folder is refused before this (kbert.outputs.check_writable); what is left
+    # is a lock file another user's crashed run left behind.
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise KbertError(f"cannot write to {os.path.dirname(path)} ({e.strerror}: the lock file "
-                         f"{os.path.basename(path)}); make it writable, or choose another output") from None
+        raise KbertError(f"cannot open the lock file {path} ({e.strerror}); if no process writes {output} "
+                         f"any more, remove it, or choose another output") from None
 
 
 def _write_holder(fd: int, command: str):

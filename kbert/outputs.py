@@ -36,9 +36,11 @@ def check_apart(output, inputs, replaces: bool = True):
     kbert.errors.KbertError: models: the output holds the input models/base and is replaced whole; choose an output that does not contain the inputs
     >>> check_apart("runs/bert", ["runs/bert/data.tfrecord"], replaces=False)
     """
+    if is_url(output):
+        return
     real_output = os.path.realpath(os.fspath(output))
     for given in inputs:
-        if given is None:
+        if given is None or is_url(given):
             continue
         real_input = os.path.realpath(os.fspath(given))
         if real_output == real_input:
@@ -49,6 +51,16 @@ def check_apart(output, inputs, replaces: bool = True):
         if replaces and _is_inside(real_input, real_output):
             raise KbertError(f"{output}: the output holds the input {given} and is replaced whole; choose an "
                              f"output that does not contain the inputs")
+
+
+def is_url(path) -> bool:
+    """Whether `path` names a file of a remote file system (gs://, s3://, hdfs://: Beam's),
+    which has no local directory to check or lock.
+
+    >>> is_url("gs://bucket/data.tfrecord"), is_url("data/train.tsv")
+    (True, False)
+    """
+    return "://" in os.fspath(path)
 
 
 def _is_inside(path: str, folder: str) -> bool:
@@ -68,6 +80,8 @@ def check_writable(output, in_place: bool = False):
     Traceback (most recent call last):
     kbert.errors.KbertError: /proc/version is a file, so /proc/version/model cannot be written under it; choose another output
     """
+    if is_url(output):
+        return
     real = os.path.realpath(os.fspath(output))
     directories = [_nearest_existing(os.path.dirname(real))]
     if in_place and os.path.isdir(real):
@@ -103,13 +117,16 @@ def claim_output(output, inputs=(), in_place: bool = False, command: str | None 
 
     Example:
     >>> import tempfile
+    >>> from kbert.locks import lock_path
     >>> out = os.path.join(tempfile.mkdtemp(), "tiny")
     >>> with claim_output(out, inputs=["tests/fixtures/tf1-tiny"]):
-    ...     os.makedirs(out)
-    >>> os.listdir(out)
-    []
+    ...     os.path.exists(lock_path(out))
+    True
+    >>> os.path.exists(lock_path(out))
+    False
     """
     check_apart(output, inputs, replaces=not in_place)
     check_writable(output, in_place=in_place)
-    with output_lock(output, command):
+    # Beam's remote file systems (gs://, ...) have no flock: outputs there are not locked.
+    with contextlib.nullcontext() if is_url(output) else output_lock(output, command):
         yield
