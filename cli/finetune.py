@@ -67,13 +67,19 @@ def predict(
     max_seq_length: Optional[int] = typer.Option(None, help="Default: the length the model was fine-tuned with."),
     format: str = typer.Option("auto", "--format", help=f"Data format: {FORMATS}."),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
-    timeout: float = typer.Option(30.0, help="With --server: seconds to wait for each request."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write the JSON lines to this file instead of stdout: atomically (FILE.partial, renamed at the end), resumable with --resume."),
+    resume: bool = typer.Option(False, "--resume", help="With --output: go on from the rows FILE.partial has from a run that did not finish."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="With --output: replace an existing FILE, or (without --resume) drop an unfinished run's rows."),
+    timeout: float = typer.Option(60.0, help="With --server: seconds one request may take, retries while the server is down included."),
+    retries: int = typer.Option(10, help="With --server: times a request is retried while the server is unavailable (back-off 0.1 s doubling to 10 s)."),
 ):
-    """Predict; prints one JSON object per input example."""
+    """Predict; prints one JSON object per input example (with --output, writes them to FILE and prints a summary)."""
     import json
 
     from kbert.errors import KbertError
 
+    if output is None and (resume or overwrite):
+        raise KbertError(f"{'--resume' if resume else '--overwrite'} applies to an --output file; give --output FILE")
     if server is None and model_dir is None:
         raise KbertError("give MODEL_DIR to predict with a local model, or --server HOST:PORT --model NAME "
                          "for one that TF Serving serves")
@@ -88,11 +94,15 @@ def predict(
                                  f"(kbert export --max-seq-length)")
         from kbert.finetuning.predict import predict_served
         from kbert.serving.client import Client
-        rows = predict_served(Client(server, model, timeout=timeout), input, batch_size=batch_size, format=format,
-                              skip_bad_rows=skip_bad_rows)
+        client = Client(server, model, timeout=timeout, retries=retries)
+
+        def rows(start):
+            return predict_served(client, input, batch_size=batch_size, format=format,
+                                  skip_bad_rows=skip_bad_rows, start=start)
     else:
         if model:
             raise KbertError(f"--model {model} names a served model; use it with --server, or drop it")
+        from kbert.finetuning.output import skip_rows
         from kbert.finetuning.predict import predict as predict_rows
 
         wanted = None
@@ -101,9 +111,17 @@ def predict(
                 wanted = [int(x) for x in layers.split(",")]
             except ValueError:
                 raise KbertError(f"--layers {layers!r}: give comma-separated layer indexes, e.g. -1,-2") from None
-        rows = predict_rows(str(model_dir), str(input), layers=wanted, batch_size=batch_size, max_seq_length=max_seq_length,
-                   format=format, skip_bad_rows=skip_bad_rows)
-    for row in rows:
+
+        def rows(start):
+            # A local model predicts the whole file at once; resuming only skips writing again.
+            return skip_rows(predict_rows(str(model_dir), str(input), layers=wanted, batch_size=batch_size,
+                                          max_seq_length=max_seq_length, format=format,
+                                          skip_bad_rows=skip_bad_rows), start)
+    if output is not None:
+        from kbert.finetuning.output import write_rows
+        print_result(write_rows(output, rows, resume=resume, overwrite=overwrite))
+        return
+    for row in rows(0):
         sys.stdout.write(json.dumps(row) + "\n")
     sys.stdout.flush()
 

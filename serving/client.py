@@ -16,14 +16,25 @@ library's urllib. Both give the same answers:
 A server error raises `KbertError` with one line naming the address, the model and the
 server's own message; a server that cannot be reached says so.
 
+A server that is down or restarting does not end a batch job: a call that finds it unavailable
+(gRPC UNAVAILABLE, a refused or reset connection, HTTP 503) is retried after 0.1 s, 0.2 s,
+0.4 s, ... (doubling up to 10 s, each wait cut by a random 0-50% so many clients do not come
+back at once), at most `retries` times and never past `timeout` seconds from the call's start;
+each wait logs one line. Every other error (INVALID_ARGUMENT, NOT_FOUND, HTTP 400 or 404, ...)
+fails at once: asking again would get the same answer.
+
 The gRPC protos import TensorFlow (several seconds, once); the REST client does not need it.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
+import logging
+import random
 import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,6 +42,8 @@ import urllib.request
 import numpy as np
 
 from kbert.errors import KbertError
+
+log = logging.getLogger("kbert")
 
 # gRPC's stubs and TF Serving's protos are imported inside the methods that use them: they
 # import TensorFlow (seconds), which a REST client never needs.
@@ -41,6 +54,30 @@ _NUMPY = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT32": np.int32,
           "DT_INT16": np.int16, "DT_INT8": np.int8, "DT_UINT8": np.uint8, "DT_BOOL": np.bool_,
           "DT_STRING": object}
 _MAX_MESSAGE = 2 ** 31 - 1  # tensorflow_model_server accepts messages up to INT_MAX bytes too
+FIRST_RETRY_WAIT, MAX_RETRY_WAIT = 0.1, 10.0  # seconds: the back-off doubles from the first to the cap
+
+
+class _Unavailable(Exception):
+    """One attempt found the server unavailable (down, restarting, overloaded): worth another try.
+
+    `reason` is short, for the log line of each wait; `message(after)` is the one-line error if
+    the call gives up, with `after` ("after 3 retries in 2.1 s") saying how hard it tried."""
+
+    def __init__(self, reason: str, message):
+        super().__init__(reason)
+        self.reason, self.message = reason, message
+
+
+def retry_wait(retry: int, jitter: float = 1.0) -> float:
+    """Seconds to wait before retry number `retry` + 1: 0.1 s doubling up to 10 s, times `jitter`
+    (the client draws it from 0.5..1, so clients cut off together do not come back together).
+
+    >>> [retry_wait(n) for n in range(9)]
+    [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0]
+    >>> retry_wait(3, jitter=0.5)
+    0.4
+    """
+    return round(min(MAX_RETRY_WAIT, FIRST_RETRY_WAIT * 2 ** min(retry, 30)) * jitter, 3)
 
 
 class Client:
@@ -52,7 +89,9 @@ class Client:
         model_name: str. The model's name on the server (`--model_name`, or its name in
             models.config).
         version: int. A version to call; default: the newest one the server has loaded.
-        timeout: float. Seconds to wait for each call.
+        timeout: float. Seconds one call may take in all, its retries and their waits included.
+        retries: int. How many times a call that finds the server unavailable is tried again
+            (with exponential back-off) before it fails; 0 fails at once.
 
     Example:
     >>> client = Client("localhost:8500", "sentiment")
@@ -60,6 +99,8 @@ class Client:
     Client('grpc://localhost:8500', 'sentiment')
     >>> Client("http://localhost:8501", "sentiment", version=2)
     Client('http://localhost:8501', 'sentiment', version=2)
+    >>> Client("localhost:8500", "sentiment", timeout=600, retries=30)  # ride out a long restart
+    Client('grpc://localhost:8500', 'sentiment', timeout=600, retries=30)
     >>> client.predict_text(["great movie"])["label"]  # doctest: +SKIP
     array(['pos'], dtype=object)
     >>> client.classify(["great movie", "dull"])  # doctest: +SKIP
@@ -70,7 +111,8 @@ class Client:
     kbert.errors.KbertError: server address 'localhost': give HOST:PORT (gRPC) or http://HOST:PORT (REST)
     """
 
-    def __init__(self, address: str, model_name: str, *, version: int | None = None, timeout: float = 30.0):
+    def __init__(self, address: str, model_name: str, *, version: int | None = None, timeout: float = 60.0,
+                 retries: int = 10):
         address = str(address).strip().rstrip("/")
         scheme, sep, rest = address.partition("://")
         if not sep:
@@ -83,20 +125,27 @@ class Client:
             raise KbertError(f"model name {model_name!r}: give the name the server serves the model under")
         if version is not None and int(version) < 0:
             raise KbertError(f"version {version}: TF Serving versions are non-negative integers")
+        if not timeout > 0:
+            raise KbertError(f"timeout {timeout}: give the seconds a call may take, more than 0")
+        if int(retries) < 0:
+            raise KbertError(f"retries {retries}: give how many times to retry, 0 or more")
         self.address = f"{scheme}://{rest}"
         self.target = rest  # HOST:PORT, as the messages name the server
         self.protocol = "grpc" if scheme == "grpc" else "rest"
         self._protocol_name = "gRPC" if self.protocol == "grpc" else "REST"
         self.model_name = model_name
         self.version = None if version is None else int(version)
-        self.timeout = timeout
+        self.timeout = float(timeout)
+        self.retries = int(retries)
         self._channel = None
         self._stubs = {}
         self._signatures = None
 
     def __repr__(self):
         version = "" if self.version is None else f", version={self.version}"
-        return f"Client({self.address!r}, {self.model_name!r}{version})"
+        timeout = "" if self.timeout == 60.0 else f", timeout={self.timeout:g}"
+        retries = "" if self.retries == 10 else f", retries={self.retries}"
+        return f"Client({self.address!r}, {self.model_name!r}{version}{timeout}{retries})"
 
     # === Predict API ===
 
@@ -309,26 +358,48 @@ class Client:
             spec.version.value = self.version
         return spec
 
-    def _grpc_call(self, service: str, method: str, request):
+    def _stub(self, service: str):
         import grpc
         if service not in self._stubs:
             from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
             if self._channel is None:
                 self._channel = grpc.insecure_channel(self.target, options=[
                     ("grpc.max_send_message_length", _MAX_MESSAGE),
-                    ("grpc.max_receive_message_length", _MAX_MESSAGE)])
+                    ("grpc.max_receive_message_length", _MAX_MESSAGE),
+                    # A channel of its own, not one shared through gRPC's global pool: dropping
+                    # it (below) must also drop its reconnect back-off.
+                    ("grpc.use_local_subchannel_pool", 1)])
             module = prediction_service_pb2_grpc if service == "PredictionService" else model_service_pb2_grpc
             self._stubs[service] = getattr(module, f"{service}Stub")(self._channel)
-        try:
-            return getattr(self._stubs[service], method)(request, timeout=self.timeout)
-        except grpc.RpcError as e:
-            code, details = e.code(), _one_line(e.details() or "")
-            if code == grpc.StatusCode.UNAVAILABLE and ("connect" in details.lower() or not details):
-                raise KbertError(self._unreachable(details)) from None
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise KbertError(f"{self._where()}: no answer within {self.timeout:g} s (gRPC {method}); "
-                                 f"raise the timeout or check the server's load") from None
-            raise KbertError(f"{self._where()}: {code.name}: {details}") from None
+        return self._stubs[service]
+
+    def _drop_channel(self):
+        """Forget the channel: after a failure it waits out gRPC's own reconnect back-off (up to
+        2 minutes) before it tries the server again, where a new channel connects at once."""
+        if self._channel is not None:
+            self._channel.close()
+        self._channel, self._stubs = None, {}
+
+    def _grpc_call(self, service: str, method: str, request):
+        import grpc
+
+        def attempt(timeout):
+            try:
+                return getattr(self._stub(service), method)(request, timeout=timeout)
+            except grpc.RpcError as e:
+                code, details = e.code(), _one_line(e.details() or "")
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    self._drop_channel()
+                    if "connect" in details.lower() or not details:
+                        raise _Unavailable(details or "no connection",
+                                           lambda after: self._unreachable(details, after)) from None
+                    raise _Unavailable(details, lambda after: f"{self._where()}: UNAVAILABLE: {details}{after}") \
+                        from None
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise KbertError(f"{self._where()}: no answer within {self.timeout:g} s (gRPC {method}); "
+                                     f"raise the timeout or check the server's load") from None
+                raise KbertError(f"{self._where()}: {code.name}: {details}") from None
+        return self._retrying(attempt)
 
     def _grpc_predict(self, inputs, signature_name, signature):
         import tensorflow as tf
@@ -361,24 +432,28 @@ class Client:
         data = None if body is None else json.dumps(body).encode("utf-8")
         request = urllib.request.Request(self._url(suffix), data=data, method=method,
                                          headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as e:
-            raw = e.read()
+
+        def attempt(timeout):
             try:
-                message = json.loads(raw)["error"]
-            except (ValueError, KeyError, TypeError):
-                message = raw.decode("utf-8", "replace")[:300] or e.reason
-            raise KbertError(f"{self._where()}: HTTP {e.code}: {_one_line(str(message))}") from None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, (TimeoutError, socket.timeout)):
+                with urllib.request.urlopen(request, timeout=timeout) as response:
+                    return response.read()
+            except urllib.error.HTTPError as e:
+                message = _one_line(str(_http_error_message(e)))
+                if e.code == 503:  # TF Serving's UNAVAILABLE
+                    raise _Unavailable(f"HTTP 503: {message}",
+                                       lambda after: f"{self._where()}: HTTP 503: {message}{after}") from None
+                raise KbertError(f"{self._where()}: HTTP {e.code}: {message}") from None
+            except urllib.error.URLError as e:
+                if isinstance(e.reason, (TimeoutError, socket.timeout)):
+                    raise KbertError(self._timed_out(suffix)) from None
+                if isinstance(e.reason, ConnectionError):  # refused or reset: down or restarting
+                    raise self._rest_unavailable(e.reason) from None
+                raise KbertError(self._unreachable(str(e.reason))) from None
+            except (TimeoutError, socket.timeout):
                 raise KbertError(self._timed_out(suffix)) from None
-            raise KbertError(self._unreachable(str(e.reason))) from None
-        except (TimeoutError, socket.timeout):
-            raise KbertError(self._timed_out(suffix)) from None
-        except ConnectionError as e:
-            raise KbertError(self._unreachable(str(e))) from None
+            except (ConnectionError, http.client.IncompleteRead) as e:  # the server went away mid-answer
+                raise self._rest_unavailable(e) from None
+        raw = self._retrying(attempt)
         try:
             return json.loads(raw)
         except ValueError:
@@ -398,7 +473,29 @@ class Client:
             raise KbertError(f"{self._where()}: the predict answer's outputs are not named")
         return {name: _from_json(name, value, outputs.get(name, {})) for name, value in sorted(values.items())}
 
+    def _rest_unavailable(self, error: Exception) -> _Unavailable:
+        why = str(error) or type(error).__name__
+        return _Unavailable(why, lambda after: self._unreachable(why, after))
+
     # === Both ===
+
+    def _retrying(self, attempt):
+        """`attempt(seconds left)`'s result, tried again while it finds the server unavailable,
+        with exponential back-off: at most `retries` times, and never past `timeout` seconds."""
+        start = time.monotonic()
+        deadline = start + self.timeout
+        for retry in range(self.retries + 1):
+            try:
+                return attempt(max(deadline - time.monotonic(), 0.001))
+            except _Unavailable as e:
+                wait = retry_wait(retry, jitter=random.uniform(0.5, 1.0))
+                if retry == self.retries or time.monotonic() + wait >= deadline:
+                    after = (f" (after {retry} {'retry' if retry == 1 else 'retries'} in "
+                             f"{time.monotonic() - start:.1f} s)") if retry else ""
+                    raise KbertError(e.message(after)) from None
+                log.warning("TF Serving at %s unavailable (%s); retrying in %.2g s (%d/%d)", self.target,
+                            _short(e.reason), wait, retry + 1, self.retries)
+                time.sleep(wait)
 
     def _signature(self, name: str) -> dict | None:
         """The signature's metadata (fetched once per client), or None when the model has none by
@@ -411,11 +508,12 @@ class Client:
         version = "" if self.version is None else f" version {self.version}"
         return f"TF Serving at {self.target} (model {self.model_name}{version}, {self._protocol_name})"
 
-    def _unreachable(self, why: str) -> str:
+    def _unreachable(self, why: str, after: str = "") -> str:
         flag = "--port" if self.protocol == "grpc" else "--rest_api_port"
-        return (f"cannot reach TF Serving at {self.target} over {self._protocol_name} ({why}); is the server "
-                f"running at {self.target}? Start tensorflow_model_server with {flag}={self.target.rpartition(':')[2]}, "
-                f"or fix the address")
+        longer = ", or allow more time (retries, timeout; kbert predict --retries, --timeout)" if after else ""
+        return (f"cannot reach TF Serving at {self.target} over {self._protocol_name} ({why}){after}; is the "
+                f"server running at {self.target}? Start tensorflow_model_server with "
+                f"{flag}={self.target.rpartition(':')[2]}, fix the address{longer}")
 
     def _timed_out(self, suffix: str) -> str:
         return (f"{self._where()}: no answer from {self._url(suffix)} within {self.timeout:g} s; raise the "
@@ -427,6 +525,19 @@ class Client:
 
 def _one_line(message: str) -> str:
     return " ".join(message.split())
+
+
+def _short(message: str, limit: int = 120) -> str:
+    return message if len(message) <= limit else message[:limit] + "..."
+
+
+def _http_error_message(error: urllib.error.HTTPError):
+    """TF Serving's {"error": ...}, or the start of whatever else the answer holds."""
+    raw = error.read()
+    try:
+        return json.loads(raw)["error"]
+    except (ValueError, KeyError, TypeError):
+        return raw.decode("utf-8", "replace")[:300] or error.reason
 
 
 def _is_text(value) -> bool:

@@ -135,12 +135,13 @@ def original_outputs(model):
 STANDIN_SERVER = os.path.join(TESTS, "serving", "standin_server.py")
 
 
-def start_standin_server(model_config_files, log_path):
+def start_standin_server(model_config_files, log_path, grpc_port=0, rest_port=0):
     """The stand-in serving the models of these models.config files with TF Serving's strictest
-    signature checks; returns (process, its ready line as a dict)."""
-    log = open(log_path, "w")
+    signature checks, on these ports (0: free ones); returns (process, its ready line as a dict)."""
+    log = open(log_path, "a")
     args = [a for path in model_config_files for a in ("--model_config_file", str(path))]
-    process = subprocess.Popen([sys.executable, STANDIN_SERVER, "--grpc-port", "0", "--rest-port", "0",
+    process = subprocess.Popen([sys.executable, STANDIN_SERVER, "--grpc-port", str(grpc_port),
+                                "--rest-port", str(rest_port),
                                 "--enable_signature_method_name_check", *args],
                                stdout=subprocess.PIPE, stderr=log, text=True,
                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))

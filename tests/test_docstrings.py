@@ -11,7 +11,8 @@ MODULES = ["kbert.config", "kbert.files", "kbert.model.bert", "kbert.text.tokeni
            "kbert.converters.names", "kbert.converters.inspect", "kbert.converters.hf", "kbert.errors", "kbert.model.layers", "kbert.pretraining.losses",
            "kbert.training.optimization", "kbert.finetuning.metrics", "kbert.finetuning.readers", "kbert.finetuning.squad", "kbert.text.preprocessing",
            "kbert.serving.client", "kbert.model.fused", "kbert.pretraining.create_data", "kbert.text.vocab_builder",
-           "kbert.finetuning.tasks", "kbert.finetuning.predict", "kbert.finetuning.options", "kbert.model_dir",
+           "kbert.finetuning.tasks", "kbert.finetuning.predict", "kbert.finetuning.options", "kbert.finetuning.output",
+           "kbert.model_dir",
            "kbert.converters.named", "kbert.locks", "kbert.outputs"]
 
 

@@ -19,7 +19,7 @@ from kbert.config import sequence_length
 from kbert.errors import KbertError, listing
 from kbert.finetuning import readers
 from kbert.finetuning.options import FinetuneOptions
-from kbert.finetuning.tasks import TASKS, get_task, json_floats, predict_outputs, served_texts_b
+from kbert.finetuning.tasks import TASKS, get_task, json_floats, predict_outputs, row_batches, served_texts_b
 from kbert.model.bert import BertEncoder
 from kbert.files import require_path
 from kbert.model_dir import open_model
@@ -146,16 +146,19 @@ def served_task(signatures: dict) -> str | None:
                      f"for other models")
 
 
-def predict_served(client: Client, input_path, options: FinetuneOptions | None = None,
+def predict_served(client: Client, input_path, options: FinetuneOptions | None = None, start: int = 0,
                    **overrides) -> Iterator[dict]:
     """One JSON-ready dict per example of `input_path`, as the served model predicts it: the
     same file formats and the same dicts as local `predict` on the model that was exported.
 
     Args:
-        client: `kbert.serving.Client`. The served model.
+        client: `kbert.serving.Client`. The served model; its `retries` and `timeout` decide
+            how long a batch waits out a server that is down or restarting.
         input_path: str or PathLike. The input file.
         options: `FinetuneOptions` (batch_size: examples per request; format; skip_bad_rows);
             keyword arguments override single fields.
+        start: int. The first example to predict: the ones before it are not sent (a resumed
+            `kbert predict --output` starts after the rows it already has).
 
     Example:
     >>> rows = predict_served(Client("localhost:8500", "sentiment"), "test.tsv")  # doctest: +SKIP
@@ -173,12 +176,11 @@ def predict_served(client: Client, input_path, options: FinetuneOptions | None =
     signatures = client.metadata()
     task = served_task(signatures)
     if task is not None:
-        yield from get_task(task).served_rows(client, signatures, input_path, opts)
+        yield from get_task(task).served_rows(client, signatures, input_path, opts, start)
         return
     texts, texts_b = readers.read_lines(input_path)
     texts_b = served_texts_b(input_path, texts_b, signatures, client)
-    for start in range(0, len(texts), opts.batch_size):
-        stop = start + opts.batch_size
-        out = client.predict_text(texts[start:stop], texts_b[start:stop] if texts_b is not None else None)
+    for first, stop in row_batches(len(texts), opts.batch_size, start):
+        out = client.predict_text(texts[first:stop], texts_b[first:stop] if texts_b is not None else None)
         for row in out["pooled_output"]:
             yield pooled_row(row)

@@ -81,7 +81,8 @@ class Task:
     rows: Callable      # (TaskData, outputs, opts, do_lower_case) -> one JSON-ready dict per example
     serve: Callable | None = None        # (model, label names) -> ServingHead; None: not exportable
     served_by: Callable | None = None    # (a server's signatures) -> whether they are this task's export
-    served_rows: Callable | None = None  # (client, signatures, path, opts) -> the same dicts as `rows`
+    served_rows: Callable | None = None  # (client, signatures, path, opts, first) -> the same dicts as `rows`,
+                                         # from example `first` on
     max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
 
 
@@ -119,8 +120,17 @@ def _default(signatures):
     return signatures.get("serving_default", {})
 
 
-def _batches(n, batch_size):
-    return ((start, min(start + batch_size, n)) for start in range(0, n, batch_size))
+def row_batches(n: int, batch_size: int, start: int = 0):
+    """(start, stop) of each batch of `n` examples, from example `start` on (where a resumed
+    `kbert predict --output` goes on); an error if `start` is past the end.
+
+    >>> list(row_batches(5, 2)), list(row_batches(5, 2, start=3)), list(row_batches(5, 2, start=5))
+    ([(0, 2), (2, 4), (4, 5)], [(3, 5)], [])
+    """
+    if start > n:
+        raise KbertError(f"the output to resume already has {start} rows, but the input has only {n} "
+                         f"examples: it is not this input's output; pass --overwrite to start again")
+    return ((i, min(i + batch_size, n)) for i in range(start, n, batch_size))
 
 
 def json_floats(values: dict) -> dict:
@@ -201,12 +211,12 @@ def _serve_regressor(model, labels):
 
 
 def _served_texts(task):
-    def served_rows(client, signatures, path, opts):
+    def served_rows(client, signatures, path, opts, first=0):
         examples = readers.read_text_examples(path, task=task, format=opts.format,
                                               skip_bad_rows=opts.skip_bad_rows, require_labels=False)
         readers.report_skipped(path, examples)
         texts_b = served_texts_b(path, examples.texts_b, signatures, client)
-        for start, stop in _batches(len(examples.texts), opts.batch_size):
+        for start, stop in row_batches(len(examples.texts), opts.batch_size, first):
             batch_b = texts_b[start:stop] if texts_b is not None else None
             if task == "regress":
                 for value in client.regress(examples.texts[start:stop], batch_b):
@@ -309,10 +319,10 @@ def _serve_tagger(model, labels):
     return ServingHead(model, outputs, text_outputs=text_outputs)
 
 
-def _served_tags(client, signatures, path, opts):
+def _served_tags(client, signatures, path, opts, first=0):
     examples = readers.read_tagged_examples(path, skip_bad_rows=opts.skip_bad_rows, require_labels=False)
     readers.report_skipped(path, examples)
-    for start, stop in _batches(len(examples.words), opts.batch_size):
+    for start, stop in row_batches(len(examples.words), opts.batch_size, first):
         words = examples.words[start:stop]
         out = client.predict_text([" ".join(w) for w in words])
         for sentence, tags in zip(words, out["word_label"]):
@@ -416,10 +426,10 @@ def _serve_choices(model, labels):
     return ServingHead(model, outputs, text_inputs={"text": 1, "endings": 2}, text_outputs=text_outputs, ids_rank=3)
 
 
-def _served_choices(client, signatures, path, opts):
+def _served_choices(client, signatures, path, opts, first=0):
     examples = readers.read_choice_examples(path, skip_bad_rows=opts.skip_bad_rows, require_labels=False)
     readers.report_skipped(path, examples)
-    for start, stop in _batches(len(examples.contexts), opts.batch_size):
+    for start, stop in row_batches(len(examples.contexts), opts.batch_size, first):
         out = client.predict({"text": np.asarray(examples.contexts[start:stop], dtype=object),
                               "endings": np.asarray(examples.endings[start:stop], dtype=object)})
         for row in out["probabilities"]:

@@ -1,16 +1,25 @@
 """Local `kbert predict` and `kbert predict --server` print the same JSON for the same model,
-for every task that exports; and the multiple-choice task end to end.
+for every task that exports; the multiple-choice task end to end; and a 2,000-row `kbert
+predict --server --output` job whose server is killed and restarted, or which is itself killed
+(kill -9) and resumed: every row comes out exactly once.
 
 The server is tests/serving/standin_server.py (the real tensorflow_model_server cannot be installed
 here; see tests/test_serving_client.py), serving what `kbert export` wrote.
 """
 
 import json
+import os
+import signal
+import subprocess
+import time
 
+import numpy as np
 import pytest
 
-from conftest import run_kbert
-from helpers import start_standin_server, swag_rows, write_conll, write_swag, write_tsv
+from conftest import assert_user_error, kbert_command, run_kbert
+from helpers import FILLER, NEGATIVE, POSITIVE, start_standin_server, swag_rows, write_conll, write_swag, write_tsv
+
+from kbert.finetuning.output import partial_path
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 
@@ -116,3 +125,185 @@ def test_local_and_server_predict_print_the_same_json(served, name):
     if name == "tagger":
         assert lines[0]["words"] == ["the", "great", "city", "cassius"] and len(lines[0]["tags"]) == 4
         assert len(lines[1]["tags"]) == 20  # words cut off by --max-seq-length still get a tag
+
+
+# === A batch job that rides out a server restart, and one that is killed and resumed ===
+
+ROWS = 2000
+WORDS = POSITIVE + NEGATIVE + FILLER
+
+
+class RestartableServer:
+    """The stand-in in a process of its own, which a test may kill and start again on the same
+    ports, as a server restart does."""
+
+    def __init__(self, model_config, log_path):
+        self.model_config, self.log_path = model_config, log_path
+        self.process, ready = start_standin_server([model_config], log_path)
+        self.ports = ready["grpc_port"], ready["rest_port"]
+        self.address = {"grpc": f"127.0.0.1:{self.ports[0]}", "rest": f"http://127.0.0.1:{self.ports[1]}"}
+
+    def kill(self):
+        self.process.kill()  # SIGKILL: a crash, with no goodbye to the clients
+        self.process.wait(timeout=30)
+
+    def start(self):
+        self.process, _ = start_standin_server([self.model_config], self.log_path, *self.ports)
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def encoder_job(tmp_path_factory, tiny_model_dir):
+    """The tiny encoder, exported and served; a 2,000-line input of distinct texts; and the lines
+    an uninterrupted `kbert predict --server` prints for it: all distinct, so a row repeated or
+    skipped cannot hide, and each the local model's row to within float rounding."""
+    work = tmp_path_factory.mktemp("restart")
+    run_kbert("export", tiny_model_dir, work / "exports" / "encoder", "--max-seq-length", "16")
+    texts = [" ".join(WORDS[i // len(WORDS) ** k % len(WORDS)] for k in range(3)) + "." for i in range(ROWS)]
+    (work / "in.txt").write_text("\n".join(texts) + "\n")
+    local = run_kbert("predict", tiny_model_dir, "--input", work / "in.txt", "--max-seq-length", "16").stdout
+    server = RestartableServer(work / "exports" / "encoder" / "models.config", work / "server.log")
+    try:
+        served = run_kbert("predict", "--server", server.address["grpc"], "--model", "encoder", "--input",
+                           work / "in.txt", "--batch-size", "64").stdout.splitlines()
+        assert len(set(served)) == ROWS
+        # Row by row the local model's (Keras here and the server's graph differ by up to 3e-6
+        # once both are rounded to 6 digits).
+        assert np.abs(pooled(served) - pooled(local.splitlines())).max() <= 5e-6
+        yield {"work": work, "input": work / "in.txt", "served": served, "server": server}
+    finally:
+        server.stop()
+
+
+def pooled(lines):
+    return np.array([json.loads(line)["pooled_output"] for line in lines])
+
+
+def start_predict(job, protocol, output, *flags):
+    """`kbert predict --server ... --output` in a process of its own, two rows per request (many
+    requests, so a kill lands in the middle of the job); its stderr goes to a file."""
+    stderr = open(f"{output}.stderr", "w")
+    args = ["predict", "--server", job["server"].address[protocol], "--model", "encoder", "--input",
+            job["input"], "--output", output, "--batch-size", "2", *flags]
+    env = {k: v for k, v in os.environ.items() if k != "KBERT_DEBUG"}
+    process = subprocess.Popen(kbert_command() + [str(a) for a in args], stdout=subprocess.PIPE,
+                               stderr=stderr, text=True, env=env)
+    stderr.close()
+    return process
+
+
+def complete_lines(path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def wait_for_rows(process, partial, rows, limit=300):
+    """Poll until `partial` has `rows` complete lines; fails if the job ends first."""
+    deadline = time.monotonic() + limit
+    while complete_lines(partial) < rows:
+        assert process.poll() is None, f"kbert predict ended before writing {rows} rows: {process.returncode}"
+        assert time.monotonic() < deadline, f"no {rows} rows in {partial} within {limit} s"
+        time.sleep(0.02)
+    return complete_lines(partial)
+
+
+def rows_accounted(lines, served):
+    """How the lines of a job that was interrupted compare with an uninterrupted job's: rows
+    duplicated, lost, out of place, and lines that are no row's."""
+    row_of = {line: i for i, line in enumerate(served)}
+    matched = [row_of.get(line) for line in lines]
+    found = {m for m in matched if m is not None}
+    return {"duplicated": sum(m is not None for m in matched) - len(found), "lost": len(served) - len(found),
+            "out_of_place": sum(m is not None and m != i for i, m in enumerate(matched)),
+            "unknown": matched.count(None)}
+
+
+EXACTLY_ONCE = {"duplicated": 0, "lost": 0, "out_of_place": 0, "unknown": 0}
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "rest"])
+def test_a_job_rides_out_a_server_restart(encoder_job, protocol, tmp_path):
+    server, out = encoder_job["server"], tmp_path / "out.jsonl"
+    job = start_predict(encoder_job, protocol, out, "--retries", "40", "--timeout", "600")
+    try:
+        wait_for_rows(job, partial_path(out), 200)
+        server.kill()
+        at_kill = complete_lines(partial_path(out))
+        assert not out.exists() and at_kill < ROWS  # the kill landed mid-job
+        time.sleep(1)  # down for a while: the client finds nothing listening
+        server.start()
+        stdout, _ = job.communicate(timeout=600)
+    finally:
+        job.kill()
+        job.wait()
+    stderr = open(f"{out}.stderr").read()
+    assert job.returncode == 0, stderr
+    assert json.loads(stdout) == {"output": str(out), "rows": ROWS, "rows_kept": 0}
+    retried = [line for line in stderr.splitlines() if "unavailable" in line and "retrying in" in line]
+    assert retried, stderr
+    lines = out.read_text().splitlines()
+    accounted = rows_accounted(lines, encoder_job["served"])
+    print(f"{protocol}: server killed after row {at_kill}, {len(retried)} retries (first: {retried[0]}); "
+          f"{len(lines)} lines: {accounted}")
+    assert len(lines) == ROWS and accounted == EXACTLY_ONCE
+    assert not os.path.exists(partial_path(out))
+
+
+def test_a_killed_job_resumes_without_repeating_or_skipping(encoder_job, tmp_path):
+    out = tmp_path / "out.jsonl"
+    job = start_predict(encoder_job, "grpc", out)
+    try:
+        wait_for_rows(job, partial_path(out), 200)
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait(timeout=30)
+    finally:
+        job.kill()
+        job.wait()
+    assert not out.exists()
+    written = complete_lines(partial_path(out))
+    assert 200 <= written < ROWS
+    again = run_kbert("predict", "--server", encoder_job["server"].address["grpc"], "--model", "encoder",
+                      "--input", encoder_job["input"], "--output", out, check=False)
+    assert_user_error(again, "pass --resume to go on from them")
+    result = run_kbert("predict", "--server", encoder_job["server"].address["grpc"], "--model", "encoder",
+                       "--input", encoder_job["input"], "--output", out, "--resume", "--batch-size", "64")
+    assert json.loads(result.stdout) == {"output": str(out), "rows": ROWS, "rows_kept": written}
+    lines = out.read_text().splitlines()
+    accounted = rows_accounted(lines, encoder_job["served"])
+    print(f"predict killed after {written} rows; after --resume, {len(lines)} lines: {accounted}")
+    assert len(lines) == ROWS and accounted == EXACTLY_ONCE
+
+
+@pytest.mark.parametrize("protocol, message", [
+    ("grpc", "NOT_FOUND: Servable not found for request: Latest(nope)"),
+    ("rest", "HTTP 404: Servable not found for request: Latest(nope)"),
+])
+def test_a_wrong_model_name_fails_at_once(encoder_job, protocol, message, tmp_path):
+    out = tmp_path / "out.jsonl"
+    result = run_kbert("predict", "--server", encoder_job["server"].address[protocol], "--model", "nope",
+                       "--input", encoder_job["input"], "--output", out, check=False)
+    assert_user_error(result, message)  # one line: no retries
+    assert os.listdir(tmp_path) == []
+
+
+def test_giving_up_when_nothing_listens(encoder_job, tmp_path):
+    out = tmp_path / "out.jsonl"
+    args = ["predict", "--server", "127.0.0.1:1", "--model", "encoder", "--input", encoder_job["input"],
+            "--output", out]
+    by_count = run_kbert(*args, "--retries", "3", check=False)
+    assert_user_error(by_count, "cannot reach TF Serving at 127.0.0.1:1", "(after 3 retries in ",
+                      "allow more time (retries, timeout; kbert predict --retries, --timeout)", alone=False)
+    waits = by_count.stderr.splitlines()[:-1]
+    assert [w.rsplit("(", 1)[1] for w in waits] == ["1/3)", "2/3)", "3/3)"], by_count.stderr
+    assert all(w.startswith("kbert: TF Serving at 127.0.0.1:1 unavailable (") for w in waits)
+    # The deadline ends it long before 1,000 retries.
+    by_deadline = run_kbert(*args, "--retries", "1000", "--timeout", "2", check=False)
+    assert_user_error(by_deadline, "cannot reach TF Serving at 127.0.0.1:1", alone=False)
+    assert 1 <= len(by_deadline.stderr.splitlines()) - 1 < 1000
+    assert os.listdir(tmp_path) == []

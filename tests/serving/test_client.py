@@ -10,6 +10,7 @@ signatures run in this process by `tf.saved_model.load`.
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -246,7 +247,7 @@ def test_server_errors_are_one_line_kbert_errors(client, case):
 @pytest.mark.parametrize("address", ["127.0.0.1:1", "http://127.0.0.1:1"])
 def test_no_server_says_how_to_fix(address):
     with pytest.raises(KbertError, match=r"is the server running at 127\.0\.0\.1:1\?"):
-        Client(address, "sentiment", timeout=10).metadata()
+        Client(address, "sentiment", retries=0).metadata()
     with pytest.raises(KbertError, match="give HOST:PORT"):
         Client("127.0.0.1", "sentiment")
 
@@ -297,8 +298,55 @@ def test_kbert_predict_server_end_to_end(server, exports):
 
 def test_kbert_predict_server_not_running(tmp_path):
     tsv = write_tsv(tmp_path / "in.tsv", [("gold.",)], header=("text",))
-    result = run_kbert("predict", "--server", "127.0.0.1:1", "--model", "sentiment", "--input", tsv, check=False)
+    result = run_kbert("predict", "--server", "127.0.0.1:1", "--model", "sentiment", "--input", tsv,
+                       "--retries", "0", check=False)
     assert_user_error(result, "cannot reach TF Serving at 127.0.0.1:1", "is the server running at 127.0.0.1:1?")
+
+
+class RetryLog(logging.Handler):
+    """The log lines of the client's waits, from the "kbert" logger."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+    def __enter__(self):
+        logging.getLogger("kbert").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("kbert").removeHandler(self)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "http://127.0.0.1:1"])
+def test_an_unreachable_server_is_retried_then_given_up(address):
+    with RetryLog() as waits, pytest.raises(KbertError) as raised:
+        Client(address, "sentiment", retries=3).metadata()
+    assert [line.rsplit("(", 1)[1] for line in waits.lines] == ["1/3)", "2/3)", "3/3)"], waits.lines
+    assert all(line.startswith("TF Serving at 127.0.0.1:1 unavailable (") for line in waits.lines)
+    assert "(after 3 retries in " in str(raised.value) and "is the server running at 127.0.0.1:1?" in str(raised.value)
+
+
+def test_errors_that_would_repeat_are_not_retried(client):
+    """NOT_FOUND, INVALID_ARGUMENT (HTTP 404, 400): the same request would get the same answer."""
+    with RetryLog() as waits:
+        with pytest.raises(KbertError, match="Servable not found"):
+            Client(client.address, "nope", retries=5).predict_text(["x"])
+        with pytest.raises(KbertError, match="is not in"):
+            Client(client.address, "sentiment", retries=5).predict_ids([[2, 5, 300000]], [[1, 1, 1]], [[0, 0, 0]])
+    assert waits.lines == []
+
+
+def test_retry_waits_double_up_to_a_cap():
+    from kbert.serving.client import retry_wait
+    assert [retry_wait(n) for n in range(10)] == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0, 10.0]
+    assert retry_wait(10_000) == 10.0
+    for bad in ({"retries": -1}, {"timeout": 0}):
+        with pytest.raises(KbertError, match="retries -1|timeout 0"):
+            Client("127.0.0.1:8500", "sentiment", **bad)
 
 
 @pytest.mark.parametrize("args, fragment", [

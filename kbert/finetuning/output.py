@@ -1,0 +1,171 @@
+"""`kbert predict --output FILE`: one JSON line per example, written so that a crash loses
+nothing and a rerun repeats nothing.
+
+Rows go to `FILE.partial` beside FILE, each line in one write as soon as it is predicted; at
+the end the partial file is synced and renamed to FILE in one step, so FILE is either absent
+(or the old one) or complete. A run that dies (kill -9, a server that never came back, a power
+cut) leaves FILE.partial; `--resume` keeps its complete lines, drops a last line cut off in
+the middle, and goes on from the next example, so every example comes out exactly once, in
+order. One process writes a partial file at a time (it holds a lock on it, which the kernel
+drops if the process dies).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+from typing import Callable, Iterable, Iterator
+
+from kbert.errors import KbertError
+
+log = logging.getLogger("kbert")
+
+PARTIAL_SUFFIX = ".partial"
+_CHUNK = 1 << 20  # bytes read at a time when counting the lines of a partial file
+
+
+def partial_path(path) -> str:
+    """Where the rows of an unfinished `--output path` are.
+
+    >>> partial_path("out/predictions.jsonl")
+    'out/predictions.jsonl.partial'
+    """
+    return os.fspath(path) + PARTIAL_SUFFIX
+
+
+def write_rows(path, make_rows: Callable[[int], Iterable[dict]], *, resume: bool = False,
+               overwrite: bool = False) -> dict:
+    """Write `make_rows(start)` to `path` as JSON lines, atomically and resumably.
+
+    Args:
+        path: str or PathLike. The output file.
+        make_rows: callable. Given the number of rows the file already has (0 unless resuming),
+            returns the rows from that example on, one JSON-ready dict per example.
+        resume: bool. Go on from the complete lines of `path`.partial that an earlier run
+            left; without one, start at the first row.
+        overwrite: bool. Replace an existing `path` at the end, or drop an earlier run's
+            partial rows (without `resume`) and start again.
+
+    Returns:
+        dict: {"output": path, "rows": rows in the file, "rows_kept": rows an earlier run wrote}.
+
+    Example:
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "out.jsonl")
+    >>> write_rows(path, lambda start: ({"n": n} for n in range(start, 3)))["rows"]
+    3
+    >>> open(path).read()
+    '{"n": 0}\\n{"n": 1}\\n{"n": 2}\\n'
+    >>> _ = open(partial_path(path), "w").write('{"n": 0}\\n{"n": 1}\\n{"n"')  # a run cut off
+    >>> write_rows(path, lambda start: ({"n": n} for n in range(start, 3)), resume=True, overwrite=True)["rows_kept"]
+    2
+    >>> open(path).read()
+    '{"n": 0}\\n{"n": 1}\\n{"n": 2}\\n'
+    """
+    path = os.fspath(path)
+    partial = partial_path(path)
+    _check_output(path, partial, resume, overwrite)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        _lock(fd, partial)  # before anything touches the file: another process may be writing it
+        return _write_locked(fd, path, partial, make_rows, resume)
+    finally:
+        os.close(fd)
+
+
+def skip_rows(rows: Iterable[dict], start: int) -> Iterator[dict]:
+    """The rows from number `start` on; an error if there are fewer (the partial output being
+    resumed is then not this input's).
+
+    >>> list(skip_rows(iter("abcd"), 2))
+    ['c', 'd']
+    """
+    seen = 0
+    for seen, row in enumerate(rows, 1):
+        if seen > start:
+            yield row
+    if seen < start:
+        raise KbertError(f"the output to resume already has {start} rows, but the input has only {seen} "
+                         f"examples: it is not this input's output; pass --overwrite to start again")
+
+
+def _write_locked(fd: int, path: str, partial: str, make_rows, resume: bool) -> dict:
+    kept = written = 0
+    try:
+        kept = _keep_complete_lines(fd) if resume else _truncate(fd, 0)
+        if kept:
+            log.info("%s: resuming after the %d rows an earlier run wrote", path, kept)
+        for row in make_rows(kept):
+            _write_all(fd, (json.dumps(row) + "\n").encode("utf-8"))
+            written += 1
+        os.fsync(fd)
+        os.replace(partial, path)
+    except BaseException:
+        _after_failure(partial, kept, written)
+        raise
+    return {"output": path, "rows": kept + written, "rows_kept": kept}
+
+
+def _check_output(path: str, partial: str, resume: bool, overwrite: bool):
+    """Refuse what would lose or mix up rows, with the flag that allows it."""
+    if os.path.isdir(path):
+        raise KbertError(f"--output {path} is a directory; give the path of the file to write")
+    if os.path.exists(partial) and not resume and not overwrite:
+        raise KbertError(f"{partial} holds the rows of an unfinished run; pass --resume to go on from them, "
+                         f"or --overwrite to start again")
+    if os.path.exists(path) and not overwrite:
+        if resume and not os.path.exists(partial):
+            raise KbertError(f"{path} is complete, with no unfinished run to resume; pass --overwrite to "
+                             f"predict again")
+        fix = "pass --overwrite too, to replace it when the run ends" if resume else \
+            "pass --overwrite to replace it, or choose another --output"
+        raise KbertError(f"{path} exists; {fix}")
+
+
+def _lock(fd: int, partial: str):
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise KbertError(f"{partial} is being written by another process (another kbert predict with this "
+                         f"--output?); wait for it to end, or choose another --output") from None
+
+
+def _truncate(fd: int, size: int) -> int:
+    os.ftruncate(fd, size)
+    os.lseek(fd, size, os.SEEK_SET)
+    return 0
+
+
+def _keep_complete_lines(fd: int) -> int:
+    """Cut the file after its last newline (a line cut off by a crash is written again) and
+    leave the offset at the end; returns the number of lines kept."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    lines, offset, end_of_last_line = 0, 0, 0
+    while chunk := os.read(fd, _CHUNK):
+        count = chunk.count(b"\n")
+        if count:
+            lines += count
+            end_of_last_line = offset + chunk.rindex(b"\n") + 1
+        offset += len(chunk)
+    os.ftruncate(fd, end_of_last_line)
+    os.lseek(fd, end_of_last_line, os.SEEK_SET)
+    return lines
+
+
+def _write_all(fd: int, data: bytes):
+    # One line, one write(2): a process killed between two rows leaves whole lines only.
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _after_failure(partial: str, kept: int, written: int):
+    """Keep the partial file for --resume if it has rows, else leave nothing behind."""
+    if written:
+        log.info("%s keeps the %d rows written so far; run the same command with --resume to go on "
+                 "from there", partial, kept + written)
+    elif not kept and os.path.exists(partial):
+        os.remove(partial)

@@ -1,0 +1,150 @@
+"""`kbert predict --output FILE`: atomic, resumable JSON lines (kbert/finetuning/output.py).
+
+The files are real and so is the lock; a crash is played by an exception from the rows (a
+killed process is tests/finetuning/test_predict.py's kill -9 test)."""
+
+import fcntl
+import json
+import os
+
+import pytest
+
+from conftest import assert_user_error, run_kbert
+from kbert.errors import KbertError
+from kbert.finetuning.output import partial_path, skip_rows, write_rows
+
+
+def numbered(n, starts=None, fail_after=None):
+    """make_rows for write_rows: rows {"n": i} from the start it is given to n; records each
+    start in `starts`; raises after yielding `fail_after` rows (a run that dies)."""
+    def make_rows(start):
+        if starts is not None:
+            starts.append(start)
+        for count, i in enumerate(range(start, n)):
+            if count == fail_after:
+                raise RuntimeError("the run died")
+            yield {"n": i}
+    return make_rows
+
+
+def lines(path):
+    return [json.loads(line) for line in open(path, encoding="utf-8").read().splitlines()]
+
+
+def test_writes_every_row_then_renames(tmp_path):
+    out = tmp_path / "sub" / "out.jsonl"
+    result = write_rows(out, numbered(5))
+    assert result == {"output": str(out), "rows": 5, "rows_kept": 0}
+    assert lines(out) == [{"n": i} for i in range(5)]
+    assert not os.path.exists(partial_path(out))
+
+
+def test_a_run_that_dies_keeps_its_rows_and_resume_goes_on_exactly_once(tmp_path):
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(RuntimeError):
+        write_rows(out, numbered(10, fail_after=4))
+    assert not out.exists()
+    assert lines(partial_path(out)) == [{"n": i} for i in range(4)]
+    # A crash in the middle of a line: the cut line is written again, never kept or skipped.
+    with open(partial_path(out), "a") as f:
+        f.write('{"n": 4, "half')
+    starts = []
+    result = write_rows(out, numbered(10, starts), resume=True)
+    assert starts == [4] and result == {"output": str(out), "rows": 10, "rows_kept": 4}
+    assert lines(out) == [{"n": i} for i in range(10)]
+    assert not os.path.exists(partial_path(out))
+
+
+def test_kept_rows_are_not_predicted_again(tmp_path):
+    """--resume keeps the earlier run's lines as they are: marker lines stay, and the rows
+    start after them."""
+    out = tmp_path / "out.jsonl"
+    open(partial_path(out), "w").write('{"kept": 0}\n{"kept": 1}\n')
+    write_rows(out, numbered(4), resume=True)
+    assert lines(out) == [{"kept": 0}, {"kept": 1}, {"n": 2}, {"n": 3}]
+
+
+def test_a_run_that_dies_before_any_row_leaves_nothing(tmp_path):
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(RuntimeError):
+        write_rows(out, numbered(10, fail_after=0))
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("partial, complete, flags, fragment", [
+    (True, False, {}, "pass --resume to go on from them, or --overwrite to start again"),
+    (False, True, {}, "out.jsonl exists; pass --overwrite to replace it"),
+    (False, True, {"resume": True}, "is complete, with no unfinished run to resume; pass --overwrite"),
+    (True, True, {"resume": True}, "pass --overwrite too, to replace it when the run ends"),
+])
+def test_refusals_name_the_flag(tmp_path, partial, complete, flags, fragment):
+    out = tmp_path / "out.jsonl"
+    if partial:
+        open(partial_path(out), "w").write('{"old": 0}\n')
+    if complete:
+        out.write_text('{"done": 0}\n')
+    with pytest.raises(KbertError) as raised:
+        write_rows(out, numbered(3), **flags)
+    assert fragment in str(raised.value)
+    # Nothing was touched.
+    assert sorted(os.listdir(tmp_path)) == sorted(["out.jsonl.partial"] * partial + ["out.jsonl"] * complete)
+    if partial:
+        assert open(partial_path(out)).read() == '{"old": 0}\n'
+    if complete:
+        assert out.read_text() == '{"done": 0}\n'
+
+
+def test_flags_that_allow_what_was_refused(tmp_path):
+    out = tmp_path / "out.jsonl"
+    open(partial_path(out), "w").write('{"old": 0}\n')
+    out.write_text('{"done": 0}\n')
+    assert write_rows(out, numbered(2), overwrite=True)["rows_kept"] == 0  # drops the old partial rows
+    assert lines(out) == [{"n": 0}, {"n": 1}]
+    open(partial_path(out), "w").write('{"n": 0}\n')
+    assert write_rows(out, numbered(3), resume=True, overwrite=True)["rows_kept"] == 1
+    assert lines(out) == [{"n": 0}, {"n": 1}, {"n": 2}]
+    # --resume with nothing to resume starts at the first row (a retrying script may always pass it).
+    assert write_rows(tmp_path / "new.jsonl", numbered(2), resume=True)["rows"] == 2
+
+
+def test_a_partial_file_being_written_is_refused(tmp_path):
+    out = tmp_path / "out.jsonl"
+    open(partial_path(out), "w").write('{"n": 0}\n')
+    holder = os.open(partial_path(out), os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # as a running kbert predict holds it
+        with pytest.raises(KbertError, match="is being written by another process"):
+            write_rows(out, numbered(3), resume=True)
+    finally:
+        os.close(holder)
+    assert open(partial_path(out)).read() == '{"n": 0}\n'
+    assert write_rows(out, numbered(3), resume=True)["rows_kept"] == 1
+
+
+def test_resuming_more_rows_than_the_input_has_is_refused(tmp_path):
+    out = tmp_path / "out.jsonl"
+    open(partial_path(out), "w").write("{}\n" * 5)
+    with pytest.raises(KbertError, match="already has 5 rows, but the input has only 3 examples"):
+        write_rows(out, lambda start: skip_rows(({"n": i} for i in range(3)), start), resume=True)
+    assert open(partial_path(out)).read() == "{}\n" * 5
+
+
+def test_local_predict_output_and_resume(tmp_path, tiny_model_dir):
+    """`kbert predict MODEL_DIR --output`: the same lines as stdout; --resume after a cut-off run."""
+    texts = tmp_path / "in.txt"
+    texts.write_text("gold.\ndead dust.\nthe city.\na camp.\nfire ||| rain.\n")
+    printed = run_kbert("predict", tiny_model_dir, "--input", texts, "--max-seq-length", "16").stdout.splitlines()
+    out = tmp_path / "out.jsonl"
+    result = run_kbert("predict", tiny_model_dir, "--input", texts, "--max-seq-length", "16", "--output", out)
+    assert json.loads(result.stdout) == {"output": str(out), "rows": 5, "rows_kept": 0}
+    assert out.read_text().splitlines() == printed
+    again = run_kbert("predict", tiny_model_dir, "--input", texts, "--output", out, check=False)
+    assert_user_error(again, f"{out} exists; pass --overwrite to replace it")
+    out.unlink()
+    open(partial_path(out), "w").write(printed[0] + "\n" + printed[1][:20])
+    result = run_kbert("predict", tiny_model_dir, "--input", texts, "--max-seq-length", "16", "--output", out,
+                       "--resume")
+    assert json.loads(result.stdout)["rows_kept"] == 1
+    assert out.read_text().splitlines() == printed
+    alone = run_kbert("predict", tiny_model_dir, "--input", texts, "--resume", check=False)
+    assert_user_error(alone, "--resume applies to an --output file; give --output FILE")
