@@ -32,22 +32,27 @@ and `label_id`. Floats are float32 and pass through
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 
 import keras
 import tensorflow as tf
+from google.protobuf import text_format
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.saved_model import fingerprinting_utils
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+from tensorflow_serving.config import model_server_config_pb2
 
 from kbert.config import sequence_length
-from kbert.errors import KbertError
-from kbert.files import atomic_output_dir
+from kbert.errors import KbertError, first_line
+from kbert.files import atomic_output_dir, atomic_write_text
 from kbert.finetuning.tasks import API_METHODS, TASKS, ServingHead, finite, get_task
 from kbert.model.bert import BertEncoder, BertMultipleChoice, BertPretrainer, BertTagger
 from kbert.model_dir import describe_source, open_model
 from kbert.text.preprocessing import BertPreprocessor
+
+log = logging.getLogger("kbert")
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 MODELS_CONFIG = "models.config"
@@ -128,22 +133,133 @@ def exported_signatures(path: str) -> dict:
             sorted(saved_model.meta_graphs[0].signature_def.items()) if not name.startswith("__")}
 
 
-def _write_text(path: str, text: str):
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+MODELS_CONFIG_HEADER = ("# tensorflow_model_server --model_config_file=THIS_FILE: serves the newest version "
+                        "under base_path.\n")
+
+
+def _model_entry(name: str, export_base: str) -> str:
+    """One `config { ... }` of a model_config_list, indented as kbert writes it (text_format quotes the path)."""
+    fields = text_format.MessageToString(model_server_config_pb2.ModelConfig(
+        name=name, base_path=export_base, model_platform="tensorflow"), as_utf8=True)
+    return "  config {\n" + "".join(f"    {line}\n" for line in fields.splitlines()) + "  }\n"
 
 
 def _models_config(name: str, export_base: str) -> str:
-    return ("# tensorflow_model_server --model_config_file=THIS_FILE: serves the newest version under base_path.\n"
-            "model_config_list {\n"
-            "  config {\n"
-            f"    name: \"{name}\"\n"
-            f"    base_path: \"{export_base}\"\n"
-            "    model_platform: \"tensorflow\"\n"
-            "  }\n"
-            "}\n")
+    return MODELS_CONFIG_HEADER + "model_config_list {\n" + _model_entry(name, export_base) + "}\n"
+
+
+def _parse_models_config(text: str):
+    config = model_server_config_pb2.ModelServerConfig()
+    text_format.Parse(text, config)
+    return config
+
+
+def _versions_sorted(config):
+    """`config` with each model's specific versions in order: TF Serving reads them as a set."""
+    for model in config.model_config_list.config:
+        versions = sorted(model.model_version_policy.specific.versions)
+        if versions:
+            del model.model_version_policy.specific.versions[:]
+            model.model_version_policy.specific.versions.extend(versions)
+    return config
+
+
+def _edits(text: str, anchors: str, insert: str):
+    """`text` with `insert` put in where each match of the regex `anchors` has its group `at`, the
+    last match first (on a line of its own when `at` starts one): the candidates that
+    `_models_config_with` verifies by parsing."""
+    for match in reversed(list(re.finditer(anchors, text))):
+        at = match.start("at")
+        line_start = text.rfind("\n", 0, at) + 1
+        if not text[line_start:at].strip():  # a "}" alone on its line: insert the lines above it
+            at = line_start
+        yield text[:at] + insert + text[at:]
+
+
+def _models_config_with(text: str, name: str, export_base: str, version: int):
+    """(`text` updated to serve `version` of model `name`, what was added or None) or (None,
+    why it cannot be).
+
+    The user's file is edited as text, never re-written from the parsed proto, so their comments
+    and layout stay; an edit is kept only if the result parses to exactly the intended config.
+    A model it does not name is added (base_path `export_base`); a model pinned to `specific`
+    versions gets `version` added; otherwise (latest or all versions) nothing needs to change.
+    """
+    try:
+        config = _parse_models_config(text)
+    except text_format.ParseError as e:
+        return None, f"not a model_config_list that TF Serving reads ({first_line(e)})"
+    if config.HasField("custom_model_config"):
+        return None, "it holds a custom_model_config, which kbert does not edit"
+    models = [m for m in config.model_config_list.config if m.name == name]
+    wanted = model_server_config_pb2.ModelServerConfig()
+    wanted.CopyFrom(config)
+    if len(models) > 1:
+        return None, f"it names model {name!r} {len(models)} times"
+    if not models:
+        wanted.model_config_list.config.add(name=name, base_path=export_base, model_platform="tensorflow")
+        entry = _model_entry(name, export_base)
+        start = text.rstrip("\n") + "\n" if text.strip() else ""
+        candidates = list(_edits(text, r"(?P<at>)\}", entry)) + [start + "model_config_list {\n" + entry + "}\n"]
+        what = f"model {name!r}"
+    else:
+        policy = models[0].model_version_policy
+        if policy.WhichOneof("policy_choice") != "specific" or version in policy.specific.versions:
+            return text, None  # TF Serving picks the new version up as the file stands
+        next(m for m in wanted.model_config_list.config if m.name == name) \
+            .model_version_policy.specific.versions.append(version)
+        candidates = list(_edits(text, r"specific\s*:?\s*\{[^{}]*?(?P<at>)\s*\}", f" versions: {version}"))
+        what = f"version {version} to the specific versions of model {name!r}"
+    for candidate in candidates:
+        try:
+            if _versions_sorted(_parse_models_config(candidate)) == _versions_sorted(wanted):
+                return candidate, f"added {what}"
+        except text_format.ParseError:
+            continue
+    return None, f"kbert could not add {what} to it as text and keep the rest as it is"
+
+
+def _write_models_config(export_base: str, name: str, version: int) -> str:
+    """Write EXPORT_BASE/models.config, or update the user's so that it serves `version`.
+
+    A file that cannot be updated safely is left as it is, with kbert's beside it as
+    models.config.new (said on stderr). Returns the path written.
+    """
+    path = os.path.join(export_base, MODELS_CONFIG)
+    if not os.path.exists(path):
+        atomic_write_text(path, _models_config(name, export_base))
+        return path
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        updated, note = _models_config_with(text, name, export_base, version)
+    except UnicodeDecodeError:
+        updated, note = None, "not UTF-8 text"
+    if updated is None:
+        atomic_write_text(path + ".new", _models_config(name, export_base))
+        log.warning("%s: %s; left as it is, and kbert's models.config for this export is beside it: %s.new",
+                    path, note, path)
+        return path + ".new"
+    if updated != text:
+        atomic_write_text(path, updated)
+        log.info("%s: %s", path, note)
+    return path
+
+
+def _write_batching_parameters(export_base: str) -> str:
+    """Write EXPORT_BASE/batching_parameters.txt; never over a different one (the user's
+    tuning): then kbert's goes beside it as batching_parameters.txt.new, said on stderr."""
+    path = os.path.join(export_base, BATCHING_PARAMETERS)
+    ours = _batching_parameters(os.cpu_count() or 1)
+    if not os.path.exists(path):
+        atomic_write_text(path, ours)
+        return path
+    with open(path, encoding="utf-8", errors="replace") as f:
+        if f.read() == ours:
+            return path
+    atomic_write_text(path + ".new", ours)
+    log.warning("%s differs from what kbert writes: kept as it is; kbert's is beside it: %s.new", path, path)
+    return path + ".new"
 
 
 def _batching_parameters(cores: int) -> str:
@@ -322,6 +438,6 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
         if head.api:
             _set_method_name(tmp, head.api, API_METHODS[head.api])
         _warmup_requests(os.path.join(tmp, WARMUP_FILE), name, head.text_inputs)
-    _write_text(os.path.join(export_base, MODELS_CONFIG), _models_config(name, export_base))
-    _write_text(os.path.join(export_base, BATCHING_PARAMETERS), _batching_parameters(os.cpu_count() or 1))
+    _write_models_config(export_base, name, version)
+    _write_batching_parameters(export_base)
     return path
