@@ -105,15 +105,26 @@ def _probe(master: str, timeout: float = 10.0):
 
 
 def is_chief(strategy) -> bool:
-    """Whether this worker writes the real checkpoints and logs (worker 0, or a single machine)."""
+    """Whether this worker writes the real checkpoints and logs (the chief, or a single machine)."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not getattr(resolver, "task_type", None):
         return True
-    return _is_chief_task(resolver.task_type, resolver.task_id)
+    return _is_chief_task(resolver.task_type, resolver.task_id, _tf_config().get("cluster") or {})
 
 
-def _is_chief_task(task_type: str, task_id: int) -> bool:
-    return task_type == "chief" or (task_type == "worker" and task_id == 0)
+def _is_chief_task(task_type: str, task_id: int, cluster: dict) -> bool:
+    # As TensorFlow's multi_worker_util.is_chief: the "chief" task if the cluster has one, else worker 0.
+    if "chief" in cluster:
+        return task_type == "chief"
+    return task_type == "worker" and task_id == 0
+
+
+def _tf_config() -> dict:
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    except ValueError:
+        return {}  # make_strategy names what is wrong with it
+    return config if isinstance(config, dict) else {}
 
 
 def writes_shared_files(name: str) -> bool:
@@ -127,8 +138,9 @@ def writes_shared_files(name: str) -> bool:
     """
     if name != "multi-worker":
         return True
+    config = _tf_config()
+    task = config.get("task") or {}
     try:
-        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
-        return _is_chief_task(task.get("type", "worker"), int(task.get("index", 0)))
-    except (ValueError, AttributeError, TypeError):
-        return True  # make_strategy names what is wrong with TF_CONFIG
+        return _is_chief_task(task.get("type", "worker"), int(task.get("index", 0)), config.get("cluster") or {})
+    except (AttributeError, TypeError, ValueError):
+        return True  # make_strategy or TensorFlow names what is wrong with TF_CONFIG
