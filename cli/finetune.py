@@ -40,9 +40,13 @@ def finetune(
     n_best_size: int = typer.Option(20, help="squad: candidate spans considered per question."),
     max_answer_length: int = typer.Option(30, help="squad: longest answer, in tokens."),
     null_score_diff_threshold: float = typer.Option(0.0, help="squad v2: predict no answer when null score - best span score exceeds this."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output directory."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output directory (or an unfinished run's OUTPUT.partial)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the unfinished run in OUTPUT.partial (killed, preempted or interrupted) from its last checkpoint."),
+    save_every: int = typer.Option(1000, help="Steps between checkpoints in OUTPUT.partial (one is also written at each epoch's end)."),
 ):
-    """Fine-tune BERT on a labelled file; prints the best epoch's dev metrics as JSON."""
+    """Fine-tune BERT on a labelled file; prints the best epoch's dev metrics as JSON.
+
+    SIGTERM or Ctrl-C saves a checkpoint after the batch in flight; --resume continues from it."""
     from kbert.finetuning.options import FinetuneOptions
     from kbert.finetuning.train import finetune as finetune_model
 
@@ -51,7 +55,8 @@ def finetune(
         warmup_proportion=warmup_proportion, seed=seed, mixed_precision=mixed_precision, strategy=strategy,
         patience=patience, format=format, skip_bad_rows=skip_bad_rows, doc_stride=doc_stride,
         max_query_length=max_query_length, n_best_size=n_best_size, max_answer_length=max_answer_length,
-        null_score_diff_threshold=null_score_diff_threshold, overwrite=overwrite)
+        null_score_diff_threshold=null_score_diff_threshold, overwrite=overwrite, resume=resume,
+        save_every=save_every)
     with claim_output(output, inputs=[model_dir, train, dev]):
         result = finetune_model(str(model_dir), task, str(train), str(output), dev=dev and str(dev), options=options)
     print_result(result)

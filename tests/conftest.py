@@ -28,6 +28,32 @@ def kbert_command():
     return [exe] if os.path.exists(exe) else [sys.executable, "-m", "kbert.cli.main"]
 
 
+# `kbert` in a process whose Nth checkpoint save fails as a full disk would: its files are
+# written, then recording it as complete (the file TensorFlow writes last) fails.
+# N: env KBERT_TEST_FAIL_AT.
+_FAIL_NTH_CHECKPOINT = """
+import os
+from tensorflow.python.checkpoint import checkpoint_management
+real_save, real_record, saves = (checkpoint_management.CheckpointManager.save,
+                                 checkpoint_management.update_checkpoint_state_internal, [0])
+def counted_save(self, *args, **kwargs):
+    saves[0] += 1
+    return real_save(self, *args, **kwargs)
+def failing_record(*args, **kwargs):
+    if saves[0] == int(os.environ["KBERT_TEST_FAIL_AT"]):
+        raise OSError(28, "No space left on device")
+    return real_record(*args, **kwargs)
+checkpoint_management.CheckpointManager.save = counted_save
+checkpoint_management.update_checkpoint_state_internal = failing_record
+from kbert.cli.main import main
+main()
+"""
+
+
+def failing_checkpoint_command():
+    return [sys.executable, "-c", _FAIL_NTH_CHECKPOINT]
+
+
 # Commands that run in a process of their own even without `env`: create-data (worker processes).
 OWN_PROCESS = {"create-data"}
 

@@ -31,4 +31,6 @@ class FinetuneOptions:
     max_answer_length: int = 30
     null_score_diff_threshold: float = 0.0
     overwrite: bool = False
+    resume: bool = False                 # continue the unfinished run in OUTPUT.partial/
+    save_every: int = 1000               # steps between checkpoints (and one at each epoch's end)
     progress: bool = True

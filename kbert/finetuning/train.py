@@ -8,6 +8,15 @@ correction, weight decay 0.01, linear warmup over `warmup_proportion` of the ste
 linear decay to 0, global-norm clip 1.0. After each epoch the dev set is scored with the
 task's metric; the best epoch's weights are what the output directory keeps.
 
+An unfinished run lives in OUTPUT.partial/: a checkpoint every `save_every` steps and at each
+epoch's end (weights, optimizer, dropout seeds), and state.json with the best epoch so far, its
+weights and the dev history. SIGTERM or SIGINT saves after the batch in flight and exits;
+`--resume` goes on from that very step (each epoch's data order comes from `seed + epoch`,
+so the rest of an epoch can be replayed exactly), and the run ends as an uninterrupted one
+would. Keras' BackupAndRestore was the natural piece, but it resumes at the start of an
+epoch, writes its files in place (a kill during a save loses both) and knows nothing of the
+best epoch.
+
 Fine-tuning runs on one device or under MirroredStrategy, where Keras' `model.fit` works
 (the multi-worker limitation that made pretraining use its own loop does not arise).
 """
@@ -15,23 +24,27 @@ Fine-tuning runs on one device or under MirroredStrategy, where Keras' `model.fi
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import logging
 import os
+import shutil
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from kbert.config import sequence_length
-from kbert.errors import KbertError
-from kbert.files import atomic_output_dir, check_output_dir
+from kbert.errors import KbertError, first_line
+from kbert.files import atomic_output_dir, atomic_write_text, check_output_dir
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.squad import write_predictions_json
 from kbert.finetuning.tasks import (Task, TaskData, best_metric, get_task, json_floats, predict_outputs,
                                     squad_answers)
 from kbert.model_dir import describe_source, open_model, save
 from kbert.text.tokenizer import Tokenizer
+from kbert.training.interruption import StopSignals, random_state_variables
 from kbert.training.optimization import BertAdamW, WarmupLinearDecay
 from kbert.training.progress import Progress
 from kbert.training.strategy import make_strategy, use_mixed_precision
@@ -39,6 +52,8 @@ from kbert.training.strategy import make_strategy, use_mixed_precision
 log = logging.getLogger("kbert")
 
 RESULTS_FILE = "eval_results.json"
+RUN_SUFFIX = ".partial"  # OUTPUT.partial/: an unfinished run (checkpoints/, state.json, logs/)
+STATE_FILE = "state.json"
 
 
 def compile_for_task(model, task: Task | str, optimizer):
@@ -125,18 +140,41 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         model.task_info = task_info
         compile_for_task(model, task, make_finetune_optimizer(
             opts.learning_rate, total_steps, int(total_steps * opts.warmup_proportion)))
+        model.optimizer.build(model.trainable_variables)  # its slots must exist to be restored
 
-    dataset = tf.data.Dataset.from_tensor_slices((train_data.features, train_data.targets))
     # As run_classifier.py: shuffle, and drop the last partial batch so every step has the same shape.
-    dataset = dataset.shuffle(min(train_data.size, 100_000), seed=opts.seed, reshuffle_each_iteration=True)
-    dataset = dataset.batch(opts.batch_size, drop_remainder=train_data.size >= opts.batch_size)
-    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    # Each epoch's order is its own seed's, so a resumed run replays the rest of an epoch exactly.
+    examples = tf.data.Dataset.from_tensor_slices((train_data.features, train_data.targets))
 
-    logs_dir = os.path.join(os.fspath(output) + ".partial-logs")
-    tracker = _BestEpoch(task, dev_data, opts, source.do_lower_case, logs_dir, total_steps)
-    callbacks = [tracker, keras.callbacks.TensorBoard(os.path.join(logs_dir, "fit"), update_freq="epoch")]
-    start = time.perf_counter()
-    model.fit(dataset, epochs=opts.epochs, steps_per_epoch=steps_per_epoch, verbose=0, callbacks=callbacks)
+    def epoch_data(epoch: int, skip_batches: int):
+        batches = examples.shuffle(min(train_data.size, 100_000), seed=opts.seed + epoch, reshuffle_each_iteration=False)
+        batches = batches.batch(opts.batch_size, drop_remainder=train_data.size >= opts.batch_size)
+        return batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
+
+    run_dir = os.fspath(output) + RUN_SUFFIX
+    fingerprint = {"model_dir": os.path.abspath(os.fspath(model_dir)), "task": task.name, "train": os.path.abspath(train),
+                   "train_examples": train_data.size, "dev": dev and os.path.abspath(dev), "epochs": opts.epochs,
+                   "batch_size": opts.batch_size, "learning_rate": opts.learning_rate, "seed": opts.seed,
+                   "max_seq_length": max_seq_length}
+    tracker = _BestEpoch(task, dev_data, opts, source.do_lower_case, os.path.join(run_dir, "logs"))
+    saver = _RunCheckpoints(run_dir, model, tracker, fingerprint, steps_per_epoch, opts.save_every)
+    step = saver.resume() if opts.resume else saver.start(opts.overwrite)
+    callbacks = [tracker, saver, keras.callbacks.TensorBoard(os.path.join(run_dir, "logs", "fit"), update_freq="epoch")]
+    start, start_step = time.perf_counter(), step
+    with Progress(total_steps, start=step, enabled=opts.progress, sequences_per_step=opts.batch_size,
+                  description=f"finetune {task.name}") as bar, StopSignals() as signals:
+        tracker.progress, saver.signals = bar, signals
+        # One fit per epoch: Keras has no way to start an epoch at a given batch.
+        for epoch in range(step // steps_per_epoch, opts.epochs):
+            skip = step - epoch * steps_per_epoch
+            model.fit(epoch_data(epoch, skip), initial_epoch=epoch, epochs=epoch + 1,
+                      steps_per_epoch=steps_per_epoch - skip, verbose=0, callbacks=callbacks)
+            step = saver.step
+            if saver.interrupted:
+                raise signals.interrupted(step, f"checkpoint saved in {run_dir}",
+                                          "the same kbert finetune command and --resume")
+            if tracker.stopped_early:
+                break
     elapsed = time.perf_counter() - start
 
     # --- keep the best epoch ---
@@ -144,20 +182,23 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         model.set_weights(tracker.best_weights)
     result = dict(tracker.best_metrics or {})
     result["epoch"] = tracker.best_epoch
-    result["train_examples_per_second"] = round(train_data.size * tracker.epochs_run / max(elapsed, 1e-9), 2)
+    result["train_examples_per_second"] = round((saver.step - start_step) * opts.batch_size / max(elapsed, 1e-9), 2)
+    if opts.resume:
+        result["resumed_from_step"] = start_step
     with atomic_output_dir(os.fspath(output), overwrite=opts.overwrite) as tmp:
         save(model, tmp, vocab_file=source.vocab_file, do_lower_case=source.do_lower_case, overwrite=True)
         with open(os.path.join(tmp, RESULTS_FILE), "w") as f:
             json.dump({"best": result, "history": tracker.history}, f, indent=2)
         if tracker.best_predictions is not None:
             write_predictions_json(tracker.best_predictions, os.path.join(tmp, "predictions.json"))
-        if os.path.isdir(logs_dir):
-            os.replace(logs_dir, os.path.join(tmp, "logs"))
+        if os.path.isdir(os.path.join(run_dir, "logs")):
+            os.replace(os.path.join(run_dir, "logs"), os.path.join(tmp, "logs"))
+    shutil.rmtree(run_dir, ignore_errors=True)
     return json_floats(result)
 
 
 def _check_options(opts: FinetuneOptions):
-    for name in ("epochs", "batch_size"):
+    for name in ("epochs", "batch_size", "save_every"):
         if getattr(opts, name) < 1:
             raise KbertError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(opts, name)}")
     if not 0.0 <= opts.warmup_proportion < 1.0:
@@ -173,33 +214,57 @@ def _check_options(opts: FinetuneOptions):
 
 class _BestEpoch(keras.callbacks.Callback):
     """After each epoch: score dev with the task's metric, keep the best weights, stop early,
-    drive the progress bar and write the dev metrics to TensorBoard."""
+    drive the progress bar and write the dev metrics to TensorBoard. Its state (`state()`)
+    goes into every checkpoint of the run, so a resumed run keeps the best epoch."""
 
-    def __init__(self, task: Task, dev_data, opts, do_lower_case, logs_dir, total_steps):
+    def __init__(self, task: Task, dev_data, opts, do_lower_case, logs_dir):
         super().__init__()
         self.task, self.dev_data, self.opts = task, dev_data, opts
         self.do_lower_case, self.logs_dir = do_lower_case, logs_dir
         self.best_value, self.best_epoch, self.best_weights = -float("inf"), 0, None
         self.best_metrics, self.best_predictions, self.history = None, None, []
-        self.epochs_run, self.stale = 0, 0
-        self.progress = Progress(total_steps, enabled=opts.progress, sequences_per_step=opts.batch_size,
-                                 description=f"finetune {task.name}")
-        self.step, self.started, self.batch_size = 0, None, opts.batch_size
+        self.epochs_run, self.stale, self.stopped_early = 0, 0, False
+        self.interrupted = False  # set by _RunCheckpoints: the epoch did not finish
+        self.progress, self.step, self.started, self.rate_from = None, 0, None, 0
         self.writer = None
+        # The epoch's mean loss, across the fits of an interrupted epoch: Keras' running mean
+        # covers only the batches of one fit.
+        self.loss_sum, self.loss_batches, self.fit_mean, self.fit_batches = 0.0, 0, 0.0, 0
+
+    def state(self) -> dict:
+        loss_sum, loss_batches = self._epoch_loss_so_far()
+        return {"best_value": self.best_value, "best_epoch": self.best_epoch, "best_metrics": self.best_metrics,
+                "best_predictions": self.best_predictions, "history": self.history, "epochs_run": self.epochs_run,
+                "stale": self.stale, "stopped_early": self.stopped_early, "loss_sum": loss_sum,
+                "loss_batches": loss_batches}
+
+    def _epoch_loss_so_far(self):
+        return self.loss_sum + self.fit_mean * self.fit_batches, self.loss_batches + self.fit_batches
+
+    def restore(self, state: dict, best_weights):
+        for key, value in state.items():
+            setattr(self, key, value)
+        self.best_weights = best_weights
 
     def on_train_begin(self, logs=None):
-        self.progress.__enter__()
-        self.started = time.perf_counter()
+        if self.started is None:
+            self.started, self.rate_from = time.perf_counter(), self.step
+        self.fit_mean, self.fit_batches = 0.0, 0
 
     def on_train_batch_end(self, batch, logs=None):
         self.step += 1
-        rate = self.step * self.batch_size / max(time.perf_counter() - self.started, 1e-9)
+        self.fit_mean, self.fit_batches = float((logs or {}).get("loss", float("nan"))), self.fit_batches + 1
+        rate = (self.step - self.rate_from) * self.opts.batch_size / max(time.perf_counter() - self.started, 1e-9)
         self.progress.update(self.step, {"loss": float((logs or {}).get("loss", float("nan"))),
                                          "sequences_per_second": rate})
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.interrupted:
+            return
         self.epochs_run = epoch + 1
-        row = {"epoch": epoch + 1, "loss": float((logs or {}).get("loss", float("nan")))}
+        loss_sum, loss_batches = self._epoch_loss_so_far()
+        self.loss_sum, self.loss_batches, self.fit_mean, self.fit_batches = 0.0, 0, 0.0, 0
+        row = {"epoch": epoch + 1, "loss": loss_sum / max(loss_batches, 1)}
         if self.dev_data is not None:
             outputs = predict_outputs(self.model, self.dev_data, self.opts.batch_size)
             metrics = self.task.score(self.dev_data, outputs, self.opts, self.do_lower_case)
@@ -228,7 +293,105 @@ class _BestEpoch(keras.callbacks.Callback):
             if self.opts.patience is not None and self.stale >= self.opts.patience:
                 self.progress.log(f"early stop: no better dev {name} for {self.stale} epochs "
                                   f"(best {self.best_value:.4f} at epoch {self.best_epoch})")
-                self.model.stop_training = True
+                self.stopped_early = True
 
-    def on_train_end(self, logs=None):
-        self.progress.__exit__(None, None, None)
+
+class _RunCheckpoints(keras.callbacks.Callback):
+    """Saves the run in RUN_DIR every `save_every` steps and at each epoch's end (after
+    `_BestEpoch` has scored it), and after the batch in flight when a stop signal came.
+
+    A save is a TensorFlow checkpoint (weights, optimizer, dropout seeds: TensorFlow writes it
+    under temporary names and records it as complete last), then the best epoch's weights, then
+    state.json (written atomically) naming both. A resume reads state.json, so a crash between
+    the steps resumes from the previous save, which is kept until the next one is complete.
+    """
+
+    def __init__(self, run_dir, model, tracker: _BestEpoch, fingerprint: dict, steps_per_epoch: int,
+                 save_every: int):
+        super().__init__()
+        self.run_dir, self.tracker, self.fingerprint = run_dir, tracker, fingerprint
+        self.steps_per_epoch, self.save_every = steps_per_epoch, save_every
+        self.checkpoint = tf.train.Checkpoint(weights=list(model.weights), optimizer=model.optimizer,
+                                              seeds=random_state_variables(model))
+        self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(run_dir, "checkpoints"),
+                                                  max_to_keep=2)
+        self.step, self.saved_step, self.signals, self.interrupted = 0, None, None, False
+
+    def start(self, overwrite: bool) -> int:
+        state = self._read_state()
+        if state and not overwrite:
+            raise KbertError(f"{self.run_dir} holds an unfinished run (step {state['step']} of "
+                             f"{self.steps_per_epoch * self.fingerprint['epochs']}); pass --resume to continue it, "
+                             f"or --overwrite to start over")
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        os.makedirs(self.run_dir)
+        return 0
+
+    def resume(self) -> int:
+        state = self._read_state()
+        if state is None:
+            raise KbertError(f"--resume: no unfinished run at {self.run_dir} to continue; drop --resume to start one")
+        changed = [k for k, v in self.fingerprint.items() if state["fingerprint"].get(k) != v]
+        if changed:
+            k = changed[0]
+            raise KbertError(f"--resume: the run in {self.run_dir} was started with {k} {state['fingerprint'].get(k)!r}, "
+                             f"not {self.fingerprint[k]!r}; resume with the same command, or --overwrite to start over")
+        self.checkpoint.restore(os.path.join(self.run_dir, "checkpoints", f"ckpt-{state['step']}")).expect_partial()
+        best_weights = None
+        if state["best_weights"]:
+            with np.load(os.path.join(self.run_dir, state["best_weights"])) as arrays:
+                best_weights = [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+        self.tracker.restore(state["tracker"], best_weights)
+        self.step = self.saved_step = self.tracker.step = state["step"]
+        log.info("resumed from step %d (epoch %d, batch %d)", self.step, *divmod(self.step, self.steps_per_epoch))
+        return self.step
+
+    def _read_state(self):
+        path = os.path.join(self.run_dir, STATE_FILE)
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        at_epoch_end = self.step % self.steps_per_epoch == 0  # on_epoch_end saves those, after scoring
+        if self.signals.requested is not None and not at_epoch_end:
+            self._stop()
+        elif self.step % self.save_every == 0 and not at_epoch_end:
+            self.save()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.interrupted:
+            return
+        self.save()
+        if self.signals.requested is not None and epoch + 1 < self.fingerprint["epochs"]:
+            self._stop()
+
+    def _stop(self):
+        if self.saved_step != self.step:
+            self.save()
+        self.interrupted = self.tracker.interrupted = True
+        self.model.stop_training = True
+
+    def save(self):
+        previous = f"step {self.saved_step}" if self.saved_step is not None else "none yet"
+        try:
+            self.manager.save(checkpoint_number=self.step)
+            best = None
+            if self.tracker.best_weights is not None:
+                best = f"best-epoch-{self.tracker.best_epoch}.npz"
+                if not os.path.exists(os.path.join(self.run_dir, best)):
+                    with open(os.path.join(self.run_dir, best + ".tmp"), "wb") as f:
+                        np.savez(f, *self.tracker.best_weights)
+                    os.replace(os.path.join(self.run_dir, best + ".tmp"), os.path.join(self.run_dir, best))
+            atomic_write_text(os.path.join(self.run_dir, STATE_FILE), json.dumps(
+                {"step": self.step, "fingerprint": self.fingerprint, "best_weights": best,
+                 "tracker": self.tracker.state()}))
+        except (tf.errors.OpError, OSError) as e:
+            raise KbertError(f"writing the checkpoint for step {self.step} failed ({first_line(e)}); the previous "
+                             f"checkpoint ({previous}) is intact: fix the cause, then --resume") from None
+        for stale in glob.glob(os.path.join(self.run_dir, "best-epoch-*.npz")):
+            if os.path.basename(stale) != best:
+                os.remove(stale)
+        self.saved_step = self.step

@@ -31,7 +31,7 @@ from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, load, write_mo
 from kbert.pretraining.dataset import check_records, find_files, pretraining_dataset
 from kbert.pretraining.losses import cross_entropy_and_hits
 from kbert.training.optimization import make_optimizer
-from kbert.training.interruption import StopSignals
+from kbert.training.interruption import StopSignals, random_state_variables
 from kbert.training.progress import Progress, write_loss_plot
 from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision
 
@@ -291,16 +291,6 @@ def _save_checkpoint(manager, step: int, last_saved: int):
     except (tf.errors.OpError, OSError) as e:
         raise KbertError(f"writing the checkpoint for step {step} failed ({first_line(e)}); the previous "
                          f"checkpoint (step {last_saved}) is intact: fix the cause, then --resume") from None
-
-
-def random_state_variables(model) -> list:
-    """The model's random-number states (Keras seed generators, which draw dropout masks).
-
-    `model.weights` leaves them out; a checkpoint that keeps them resumes with the same
-    dropout draws as an uninterrupted run.
-    """
-    weights = {id(w) for w in model.weights}
-    return [v for v in model.variables if id(v) not in weights]
 
 
 def _to_boundary(step: int, every: int) -> int:

@@ -68,3 +68,13 @@ class StopSignals:
         """The exception to raise once the checkpoint at `step` is saved."""
         return Interrupted(f"interrupted at step {step}: {what}; continue with {resume}",
                            exit_code=128 + int(self.requested or signal.SIGTERM))
+
+
+def random_state_variables(model) -> list:
+    """The model's random-number states (Keras seed generators, which draw dropout masks).
+
+    `model.weights` leaves them out; a checkpoint that keeps them resumes with the same
+    dropout draws as an uninterrupted run.
+    """
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.variables if id(v) not in weights]

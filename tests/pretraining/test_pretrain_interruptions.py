@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import TINY, kbert_command
+from conftest import TINY, failing_checkpoint_command, kbert_command
 from test_pretrain import SHAPE, VOCAB, _free_port, original_records  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
@@ -177,3 +177,20 @@ def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, ori
     for code, stdout, log in (finish(p) for p in processes):
         assert code == 0, log[-3000:]
         assert f"resumed from step {steps[0]}" in log and json.loads(stdout)["step"] == 200
+
+
+def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(tmp_path, original_records, uninterrupted):
+    import tensorflow as tf
+    out = tmp_path / "bert"
+    args = pretrain_args(out, original_records, "--save-every", "4")[len(kbert_command()):]
+    result = subprocess.run(failing_checkpoint_command() + args, capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, KBERT_TEST_FAIL_AT="2"))  # step 4 saves, step 8 fails
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "kbert: error: writing the checkpoint for step 8 failed ([Errno 28] No space left on device); the previous "
+        "checkpoint (step 4) is intact: fix the cause, then --resume")
+    assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-4")
+    code, stdout, log = finish(start(out, original_records, "--save-every", "4", "--resume"))
+    assert code == 0, log[-2000:]
+    assert "resumed from step 4" in log and json.loads(stdout)["step"] == 24
+    assert largest_difference(final_weights(out), uninterrupted) <= 1e-6

@@ -1,0 +1,152 @@
+"""`kbert finetune` interrupted (SIGTERM, SIGINT, kill -9, a failed checkpoint write) and resumed.
+
+Each run is a real `kbert finetune` process. A resumed run must continue from the step where
+it stopped and end as the uninterrupted run ends: the same weights, the same best epoch and
+the same eval_results.json.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import TINY, failing_checkpoint_command, kbert_command
+from helpers import sentiment_rows, write_tsv
+
+pytestmark = pytest.mark.slow
+
+# 256 examples in batches of 16: 16 steps an epoch, 48 in all; a checkpoint every 5 steps.
+FLAGS = ["--task", "classify", "--epochs", "3", "--batch-size", "16", "--learning-rate", "1e-3",
+         "--max-seq-length", "24", "--save-every", "5"]
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    work = tmp_path_factory.mktemp("data")
+    return (write_tsv(work / "train.tsv", sentiment_rows(256, 0)), write_tsv(work / "dev.tsv", sentiment_rows(64, 1)))
+
+
+def command(out, data, *extra, fail_at=None):
+    train, dev = data
+    args = [str(TINY), "--train", str(train), "--dev", str(dev), "--output", str(out), *FLAGS, *extra]
+    if fail_at is None:
+        return kbert_command() + ["finetune", *args]
+    return failing_checkpoint_command() + ["finetune", *args]
+
+
+def run(out, data, *extra, fail_at=None):
+    env = dict(os.environ, KBERT_TEST_FAIL_AT=str(fail_at)) if fail_at else None
+    return subprocess.run(command(out, data, *extra, fail_at=fail_at), capture_output=True, text=True, timeout=600,
+                          env=env)
+
+
+def saved_step(out):
+    try:
+        with open(f"{out}.partial/state.json") as f:
+            return json.load(f)["step"]
+    except (OSError, ValueError):  # not written yet, or being replaced
+        return 0
+
+
+def weights(out):
+    with h5py.File(os.path.join(out, "model.weights.h5")) as f:
+        arrays = {}
+        f.visititems(lambda name, item: arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+    return arrays
+
+
+def assert_same_run(out, reference):
+    mine, theirs = weights(out), weights(reference)
+    assert mine.keys() == theirs.keys() and len(mine) > 40
+    difference = max(float(np.max(np.abs(mine[k].astype(np.float64) - theirs[k]))) for k in mine)
+    print(f"largest weight difference: {difference:.3g}")
+    assert difference <= 1e-6
+    ours, want = (json.load(open(os.path.join(p, "eval_results.json"))) for p in (out, reference))
+    assert ours["best"]["epoch"] == want["best"]["epoch"]
+    assert len(ours["history"]) == len(want["history"]) == 3
+    for a, b in zip(ours["history"], want["history"]):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-6) for k in a)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data):
+    out = tmp_path_factory.mktemp("reference") / "model"
+    result = run(out, data)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not os.path.exists(f"{out}.partial")  # an ended run leaves no partial state
+    return out
+
+
+def interrupt(out, data, number, after_step, *extra):
+    process = subprocess.Popen(command(out, data, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while saved_step(out) < after_step:
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(number)
+    stdout, stderr = process.communicate(timeout=300)
+    return process.returncode, stderr
+
+
+def test_signals_save_the_step_reached_and_resume_mid_epoch_exactly(tmp_path, data, reference):
+    out = tmp_path / "model"
+    code, stderr = interrupt(out, data, signal.SIGTERM, 20)  # in the second epoch (steps 17-32)
+    assert code == 143, stderr[-2000:]
+    line = stderr.strip().splitlines()[-1]
+    step = saved_step(out)
+    assert line == (f"kbert: interrupted at step {step}: checkpoint saved in {out}.partial; continue with the same "
+                    f"kbert finetune command and --resume"), line
+    assert "Traceback" not in stderr and not out.exists()
+
+    code, stderr = interrupt(out, data, signal.SIGINT, step + 5, "--resume")
+    assert code == 130, stderr[-2000:]
+    second = saved_step(out)
+    assert second > step and f"resumed from step {step}" in stderr
+
+    result = run(out, data, "--resume")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["resumed_from_step"] == second  # not the epoch's start
+    assert not os.path.exists(f"{out}.partial")
+    assert_same_run(out, reference)
+
+
+def test_kill_9_then_resume_ends_as_the_uninterrupted_run(tmp_path, data, reference):
+    out = tmp_path / "model"
+    code, _ = interrupt(out, data, signal.SIGKILL, 25)
+    assert code == -signal.SIGKILL
+    result = run(out, data, "--resume")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert_same_run(out, reference)
+
+
+def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(tmp_path, data, reference):
+    out = tmp_path / "model"
+    result = run(out, data, fail_at=3)  # saves at steps 5, 10, then 15 fails
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "kbert: error: writing the checkpoint for step 15 failed ([Errno 28] No space left on device); the "
+        "previous checkpoint (step 10) is intact: fix the cause, then --resume")
+    assert saved_step(out) == 10 and not out.exists()
+    result = run(out, data, "--resume")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["resumed_from_step"] == 10
+    assert_same_run(out, reference)
+
+
+def test_resume_refusals(tmp_path, data, reference):
+    out = tmp_path / "model"
+    result = run(out, data, "--resume")
+    assert result.returncode == 1 and "no unfinished run" in result.stderr.strip().splitlines()[-1]
+    code, _ = interrupt(out, data, signal.SIGTERM, 5)
+    assert code == 143
+    result = run(out, data)  # without --resume: refused, the unfinished run is kept
+    assert result.returncode == 1 and "pass --resume to continue it" in result.stderr.strip().splitlines()[-1]
+    result = run(out, data, "--resume", "--epochs", "4")
+    assert result.returncode == 1 and "was started with epochs 3, not 4" in result.stderr.strip().splitlines()[-1]
+    assert saved_step(out) >= 5
+
