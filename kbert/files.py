@@ -32,7 +32,7 @@ def check_text(path, size: int, invalid: int):
 
 
 def check_head_is_text(path, head: bytes):
-    """`check_text` on the first bytes of a file (a cut multi-byte character at the end is not counted).
+    r"""`check_text` on the first bytes of a file (a cut multi-byte character at the end is not counted).
 
     Example:
     >>> check_head_is_text("notes.txt", "plain text, caf\u00e9\n".encode())
