@@ -96,8 +96,9 @@ def served(tmp_path_factory, tiny_model_dir, choice_run):
 
 
 def assert_same_json(remote, local, where=""):
-    """Equal keys, strings, ints and list lengths; floats equal up to the last printed digit
-    (the server's graph and Keras' predict may round the 7th digit differently)."""
+    """Equal keys, strings, ints and list lengths; floats equal to 5e-6: the server's graph and
+    Keras' predict differ in float32's last bits, and each side rounds to 6 digits (over the
+    2,000 encoder rows of `encoder_job`, the largest difference printed was 3e-6)."""
     assert type(remote) is type(local), (where, remote, local)
     if isinstance(local, dict):
         assert list(remote) == list(local), (where, remote, local)
@@ -108,7 +109,7 @@ def assert_same_json(remote, local, where=""):
         for i, (r, v) in enumerate(zip(remote, local)):
             assert_same_json(r, v, f"{where}[{i}]")
     elif isinstance(local, float):
-        assert abs(remote - local) <= 2e-6, (where, remote, local)
+        assert abs(remote - local) <= 5e-6, (where, remote, local)
     else:
         assert remote == local, (where, remote, local)
 
