@@ -14,10 +14,10 @@ from kbert.outputs import check_apart, claim_output
 
 
 def create_data(
-    input: List[Path] = typer.Option(..., "--input", help="Text: one sentence per line, a blank line between documents. Repeat --input, or list more files after it (--input data/*.txt)."),
-    more_inputs: Optional[List[Path]] = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False),
+    input: List[str] = typer.Option(..., "--input", help="Text: one sentence per line, a blank line between documents. Repeat --input, or list more files after it (--input data/*.txt)."),
+    more_inputs: Optional[List[str]] = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False),
     vocab: Path = typer.Option(..., "--vocab", help="vocab.txt of the model (or from `kbert vocab`)."),
-    output: Path = typer.Option(..., "--output", help="TFRecord file to write; with --shards N, the prefix of OUTPUT-0000i-of-0000N."),
+    output: str = typer.Option(..., "--output", help="TFRecord file to write; with --shards N, the prefix of OUTPUT-0000i-of-0000N."),
     max_seq_length: int = typer.Option(DEFAULT_MAX_SEQ_LENGTH, help="Tokens per instance, [CLS] and [SEP]s included."),
     max_predictions_per_seq: int = typer.Option(20, help="Masked positions per instance at most."),
     masked_lm_prob: float = typer.Option(0.15, help="Share of tokens to mask."),

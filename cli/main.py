@@ -46,7 +46,8 @@ def main(argv=None):
         os.environ["KBERT_DEBUG"] = "1"
     quiet_tensorflow()
     setup_logging(debug)
-    if argv and not {"--help", "-h"} & set(argv) and argv[-1] not in ("convert",):
+    # create-data never needs TensorFlow (its start-up is seconds of a run of tens of seconds).
+    if argv and not {"--help", "-h"} & set(argv) and argv[-1] not in ("convert",) and argv[0] != "create-data":
         import_tensorflow_quietly()
     try:
         app(args=argv, prog_name="kbert")

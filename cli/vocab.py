@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -12,9 +11,9 @@ from kbert.outputs import check_apart, check_writable
 
 
 def vocab(
-    input: List[Path] = typer.Option(..., "--input", help="Text files to learn from. Repeat --input, or list more files after it (--input data/*.txt)."),
-    more_inputs: Optional[List[Path]] = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False),
-    output: Path = typer.Option(..., "--output", help="vocab.txt to write."),
+    input: List[str] = typer.Option(..., "--input", help="Text files to learn from. Repeat --input, or list more files after it (--input data/*.txt)."),
+    more_inputs: Optional[List[str]] = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False),
+    output: str = typer.Option(..., "--output", help="vocab.txt to write."),
     size: int = typer.Option(30522, help="Entries at most, the 5 reserved tokens included (the learner lands within 5% below)."),
     lowercase: bool = typer.Option(True, "--lowercase/--no-lowercase", help="Uncased (lower-case, strip accents) or cased vocabulary."),
     overwrite: bool = typer.Option(False, help="Replace OUTPUT if it exists."),
@@ -39,6 +38,9 @@ def vocab(
             return beam_word_counts(files, output, do_lower_case, runner=runner, flags=pipeline_options)
     elif pipeline_options:
         raise KbertError("--pipeline-options are Beam's; pass --runner DirectRunner (or another Beam runner) too")
+    if "://" in output:
+        raise KbertError(f"--output {output}: vocab.txt is written on this machine; give a local path "
+                         f"(and copy it where it is needed)")
     inputs = [*input, *(more_inputs or [])]
     check_apart(output, inputs)
     check_writable(output)  # before the learning, which takes minutes on a real corpus

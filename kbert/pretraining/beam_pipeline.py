@@ -44,14 +44,13 @@ from apache_beam.coders import BytesCoder
 from apache_beam.io.filebasedsink import FileBasedSink
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 
 from kbert.beam import expand_inputs, open_file, pipeline_options, run
-from kbert.errors import KbertError
+from kbert.errors import KbertError, first_line
 from kbert.pretraining import create_data
-from kbert.pretraining.create_data import DataOptions, InstanceBuilder, InstanceCounts, read_chunks
+from kbert.pretraining.create_data import DataOptions, InstanceBuilder, InstanceCounts, read_chunks, tfrecord_frames
 from kbert.text.tokenizer import load_vocab
 
 NAMESPACE = "kbert"
@@ -92,8 +91,7 @@ class BuildChunk(beam.DoFn):
         path = FileSystems.join(self.staging, f"chunk-{index:06d}-{uuid.uuid4().hex[:8]}.tfrecord")
         with FileSystems.create(path, mime_type="application/octet-stream",
                                 compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            for record in records:
-                _TFRecordUtil.write_record(f, record)  # Beam's own TFRecord framing and CRC
+            f.write(tfrecord_frames(records)[0])  # the local path's framing: the same bytes
         del records
         self.peak_rss.update(create_data.own_peak_kib())
         yield path
@@ -158,6 +156,10 @@ def run_pipeline(input_patterns, vocab_file, output, *, runner: str = "DirectRun
         raise KbertError(f"{vocab_file} has no {', '.join(missing)}; pass a BERT vocab.txt (kbert vocab writes one)")
     output = os.fspath(output)
     outputs = create_data.shard_paths(output, shards)
+    try:
+        FileSystems.get_filesystem(output)
+    except ValueError as e:  # a scheme whose Beam extra is not installed (gs:// needs apache-beam[gcp])
+        raise KbertError(f"--output {output}: {first_line(e, 300)}") from None
     for path in outputs:
         if FileSystems.exists(path) and not overwrite:
             raise KbertError(f"{path} exists; pass --overwrite to replace it, or choose a new output path")

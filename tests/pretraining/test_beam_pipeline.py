@@ -136,6 +136,11 @@ def test_bad_input_one_line_and_nothing_written(corpus, tmp_path):
     binary.write_bytes(os.urandom(20_000))
     for runner in ("DirectRunner", "local"):
         fails("--input", binary, fragment="random.bin: not UTF-8 text", runner=runner)
+    # Remote paths reach Beam's file systems as written (not folded to s3:/bucket by a path type).
+    fails("--input", "s3://kbert-test-bucket/corpus.txt", fragment="s3://kbert-test-bucket/corpus.txt: cannot list it")
+    result = run_kbert("create-data", "--vocab", UNCASED_VOCAB, "--input", files[0], "--output",
+                       "gs://kbert-test-bucket/data.tfrecord", "--runner", "DirectRunner", check=False, own_process=False)
+    assert_user_error(result, "--output gs://kbert-test-bucket/data.tfrecord", "apache-beam[gcp]", alone=False)
     fails("--input", files[0], fragment="--runner", runner="SparkRunnr")
     fails("--input", files[0], "--pipeline-options", "--direct_num_wrkers=2", fragment="--direct_num_wrkers")
     fails("--input", files[0], "--pipeline-options", "--direct_running_mode=fast", fragment="Beam refuses")
