@@ -391,7 +391,9 @@ class Client:
                 if code == grpc.StatusCode.UNAVAILABLE:
                     self._drop_channel()
                     if "connect" in details.lower() or not details:
-                        raise _Unavailable(details or "no connection",
+                        # "failed to connect to all addresses; ...: Connection refused": the last
+                        # part says why, enough for the line of each wait.
+                        raise _Unavailable(details.rsplit(": ", 1)[-1] or "no connection",
                                            lambda after: self._unreachable(details, after)) from None
                     raise _Unavailable(details, lambda after: f"{self._where()}: UNAVAILABLE: {details}{after}") \
                         from None

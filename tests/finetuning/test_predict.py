@@ -250,8 +250,8 @@ def test_a_job_rides_out_a_server_restart(encoder_job, protocol, tmp_path):
     assert retried, stderr
     lines = out.read_text().splitlines()
     accounted = rows_accounted(lines, encoder_job["served"])
-    print(f"{protocol}: server killed after row {at_kill}, {len(retried)} retries (first: {retried[0]}); "
-          f"{len(lines)} lines: {accounted}")
+    print(f"{protocol}: server killed after row {at_kill}; {len(lines)} lines: {accounted}; the waits:",
+          *retried, sep="\n  ")
     assert len(lines) == ROWS and accounted == EXACTLY_ONCE
     assert not os.path.exists(partial_path(out))
 
