@@ -308,3 +308,14 @@ def test_giving_up_when_nothing_listens(encoder_job, tmp_path):
     assert_user_error(by_deadline, "cannot reach TF Serving at 127.0.0.1:1", alone=False)
     assert 1 <= len(by_deadline.stderr.splitlines()) - 1 < 1000
     assert os.listdir(tmp_path) == []
+
+
+def test_resuming_the_output_of_another_input_is_refused(encoder_job, tmp_path):
+    out = tmp_path / "out.jsonl"
+    partial = partial_path(out)
+    open(partial, "w").write("{}\n" * (ROWS + 1))
+    result = run_kbert("predict", "--server", encoder_job["server"].address["rest"], "--model", "encoder",
+                       "--input", encoder_job["input"], "--output", out, "--resume", check=False)
+    assert_user_error(result, f"already has {ROWS + 1} rows, but the input has only {ROWS} examples",
+                      "pass --overwrite to start again", alone=False)
+    assert open(partial).read() == "{}\n" * (ROWS + 1) and not out.exists()
