@@ -176,15 +176,14 @@ def run_pipeline(input_patterns, vocab_file, output, *, runner: str = "DirectRun
     folder, name = FileSystems.split(output)
     staging = FileSystems.join(folder, f"kbert-temp-{name}-{uuid.uuid4().hex}")
     FileSystems.mkdirs(staging)
-
-    pipeline = beam.Pipeline(options=beam_options)
-    _ = (pipeline
-         | "Chunks" >> beam.Create(plan)
-         | "Records" >> beam.ParDo(BuildChunk(vocab_text, do_lower_case, options, staging))
-         | "Write" >> beam.io.Write(ChunkFilesSink(output, shards))
-         | "Written" >> beam.combiners.Count.Globally()  # one element, once every shard is in place
-         | "RemoveStaging" >> beam.Map(lambda _, folder: _remove(folder), staging))
     try:
+        pipeline = beam.Pipeline(options=beam_options)
+        _ = (pipeline
+             | "Chunks" >> beam.Create(plan)
+             | "Records" >> beam.ParDo(BuildChunk(vocab_text, do_lower_case, options, staging))
+             | "Write" >> beam.io.Write(ChunkFilesSink(output, shards))
+             | "Written" >> beam.combiners.Count.Globally()  # one element, once every shard is in place
+             | "RemoveStaging" >> beam.Map(lambda _, folder: _remove(folder), staging))
         result = run(pipeline, runner)
     finally:
         _remove(staging)  # a failed job's chunk files (a killed launcher leaves them, as Beam leaves its own)
