@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import h5py
 import keras
 import numpy as np
 
@@ -175,3 +176,17 @@ def assert_round_trips(model, inputs, tmp_path, vocab_file=os.path.join(TINY, "v
     assert type(loaded) is type(model)
     for name, value in loaded(inputs, training=False).items():
         np.testing.assert_array_equal(np.asarray(value), expected[name], err_msg=f"model dir: {name}")
+
+
+def saved_weights(model_dir):
+    """{name: array} of every array in MODEL_DIR/model.weights.h5."""
+    with h5py.File(os.path.join(model_dir, "model.weights.h5")) as f:
+        arrays = {}
+        f.visititems(lambda name, item: arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+    return arrays
+
+
+def largest_difference(a: dict, b: dict) -> float:
+    """The largest |a - b| over arrays of the same names (a BERT has 40 or more)."""
+    assert a.keys() == b.keys() and len(a) >= 40
+    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)

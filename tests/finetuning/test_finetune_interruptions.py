@@ -11,12 +11,10 @@ import signal
 import subprocess
 import time
 
-import h5py
-import numpy as np
 import pytest
 
 from conftest import TINY, failing_checkpoint_command, kbert_command
-from helpers import sentiment_rows, write_tsv
+from helpers import largest_difference, saved_weights, sentiment_rows, write_tsv
 
 pytestmark = pytest.mark.slow
 
@@ -52,17 +50,8 @@ def saved_step(out):
         return 0
 
 
-def weights(out):
-    with h5py.File(os.path.join(out, "model.weights.h5")) as f:
-        arrays = {}
-        f.visititems(lambda name, item: arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
-    return arrays
-
-
 def assert_same_run(out, reference):
-    mine, theirs = weights(out), weights(reference)
-    assert mine.keys() == theirs.keys() and len(mine) > 40
-    difference = max(float(np.max(np.abs(mine[k].astype(np.float64) - theirs[k]))) for k in mine)
+    difference = largest_difference(saved_weights(out), saved_weights(reference))
     print(f"largest weight difference: {difference:.3g}")
     assert difference <= 1e-6
     ours, want = (json.load(open(os.path.join(p, "eval_results.json"))) for p in (out, reference))

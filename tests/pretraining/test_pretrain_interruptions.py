@@ -9,14 +9,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
-import h5py
-import numpy as np
 import pytest
 
 from conftest import TINY, failing_checkpoint_command, kbert_command
+from helpers import largest_difference, saved_weights
 from test_pretrain import SHAPE, VOCAB, _free_port, original_records  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
@@ -61,24 +59,12 @@ def wait_for(condition, process, timeout=180):
         time.sleep(0.05)
 
 
-def final_weights(model_dir):
-    with h5py.File(os.path.join(model_dir, "model.weights.h5")) as f:
-        arrays = {}
-        f.visititems(lambda name, item: arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
-    return arrays
-
-
-def largest_difference(a, b):
-    assert a.keys() == b.keys() and len(a) >= 46
-    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, original_records):
     out = tmp_path_factory.mktemp("reference") / "bert"
     code, stdout, log = finish(start(out, original_records))
     assert code == 0, log[-2000:]
-    return final_weights(out)
+    return saved_weights(out)
 
 
 def interrupt(model_dir, records, number, *extra, after_step):
@@ -109,7 +95,7 @@ def test_sigterm_then_sigint_save_the_step_reached_and_the_resumed_run_is_exact(
     code, stdout, log = finish(start(out, original_records, "--resume"))
     assert code == 0, log[-2000:]
     assert f"resumed from step {second}" in log and json.loads(stdout)["step"] == 24
-    difference = largest_difference(final_weights(out), uninterrupted)
+    difference = largest_difference(saved_weights(out), uninterrupted)
     print(f"largest weight difference after two interruptions: {difference:.3g}")
     assert difference <= 1e-6
 
@@ -123,7 +109,7 @@ def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path, origin
     code, stdout, log = finish(start(out, original_records, "--resume", "--save-every", "4"))
     assert code == 0, log[-2000:]
     assert json.loads(stdout)["resumed_from"] >= 8
-    difference = largest_difference(final_weights(out), uninterrupted)
+    difference = largest_difference(saved_weights(out), uninterrupted)
     print(f"largest weight difference after kill -9: {difference:.3g}")
     assert difference <= 1e-6
 
@@ -180,7 +166,7 @@ def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, ori
     reference = tmp_path / "reference"
     for code, _, log in [finish(p) for p in workers(model_dir=reference)]:
         assert code == 0, log[-3000:]
-    difference = largest_difference(final_weights(out), final_weights(reference))
+    difference = largest_difference(saved_weights(out), saved_weights(reference))
     print(f"largest weight difference after a multi-worker interruption: {difference:.3g}")
     assert difference <= 1e-6
 
@@ -199,4 +185,4 @@ def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(tmp_path
     code, stdout, log = finish(start(out, original_records, "--save-every", "4", "--resume"))
     assert code == 0, log[-2000:]
     assert "resumed from step 4" in log and json.loads(stdout)["step"] == 24
-    assert largest_difference(final_weights(out), uninterrupted) <= 1e-6
+    assert largest_difference(saved_weights(out), uninterrupted) <= 1e-6
