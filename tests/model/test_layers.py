@@ -80,7 +80,10 @@ def assert_paths_agree(results, layer, kernels, tol=1e-6):
             assert max(np.abs(np.asarray(a)).max(), np.abs(np.asarray(b)).max()) < 1e-5
             continue
         assert np.abs(np.asarray(b)).max() > 0.1, variable.path  # a gradient worth comparing
-        assert max_difference(a, b) <= tol, (variable.path, max_difference(a, b))
+        # A weight's gradient sums over every position, in another order on each path: float32
+        # rounding of that sum reached 1.03e-6 (relative) for a LayerNorm gamma with one of the
+        # dropout masks the suite's order gives (CI, 2026-11-24), so weights get twice `tol`.
+        assert max_difference(a, b) <= 2 * tol, (variable.path, max_difference(a, b))
 
 
 def test_use_fused_is_the_one_switch():
