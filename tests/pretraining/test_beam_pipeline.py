@@ -118,6 +118,26 @@ def test_a_killed_job_leaves_nothing_under_the_final_names(tmp_path):
     assert not out.exists() and not list(tmp_path.glob("out/data.tfrecord*"))
 
 
+def test_memory_does_not_grow_with_the_corpus(tmp_path):
+    """The shuffle carries one path per chunk, so no process holds more than a chunk's records:
+    four times the corpus, the same peak memory. (One element per record, the runner's own
+    process grew by about 5 KB a record: some 200 MB more for the larger corpus here.)"""
+    text = (Path(SAMPLE).read_text(encoding="utf-8") + "\n") * 100  # ~440 kB, 14 chunks of 20 documents
+    peaks = {}
+    for times in (1, 4):
+        corpus = tmp_path / f"corpus{times}.txt"
+        corpus.write_text(text * times, encoding="utf-8")
+        # A process of its own: this one's peak is whatever earlier tests left.
+        result = run_kbert("create-data", "--input", corpus, "--vocab", UNCASED_VOCAB, "--output",
+                           tmp_path / f"out{times}.tfrecord", "--max-seq-length", "64", "--max-predictions-per-seq",
+                           "10", "--chunk-docs", "20", "--dupe-factor", "5", "--shards", "4", "--runner",
+                           "DirectRunner", "--pipeline-options", MULTI, own_process=True)
+        peaks[times] = json.loads(result.stdout)
+    assert peaks[4]["instances"] > 3.5 * peaks[1]["instances"] > 10_000
+    for key in ("peak_rss_mib_main", "peak_rss_mib_largest_worker"):
+        assert peaks[4][key] < peaks[1][key] + 40, (key, peaks[1][key], peaks[4][key])
+
+
 def test_bad_input_one_line_and_nothing_written(corpus, tmp_path):
     _, files = corpus
     out = tmp_path / "out.tfrecord"
