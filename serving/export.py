@@ -74,18 +74,64 @@ def _next_version(export_base: str) -> int:
     return max(versions, default=0) + 1
 
 
+# Requests run on their longest text rounded up to this many tokens: a few distinct shapes
+# (oneDNN and TF cache kernels per shape) at most 7 padding positions each.
+LENGTH_MULTIPLE = 8
+
+
+class OnLongestText:
+    """`model` called on a batch cut to its longest text, rounded up to LENGTH_MULTIPLE tokens.
+
+    BertPreprocessor packs every text to max_seq_length (so truncation is the original's), but
+    a 6-word query would then pay for 128 positions. Cutting the batch to its longest text
+    changes nothing for the real tokens: padding is masked out of attention (-10000 before the
+    softmax, exp underflows to 0), so pooled outputs, logits and per-token outputs agree with
+    the padded run to float32 rounding. Outputs with a value per token are padded back to the
+    length of the inputs, with zeros at the positions past each text (input_mask 0), where the
+    padded run gave the model's outputs for padding, which mean nothing.
+
+    Attribute reads go to `model` (num_classes, config, ...), so a task's serving head takes
+    it in the model's place.
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, features, training=False):
+        mask = features["input_mask"]
+        full = tf.shape(mask)[-1]
+        # The longest text's tokens; 0 for an empty batch (reduce_max of nothing is the lowest int).
+        longest = tf.reduce_max(tf.concat([tf.reshape(tf.reduce_sum(mask, axis=-1), [-1]), [0]], axis=0))
+        rounded = (longest + LENGTH_MULTIPLE - 1) // LENGTH_MULTIPLE * LENGTH_MULTIPLE
+        length = tf.clip_by_value(rounded, tf.minimum(LENGTH_MULTIPLE, full), full)
+        outputs = self.model({k: v[..., :length] for k, v in features.items()}, training=training)
+        per_token = mask.shape.rank + 1  # [batch, seq, width] from [batch, seq] inputs
+        return {k: _pad_positions(v, full) if v.shape.rank == per_token else v for k, v in outputs.items()}
+
+
+def _pad_positions(x, length):
+    """x [batch, seq, ...] padded with zeros along seq to `length`."""
+    paddings = tf.concat([[[0, 0], [0, length - tf.shape(x)[1]]], tf.zeros([tf.rank(x) - 2, 2], tf.int32)], axis=0)
+    return tf.pad(x, paddings)
+
+
 def _serving_head(model, task_info, text_pairs) -> ServingHead:
-    """How to serve `model`: its task's record says, and encoders serve their outputs."""
+    """How to serve `model`: its task's record says, and encoders serve their outputs.
+    Either way the model runs on each batch's longest text (`OnLongestText`)."""
     task = task_info.get("task")
     if isinstance(model, (BertEncoder, BertPretrainer)):
-        encoder = model if isinstance(model, BertEncoder) else model.encoder
+        tracked = model if isinstance(model, BertEncoder) else model.encoder
+        encoder = OnLongestText(tracked)
 
         def outputs(features):
             out = encoder(features, training=False)
             return {"pooled_output": finite("pooled_output", out["pooled_output"]),
                     "sequence_output": finite("sequence_output", out["sequence_output"]),
                     "input_mask": features["input_mask"]}
-        return ServingHead(encoder, outputs, {"text": 1, "text_b": 1} if text_pairs else {"text": 1})
+        return ServingHead(tracked, outputs, {"text": 1, "text_b": 1} if text_pairs else {"text": 1})
     if task is None:  # a head saved without fine-tuning metadata: its kind says which task
         task = {BertTagger: "tag", BertMultipleChoice: "choice"}.get(type(model)) or (
             "regress" if getattr(model, "num_classes", 0) == 1 else "classify")
@@ -94,7 +140,7 @@ def _serving_head(model, task_info, text_pairs) -> ServingHead:
         raise KbertError(f"kbert export serves encoders, pretrained models and the {task_list()} tasks; a "
                          f"{task} model needs its question/context windows, which export does not build yet: "
                          f"serve its encoder or use kbert predict")
-    head = record.serve(model, task_info.get("labels"))
+    head = record.serve(OnLongestText(model), task_info.get("labels"))._replace(tracked=model)
     if task in ("classify", "regress"):
         # finetune records "text_pairs"; directories from before it did may get pairs.
         pairs = bool(task_info.get("text_pairs", True)) if text_pairs is None else text_pairs

@@ -188,13 +188,39 @@ def test_fresh_process_needs_no_kbert_or_keras(served):
 
 
 def test_encoder_serving_default_matches_kbert(served, references):
+    # The reference runs every text padded to the 64 positions; the export runs the batch cut to
+    # its longest text (64 here: one text is truncated at 64). Equal on every real token.
     _, features, expected = references["encoder"]
     out = served["encoder"]["serving_default"]
     assert sorted(out) == ["input_mask", "pooled_output", "sequence_output"]
     np.testing.assert_array_equal(out["input_mask"], features["input_mask"])
-    np.testing.assert_allclose(out["pooled_output"], expected["pooled_output"], atol=1e-4)
-    np.testing.assert_allclose(out["sequence_output"], expected["sequence_output"], atol=1e-4)
-    assert np.asarray(out["sequence_output"]).shape == (len(TEXTS), 64, 64)
+    np.testing.assert_allclose(out["pooled_output"], expected["pooled_output"], atol=1e-5)
+    sequence, real = np.asarray(out["sequence_output"]), features["input_mask"].astype(bool)
+    assert sequence.shape == (len(TEXTS), 64, 64)
+    np.testing.assert_allclose(sequence[real], expected["sequence_output"][real], atol=1e-5)
+
+
+def test_a_batch_runs_on_its_longest_text_rounded_up_to_8(exports, tiny_model_dir):
+    """Two texts of 6 and 13 tokens ([CLS] and [SEP] included) run at 16 positions, not 64:
+    positions 6-15 of the shorter text are the model's outputs for padding (computed), 16-63 of
+    both are zeros (not computed), and the real tokens and pooled outputs are the padded run's."""
+    import tensorflow as tf
+
+    import kbert
+    from kbert.text.preprocessing import BertPreprocessor
+    texts = tf.constant(["gold glorious great.", "gold glorious great. dead dust the dread. gold."])
+    out = tf.saved_model.load(str(exports["encoder"])).signatures["serving_default"](text=texts)
+    features = BertPreprocessor.for_model(tiny_model_dir, 64)(texts)
+    assert features["input_mask"].numpy().sum(-1).tolist() == [6, 13]
+    padded = kbert.load(tiny_model_dir).encoder(features, training=False)
+    sequence = out["sequence_output"].numpy()
+    assert sequence.shape == (2, 64, 64) and not sequence[:, 16:].any()
+    assert np.abs(sequence[0, 6:16]).min() > 0
+    # Past a text, the cut run's padding outputs differ from the padded run's (they attend to fewer
+    # padding positions), which is why they are not part of what the signature promises.
+    np.testing.assert_allclose(sequence[0, :6], padded["sequence_output"].numpy()[0, :6], atol=1e-5)
+    np.testing.assert_allclose(sequence[1, :13], padded["sequence_output"].numpy()[1, :13], atol=1e-5)
+    np.testing.assert_allclose(out["pooled_output"], padded["pooled_output"], atol=1e-5)
 
 
 def test_classifier_serves_probabilities_and_labels(served, references):
@@ -204,7 +230,7 @@ def test_classifier_serves_probabilities_and_labels(served, references):
     logits = expected["logits"]
     probabilities = np.exp(logits - logits.max(-1, keepdims=True))
     probabilities /= probabilities.sum(-1, keepdims=True)
-    np.testing.assert_allclose(out["probabilities"], probabilities, atol=1e-4)
+    np.testing.assert_allclose(out["probabilities"], probabilities, atol=1e-5)
     assert out["label_id"] == probabilities.argmax(-1).tolist()
     assert out["label"] == [model.task_info["labels"][i] for i in out["label_id"]]
     assert set(out["label"]) <= {"neg", "pos"}
@@ -259,14 +285,19 @@ def test_bad_requests_give_defined_outputs(served, references):
     assert classifier["empty_batch"] == {"label": [0], "label_id": [0], "probabilities": [0, 2]}
 
 
-def test_warmup_requests_run_against_the_export(exports):
+def test_warmup_requests_run_against_the_export(exports, classifier_dir):
     import tensorflow as tf
     from tensorflow_serving.apis import prediction_log_pb2
+
+    import kbert
+    from kbert.text.preprocessing import BertPreprocessor
 
     path = str(exports["classifier"] / "assets.extra" / "tf_serving_warmup_requests")
     logs = [prediction_log_pb2.PredictionLog.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
     assert len(logs) == 3
     signature = tf.saved_model.load(str(exports["classifier"])).signatures["serving_default"]
+    model = kbert.load(str(classifier_dir))
+    pack = BertPreprocessor.for_model(model)
     for log in logs:
         request = log.predict_log.request
         assert request.model_spec.name == "sentiment" and request.model_spec.signature_name == "serving_default"
@@ -274,6 +305,10 @@ def test_warmup_requests_run_against_the_export(exports):
         assert sorted(inputs) == ["text", "text_b"]
         out = signature(**inputs)
         assert out["probabilities"].shape == (inputs["text"].shape[0], 2)
+        # As the padded run (every text at max_seq_length): TF Serving's warmup runs this graph.
+        features = pack((inputs["text"], inputs["text_b"]))
+        np.testing.assert_allclose(out["probabilities"], tf.nn.softmax(model(features, training=False)["logits"]),
+                                   atol=1e-5)
 
 
 def test_saved_model_cli_lists_and_runs_the_signatures(exports):
@@ -343,6 +378,7 @@ def test_tagger_serves_a_label_per_token(tiny_model_dir, tmp_path):
     out = signature["serving_default"](text=texts)
     assert sorted(out) == ["input_mask", "label", "label_id", "word_label"]
     features = BertPreprocessor(base.vocab_file, True, 8)(texts)
+    # The batch's longest text (6 tokens) rounds up to 8, all of max_seq_length: the padded run.
     expected = model(features, training=False)["logits"].numpy().argmax(-1)
     assert out["label_id"].numpy().tolist() == expected.tolist()
     assert out["label"].numpy().astype(str).tolist() == [["BIO"[i] for i in row] for row in expected]
