@@ -13,7 +13,7 @@ statistics of both outputs (kbert.pretraining.create_data.compute_statistics) si
 
 Run from the repository root:
     .venv/bin/python benchmarks/create_data_bench.py [--corpus /tmp/debian.txt]
-        [--dupe-factor 10] [--workers 2] [--max-docs N] [--keep DIR]
+        [--dupe-factor 10] [--workers 2] [--max-docs N] [--files N] [--keep DIR]
 The default corpus is built by ../shared/tools/debian_corpus.py. --max-docs takes only the
 first N documents (for a quick run, or if the original does not fit in memory; the output
 says so). Progress goes to stderr, one JSON object to stdout.
@@ -70,6 +70,18 @@ def first_documents(corpus, max_docs, out_path):
     return out_path
 
 
+def split_documents(corpus, parts, work):
+    """`corpus` cut into `parts` files of whole documents (at blank lines), each ending with one."""
+    with open(corpus, "rb") as f:
+        documents = [d for d in f.read().split(b"\n\n") if d.strip()]
+    paths, size = [], -(-len(documents) // parts)
+    for i in range(parts):
+        paths.append(os.path.join(work, f"corpus-part{i}.txt"))
+        with open(paths[-1], "wb") as f:
+            f.write(b"\n\n".join(documents[i * size:(i + 1) * size]) + b"\n\n")
+    return paths
+
+
 def run_timed(command, log_path):
     """(wall seconds, peak RSS MiB of the process itself, stdout text) of one command."""
     log("$ " + " ".join(command))
@@ -93,6 +105,8 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-docs", type=int, default=None,
                         help="use only the first N documents of the corpus")
+    parser.add_argument("--files", type=int, default=1,
+                        help="split the corpus into this many files of whole documents, given to every command")
     parser.add_argument("--keep", help="write outputs and logs to this directory and keep them")
     args = parser.parse_args()
     if not os.path.isfile(args.corpus):
@@ -103,13 +117,14 @@ def main():
     corpus = os.path.abspath(args.corpus)
     if args.max_docs:
         corpus = first_documents(corpus, args.max_docs, os.path.join(work, "corpus.txt"))
+    inputs = split_documents(corpus, args.files, work) if args.files > 1 else [corpus]
     info = machine_info()
-    log(f"corpus {corpus} ({os.path.getsize(corpus) / 2**20:.1f} MiB), dupe_factor "
+    log(f"corpus {corpus} in {len(inputs)} file(s) ({os.path.getsize(corpus) / 2**20:.1f} MiB), dupe_factor "
         f"{args.dupe_factor}, kbert workers {args.workers}; outputs in {work}")
 
     original_out = os.path.join(work, "original.tfrecord")
     seconds, peak, _ = run_timed([
-        sys.executable, "-m", "bert.create_pretraining_data", f"--input_file={corpus}",
+        sys.executable, "-m", "bert.create_pretraining_data", f"--input_file={','.join(inputs)}",
         f"--output_file={original_out}", f"--vocab_file={VOCAB}", "--do_lower_case=True",
         f"--max_seq_length={FLAGS['max_seq_length']}",
         f"--max_predictions_per_seq={FLAGS['max_predictions_per_seq']}",
@@ -121,7 +136,7 @@ def main():
 
     kbert_out = os.path.join(work, "kbert.tfrecord")
     seconds, peak_main, stdout = run_timed([
-        os.path.join(BIN, "kbert"), "create-data", "--input", corpus, "--vocab", VOCAB,
+        os.path.join(BIN, "kbert"), "create-data", "--input", *inputs, "--vocab", VOCAB,
         "--output", kbert_out, "--overwrite", "--workers", str(args.workers),
         "--dupe-factor", str(args.dupe_factor),
         "--max-seq-length", str(FLAGS["max_seq_length"]),
@@ -137,7 +152,7 @@ def main():
 
     beam_out = os.path.join(work, "beam.tfrecord")
     seconds, peak_main, stdout = run_timed([
-        os.path.join(BIN, "kbert"), "create-data", "--input", corpus, "--vocab", VOCAB,
+        os.path.join(BIN, "kbert"), "create-data", "--input", *inputs, "--vocab", VOCAB,
         "--output", beam_out, "--overwrite", "--runner", "DirectRunner", "--pipeline-options",
         f"--direct_num_workers={args.workers} --direct_running_mode=multi_processing",
         "--dupe-factor", str(args.dupe_factor),
@@ -173,6 +188,7 @@ def main():
         "corpus": corpus,
         "corpus_mib": round(os.path.getsize(corpus) / 2**20, 2),
         "max_docs": args.max_docs,
+        "files": len(inputs),
         "dupe_factor": args.dupe_factor,
         "flags": FLAGS,
         "original": original,
