@@ -217,6 +217,7 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
     last, last_eval, last_saved = None, None, step
     start_step = step
     timed_steps, timed_seconds = 0, 0.0  # throughput leaves out the first call (tracing)
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     with Progress(total=opts.steps, start=step, enabled=opts.progress and chief,
                   sequences_per_step=opts.batch_size) as bar, StopSignals() as signals:
         while step < opts.steps:
@@ -225,8 +226,10 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
             t0 = time.perf_counter()
             metrics = {k: float(v) for k, v in train_loop(train_iterator, tf.constant(n),
                                                           tf.constant(float(signals.requested is not None))).items()}
-            # Summed over every replica of every worker: all stop after the same step.
-            stop_requested = metrics.pop("stop_requested") > 0
+            # Summed over every replica of every worker, so all workers stop after the same step.
+            # That sum comes from the call after the signal; one process can stop after this one.
+            stop_requested = metrics.pop("stop_requested") > 0 or (
+                signals.requested is not None and not multi_worker)
             seconds = time.perf_counter() - t0
             if not all(math.isfinite(v) for v in metrics.values()):
                 raise KbertError(

@@ -49,8 +49,11 @@ class StopSignals:
         return self
 
     def __exit__(self, *exc):
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
+        # After a stop request the handlers stay: a second signal while the run saves its last
+        # files or exits still means "now", not a traceback from the default handler.
+        if self.requested is None:
+            for number, handler in self._previous.items():
+                signal.signal(number, handler)
         self._previous = {}
         return False
 
