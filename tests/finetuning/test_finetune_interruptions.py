@@ -18,8 +18,10 @@ from helpers import largest_difference, saved_weights, sentiment_rows, write_tsv
 
 pytestmark = pytest.mark.slow
 
-# 256 examples in batches of 16: 16 steps an epoch, 48 in all; a checkpoint every 5 steps.
-FLAGS = ["--task", "classify", "--epochs", "3", "--batch-size", "16", "--learning-rate", "1e-3",
+# 256 examples in batches of 16: 16 steps an epoch, 80 in all (room for a signal to land before
+# the end on a busy machine); a checkpoint every 5 steps.
+EPOCHS = 5
+FLAGS = ["--task", "classify", "--epochs", str(EPOCHS), "--batch-size", "16", "--learning-rate", "1e-3",
          "--max-seq-length", "24", "--save-every", "5"]
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,7 @@ def assert_same_run(out, reference):
     assert difference <= 1e-6
     ours, want = (json.load(open(os.path.join(p, "eval_results.json"))) for p in (out, reference))
     assert ours["best"]["epoch"] == want["best"]["epoch"]
-    assert len(ours["history"]) == len(want["history"]) == 3
+    assert len(ours["history"]) == len(want["history"]) == EPOCHS
     for a, b in zip(ours["history"], want["history"]):
         assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-6) for k in a)
 
@@ -135,7 +137,8 @@ def test_resume_refusals(tmp_path, data, reference):
     assert code == 143
     result = run(out, data)  # without --resume: refused, the unfinished run is kept
     assert result.returncode == 1 and "pass --resume to continue it" in result.stderr.strip().splitlines()[-1]
-    result = run(out, data, "--resume", "--epochs", "4")
-    assert result.returncode == 1 and "was started with epochs 3, not 4" in result.stderr.strip().splitlines()[-1]
+    result = run(out, data, "--resume", "--epochs", str(EPOCHS + 1))
+    assert result.returncode == 1 and f"was started with epochs {EPOCHS}, not {EPOCHS + 1}" in \
+        result.stderr.strip().splitlines()[-1]
     assert saved_step(out) >= 5
 
