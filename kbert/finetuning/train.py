@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbert.config import sequence_length
-from kbert.errors import KbertError, first_line
+from kbert.errors import KbertError
 from kbert.files import atomic_output_dir, atomic_write_text, check_output_dir
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.squad import write_predictions_json
@@ -44,7 +44,7 @@ from kbert.finetuning.tasks import (Task, TaskData, best_metric, get_task, json_
                                     squad_answers)
 from kbert.model_dir import describe_source, open_model, save
 from kbert.text.tokenizer import Tokenizer
-from kbert.training.interruption import StopSignals, random_state_variables
+from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.optimization import BertAdamW, WarmupLinearDecay
 from kbert.training.progress import Progress
 from kbert.training.strategy import make_strategy, use_mixed_precision
@@ -375,7 +375,6 @@ class _RunCheckpoints(keras.callbacks.Callback):
         self.model.stop_training = True
 
     def save(self):
-        previous = f"step {self.saved_step}" if self.saved_step is not None else "none yet"
         try:
             self.manager.save(checkpoint_number=self.step)
             best = None
@@ -389,8 +388,7 @@ class _RunCheckpoints(keras.callbacks.Callback):
                 {"step": self.step, "fingerprint": self.fingerprint, "best_weights": best,
                  "tracker": self.tracker.state()}))
         except (tf.errors.OpError, OSError) as e:
-            raise KbertError(f"writing the checkpoint for step {self.step} failed ({first_line(e)}); the previous "
-                             f"checkpoint ({previous}) is intact: fix the cause, then --resume") from None
+            raise checkpoint_write_failed(self.step, self.saved_step, e) from None
         for stale in glob.glob(os.path.join(self.run_dir, "best-epoch-*.npz")):
             if os.path.basename(stale) != best:
                 os.remove(stale)

@@ -25,13 +25,13 @@ import keras
 import tensorflow as tf
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH, BertConfig
-from kbert.errors import KbertError, first_line
+from kbert.errors import KbertError
 from kbert.model.bert import BertPretrainer
 from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, load, write_model_files
 from kbert.pretraining.dataset import check_records, find_files, pretraining_dataset
 from kbert.pretraining.losses import cross_entropy_and_hits
 from kbert.training.optimization import make_optimizer
-from kbert.training.interruption import StopSignals, random_state_variables
+from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.progress import Progress, write_loss_plot
 from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision
 
@@ -292,8 +292,7 @@ def _save_checkpoint(manager, step: int, last_saved: int):
     try:
         manager.save(checkpoint_number=step)
     except (tf.errors.OpError, OSError) as e:
-        raise KbertError(f"writing the checkpoint for step {step} failed ({first_line(e)}); the previous "
-                         f"checkpoint (step {last_saved}) is intact: fix the cause, then --resume") from None
+        raise checkpoint_write_failed(step, last_saved, e) from None
 
 
 def _to_boundary(step: int, every: int) -> int:
