@@ -120,6 +120,7 @@ import tensorflow_hub as hub
 import tensorflow_text  # noqa: F401
 import tf_keras
 
+tf_keras.utils.set_random_seed(0)
 export, expected_file = sys.argv[1], sys.argv[2]
 expected = np.load(expected_file)
 preprocessor = hub.KerasLayer(export + "/preprocessor", name="preprocessing")
@@ -129,18 +130,21 @@ pooled = encoder(ids)["pooled_output"].numpy()
 
 text_input = tf_keras.layers.Input(shape=(), dtype=tf.string, name="text")
 net = encoder(preprocessor(text_input))["pooled_output"]
-net = tf_keras.layers.Dropout(0.1)(net)
 net = tf_keras.layers.Dense(1, activation=None, name="classifier")(net)
 model = tf_keras.Model(text_input, net)
-model.compile(optimizer=tf_keras.optimizers.Adam(3e-3),
+model.compile(optimizer=tf_keras.optimizers.Adam(1e-3),
               loss=tf_keras.losses.BinaryCrossentropy(from_logits=True), metrics=["accuracy"])
 texts = np.array([line for line in expected["texts"]])
 labels = np.array([i % 2 for i in range(len(texts))], dtype="float32")
 before = [w.numpy().copy() for w in encoder.trainable_weights]
-history = model.fit(texts, labels, epochs=12, batch_size=8, verbose=0)
+# The loss per epoch is noisy (the encoder's own dropout is on while training), so learning is
+# judged by the loss in inference mode before and after.
+loss_before = model.evaluate(texts, labels, verbose=0)[0]
+model.fit(texts, labels, epochs=30, batch_size=16, verbose=0)
+loss_after = model.evaluate(texts, labels, verbose=0)[0]
 changed = sum(not np.array_equal(a, w.numpy()) for a, w in zip(before, encoder.trainable_weights))
 print(json.dumps({"pooled_diff": float(np.abs(pooled - expected["pooled_output"]).max()),
-                  "loss": history.history["loss"], "changed": changed, "trainable": len(before),
+                  "loss_before": loss_before, "loss_after": loss_after, "changed": changed, "trainable": len(before),
                   "modules": sorted(m for m in ("kbert", "keras_hub") if m in sys.modules)}))
 '''
 
@@ -156,8 +160,8 @@ def test_hub_keras_layer_fine_tunes_it_on_tf_keras(hub_export, tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["pooled_diff"] < 1e-5
     assert report["trainable"] == 39 and report["changed"] == 39  # every encoder weight was trained
-    loss = report["loss"]
-    assert np.mean(loss[-3:]) < loss[0] * 0.8, loss  # it learns (16 texts, labels by parity)
+    # It learns: 16 texts labelled by parity, memorised. Over seeds 0-5 the loss fell to 0.02-0.31 of its start.
+    assert report["loss_after"] < 0.5 * report["loss_before"], report
     assert report["modules"] == []
 
 
