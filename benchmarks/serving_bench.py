@@ -1,38 +1,53 @@
-"""Serving latency: kbert's exported SavedModel against keras-hub and Hugging Face on the CPU.
+"""Serving speed on the CPU: kbert's export, as TF Serving runs it, against every usual CPU peer.
 
-A BERT-base-size model (L=12, H=768, A=12, I=3072, V=30522, random weights: the cost does not
-depend on the values), 128 tokens per sequence, in one run, each contender in a fresh process:
+One run, one table: a BERT-base-size model (L=12, H=768, A=12, I=3072, V=30522; random
+weights, since the cost does not depend on the values), each contender in a fresh process, one
+after another (never two at once), text in and its own tokenizer inside the timed call:
 
-- kbert: `kbert export` of an encoder, run two ways. "session": the way tensorflow_model_server
-  runs a SavedModel (a TF1-style session that loads the `serve` MetaGraph and runs the
-  signature_def's tensors, as TF Serving's SavedModelBundle does); "tf.saved_model.load": the
-  TF2 Python API calling the signatures. Both through `serve_ids` (token ids in) and
-  `serving_default` (raw text in, tokenized inside the graph; the text fills all 128 tokens).
-- keras-hub: `BertBackbone` called in-process, timed two ways, `predict_on_batch` and the call
-  wrapped in one `tf.function`; its best way counts. (Eager `__call__` was 3x slower than
-  both in a first run, so it is not timed.)
-- Hugging Face: transformers' `BertModel` on PyTorch CPU under `torch.inference_mode()`,
-  ids in; and text in through its fast tokenizer (`BertTokenizerFast`).
+- kbert: `kbert export` (float32, bfloat16), run the way tensorflow_model_server runs a
+  SavedModel: a TF1 session on the `serve` MetaGraph, fed and fetched by the `serving_default`
+  signature_def's tensor names (as TF Serving's SavedModelBundle does), raw strings in.
+  "kbert padded" is the export as it was before issue 18: every batch on all 128 positions,
+  Q, K and V as three matmuls. `--variants` times exports with one transformation undone each.
+- keras-hub: `BertBackbone` behind its own `BertTextClassifierPreprocessor` (tf.text's
+  WordPiece, packed to 128), both in one `tf.function`; float32 and the bfloat16 policy.
+- Hugging Face: transformers' `BertModel` on PyTorch under `torch.inference_mode()`, float32
+  and bfloat16, behind `BertTokenizerFast` padding to the batch's longest text (its usual call).
+- ONNX Runtime: the same `BertModel` exported by `torch.onnx.export` with dynamic batch and
+  sequence axes, optimised by `onnxruntime.transformers.optimizer` (model_type "bert": fused
+  attention, LayerNorm and GELU), float32, and int8 by `quantize_dynamic`; the same fast
+  tokenizer, padding to the longest text.
 
-Each is run in float32 and in bfloat16 (kbert: `kbert export --precision bfloat16`; keras-hub:
-the "bfloat16" dtype policy; PyTorch: the model cast to torch.bfloat16); each contender's best
-way counts, and kbert is compared with the fastest anchor at the same precision. TensorFlow runs
-with its default threads; `--inter-op 0 1` also tries one inter-op thread (what
-`tensorflow_model_server --tensorflow_inter_op_parallelism=1` sets), which was no faster for
-either TensorFlow contender in a first run.
+Inputs:
+- "full": a text that fills all 128 tokens, at batch 1 and batch 32;
+- "debian": real texts, the Debian package descriptions of `scripts/debian_sections.py`'s
+  test split (run on this machine's apt lists), at batch 1 (each request the next text) and
+  batch 32 (consecutive texts). Their token counts (kbert's tokenizer, with [CLS]/[SEP],
+  before truncation) are reported.
 
-Latency is per request at batch 1 (p50 and p99 over `--requests` calls after warm-up);
-throughput is sequences/s at batch 32. Every contender gets the same input ids.
+Per input: p50 and p99 latency over `--requests` requests at batch 1 (after a warm-up of 30
+requests and 2 batches, the same for everyone), and sequences/s at batch 32.
 
-usage: .venv/bin/python benchmarks/serving_bench.py [--requests 100] [--batches 6] [--quick]
-Needs the bench extra and PyTorch for the Hugging Face row:
-`pip install -e ".[bench]" torch==2.13.0 transformers` (the row is skipped without them).
-Progress on stderr, one JSON object on stdout.
+The limit: this machine's matmul peak, measured in the same run (a 2048^3 matmul in TensorFlow,
+float32 and bfloat16, best of 5), and each input's FLOPs (2 per multiply-add: the 12 layers'
+dense layers and attention products at its real length, what a model that pads to the request
+must do at least). `limit_ms` = FLOPs / peak; `of_limit` = limit_ms / measured (1.0 would be
+the peak).
+
+Ratios: kbert's best way at each precision against the best peer (torch, keras-hub) at the
+same precision, and against ONNX Runtime float32 and int8.
+
+usage: .venv/bin/python benchmarks/serving_bench.py [--requests 200] [--batches 4] [--quick]
+       [--only kbert keras_hub hf ort] [--precisions float32 bfloat16] [--work DIR]
+Needs the bench extra (`pip install -e ".[bench]"`, which brings transformers, onnx,
+onnxruntime) and PyTorch (`pip install torch`); a contender whose library is missing is
+reported as failed. Progress on stderr, one JSON object on stdout.
 """
 
 # Only the standard library and numpy at the top: each child process imports this module, then
 # only the libraries of the one it times (the PyTorch child never loads TensorFlow, and so on).
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -44,203 +59,348 @@ import numpy as np
 
 L, H, A, I, V, SEQ, BIG_BATCH = 12, 768, 12, 3072, 30522, 128, 32
 HERE = os.path.dirname(os.path.abspath(__file__))
-VOCAB = os.path.join(HERE, os.pardir, "tests", "fixtures", "vocab-uncased.txt")
-# Real words, many more than 128 tokens: every contender's text input fills the sequence.
-TEXT = ("The package provides a command-line tool and a library for reading, writing and "
-        "converting archives; it supports compressed formats, streaming, and large files. ") * 8
+ROOT = os.path.dirname(HERE)
+VOCAB = os.path.join(ROOT, "tests", "fixtures", "vocab-uncased.txt")
+# Real words, many more than 128 tokens: every contender's tokenizer fills the sequence.
+FULL_TEXT = ("The package provides a command-line tool and a library for reading, writing and "
+             "converting archives; it supports compressed formats, streaming, and large files. ") * 8
+WARMUP_REQUESTS, WARMUP_BATCHES = 30, 2
 
 
-def token_ids(batch, seed=0):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(1000, V, (batch, SEQ)).astype("int32")
-    ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
-    return ids, np.ones((batch, SEQ), "int32"), np.zeros((batch, SEQ), "int32")
+def flops(length: int) -> float:
+    """Multiply-adds x 2 of one sequence of `length` tokens through BERT-base's 12 layers."""
+    dense = 2 * length * (4 * H * H + 2 * H * I)  # Q, K, V, output; the two feed-forward layers
+    attention = 2 * 2 * length * length * H  # Q.K^T and probabilities.V
+    return L * (dense + attention)
 
 
-def measure(call, batch_one, batch_big, requests, batches):
-    """p50/p99 latency (ms) of call(batch_one), and sequences/s of call(batch_big)."""
-    for _ in range(5):
-        call(batch_one)
-    times = []
-    for _ in range(requests):
+def workloads(texts, requests, batches):
+    """{name: (batch-1 requests, batch-32 requests)}, each request a list of strings."""
+    debian_one = [[texts[i % len(texts)]] for i in range(requests)]
+    debian_big = [texts[(i * BIG_BATCH) % len(texts):][:BIG_BATCH] for i in range(batches)]
+    debian_big = [b if len(b) == BIG_BATCH else (b + texts)[:BIG_BATCH] for b in debian_big]
+    return {"full": ([[FULL_TEXT]] * requests, [[FULL_TEXT] * BIG_BATCH] * batches),
+            "debian": (debian_one, debian_big)}
+
+
+def measure(call, work):
+    """{input: p50/p99 ms at batch 1, batch-32 sequences/s} of `call(list of strings)`."""
+    result = {}
+    for name, (ones, bigs) in work.items():
+        for request in ones[:WARMUP_REQUESTS]:
+            call(request)
+        for request in bigs[:WARMUP_BATCHES]:
+            call(request)
+        times = []
+        for request in ones:
+            start = time.perf_counter()
+            call(request)
+            times.append((time.perf_counter() - start) * 1000)
         start = time.perf_counter()
-        call(batch_one)
-        times.append((time.perf_counter() - start) * 1000)
-    call(batch_big)
-    start = time.perf_counter()
-    for _ in range(batches):
-        call(batch_big)
-    rate = batches * BIG_BATCH / (time.perf_counter() - start)
-    return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)),
-            "batch32_seq_per_s": rate}
-
-
-def threads(inter):
-    import tensorflow as tf
-    if inter:
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
-
-
-def child_kbert(requests, batches, precision, inter):
-    threads(inter)
-    import tensorflow as tf
-
-    import kbert
-    from kbert.serving.export import export_model
-    config = kbert.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
-                              intermediate_size=I, max_position_embeddings=512, type_vocab_size=2)
-    with tempfile.TemporaryDirectory() as work:
-        model = kbert.bert_encoder(config)
-        model.vocab_file, model.do_lower_case = VOCAB, True
-        kbert.save(model, os.path.join(work, "model"))
-        path = export_model(os.path.join(work, "model"), os.path.join(work, "export"), max_seq_length=SEQ,
-                            precision=precision)
-        names = ("input_ids", "input_mask", "segment_ids")
-        one, big = dict(zip(names, token_ids(1))), dict(zip(names, token_ids(BIG_BATCH)))
-        text, texts = {"text": [TEXT]}, {"text": [TEXT] * BIG_BATCH}
-        result = {"session": {}, "tf.saved_model.load": {}}
-
-        graph = tf.Graph()
-        with graph.as_default():
-            session = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(
-                inter_op_parallelism_threads=inter))
-            meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-
-        def session_call(name):
-            signature = meta_graph.signature_def[name]
-            fetches = {key: t.name for key, t in signature.outputs.items()}
-            return lambda x: session.run(fetches, {signature.inputs[k].name: v for k, v in x.items()})
-
-        assert int(session_call("serving_default")(text)["input_mask"].sum()) == SEQ
-        result["session"]["ids"] = measure(session_call("serve_ids"), one, big, requests, batches)
-        result["session"]["text"] = measure(session_call("serving_default"), text, texts, requests, batches)
-        session.close()
-
-        signatures = tf.saved_model.load(path).signatures
-
-        def signature_call(name):
-            return lambda x: {k: v.numpy() for k, v in signatures[name](
-                **{key: tf.constant(value) for key, value in x.items()}).items()}
-
-        result["tf.saved_model.load"]["ids"] = measure(signature_call("serve_ids"), one, big, requests, batches)
-        result["tf.saved_model.load"]["text"] = measure(signature_call("serving_default"), text, texts,
-                                                        requests, batches)
+        for request in bigs:
+            call(request)
+        rate = len(bigs) * BIG_BATCH / (time.perf_counter() - start)
+        result[name] = {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)),
+                        "mean_ms": float(np.mean(times)), "batch32_seq_per_s": rate}
     return result
 
 
-def child_keras_hub(requests, batches, precision, inter):
-    threads(inter)
+# kbert export variants, each with one of the export's transformations undone (or a thread
+# setting), to measure each alone: `--only "kbert float32" --variants padded ...`.
+VARIANTS = {
+    "": "the export as it ships",
+    "padded": "the export before this work: every batch on all 128 positions, Q, K and V as three matmuls",
+    "one-group": "a batch on its longest text, not sorted into groups of similar length",
+    "separate-qkv": "query, key and value as three matmuls, as the checkpoint stores them",
+    "inter-op-1": "a session with one inter-op thread (tensorflow_model_server --tensorflow_inter_op_parallelism=1)",
+}
+
+
+def child_kbert(work, precision, work_dir, variant=""):
+    import tensorflow as tf
+
+    import kbert
+    from kbert.serving import export as serving_export
+    built = variant if variant in ("padded", "one-group", "separate-qkv") else ""
+    # Exports are kept in work_dir between runs, under the hash of the code that built them.
+    code = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in (
+        "serving/export.py", "kbert/model/layers.py", "kbert/model/bert.py"))).hexdigest()[:10]
+    path = os.path.join(work_dir, f"kbert-{code}-{precision}{'-' + built if built else ''}", "1")
+    if not os.path.isdir(path):
+        if variant == "padded":
+            serving_export.OnLongestText = lambda model: model
+            serving_export.FUSE_ATTENTION_INPUTS = False
+        if variant == "one-group":
+            serving_export.GROUP_ROWS = 1 << 30
+        if variant == "separate-qkv":
+            serving_export.FUSE_ATTENTION_INPUTS = False
+        config = kbert.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
+                                  intermediate_size=I, max_position_embeddings=512, type_vocab_size=2)
+        model = kbert.bert_encoder(config)
+        model.vocab_file, model.do_lower_case = VOCAB, True
+        with tempfile.TemporaryDirectory() as tmp:
+            kbert.save(model, os.path.join(tmp, "model"))
+            serving_export.export_model(os.path.join(tmp, "model"), os.path.dirname(path), version=1,
+                                        max_seq_length=SEQ, precision=precision)
+    graph = tf.Graph()
+    with graph.as_default():
+        session = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(
+            inter_op_parallelism_threads=1 if variant == "inter-op-1" else 0))
+        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+    signature = meta_graph.signature_def["serving_default"]
+    fetches = {key: t.name for key, t in signature.outputs.items()}
+    feed = signature.inputs["text"].name
+    assert int(session.run(fetches, {feed: [FULL_TEXT]})["input_mask"].sum()) == SEQ
+    return measure(lambda texts: session.run(fetches, {feed: texts}), work)
+
+
+def child_keras_hub(work, precision, work_dir):
     import keras
     import keras_hub
     import tensorflow as tf
     keras.mixed_precision.set_global_policy(precision)
     backbone = keras_hub.models.BertBackbone(vocabulary_size=V, num_layers=L, num_heads=A, hidden_dim=H,
                                              intermediate_dim=I, max_sequence_length=512)
+    tokenizer = keras_hub.models.BertTokenizer(vocabulary=VOCAB, lowercase=True)
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=SEQ)
 
-    def inputs(batch):
-        ids, mask, segments = token_ids(batch)
-        return {"token_ids": tf.constant(ids), "padding_mask": tf.constant(mask > 0),
-                "segment_ids": tf.constant(segments)}
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def serve(texts):
+        return backbone(preprocessor(texts), training=False)["pooled_output"]
 
-    one, big = inputs(1), inputs(BIG_BATCH)
-    compiled = tf.function(lambda x: backbone(x, training=False))
-    ways = {"predict_on_batch": lambda x: backbone.predict_on_batch(x),
-            "tf.function": lambda x: compiled(x)["sequence_output"].numpy()}
-    return {"ids": {way: measure(call, one, big, requests, batches) for way, call in ways.items()}}
+    return measure(lambda texts: serve(tf.constant(texts)).numpy(), work)
 
 
-def child_hf(requests, batches, precision, inter):
+def _hf_model(precision, attention="sdpa"):
+    """transformers' BertModel, random weights; attention "sdpa" (torch's fused kernel, the
+    default) or "eager" (the plain ops, which ONNX Runtime's optimizer fuses into one Attention)."""
     import torch
     import transformers
-    model = transformers.BertModel(transformers.BertConfig(
-        vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A, intermediate_size=I))
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
+                                     intermediate_size=I, attn_implementation=attention)
+    model = transformers.BertModel(config)
     model.eval()
-    if precision == "bfloat16":
-        model = model.to(torch.bfloat16)
+    return model.to(torch.bfloat16) if precision == "bfloat16" else model
+
+
+def child_hf(work, precision, work_dir):
+    import torch
+    import transformers
+    model = _hf_model(precision)
     tokenizer = transformers.BertTokenizerFast(VOCAB, do_lower_case=True)
 
-    def inputs(batch):
-        ids, mask, segments = token_ids(batch)
-        return {"input_ids": torch.tensor(ids, dtype=torch.long), "attention_mask": torch.tensor(mask),
-                "token_type_ids": torch.tensor(segments, dtype=torch.long)}
-
-    def run_ids(x):
+    def call(texts):
         with torch.inference_mode():
-            return model(**x).last_hidden_state.float().numpy()
+            x = tokenizer(texts, max_length=SEQ, truncation=True, padding=True, return_tensors="pt")
+            return model(**x).pooler_output.float().numpy()
 
-    def run_text(texts):
-        with torch.inference_mode():
-            x = tokenizer(texts, max_length=SEQ, truncation=True, padding="max_length", return_tensors="pt")
-            return model(**x).last_hidden_state.float().numpy()
-
-    return {"torch_threads": torch.get_num_threads(),
-            "ids": measure(run_ids, inputs(1), inputs(BIG_BATCH), requests, batches),
-            "text": measure(run_text, [TEXT], [TEXT] * BIG_BATCH, requests, batches)}
+    return dict(measure(call, work), torch_threads=torch.get_num_threads())
 
 
-def spawn(kind, requests, batches, precision, inter):
+def child_ort(work, precision, work_dir):
+    """precision: "float32" (optimised graph) or "int8" (it, dynamically quantized)."""
+    import onnx
+    import onnxruntime
+    import torch
+    import transformers
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers import optimizer
+    plain, optimised = os.path.join(work_dir, "bert.onnx"), os.path.join(work_dir, "bert-opt.onnx")
+    int8 = os.path.join(work_dir, "bert-opt-int8.onnx")
+    tokenizer = transformers.BertTokenizerFast(VOCAB, do_lower_case=True)
+    if not os.path.exists(optimised):
+        model = _hf_model("float32", attention="eager")
+
+        class Outputs(torch.nn.Module):  # positional inputs, tuple outputs: what the exporter wants
+            def __init__(self, bert):
+                super().__init__()
+                self.bert = bert
+
+            def forward(self, input_ids, attention_mask, token_type_ids):
+                out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+                return out.last_hidden_state, out.pooler_output
+
+        x = tokenizer(["a b c"], return_tensors="pt")
+        names = ["input_ids", "attention_mask", "token_type_ids"]
+        axes = {name: {0: "batch", 1: "sequence"} for name in names}
+        torch.onnx.export(Outputs(model), tuple(x[n] for n in names), plain, input_names=names,
+                          output_names=["last_hidden_state", "pooler_output"],
+                          dynamic_axes=dict(axes, last_hidden_state={0: "batch", 1: "sequence"},
+                                            pooler_output={0: "batch"}), opset_version=17, dynamo=False)
+        optimizer.optimize_model(plain, model_type="bert", num_heads=A, hidden_size=H).save_model_to_file(optimised)
+    if precision == "int8" and not os.path.exists(int8):
+        quantize_dynamic(optimised, int8, weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    session = onnxruntime.InferenceSession(int8 if precision == "int8" else optimised,
+                                           providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}
+
+    def call(texts):
+        x = tokenizer(texts, max_length=SEQ, truncation=True, padding=True, return_tensors="np")
+        return session.run(["pooler_output"], {k: v.astype("int64") for k, v in x.items() if k in wanted})[0]
+
+    return dict(measure(call, work), fused_ops=_onnx_op_counts(int8 if precision == "int8" else optimised))
+
+
+def _onnx_op_counts(path):
+    import onnx
+    counts = {}
+    for node in onnx.load(path, load_external_data=False).graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return {k: counts[k] for k in ("Attention", "SkipLayerNormalization", "BiasGelu", "Gelu", "FastGelu",
+                                   "EmbedLayerNormalization", "MatMulInteger", "DynamicQuantizeMatMul")
+            if k in counts}
+
+
+def child_peak(work, precision, work_dir):
+    """GFLOP/s of a 2048^3 matmul in TensorFlow, float32 and bfloat16 (best of 5 after warm-up)."""
+    import tensorflow as tf
+    n, result = 2048, {}
+    for dtype in ("float32", "bfloat16"):
+        a = tf.random.normal([n, n], dtype=tf.float32)
+        a = tf.cast(a, dtype)
+        matmul = tf.function(lambda x: tf.linalg.matmul(x, x))
+        matmul(a).numpy()
+        best = min(_timed(lambda: matmul(a).numpy()) for _ in range(5))
+        result[dtype] = 2 * n ** 3 / best / 1e9
+    return result
+
+
+def _timed(call):
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def child_lengths(work, precision, work_dir):
+    """Token counts of the Debian texts under the original tokenizer, [CLS] and [SEP] included."""
+    from kbert.text.tokenizer import Tokenizer
+    tokenizer = Tokenizer(VOCAB, do_lower_case=True)
+    return [len(tokenizer.tokenize(text)) + 2 for text in json.load(open(os.path.join(work_dir, "texts.json")))]
+
+
+def spawn(kind, precision, args, work_dir, extra="", quiet=False):
     code = (f"import json, sys; sys.path.insert(0, {HERE!r}); import serving_bench as b; "
-            f"print(json.dumps(b.child_{kind}({requests}, {batches}, {precision!r}, {inter})))")
+            f"texts = json.load(open({os.path.join(work_dir, 'texts.json')!r})); "
+            f"work = b.workloads(texts, {args.requests}, {args.batches}); "
+            f"print(json.dumps(b.child_{kind}(work, {precision!r}, {work_dir!r}{extra})))")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    label = f"{kind} {precision} inter-op {inter or 'default'}"
+    label = f"{kind} {precision}{extra.replace(', ', ' ')}"
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
         print(f"{label}: failed: {tail[0]}", file=sys.stderr)
         return {"error": tail[0]}
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    if kind == "kbert":  # {way: {mode: numbers}} -> {mode: {way: numbers}}, as keras-hub's
-        result = {mode: {way: result[way][mode] for way in result} for mode in ("ids", "text")}
-    print(f"{label}: {json.dumps(result)} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+    shown = f"{len(result)} values" if quiet else json.dumps(result)
+    print(f"{label}: {shown} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     return result
 
 
-def best(runs, mode):
-    """The run (over settings and ways) with the lowest batch-1 p50 for `mode` ("ids"/"text")."""
-    found = []
-    for setting, result in runs.items():
-        entry = result.get(mode)
-        if not entry:
-            continue
-        ways = {"": entry} if "p50_ms" in entry else entry
-        found += [dict(m, setting=f"{setting} {way}".strip()) for way, m in ways.items()]
-    return min(found, key=lambda m: m["p50_ms"]) if found else None
+def debian_texts(work_dir):
+    """The test split of scripts/debian_sections.py, made from this machine's apt lists."""
+    out = os.path.join(work_dir, "debian")
+    if not os.path.exists(os.path.join(out, "test.tsv")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "debian_sections.py"), out], check=True)
+    with open(os.path.join(out, "test.tsv"), encoding="utf-8") as f:
+        return [line.split("\t")[0] for line in f.read().splitlines()[1:]]
+
+
+CONTENDERS = {  # name: (child, precision, extra arguments)
+    "kbert float32": ("kbert", "float32", ""),
+    "kbert bfloat16": ("kbert", "bfloat16", ""),
+    "kbert padded float32": ("kbert", "float32", ", 'padded'"),
+    "kbert padded bfloat16": ("kbert", "bfloat16", ", 'padded'"),
+    "keras-hub float32": ("keras_hub", "float32", ""),
+    "keras-hub bfloat16": ("keras_hub", "bfloat16", ""),
+    "torch float32": ("hf", "float32", ""),
+    "torch bfloat16": ("hf", "bfloat16", ""),
+    "onnxruntime float32": ("ort", "float32", ""),
+    "onnxruntime int8": ("ort", "int8", ""),
+}
+
+
+def ratios(results, peak, lengths):
+    """kbert against the best peer at its precision, ONNX Runtime, and the limit, per input."""
+    full_flops = flops(SEQ)
+    debian = [flops(min(n, SEQ)) for n in lengths]
+    work_flops = {"full": (full_flops, full_flops), "debian": (float(np.median(debian)), float(np.mean(debian)))}
+    summary = {}
+    for precision in ("float32", "bfloat16"):
+        ours = results.get(f"kbert {precision}", {})
+        padded = results.get(f"kbert padded {precision}", {})
+        peers = {name: r for name, r in results.items() if name.endswith(precision)
+                 and name.split()[0] in ("keras-hub", "torch")}
+        for work, (one_flops, mean_flops) in work_flops.items():
+            if work not in ours:
+                continue
+            row = {}
+            ok = {name: r[work] for name, r in peers.items() if work in r}
+            if ok:
+                fastest = min(ok, key=lambda n: ok[n]["p50_ms"])
+                most = max(ok, key=lambda n: ok[n]["batch32_seq_per_s"])
+                row["batch1_best_peer"] = fastest
+                row["batch1_p50_vs_best_peer"] = ok[fastest]["p50_ms"] / ours[work]["p50_ms"]
+                row["batch1_p99_vs_best_peer"] = min(r["p99_ms"] for r in ok.values()) / ours[work]["p99_ms"]
+                row["batch32_best_peer"] = most
+                row["batch32_vs_best_peer"] = ours[work]["batch32_seq_per_s"] / ok[most]["batch32_seq_per_s"]
+            for ort in ("onnxruntime float32", "onnxruntime int8"):
+                if work in results.get(ort, {}):
+                    row[f"batch1_p50_vs_{ort.replace(' ', '_')}"] = \
+                        results[ort][work]["p50_ms"] / ours[work]["p50_ms"]
+                    row[f"batch32_vs_{ort.replace(' ', '_')}"] = \
+                        ours[work]["batch32_seq_per_s"] / results[ort][work]["batch32_seq_per_s"]
+            if work in padded:
+                row["batch1_p50_vs_padded_export"] = padded[work]["p50_ms"] / ours[work]["p50_ms"]
+                row["batch32_vs_padded_export"] = ours[work]["batch32_seq_per_s"] / padded[work]["batch32_seq_per_s"]
+            if peak:
+                limit_one = one_flops / (peak[precision] * 1e9) * 1000
+                limit_big = peak[precision] * 1e9 / mean_flops
+                row["batch1_limit_ms"] = limit_one
+                row["batch1_p50_of_limit"] = limit_one / ours[work]["p50_ms"]
+                row["batch32_limit_seq_per_s"] = limit_big
+                row["batch32_of_limit"] = ours[work]["batch32_seq_per_s"] / limit_big
+            summary.setdefault(precision, {})[work] = {k: round(v, 3) if isinstance(v, float) else v
+                                                       for k, v in row.items()}
+    return summary
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=100, help="timed batch-1 requests per contender")
-    parser.add_argument("--batches", type=int, default=6, help="timed batch-32 calls per contender")
-    parser.add_argument("--quick", action="store_true", help="20 requests, 2 batches: a smoke run")
-    parser.add_argument("--only", nargs="*", default=["kbert", "keras_hub", "hf"])
-    parser.add_argument("--precisions", nargs="*", default=["float32", "bfloat16"])
-    parser.add_argument("--inter-op", nargs="*", type=int, default=[0],
-                        help="TensorFlow inter-op thread counts to try (0: TensorFlow's default)")
+    parser.add_argument("--requests", type=int, default=200, help="timed batch-1 requests per input")
+    parser.add_argument("--batches", type=int, default=4, help="timed batch-32 calls per input")
+    parser.add_argument("--quick", action="store_true", help="40 requests, 1 batch: a smoke run")
+    parser.add_argument("--only", nargs="*", default=list(CONTENDERS), help="contenders, by name or first word")
+    parser.add_argument("--work", help="a directory to keep the exports and texts in between runs")
+    parser.add_argument("--variants", nargs="*", default=[], choices=[v for v in VARIANTS if v],
+                        help="also time these kbert export variants (each transformation undone alone)")
     args = parser.parse_args()
-    requests, batches = (20, 2) if args.quick else (args.requests, args.batches)
+    if args.quick:
+        args.requests, args.batches = 40, 1
+    work_dir = os.path.abspath(args.work or tempfile.mkdtemp(prefix="serving-bench-"))
+    os.makedirs(work_dir, exist_ok=True)
+    texts = debian_texts(work_dir)
+    with open(os.path.join(work_dir, "texts.json"), "w", encoding="utf-8") as f:
+        json.dump(texts, f)
+    lengths = spawn("lengths", "", args, work_dir, quiet=True)
+    peak = spawn("peak", "", args, work_dir)
     results = {}
-    for precision in args.precisions:
-        for kind in args.only:
-            for inter in ((0,) if kind == "hf" else args.inter_op):
-                results.setdefault(precision, {}).setdefault(kind, {})[f"inter-op {inter or 'default'}"] = \
-                    spawn(kind, requests, batches, precision, inter)
-
-    report = {"model": {"layers": L, "hidden": H, "heads": A, "intermediate": I, "vocab": V, "seq": SEQ},
-              "cpus": os.cpu_count(), "results": results, "summary": {}}
-    for precision, runs in results.items():
-        rows = {kind: best(r, "ids") for kind, r in runs.items() if best(r, "ids")}
-        summary = {kind: {k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}
-                   for kind, row in rows.items()}
-        anchors = {k: v for k, v in rows.items() if k != "kbert"}
-        if "kbert" in rows and anchors:
-            fastest = min(anchors, key=lambda k: anchors[k]["p50_ms"])
-            summary["fastest_anchor_batch1"] = fastest
-            summary["p50_speedup_vs_fastest"] = round(anchors[fastest]["p50_ms"] / rows["kbert"]["p50_ms"], 3)
-            summary["p99_speedup_vs_fastest"] = round(anchors[fastest]["p99_ms"] / rows["kbert"]["p99_ms"], 3)
-            summary["batch32_speedup_vs_best"] = round(rows["kbert"]["batch32_seq_per_s"] / max(
-                a["batch32_seq_per_s"] for a in anchors.values()), 3)
-        report["summary"][precision] = summary
+    for name, (kind, precision, extra) in CONTENDERS.items():
+        if name in args.only or name.split()[0] in args.only:
+            results[name] = spawn(kind, precision, args, work_dir, extra)
+            if kind == "kbert" and not extra:
+                for variant in args.variants:
+                    results[f"kbert {variant} {precision}"] = spawn(kind, precision, args, work_dir, f", {variant!r}")
+    peak_after = spawn("peak", "", args, work_dir)
+    report = {"model": {"layers": L, "hidden": H, "heads": A, "intermediate": I, "vocab": V, "max_seq": SEQ},
+              "machine": {"cpus": os.cpu_count(), "matmul_gflops_before": peak, "matmul_gflops_after": peak_after},
+              "debian_texts": {"count": len(texts), "tokens_median": float(np.median(lengths)),
+                               "tokens_p90": float(np.percentile(lengths, 90)),
+                               "share_past_128": float(np.mean(np.array(lengths) > SEQ))},
+              "requests": args.requests, "batches": args.batches, "results": results,
+              "summary": ratios(results, peak if "error" not in peak else None, lengths)}
     print(json.dumps(report, indent=1))
 
 

@@ -77,6 +77,22 @@ def _next_version(export_base: str) -> int:
 # Requests run on their longest text rounded up to this many tokens: a few distinct shapes
 # (oneDNN and TF cache kernels per shape) at most 7 padding positions each.
 LENGTH_MULTIPLE = 8
+# A batch is sorted by length and run in groups of this many texts, each on its own longest
+# text. Measured in benchmarks/serving_bench.py (see docs/performance.md): on the Debian
+# descriptions, batches of 32 pay for about 1.3x fewer positions than one group would.
+GROUP_ROWS = 8
+
+
+# The export's query, key and value projections run as one [H, 3H] matmul, from weights
+# concatenated at export time (`TransformerLayer.fuse_attention_inputs`); the model directory
+# keeps the checkpoint's layout. Measured alone in docs/performance.md.
+FUSE_ATTENTION_INPUTS = True
+
+
+def _transformer_layers(model):
+    """The TransformerLayers of `model`: an encoder's own, or those of the encoder a pretrainer or a
+    task model holds."""
+    return (model if isinstance(model, BertEncoder) else model.encoder).transformer_layers
 
 
 class OnLongestText:
@@ -90,6 +106,10 @@ class OnLongestText:
     length of the inputs, with zeros at the positions past each text (input_mask 0), where the
     padded run gave the model's outputs for padding, which mean nothing.
 
+    A batch of more than GROUP_ROWS texts is sorted by length and run GROUP_ROWS texts at a
+    time, each group cut to its own longest text, then put back in the request's order: in a
+    batch of 32 real texts one long text would otherwise make all 32 pay for its length.
+
     Attribute reads go to `model` (num_classes, config, ...), so a task's serving head takes
     it in the model's place.
     """
@@ -102,6 +122,30 @@ class OnLongestText:
 
     def __call__(self, features, training=False):
         mask = features["input_mask"]
+        if mask.shape.rank != 2:  # multiple choice, [batch, choices, seq]: one group
+            return self._on_longest(features, training)
+        lengths = tf.reduce_sum(mask, axis=-1)
+        order = tf.argsort(lengths, stable=True)
+        ordered = {k: tf.gather(v, order) for k, v in features.items()}
+        rows = tf.shape(mask)[0]
+        groups = (rows + GROUP_ROWS - 1) // GROUP_ROWS
+        specs = {k: v for k, v in self.model.output.items()}
+        arrays = {k: tf.TensorArray(spec.dtype, size=groups, infer_shape=False, element_shape=[None, *spec.shape[1:]])
+                  for k, spec in specs.items()}
+
+        def group(i, arrays):
+            part = {k: v[i * GROUP_ROWS:(i + 1) * GROUP_ROWS] for k, v in ordered.items()}
+            out = self._on_longest(part, training)
+            return i + 1, {k: arrays[k].write(i, out[k]) for k in arrays}
+
+        _, arrays = tf.while_loop(lambda i, _: i < groups, group, (tf.constant(0), arrays))
+        # argsort of the order is its inverse: each row back to where the request had it.
+        back = tf.argsort(order)
+        full = tf.shape(mask)[-1]
+        return {k: tf.gather(_concat(arrays[k], specs[k].shape, full), back) for k in arrays}
+
+    def _on_longest(self, features, training):
+        mask = features["input_mask"]
         full = tf.shape(mask)[-1]
         # The longest text's tokens; 0 for an empty batch (reduce_max of nothing is the lowest int).
         longest = tf.reduce_max(tf.concat([tf.reshape(tf.reduce_sum(mask, axis=-1), [-1]), [0]], axis=0))
@@ -110,6 +154,13 @@ class OnLongestText:
         outputs = self.model({k: v[..., :length] for k, v in features.items()}, training=training)
         per_token = mask.shape.rank + 1  # [batch, seq, width] from [batch, seq] inputs
         return {k: _pad_positions(v, full) if v.shape.rank == per_token else v for k, v in outputs.items()}
+
+
+def _concat(array, shape, full):
+    """The groups of a TensorArray as one [rows, ...] tensor; an empty batch gives [0, ...], with
+    `full` positions where the model's output has a sequence axis."""
+    empty = tf.zeros([0] + [full if d is None else d for d in shape[1:]], array.dtype)
+    return tf.ensure_shape(tf.cond(array.size() > 0, array.concat, lambda: empty), [None, *shape[1:]])
 
 
 def _pad_positions(x, length):
@@ -402,6 +453,9 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
         model = open_model(model_dir, do_lower_case=source.do_lower_case)
     finally:
         keras.mixed_precision.set_global_policy(previous)
+    if FUSE_ATTENTION_INPUTS:
+        for layer in _transformer_layers(model):
+            layer.fuse_attention_inputs()
     task_info = getattr(model, "task_info", None) or {}
     length = sequence_length(max_seq_length, model.config.max_position_embeddings, task_info.get("max_seq_length"))
     if length < 3:

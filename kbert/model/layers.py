@@ -256,6 +256,7 @@ class TransformerLayer(keras.layers.Layer):
         self.attention_dropout = Dropout(config.attention_probs_dropout_prob, name="attention_dropout",
                                          dtype=policy)
         self.hidden_dropout = Dropout(config.hidden_dropout_prob, name="hidden_dropout", dtype=policy)
+        self.attention_inputs = None  # (kernel, bias) of Q, K and V as one, after fuse_attention_inputs()
 
     def build(self, hidden_shape, attention_adder_shape=None):
         H = hidden_shape[-1]
@@ -267,6 +268,26 @@ class TransformerLayer(keras.layers.Layer):
         self.output_layer_norm.build(hidden_shape)
         assert H == self.num_heads * self.head_size
         self.built = True
+
+    def fuse_attention_inputs(self):
+        """Give inference one matmul for the query, key and value projections instead of three.
+
+        Adds a copy of their kernels and biases concatenated ([H, 3H], [3H]) as two untrained
+        weights; the checkpoint's query/key/value weights stay as they are. For export only:
+        training ignores the copy, so it would not follow the trained weights.
+        """
+        kernels = [d.kernel for d in (self.query, self.key, self.value)]
+        biases = [d.bias for d in (self.query, self.key, self.value)]
+        # A built layer refuses new weights; Keras' own Dense.enable_lora adds them the same way.
+        self._tracker.unlock()
+        kernel = self.add_weight(name="attention_inputs_kernel", shape=(kernels[0].shape[0], 3 * kernels[0].shape[1]),
+                                 dtype=kernels[0].dtype, trainable=False, initializer="zeros")
+        bias = self.add_weight(name="attention_inputs_bias", shape=(3 * biases[0].shape[0],), dtype=biases[0].dtype,
+                               trainable=False, initializer="zeros")
+        kernel.assign(ops.concatenate([ops.convert_to_tensor(k) for k in kernels], axis=-1))
+        bias.assign(ops.concatenate([ops.convert_to_tensor(b) for b in biases], axis=-1))
+        self._tracker.lock()
+        self.attention_inputs = (kernel, bias)
 
     def _split_heads(self, x, batch, seq):
         # [batch·seq, H] -> [batch, heads, seq, head_size]
@@ -280,9 +301,17 @@ class TransformerLayer(keras.layers.Layer):
         # 2-D MatMul lets TF's graph optimizer fuse its bias add and GELU into one oneDNN call,
         # which it cannot across the reshapes a 3-D dense adds.
         flat = ops.reshape(hidden, (-1, H))
-        q = self._split_heads(self.query(flat), batch, seq)
-        k = self._split_heads(self.key(flat), batch, seq)
-        v = self._split_heads(self.value(flat), batch, seq)
+        if self.attention_inputs is not None and not training:
+            # One [H, 3H] matmul for Q, K and V (see `fuse_attention_inputs`).
+            kernel, bias = self.attention_inputs
+            projected = ops.matmul(flat, ops.cast(kernel, self.compute_dtype)) + ops.cast(bias, self.compute_dtype)
+            # [batch·seq, 3H] -> 3 x [batch, heads, seq, head_size], with one transpose for all three.
+            projected = ops.reshape(projected, (batch, seq, 3, self.num_heads, self.head_size))
+            q, k, v = ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), 3, axis=0)
+        else:
+            q = self._split_heads(self.query(flat), batch, seq)
+            k = self._split_heads(self.key(flat), batch, seq)
+            v = self._split_heads(self.value(flat), batch, seq)
         scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
         scale, rate = 1.0 / math.sqrt(self.head_size), self.attention_dropout.rate
         if use_fused(training) and rate > 0:

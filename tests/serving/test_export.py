@@ -223,6 +223,37 @@ def test_a_batch_runs_on_its_longest_text_rounded_up_to_8(exports, tiny_model_di
     np.testing.assert_allclose(out["pooled_output"], padded["pooled_output"], atol=1e-5)
 
 
+def test_a_large_batch_runs_in_groups_of_similar_length_in_the_request_order(exports, tiny_model_dir):
+    """20 texts, 12 short (6 tokens) and 8 long (47), shuffled: sorted by length and run 8 at a
+    time, the 8 shortest run at 8 positions (zeros past them) while the long ones run at 48; every
+    row comes back where the request had it, equal to the padded run on its real tokens."""
+    import tensorflow as tf
+
+    import kbert
+    from kbert.serving.export import GROUP_ROWS
+    from kbert.text.preprocessing import BertPreprocessor
+    assert GROUP_ROWS == 8
+    short, long = "gold glorious great.", " ".join(["gold glorious great. dead dust the dread."] * 5)
+    texts = [short] * 12 + [long] * 8
+    order = np.random.default_rng(0).permutation(len(texts))
+    texts = tf.constant([texts[i] for i in order])
+    out = tf.saved_model.load(str(exports["encoder"])).signatures["serving_default"](text=texts)
+    features = BertPreprocessor.for_model(tiny_model_dir, 64)(texts)
+    lengths = features["input_mask"].numpy().sum(-1)
+    assert sorted(set(lengths.tolist())) == [6, 47]
+    padded = kbert.load(tiny_model_dir).encoder(features, training=False)
+    sequence = out["sequence_output"].numpy()
+    computed = (np.abs(sequence).sum(-1) > 0).sum(-1)  # positions run for each row
+    # The first 8 short texts in the sorted order (a stable sort keeps the request's order).
+    first_group = [i for i in range(len(order)) if lengths[i] == 6][:GROUP_ROWS]
+    assert sorted(np.flatnonzero(computed == 8).tolist()) == first_group
+    assert (computed[lengths == 47] == 48).all() and sorted(set(computed.tolist())) == [8, 48]
+    for row, length in enumerate(lengths):
+        np.testing.assert_allclose(sequence[row, :length], padded["sequence_output"].numpy()[row, :length], atol=1e-5)
+    np.testing.assert_allclose(out["pooled_output"], padded["pooled_output"], atol=1e-5)
+    np.testing.assert_array_equal(out["input_mask"], features["input_mask"])
+
+
 def test_classifier_serves_probabilities_and_labels(served, references):
     model, _, expected = references["classifier"]
     out = served["classifier"]["serving_default"]
