@@ -60,7 +60,6 @@ class TaskData:
 
 class ServingHead(NamedTuple):
     """What an export serves for one kind of model (see `kbert.serving.export`)."""
-    tracked: keras.Model          # the Keras model the SavedModel tracks
     outputs: Callable             # int32 features -> dict of the Predict API's outputs
     text_inputs: dict = {"text": 1}  # serving_default's string inputs: name -> rank ([batch] or [batch, N])
     text_outputs: Callable | None = None  # (strings dict, pack, preprocessor) -> outputs; default: pack them
@@ -198,7 +197,7 @@ def _serve_classifier(model, labels):
     def classify_outputs(features):
         scores = outputs(features)["probabilities"]
         return {"classes": tf.tile(names[None], [tf.shape(scores)[0], 1]), "scores": scores}
-    return ServingHead(model, outputs, api=CLASSIFY_API, api_outputs=classify_outputs)
+    return ServingHead(outputs, api=CLASSIFY_API, api_outputs=classify_outputs)
 
 
 def _serve_regressor(model, labels):
@@ -207,7 +206,7 @@ def _serve_regressor(model, labels):
 
     def regress_outputs(features):
         return {"outputs": outputs(features)["score"]}
-    return ServingHead(model, outputs, api=REGRESS_API, api_outputs=regress_outputs)
+    return ServingHead(outputs, api=REGRESS_API, api_outputs=regress_outputs)
 
 
 def _served_texts(task):
@@ -316,7 +315,7 @@ def _serve_tagger(model, labels):
         tags = tf.where(kept, tf.gather_nd(out["label"], at), fallback)
         out["word_label"] = tf.RaggedTensor.from_row_lengths(tags, words.row_lengths()).to_tensor("")
         return out
-    return ServingHead(model, outputs, text_outputs=text_outputs)
+    return ServingHead(outputs, text_outputs=text_outputs)
 
 
 def _served_tags(client, signatures, path, opts, first=0):
@@ -423,7 +422,7 @@ def _serve_choices(model, labels):
         flat = pack(tf.repeat(strings["text"], choices), tf.reshape(endings, [-1]))
         shape = [-1, choices, preprocessor.sequence_length]
         return outputs({name: tf.reshape(value, shape) for name, value in flat.items()})
-    return ServingHead(model, outputs, text_inputs={"text": 1, "endings": 2}, text_outputs=text_outputs, ids_rank=3)
+    return ServingHead(outputs, text_inputs={"text": 1, "endings": 2}, text_outputs=text_outputs, ids_rank=3)
 
 
 def _served_choices(client, signatures, path, opts, first=0):
