@@ -390,7 +390,7 @@ def main():
     for name, (kind, precision, extra) in CONTENDERS.items():
         if name in args.only or name.split()[0] in args.only:
             results[name] = spawn(kind, precision, args, work_dir, extra)
-            if kind == "kbert" and not extra:
+            if kind == "kbert" and not extra and precision == "float32":  # variants: float32 only
                 for variant in args.variants:
                     results[f"kbert {variant} {precision}"] = spawn(kind, precision, args, work_dir, f", {variant!r}")
     peak_after = spawn("peak", "", args, work_dir)

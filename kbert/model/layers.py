@@ -275,6 +275,15 @@ class TransformerLayer(keras.layers.Layer):
         Adds a copy of their kernels and biases concatenated ([H, 3H], [3H]) as two untrained
         weights; the checkpoint's query/key/value weights stay as they are. For export only:
         training ignores the copy, so it would not follow the trained weights.
+
+        Example:
+        >>> import kbert
+        >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+        ...                           num_attention_heads=4, intermediate_size=64)
+        >>> layer = kbert.bert_encoder(config).transformer_layers[0]
+        >>> layer.fuse_attention_inputs()
+        >>> [tuple(w.shape) for w in layer.attention_inputs]
+        [(32, 96), (96,)]
         """
         kernels = [d.kernel for d in (self.query, self.key, self.value)]
         biases = [d.bias for d in (self.query, self.key, self.value)]
