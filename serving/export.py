@@ -481,7 +481,7 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     archive = keras.export.ExportArchive()
     # The model's variables are not tracked here: add_endpoint saves every variable the signatures
     # use, and tracking the model as well saved each weight a second time (Keras' own variables
-    # beside the tf.Variables they wrap), which made a BERT-base export 839 MB instead of 440.
+    # beside the tf.Variables they wrap), which made a BERT-base float32 export 839 MiB instead of 421.
     archive.track(preprocessor)  # its tokenizer's vocabulary lookup table
     # The tokenizer's table is built from the vocabulary in memory (the exact load_vocab
     # semantics: stripped lines, the last id of a repeated token). This id -> token table

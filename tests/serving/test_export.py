@@ -179,7 +179,7 @@ def test_the_export_holds_each_weight_once_and_q_k_v_as_one(exports, tiny_model_
     """The saved values are the weights the signatures use, once each: every layer's query, key
     and value as one concatenated kernel and bias (the one matmul the export runs) in place of the
     three, so as many numbers as the encoder has. Keras' ExportArchive saved every weight twice
-    when the model was tracked as well (a BERT-base export was 839 MB)."""
+    when the model was tracked as well (a BERT-base float32 export was 839 MiB)."""
     import tensorflow as tf
 
     import kbert

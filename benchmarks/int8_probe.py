@@ -1,0 +1,86 @@
+"""Does TensorFlow's own int8 make a kbert export faster? (Issue 18, point 3: it does not.)
+
+Quantizes a `kbert export` version directory with
+`tf.quantization.experimental.quantize_saved_model` (dynamic-range int8, the `serving_default`
+signature), then times both SavedModels the way tensorflow_model_server runs them (a TF1
+session on the signature_def's tensors), alternating, in this one process, which imports only
+TensorFlow and TF Text: what TF Serving has.
+
+usage: .venv/bin/python benchmarks/int8_probe.py EXPORT_VERSION_DIR [--words 85] [--requests 30]
+(for example a BERT-base export that benchmarks/serving_bench.py left in its --work directory)
+Progress on stderr, one JSON object on stdout.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (the tokenizer's ops, as TF Serving's build registers them)
+from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2 as quant
+
+
+def quantize(src: str, dst: str) -> float:
+    """Dynamic-range int8 of `src`'s serving_default into `dst`; returns the seconds it took."""
+    options = quant.QuantizationOptions(
+        quantization_method=quant.QuantizationMethod(
+            preset_method=quant.QuantizationMethod.METHOD_DYNAMIC_RANGE_INT8),
+        tags={"serve"}, signature_keys=["serving_default"], op_set=quant.OpSet.TF)
+    start = time.perf_counter()
+    tf.quantization.experimental.quantize_saved_model(src, dst, quantization_options=options,
+                                                      overwrite_output_directory=True)
+    return time.perf_counter() - start
+
+
+def session_call(path: str):
+    """serving_default of the SavedModel at `path`, as TF Serving runs it: (strings) -> outputs."""
+    graph = tf.Graph()
+    with graph.as_default():
+        session = tf.compat.v1.Session(graph=graph)
+        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+    signature = meta_graph.signature_def["serving_default"]
+    fetches = {key: t.name for key, t in signature.outputs.items()}
+    feed = signature.inputs["text"].name
+    return lambda texts: session.run(fetches, {feed: texts})
+
+
+def size_mb(path: str) -> float:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files) / 2 ** 20
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("export", help="a kbert export's version directory (EXPORT_BASE/N)")
+    parser.add_argument("--words", type=int, default=85, help="words in the request's one text")
+    parser.add_argument("--requests", type=int, default=30, help="timed requests per model and round")
+    args = parser.parse_args()
+    text = [" ".join(["package"] * args.words)]
+    with tempfile.TemporaryDirectory() as work:
+        int8_path = os.path.join(work, "int8")
+        seconds = quantize(args.export, int8_path)
+        print(f"quantized in {seconds:.0f} s", file=sys.stderr)
+        calls = {"float32": session_call(args.export), "int8": session_call(int8_path)}
+        reference = calls["float32"](text)["pooled_output"]
+        difference = float(np.abs(calls["int8"](text)["pooled_output"] - reference).max())
+        times = {name: [] for name in calls}
+        for _ in range(3):  # alternating rounds: this VM's speed drifts over minutes
+            for name, call in calls.items():
+                for _ in range(5):
+                    call(text)
+                for _ in range(args.requests):
+                    start = time.perf_counter()
+                    call(text)
+                    times[name].append((time.perf_counter() - start) * 1000)
+        p50 = {name: float(np.median(t)) for name, t in times.items()}
+        print(json.dumps({"tokens": int(calls["float32"](text)["input_mask"].sum()), "quantize_s": seconds,
+                          "p50_ms": p50, "int8_speedup": p50["float32"] / p50["int8"],
+                          "pooled_output_max_difference": difference,
+                          "size_mb": {"float32": size_mb(args.export), "int8": size_mb(int8_path)}}))
+
+
+if __name__ == "__main__":
+    main()
