@@ -1,8 +1,8 @@
 """Serving speed on the CPU: kbert's export, as TF Serving runs it, against every usual CPU peer.
 
 One run, one table: a BERT-base-size model (L=12, H=768, A=12, I=3072, V=30522; random
-weights, since the cost does not depend on the values), each contender in a fresh process, one
-after another (never two at once), text in and its own tokenizer inside the timed call:
+weights with no zero biases, as a trained model has them: see `trained_like`), each contender in a
+fresh process, one after another (never two at once), text in and its own tokenizer inside the timed call:
 
 - kbert: `kbert export` (float32, bfloat16), run the way tensorflow_model_server runs a
   SavedModel: a TF1 session on the `serve` MetaGraph, fed and fetched by the `serving_default`
@@ -74,6 +74,9 @@ def flops(length: int) -> float:
     return L * (dense + attention)
 
 
+WORKS = ("full", "debian")
+
+
 def workloads(texts, requests, batches):
     """{name: (batch-1 requests, batch-32 requests)}, each request a list of strings."""
     debian_one = [[texts[i % len(texts)]] for i in range(requests)]
@@ -112,8 +115,24 @@ VARIANTS = {
     "padded": "the export before this work: every batch on all 128 positions, Q, K and V as three matmuls",
     "one-group": "a batch on its longest text, not sorted into groups of similar length",
     "separate-qkv": "query, key and value as three matmuls, as the checkpoint stores them",
+    "variable-weights": "bfloat16: the weights as variables, not graph constants",
+    "constant-weights": "float32: the weights as graph constants, as bfloat16 exports have them",
     "inter-op-1": "a session with one inter-op thread (tensorflow_model_server --tensorflow_inter_op_parallelism=1)",
 }
+
+
+# The precision each variant is timed at (float32 if not named).
+VARIANT_PRECISION = {"variable-weights": "bfloat16"}
+
+
+def trained_like(weights):
+    """Random weights as a trained model has them: every bias, beta and gamma moved off its
+    initial 0 or 1 by N(0, 0.02). With zero biases TF's graph optimizer removes the bias adds
+    of an export whose weights are constants (x + 0 is x), and with them the fused
+    matmul-bias-GELU kernels a real model gets, which timed 0-valued biases, not BERT."""
+    rng = np.random.default_rng(0)
+    for w in weights:
+        w.assign(w.numpy() + rng.normal(0, 0.02, w.shape).astype(w.numpy().dtype))
 
 
 def child_kbert(work, precision, work_dir, variant=""):
@@ -121,22 +140,27 @@ def child_kbert(work, precision, work_dir, variant=""):
 
     import kbert
     from kbert.serving import export as serving_export
-    built = variant if variant in ("padded", "one-group", "separate-qkv") else ""
+    built = variant if variant in ("padded", "one-group", "separate-qkv", "variable-weights", "constant-weights") else ""
     # Exports are kept in work_dir between runs, under the hash of the code that built them.
     code = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in (
         "serving/export.py", "kbert/model/layers.py", "kbert/model/bert.py"))).hexdigest()[:10]
-    path = os.path.join(work_dir, f"kbert-{code}-{precision}{'-' + built if built else ''}", "1")
+    path = os.path.join(work_dir, f"kbert-{code}-trained-like-{precision}{'-' + built if built else ''}", "1")
     if not os.path.isdir(path):
         if variant == "padded":
-            serving_export.OnLongestText = lambda model: model
+            serving_export.OnLongestText = lambda model, *_: model
             serving_export.FUSE_ATTENTION_INPUTS = False
         if variant == "one-group":
             serving_export.GROUP_ROWS = 1 << 30
         if variant == "separate-qkv":
             serving_export.FUSE_ATTENTION_INPUTS = False
+        if variant in ("padded", "variable-weights"):
+            serving_export.CONSTANT_WEIGHT_PRECISIONS = ()
+        if variant == "constant-weights":
+            serving_export.CONSTANT_WEIGHT_PRECISIONS = ("float32", "bfloat16")
         config = kbert.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
                                   intermediate_size=I, max_position_embeddings=512, type_vocab_size=2)
         model = kbert.bert_encoder(config)
+        trained_like(model.weights)
         model.vocab_file, model.do_lower_case = VOCAB, True
         with tempfile.TemporaryDirectory() as tmp:
             kbert.save(model, os.path.join(tmp, "model"))
@@ -161,6 +185,7 @@ def child_keras_hub(work, precision, work_dir):
     keras.mixed_precision.set_global_policy(precision)
     backbone = keras_hub.models.BertBackbone(vocabulary_size=V, num_layers=L, num_heads=A, hidden_dim=H,
                                              intermediate_dim=I, max_sequence_length=512)
+    trained_like(backbone.weights)
     tokenizer = keras_hub.models.BertTokenizer(vocabulary=VOCAB, lowercase=True)
     preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=SEQ)
 
@@ -180,6 +205,9 @@ def _hf_model(precision, attention="sdpa"):
     config = transformers.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
                                      intermediate_size=I, attn_implementation=attention)
     model = transformers.BertModel(config)
+    with torch.no_grad():  # as trained_like does for the TensorFlow contenders
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
     model.eval()
     return model.to(torch.bfloat16) if precision == "bfloat16" else model
 
@@ -206,8 +234,8 @@ def child_ort(work, precision, work_dir):
     import transformers
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
-    plain, optimised = os.path.join(work_dir, "bert.onnx"), os.path.join(work_dir, "bert-opt.onnx")
-    int8 = os.path.join(work_dir, "bert-opt-int8.onnx")
+    plain, optimised = os.path.join(work_dir, "bert-trained-like.onnx"), os.path.join(work_dir, "bert-trained-like-opt.onnx")
+    int8 = os.path.join(work_dir, "bert-trained-like-opt-int8.onnx")
     tokenizer = transformers.BertTokenizerFast(VOCAB, do_lower_case=True)
     if not os.path.exists(optimised):
         model = _hf_model("float32", attention="eager")
@@ -322,6 +350,23 @@ CONTENDERS = {  # name: (child, precision, extra arguments)
 }
 
 
+def best_of(measured):
+    """One contender's best over rounds: per input, the lowest batch-1 p50 (with that round's
+    p99 and mean) and the highest batch-32 rate. This host's speed drifts by 10-20% from minute
+    to minute, and a contender timed once can land in a slow minute; the best of a few rounds
+    is what the machine can do."""
+    ok = [m for m in measured if "error" not in m]
+    if not ok:
+        return measured[-1]
+    best = dict(ok[0])
+    for work in WORKS:
+        rows = [m[work] for m in ok if work in m]
+        if rows:
+            one = min(rows, key=lambda r: r["p50_ms"])
+            best[work] = dict(one, batch32_seq_per_s=max(r["batch32_seq_per_s"] for r in rows))
+    return best
+
+
 def ratios(results, peak, lengths):
     """kbert against the best peer at its precision, ONNX Runtime, and the limit, per input."""
     full_flops = flops(SEQ)
@@ -352,6 +397,12 @@ def ratios(results, peak, lengths):
                         results[ort][work]["p50_ms"] / ours[work]["p50_ms"]
                     row[f"batch32_vs_{ort.replace(' ', '_')}"] = \
                         ours[work]["batch32_seq_per_s"] / results[ort][work]["batch32_seq_per_s"]
+            for name, variant in results.items():  # each transformation undone alone
+                kind = name.split()[1]
+                if name.startswith("kbert ") and name.endswith(precision) and kind in VARIANTS \
+                        and kind != "padded" and work in variant:
+                    row[f"batch1_p50_vs_{kind}"] = variant[work]["p50_ms"] / ours[work]["p50_ms"]
+                    row[f"batch32_vs_{kind}"] = ours[work]["batch32_seq_per_s"] / variant[work]["batch32_seq_per_s"]
             if work in padded:
                 row["batch1_p50_vs_padded_export"] = padded[work]["p50_ms"] / ours[work]["p50_ms"]
                 row["batch32_vs_padded_export"] = ours[work]["batch32_seq_per_s"] / padded[work]["batch32_seq_per_s"]
@@ -371,6 +422,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200, help="timed batch-1 requests per input")
     parser.add_argument("--batches", type=int, default=4, help="timed batch-32 calls per input")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every contender this many times, one after another, and keep each one's best")
     parser.add_argument("--quick", action="store_true", help="40 requests, 1 batch: a smoke run")
     parser.add_argument("--only", nargs="*", default=list(CONTENDERS), help="contenders, by name or first word")
     parser.add_argument("--work", help="a directory to keep the exports and texts in between runs")
@@ -386,20 +439,26 @@ def main():
         json.dump(texts, f)
     lengths = spawn("lengths", "", args, work_dir, quiet=True)
     peak = spawn("peak", "", args, work_dir)
-    results = {}
+    runs = []  # (name, kind, precision, extra), in the order they run
     for name, (kind, precision, extra) in CONTENDERS.items():
         if name in args.only or name.split()[0] in args.only:
-            results[name] = spawn(kind, precision, args, work_dir, extra)
-            if kind == "kbert" and not extra and precision == "float32":  # variants: float32 only
-                for variant in args.variants:
-                    results[f"kbert {variant} {precision}"] = spawn(kind, precision, args, work_dir, f", {variant!r}")
+            runs.append((name, kind, precision, extra))
+            if kind == "kbert" and not extra:
+                runs += [(f"kbert {variant} {precision}", kind, precision, f", {variant!r}") for variant in args.variants
+                         if VARIANT_PRECISION.get(variant, "float32") == precision]
+    rounds = {}
+    for round_number in range(args.rounds):
+        for name, kind, precision, extra in runs:
+            rounds.setdefault(name, []).append(spawn(kind, precision, args, work_dir, extra))
+    results = {name: best_of(measured) for name, measured in rounds.items()}
     peak_after = spawn("peak", "", args, work_dir)
     report = {"model": {"layers": L, "hidden": H, "heads": A, "intermediate": I, "vocab": V, "max_seq": SEQ},
               "machine": {"cpus": os.cpu_count(), "matmul_gflops_before": peak, "matmul_gflops_after": peak_after},
               "debian_texts": {"count": len(texts), "tokens_median": float(np.median(lengths)),
                                "tokens_p90": float(np.percentile(lengths, 90)),
                                "share_past_128": float(np.mean(np.array(lengths) > SEQ))},
-              "requests": args.requests, "batches": args.batches, "results": results,
+              "requests": args.requests, "batches": args.batches, "rounds": args.rounds, "results": results,
+              "every_round": rounds if args.rounds > 1 else None,
               "summary": ratios(results, peak if "error" not in peak else None, lengths)}
     print(json.dumps(report, indent=1))
 

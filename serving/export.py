@@ -32,6 +32,7 @@ and `label_id`. Floats are float32 and pass through
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -89,6 +90,31 @@ GROUP_ROWS = 8
 FUSE_ATTENTION_INPUTS = True
 
 
+# A bfloat16 export's weights are constants of its graph, not variables (if they fit in a
+# GraphDef: protobuf's 2 GiB limit, with room for the rest). oneDNN reorders a bfloat16
+# variable weight into its blocked layout on every call, and keeps the reordered copy of a
+# constant one: 1.23x at batch 1 on real texts. A float32 export keeps variables: constants made
+# it 1.28x slower there. Both measured alone in docs/performance.md.
+CONSTANT_WEIGHT_PRECISIONS = ("bfloat16",)
+CONSTANT_WEIGHTS_MAX_BYTES = 1 << 30
+
+
+class _WeightsAsConstants(keras.StatelessScope):
+    """Within it, each read of a Keras weight gives a constant of the graph being traced, made
+    on its first read from `values` ({id(weight): numpy array}), so only the weights that the
+    traced code reads go into the graph (not, say, Q, K and V beside their fused copy)."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = values
+
+    def get_current_value(self, variable):
+        # Keras' Variable.value asks the scope first; the real value would be a variable read.
+        if id(variable) not in self.state_mapping and id(variable) in self.values:
+            self.state_mapping[id(variable)] = tf.constant(self.values[id(variable)])
+        return self.state_mapping.get(id(variable))
+
+
 def _transformer_layers(model):
     """The TransformerLayers of `model`: an encoder's own, or those of the encoder a pretrainer or a
     task model holds."""
@@ -110,20 +136,38 @@ class OnLongestText:
     time, each group cut to its own longest text, then put back in the request's order: in a
     batch of 32 real texts one long text would otherwise make all 32 pay for its length.
 
+    With `constant_weights`, the model is traced with its weights as constants of the graph
+    (CONSTANT_WEIGHT_PRECISIONS), made from their values when OnLongestText is built.
+
     Attribute reads go to `model` (num_classes, config, ...), so a task's serving head takes
     it in the model's place.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, constant_weights=False):
         self.model = model
+        self.values = {id(w): w.numpy() for w in model.weights} if constant_weights else None
+        # Every signature calls this one traced function (per rank of the inputs), so the
+        # model is traced, and its constant weights saved, once. The model's ops sit directly
+        # in the loop's body, where TF's graph optimizer fuses their bias adds and GELUs.
+        self.function = tf.function(self._grouped)
 
     def __getattr__(self, name):
         return getattr(self.model, name)
 
     def __call__(self, features, training=False):
+        if training:
+            raise ValueError("OnLongestText serves: train the model itself")
+        specs = {k: tf.TensorSpec([None] * v.shape.rank, v.dtype, name=k) for k, v in features.items()}
+        return self.function.get_concrete_function(specs)(features)
+
+    def _weights(self):
+        """Where the model's weights come from while it is traced: graph constants or its variables."""
+        return _WeightsAsConstants(self.values) if self.values is not None else contextlib.nullcontext()
+
+    def _grouped(self, features):
         mask = features["input_mask"]
         if mask.shape.rank != 2:  # multiple choice, [batch, choices, seq]: one group
-            return self._on_longest(features, training)
+            return self._on_longest(features)
         lengths = tf.reduce_sum(mask, axis=-1)
         order = tf.argsort(lengths, stable=True)
         ordered = {k: tf.gather(v, order) for k, v in features.items()}
@@ -135,7 +179,7 @@ class OnLongestText:
 
         def group(i, arrays):
             part = {k: v[i * GROUP_ROWS:(i + 1) * GROUP_ROWS] for k, v in ordered.items()}
-            out = self._on_longest(part, training)
+            out = self._on_longest(part)
             return i + 1, {k: arrays[k].write(i, out[k]) for k in arrays}
 
         _, arrays = tf.while_loop(lambda i, _: i < groups, group, (tf.constant(0), arrays))
@@ -144,14 +188,15 @@ class OnLongestText:
         full = tf.shape(mask)[-1]
         return {k: tf.gather(_concat(arrays[k], specs[k].shape, full), back) for k in arrays}
 
-    def _on_longest(self, features, training):
+    def _on_longest(self, features):
         mask = features["input_mask"]
         full = tf.shape(mask)[-1]
         # The longest text's tokens; 0 for an empty batch (reduce_max of nothing is the lowest int).
         longest = tf.reduce_max(tf.concat([tf.reshape(tf.reduce_sum(mask, axis=-1), [-1]), [0]], axis=0))
         rounded = (longest + LENGTH_MULTIPLE - 1) // LENGTH_MULTIPLE * LENGTH_MULTIPLE
         length = tf.clip_by_value(rounded, tf.minimum(LENGTH_MULTIPLE, full), full)
-        outputs = self.model({k: v[..., :length] for k, v in features.items()}, training=training)
+        with self._weights():
+            outputs = self.model({k: v[..., :length] for k, v in features.items()}, training=False)
         per_token = mask.shape.rank + 1  # [batch, seq, width] from [batch, seq] inputs
         return {k: _pad_positions(v, full) if v.shape.rank == per_token else v for k, v in outputs.items()}
 
@@ -169,12 +214,27 @@ def _pad_positions(x, length):
     return tf.pad(x, paddings)
 
 
-def _serving_head(model, task_info, text_pairs) -> ServingHead:
+def _constant_weights(model, precision) -> bool:
+    """Whether the export holds `model`'s weights as graph constants (CONSTANT_WEIGHT_PRECISIONS)."""
+    if precision not in CONSTANT_WEIGHT_PRECISIONS:
+        return False
+    size = sum(w.numpy().nbytes for w in model.weights)
+    if size > CONSTANT_WEIGHTS_MAX_BYTES:
+        log.info("the weights (%.0f MiB) are too large for graph constants; the export keeps them as variables",
+                 size / 2**20)
+    return size <= CONSTANT_WEIGHTS_MAX_BYTES
+
+
+def _serving_head(model, task_info, text_pairs, constant_weights=False) -> ServingHead:
     """How to serve `model`: its task's record says, and encoders serve their outputs.
-    Either way the model runs on each batch's longest text (`OnLongestText`)."""
+    Either way the model runs on each batch's longest text (`OnLongestText`), with its weights
+    as graph constants if `constant_weights`."""
+    def serving(m):
+        return OnLongestText(m, constant_weights)
+
     task = task_info.get("task")
     if isinstance(model, (BertEncoder, BertPretrainer)):
-        encoder = OnLongestText(model if isinstance(model, BertEncoder) else model.encoder)
+        encoder = serving(model if isinstance(model, BertEncoder) else model.encoder)
 
         def outputs(features):
             out = encoder(features, training=False)
@@ -190,7 +250,7 @@ def _serving_head(model, task_info, text_pairs) -> ServingHead:
         raise KbertError(f"kbert export serves encoders, pretrained models and the {task_list()} tasks; a "
                          f"{task} model needs its question/context windows, which export does not build yet: "
                          f"serve its encoder or use kbert predict")
-    head = record.serve(OnLongestText(model), task_info.get("labels"))
+    head = record.serve(serving(model), task_info.get("labels"))
     if task in ("classify", "regress"):
         # finetune records "text_pairs"; directories from before it did may get pairs.
         pairs = bool(task_info.get("text_pairs", True)) if text_pairs is None else text_pairs
@@ -459,7 +519,7 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     length = sequence_length(max_seq_length, model.config.max_position_embeddings, task_info.get("max_seq_length"))
     if length < 3:
         raise KbertError(f"--max-seq-length {length} must be at least 3 ([CLS] x [SEP])")
-    head = _serving_head(model, task_info, text_pairs)
+    head = _serving_head(model, task_info, text_pairs, _constant_weights(model, precision))
     outputs = head.outputs
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)
     preprocessor((tf.constant(["warm up"]), tf.constant(["b"])))  # builds it, so ExportArchive may track it

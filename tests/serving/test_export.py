@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,20 +176,105 @@ def test_export_writes_the_tf_serving_layout(exports):
     assert f"num_batch_threads {{ value: {os.cpu_count()} }}" in batching
 
 
-def test_the_export_holds_each_weight_once_and_q_k_v_as_one(exports, tiny_model_dir):
-    """The saved values are the weights the signatures use, once each: every layer's query, key
-    and value as one concatenated kernel and bias (the one matmul the export runs) in place of the
-    three, so as many numbers as the encoder has. Keras' ExportArchive saved every weight twice
-    when the model was tracked as well (a BERT-base float32 export was 839 MiB)."""
-    import tensorflow as tf
+def _float_constants(saved_model_dir, nbytes=False):
+    """Shapes of the float constants of at least 8 values in a SavedModel's graph and functions
+    (or, with `nbytes`, how many bytes their values take)."""
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.core.protobuf import saved_model_pb2
 
+    proto = saved_model_pb2.SavedModel.FromString((Path(saved_model_dir) / "saved_model.pb").read_bytes())
+    graph = proto.meta_graphs[0].graph_def
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    tensors = [n.attr["value"].tensor for n in nodes if n.op == "Const"
+               and n.attr["dtype"].type in (types_pb2.DT_FLOAT, types_pb2.DT_BFLOAT16)]
+    tensors = [t for t in tensors if np.prod([d.size for d in t.tensor_shape.dim]) >= 8]
+    if nbytes:
+        return sum(len(t.tensor_content) for t in tensors)
+    return [[d.size for d in t.tensor_shape.dim] for t in tensors]
+
+
+def _saved_variables(saved_model_dir):
+    """Shapes of the values in a SavedModel's variables/ checkpoint."""
+    import tensorflow as tf
+    return [shape for name, shape in tf.train.list_variables(os.path.join(saved_model_dir, "variables", "variables"))
+            if "OBJECT_GRAPH" not in name]
+
+
+def _export(model_dir, base, **options):
+    from kbert.serving.export import export_model
+    return Path(export_model(model_dir, base, version=1, **options))
+
+
+@pytest.fixture(scope="module")
+def bfloat16_export(tmp_path_factory, tiny_model_dir):
+    return _export(tiny_model_dir, tmp_path_factory.mktemp("bfloat16") / "base", precision="bfloat16")
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_the_export_holds_each_weight_once_and_q_k_v_as_one(precision, exports, bfloat16_export, tiny_model_dir):
+    """The saved values are the weights the signatures use, once each although four signatures
+    use them: every layer's query, key and value as one concatenated kernel and bias (the one
+    matmul the export runs) in place of the three, so as many numbers as the encoder has.
+    float32 exports keep them as variables; bfloat16 exports as constants of the graph, and
+    save no variables (oneDNN caches the layout of a constant bfloat16 weight, not of a
+    variable's). Keras' ExportArchive once saved every variable twice (a BERT-base float32
+    export was 839 MiB)."""
     import kbert
     model = kbert.load(tiny_model_dir)
     H, layers = model.config.hidden_size, model.config.num_hidden_layers
-    saved = [shape for name, shape in tf.train.list_variables(str(exports["encoder"] / "variables" / "variables"))
-             if "OBJECT_GRAPH" not in name]
+    path = exports["encoder"] if precision == "float32" else bfloat16_export
+    saved, other = _saved_variables(path), _float_constants(path)
+    if precision == "bfloat16":
+        saved, other = other, saved
+    assert other == []
     assert sum(int(np.prod(shape)) for shape in saved) == sum(int(np.prod(w.shape)) for w in model.encoder.weights)
     assert saved.count([H, 3 * H]) == layers and saved.count([3 * H]) == layers
+
+
+@pytest.mark.skipif(os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0", reason="oneDNN is off")
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_every_dense_layer_runs_as_one_fused_onednn_kernel(precision, exports, bfloat16_export, tiny_model_dir):
+    """Run as TF Serving runs it (a session on the signature), every dense layer of the export is
+    oneDNN's matmul with its bias add (and GELU) fused: each layer's Q, K and V as one, the
+    attention output, the two feed-forward layers, and the pooler. In a bfloat16 export the
+    weights are marked constant, so oneDNN keeps their reordered layout between calls."""
+    import tensorflow as tf
+
+    import kbert
+    layers = kbert.load(tiny_model_dir).config.num_hidden_layers
+    graph = tf.Graph()
+    with graph.as_default():
+        session = tf.compat.v1.Session(graph=graph)
+        path = exports["encoder"] if precision == "float32" else bfloat16_export
+        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(path))
+    signature = meta_graph.signature_def["serving_default"]
+    metadata = tf.compat.v1.RunMetadata()
+    session.run({k: t.name for k, t in signature.outputs.items()}, {signature.inputs["text"].name: TEXTS},
+                options=tf.compat.v1.RunOptions(output_partition_graphs=True), run_metadata=metadata)
+    nodes = [n for g in metadata.partition_graphs for n in g.node]
+    matmuls = [n for n in nodes if n.op.endswith("MatMul")]
+    assert [n.op for n in matmuls] == ["_MklNativeFusedMatMul"] * (4 * layers + 1)
+    assert [n.attr["is_filter_const"].b for n in matmuls] == [precision == "bfloat16"] * len(matmuls)
+
+
+def test_weights_too_large_for_constants_stay_variables(tiny_model_dir, bfloat16_export, tmp_path, monkeypatch):
+    """Past CONSTANT_WEIGHTS_MAX_BYTES (a GraphDef can't pass 2 GiB) a bfloat16 export keeps
+    variables, once each, and gives the outputs of the export with constants."""
+    import tensorflow as tf
+
+    import kbert
+    from kbert.serving import export as serving_export
+    monkeypatch.setattr(serving_export, "CONSTANT_WEIGHTS_MAX_BYTES", 1000)
+    path = _export(tiny_model_dir, tmp_path / "base", precision="bfloat16")
+    model = kbert.load(tiny_model_dir)
+    saved = _saved_variables(path)
+    assert sum(int(np.prod(shape)) for shape in saved) == sum(int(np.prod(w.shape)) for w in model.encoder.weights)
+    assert _float_constants(path) == []
+    texts = tf.constant(["the dog runs.", "a much longer text about a cat that sleeps all day long"])
+    with_variables = tf.saved_model.load(str(path)).signatures["serving_default"](text=texts)
+    with_constants = tf.saved_model.load(str(bfloat16_export)).signatures["serving_default"](text=texts)
+    for key in with_constants:
+        np.testing.assert_allclose(with_variables[key].numpy(), with_constants[key].numpy(), rtol=0, atol=1e-5)
 
 
 def test_existing_version_is_a_one_line_error(exports, tiny_model_dir):
@@ -449,8 +535,9 @@ def test_bfloat16_export_is_close_to_float32_and_half_the_size(tiny_model_dir, t
         path = export_model(tiny_model_dir, tmp_path / precision, precision=precision)
         loaded = tf.saved_model.load(path)
         out[precision] = loaded.signatures["serving_default"](text=texts)
-        size = sum(os.path.getsize(os.path.join(path, "variables", n)) for n in os.listdir(os.path.join(path, "variables")))
-        out[precision + "_size"] = size
+        # The weights' bytes: float32 exports save them as variables, bfloat16 ones as constants.
+        out[precision + "_size"] = _float_constants(path, nbytes=True) + sum(
+            os.path.getsize(os.path.join(path, "variables", n)) for n in os.listdir(os.path.join(path, "variables")))
     for name in ("pooled_output", "sequence_output"):
         assert out["bfloat16"][name].dtype == tf.float32  # served as float32 either way
         difference = np.abs(out["bfloat16"][name].numpy() - out["float32"][name].numpy()).max()
