@@ -115,14 +115,13 @@ VARIANTS = {
     "padded": "the export before this work: every batch on all 128 positions, Q, K and V as three matmuls",
     "one-group": "a batch on its longest text, not sorted into groups of similar length",
     "separate-qkv": "query, key and value as three matmuls, as the checkpoint stores them",
-    "variable-weights": "bfloat16: the weights as variables, not graph constants",
-    "constant-weights": "float32: the weights as graph constants, as bfloat16 exports have them",
+    "constant-weights": "kbert export --constant-weights: the weights as graph constants, not variables",
     "inter-op-1": "a session with one inter-op thread (tensorflow_model_server --tensorflow_inter_op_parallelism=1)",
 }
 
 
-# The precision each variant is timed at (float32 if not named).
-VARIANT_PRECISION = {"variable-weights": "bfloat16"}
+# The precisions each variant is timed at (float32 only if not named).
+VARIANT_PRECISIONS = {"constant-weights": ("float32", "bfloat16")}
 
 
 def trained_like(weights):
@@ -140,7 +139,7 @@ def child_kbert(work, precision, work_dir, variant=""):
 
     import kbert
     from kbert.serving import export as serving_export
-    built = variant if variant in ("padded", "one-group", "separate-qkv", "variable-weights", "constant-weights") else ""
+    built = variant if variant in ("padded", "one-group", "separate-qkv", "constant-weights") else ""
     # Exports are kept in work_dir between runs, under the hash of the code that built them.
     code = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in (
         "serving/export.py", "kbert/model/layers.py", "kbert/model/bert.py"))).hexdigest()[:10]
@@ -153,10 +152,6 @@ def child_kbert(work, precision, work_dir, variant=""):
             serving_export.GROUP_ROWS = 1 << 30
         if variant == "separate-qkv":
             serving_export.FUSE_ATTENTION_INPUTS = False
-        if variant in ("padded", "variable-weights"):
-            serving_export.CONSTANT_WEIGHT_PRECISIONS = ()
-        if variant == "constant-weights":
-            serving_export.CONSTANT_WEIGHT_PRECISIONS = ("float32", "bfloat16")
         config = kbert.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
                                   intermediate_size=I, max_position_embeddings=512, type_vocab_size=2)
         model = kbert.bert_encoder(config)
@@ -165,7 +160,8 @@ def child_kbert(work, precision, work_dir, variant=""):
         with tempfile.TemporaryDirectory() as tmp:
             kbert.save(model, os.path.join(tmp, "model"))
             serving_export.export_model(os.path.join(tmp, "model"), os.path.dirname(path), version=1,
-                                        max_seq_length=SEQ, precision=precision)
+                                        max_seq_length=SEQ, precision=precision,
+                                        constant_weights=variant == "constant-weights")
     graph = tf.Graph()
     with graph.as_default():
         session = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(
@@ -445,7 +441,7 @@ def main():
             runs.append((name, kind, precision, extra))
             if kind == "kbert" and not extra:
                 runs += [(f"kbert {variant} {precision}", kind, precision, f", {variant!r}") for variant in args.variants
-                         if VARIANT_PRECISION.get(variant, "float32") == precision]
+                         if precision in VARIANT_PRECISIONS.get(variant, ("float32",))]
     rounds = {}
     for round_number in range(args.rounds):
         for name, kind, precision, extra in runs:

@@ -90,12 +90,12 @@ GROUP_ROWS = 8
 FUSE_ATTENTION_INPUTS = True
 
 
-# A bfloat16 export's weights are constants of its graph, not variables (if they fit in a
-# GraphDef: protobuf's 2 GiB limit, with room for the rest). oneDNN reorders a bfloat16
-# variable weight into its blocked layout on every call, and keeps the reordered copy of a
-# constant one: 1.23x at batch 1 on real texts. A float32 export keeps variables: constants made
-# it 1.28x slower there. Both measured alone in docs/performance.md.
-CONSTANT_WEIGHT_PRECISIONS = ("bfloat16",)
+# `constant_weights` (`kbert export --constant-weights`) puts the weights in the graph as
+# constants, if they fit in a GraphDef (protobuf's 2 GiB limit, with room for the rest). oneDNN
+# then keeps a constant weight in its reordered layout between calls, where it reorders a
+# variable's on every call: a BERT-base bfloat16 export 1.13x faster at batch 1 on real texts.
+# But TF Serving's process then holds 5x the memory (5.4 GiB against 1.1) and loads 8-10x
+# slower, so it is not the default. Measured in docs/performance.md.
 CONSTANT_WEIGHTS_MAX_BYTES = 1 << 30
 
 
@@ -137,7 +137,7 @@ class OnLongestText:
     batch of 32 real texts one long text would otherwise make all 32 pay for its length.
 
     With `constant_weights`, the model is traced with its weights as constants of the graph
-    (CONSTANT_WEIGHT_PRECISIONS), made from their values when OnLongestText is built.
+    (`kbert export --constant-weights`), made from their values when OnLongestText is built.
 
     Attribute reads go to `model` (num_classes, config, ...), so a task's serving head takes
     it in the model's place.
@@ -214,14 +214,14 @@ def _pad_positions(x, length):
     return tf.pad(x, paddings)
 
 
-def _constant_weights(model, precision) -> bool:
-    """Whether the export holds `model`'s weights as graph constants (CONSTANT_WEIGHT_PRECISIONS)."""
-    if precision not in CONSTANT_WEIGHT_PRECISIONS:
+def _constant_weights(model, requested: bool) -> bool:
+    """Whether the export holds `model`'s weights as graph constants: if `requested` and they fit."""
+    if not requested:
         return False
     size = sum(w.numpy().nbytes for w in model.weights)
     if size > CONSTANT_WEIGHTS_MAX_BYTES:
-        log.info("the weights (%.0f MiB) are too large for graph constants; the export keeps them as variables",
-                 size / 2**20)
+        log.warning("the weights (%.0f MiB) are too large for graph constants; the export keeps them as variables",
+                    size / 2**20)
     return size <= CONSTANT_WEIGHTS_MAX_BYTES
 
 
@@ -459,7 +459,7 @@ def _warmup_requests(path: str, name: str, text_inputs: dict):
 
 def export_model(model_dir, export_base, version: int | None = None, max_seq_length: int | None = None,
                  overwrite: bool = False, name: str | None = None, text_pairs: bool | None = None,
-                 precision: str = "float32") -> str:
+                 precision: str = "float32", constant_weights: bool = False) -> str:
     """Export a kbert model directory for TF Serving; returns the path of `EXPORT_BASE/<version>`.
 
     The version directory is built in a temporary directory inside `export_base` and renamed
@@ -482,6 +482,11 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
             matmuls in bfloat16: on this project's AVX512-BF16 CPU 1.4x faster at batch 1 and 1.7x at
             batch 32 for BERT-base, at about 1e-2 of difference in the outputs (softmax and LayerNorm statistics
             stay in float32; the outputs are float32).
+        constant_weights: bool. Put the weights in the graph as constants instead of variables
+            (up to CONSTANT_WEIGHTS_MAX_BYTES): oneDNN then keeps their reordered layout, 1.13x
+            faster for a bfloat16 BERT-base at batch 1 on real texts, but the serving process
+            holds about 5x the memory and loads 8-10x slower; a float32 export got slower on
+            texts of varied lengths. See docs/serving.md.
 
     Example:
     >>> path = export_model("out/classifier", "exports/sentiment")  # doctest: +SKIP
@@ -519,7 +524,7 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     length = sequence_length(max_seq_length, model.config.max_position_embeddings, task_info.get("max_seq_length"))
     if length < 3:
         raise KbertError(f"--max-seq-length {length} must be at least 3 ([CLS] x [SEP])")
-    head = _serving_head(model, task_info, text_pairs, _constant_weights(model, precision))
+    head = _serving_head(model, task_info, text_pairs, _constant_weights(model, constant_weights))
     outputs = head.outputs
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)
     preprocessor((tf.constant(["warm up"]), tf.constant(["b"])))  # builds it, so ExportArchive may track it

@@ -206,25 +206,27 @@ def _export(model_dir, base, **options):
 
 
 @pytest.fixture(scope="module")
-def bfloat16_export(tmp_path_factory, tiny_model_dir):
-    return _export(tiny_model_dir, tmp_path_factory.mktemp("bfloat16") / "base", precision="bfloat16")
+def constant_export(tmp_path_factory, tiny_model_dir):
+    """`kbert export --constant-weights --precision bfloat16`, through the CLI."""
+    base = tmp_path_factory.mktemp("constant") / "base"
+    result = run_kbert("export", tiny_model_dir, base, "--constant-weights", "--precision", "bfloat16")
+    assert json.loads(result.stdout)["constant_weights"] is True
+    return base / "1"
 
 
-@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_the_export_holds_each_weight_once_and_q_k_v_as_one(precision, exports, bfloat16_export, tiny_model_dir):
+@pytest.mark.parametrize("weights", ["variables", "constants"])
+def test_the_export_holds_each_weight_once_and_q_k_v_as_one(weights, exports, constant_export, tiny_model_dir):
     """The saved values are the weights the signatures use, once each although four signatures
     use them: every layer's query, key and value as one concatenated kernel and bias (the one
-    matmul the export runs) in place of the three, so as many numbers as the encoder has.
-    float32 exports keep them as variables; bfloat16 exports as constants of the graph, and
-    save no variables (oneDNN caches the layout of a constant bfloat16 weight, not of a
-    variable's). Keras' ExportArchive once saved every variable twice (a BERT-base float32
-    export was 839 MiB)."""
+    matmul the export runs) in place of the three, so as many numbers as the encoder has. They
+    are variables, or with --constant-weights constants of the graph and no variables. Keras'
+    ExportArchive once saved every variable twice (a BERT-base float32 export was 839 MiB)."""
     import kbert
     model = kbert.load(tiny_model_dir)
     H, layers = model.config.hidden_size, model.config.num_hidden_layers
-    path = exports["encoder"] if precision == "float32" else bfloat16_export
+    path = exports["encoder"] if weights == "variables" else constant_export
     saved, other = _saved_variables(path), _float_constants(path)
-    if precision == "bfloat16":
+    if weights == "constants":
         saved, other = other, saved
     assert other == []
     assert sum(int(np.prod(shape)) for shape in saved) == sum(int(np.prod(w.shape)) for w in model.encoder.weights)
@@ -232,11 +234,11 @@ def test_the_export_holds_each_weight_once_and_q_k_v_as_one(precision, exports, 
 
 
 @pytest.mark.skipif(os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0", reason="oneDNN is off")
-@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_every_dense_layer_runs_as_one_fused_onednn_kernel(precision, exports, bfloat16_export, tiny_model_dir):
+@pytest.mark.parametrize("weights", ["variables", "constants"])
+def test_every_dense_layer_runs_as_one_fused_onednn_kernel(weights, exports, constant_export, tiny_model_dir):
     """Run as TF Serving runs it (a session on the signature), every dense layer of the export is
     oneDNN's matmul with its bias add (and GELU) fused: each layer's Q, K and V as one, the
-    attention output, the two feed-forward layers, and the pooler. In a bfloat16 export the
+    attention output, the two feed-forward layers, and the pooler. With --constant-weights the
     weights are marked constant, so oneDNN keeps their reordered layout between calls."""
     import tensorflow as tf
 
@@ -245,7 +247,7 @@ def test_every_dense_layer_runs_as_one_fused_onednn_kernel(precision, exports, b
     graph = tf.Graph()
     with graph.as_default():
         session = tf.compat.v1.Session(graph=graph)
-        path = exports["encoder"] if precision == "float32" else bfloat16_export
+        path = exports["encoder"] if weights == "variables" else constant_export
         meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(path))
     signature = meta_graph.signature_def["serving_default"]
     metadata = tf.compat.v1.RunMetadata()
@@ -254,25 +256,25 @@ def test_every_dense_layer_runs_as_one_fused_onednn_kernel(precision, exports, b
     nodes = [n for g in metadata.partition_graphs for n in g.node]
     matmuls = [n for n in nodes if n.op.endswith("MatMul")]
     assert [n.op for n in matmuls] == ["_MklNativeFusedMatMul"] * (4 * layers + 1)
-    assert [n.attr["is_filter_const"].b for n in matmuls] == [precision == "bfloat16"] * len(matmuls)
+    assert [n.attr["is_filter_const"].b for n in matmuls] == [weights == "constants"] * len(matmuls)
 
 
-def test_weights_too_large_for_constants_stay_variables(tiny_model_dir, bfloat16_export, tmp_path, monkeypatch):
-    """Past CONSTANT_WEIGHTS_MAX_BYTES (a GraphDef can't pass 2 GiB) a bfloat16 export keeps
-    variables, once each, and gives the outputs of the export with constants."""
+def test_weights_too_large_for_constants_stay_variables(tiny_model_dir, constant_export, tmp_path, monkeypatch):
+    """Past CONSTANT_WEIGHTS_MAX_BYTES (a GraphDef can't pass 2 GiB) --constant-weights keeps
+    variables, once each, and the outputs are those of the export with constants."""
     import tensorflow as tf
 
     import kbert
     from kbert.serving import export as serving_export
     monkeypatch.setattr(serving_export, "CONSTANT_WEIGHTS_MAX_BYTES", 1000)
-    path = _export(tiny_model_dir, tmp_path / "base", precision="bfloat16")
+    path = _export(tiny_model_dir, tmp_path / "base", precision="bfloat16", constant_weights=True)
     model = kbert.load(tiny_model_dir)
     saved = _saved_variables(path)
     assert sum(int(np.prod(shape)) for shape in saved) == sum(int(np.prod(w.shape)) for w in model.encoder.weights)
     assert _float_constants(path) == []
     texts = tf.constant(["the dog runs.", "a much longer text about a cat that sleeps all day long"])
     with_variables = tf.saved_model.load(str(path)).signatures["serving_default"](text=texts)
-    with_constants = tf.saved_model.load(str(bfloat16_export)).signatures["serving_default"](text=texts)
+    with_constants = tf.saved_model.load(str(constant_export)).signatures["serving_default"](text=texts)
     for key in with_constants:
         np.testing.assert_allclose(with_variables[key].numpy(), with_constants[key].numpy(), rtol=0, atol=1e-5)
 

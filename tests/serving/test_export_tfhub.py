@@ -195,6 +195,8 @@ def test_bad_input_one_line_and_nothing_written(hub_export, tmp_path):
     base, _ = hub_export
     result = run_kbert("export", base / "tiny", tmp_path / "a", "--format", "tfhub", "--version", "2", check=False)
     assert_user_error(result, "--version")
+    result = run_kbert("export", base / "tiny", tmp_path / "a", "--format", "tfhub", "--constant-weights", check=False)
+    assert_user_error(result, "--constant-weights")
     result = run_kbert("export", tmp_path / "nowhere", tmp_path / "b", "--format", "tfhub", check=False)
     assert_user_error(result, "nowhere")
     result = run_kbert("export", base / "tiny", tmp_path / "c", "--format", "onnx", check=False)
