@@ -32,8 +32,8 @@ def export(
              "EXPORT_BASE/preprocessor, TF Hub's BERT SavedModels (hub.KerasLayer, TFSMLayer)."),
     constant_weights: bool = typer.Option(
         False, "--constant-weights",
-        help="Weights as graph constants, not variables: bfloat16 BERT-base 1.13x faster at batch 1, but the "
-             "server holds ~5x the memory and loads ~10x slower (docs/serving.md)."),
+        help="Weights as graph constants, not variables: bfloat16 BERT-base 1.13-1.2x faster at batch 1, but the "
+             "server holds ~5x the memory and loads 6-8x slower (docs/serving.md)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing version (tfhub: an existing EXPORT_BASE)."),
 ):
     """Export a model for TF Serving (serving_default, serve_ids, serve_examples; classify or regress), or in

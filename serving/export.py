@@ -94,7 +94,7 @@ FUSE_ATTENTION_INPUTS = True
 # constants, if they fit in a GraphDef (protobuf's 2 GiB limit, with room for the rest). oneDNN
 # then keeps a constant weight in its reordered layout between calls, where it reorders a
 # variable's on every call: a BERT-base bfloat16 export 1.13x faster at batch 1 on real texts.
-# But TF Serving's process then holds 5x the memory (5.4 GiB against 1.1) and loads 8-10x
+# But TF Serving's process then holds 5x the memory (5.2 GiB against 1.1) and loads 6-8x
 # slower, so it is not the default. Measured in docs/performance.md.
 CONSTANT_WEIGHTS_MAX_BYTES = 1 << 30
 
@@ -483,9 +483,9 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
             batch 32 for BERT-base, at about 1e-2 of difference in the outputs (softmax and LayerNorm statistics
             stay in float32; the outputs are float32).
         constant_weights: bool. Put the weights in the graph as constants instead of variables
-            (up to CONSTANT_WEIGHTS_MAX_BYTES): oneDNN then keeps their reordered layout, 1.13x
+            (up to CONSTANT_WEIGHTS_MAX_BYTES): oneDNN then keeps their reordered layout, 1.13-1.2x
             faster for a bfloat16 BERT-base at batch 1 on real texts, but the serving process
-            holds about 5x the memory and loads 8-10x slower; a float32 export got slower on
+            holds about 5x the memory and loads 6-8x slower; a float32 export got slower on
             texts of varied lengths. See docs/serving.md.
 
     Example:

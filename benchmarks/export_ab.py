@@ -1,0 +1,88 @@
+"""Two kbert exports side by side, as TF Serving runs them, alternating request by request.
+
+One process loads both SavedModels into TF1 sessions (what tensorflow_model_server does) and
+sends each the same texts at batch 1, A then B, text by text, so that the host's drift (10-20%
+from minute to minute here) falls on both alike. Then, in a fresh process each, the memory and
+load time of each export: peak and final RSS of a process that loads it and serves 20 requests.
+
+usage: .venv/bin/python benchmarks/export_ab.py EXPORT_A EXPORT_B [--texts texts.json] [--requests 150]
+`--texts`: a JSON list of strings (serving_bench.py --work DIR writes DIR/texts.json, the Debian
+descriptions); default: sentences of 8 to 120 words. One JSON object on stdout.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def load(path):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the tokenizer's ops, as TF Serving's build does)
+    graph = tf.Graph()
+    with graph.as_default():
+        session = tf.compat.v1.Session(graph=graph)
+        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+    signature = meta_graph.signature_def["serving_default"]
+    fetches = {k: t.name for k, t in signature.outputs.items()}
+    feed = signature.inputs["text"].name
+    return lambda texts: session.run(fetches, {feed: texts})
+
+
+def memory(path):
+    """Run in a child: load `path`, serve 20 requests, report RSS and the time to the first answer."""
+    start = time.perf_counter()
+    serve = load(path)
+    serve(["hello world"])
+    first = time.perf_counter() - start
+    for n in range(20):
+        serve(["hello world " * (n * 5)] * (1 + n % 3))
+    # /proc's VmHWM, not getrusage's ru_maxrss, which a child inherits from its parent's peak.
+    status = {line.split(":")[0]: int(line.split()[1]) // 1024 for line in open("/proc/self/status")
+              if line.startswith(("VmRSS", "VmHWM"))}
+    print(json.dumps({"load_and_first_answer_s": round(first, 1), "final_rss_mib": status["VmRSS"],
+                      "peak_rss_mib": status["VmHWM"]}))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("exports", nargs=2)
+    parser.add_argument("--texts")
+    parser.add_argument("--requests", type=int, default=150)
+    args = parser.parse_args()
+    if args.texts:
+        with open(args.texts, encoding="utf-8") as f:
+            texts = json.load(f)
+    else:
+        texts = [" ".join(["word"] * (8 + (i * 37) % 113)) for i in range(args.requests)]
+    texts = (texts * (args.requests // len(texts) + 1))[:args.requests]
+    serves = [load(path) for path in args.exports]
+    for serve in serves:  # warm-up
+        for text in texts[:20]:
+            serve([text])
+    times = [[], []]
+    for text in texts:
+        for serve, spent in zip(serves, times):
+            start = time.perf_counter()
+            serve([text])
+            spent.append((time.perf_counter() - start) * 1000)
+    report = {}
+    for path, spent in zip(args.exports, times):
+        child = subprocess.run([sys.executable, __file__, "--memory", path], capture_output=True, text=True,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), check=True)
+        report[path] = dict(p50_ms=round(float(np.median(spent)), 1), mean_ms=round(float(np.mean(spent)), 1),
+                            **json.loads(child.stdout.strip().splitlines()[-1]))
+    a, b = (report[p]["p50_ms"] for p in args.exports)
+    report["b_p50_over_a_p50"] = round(b / a, 3)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--memory"]:
+        memory(sys.argv[2])
+    else:
+        main()
