@@ -19,24 +19,13 @@ import time
 
 import numpy as np
 
-
-def load(path):
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (registers the tokenizer's ops, as TF Serving's build does)
-    graph = tf.Graph()
-    with graph.as_default():
-        session = tf.compat.v1.Session(graph=graph)
-        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-    signature = meta_graph.signature_def["serving_default"]
-    fetches = {k: t.name for k, t in signature.outputs.items()}
-    feed = signature.inputs["text"].name
-    return lambda texts: session.run(fetches, {feed: texts})
+from int8_probe import session_call  # a SavedModel's serving_default as TF Serving runs it
 
 
 def memory(path):
     """Run in a child: load `path`, serve 20 requests, report RSS and the time to the first answer."""
     start = time.perf_counter()
-    serve = load(path)
+    serve = session_call(path)
     serve(["hello world"])
     first = time.perf_counter() - start
     for n in range(20):
@@ -60,7 +49,7 @@ def main():
     else:
         texts = [" ".join(["word"] * (8 + (i * 37) % 113)) for i in range(args.requests)]
     texts = (texts * (args.requests // len(texts) + 1))[:args.requests]
-    serves = [load(path) for path in args.exports]
+    serves = [session_call(path) for path in args.exports]
     for serve in serves:  # warm-up
         for text in texts[:20]:
             serve([text])
