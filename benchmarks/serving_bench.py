@@ -8,7 +8,7 @@ fresh process, one after another (never two at once), text in and its own tokeni
   SavedModel: a TF1 session on the `serve` MetaGraph, fed and fetched by the `serving_default`
   signature_def's tensor names (as TF Serving's SavedModelBundle does), raw strings in.
   "kbert padded" is the export as it was before issue 18: every batch on all 128 positions,
-  Q, K and V as three matmuls. `--variants` times exports with one transformation undone each.
+  Q, K and V as three matmuls, LayerNorm as keras' ops. `--variants` times exports with one transformation undone each.
 - keras-hub: `BertBackbone` behind its own `BertTextClassifierPreprocessor` (tf.text's
   WordPiece, packed to 128), both in one `tf.function`; float32 and the bfloat16 policy.
 - Hugging Face: transformers' `BertModel` on PyTorch under `torch.inference_mode()`, float32
@@ -112,10 +112,12 @@ def measure(call, work):
 # setting), to measure each alone: `--only "kbert float32" --variants padded ...`.
 VARIANTS = {
     "": "the export as it ships",
-    "padded": "the export before this work: every batch on all 128 positions, Q, K and V as three matmuls",
+    "padded": ("the export before this work: every batch on all 128 positions, Q, K and V as three matmuls, "
+               "keras' LayerNorm"),
     "one-group": "a batch on its longest text, not sorted into groups of similar length",
     "separate-qkv": "query, key and value as three matmuls, as the checkpoint stores them",
     "constant-weights": "kbert export --constant-weights: the weights as graph constants, not variables",
+    "keras-layer-norm": "each LayerNorm as keras' element-wise ops, not one oneDNN kernel",
     "inter-op-1": "a session with one inter-op thread (tensorflow_model_server --tensorflow_inter_op_parallelism=1)",
 }
 
@@ -139,7 +141,7 @@ def child_kbert(work, precision, work_dir, variant=""):
 
     import kbert
     from kbert.serving import export as serving_export
-    built = variant if variant in ("padded", "one-group", "separate-qkv", "constant-weights") else ""
+    built = variant if variant in ("padded", "one-group", "separate-qkv", "constant-weights", "keras-layer-norm") else ""
     # Exports are kept in work_dir between runs, under the hash of the code that built them.
     code = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in (
         "serving/export.py", "kbert/model/layers.py", "kbert/model/bert.py"))).hexdigest()[:10]
@@ -152,6 +154,8 @@ def child_kbert(work, precision, work_dir, variant=""):
             serving_export.GROUP_ROWS = 1 << 30
         if variant == "separate-qkv":
             serving_export.FUSE_ATTENTION_INPUTS = False
+        if variant in ("padded", "keras-layer-norm"):
+            serving_export.LAYER_NORM_AS_ONE_KERNEL = False
         config = kbert.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
                                   intermediate_size=I, max_position_embeddings=512, type_vocab_size=2)
         model = kbert.bert_encoder(config)

@@ -89,6 +89,10 @@ GROUP_ROWS = 8
 # keeps the checkpoint's layout. Measured alone in docs/performance.md.
 FUSE_ATTENTION_INPUTS = True
 
+# Each LayerNorm runs as one oneDNN kernel (`LayerNorm.as_one_kernel`) instead of keras' twenty
+# element-wise ops and reductions. Measured alone in docs/performance.md.
+LAYER_NORM_AS_ONE_KERNEL = True
+
 
 # `constant_weights` (`kbert export --constant-weights`) puts the weights in the graph as
 # constants, if they fit in a GraphDef (protobuf's 2 GiB limit, with room for the rest). oneDNN
@@ -119,6 +123,13 @@ def _transformer_layers(model):
     """The TransformerLayers of `model`: an encoder's own, or those of the encoder a pretrainer or a
     task model holds."""
     return (model if isinstance(model, BertEncoder) else model.encoder).transformer_layers
+
+
+def _layer_norms(model):
+    """The encoder's LayerNorms: the embeddings' and two in each transformer layer."""
+    encoder = model if isinstance(model, BertEncoder) else model.encoder
+    return [encoder.embeddings.layer_norm] + [norm for layer in encoder.transformer_layers
+                                             for norm in (layer.attention_layer_norm, layer.output_layer_norm)]
 
 
 class OnLongestText:
@@ -520,6 +531,9 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     if FUSE_ATTENTION_INPUTS:
         for layer in _transformer_layers(model):
             layer.fuse_attention_inputs()
+    if LAYER_NORM_AS_ONE_KERNEL:
+        for layer_norm in _layer_norms(model):
+            layer_norm.as_one_kernel()
     task_info = getattr(model, "task_info", None) or {}
     length = sequence_length(max_seq_length, model.config.max_position_embeddings, task_info.get("max_seq_length"))
     if length < 3:

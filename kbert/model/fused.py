@@ -10,7 +10,7 @@ tensor's own dtype as keras' Dropout does.
 
 Only training uses them. Inference keeps the plain ops, which TF's graph optimizer already
 fuses into oneDNN's matmul, and which a SavedModel serves without XLA. Inside `disabled()`,
-training runs the plain ops too (tests/test_layers.py checks that both paths agree);
+training runs the plain ops too (tests/model/test_layers.py checks that both paths agree);
 `kbert.model.layers.use_fused` is the one place the layers ask which path to take.
 
 Example:

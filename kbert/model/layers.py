@@ -9,7 +9,8 @@ Why not keras-hub's `PositionEmbedding`: importing keras_hub costs every process
 150 MiB and a second (measured in benchmarks/convert_bench.py), for a slice of one table.
 
 Training runs through `kbert.model.fused`'s XLA kernels and inference through the plain Keras
-ops; `use_fused` alone decides which, and tests/test_layers.py checks that both paths agree.
+ops; `use_fused` alone decides which, and tests/model/test_layers.py checks that both paths agree.
+Exports also run each LayerNorm as one oneDNN kernel (`LayerNorm.as_one_kernel`).
 """
 
 from __future__ import annotations
@@ -161,15 +162,53 @@ def layer_norm(config: BertConfig, name: str, dtype=None):
 
 
 class LayerNorm(keras.layers.LayerNormalization):
-    """keras' LayerNormalization (same weights, same inference graph) that trains through
-    `fused.layer_norm`: one XLA loop forward and one backward instead of about twenty ops."""
+    """keras' LayerNormalization (same weights) that trains through `fused.layer_norm`: one XLA
+    loop forward and one backward instead of about twenty ops.
+
+    Inference runs keras' own ops, or, once `as_one_kernel()` was called (`kbert export` does),
+    `layer_norm_as_batch_norm`, which TF's graph optimizer turns into one oneDNN kernel.
+    """
+
+    one_kernel = False
+
+    def as_one_kernel(self):
+        """Run inference as one oneDNN LayerNorm kernel (see `layer_norm_as_batch_norm`)."""
+        self.one_kernel = True
 
     def call(self, inputs, training=None):
-        if (use_fused(training) and self.axis in (-1, [-1], [len(inputs.shape) - 1]) and self.center and self.scale
-                and not self.rms_scaling):
+        last_axis = self.axis in (-1, [-1], [len(inputs.shape) - 1]) and self.center and self.scale
+        if use_fused(training) and last_axis and not self.rms_scaling:
             return fused.layer_norm(inputs, ops.cast(self.gamma, "float32"), ops.cast(self.beta, "float32"),
                                     self.epsilon)
+        if self.one_kernel and not training and last_axis and not self.rms_scaling:
+            return layer_norm_as_batch_norm(inputs, ops.cast(self.gamma, inputs.dtype),
+                                            ops.cast(self.beta, inputs.dtype), self.epsilon)
         return super().call(inputs)
+
+
+def layer_norm_as_batch_norm(x, gamma, beta, epsilon: float):
+    """LayerNorm over the last axis of a rank-2 or rank-3 `x`, in the form TF's graph optimizer
+    (Grappler's remapper, on oneDNN builds: every x86 CPU build) replaces with one
+    `_MklLayerNorm` kernel: each row a channel of a training-mode `FusedBatchNormV3`, then
+    gamma and beta. Keras' own form is about twenty element-wise ops and reductions per
+    LayerNorm, 5% of a BERT-base export's time (measured in docs/performance.md).
+    Without the rewrite (another device, or the optimizer off) the batch norm computes the
+    same numbers. Statistics in float32 either way; epsilon as given (tf.nn.fused_batch_norm
+    would raise 1e-12 to 1e-5, so the raw op is called).
+
+    >>> x = tf.constant([[1.0, 2.0, 3.0], [2.0, 2.0, 5.0]])
+    >>> y = layer_norm_as_batch_norm(x, tf.ones([3]), tf.zeros([3]), 1e-12)
+    >>> [round(float(v), 4) for v in y[0]]
+    [-1.2247, 0.0, 1.2247]
+    """
+    shape = tf.shape(x)
+    rows = tf.reduce_prod(shape[:-1])
+    channels = tf.reshape(rows, [1])
+    normalized = tf.raw_ops.FusedBatchNormV3(
+        x=tf.reshape(x, tf.stack([1, rows, shape[-1], 1])), scale=tf.fill(channels, 1.0),
+        offset=tf.fill(channels, 0.0), mean=tf.constant([], tf.float32), variance=tf.constant([], tf.float32),
+        epsilon=epsilon, data_format="NCHW", is_training=True).y
+    return tf.reshape(normalized, shape) * gamma + beta
 
 
 class Dropout(keras.layers.Dropout):

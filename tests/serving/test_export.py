@@ -232,11 +232,14 @@ def test_the_export_holds_each_weight_once_and_q_k_v_as_one(weights, exports, co
 
 @pytest.mark.skipif(os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0", reason="oneDNN is off")
 @pytest.mark.parametrize("weights", ["variables", "constants"])
-def test_every_dense_layer_runs_as_one_fused_onednn_kernel(weights, exports, constant_export, tiny_model_dir):
+def test_every_dense_layer_and_layer_norm_runs_as_one_onednn_kernel(weights, exports, constant_export,
+                                                                    tiny_model_dir):
     """Run as TF Serving runs it (a session on the signature), every dense layer of the export is
     oneDNN's matmul with its bias add (and GELU) fused: each layer's Q, K and V as one, the
     attention output, the two feed-forward layers, and the pooler. With --constant-weights the
-    weights are marked constant, so oneDNN keeps their reordered layout between calls."""
+    weights are marked constant, so oneDNN keeps their reordered layout between calls. Every
+    LayerNorm (the embeddings' and two per layer) is one oneDNN kernel, and no other batch norm,
+    mean or variance op is left."""
     import tensorflow as tf
 
     import kbert
@@ -254,6 +257,8 @@ def test_every_dense_layer_runs_as_one_fused_onednn_kernel(weights, exports, con
     matmuls = [n for n in nodes if n.op.endswith("MatMul")]
     assert [n.op for n in matmuls] == ["_MklNativeFusedMatMul"] * (4 * layers + 1)
     assert [n.attr["is_filter_const"].b for n in matmuls] == [weights == "constants"] * len(matmuls)
+    assert [n.op for n in nodes if n.op.endswith(("BatchNormV3", "LayerNorm")) or n.op in ("Mean", "SquaredDifference", "Rsqrt")] == \
+        ["_MklLayerNorm"] * (2 * layers + 1)
 
 
 def test_weights_too_large_for_constants_stay_variables(tiny_model_dir, constant_export, tmp_path, monkeypatch):
