@@ -123,7 +123,7 @@ VARIANTS = {
 
 
 # The precisions each variant is timed at (float32 only if not named).
-VARIANT_PRECISIONS = {"constant-weights": ("float32", "bfloat16")}
+VARIANT_PRECISIONS = {"constant-weights": ("float32", "bfloat16"), "keras-layer-norm": ("float32", "bfloat16")}
 
 
 def trained_like(weights):
