@@ -192,9 +192,10 @@ def layer_norm_as_batch_norm(x, gamma, beta, epsilon: float):
     `_MklLayerNorm` kernel: each row a channel of a training-mode `FusedBatchNormV3`, then
     gamma and beta. Keras' own form is about twenty element-wise ops and reductions per
     LayerNorm, 5% of a BERT-base export's time (measured in docs/performance.md).
-    Without the rewrite (another device, or the optimizer off) the batch norm computes the
-    same numbers. Statistics in float32 either way; epsilon as given (tf.nn.fused_batch_norm
-    would raise 1e-12 to 1e-5, so the raw op is called).
+    Without the rewrite (the optimizer off, or eagerly) TF's CPU batch norm kernel computes the
+    same numbers (tested); on a GPU it would run as cuDNN's batch norm, not checked here.
+    Statistics in float32 either way; epsilon as given (tf.nn.fused_batch_norm would raise
+    1e-12 to 1e-5, so the raw op is called).
 
     >>> x = tf.constant([[1.0, 2.0, 3.0], [2.0, 2.0, 5.0]])
     >>> y = layer_norm_as_batch_norm(x, tf.ones([3]), tf.zeros([3]), 1e-12)
