@@ -119,17 +119,20 @@ class _WeightsAsConstants(keras.StatelessScope):
         return self.state_mapping.get(id(variable))
 
 
+def _encoder(model) -> BertEncoder:
+    """`model` itself if it is an encoder, else the encoder a pretrainer or a task model holds."""
+    return model if isinstance(model, BertEncoder) else model.encoder
+
+
 def _transformer_layers(model):
-    """The TransformerLayers of `model`: an encoder's own, or those of the encoder a pretrainer or a
-    task model holds."""
-    return (model if isinstance(model, BertEncoder) else model.encoder).transformer_layers
+    """The TransformerLayers of `model`'s encoder."""
+    return _encoder(model).transformer_layers
 
 
 def _layer_norms(model):
-    """The encoder's LayerNorms: the embeddings' and two in each transformer layer."""
-    encoder = model if isinstance(model, BertEncoder) else model.encoder
-    return [encoder.embeddings.layer_norm] + [norm for layer in encoder.transformer_layers
-                                             for norm in (layer.attention_layer_norm, layer.output_layer_norm)]
+    """The LayerNorms of `model`'s encoder: the embeddings' and two in each transformer layer."""
+    return [_encoder(model).embeddings.layer_norm] + [norm for layer in _transformer_layers(model)
+                                                      for norm in (layer.attention_layer_norm, layer.output_layer_norm)]
 
 
 class OnLongestText:
@@ -245,7 +248,7 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False) -> Servi
 
     task = task_info.get("task")
     if isinstance(model, (BertEncoder, BertPretrainer)):
-        encoder = serving(model if isinstance(model, BertEncoder) else model.encoder)
+        encoder = serving(_encoder(model))
 
         def outputs(features):
             out = encoder(features, training=False)
