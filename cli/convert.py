@@ -3,7 +3,6 @@ keras-hub presets into kbert model directories and back."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -11,8 +10,7 @@ import typer
 
 import kbert
 from kbert.cli.common import print_result
-from kbert.files import check_output_dir, require_path
-from kbert.outputs import claim_output
+from kbert.cli.frame import DIR, DIRECTORY, JSON, MODEL, MODEL_OR_FILE, TEXT, command
 
 # The converters are imported inside each command, not here: they import TensorFlow, which
 # `kbert --help` should not wait for.
@@ -23,6 +21,7 @@ app = typer.Typer(help="Move checkpoints between google-research/bert's TF1 form
 
 
 @app.command("from-tf1")
+@command(inputs={"src": MODEL, "config": JSON, "vocab": TEXT}, outputs={"out_model_dir": DIR})
 def from_tf1(
     src: Path = typer.Argument(..., help="Checkpoint directory (bert_config.json, vocab.txt, *.ckpt) or prefix like DIR/model.ckpt-20000."),
     out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
@@ -34,12 +33,10 @@ def from_tf1(
     """Convert a google-research/bert checkpoint into a kbert model directory."""
     from kbert.converters import load_tf1_checkpoint
 
-    with claim_output(out_model_dir, inputs=[src, config, vocab]):
-        check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
-        model = load_tf1_checkpoint(src, config_file=config and str(config), vocab_file=vocab and str(vocab),
-                                    do_lower_case=lowercase)
-        kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-                   overwrite=overwrite)
+    model = load_tf1_checkpoint(src, config_file=config and str(config), vocab_file=vocab and str(vocab),
+                                do_lower_case=lowercase)
+    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+               overwrite=overwrite)
     report = model.conversion
     print_result({
         "model_dir": str(out_model_dir),
@@ -54,6 +51,7 @@ def from_tf1(
 
 
 @app.command("to-tf1")
+@command(inputs={"model_dir": MODEL}, outputs={"out_dir": DIR})
 def to_tf1(
     model_dir: Path = typer.Argument(..., help="kbert model directory."),
     out_dir: Path = typer.Argument(..., help="Directory for bert_config.json, vocab.txt and bert_model.ckpt.*"),
@@ -63,14 +61,13 @@ def to_tf1(
     from kbert.converters import save_tf1_checkpoint
     from kbert.converters.tf1 import CKPT_PREFIX
 
-    with claim_output(out_dir, inputs=[model_dir]):
-        check_output_dir(str(out_dir), overwrite)
-        model = kbert.load(model_dir)
-        save_tf1_checkpoint(model, out_dir, overwrite=overwrite)
+    model = kbert.load(model_dir)
+    save_tf1_checkpoint(model, out_dir, overwrite=overwrite)
     print_result({"checkpoint": str(out_dir / CKPT_PREFIX), "parameters": int(model.count_params())})
 
 
 @app.command("from-hf")
+@command(inputs={"src": MODEL_OR_FILE}, outputs={"out_model_dir": DIR})
 def from_hf(
     src: Path = typer.Argument(..., help="Hugging Face BERT directory (config.json, model.safetensors, vocab.txt or tokenizer.json), or its model.safetensors."),
     out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
@@ -80,11 +77,9 @@ def from_hf(
     """Convert a Hugging Face BERT (safetensors only; pickles are refused) into a kbert model directory."""
     from kbert.converters.hf import load_hf_model
 
-    with claim_output(out_model_dir, inputs=[src]):
-        check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
-        model = load_hf_model(src, do_lower_case=lowercase)
-        kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-                   overwrite=overwrite)
+    model = load_hf_model(src, do_lower_case=lowercase)
+    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+               overwrite=overwrite)
     report = model.conversion
     print_result({
         "model_dir": str(out_model_dir),
@@ -100,6 +95,7 @@ def from_hf(
 
 
 @app.command("to-hf")
+@command(inputs={"model_dir": MODEL}, outputs={"out_dir": DIR})
 def to_hf(
     model_dir: Path = typer.Argument(..., help="kbert model directory (a pretrainer or an encoder)."),
     out_dir: Path = typer.Argument(..., help="Directory for config.json, model.safetensors, vocab.txt, tokenizer_config.json."),
@@ -108,14 +104,13 @@ def to_hf(
     """Write a kbert model as a Hugging Face BERT that transformers' from_pretrained loads."""
     from kbert.converters.hf import WEIGHTS_FILE, save_hf_model
 
-    with claim_output(out_dir, inputs=[model_dir]):
-        check_output_dir(str(out_dir), overwrite)
-        model = kbert.load(model_dir)
-        save_hf_model(model, out_dir, overwrite=overwrite)
+    model = kbert.load(model_dir)
+    save_hf_model(model, out_dir, overwrite=overwrite)
     print_result({"model": str(out_dir / WEIGHTS_FILE), "parameters": int(model.count_params())})
 
 
 @app.command("from-tfhub")
+@command(inputs={"src": DIRECTORY, "preprocessor": DIRECTORY}, outputs={"out_model_dir": DIR})
 def from_tfhub(
     src: Path = typer.Argument(..., help="A TF Hub BERT encoder SavedModel directory (Model Garden's export_tfhub, or kbert export --format tfhub)."),
     out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
@@ -127,11 +122,9 @@ def from_tfhub(
     """Convert a TF Hub BERT encoder (read from its files, not run) into a kbert model directory."""
     from kbert.converters.tfhub import load_tfhub_encoder
 
-    with claim_output(out_model_dir, inputs=[src, preprocessor]):
-        check_output_dir(str(out_model_dir), overwrite)  # fail before the slow part
-        model = load_tfhub_encoder(src, preprocessor=preprocessor, do_lower_case=lowercase, hidden_act=hidden_act)
-        kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-                   overwrite=overwrite)
+    model = load_tfhub_encoder(src, preprocessor=preprocessor, do_lower_case=lowercase, hidden_act=hidden_act)
+    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+               overwrite=overwrite)
     report = model.conversion
     print_result({
         "model_dir": str(out_model_dir),
@@ -149,6 +142,7 @@ def from_tfhub(
 
 
 @app.command("to-keras-hub")
+@command(inputs={"model_dir": MODEL}, outputs={"out": DIR})
 def to_keras_hub(
     model_dir: Path = typer.Argument(..., help="kbert model directory (encoder, pretraining model or classifier)."),
     out: Path = typer.Argument(..., help="keras-hub preset directory to write."),
@@ -157,13 +151,12 @@ def to_keras_hub(
     """Write a kbert model as a keras-hub BERT preset (BertBackbone.from_preset loads it); reports keras-hub's GELU difference."""
     from kbert.converters.keras_hub import save_keras_hub_preset
 
-    with claim_output(out, inputs=[model_dir]):
-        check_output_dir(str(out), overwrite)
-        result = save_keras_hub_preset(model_dir, out, overwrite=overwrite)
+    result = save_keras_hub_preset(model_dir, out, overwrite=overwrite)
     print_result(result)
 
 
 @app.command("from-keras-hub")
+@command(inputs={"src": DIRECTORY}, outputs={"out_model_dir": DIR})
 def from_keras_hub(
     src: Path = typer.Argument(..., help="A keras-hub BERT preset directory (as save_to_preset writes it)."),
     out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
@@ -173,11 +166,9 @@ def from_keras_hub(
     """Convert a keras-hub BertBackbone preset into a kbert model directory, exactly (hidden_act gelu_tanh)."""
     from kbert.converters.keras_hub import load_keras_hub_preset
 
-    with claim_output(out_model_dir, inputs=[src]):
-        check_output_dir(str(out_model_dir), overwrite)
-        model = load_keras_hub_preset(src, do_lower_case=lowercase)
-        kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-                   overwrite=overwrite)
+    model = load_keras_hub_preset(src, do_lower_case=lowercase)
+    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
+               overwrite=overwrite)
     report = model.conversion
     print_result({"model_dir": str(out_model_dir), "source": report["source"], "parameters": int(model.count_params()),
                   "weights_loaded": report["loaded"], "fresh_heads": report["fresh_heads"],
@@ -185,11 +176,10 @@ def from_keras_hub(
 
 
 @app.command("inspect")
+@command(inputs={"src": MODEL})
 def inspect_(src: Path = typer.Argument(..., help="Checkpoint directory or prefix, kbert model directory, or Hugging Face model directory.")):
     """Show what a checkpoint or model directory holds: config, parameters, heads, optimizer slots, step."""
     from kbert.converters.hf import describe_hf, is_hf_model
     from kbert.converters.inspect import describe
 
-    if not os.path.exists(src) and not os.path.exists(f"{src}.index"):
-        require_path(src, "checkpoint or model directory", "check the path")
     print_result(describe_hf(src) if is_hf_model(src) else describe(src))

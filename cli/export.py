@@ -10,30 +10,34 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.errors import KbertError
-from kbert.outputs import claim_output
+from kbert.cli.frame import DIR_IN_PLACE, MODEL, command
+from kbert.outputs import check_apart
 
 
+# The serving export writes EXPORT_BASE in place (a new version beside the others); --format tfhub
+# replaces it whole, so that branch also refuses a base that holds the model.
+@command(inputs={"model_dir": MODEL}, outputs={"export_base": DIR_IN_PLACE})
 def export(
     model_dir: Path = typer.Argument(..., help="A kbert model directory (converted, pretrained or fine-tuned), or a google-research checkpoint."),
     export_base: Path = typer.Argument(..., help="The directory TF Serving watches (--model_base_path); "
                                                  "the export goes to EXPORT_BASE/VERSION."),
-    version: Optional[int] = typer.Option(None, "--version", help="Version number (default: the next free one)."),
+    version: Optional[int] = typer.Option(None, "--version", min=1, help="Version number (default: the next free one)."),
     max_seq_length: Optional[int] = typer.Option(
-        None, help="Tokens per request; longer texts are truncated (default: the fine-tuning length, else 128)."),
+        None, min=3, help="Tokens per request; longer texts are truncated (default: the fine-tuning length, else 128)."),
     name: Optional[str] = typer.Option(None, "--name", help="Model name in models.config (default: EXPORT_BASE's name)."),
     text_pairs: Optional[bool] = typer.Option(
         None, "--text-pairs/--single-text",
         help="Whether serving_default takes text_b (default: yes for classifiers and regressors)."),
     precision: str = typer.Option(
-        "float32", help="float32 (exact) or bfloat16 (on this AVX512-BF16 CPU: 1.4x faster at batch 1, 1.7x at batch 32; outputs ~1e-2 off)."),
+        "float32", help="float32 (exact) or bfloat16 (faster on CPUs with AVX512-BF16 or AMX; outputs ~1e-2 off; speed measured in docs/performance.md)."),
     export_format: str = typer.Option(
         "serving", "--format",
         help="serving: a TF Serving version under EXPORT_BASE. tfhub: EXPORT_BASE/encoder and "
              "EXPORT_BASE/preprocessor, TF Hub's BERT SavedModels (hub.KerasLayer, TFSMLayer)."),
     constant_weights: bool = typer.Option(
         False, "--constant-weights",
-        help="Weights as graph constants, not variables: bfloat16 BERT-base 1.13-1.2x faster at batch 1, but the "
-             "server holds ~5x the memory and loads 6-8x slower (docs/serving.md)."),
+        help="Weights as graph constants, not variables: faster for bfloat16 at batch 1, but the server holds "
+             "several times the memory and loads several times slower (measured in docs/performance.md)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing version (tfhub: an existing EXPORT_BASE)."),
 ):
     """Export a model for TF Serving (serving_default, serve_ids, serve_examples; classify or regress), or in
@@ -48,18 +52,17 @@ def export(
                 raise KbertError(f"{flag} is for TF Serving exports; --format tfhub takes --max-seq-length and --overwrite")
         if precision != "float32":
             raise KbertError("--format tfhub writes float32 (TF Hub encoders are fine-tuned); leave out --precision")
-        with claim_output(export_base, inputs=[model_dir]):
-            result = export_tfhub(str(model_dir), str(export_base), max_seq_length=max_seq_length, overwrite=overwrite)
+        check_apart(export_base, [model_dir])  # replaced whole
+        result = export_tfhub(str(model_dir), str(export_base), max_seq_length=max_seq_length, overwrite=overwrite)
         print_result(result)
         return
     if export_format != "serving":
         raise KbertError(f"--format {export_format!r}: choose serving or tfhub")
 
     # The base is written in place (a new version beside the others, models.config), never replaced.
-    with claim_output(export_base, inputs=[model_dir], in_place=True):
-        path = export_model(str(model_dir), str(export_base), version=version, max_seq_length=max_seq_length,
-                            overwrite=overwrite, name=name, text_pairs=text_pairs, precision=precision,
-                            constant_weights=constant_weights)
+    path = export_model(str(model_dir), str(export_base), version=version, max_seq_length=max_seq_length,
+                        overwrite=overwrite, name=name, text_pairs=text_pairs, precision=precision,
+                        constant_weights=constant_weights)
     base = os.path.dirname(path)
     print_result({"export": path, "version": int(os.path.basename(path)), "precision": precision,
                   "constant_weights": _holds_no_variables(path),

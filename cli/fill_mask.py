@@ -8,12 +8,14 @@ from pathlib import Path
 import typer
 
 from kbert.cli.common import print_result
+from kbert.cli.frame import MODEL, command
 
 
+@command(inputs={"model_dir": MODEL})
 def fill_mask_command(
     model_dir: Path = typer.Argument(..., help="A kbert model directory with the MLM head (pretrained or converted)."),
     text: str = typer.Argument(..., help='Text with one or more [MASK], e.g. "the capital of france is [MASK]."'),
-    top_k: int = typer.Option(5, help="Predictions per mask."),
+    top_k: int = typer.Option(5, min=1, help="Predictions per mask."),
 ):
     """Predict the tokens behind each [MASK]; prints one JSON object."""
     # Here, not at the top: it imports TensorFlow, which `kbert --help` should not wait for.

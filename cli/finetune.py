@@ -13,36 +13,37 @@ from typing import Optional
 import typer
 
 from kbert.cli.common import print_result
-from kbert.outputs import claim_output
+from kbert.cli.frame import DIR, FILE, MODEL, TEXT, command
 
 FORMATS = "auto, csv, tsv, jsonl, or a GLUE layout: mrpc, cola, sst2, stsb, mnli, qnli, qqp, rte"
 
 
+@command(inputs={"model_dir": MODEL, "train": TEXT, "dev": TEXT}, outputs={"output": DIR}, above_zero=("learning_rate",))
 def finetune(
     model_dir: Path = typer.Argument(..., help="A kbert model directory (converted or pretrained), or a google-research checkpoint directory."),
     task: str = typer.Option(..., "--task", help="classify | regress | tag | squad | choice."),
     train: Path = typer.Option(..., "--train", help="Training data: CSV/TSV/JSONL with text[,text_b],label; a GLUE TSV; CoNLL (tag); SQuAD JSON (squad); SWAG CSV (choice)."),
     output: Path = typer.Option(..., "--output", help="Output: the fine-tuned kbert model directory."),
     dev: Optional[Path] = typer.Option(None, "--dev", help="Dev data, same format: scored after each epoch; the best epoch is kept."),
-    epochs: int = typer.Option(3, help="Training epochs."),
-    batch_size: int = typer.Option(32, help="Global batch size (split over replicas)."),
-    learning_rate: float = typer.Option(5e-5, help="Peak learning rate (the paper used 2e-5..5e-5)."),
-    max_seq_length: Optional[int] = typer.Option(None, help="Tokens per example (per context + ending for choice; default 128, 384 for squad)."),
-    warmup_proportion: float = typer.Option(0.1, help="Share of steps with linear warmup (run_classifier.py's 0.1)."),
-    seed: int = typer.Option(12345, help="Seed for the head's initial weights, dropout and data order."),
+    epochs: int = typer.Option(3, min=1, help="Training epochs."),
+    batch_size: int = typer.Option(32, min=1, help="Global batch size (split over replicas)."),
+    learning_rate: float = typer.Option(5e-5, min=0, help="Peak learning rate (the paper used 2e-5..5e-5)."),
+    max_seq_length: Optional[int] = typer.Option(None, min=3, help="Tokens per example (per context + ending for choice; default 128, 384 for squad)."),
+    warmup_proportion: float = typer.Option(0.1, min=0, max=1, help="Share of steps with linear warmup (run_classifier.py's 0.1)."),
+    seed: int = typer.Option(12345, min=0, help="Seed for the head's initial weights, dropout and data order."),
     mixed_precision: bool = typer.Option(False, "--mixed-precision", help="bfloat16 on CPU, float16 with loss scaling on GPU."),
     strategy: str = typer.Option("auto", help="auto | cpu | gpu | mirrored."),
-    patience: Optional[int] = typer.Option(None, help="Early stopping: stop after N epochs without a better dev score."),
+    patience: Optional[int] = typer.Option(None, min=0, help="Early stopping: stop after N epochs without a better dev score."),
     format: str = typer.Option("auto", "--format", help=f"Data format: {FORMATS}."),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip rows with missing or extra columns instead of failing."),
-    doc_stride: int = typer.Option(128, help="squad: stride between windows over long contexts."),
-    max_query_length: int = typer.Option(64, help="squad: question tokens kept."),
-    n_best_size: int = typer.Option(20, help="squad: candidate spans considered per question."),
-    max_answer_length: int = typer.Option(30, help="squad: longest answer, in tokens."),
+    doc_stride: int = typer.Option(128, min=1, help="squad: stride between windows over long contexts."),
+    max_query_length: int = typer.Option(64, min=1, help="squad: question tokens kept."),
+    n_best_size: int = typer.Option(20, min=1, help="squad: candidate spans considered per question."),
+    max_answer_length: int = typer.Option(30, min=1, help="squad: longest answer, in tokens."),
     null_score_diff_threshold: float = typer.Option(0.0, help="squad v2: predict no answer when null score - best span score exceeds this."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output directory (or an unfinished run's OUTPUT.partial)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the unfinished run in OUTPUT.partial (killed, preempted or interrupted) from its last checkpoint."),
-    save_every: int = typer.Option(1000, help="Steps between checkpoints in OUTPUT.partial (one is also written at each epoch's end)."),
+    save_every: int = typer.Option(1000, min=1, help="Steps between checkpoints in OUTPUT.partial (one is also written at each epoch's end)."),
 ):
     """Fine-tune BERT on a labelled file; prints the best epoch's dev metrics as JSON.
 
@@ -57,26 +58,26 @@ def finetune(
         max_query_length=max_query_length, n_best_size=n_best_size, max_answer_length=max_answer_length,
         null_score_diff_threshold=null_score_diff_threshold, overwrite=overwrite, resume=resume,
         save_every=save_every)
-    with claim_output(output, inputs=[model_dir, train, dev]):
-        result = finetune_model(str(model_dir), task, str(train), str(output), dev=dev and str(dev), options=options)
+    result = finetune_model(str(model_dir), task, str(train), str(output), dev=dev and str(dev), options=options)
     print_result(result)
 
 
+@command(inputs={"model_dir": MODEL, "input": TEXT}, outputs={"output": FILE}, above_zero=("timeout",))
 def predict(
     model_dir: Optional[Path] = typer.Argument(None, help="A fine-tuned model directory, or an encoder/pretrained one or a google-research checkpoint (features). Leave out with --server."),
     input: Path = typer.Option(..., "--input", help="Same formats as finetune (labels optional); for encoders, one text per line (a ||| b for pairs)."),
     server: Optional[str] = typer.Option(None, "--server", help="Predict with a model TF Serving serves instead: HOST:PORT (gRPC) or http://HOST:PORT (REST)."),
     model: Optional[str] = typer.Option(None, "--model", help="With --server: the model's name on the server."),
     layers: Optional[str] = typer.Option(None, help="Encoders: per-token features of these layers, e.g. -1,-2,-3,-4 (extract_features.py)."),
-    batch_size: int = typer.Option(32, help="Examples per batch (per request with --server)."),
-    max_seq_length: Optional[int] = typer.Option(None, help="Default: the length the model was fine-tuned with."),
+    batch_size: int = typer.Option(32, min=1, help="Examples per batch (per request with --server)."),
+    max_seq_length: Optional[int] = typer.Option(None, min=3, help="Default: the length the model was fine-tuned with."),
     format: str = typer.Option("auto", "--format", help=f"Data format: {FORMATS}."),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
     output: Optional[Path] = typer.Option(None, "--output", help="Write the JSON lines to this file instead of stdout: atomically (FILE.partial, renamed at the end), resumable with --resume."),
     resume: bool = typer.Option(False, "--resume", help="With --output: go on from the rows FILE.partial has from a run that did not finish."),
     overwrite: bool = typer.Option(False, "--overwrite", help="With --output: replace an existing FILE, or (without --resume) drop an unfinished run's rows."),
-    timeout: float = typer.Option(60.0, help="With --server: seconds one request may take, retries while the server is down included."),
-    retries: int = typer.Option(10, help="With --server: times a request is retried while the server is unavailable (back-off 0.1 s doubling to 10 s)."),
+    timeout: float = typer.Option(60.0, min=0, help="With --server: seconds one request may take, retries while the server is down included."),
+    retries: int = typer.Option(10, min=0, help="With --server: times a request is retried while the server is unavailable (back-off 0.1 s doubling to 10 s)."),
 ):
     """Predict; prints one JSON object per input example (with --output, writes them to FILE and prints a summary)."""
     import json
@@ -93,10 +94,12 @@ def predict(
             raise KbertError(f"give either MODEL_DIR ({model_dir}) or --server ({server}), not both")
         if not model:
             raise KbertError(f"--server {server} needs --model NAME: the name the server serves the model under")
-        for flag, value in (("--layers", layers), ("--max-seq-length", max_seq_length)):
-            if value is not None:
-                raise KbertError(f"{flag} applies to a local model; the served model's export fixed it "
-                                 f"(kbert export --max-seq-length)")
+        if layers is not None:
+            raise KbertError("--layers applies to a local model (the served model returns its export's outputs); "
+                             "pass MODEL_DIR instead of --server to get per-layer features")
+        if max_seq_length is not None:
+            raise KbertError("--max-seq-length applies to a local model; the served model's export fixed it "
+                             "(kbert export --max-seq-length)")
         from kbert.finetuning.predict import predict_served
         from kbert.serving.client import Client
         client = Client(server, model, timeout=timeout, retries=retries)
@@ -131,10 +134,11 @@ def predict(
     sys.stdout.flush()
 
 
+@command(inputs={"model_dir": MODEL, "input": TEXT})
 def evaluate(
     model_dir: Path = typer.Argument(..., help="A model directory written by kbert finetune."),
     input: Path = typer.Option(..., "--input", help="Labelled data in the format the model was trained on."),
-    batch_size: int = typer.Option(32, help="Examples per batch."),
+    batch_size: int = typer.Option(32, min=1, help="Examples per batch."),
     format: str = typer.Option("auto", "--format", help=f"Data format: {FORMATS}."),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
 ):

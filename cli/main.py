@@ -7,10 +7,16 @@ import os
 import sys
 
 import typer
+from typer import Abort
+
+try:  # typer 0.2x carries its own copy of click; earlier ones use click itself
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import NoArgsIsHelpError, UsageError
 
 from kbert.cli import convert, fill_mask, pretrain
 from kbert.cli import create_data, export, finetune, vocab
-from kbert.cli.common import import_tensorflow_quietly, quiet_tensorflow, setup_logging
+from kbert.cli.common import quiet_tensorflow, setup_logging
 from kbert.errors import Interrupted, KbertError, first_line
 
 app = typer.Typer(
@@ -46,11 +52,20 @@ def main(argv=None):
         os.environ["KBERT_DEBUG"] = "1"
     quiet_tensorflow()
     setup_logging(debug)
-    # create-data never needs TensorFlow (its start-up is seconds of a run of tens of seconds).
-    if argv and not {"--help", "-h"} & set(argv) and argv[-1] not in ("convert",) and argv[0] != "create-data":
-        import_tensorflow_quietly()
+    # TensorFlow is imported by the frame (kbert.cli.frame), once a command's inputs and outputs
+    # are checked: a mistake is answered at once, and create-data never imports it.
     try:
-        app(args=argv, prog_name="kbert")
+        code = app(args=argv, prog_name="kbert", standalone_mode=False)
+    except UsageError as e:
+        if isinstance(e, NoArgsIsHelpError):  # `kbert convert` alone: its help, as before
+            e.show()
+            sys.exit(e.exit_code)
+        # A mistyped flag or a value out of range is a user error like any other: one line, exit 1.
+        command = e.ctx.command_path if e.ctx is not None else "kbert"
+        print(f"kbert: error: {first_line(e.format_message(), 300).rstrip('.')}; see `{command} --help`", file=sys.stderr)
+        sys.exit(1)
+    except Abort:
+        sys.exit(1)
     except KbertError as e:
         if debug:
             raise
@@ -69,6 +84,10 @@ def main(argv=None):
         print(f"kbert: unexpected error: {type(e).__name__}: {first} (rerun with --debug for the "
               f"traceback)", file=sys.stderr)
         sys.exit(2)
+    if isinstance(code, int) and code:  # typer's Exit(130) for Ctrl-C, for one
+        if code == 130:
+            print("kbert: interrupted", file=sys.stderr)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ LOCK_SUFFIX = ".kbert-lock"
 # A holder writes who it is right after it takes the flock; a reader that finds the file
 # still empty waits this long for the line before it refuses without the holder's name.
 HOLDER_WAIT_SECONDS = 2.0
+# The locks this process holds: asking again for one of them (a library call inside a command
+# that already claimed its output) nests instead of refusing itself.
+_HELD_HERE = set()
 
 
 def lock_path(output) -> str:
@@ -66,27 +69,36 @@ def output_lock(output, command: str | None = None):
             process's command line.
 
     Raises `KbertError` naming the holder (pid, host, command, start time) if another process
-    holds the lock. Yields the lock file's path.
+    holds the lock (tests/test_locks.py). Yields the lock file's path. Within one process the
+    lock nests: the command's frame takes it, and the library function it calls takes it again.
 
     Example:
-    >>> import os, tempfile
+    >>> import os, subprocess, sys, tempfile
     >>> out = os.path.join(tempfile.mkdtemp(), "model")
     >>> with output_lock(out, "kbert convert from-tf1 tiny model") as lock:
-    ...     with output_lock(out) as second:
-    ...         pass
-    Traceback (most recent call last):
+    ...     with output_lock(out) as again:  # this process already holds it
+    ...         print(again == lock)
+    ...     other = subprocess.run([sys.executable, "-c", "import sys; from kbert.locks import output_lock; "
+    ...                             "output_lock(sys.argv[1]).__enter__()", out], capture_output=True, text=True)
+    True
+    >>> print(other.stderr.strip().splitlines()[-1])
     kbert.errors.KbertError: ... is being written by another process (pid ..., command `kbert convert from-tf1 tiny model`, started ...); wait for it to end or stop it, or choose another output
     >>> os.path.exists(lock)
     False
     """
     path = lock_path(output)
+    if path in _HELD_HERE:  # the CLI's frame holds it, and the library function it calls asks again
+        yield path
+        return
     created = _make_parents(os.path.dirname(path))
     try:
         fd = _acquire(path, os.fspath(output))
+        _HELD_HERE.add(path)
         try:
             _write_holder(fd, command or command_line())
             yield path
         finally:
+            _HELD_HERE.discard(path)
             _release(fd, path)
     finally:
         _remove_if_empty(created)

@@ -52,14 +52,15 @@ import resource
 import signal
 import struct
 import time
-import uuid
 from concurrent.futures import ProcessPoolExecutor
 
 import google_crc32c
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.errors import KbertError
-from kbert.files import TEXT_CHECK_BYTES, check_text
+from kbert.outputs import claim_output
+from kbert.processes import die_with_parent
+from kbert.files import TEXT_CHECK_BYTES, check_text, count_control, expand_inputs, sweep_stale_temporaries, temporary_name
 from kbert.text.tokenizer import Tokenizer, load_vocab
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -476,7 +477,10 @@ def _start_worker(vocab_file, do_lower_case, options):
     _BUILDER = InstanceBuilder(vocab_file, do_lower_case, options)
 
 
-def _start_worker_process(*args):
+def _start_worker_process(parent_pid, *args):
+    # A parent killed with -9 takes its workers along: they would otherwise run on, holding its
+    # stdout and stderr open, and a caller waiting for its output would hang.
+    die_with_parent(parent_pid)
     # Ctrl-C is the parent's to handle (it stops the pool and removes partial output); a
     # worker would only add a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -555,7 +559,7 @@ def read_chunks(sources, chunk_docs: int = CHUNK_DOCS, chunk_bytes: int = CHUNK_
     index, documents, document, size, ranges = 0, [], [], 0, []
     for source in sources:
         path, begin, stop = source if isinstance(source, tuple) else (source, 0, None)
-        offset, range_start, replaced_before, checked = begin, begin, _REPLACED[0], False
+        offset, range_start, replaced_before, checked, control = begin, begin, _REPLACED[0], False, 0
         with open_file(path) as f:
             if begin:
                 f.seek(begin)
@@ -563,9 +567,11 @@ def read_chunks(sources, chunk_docs: int = CHUNK_DOCS, chunk_bytes: int = CHUNK_
                 offset += len(raw)
                 size += len(raw)
                 line = raw.decode("utf-8", "kbert.count_replace").strip()
-                if not checked and offset - begin >= TEXT_CHECK_BYTES:
-                    check_text(path, offset - begin, _REPLACED[0] - replaced_before)
-                    checked = True
+                if not checked:  # the head of each file is checked for being text
+                    control += count_control(raw)
+                    if offset - begin >= TEXT_CHECK_BYTES:
+                        check_text(path, offset - begin, _REPLACED[0] - replaced_before, control)
+                        checked = True
                 if line:
                     document.append(line)
                 elif document:
@@ -578,7 +584,7 @@ def read_chunks(sources, chunk_docs: int = CHUNK_DOCS, chunk_bytes: int = CHUNK_
                     index, documents, size, ranges, range_start = index + 1, [], 0, [], offset
                 if stop is not None and offset >= stop:
                     break
-        check_text(path, offset - begin, _REPLACED[0] - replaced_before)
+        check_text(path, offset - begin, _REPLACED[0] - replaced_before, 0 if checked else control)
         if document:  # the end of a file (or of its range) ends its last document
             documents.append(document)
             document = []
@@ -605,7 +611,7 @@ def _chunk_results(chunks, workers: int, start_args: tuple):
     context = multiprocessing.get_context("spawn")
     others = set(multiprocessing.active_children())
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker_process,
-                             initargs=start_args) as pool:
+                             initargs=(os.getpid(), *start_args)) as pool:
         pending = collections.deque()
         try:
             for chunk in chunks:
@@ -741,10 +747,18 @@ def create_pretraining_data(input_files, vocab_file, output, *, do_lower_case: b
         workers = len(os.sched_getaffinity(0))
     if workers < 1:
         raise KbertError("--workers must be at least 1")
-    input_files = [os.fspath(p) for p in input_files]
+    input_files = expand_inputs([os.fspath(p) for p in input_files]) if input_files else []
     vocab_file = os.fspath(vocab_file)
     outputs = shard_paths(output, shards)
     _check_paths(input_files, vocab_file, outputs, overwrite)
+    with claim_output(output, inputs=[*input_files, vocab_file]):
+        return _create_pretraining_data(input_files, vocab_file, outputs, options, do_lower_case, workers,
+                                        chunk_docs, chunk_bytes, on_progress, started)
+
+
+def _create_pretraining_data(input_files, vocab_file, outputs, options, do_lower_case, workers, chunk_docs,
+                             chunk_bytes, on_progress, started) -> dict:
+    shards = len(outputs)
     missing = [t for t in SPECIAL_TOKENS if t not in load_vocab(vocab_file)]
     if missing:
         raise KbertError(f"{vocab_file} has no {', '.join(missing)}; pass a BERT vocab.txt "
@@ -753,8 +767,9 @@ def create_pretraining_data(input_files, vocab_file, output, *, do_lower_case: b
     total_bytes = sum(os.path.getsize(p) for p in input_files)
     for path in outputs:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    temps = [os.path.join(os.path.dirname(os.path.abspath(p)),
-                          f".{os.path.basename(p)}.tmp-{uuid.uuid4().hex[:8]}") for p in outputs]
+    for path in outputs:
+        sweep_stale_temporaries(path)
+    temps = [temporary_name(os.path.abspath(p)) for p in outputs]
     writers = [open(t, "wb") for t in temps]
     replaced_before = _REPLACED[0]
     counts, done_bytes, written, chunks, peaks = InstanceCounts(), 0, 0, 0, {}

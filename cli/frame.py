@@ -1,0 +1,238 @@
+"""The one frame every kbert command runs in: its paths declared, checked before any work.
+
+A command declares which of its parameters are inputs and outputs, and of what kind:
+
+    @command(inputs={"model_dir": MODEL, "input": TEXT}, outputs={"output": FILE})
+    def predict(model_dir: Path = ..., input: Path = ..., output: Optional[Path] = ...): ...
+
+Before the command's body runs (and so before TensorFlow loads a model), the frame:
+- expands --input globs and comma-separated lists the same way for every runner;
+- checks every input: it exists, is a file or a directory as declared, is not empty, and is
+  what it claims (text is text, TFRecords are framed records, a JSON file parses);
+- refuses an output that is an input or lies inside one, one of the wrong kind, and one this
+  process cannot write;
+- sweeps what dead writers of each output left beside it, and takes each output's lock.
+While the body runs, SIGTERM stops it as Ctrl-C does, and every child process it started is
+stopped and reaped when it ends (`kbert.processes`). An output directory the command made and
+left empty (an export base, after Ctrl-C) is removed.
+
+Numbers are declared where typer declares them (`typer.Option(32, min=1)`);
+tests/test_bad_input_sweep.py runs every command with bad values for every declared path and
+number, so a new command or option cannot skip the frame.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import json
+import os
+import shutil
+
+from kbert.cli.common import import_tensorflow_quietly
+from kbert.errors import KbertError
+from kbert.files import TEXT_CHECK_BYTES, check_head_is_text, expand_inputs, sweep_stale_temporaries
+from kbert.outputs import check_apart, check_writable, claim_output, is_url
+from kbert.processes import stop_cleanly
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """What an input parameter must be.
+
+    kind: "file", "dir", "model" (a directory, or a checkpoint prefix with .index), or "any".
+    content: "text", "json", "records" (TFRecords) or None (not looked into).
+    globs: the value is a list of paths and globs, comma-separated lists too (expand_inputs).
+    """
+
+    kind: str
+    content: str | None = None
+    globs: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """What an output parameter is.
+
+    kind: "file"; "dir" (replaced whole by an atomic rename); "dir-in-place" (written in place:
+    pretrain's --model-dir, an export base); "shards" (a file, or OUT-0000i-of-0000N with
+    the command's `shards_from` parameter).
+    lock: False where the body takes the lock itself (a multi-worker pretrain's non-chief
+    workers do not lock).
+    """
+
+    kind: str
+    shards_from: str | None = None
+    lock: bool = True
+
+
+TEXT = Input("file", "text")
+TEXT_FILES = Input("file", "text", globs=True)
+JSON = Input("file", "json")
+RECORDS = Input("file", "records", globs=True)
+MODEL = Input("model")
+MODEL_OR_FILE = Input("any")  # a model directory, or a single weights file (Hugging Face safetensors)
+DIRECTORY = Input("dir")
+
+FILE = Output("file")
+DIR = Output("dir")
+DIR_IN_PLACE = Output("dir-in-place")
+
+
+def command(inputs: dict | None = None, outputs: dict | None = None, above_zero: tuple = (), tensorflow: bool = True):
+    """Declare a typer command's inputs and outputs; the frame checks them before its body runs.
+
+    Args:
+        inputs: {parameter name: Input}.
+        outputs: {parameter name: Output}.
+        above_zero: names of number parameters that must be above 0 (typer's `min` allows it).
+        tensorflow: bool. Import TensorFlow (quietly) once the checks pass; create-data never needs it.
+    """
+    inputs, outputs = dict(inputs or {}), dict(outputs or {})
+
+    def wrap(function):
+        signature = inspect.signature(function)
+        unknown = set(inputs) | set(outputs) | set(above_zero)
+        unknown -= set(signature.parameters)
+        if unknown:
+            raise TypeError(f"{function.__name__} has no parameter {', '.join(sorted(unknown))}")
+
+        @functools.wraps(function)
+        def run(**values):
+            name = function.__name__.replace("_command", "").replace("_", "-")
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(stop_cleanly(f"kbert {name}"))
+                for parameter in above_zero:
+                    if values.get(parameter) is not None and values[parameter] <= 0:
+                        raise KbertError(f"{option_name(signature, parameter)} {values[parameter]}: must be above 0")
+                checked = _check_inputs(signature, values, inputs)
+                for parameter, output in outputs.items():
+                    if values.get(parameter) is not None:
+                        stack.enter_context(_claim(signature, parameter, values, output, checked))
+                if tensorflow:
+                    import_tensorflow_quietly()
+                return function(**values)
+
+        run.inputs, run.outputs, run.above_zero = inputs, outputs, tuple(above_zero)
+        return run
+
+    return wrap
+
+
+def option_name(signature, parameter: str) -> str:
+    """How the user typed a parameter: its first --flag, or its METAVAR for an argument."""
+    info = signature.parameters[parameter].default
+    declarations = [d for d in (getattr(info, "param_decls", None) or ()) if d.startswith("--")]
+    if declarations:
+        return declarations[0].split("/")[0]
+    if type(info).__name__ == "ArgumentInfo":
+        return parameter.upper()
+    return "--" + parameter.replace("_", "-")
+
+
+def _check_inputs(signature, values: dict, inputs: dict) -> list:
+    """Check each declared input; return every input path (globs expanded), for the outputs' checks."""
+    paths = []
+    for parameter, declared in inputs.items():
+        value = values.get(parameter)
+        if value is None or value == [] or value == "":
+            continue
+        flag = option_name(signature, parameter)
+        given = value if isinstance(value, (list, tuple)) else [value]
+        if declared.globs:
+            try:
+                files = expand_inputs([str(v) for v in given], what="text file" if declared.content == "text" else "file")
+            except KbertError as e:
+                raise KbertError(f"{flag} {e}") from None
+            if isinstance(value, (list, tuple)):
+                values[parameter] = files  # the same files on every runner
+        else:
+            files = [str(v) for v in given]
+        for path in files:
+            check_input(path, declared, flag)
+            paths.append(path)
+    return paths
+
+
+def check_input(path: str, declared: Input, flag: str):
+    """Raise a one-line `KbertError` naming `flag` unless `path` is the input `declared` says."""
+    if is_url(path):
+        return  # a remote file system's (gs://, ...): its runner checks it
+    if declared.kind == "model":
+        if os.path.isdir(path) or os.path.exists(f"{path}.index"):
+            if os.path.isdir(path) and not os.listdir(path):
+                raise KbertError(f"{flag} {path}: the directory is empty; pass a model directory (or a "
+                                 f"google-research checkpoint)")
+            return
+        if os.path.isfile(path):
+            raise KbertError(f"{flag} {path}: is a file; pass the model directory that holds it")
+        raise KbertError(f"{flag} {path}: no such model directory or checkpoint; check the path")
+    if not os.path.exists(path):
+        raise KbertError(f"{flag} {path}: no such {'directory' if declared.kind == 'dir' else 'file'}; check the path")
+    if declared.kind == "dir":
+        if not os.path.isdir(path):
+            raise KbertError(f"{flag} {path}: is a file; pass a directory")
+        return
+    if os.path.isdir(path):
+        if declared.kind == "any":
+            return
+        raise KbertError(f"{flag} {path}: is a directory; pass a file")
+    if os.path.getsize(path) == 0:
+        raise KbertError(f"{flag} {path}: the file is empty; pass one with data in it")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(TEXT_CHECK_BYTES)
+    except OSError as e:
+        raise KbertError(f"{flag} {path}: cannot read it ({e.strerror}); check its permissions") from None
+    if declared.content in ("text", "json"):
+        check_head_is_text(f"{flag} {path}", head)
+    if declared.content == "json":
+        try:
+            with open(path, encoding="utf-8") as f:
+                json.load(f)
+        except ValueError as e:
+            raise KbertError(f"{flag} {path}: not valid JSON ({e}); is the file complete?") from None
+    if declared.content == "records":
+        from kbert.records import check_records_file
+        check_records_file(path, flag)
+
+
+@contextlib.contextmanager
+def _claim(signature, parameter: str, values: dict, output: Output, inputs: list):
+    """Check one output against the inputs, sweep its dead writers' leftovers, lock it."""
+    value = values[parameter]
+    flag = option_name(signature, parameter)
+    path = str(value)
+    paths = [path]
+    if output.kind == "shards" and output.shards_from:
+        from kbert.pretraining.create_data import shard_paths
+        paths = shard_paths(path, values.get(output.shards_from) or 1)
+    for each in paths:
+        if is_url(each):
+            continue
+        try:
+            check_apart(each, inputs, replaces=output.kind == "dir")
+        except KbertError as e:
+            raise KbertError(f"{flag} {e}") from None
+        if output.kind in ("file", "shards") and os.path.isdir(each):
+            raise KbertError(f"{flag} {each}: is a directory; give a file path for the output")
+        if output.kind.startswith("dir") and os.path.isfile(each):
+            raise KbertError(f"{flag} {each}: is a file; give a directory path for the output")
+        if output.kind == "dir" and os.path.isdir(each) and os.listdir(each) and not values.get("overwrite"):
+            raise KbertError(f"{flag} {each}: exists and is not empty; pass --overwrite to replace it, "
+                             f"or choose a new directory")
+        check_writable(each, in_place=output.kind == "dir-in-place")
+    made = output.kind == "dir-in-place" and not os.path.exists(path)
+    with claim_output(path, in_place=output.kind == "dir-in-place") if output.lock else contextlib.nullcontext():
+        for each in paths:
+            if not is_url(each):
+                sweep_stale_temporaries(each)
+        try:
+            yield
+        except BaseException:
+            # A directory this run made and left empty (Ctrl-C before an export's first file).
+            if made and os.path.isdir(path) and not os.listdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            raise

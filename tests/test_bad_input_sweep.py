@@ -1,0 +1,243 @@
+"""Every command, every path and number option, every generic bad value: one line, exit 1.
+
+The cases are derived from the typer app itself: each command's declared inputs and outputs
+(kbert.cli.frame.command) and its number options' declared ranges. A command added without a
+valid invocation below, a path parameter not declared to the frame, or a number option with
+neither a range nor a reason to take any value, fails `test_the_sweep_covers_every_command`.
+
+Each case asserts: exit status 1, one line on stderr that starts `kbert: error:`, no
+traceback, nothing on stdout, and not one file or directory added or changed anywhere under
+the test's tree. The frame checks run before TensorFlow does any work, so each case takes a
+fraction of a second in-process.
+"""
+
+import inspect
+import os
+import shutil
+import subprocess
+import typing
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY, UNCASED_VOCAB, FIXTURES, kbert_command, run_kbert
+
+from kbert.cli.frame import option_name
+from kbert.cli.main import app
+
+# A valid invocation of each command over the tree `tree()` makes (T is its root). The sweep
+# changes one parameter of it at a time.
+VALID = {
+    "create-data": "--input T/text.txt --vocab T/vocab.txt --output T/out/data.tfrecord",
+    "vocab": "--input T/text.txt --output T/out/vocab.txt",
+    "pretrain": "--model-dir T/out/run --data T/data.tfrecord --config T/model/bert_config.json --vocab T/model/vocab.txt",
+    "fill-mask": "T/model the_[MASK]",
+    "finetune": "T/model --task classify --train T/train.tsv --dev T/train.tsv --output T/out/ft",
+    "predict": "T/model --input T/train.tsv --output T/out/predictions.jsonl",
+    "evaluate": "T/model --input T/train.tsv",
+    "export": "T/model T/out/export",
+    "convert from-tf1": "T/model T/out/converted --config T/model/bert_config.json --vocab T/model/vocab.txt",
+    "convert to-tf1": "T/model T/out/tf1",
+    "convert from-hf": "T/hf T/out/from-hf",
+    "convert to-hf": "T/model T/out/hf",
+    "convert from-tfhub": "T/hub/encoder T/out/from-hub --preprocessor T/hub/preprocessor",
+    "convert to-keras-hub": "T/model T/out/keras-hub",
+    "convert from-keras-hub": "T/keras-hub T/out/from-keras-hub",
+    "convert inspect": "T/model",
+}
+
+# Number options that take any value, and why. Every other number option declares its range.
+ANY_NUMBER = {
+    "null_score_diff_threshold": "squad v2's threshold is a difference of scores, negative or not",
+}
+
+# str options that hold paths (typer has no Path type for globs and gs:// URLs).
+PATH_NAMES = {"input", "more_inputs", "output", "data", "eval_data"}
+
+
+def commands():
+    """{"convert from-tf1": callback, ...} for every command of the app."""
+    found = {info.name: info.callback for info in app.registered_commands}
+    for group in app.registered_groups:
+        for info in group.typer_instance.registered_commands:
+            found[f"{group.name} {info.name}"] = info.callback
+    return found
+
+
+def _annotation_is(annotation, kinds) -> bool:
+    args = typing.get_args(annotation)
+    return annotation in kinds or any(_annotation_is(a, kinds) for a in args)
+
+
+def test_the_sweep_covers_every_command():
+    found = commands()
+    assert set(found) == set(VALID), "give each command a valid invocation in VALID"
+    for name, callback in found.items():
+        assert hasattr(callback, "inputs"), f"{name} is not declared with kbert.cli.frame.command"
+        declared = set(callback.inputs) | set(callback.outputs)
+        for parameter in inspect.signature(callback, eval_str=True).parameters.values():
+            if _annotation_is(parameter.annotation, (Path,)) or parameter.name in PATH_NAMES:
+                assert parameter.name in declared, f"{name}: declare {parameter.name} as an input or output"
+            if _annotation_is(parameter.annotation, (int, float)):
+                info = parameter.default
+                assert info.min is not None or info.max is not None or parameter.name in ANY_NUMBER, \
+                    f"{name} --{parameter.name}: declare its range (typer.Option(min=...)) or list it in ANY_NUMBER"
+
+
+def _elf_head() -> bytes:
+    """The first 17 kB of a real executable: mostly valid UTF-8, and not text."""
+    with open(shutil.which("ls") or "/bin/ls", "rb") as f:
+        return f.read(17_000)
+
+
+def tree(root: Path):
+    """The files the valid invocations read, and the bad ones the sweep passes instead."""
+    shutil.copytree(TINY, root / "model")
+    shutil.copytree(os.path.join(FIXTURES, "hf-tiny"), root / "hf")
+    shutil.copytree(os.path.join(FIXTURES, "model-garden-tfhub"), root / "hub")
+    run_kbert("convert", "to-keras-hub", root / "model", root / "keras-hub")
+    shutil.copy(os.path.join(FIXTURES, "sample_text.txt"), root / "text.txt")
+    shutil.copy(UNCASED_VOCAB, root / "vocab.txt")
+    (root / "train.tsv").write_text("text\tlabel\ngold fresh.\tpos\ndead dust.\tneg\n")
+    (root / "plain.txt").write_text("a file where a directory belongs\n")
+    (root / "empty.txt").write_bytes(b"")
+    (root / "empty-dir").mkdir()
+    (root / "binary.bin").write_bytes(_elf_head())
+    (root / "truncated.json").write_text(open(os.path.join(TINY, "bert_config.json")).read()[:60])
+    import tensorflow as tf
+    with tf.io.TFRecordWriter(str(root / "data.tfrecord")) as writer:
+        for i in range(4):
+            writer.write(tf.train.Example().SerializeToString() + bytes(40 * i))
+    data = (root / "data.tfrecord").read_bytes()
+    (root / "truncated.tfrecord").write_bytes(data[:len(data) - 7])
+    (root / "read-only").mkdir()
+    (root / "read-only").chmod(0o555)
+
+
+_FLAGS_WITHOUT_VALUE = {"--overwrite", "--resume", "--whole-word-mask"}
+_DIRECTORIES = {"T/model", "T/hf", "T/hub/encoder", "T/hub/preprocessor", "T/keras-hub"}  # the valid invocations' inputs that are directories
+
+
+def parse(name, callback):
+    """The valid invocation of `name` as (positional values, {flag: value})."""
+    tokens, positional, options = VALID[name].split(), [], {}
+    while tokens:
+        token = tokens.pop(0)
+        if token in _FLAGS_WITHOUT_VALUE:
+            options[token] = None
+        elif token.startswith("--"):
+            options[token] = tokens.pop(0)
+        else:
+            positional.append(token.replace("_", " ") if "[MASK]" in token else token)
+    return positional, options
+
+
+def arguments(callback):
+    """The command's positional parameters, in order."""
+    signature = inspect.signature(callback)
+    return [p for p in signature.parameters if not option_name(signature, p).startswith("--")]
+
+
+def given_value(name, callback, parameter):
+    positional, options = parse(name, callback)
+    flag = option_name(inspect.signature(callback), parameter)
+    if flag.startswith("--"):
+        return options.get(flag)
+    index = arguments(callback).index(parameter)
+    return positional[index] if index < len(positional) else None
+
+
+def bad_values(name, callback):
+    """(case id, parameter, bad value) for one command: the generic bad values of its kinds."""
+    signature = inspect.signature(callback, eval_str=True)
+    for parameter, declared in callback.inputs.items():
+        if given_value(name, callback, parameter) is None:
+            continue
+        yield f"{parameter}-missing", parameter, "T/nowhere/missing"
+        if declared.kind == "file":
+            yield f"{parameter}-a-directory", parameter, "T/empty-dir"
+            yield f"{parameter}-empty", parameter, "T/empty.txt"
+            if declared.content in ("text", "json"):
+                yield f"{parameter}-binary", parameter, "T/binary.bin"
+            if declared.content == "json":
+                yield f"{parameter}-truncated", parameter, "T/truncated.json"
+            if declared.content == "records":
+                yield f"{parameter}-truncated", parameter, "T/truncated.tfrecord"
+                yield f"{parameter}-text", parameter, "T/text.txt"
+        elif declared.kind in ("dir", "model"):
+            yield f"{parameter}-a-file", parameter, "T/plain.txt"
+            yield f"{parameter}-empty-dir", parameter, "T/empty-dir"
+    for parameter, declared in callback.outputs.items():
+        if given_value(name, callback, parameter) is None:
+            continue
+        for source in callback.inputs:
+            value = given_value(name, callback, source)
+            if value is None:
+                continue
+            yield f"{parameter}-is-{source}", parameter, value
+            if value in _DIRECTORIES:
+                yield f"{parameter}-inside-{source}", parameter, f"{value}/inside"
+        if declared.kind in ("file", "shards"):
+            yield f"{parameter}-a-directory", parameter, "T/empty-dir"
+        else:
+            yield f"{parameter}-a-file", parameter, "T/plain.txt"
+        yield f"{parameter}-unwritable", parameter, "T/read-only/out"
+    for parameter in signature.parameters.values():
+        info = parameter.default
+        if not _annotation_is(parameter.annotation, (int, float)) or getattr(info, "min", None) is None:
+            continue
+        for number in (0, -1):
+            if number < info.min or number == 0 and parameter.name in callback.above_zero:
+                yield f"{parameter.name}={number}", parameter.name, str(number)
+
+
+def with_value(name, callback, parameter, value):
+    """The valid invocation of `name` with `parameter` set to `value`, as argv."""
+    positional, options = parse(name, callback)
+    flag = option_name(inspect.signature(callback), parameter)
+    if flag.startswith("--"):
+        options[flag] = value
+    else:
+        positional[arguments(callback).index(parameter)] = value
+    flags = [item for flag, v in options.items() for item in ([flag] if v is None else [flag, v])]
+    return name.split() + positional + flags
+
+
+CASES = [(name, case, parameter, value) for name, callback in commands().items() if hasattr(callback, "inputs")
+         for case, parameter, value in bad_values(name, callback)]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sweep")
+    tree(path)
+    yield path
+    (path / "read-only").chmod(0o755)
+
+
+def snapshot(root: Path) -> dict:
+    found = {}
+    for folder, directories, files in os.walk(root):
+        for entry in directories + files:
+            full = os.path.join(folder, entry)
+            status = os.lstat(full)
+            found[full] = (status.st_size, status.st_mtime_ns, status.st_mode)
+    return found
+
+
+@pytest.mark.parametrize("name,case,parameter,value", CASES, ids=[f"{c[0]}:{c[1]}" for c in CASES])
+def test_bad_value_gets_one_line_and_leaves_nothing(root, name, case, parameter, value):
+    args = [a.replace("T/", f"{root}/") for a in with_value(name, commands()[name], parameter, value)]
+    before = snapshot(root)
+    if case.endswith("-unwritable"):
+        # As root, a mode-555 directory does not stop a writer: drop the capability that lets it.
+        result = subprocess.run(["setpriv", "--inh-caps=-dac_override", "--bounding-set=-dac_override",
+                                 *kbert_command(), *args], capture_output=True, text=True, timeout=120)
+    else:
+        result = run_kbert(*args, check=False)
+    assert result.returncode == 1, (args, result.returncode, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kbert: error: "), (args, result.stderr)
+    assert "Traceback" not in result.stderr and "unexpected error" not in result.stderr
+    assert result.stdout == ""
+    assert snapshot(root) == before, (args, set(snapshot(root)) ^ set(before))
