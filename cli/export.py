@@ -21,7 +21,7 @@ def export(
     model_dir: Path = typer.Argument(..., help="A kbert model directory (converted, pretrained or fine-tuned), or a google-research checkpoint."),
     export_base: Path = typer.Argument(..., help="The directory TF Serving watches (--model_base_path); "
                                                  "the export goes to EXPORT_BASE/VERSION."),
-    version: Optional[int] = typer.Option(None, "--version", min=1, help="Version number (default: the next free one)."),
+    version: Optional[int] = typer.Option(None, "--version", min=0, help="Version number (default: the next free one)."),
     max_seq_length: Optional[int] = typer.Option(
         None, min=3, help="Tokens per request; longer texts are truncated (default: the fine-tuning length, else 128)."),
     name: Optional[str] = typer.Option(None, "--name", help="Model name in models.config (default: EXPORT_BASE's name)."),

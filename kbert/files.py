@@ -44,7 +44,7 @@ def check_text(path, size: int, invalid: int, control: int = 0):
     if size and invalid > MAX_INVALID_SHARE * size:
         raise KbertError(f"{path}: not UTF-8 text ({invalid:,} invalid sequences in its first {size:,} bytes); "
                          f"is it a binary or compressed file? pass text, one sentence per line (gunzip it first)")
-    if size and control > MAX_CONTROL_SHARE * size:
+    if size and control > max(MAX_CONTROL_SHARE * size, 16):  # a stray \x01 or two is not a binary
         raise KbertError(f"{path}: not text ({control:,} control bytes in its first {size:,} bytes); is it a "
                          f"binary, TFRecord or compressed file? pass text, one sentence per line")
 

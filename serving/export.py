@@ -352,8 +352,10 @@ def _models_config_with(text: str, name: str, export_base: str, version: int):
 
     The user's file is edited as text, never re-written from the parsed proto, so their comments
     and layout stay; an edit is kept only if the result parses to exactly the intended config.
-    A model it does not name is added (base_path `export_base`); a model pinned to `specific`
-    versions gets `version` added; otherwise (latest or all versions) nothing needs to change.
+    The model is the entry whose base_path is `export_base` (the user may have renamed it),
+    else the one named `name`. One it does not hold is added (base_path `export_base`); a model
+    pinned to `specific` versions gets `version` added; otherwise (latest or all versions)
+    nothing needs to change.
     """
     try:
         config = _parse_models_config(text)
@@ -361,11 +363,12 @@ def _models_config_with(text: str, name: str, export_base: str, version: int):
         return None, f"not a model_config_list that TF Serving reads ({first_line(e)})"
     if config.HasField("custom_model_config"):
         return None, "it holds a custom_model_config, which kbert does not edit"
-    models = [m for m in config.model_config_list.config if m.name == name]
+    models = [m for m in config.model_config_list.config if _same_path(m.base_path, export_base)] \
+        or [m for m in config.model_config_list.config if m.name == name]
     wanted = model_server_config_pb2.ModelServerConfig()
     wanted.CopyFrom(config)
     if len(models) > 1:
-        return None, f"it names model {name!r} {len(models)} times"
+        return None, f"it serves {export_base} (or names model {name!r}) {len(models)} times"
     if not models:
         wanted.model_config_list.config.add(name=name, base_path=export_base, model_platform="tensorflow")
         entry = _model_entry(name, export_base)
@@ -376,6 +379,7 @@ def _models_config_with(text: str, name: str, export_base: str, version: int):
         policy = models[0].model_version_policy
         if policy.WhichOneof("policy_choice") != "specific" or version in policy.specific.versions:
             return text, None  # TF Serving picks the new version up as the file stands
+        name = models[0].name
         next(m for m in wanted.model_config_list.config if m.name == name) \
             .model_version_policy.specific.versions.append(version)
         candidates = list(_edits(text, r"specific\s*:?\s*\{[^{}]*?(?P<at>)\s*\}", f" versions: {version}"))
@@ -387,6 +391,22 @@ def _models_config_with(text: str, name: str, export_base: str, version: int):
         except text_format.ParseError:
             continue
     return None, f"kbert could not add {what} to it as text and keep the rest as it is"
+
+
+def _same_path(base_path: str, export_base: str) -> bool:
+    return os.path.realpath(base_path) == os.path.realpath(export_base)
+
+
+def _configured_name(export_base: str) -> str | None:
+    """The name EXPORT_BASE/models.config serves EXPORT_BASE under, if it names it (a user who
+    renamed the model there keeps that name on the next export), else None."""
+    try:
+        with open(os.path.join(export_base, MODELS_CONFIG), encoding="utf-8") as f:
+            config = _parse_models_config(f.read())
+    except (OSError, UnicodeDecodeError, text_format.ParseError):
+        return None
+    names = [m.name for m in config.model_config_list.config if _same_path(m.base_path, export_base)]
+    return names[0] if len(names) == 1 else None
 
 
 def _write_models_config(export_base: str, name: str, version: int) -> str:
@@ -521,7 +541,7 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     if os.path.exists(path) and not overwrite:
         raise KbertError(f"{path} already exists; pass --version with a new number, leave --version out for "
                          f"the next free one ({_next_version(export_base)}), or pass --overwrite")
-    name = name or os.path.basename(export_base)
+    name = name or _configured_name(export_base) or os.path.basename(export_base)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise KbertError(f"model name {name!r} must be letters, digits, '_', '-' or '.'; pass --name")
 

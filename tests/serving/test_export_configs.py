@@ -126,3 +126,24 @@ def test_a_second_export_keeps_the_users_edits(tmp_path, tiny_model_dir):
     # Nothing half-written or temporary beside them.
     assert sorted(os.listdir(base)) == ["1", "2", "3", "batching_parameters.txt", "batching_parameters.txt.new",
                                         "models.config", "models.config.new"]
+
+
+def test_a_model_renamed_in_models_config_keeps_its_entry(tmp_path, tiny_model_dir):
+    """The user renames the model to `prod` and pins version 1: the next export finds its entry
+    by base_path, adds version 2 to it, and adds no second entry with the same base_path."""
+    base = tmp_path / "tiny"
+    run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16")
+    config_file = base / "models.config"
+    config_file.write_text(config_file.read_text().replace('name: "tiny"', 'name: "prod"').replace(
+        '    model_platform: "tensorflow"\n',
+        '    model_platform: "tensorflow"\n    model_version_policy { specific { versions: 1 } }\n'))
+    second = run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16")
+    assert json.loads(second.stdout)["version"] == 2
+    assert models(config_file.read_text()) == {"prod": (str(base), [1, 2])}
+    assert f"kbert: {config_file}: added version 2 to the specific versions of model 'prod'" in second.stderr
+    # The warmup requests name the model as the server serves it.
+    from tensorflow_serving.apis import prediction_log_pb2
+    import tensorflow as tf
+    record = next(iter(tf.data.TFRecordDataset(str(base / "2" / "assets.extra" / "tf_serving_warmup_requests"))))
+    log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
+    assert log.predict_log.request.model_spec.name == "prod"

@@ -1,0 +1,192 @@
+"""The frame every command runs in (kbert.cli.frame), on the cases a new user found beside the
+tested ones: a killed create-data and its workers, quoted globs, binary files given as text,
+outputs another user must read, and what an interrupted run leaves behind."""
+
+import json
+import os
+import signal
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, TINY, UNCASED_VOCAB, assert_user_error, kbert_command, run_kbert
+
+from kbert.processes import child_processes
+
+SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
+
+
+def big_corpus(path: Path, copies: int = 400) -> Path:
+    """sample_text.txt many times over: a create-data run of several seconds on 2 workers."""
+    path.write_text((Path(SAMPLE).read_text() + "\n") * copies)
+    return path
+
+
+def start_create_data(tmp_path, out):
+    corpus = big_corpus(tmp_path / "corpus.txt")
+    return subprocess.Popen(kbert_command() + ["create-data", "--input", str(corpus), "--vocab", UNCASED_VOCAB,
+                                               "--output", str(out), "--workers", "2", "--dupe-factor", "5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_workers(process, count=2, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        workers = child_processes(process.pid)
+        if len(workers) >= count:
+            time.sleep(1.0)  # let them start making chunks
+            return child_processes(process.pid)
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    raise AssertionError("create-data started no workers")
+
+
+def temporaries(folder: Path):
+    return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name)
+
+
+@pytest.mark.slow
+def test_create_data_killed_with_9_takes_its_workers_along_and_the_next_run_sweeps_its_temporaries(tmp_path):
+    out = tmp_path / "out.tfrecord"
+    process = start_create_data(tmp_path, out)
+    workers = wait_for_workers(process)
+    process.kill()
+    # The caller reading its output does not hang: the workers held its stdout and stderr.
+    process.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in workers if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"] == []
+    assert temporaries(tmp_path) != []  # what kill -9 leaves: nothing could remove it
+    run_kbert("create-data", "--input", SAMPLE, "--vocab", UNCASED_VOCAB, "--output", out, "--dupe-factor", "1")
+    assert temporaries(tmp_path) == []
+    assert out.stat().st_size > 0
+
+
+def _state(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+@pytest.mark.slow
+def test_create_data_stops_cleanly_on_sigterm(tmp_path):
+    out = tmp_path / "out.tfrecord"
+    process = start_create_data(tmp_path, out)
+    workers = wait_for_workers(process)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 143, stderr
+    assert stderr.strip().splitlines() == ["kbert: kbert create-data stopped by SIGTERM; its partial outputs were "
+                                          "removed, nothing was written"]
+    assert stdout == ""
+    assert [pid for pid in workers if os.path.exists(f"/proc/{pid}")] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+
+
+def test_a_quoted_glob_and_a_comma_list_name_the_same_files_as_the_shell_would(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text = Path(SAMPLE).read_text().split("\n\n")
+    for i, part in enumerate(text):
+        (corpus / f"part{i}.txt").write_text(part + "\n")
+    outputs = {}
+    for name, inputs in (("quoted", [str(corpus / "*.txt")]),
+                         ("comma", [",".join(str(corpus / f"part{i}.txt") for i in range(len(text)))]),
+                         ("listed", [str(corpus / f"part{i}.txt") for i in range(len(text))])):
+        out = tmp_path / f"{name}.tfrecord"
+        result = run_kbert("create-data", "--input", *inputs, "--vocab", UNCASED_VOCAB, "--output", out,
+                           "--dupe-factor", "1", "--workers", "1")
+        outputs[name] = (out.read_bytes(), json.loads(result.stdout)["documents"])
+        vocab = tmp_path / f"{name}.vocab.txt"
+        run_kbert("vocab", "--input", *inputs, "--output", vocab, "--size", "200")
+        outputs[name] += (vocab.read_text(),)
+    assert outputs["quoted"] == outputs["comma"] == outputs["listed"]
+    assert outputs["quoted"][1] == len(text)
+
+
+def test_binary_files_given_as_text_are_refused_by_name(tmp_path):
+    import tensorflow as tf
+    records = tmp_path / "data.tfrecord"
+    with tf.io.TFRecordWriter(str(records)) as writer:
+        for i in range(200):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={"ids": tf.train.Feature(
+                int64_list=tf.train.Int64List(value=list(range(i, i + 128))))})).SerializeToString())
+    elf = tmp_path / "program"
+    with open(sys.executable, "rb") as f:
+        elf.write_bytes(f.read(17_000))
+    for path in (records, elf):
+        result = run_kbert("create-data", "--input", path, "--vocab", UNCASED_VOCAB, "--output",
+                           tmp_path / "out.tfrecord", check=False)
+        assert_user_error(result, f"--input {path}: not", "pass text")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.tfrecord", "program"]
+
+
+def _readable_by_nobody(path: Path) -> bool:
+    """Whether user nobody, with no capability to bypass permissions, can read `path`."""
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+               "--bounding-set=-all"]
+    if path.is_dir():
+        return subprocess.run(command + ["ls", str(path)], capture_output=True).returncode == 0
+    return subprocess.run(command + ["cat", str(path)], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_outputs_are_readable_by_another_user_as_the_umask_says(tiny_model_dir):
+    """TF Serving often runs as its own user: an export it cannot read is no export."""
+    # Not under pytest's tmp_path: its folders are 0700, which would stop user nobody anyway.
+    tmp_path = Path(tempfile.mkdtemp(prefix="kbert-umask-", dir="/tmp"))
+    tmp_path.chmod(0o755)
+    base = tmp_path / "exports"
+    saved = os.umask(0o022)
+    try:
+        path = Path(json.loads(run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16").stdout)["export"])
+        converted = tmp_path / "converted"
+        run_kbert("convert", "from-tf1", TINY, converted)
+    finally:
+        os.umask(saved)
+    for root in (base, converted):
+        for folder, directories, files in os.walk(root):
+            for entry in [folder] + [os.path.join(folder, f) for f in files]:
+                mode = os.stat(entry).st_mode & 0o777
+                assert mode & 0o044 == 0o044, (entry, oct(mode))
+                assert _readable_by_nobody(Path(entry)), entry
+    assert oct(path.stat().st_mode & 0o777) == oct(0o755)
+    shutil.rmtree(tmp_path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_export_leaves_no_export_base(tmp_path, tiny_model_dir):
+    base = tmp_path / "exports"
+    process = subprocess.Popen(kbert_command() + ["export", str(tiny_model_dir), str(base), "--max-seq-length", "16"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not base.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None, "the export ended before the test could interrupt it"
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stdout == ""
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_next_run_sweeps_what_a_killed_one_left(tmp_path):
+    """kill -9 leaves the hidden temporary an output is built in (`kbert export --format tfhub`,
+    a conversion: every directory output is built by kbert.files.atomic_output_dir); the next
+    run of the same output removes it, as its pid no longer runs (a live writer's is left alone)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".hub.tmp-{dead.pid}-0123abcd"
+    (stale / "encoder").mkdir(parents=True)
+    (stale / "encoder" / "saved_model.pb").write_bytes(b"half")
+    live = tmp_path / f".hub.tmp-{os.getpid()}-0123abcd"
+    live.mkdir()
+    run_kbert("convert", "from-tf1", TINY, tmp_path / "hub")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["hub", live.name])
