@@ -107,10 +107,18 @@ def command(inputs: dict | None = None, outputs: dict | None = None, above_zero:
                 for parameter in above_zero:
                     if values.get(parameter) is not None and values[parameter] <= 0:
                         raise KbertError(f"{option_name(signature, parameter)} {values[parameter]}: must be above 0")
-                checked = _check_inputs(signature, values, inputs)
+                # Cheap checks first, each before any work: the inputs exist and are of their kind;
+                # the outputs are apart from them, of theirs, and writable; then the inputs'
+                # content (a binary given as text); then the locks.
+                given = _find_inputs(signature, values, inputs)
                 for parameter, output in outputs.items():
                     if values.get(parameter) is not None:
-                        stack.enter_context(_claim(signature, parameter, values, output, checked))
+                        _check_output(signature, parameter, values, output, [path for path, _, _ in given])
+                for path, declared, flag in given:
+                    check_content(path, declared, flag)
+                for parameter, output in outputs.items():
+                    if values.get(parameter) is not None:
+                        stack.enter_context(_claim(values[parameter], output, values))
                 if tensorflow:
                     import_tensorflow_quietly()
                 return function(**values)
@@ -132,9 +140,10 @@ def option_name(signature, parameter: str) -> str:
     return "--" + parameter.replace("_", "-")
 
 
-def _check_inputs(signature, values: dict, inputs: dict) -> list:
-    """Check each declared input; return every input path (globs expanded), for the outputs' checks."""
-    paths = []
+def _find_inputs(signature, values: dict, inputs: dict) -> list:
+    """Check that each declared input exists and is of its kind; return (path, declared, flag)
+    for every input path (globs expanded)."""
+    found = []
     for parameter, declared in inputs.items():
         value = values.get(parameter)
         if value is None or value == [] or value == "":
@@ -152,12 +161,12 @@ def _check_inputs(signature, values: dict, inputs: dict) -> list:
             files = [str(v) for v in given]
         for path in files:
             check_input(path, declared, flag)
-            paths.append(path)
-    return paths
+            found.append((path, declared, flag))
+    return found
 
 
 def check_input(path: str, declared: Input, flag: str):
-    """Raise a one-line `KbertError` naming `flag` unless `path` is the input `declared` says."""
+    """Raise a one-line `KbertError` naming `flag` unless `path` exists and is of the kind `declared` says."""
     if is_url(path):
         return  # a remote file system's (gs://, ...): its runner checks it
     if declared.kind == "model":
@@ -179,6 +188,13 @@ def check_input(path: str, declared: Input, flag: str):
         if declared.kind == "any":
             return
         raise KbertError(f"{flag} {path}: is a directory; pass a file")
+
+
+def check_content(path: str, declared: Input, flag: str):
+    """Raise a one-line `KbertError` naming `flag` unless the file at `path` holds what
+    `declared` says: not empty, and text, JSON or TFRecords."""
+    if is_url(path) or not os.path.isfile(path):
+        return
     if os.path.getsize(path) == 0:
         raise KbertError(f"{flag} {path}: the file is empty; pass one with data in it")
     try:
@@ -199,17 +215,17 @@ def check_input(path: str, declared: Input, flag: str):
         check_records_file(path, flag)
 
 
-@contextlib.contextmanager
-def _claim(signature, parameter: str, values: dict, output: Output, inputs: list):
-    """Check one output against the inputs, sweep its dead writers' leftovers, lock it."""
-    value = values[parameter]
-    flag = option_name(signature, parameter)
-    path = str(value)
-    paths = [path]
+def _output_paths(value, output: Output, values: dict) -> list:
     if output.kind == "shards" and output.shards_from:
         from kbert.pretraining.create_data import shard_paths
-        paths = shard_paths(path, values.get(output.shards_from) or 1)
-    for each in paths:
+        return shard_paths(str(value), values.get(output.shards_from) or 1)
+    return [str(value)]
+
+
+def _check_output(signature, parameter: str, values: dict, output: Output, inputs: list):
+    """Refuse an output that is or lies inside an input, of the wrong kind, or unwritable."""
+    flag = option_name(signature, parameter)
+    for each in _output_paths(values[parameter], output, values):
         if is_url(each):
             continue
         try:
@@ -224,6 +240,13 @@ def _claim(signature, parameter: str, values: dict, output: Output, inputs: list
             raise KbertError(f"{flag} {each}: exists and is not empty; pass --overwrite to replace it, "
                              f"or choose a new directory")
         check_writable(each, in_place=output.kind == "dir-in-place")
+
+
+@contextlib.contextmanager
+def _claim(value, output: Output, values: dict):
+    """Lock an output and sweep its dead writers' leftovers; remove it if this run made it and
+    left it empty."""
+    path, paths = str(value), _output_paths(value, output, values)
     made = output.kind == "dir-in-place" and not os.path.exists(path)
     with claim_output(path, in_place=output.kind == "dir-in-place") if output.lock else contextlib.nullcontext():
         for each in paths:

@@ -363,12 +363,13 @@ def _models_config_with(text: str, name: str, export_base: str, version: int):
         return None, f"not a model_config_list that TF Serving reads ({first_line(e)})"
     if config.HasField("custom_model_config"):
         return None, "it holds a custom_model_config, which kbert does not edit"
-    models = [m for m in config.model_config_list.config if _same_path(m.base_path, export_base)] \
-        or [m for m in config.model_config_list.config if m.name == name]
+    same_base = [m for m in config.model_config_list.config if _same_path(m.base_path, export_base)]
+    models = same_base or [m for m in config.model_config_list.config if m.name == name]
     wanted = model_server_config_pb2.ModelServerConfig()
     wanted.CopyFrom(config)
     if len(models) > 1:
-        return None, f"it serves {export_base} (or names model {name!r}) {len(models)} times"
+        return None, (f"it serves {export_base} {len(models)} times" if same_base
+                      else f"it names model {name!r} {len(models)} times")
     if not models:
         wanted.model_config_list.config.add(name=name, base_path=export_base, model_platform="tensorflow")
         entry = _model_entry(name, export_base)

@@ -82,6 +82,7 @@ COMMANDS = list(_model_args("m", "o"))
 def test_each_writing_command_is_refused_while_another_process_holds_its_output(tmp_path, tiny_model_dir,
                                                                               command):
     out = tmp_path / "out"
+    (tmp_path / "preset").mkdir()  # an input must exist: the frame checks inputs before it locks
     with held_by_another_process(out) as holder:
         lock_before = open(lock_path(out)).read()
         result = run_kbert(*_model_args(tiny_model_dir, out)[command], check=False)
@@ -89,13 +90,13 @@ def test_each_writing_command_is_refused_while_another_process_holds_its_output(
                           f"command `kbert holder {out}`", "started 20")
         assert not out.exists()
         assert open(lock_path(out)).read() == lock_before
-    assert sorted(os.listdir(tmp_path)) == []  # the holder took its lock file along
+    assert sorted(os.listdir(tmp_path)) == ["preset"]  # the holder took its lock file along
 
 
 def test_a_failed_run_leaves_neither_its_lock_nor_the_folders_made_for_it(tmp_path):
     out = tmp_path / "new" / "deeper" / "model"
     result = run_kbert("convert", "from-tf1", tmp_path / "missing", out, check=False)
-    assert_user_error(result, "no such checkpoint")
+    assert_user_error(result, "no such model directory or checkpoint")
     assert os.listdir(tmp_path) == []
 
 

@@ -24,6 +24,8 @@ def work(tmp_path, tiny_model_dir):
     (tmp_path / "data" / "train.tsv").write_text("text\tlabel\ngold city\tpos\ndead camp\tneg\n")
     shutil.copy(SAMPLE, tmp_path / "corpus.txt")
     shutil.copy(SAMPLE, tmp_path / "corpus-00001-of-00002")
+    shutil.copytree(os.path.join(FIXTURES, "model-garden-tfhub"), tmp_path / "hub")
+    (tmp_path / "preset").mkdir()  # inputs must exist: the frame checks them first
     return tmp_path
 
 

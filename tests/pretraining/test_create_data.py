@@ -292,7 +292,7 @@ def test_cli_user_errors(tmp_path):
     out = tmp_path / "out.tfrecord"
     assert_user_error(run_kbert("create-data", "--input", tmp_path / "missing.txt", "--vocab",
                                 UNCASED_VOCAB, "--output", out, check=False),
-                      "missing.txt: no such input file")
+                      "missing.txt: no such text file")
     blank = tmp_path / "blank.txt"
     blank.write_bytes(b"\n\n   \n\x01\n\n\xff\n")
     assert_user_error(run_kbert("create-data", "--input", blank, "--vocab", UNCASED_VOCAB,
