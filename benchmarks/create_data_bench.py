@@ -14,7 +14,7 @@ statistics of both outputs (kbert.pretraining.create_data.compute_statistics) si
 Run from the repository root:
     .venv/bin/python benchmarks/create_data_bench.py [--corpus /tmp/debian.txt]
         [--dupe-factor 10] [--workers 2] [--max-docs N] [--files N] [--keep DIR]
-The default corpus is built by ../shared/tools/debian_corpus.py. --max-docs takes only the
+The default corpus is built by scripts/debian_corpus.py. --max-docs takes only the
 first N documents (for a quick run, or if the original does not fit in memory; the output
 says so). Progress goes to stderr, one JSON object to stdout.
 """
@@ -111,7 +111,7 @@ def main():
     args = parser.parse_args()
     if not os.path.isfile(args.corpus):
         sys.exit(f"{args.corpus}: no such corpus; build it with "
-                 f"python ../shared/tools/debian_corpus.py {args.corpus}")
+                 f"python scripts/debian_corpus.py {args.corpus}")
     work = args.keep or tempfile.mkdtemp(prefix="create_data_bench-")
     os.makedirs(work, exist_ok=True)
     corpus = os.path.abspath(args.corpus)

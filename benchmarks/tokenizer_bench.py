@@ -16,7 +16,7 @@ Run from the repository root:
     .venv/bin/python benchmarks/tokenizer_bench.py [--quick] [--corpus PATH] [--lines N]
 Without --corpus, tests/fixtures/sample_text.txt is repeated up to --lines lines; that text is
 small, so the kbert cache hits almost always: use a real corpus for numbers worth quoting
-(e.g. `python /work/shared/tools/debian_corpus.py corpus.txt`). Progress goes to stderr, one
+(e.g. `python scripts/debian_corpus.py corpus.txt`). Progress goes to stderr, one
 JSON object to stdout.
 """
 

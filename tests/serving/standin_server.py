@@ -33,7 +33,7 @@ tensorflow/cc/saved_model/util.cc, model_servers/http_rest_api_handler.cc, util/
 Not served: version labels, several versions of one model, batching, the Prometheus and
 MultiInference endpoints, model reloading.
 
-Run: `python tests/standin_server.py EXPORT_BASE --model-name NAME --grpc-port 0 --rest-port 0`
+Run: `python tests/serving/standin_server.py EXPORT_BASE --model-name NAME --grpc-port 0 --rest-port 0`
 (or `--model_config_file EXPORT_BASE/models.config`, repeatable); it prints one JSON line,
 {"grpc_port", "rest_port", "models": {name: version}, "warmup_requests": {name: count}}, when
 it serves, and stops on SIGTERM or SIGINT.
