@@ -10,7 +10,7 @@ import typer
 
 import kbert
 from kbert.cli.common import print_result
-from kbert.cli.frame import DIR, DIRECTORY, JSON, MODEL, MODEL_OR_FILE, TEXT, command
+from kbert.cli.frame import DIR, HF_MODEL, JSON, KERAS_HUB_PRESET, MODEL, TEXT, TFHUB_MODEL, command
 
 # The converters are imported inside each command, not here: they import TensorFlow, which
 # `kbert --help` should not wait for.
@@ -67,7 +67,7 @@ def to_tf1(
 
 
 @app.command("from-hf")
-@command(inputs={"src": MODEL_OR_FILE}, outputs={"out_model_dir": DIR})
+@command(inputs={"src": HF_MODEL}, outputs={"out_model_dir": DIR})
 def from_hf(
     src: Path = typer.Argument(..., help="Hugging Face BERT directory (config.json, model.safetensors, vocab.txt or tokenizer.json), or its model.safetensors."),
     out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
@@ -110,7 +110,7 @@ def to_hf(
 
 
 @app.command("from-tfhub")
-@command(inputs={"src": DIRECTORY, "preprocessor": DIRECTORY}, outputs={"out_model_dir": DIR})
+@command(inputs={"src": TFHUB_MODEL, "preprocessor": TFHUB_MODEL}, outputs={"out_model_dir": DIR})
 def from_tfhub(
     src: Path = typer.Argument(..., help="A TF Hub BERT encoder SavedModel directory (Model Garden's export_tfhub, or kbert export --format tfhub)."),
     out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
@@ -156,7 +156,7 @@ def to_keras_hub(
 
 
 @app.command("from-keras-hub")
-@command(inputs={"src": DIRECTORY}, outputs={"out_model_dir": DIR})
+@command(inputs={"src": KERAS_HUB_PRESET}, outputs={"out_model_dir": DIR})
 def from_keras_hub(
     src: Path = typer.Argument(..., help="A keras-hub BERT preset directory (as save_to_preset writes it)."),
     out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),

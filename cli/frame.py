@@ -45,11 +45,13 @@ class Input:
     kind: "file", "dir", "model" (a directory, or a checkpoint prefix with .index), or "any".
     content: "text", "json", "records" (TFRecords) or None (not looked into).
     globs: the value is a list of paths and globs, comma-separated lists too (expand_inputs).
+    what: what the user should pass, in words, for the message when it is missing.
     """
 
     kind: str
     content: str | None = None
     globs: bool = False
+    what: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +75,9 @@ TEXT_FILES = Input("file", "text", globs=True)
 JSON = Input("file", "json")
 RECORDS = Input("file", "records", globs=True)
 MODEL = Input("model")
-MODEL_OR_FILE = Input("any")  # a model directory, or a single weights file (Hugging Face safetensors)
-DIRECTORY = Input("dir")
+HF_MODEL = Input("any", what="Hugging Face model directory, or its model.safetensors")
+TFHUB_MODEL = Input("dir", what="TF Hub SavedModel directory")
+KERAS_HUB_PRESET = Input("dir", what="keras-hub preset directory")
 
 FILE = Output("file")
 DIR = Output("dir")
@@ -179,7 +182,9 @@ def check_input(path: str, declared: Input, flag: str):
             raise KbertError(f"{flag} {path}: is a file; pass the model directory that holds it")
         raise KbertError(f"{flag} {path}: no such model directory or checkpoint; check the path")
     if not os.path.exists(path):
-        raise KbertError(f"{flag} {path}: no such {'directory' if declared.kind == 'dir' else 'file'}; check the path")
+        kind = "directory" if declared.kind == "dir" else "file"
+        fix = f"pass a {declared.what}" if declared.what else "check the path"
+        raise KbertError(f"{flag} {path}: no such {kind}; {fix}")
     if declared.kind == "dir":
         if not os.path.isdir(path):
             raise KbertError(f"{flag} {path}: is a file; pass a directory")

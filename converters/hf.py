@@ -24,6 +24,7 @@ import numpy as np
 
 from kbert.config import BertConfig
 from kbert.errors import KbertError, listing as _listing, plural as _plural
+from kbert.outputs import writes
 from kbert.files import atomic_output_dir, count_lines
 from kbert.model.bert import BertEncoder, BertPretrainer
 from kbert.model.layers import weights_from
@@ -548,6 +549,7 @@ def hf_tensors(model) -> tuple:
     return tensors, "BertForPreTraining"
 
 
+@writes("out_dir")
 def save_hf_model(model, out_dir, vocab_file=None, do_lower_case=None, overwrite: bool = False):
     """Write `model` as a Hugging Face BERT directory, atomically.
 

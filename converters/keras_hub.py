@@ -25,6 +25,7 @@ import numpy as np
 
 from kbert.config import BertConfig
 from kbert.errors import KbertError, first_line, listing
+from kbert.outputs import writes
 from kbert.files import atomic_output_dir
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer
 from kbert.model_dir import check_vocab, open_model
@@ -101,6 +102,7 @@ def _max_difference(encoder: BertEncoder, backbone, vocab_file: str, do_lower_ca
     }
 
 
+@writes("out_dir", inputs=("model_dir",))
 def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
     """Write a kbert model as a keras-hub BERT preset directory; returns a JSON-ready report.
 

@@ -130,3 +130,41 @@ def claim_output(output, inputs=(), in_place: bool = False, command: str | None 
     # Beam's remote file systems (gs://, ...) have no flock: outputs there are not locked.
     with contextlib.nullcontext() if is_url(output) else output_lock(output, command):
         yield
+
+
+def writes(output: str, inputs: tuple = (), in_place: bool = False):
+    """Give a library function that writes a path the checks and the lock the CLI's frame gives a
+    command: its output apart from its inputs, writable, and locked while it runs. Called
+    inside a command, whose frame already holds the lock, the lock nests.
+
+    Args:
+        output: str. The name of the parameter that holds the path written.
+        inputs: tuple of str. The names of parameters that hold paths read (others are skipped).
+        in_place: bool. Whether the output is a directory written in place (see `claim_output`).
+
+    Example:
+    >>> @writes("out", inputs=("source",))
+    ... def copy(source, out):
+    ...     open(out, "w").write(open(source).read())
+    >>> copy("README.md", "README.md")
+    Traceback (most recent call last):
+    kbert.errors.KbertError: README.md: the output is also an input; writing it would replace what is being read: choose another output
+    """
+    import functools
+    import inspect
+
+    def wrap(function):
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def run(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            paths = [bound.arguments[name] for name in inputs]
+            paths = [p for p in paths if isinstance(p, (str, os.PathLike))]
+            with claim_output(bound.arguments[output], inputs=paths, in_place=in_place):
+                return function(*args, **kwargs)
+
+        return run
+
+    return wrap

@@ -47,6 +47,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from kbert.config import sequence_length
 from kbert.errors import KbertError, first_line
+from kbert.outputs import writes
 from kbert.files import atomic_output_dir, atomic_write_text
 from kbert.finetuning.tasks import API_METHODS, TASKS, ServingHead, finite, get_task
 from kbert.model.bert import BertEncoder, BertMultipleChoice, BertPretrainer, BertTagger
@@ -492,6 +493,7 @@ def _warmup_requests(path: str, name: str, text_inputs: dict):
             writer.write(log.SerializeToString())
 
 
+@writes("export_base", inputs=("model_dir",), in_place=True)
 def export_model(model_dir, export_base, version: int | None = None, max_seq_length: int | None = None,
                  overwrite: bool = False, name: str | None = None, text_pairs: bool | None = None,
                  precision: str = "float32", constant_weights: bool = False) -> str:

@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from kbert.config import sequence_length
 from kbert.errors import KbertError
+from kbert.outputs import writes
 from kbert.files import atomic_output_dir, count_lines
 from kbert.model import fused
 from kbert.model.bert import BertEncoder, BertPretrainer
@@ -194,6 +195,7 @@ def _preprocessor_module(vocab_file: str, do_lower_case: bool, length: int):
     return root, {"serving_default": preprocess.get_concrete_function()}
 
 
+@writes("out", inputs=("model_dir",))
 def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: bool = False) -> dict:
     """Export a kbert model as TF Hub's BERT encoder and preprocessor: `out/encoder`, `out/preprocessor`.
 

@@ -322,7 +322,7 @@ def test_damaged_files(tmp_path):
 
 def test_missing_paths_and_output_dir(tmp_path, hf_model_dir):
     assert_user_error(run_kbert("convert", "from-hf", tmp_path / "nope", tmp_path / "out", check=False),
-                      "no such Hugging Face model")
+                      "no such file; pass a Hugging Face model")
     assert_user_error(run_kbert("convert", "to-hf", tmp_path / "nope", tmp_path / "out", check=False),
                       "no such model directory")
     out = tmp_path / "out"
