@@ -19,7 +19,7 @@ def vocab(
     lowercase: bool = typer.Option(True, "--lowercase/--no-lowercase", help="Uncased (lower-case, strip accents) or cased vocabulary."),
     overwrite: bool = typer.Option(False, help="Replace OUTPUT if it exists."),
     runner: str = typer.Option("local", help="local, or an Apache Beam runner that counts the words (DirectRunner, "
-                                             "DataflowRunner, FlinkRunner, SparkRunner, ...; pip install 'kbert[beam]')."),
+                                             "DaskRunner, DataflowRunner, FlinkRunner, SparkRunner, ...; pip install 'kbert[beam]')."),
     pipeline_options: str = typer.Option("", help="Beam's own flags as one string, passed to PipelineOptions."),
 ):
     """Learn a WordPiece vocabulary; prints its size and [UNK] rate on the text as JSON."""

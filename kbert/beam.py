@@ -1,42 +1,181 @@
-"""What kbert's Apache Beam pipelines share: runner names, Beam's own options, file systems, running a job.
+"""What kbert's Apache Beam pipelines share: runner names, Beam's options and its log, file
+systems, writing files without Beam's file sink, running a job.
 
 Only the Beam commands import this (`pip install 'kbert[beam]'`); the local paths never do.
+
+The pipelines use only Beam's portable core (Create, ParDo, GroupByKey, CombineGlobally without
+defaults), so that every runner runs them: no metrics, no side inputs, no file sink. Beam's
+DaskRunner, for one, has no metrics and evaluates a singleton side input (the set-up of Beam's
+file sink) once per consumer, not once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
+import re
 import shlex
+import shutil
+import uuid
 
-import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
-
+from kbert import files
 from kbert.errors import KbertError, first_line
 
-RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner", "PortableRunner", "PrismRunner")
+
+def _debug() -> bool:
+    return os.environ.get("KBERT_DEBUG") == "1"
+
+
+@contextlib.contextmanager
+def _quiet_logging():
+    """Beam's (and Dask's) INFO and WARNING lines off stderr, unless KBERT_DEBUG=1.
+
+    Beam logs its start-up, its workers' harness and its file renames (about 45 lines for a
+    two-process DirectRunner run), and importing it logs a warning on the root logger, which
+    gives the root logger a handler that prints every library's warnings from then on. A
+    NullHandler on the root logger while Beam runs keeps that handler from being made.
+    """
+    if _debug():
+        yield
+        return
+    root = logging.getLogger()
+    null = logging.NullHandler() if not root.handlers else None
+    if null:
+        root.addHandler(null)
+    loggers = [logging.getLogger(name) for name in ("apache_beam", "distributed", "dask")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
+        if null:
+            root.removeHandler(null)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 pointed at /dev/null, unless KBERT_DEBUG=1: the DirectRunner's worker
+    processes (multi_processing) log to the stderr they inherit, TensorFlow's C++ start-up too.
+    A failed job still comes back as an exception, which `run` turns into one line."""
+    if _debug():
+        yield
+        return
+    import sys
+
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+with _quiet_logging():
+    import apache_beam as beam
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+RUNNERS = ("DirectRunner", "DaskRunner", "DataflowRunner", "FlinkRunner", "SparkRunner", "PortableRunner",
+           "PrismRunner")
+# Beam knows the others by name; the DaskRunner only by its module path.
+_RUNNER_PATHS = {"DaskRunner": "apache_beam.runners.dask.dask_runner.DaskRunner"}
+
+
+def is_url(path) -> bool:
+    """A path of one of Beam's remote file systems (gs://, s3://, hdfs://), not of this machine."""
+    return "://" in os.fspath(path)
 
 
 def open_file(path):
     """A file of any of Beam's file systems (local, gs://, s3://, hdfs://), opened for reading bytes."""
     return FileSystems.open(path, mime_type="application/octet-stream",
-                            compression_type=beam.io.filesystem.CompressionTypes.UNCOMPRESSED)
+                            compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def create_file(path):
+    """A new file of any of Beam's file systems, opened for writing bytes."""
+    return FileSystems.create(path, mime_type="application/octet-stream",
+                              compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def write_atomically(path: str, write):
+    """Write `path` whole or not at all: `write(f)` fills a temporary file beside it, which is
+    then renamed to `path` (a retried writer's file replaces an earlier one)."""
+    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with create_file(temp) as f:
+            write(f)
+        FileSystems.rename([temp], [path])
+    except BaseException:
+        remove(temp)
+        raise
+
+
+def remove(path: str):
+    """Delete a file, or a folder and all in it, of any of Beam's file systems; nothing if it is gone."""
+    if not is_url(path):
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        return
+    with contextlib.suppress(Exception):  # Beam raises BeamIOError for a path that is gone
+        FileSystems.delete([path])
+    with contextlib.suppress(Exception):  # a "folder" of gs:// is its objects: the trailing / deletes them
+        FileSystems.delete([path.rstrip("/") + "/"])
+
+
+def remove_stale(output: str, kinds=("kbert-temp", "beam-temp")):
+    """Remove the temporary folders that earlier runs writing `output` left beside it (a killed or
+    failed job's): only `KIND-NAME-<32 hex digits>` for this output's NAME, never another output's.
+    A live run's folder is safe from it as long as runs on one output are kept apart: the CLI
+    locks local outputs (outputs on gs://, s3:// are not locked, as anywhere in kbert)."""
+    folder, name = FileSystems.split(output)
+    stale = re.compile(f"(?:{'|'.join(kinds)})-{re.escape(name)}-[0-9a-f]{{32}}")
+    if not is_url(output):
+        for entry in os.listdir(folder) if os.path.isdir(folder) else ():
+            if stale.fullmatch(entry):
+                remove(os.path.join(folder, entry))
+        return
+    for kind in kinds:  # gs:// and s3:// have no folders to list: the objects one level inside them
+        try:
+            found = FileSystems.match([FileSystems.join(folder, f"{kind}-*/*")])[0].metadata_list
+        except Exception:  # nothing to list
+            continue
+        paths = [m.path for m in found if stale.fullmatch(m.path[len(folder):].lstrip("/").split("/")[0])]
+        if paths:
+            with contextlib.suppress(Exception):
+                FileSystems.delete(paths)
 
 
 def expand_inputs(patterns) -> list[str]:
-    """Files matching each path or glob, through Beam's file systems, in the order given
-    (each glob's matches sorted), without repeats."""
-    files = []
-    for pattern in patterns:
-        try:
-            matches = FileSystems.match([str(pattern)])[0].metadata_list
-        except Exception as e:  # Beam raises BeamIOError for unknown schemes, missing buckets, ...
-            raise KbertError(f"{pattern}: cannot list it ({first_line(e)}); check the path") from None
-        paths = sorted(m.path for m in matches if m.size_in_bytes is not None)
-        if not paths:
-            raise KbertError(f"{pattern}: no file matches; pass text files or a glob that matches some")
-        files += [p for p in paths if p not in files]
-    return files
+    """Input files as the local path names them (`kbert.files.expand_inputs`: comma-separated
+    paths or globs, each glob's matches sorted, a directory refused), local ones absolute, as
+    workers need them; paths and globs of Beam's remote file systems matched by Beam."""
+    found = []
+    for pattern in files.expand_inputs(patterns):
+        if not is_url(pattern):
+            paths = [os.path.abspath(pattern)]
+        else:
+            try:
+                matches = FileSystems.match([pattern])[0].metadata_list
+            except Exception as e:  # Beam raises BeamIOError for unknown schemes, missing buckets, ...
+                raise KbertError(f"{pattern}: cannot list it ({first_line(e)}); check the path") from None
+            paths = sorted(m.path for m in matches if m.size_in_bytes is not None)
+            if not paths:
+                raise KbertError(f"{pattern}: no file matches; pass text files or a glob that matches some")
+        found += [p for p in paths if p not in found]
+    return found
 
 
 class _BeamOptionParser(argparse.ArgumentParser):
@@ -49,6 +188,12 @@ def pipeline_options(runner: str, flags: str) -> PipelineOptions:
     (Beam itself only warns and drops them, which hides typos such as --num_workers=)."""
     if runner not in RUNNERS:
         raise KbertError(f"--runner {runner!r}: choose local or one of {', '.join(RUNNERS)}")
+    if runner == "DaskRunner":
+        try:
+            import apache_beam.runners.dask.dask_runner  # noqa: F401 (its options, --dask_*)
+        except ImportError:
+            raise KbertError("--runner DaskRunner needs Dask: pip install 'kbert[beam]' (or "
+                             "'apache-beam[dask]')") from None
     try:
         args = shlex.split(flags or "")
     except ValueError as e:
@@ -62,19 +207,50 @@ def pipeline_options(runner: str, flags: str) -> PipelineOptions:
     _, unknown = parser.parse_known_args(args)
     if unknown:
         raise KbertError(f"--pipeline-options: Beam has no option {unknown[0]}; see Beam's pipeline options")
-    return PipelineOptions(args, runner=runner)
+    return PipelineOptions(args, runner=_RUNNER_PATHS.get(runner, runner))
+
+
+def temp_location(options: PipelineOptions) -> str | None:
+    """Beam's --temp_location, if the user gave one."""
+    return options.view_as(GoogleCloudOptions).temp_location
+
+
+def one_task_per_element(options: PipelineOptions, runner: str, elements: int):
+    """On Dask, Beam's Create makes one task of up to 128 elements (its default partition size), so
+    a job of fewer chunks or files would run on one worker: one partition per element, unless
+    the user chose (--dask_npartitions, --dask_partition_size)."""
+    if runner != "DaskRunner":
+        return
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+    dask = options.view_as(DaskOptions)
+    if dask.npartitions is None and dask.partition_size is None:
+        dask.npartitions = max(1, elements)
 
 
 def run(pipeline, runner: str):
-    """Run `pipeline` to its end; a failed job becomes one line (its first)."""
+    """Run `pipeline` to its end; a failed job becomes one line (its first). Beam's own log is
+    shown only with KBERT_DEBUG=1 (`kbert --debug`)."""
+    result = None
     try:
-        result = pipeline.run()
-        result.wait_until_finish()
+        with _quiet_logging(), _quiet_stderr():
+            result = pipeline.run()
+            result.wait_until_finish()
     except KbertError:
+        raise
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):  # a job on a cluster (Dask's) would go on without us
+            result is not None and result.cancel()
         raise
     except Exception as e:  # the runner's own failure (a worker's error, a cluster refusing the job)
         lines = [line for line in str(e).splitlines() if line.strip() and not line.startswith(" ")]
         # A worker's error arrives as its whole traceback: its last line says what went wrong.
         cause = lines[-1] if lines and lines[0].startswith("Traceback") else first_line(e)
-        raise KbertError(f"the {runner} job failed: {cause[:300]}") from None
+        hint = "" if _debug() else " (rerun with --debug for Beam's log)"
+        raise KbertError(f"the {runner} job failed: {cause[:300]}{hint}") from None
+    finally:
+        # Beam's DaskRunner leaves its Dask client connected (and a LocalCluster it started, running).
+        client = getattr(result, "client", None)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
     return result

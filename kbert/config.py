@@ -27,8 +27,14 @@ def sequence_length(requested: int | None, limit: int, trained: int | None = Non
     Traceback (most recent call last):
     ...
     kbert.errors.KbertError: --max-seq-length 600 exceeds the model's max_position_embeddings 512; lower it
+    >>> sequence_length(0, 512)
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: --max-seq-length 0: give at least 3 ([CLS], a token, [SEP])
     """
-    if requested:
+    if requested is not None:  # 0 is a mistake to name, not "unset"
+        if requested < 3:
+            raise KbertError(f"--max-seq-length {requested}: give at least 3 ([CLS], a token, [SEP])")
         if requested > limit:
             raise KbertError(f"--max-seq-length {requested} exceeds the model's max_position_embeddings "
                              f"{limit}; lower it")

@@ -1,74 +1,69 @@
 """`kbert create-data --runner R`: create_pretraining_data.py's algorithm as an Apache Beam pipeline.
 
-The same chunks as the local path, made by any Beam runner (DirectRunner here; Dataflow,
-Flink, Spark, Prism where the user has them):
+The same chunks as the local path, made by any Beam runner (DirectRunner and DaskRunner here;
+Dataflow, Flink, Spark, Prism where the user has them). The pipeline uses only Beam's portable
+core (Create, ParDo, GroupByKey, CombineGlobally without defaults): no metrics, no side inputs,
+no file sink, which some runners lack (Dask's has no metrics and evaluates a singleton side
+input once per consumer).
 
 1. The launcher reads the input once, as the local path does, and plans the chunks: chunk k
    is a list of byte ranges [(file, start, end), ...] (`create_data.read_chunks`). Chunk
    boundaries depend on the data alone (documents and bytes), never on the runner or its
    workers; the plan is small (a few ranges per MB of text) and the launcher holds one
    chunk of text at a time.
-2. `beam.Create(plan)` hands the chunks to the workers (Create's reshuffle spreads them);
-   each worker reads its ranges through Beam's file systems (local paths, gs://, s3://,
-   hdfs://) and builds the chunk's records with `random.Random(seed + k * 2**64)`: the
-   local path's generator, so chunk k's records are the same whoever makes them, and a
-   corpus that fits in one chunk gives the original script's records.
-3. Each worker writes its chunk's records, as TFRecord frames, to one file in a staging
-   folder beside the output (`kbert-temp-OUT-<uuid>/`), and passes on only that file's path.
-4. Beam's own file sink (`FileBasedSink`, as `WriteToTFRecord` is, with `--shards` fixed)
-   groups the paths by shard and copies each chunk file whole into a temporary shard file;
-   the shards are renamed into their final names only when the job succeeds, then the staging
-   folder is removed.
+2. `beam.Create(plan)` hands the chunks to the workers; each reads its ranges through Beam's
+   file systems (local paths, gs://, s3://, hdfs://) and builds the chunk's records with
+   `random.Random(seed + k * 2**64)`: the local path's generator, so chunk k's records are the
+   same whoever makes them, and a corpus that fits in one chunk gives the original script's records.
+3. Each worker writes its chunk's records, as TFRecord frames, to one file in a staging folder
+   beside the output (`kbert-temp-OUT-<uuid>/`), and passes on only that file's path and the
+   chunk's counts, keyed by shard (chunk k goes to shard k % shards).
+4. GroupByKey brings each shard's chunk files together; a worker concatenates them, in chunk
+   order, into the shard's file in the staging folder (a temporary file renamed when whole), and
+   passes on the chunks' counts. A combiner sums the counts, and the job's last step writes the
+   sums to `statistics.json` in the staging folder.
+5. When the job has succeeded, the launcher reads the statistics and renames the shards into
+   their final names; then the staging folder goes (on failure and Ctrl-C too). A killed
+   launcher leaves the staging folder: the next run writing the same output removes it.
 
-Why chunk files, not one element per record (Beam's `WriteToTFRecord`): with a fixed shard
-count Beam's sink shuffles every element to its shard. A million records a million elements
-cost the DirectRunner 2.2x the local path's time, and its own process held them all (6 GB
-for the 25 MB Debian corpus, growing with the corpus). A path per chunk is a few hundred
-bytes whatever the chunk holds, so no process holds more than one chunk of records, on any
-runner. TFRecord files concatenate: a shard made of whole chunk files is a valid TFRecord file.
-
-Statistics are Beam counters incremented by the workers (namespace "kbert"), read from the
-job's result: nothing re-reads the output.
+Why chunk files, not one element per record (Beam's `WriteToTFRecord`): a million records a
+million elements cost the DirectRunner 2.2x the local path's time, and its own process held them
+all in the shuffle (6 GB for the 25 MB Debian corpus, growing with the corpus). A path per chunk
+is a few hundred bytes whatever the chunk holds, so no process holds more than one chunk of
+records, on any runner. TFRecord files concatenate: a shard made of whole chunk files is a valid
+TFRecord file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import time
 import uuid
+from fractions import Fraction
 
-import apache_beam as beam
-from apache_beam.coders import BytesCoder
-from apache_beam.io.filebasedsink import FileBasedSink
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics import Metrics
-from apache_beam.metrics.metric import MetricsFilter
-
-from kbert.beam import expand_inputs, open_file, pipeline_options, run
+# apache_beam and FileSystems as kbert.beam imports them (with Beam's import-time log quiet).
+from kbert.beam import (FileSystems, beam, create_file, expand_inputs, is_url, one_task_per_element, open_file,
+                        pipeline_options, remove, remove_stale, run, write_atomically)
 from kbert.errors import KbertError, first_line
 from kbert.pretraining import create_data
 from kbert.pretraining.create_data import DataOptions, InstanceBuilder, InstanceCounts, read_chunks, tfrecord_frames
 from kbert.text.tokenizer import load_vocab
 
-NAMESPACE = "kbert"
-# A float statistic kept in an integer counter, in units of 1e-9 (counters are integers).
-_NANO = 10 ** 9
+STATISTICS_FILE = "statistics.json"
 
 
 class BuildChunk(beam.DoFn):
-    """(index, ranges) -> the path of a TFRecord file of the chunk's records, in `staging`;
-    counts go to Beam counters."""
+    """(index, ranges) -> (shard, (index, path, counts)): the chunk's records in a TFRecord file
+    in `staging`, keyed by the shard they go to, with the chunk's counts."""
 
-    def __init__(self, vocab_text: str, do_lower_case: bool, options: DataOptions, staging: str):
+    def __init__(self, vocab_text: str, do_lower_case: bool, options: DataOptions, staging: str, shards: int):
         # The vocabulary travels inside the DoFn: workers (Dataflow's, say) do not see the
         # launcher's disk.
         self.vocab_text, self.do_lower_case, self.options = vocab_text, do_lower_case, options
-        self.staging = staging
-        self.counters = {name: Metrics.counter(NAMESPACE, name) for name in InstanceCounts.__slots__ + ("replaced",)}
-        self.peak_rss = Metrics.distribution(NAMESPACE, "peak_rss_kib")  # its max: the largest worker's
+        self.staging, self.shards = staging, shards
 
     def setup(self):
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
@@ -82,44 +77,72 @@ class BuildChunk(beam.DoFn):
         documents = [d for _, chunk_documents, _, _ in read_chunks(ranges, None, None, open_file=open_file)
                      for d in chunk_documents]
         records, counts = self.builder.chunk(index, documents)
-        for name in InstanceCounts.__slots__:
-            value = getattr(counts, name)
-            self.counters[name].inc(round(value * _NANO) if name == "masked_share_sum" else value)
-        self.counters["replaced"].inc(create_data._REPLACED[0] - replaced_before)
         # A retried bundle writes a file of its own; only the path of the one that committed
-        # reaches the sink, and the staging folder goes with every other.
+        # goes on, and the staging folder goes with every other.
         path = FileSystems.join(self.staging, f"chunk-{index:06d}-{uuid.uuid4().hex[:8]}.tfrecord")
-        with FileSystems.create(path, mime_type="application/octet-stream",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with create_file(path) as f:
             f.write(tfrecord_frames(records)[0])  # the local path's framing: the same bytes
         del records
-        self.peak_rss.update(create_data.own_peak_kib())
-        yield path
+        chunk_counts = {name: getattr(counts, name) for name in InstanceCounts.__slots__}
+        chunk_counts.update(replaced=create_data._REPLACED[0] - replaced_before, chunks=1,
+                            peak_kib=create_data.own_peak_kib())
+        yield index % self.shards, (index, path, chunk_counts)
 
 
-class ChunkFilesSink(FileBasedSink):
-    """Beam's file sink for elements that are TFRecord files: each is copied whole into its shard.
-
-    Beam's `WriteImpl` does the rest as for `WriteToTFRecord`: a temporary file per shard, the
-    elements (paths, here) grouped by shard, renames into the final names when the job ends.
-    """
-
-    def __init__(self, output: str, shards: int):
-        super().__init__(output, BytesCoder(), num_shards=shards,
-                         shard_name_template="" if shards == 1 else "-SSSSS-of-NNNNN",
-                         mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED)
-
-    def write_record(self, file_handle, chunk_file):
-        with FileSystems.open(chunk_file, mime_type="application/octet-stream",
-                              compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            shutil.copyfileobj(f, file_handle, 8 << 20)
+def shard_file(staging: str, shard: int) -> str:
+    return FileSystems.join(staging, f"shard-{shard:05d}")
 
 
-def _remove(path):
-    try:
-        FileSystems.delete([path])
-    except Exception:  # already gone (a failed job's clean-up, or the pipeline's own step)
-        pass
+class WriteShard(beam.DoFn):
+    """(shard, [(index, path, counts), ...]) -> each chunk's counts, once the chunk files are
+    copied whole, in chunk order, into the shard's file in `staging`."""
+
+    def __init__(self, staging: str):
+        self.staging = staging
+
+    def process(self, shard_chunks):
+        shard, chunks = shard_chunks
+        chunks = sorted(chunks, key=lambda chunk: chunk[0])  # the same bytes whatever order they came in
+
+        def write(out):
+            for _, path, _ in chunks:
+                with open_file(path) as f:
+                    shutil.copyfileobj(f, out, 8 << 20)
+
+        write_atomically(shard_file(self.staging, shard), write)
+        for _, _, counts in chunks:
+            yield counts
+
+
+class SumCounts(beam.CombineFn):
+    """The chunks' counts summed (the largest worker's peak memory: their maximum).
+    masked_share_sum, the one float, is summed exactly (as a fraction), so the total does not
+    depend on the order the runner combines chunks in."""
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, total, counts):
+        for name, value in counts.items():
+            if name == "peak_kib":
+                total[name] = max(total.get(name, 0), value)
+            else:
+                total[name] = total.get(name, 0) + (Fraction(value) if isinstance(value, float) else value)
+        return total
+
+    def merge_accumulators(self, totals):
+        merged = {}
+        for total in totals:
+            self.add_input(merged, total)
+        return merged
+
+    def extract_output(self, total):
+        return {name: float(value) if isinstance(value, Fraction) else value for name, value in total.items()}
+
+
+def _write_statistics(totals: dict, staging: str):
+    write_atomically(FileSystems.join(staging, STATISTICS_FILE), lambda f: f.write(json.dumps(totals).encode()))
+    return totals
 
 
 def _plan(input_files, chunk_docs, chunk_bytes):
@@ -129,6 +152,25 @@ def _plan(input_files, chunk_docs, chunk_bytes):
         plan.append((index, ranges))
         documents += len(chunk_documents)
     return plan, documents
+
+
+def _commit(staging: str, outputs: list, chunks: int, runner: str) -> dict:
+    """The job's statistics; the shards renamed from the staging folder into their final names."""
+    statistics = FileSystems.join(staging, STATISTICS_FILE)
+    if not FileSystems.exists(statistics):
+        raise KbertError(f"the {runner} job ended without its results in {staging}; its workers must write "
+                         f"where this machine reads: give an --output on a file system both reach (gs://, s3://, "
+                         f"a shared disk)")
+    with open_file(statistics) as f:
+        totals = json.load(f)
+    if totals["chunks"] != chunks:
+        raise KbertError(f"the {runner} job made {totals['chunks']} of the {chunks} chunks; run it again")
+    for shard, path in enumerate(outputs):
+        if shard < chunks:
+            FileSystems.rename([shard_file(staging, shard)], [path])
+        else:  # more shards than chunks: this one has no records, as the local path would write it
+            create_file(path).close()
+    return totals
 
 
 def run_pipeline(input_patterns, vocab_file, output, *, runner: str = "DirectRunner", flags: str = "",
@@ -168,44 +210,47 @@ def run_pipeline(input_patterns, vocab_file, output, *, runner: str = "DirectRun
     if documents == 0:
         raise KbertError(f"{', '.join(input_files)}: no text to make instances from; pass text with one "
                          f"sentence per line and blank lines between documents")
+    one_task_per_element(beam_options, runner, len(plan))
     with open(vocab_file, encoding="utf-8") as f:
         vocab_text = f.read()
-    if not output.startswith(("gs://", "s3://", "hdfs://")):
+    if not is_url(output):
         output = os.path.abspath(output)
         os.makedirs(os.path.dirname(output), exist_ok=True)
+    final = create_data.shard_paths(output, shards)
+    remove_stale(output)  # what a killed run on this output left (this one's, and Beam's file sink's)
     folder, name = FileSystems.split(output)
     staging = FileSystems.join(folder, f"kbert-temp-{name}-{uuid.uuid4().hex}")
     FileSystems.mkdirs(staging)
     try:
         pipeline = beam.Pipeline(options=beam_options)
+        # One chain, no branches: the DaskRunner computes only the last step (and what it needs).
         _ = (pipeline
              | "Chunks" >> beam.Create(plan)
-             | "Records" >> beam.ParDo(BuildChunk(vocab_text, do_lower_case, options, staging))
-             | "Write" >> beam.io.Write(ChunkFilesSink(output, shards))
-             | "Written" >> beam.combiners.Count.Globally()  # one element, once every shard is in place
-             | "RemoveStaging" >> beam.Map(lambda _, folder: _remove(folder), staging))
-        result = run(pipeline, runner)
+             | "Records" >> beam.ParDo(BuildChunk(vocab_text, do_lower_case, options, staging, shards))
+             | "ByShard" >> beam.GroupByKey()
+             | "Shards" >> beam.ParDo(WriteShard(staging))
+             | "Sum" >> beam.CombineGlobally(SumCounts()).without_defaults()  # with defaults: a side input
+             | "Statistics" >> beam.Map(_write_statistics, staging))
+        run(pipeline, runner)
+        totals = _commit(staging, final, len(plan), runner)
     finally:
-        _remove(staging)  # a failed job's chunk files (a killed launcher leaves them, as Beam leaves its own)
-    metrics = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
-    counts = {r.key.metric.name: r.committed for r in metrics["counters"]}
-    peaks = [r.committed.max for r in metrics["distributions"] if r.committed is not None]
-    totals = InstanceCounts()
+        remove(staging)  # the chunk files, and a failed or interrupted job's shards
+    counts = InstanceCounts()
     for name in InstanceCounts.__slots__:
-        setattr(totals, name, counts.get(name, 0) / _NANO if name == "masked_share_sum" else counts.get(name, 0))
+        setattr(counts, name, totals[name])
     seconds = time.perf_counter() - started
     return {
         "output_files": outputs,
         "runner": runner,
-        "instances": totals.instances,
-        "documents": totals.documents,
-        "skipped_empty_documents": totals.empty_documents,
-        "replaced_invalid_utf8": counts.get("replaced", 0),
+        "instances": counts.instances,
+        "documents": counts.documents,
+        "skipped_empty_documents": counts.empty_documents,
+        "replaced_invalid_utf8": totals["replaced"],
         "chunks": len(plan),
         "seconds": round(seconds, 3),
-        "instances_per_second": round(totals.instances / seconds, 1),
+        "instances_per_second": round(counts.instances / seconds, 1),
         # In-memory DirectRunner runs the workers in this process; multi_processing in their own.
-        "peak_rss_mib_largest_worker": round(max(peaks, default=0) / 1024, 1),
+        "peak_rss_mib_largest_worker": round(totals["peak_kib"] / 1024, 1),
         "peak_rss_mib_main": round(create_data.own_peak_kib() / 1024, 1),
-        **totals.statistics(),
+        **counts.statistics(),
     }
