@@ -127,7 +127,7 @@ def predict(
                                           skip_bad_rows=skip_bad_rows), start)
     if output is not None:
         from kbert.finetuning.output import write_rows
-        print_result(write_rows(output, rows, resume=resume, overwrite=overwrite))
+        print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=input))
         return
     for row in rows(0):
         sys.stdout.write(json.dumps(row) + "\n")

@@ -19,7 +19,8 @@ import numpy as np
 from kbert.config import BertConfig
 from kbert.errors import KbertError, plural
 from kbert.files import count_lines
-from kbert.model_dir import (CONFIG_FILE, VOCAB_FILE, WEIGHTS_FILE, interrupted_pretraining,
+from kbert.model_dir import (CONFIG_FILE, TASK_KEYS, VOCAB_FILE, WEIGHTS_FILE, interrupted_finetuning,
+                             interrupted_finetuning_message, interrupted_pretraining,
                              interrupted_pretraining_message, is_model_dir)
 from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
 from kbert.converters.tf1 import find_checkpoint, is_optimizer_state, open_reader
@@ -38,6 +39,9 @@ def describe(src) -> dict:
     prefix = interrupted_pretraining(src)
     if prefix:
         return _describe_interrupted_run(src, prefix)
+    state = interrupted_finetuning(src)
+    if state:
+        return _describe_unfinished_finetuning(src, state)
     return _describe_checkpoint(src)
 
 
@@ -171,6 +175,20 @@ def _describe_interrupted_run(src, prefix: str) -> dict:
     }
 
 
+def _describe_unfinished_finetuning(src, state: dict) -> dict:
+    """A `kbert finetune` run's OUTPUT.partial/: what it trains, the step it reached, how to finish it."""
+    run = state["fingerprint"]
+    return {
+        "kind": "kbert fine-tuning run that did not finish",
+        "run_dir": src,
+        "step": state.get("step"),
+        "best_epoch": (state.get("tracker") or {}).get("best_epoch") or None,
+        "run": {k: run.get(k) for k in ("model_dir", "task", "train", "dev", "epochs", "batch_size",
+                                         "learning_rate", "seed", "max_seq_length", "train_examples")},
+        "resume": interrupted_finetuning_message(src, state),
+    }
+
+
 # Where a kbert model directory's weights file keeps the weights that fix its config's sizes
 # (Keras names the groups after kbert's layers), and their google-research names for tf1_shapes.
 H5_SIZED_WEIGHTS = (
@@ -238,4 +256,6 @@ def _describe_model_dir(src) -> dict:
         "parameters": total,
         "heads": {"masked_lm": kind == "pretrainer", "next_sentence": kind == "pretrainer"},
         "do_lower_case": config.extras.get("do_lower_case"),
+        # What predict, evaluate and export read (kbert finetune and kbert.save record it).
+        **{k: config.extras[k] for k in TASK_KEYS if k in config.extras},
     }

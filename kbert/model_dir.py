@@ -12,9 +12,13 @@ google-research/bert's config.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
+import numbers
 import os
+import shlex
 import shutil
 
 import tensorflow as tf
@@ -34,6 +38,11 @@ WEIGHTS_FILE = "model.weights.h5"
 CHECKPOINTS_DIR = "checkpoints"
 # What fine-tuning records in bert_config.json besides the original keys.
 TASK_KEYS = ("task", "labels", "max_seq_length", "text_pairs", "doc_stride", "max_query_length")
+# The tasks each head serves (the first is the default of a head saved without one).
+HEAD_TASKS = {"classifier": ("classify", "regress"), "tagger": ("tag",), "span_predictor": ("squad",),
+              "multiple_choice": ("choice",)}
+# An unfinished `kbert finetune` run (OUTPUT.partial/) holds this file (kbert.finetuning.train).
+FINETUNE_STATE_FILE = "state.json"
 
 
 def check_vocab(vocab_file: str, config: BertConfig):
@@ -56,44 +65,142 @@ def model_kind(model) -> str:
         if type(model) is cls:
             return kind
     raise KbertError(f"cannot save a {type(model).__name__}: kbert model directories hold kbert models "
-                     f"(bert_encoder, bert_pretrainer, bert_classifier, bert_tagger, bert_span_predictor)")
+                     f"(bert_encoder, bert_pretrainer, bert_classifier, bert_tagger, bert_span_predictor, "
+                     f"bert_multiple_choice)")
 
 
-def _describe(model, config: BertConfig, do_lower_case: bool):
+def head_task_info(model, task: str | None = None, labels=None, max_seq_length: int | None = None,
+                   text_pairs: bool | None = None) -> dict:
+    """The task metadata `kbert predict`, `evaluate` and `export` read from a model directory
+    (task, labels, max_seq_length, text_pairs), checked against the model's head: the arguments
+    given, over what `model.task_info` holds (what `kbert finetune` and `kbert.load` set), over
+    what the head implies. {} for an encoder or pretrainer, which have no task.
+
+    A head saved without a task gets its kind's: classify (regress for one output), tag,
+    squad, choice; labels default to the class ids "0".."N-1", which is what a head trained by
+    `model.fit` on integer labels predicts; max_seq_length to the task's default (128, 384
+    for squad), capped at max_position_embeddings.
+
+    Example:
+    >>> import kbert
+    >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+    ...                           num_attention_heads=4, intermediate_size=64)
+    >>> head_task_info(kbert.bert_classifier(config, 2), labels=["neg", "pos"])
+    {'task': 'classify', 'labels': ['neg', 'pos'], 'max_seq_length': 128}
+    >>> head_task_info(kbert.bert_classifier(config, 2), task="tag")
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: task 'tag' does not fit a classifier (bert_classifier); its tasks are classify, regress
+    """
+    kind = model_kind(model)
+    given = {k: v for k, v in (("task", task), ("labels", labels), ("max_seq_length", max_seq_length),
+                               ("text_pairs", text_pairs)) if v is not None}
+    if kind not in HEAD_TASKS:
+        if given:
+            raise KbertError(f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} a task head; a {kind} has "
+                             f"none: save it without, or put a head on it first (kbert.bert_classifier, ...)")
+        return {}
+    info = {k: v for k, v in (getattr(model, "task_info", None) or {}).items() if k in TASK_KEYS}
+    if task is not None and task != info.get("task"):
+        info = {}  # another task: nothing recorded for the old one applies
+    info.update(given)
+    num_classes = int(model.num_classes)
+    task = info.setdefault("task", "regress" if kind == "classifier" and num_classes == 1 else HEAD_TASKS[kind][0])
+    if task not in HEAD_TASKS[kind]:
+        known = [t for tasks in HEAD_TASKS.values() for t in tasks]
+        if task not in known:
+            raise KbertError(f"unknown task {task!r}; use one of {', '.join(known)}")
+        raise KbertError(f"task {task!r} does not fit a {kind} (bert_{kind}); its tasks are "
+                         f"{', '.join(HEAD_TASKS[kind])}")
+    if task in ("classify", "tag"):
+        if task == "classify" and num_classes < 2:
+            raise KbertError(f"a classifier with {num_classes} output is a regressor: save it with task=\"regress\", "
+                             f"or build it with num_classes=2 or more")
+        names = info.get("labels")
+        names = [str(i) for i in range(num_classes)] if names is None else names
+        if isinstance(names, (str, bytes)) or not all(isinstance(n, (str, int)) and not isinstance(n, bool)
+                                                      for n in names):
+            raise KbertError(f"labels must be a list of label names (str), one per output, e.g. "
+                             f"{[str(i) for i in range(num_classes)]}; got {names!r}"[:300])
+        names = [str(n) for n in names]
+        if len(names) != num_classes or len(set(names)) != len(names):
+            raise KbertError(f"labels {names[:8]}{'...' if len(names) > 8 else ''}: the {kind} has {num_classes} "
+                             f"outputs, so give {num_classes} different label names, in output order")
+        info["labels"] = names
+    elif info.get("labels") is not None:
+        raise KbertError(f"labels apply to classify and tag; a {task} model has none: save it without labels")
+    else:
+        info.pop("labels", None)
+    if task == "regress" and num_classes != 1:
+        raise KbertError(f"task regress needs a classifier with one output (num_classes=1); this one has {num_classes}")
+    limit = model.config.max_position_embeddings
+    length = info.get("max_seq_length")
+    if length is None:
+        info["max_seq_length"] = min(384 if task == "squad" else 128, limit)
+    elif isinstance(length, bool) or not isinstance(length, numbers.Integral) or not 3 <= length <= limit:
+        raise KbertError(f"max_seq_length {length!r}: give the tokens per example the model was trained with, "
+                         f"3 to {limit} (max_position_embeddings)")
+    else:
+        info["max_seq_length"] = int(length)
+    if "text_pairs" in info:
+        if task not in ("classify", "regress"):
+            raise KbertError(f"text_pairs applies to classify and regress; a {task} model has none")
+        if not isinstance(info["text_pairs"], bool):
+            raise KbertError(f"text_pairs must be True (trained on sentence pairs) or False, got {info['text_pairs']!r}")
+    return {k: info[k] for k in TASK_KEYS if k in info}
+
+
+def _describe(model, config: BertConfig, do_lower_case: bool, task_info: dict):
     """Record in the config what rebuilds `model`: its class, head size, casing and task metadata."""
     for key in TASK_KEYS + ("num_classes",):  # a head's metadata must not outlive the head
         config.extras.pop(key, None)
     config.extras.update(kbert_model=model_kind(model), do_lower_case=bool(do_lower_case))
     if hasattr(model, "num_classes"):
         config.extras["num_classes"] = model.num_classes
-    # Fine-tuning sets these (task, labels, max_seq_length) so predict/evaluate/export need no flags.
-    config.extras.update(getattr(model, "task_info", None) or {})
+    # So that predict/evaluate/export need no flags: task, labels, max_seq_length (head_task_info).
+    config.extras.update(task_info)
 
 
 def save(model, model_dir, vocab_file: str | None = None, do_lower_case: bool | None = None,
-         overwrite: bool = False):
+         overwrite: bool = False, *, task: str | None = None, labels=None, max_seq_length: int | None = None,
+         text_pairs: bool | None = None):
     """Write `model` as a kbert model directory, atomically.
 
+    A model with a task head (`bert_classifier`, `bert_tagger`, `bert_span_predictor`,
+    `bert_multiple_choice`) is saved with the task metadata `kbert predict`, `kbert evaluate`
+    and `kbert export` read (see `head_task_info` for the defaults): pass `labels` to name a
+    classifier's or tagger's outputs, as `kbert finetune` does.
+
     Args:
-        model: a kbert model (`bert_encoder`, `bert_pretrainer`).
+        model: a kbert model (`bert_encoder`, `bert_pretrainer`, or one with a task head).
         model_dir: str. The directory to write; must not exist or be empty unless `overwrite`.
         vocab_file: str. The vocab.txt to copy in; defaults to `model.vocab_file`, which
             `kbert.load` and the converters set.
         do_lower_case: bool. Recorded so tokenizers built from the directory lower-case or
             not; defaults to `model.do_lower_case`, else True.
         overwrite: bool. Replace a non-empty `model_dir`.
+        task: str. Heads only: classify | regress (classifier), tag, squad, choice.
+        labels: list of str. classify and tag: the name of each output, in order (default
+            "0".."N-1", the class ids a head trained on integer labels predicts).
+        max_seq_length: int. Heads only: the tokens per example it was trained with (default
+            128, 384 for squad): what predict and export pack texts to.
+        text_pairs: bool. classify and regress: whether it was trained on sentence pairs (an
+            export's signature then takes `text_b`).
 
     Example:
     >>> kbert.save(kbert.converters.load_tf1_checkpoint("tests/fixtures/tf1-tiny"), "out/tiny")  # doctest: +SKIP
+    >>> classifier = kbert.bert_classifier(kbert.load("out/tiny"), num_classes=2)  # doctest: +SKIP
+    >>> kbert.save(classifier, "out/clf", task="classify", labels=["neg", "pos"])  # doctest: +SKIP
     """
     vocab_file = vocab_file or getattr(model, "vocab_file", None)
     if not vocab_file:
         raise KbertError("kbert.save needs the vocabulary: pass vocab_file=PATH/vocab.txt")
     if do_lower_case is None:
         do_lower_case = getattr(model, "do_lower_case", True)
+    task_info = head_task_info(model, task, labels, max_seq_length, text_pairs)
     config = BertConfig.from_dict(model.config.to_dict())
     check_vocab(vocab_file, config)
-    _describe(model, config, do_lower_case)
+    _describe(model, config, do_lower_case, task_info)
     with atomic_output_dir(model_dir, overwrite=overwrite) as tmp:
         config.to_json_file(os.path.join(tmp, CONFIG_FILE))
         shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_FILE))
@@ -103,6 +210,52 @@ def save(model, model_dir, vocab_file: str | None = None, do_lower_case: bool | 
 
 def is_model_dir(path) -> bool:
     return os.path.isfile(os.path.join(path, WEIGHTS_FILE))
+
+
+def interrupted_finetuning(path) -> dict | None:
+    """The state.json of an unfinished `kbert finetune` run (its OUTPUT.partial/ directory:
+    checkpoints/, state.json, no model), else None."""
+    path = os.fspath(path)
+    state_file = os.path.join(path, FINETUNE_STATE_FILE)
+    if not os.path.isdir(path) or is_model_dir(path) or not os.path.isfile(state_file):
+        return None
+    try:
+        with open(state_file) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("fingerprint"), dict) else None
+
+
+def interrupted_finetuning_message(path, state: dict) -> str:
+    """'D: an unfinished kbert finetune run (step N of M), not a model; ...': the command that
+    finishes it (the flags its state.json recorded, since --resume must repeat them).
+
+    >>> state = {"step": 40, "fingerprint": {"model_dir": "/m/base", "task": "classify", "train": "/d/train.tsv",
+    ...          "dev": None, "epochs": 5, "batch_size": 16, "learning_rate": 5e-05, "seed": 12345,
+    ...          "max_seq_length": 128, "train_examples": 256}}
+    >>> print(interrupted_finetuning_message("ft/x.partial", state))
+    ft/x.partial: an unfinished kbert finetune run (stopped at step 40 of 80), not a model; finish it with `kbert finetune /m/base --task classify --train /d/train.tsv --output ft/x --epochs 5 --batch-size 16 --resume`, then use ft/x
+    """
+    path = os.fspath(path).rstrip(os.sep)
+    output = path[:-len(".partial")] if path.endswith(".partial") else "OUTPUT"
+    run = state.get("fingerprint", {})
+    quote = shlex.quote  # a command to paste into a shell
+    flags = [f"kbert finetune {quote(run.get('model_dir', 'MODEL_DIR'))} --task {run.get('task', 'TASK')} "
+             f"--train {quote(run.get('train', 'TRAIN'))}"]
+    if run.get("dev"):
+        flags.append(f"--dev {quote(run['dev'])}")
+    flags.append(f"--output {quote(output)}")
+    # Flags away from their defaults: --resume refuses a run started with other values.
+    defaults = {"epochs": 3, "batch_size": 32, "learning_rate": 5e-5, "seed": 12345}
+    flags += [f"--{k.replace('_', '-')} {run[k]}" for k in defaults if k in run and run[k] != defaults[k]]
+    default_length = 384 if run.get("task") == "squad" else 128
+    if run.get("max_seq_length") not in (None, default_length):
+        flags.append(f"--max-seq-length {run['max_seq_length']}")
+    batches = max(1, int(run.get("train_examples", 0)) // max(1, int(run.get("batch_size", 1))))
+    total = f" of {batches * int(run['epochs'])}" if "epochs" in run and "train_examples" in run else ""
+    return (f"{path}: an unfinished kbert finetune run (stopped at step {state.get('step', '?')}{total}), not a "
+            f"model; finish it with `{' '.join(flags)} --resume`, then use {output}")
 
 
 def interrupted_pretraining(path) -> str | None:
@@ -121,19 +274,29 @@ def check_not_interrupted(path):
     prefix = interrupted_pretraining(path)
     if prefix:
         raise KbertError(interrupted_pretraining_message(path, prefix))
+    state = interrupted_finetuning(path)
+    if state:
+        raise KbertError(interrupted_finetuning_message(path, state))
+
+
+# Where `kbert pretrain` records a run's flags, for a bare `--resume` (kbert.pretraining.train).
+PRETRAIN_RUN_FILE = "pretrain_run.json"
 
 
 def interrupted_pretraining_message(path, prefix: str) -> str:
     """'D: pretraining stopped at step N (checkpoints/ckpt-N) before writing the model; ...'
 
     >>> print(interrupted_pretraining_message("out/bert", "out/bert/checkpoints/ckpt-100"))
-    out/bert: pretraining stopped at step 100 (checkpoints/ckpt-100) before writing the model; continue it with `kbert pretrain --model-dir out/bert --resume --data DATA --steps N` (DATA: the records it trained on; N: its total steps)
+    out/bert: pretraining stopped at step 100 (checkpoints/ckpt-100) before writing the model; continue it with `kbert pretrain --model-dir out/bert --resume`
     """
     path = os.fspath(path)
     step = prefix.rsplit("-", 1)[-1]  # CheckpointManager numbers them by step: ckpt-<step>
-    return (f"{path}: pretraining stopped at step {step} ({os.path.relpath(prefix, path)}) before writing "
-            f"the model; continue it with `kbert pretrain --model-dir {path} --resume --data DATA --steps N` "
-            f"(DATA: the records it trained on; N: its total steps)")
+    said = (f"{path}: pretraining stopped at step {step} ({os.path.relpath(prefix, path)}) before writing "
+            f"the model; continue it with `kbert pretrain --model-dir {shlex.quote(path)} --resume")
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, PRETRAIN_RUN_FILE)):
+        # A run from before kbert recorded its flags: they must be given again.
+        return said + " --data DATA` and the other flags it was started with"
+    return said + "`"
 
 
 def load_config(model_dir) -> BertConfig:
@@ -172,6 +335,10 @@ def load(model_dir):
     model.vocab_file = os.path.join(model_dir, VOCAB_FILE)
     model.do_lower_case = bool(config.extras.get("do_lower_case", True))
     model.task_info = {k: config.extras[k] for k in TASK_KEYS if k in config.extras}
+    if kind in HEAD_TASKS and "task" not in model.task_info:
+        # A head saved without its task (before kbert.save recorded one): its kind's, as saved now.
+        with contextlib.suppress(KbertError):
+            model.task_info = head_task_info(model)
     return model
 
 
@@ -263,7 +430,7 @@ def write_model_files(model, model_dir, vocab_file: str, do_lower_case: bool, we
     """Write (or replace) the model-directory files inside an existing directory, each one
     atomically: used by training, whose directory also holds checkpoints and logs."""
     config = BertConfig.from_dict(model.config.to_dict())
-    _describe(model, config, do_lower_case)
+    _describe(model, config, do_lower_case, head_task_info(model))
     os.makedirs(model_dir, exist_ok=True)
 
     def replace(name, write):

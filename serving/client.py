@@ -33,6 +33,7 @@ import http.client
 import json
 import logging
 import random
+import re
 import socket
 import time
 import urllib.error
@@ -55,6 +56,10 @@ _NUMPY = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT32": np.int32,
           "DT_STRING": object}
 _MAX_MESSAGE = 2 ** 31 - 1  # tensorflow_model_server accepts messages up to INT_MAX bytes too
 FIRST_RETRY_WAIT, MAX_RETRY_WAIT = 0.1, 10.0  # seconds: the back-off doubles from the first to the cap
+# What TensorFlow wraps an op's error in, which a server passes on: "{{function_node
+# __inference_...}}" before it, "[[{{node ...}}]]" and "[Op:...]" after it.
+_TF_WRAPPING = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[\[(?:\{\{[^}]*\}\})+\]\]|\s*\[Op:[^\]]*\]")
+_WAIT_HINT = "allow more time (retries, timeout; kbert predict --retries, --timeout)"
 
 
 class _Unavailable(Exception):
@@ -395,7 +400,7 @@ class Client:
                         # part says why, enough for the line of each wait.
                         raise _Unavailable(details.rsplit(": ", 1)[-1] or "no connection",
                                            lambda after: self._unreachable(details, after)) from None
-                    raise _Unavailable(details, lambda after: f"{self._where()}: UNAVAILABLE: {details}{after}") \
+                    raise _Unavailable(details, lambda after: self._not_serving(f"UNAVAILABLE: {details}", after)) \
                         from None
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise KbertError(f"{self._where()}: no answer within {self.timeout:g} s (gRPC {method}); "
@@ -443,7 +448,7 @@ class Client:
                 message = _one_line(str(_http_error_message(e)))
                 if e.code == 503:  # TF Serving's UNAVAILABLE
                     raise _Unavailable(f"HTTP 503: {message}",
-                                       lambda after: f"{self._where()}: HTTP 503: {message}{after}") from None
+                                       lambda after: self._not_serving(f"HTTP 503: {message}", after)) from None
                 raise KbertError(f"{self._where()}: HTTP {e.code}: {message}") from None
             except urllib.error.URLError as e:
                 if isinstance(e.reason, (TimeoutError, socket.timeout)):
@@ -510,9 +515,14 @@ class Client:
         version = "" if self.version is None else f" version {self.version}"
         return f"TF Serving at {self.target} (model {self.model_name}{version}, {self._protocol_name})"
 
+    def _not_serving(self, what: str, after: str) -> str:
+        """The server answers but cannot serve the model (loading, overloaded), however long we waited."""
+        return (f"{self._where()}: {what}{after}; the server is up but not serving the model: wait until it "
+                f"has loaded it (its log says), or {_WAIT_HINT}")
+
     def _unreachable(self, why: str, after: str = "") -> str:
         flag = "--port" if self.protocol == "grpc" else "--rest_api_port"
-        longer = ", or allow more time (retries, timeout; kbert predict --retries, --timeout)" if after else ""
+        longer = f", or {_WAIT_HINT}" if after else ""
         return (f"cannot reach TF Serving at {self.target} over {self._protocol_name} ({why}){after}; is the "
                 f"server running at {self.target}? Start tensorflow_model_server with "
                 f"{flag}={self.target.rpartition(':')[2]}, fix the address{longer}")
@@ -526,7 +536,12 @@ class Client:
 
 
 def _one_line(message: str) -> str:
-    return " ".join(message.split())
+    """A server's message on one line, without the wrapping TensorFlow puts around an op's error.
+
+    >>> _one_line("indices[0,2] = 9 is not in [0, 3)\\n\\t [[{{function_node __inference_f_12}}{{node GatherV2}}]]")
+    'indices[0,2] = 9 is not in [0, 3)'
+    """
+    return " ".join(_TF_WRAPPING.sub("", message).split())
 
 
 def _short(message: str, limit: int = 120) -> str:

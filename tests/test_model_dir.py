@@ -98,7 +98,7 @@ def interrupted_run(tmp_path_factory):
 def test_an_interrupted_pretraining_run_is_named_with_its_checkpoint(interrupted_run, tmp_path):
     model_dir, step = interrupted_run
     said = (f"{model_dir}: pretraining stopped at step {step} (checkpoints/ckpt-{step}) before writing the model; "
-            f"continue it with `kbert pretrain --model-dir {model_dir} --resume --data DATA --steps N`")
+            f"continue it with `kbert pretrain --model-dir {model_dir} --resume`")
     assert_user_error(run_kbert("fill-mask", model_dir, "the [MASK].", check=False), said)
     assert_user_error(run_kbert("export", model_dir, tmp_path / "exports", check=False), said)
     assert not (tmp_path / "exports").exists()
@@ -109,3 +109,33 @@ def test_an_interrupted_pretraining_run_is_named_with_its_checkpoint(interrupted
     assert report["checkpoint"] == str(model_dir / "checkpoints" / f"ckpt-{step}") and report["step"] == step
     assert report["resume"].startswith(said)
     assert report["parameters"] == 99374 and report["config"]["hidden_size"] == 64
+
+
+def test_fill_mask_says_what_a_model_without_the_mlm_head_is(tiny_model_dir, tmp_path):
+    pretrained = kbert.load(tiny_model_dir)
+    classifier = kbert.bert_classifier(pretrained, 2)
+    classifier.task_info = {"task": "classify", "labels": ["neg", "pos"], "max_seq_length": 16}
+    kbert.save(classifier, tmp_path / "classifier")
+    kbert.save(pretrained.encoder, tmp_path / "encoder", vocab_file=pretrained.vocab_file)
+    tagger = kbert.bert_tagger(pretrained, 3)
+    tagger.task_info = {"task": "tag", "labels": ["B", "I", "O"]}
+    kbert.save(tagger, tmp_path / "tagger")
+    for name, what in (("classifier", "a classifier (task classify, labels neg, pos)"),
+                       ("encoder", "an encoder (no pretraining heads)"),
+                       ("tagger", "a tagger (task tag, labels B, I, O)")):
+        result = run_kbert("fill-mask", tmp_path / name, "the [MASK] city.", check=False)
+        assert_user_error(result, f"{tmp_path / name} has no masked-LM head: it is {what}; fill-mask needs a "
+                                  f"pretrained or converted model directory")
+
+
+def test_a_head_saved_without_its_task_loads_with_its_kinds(tiny_model_dir, tmp_path):
+    """Directories that kbert.save wrote before it recorded a head's task: kbert.load gives the
+    head's task (and class ids as labels), so predict and evaluate treat it as a head."""
+    kbert.save(kbert.bert_classifier(kbert.load(tiny_model_dir), 1), tmp_path / "old")
+    config_file = tmp_path / "old" / "bert_config.json"
+    config = json.load(open(config_file))
+    config = {k: v for k, v in config.items() if k not in ("task", "labels", "max_seq_length")}
+    config_file.write_text(json.dumps(config))
+    assert kbert.load(tmp_path / "old").task_info == {"task": "regress", "max_seq_length": 64}
+    report = json.loads(run_kbert("convert", "inspect", tmp_path / "old").stdout)
+    assert report["kind"] == "kbert model directory (classifier)" and "task" not in report

@@ -8,21 +8,29 @@ cut) leaves FILE.partial; `--resume` keeps its complete lines, drops a last line
 the middle, and goes on from the next example, so every example comes out exactly once, in
 order. One process writes a partial file at a time (it holds a lock on it, which the kernel
 drops if the process dies).
+
+Beside the partial file, `FILE.partial.input` records which input the rows are of (its path,
+size and a hash of its first and last MiB): `--resume` with another input is refused, naming
+both, where it would append another file's predictions to these.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
 from typing import Callable, Iterable, Iterator
 
 from kbert.errors import KbertError
+from kbert.files import atomic_write_text
 
 log = logging.getLogger("kbert")
 
 PARTIAL_SUFFIX = ".partial"
+INPUT_SUFFIX = ".input"  # FILE.partial.input: the identity of the input FILE.partial's rows are of
+_HASHED = 1 << 20  # bytes hashed at each end of an input for its identity
 _CHUNK = 1 << 20  # bytes read at a time when counting the lines of a partial file
 
 
@@ -35,8 +43,32 @@ def partial_path(path) -> str:
     return os.fspath(path) + PARTIAL_SUFFIX
 
 
+def input_identity(path) -> dict:
+    """What tells one input file from another, cheaply: its path, size and a SHA-256 of its
+    first and last MiB (an input edited, replaced or appended to gets another).
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "in.tsv")
+    >>> _ = open(path, "w").write("text\\ngold.\\n")
+    >>> sorted(input_identity(path)), input_identity(path)["size"]
+    (['path', 'sha256', 'size'], 11)
+    """
+    path = os.path.abspath(os.fspath(path))
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            digest.update(f.read(_HASHED))
+            if size > _HASHED:
+                f.seek(max(_HASHED, size - _HASHED))
+                digest.update(f.read(_HASHED))
+    except OSError as e:
+        raise KbertError(f"{path}: cannot read the input ({e.strerror or e}); check the path") from None
+    return {"path": path, "size": size, "sha256": digest.hexdigest()}
+
+
 def write_rows(path, make_rows: Callable[[int], Iterable[dict]], *, resume: bool = False,
-               overwrite: bool = False) -> dict:
+               overwrite: bool = False, source=None) -> dict:
     """Write `make_rows(start)` to `path` as JSON lines, atomically and resumably.
 
     Args:
@@ -47,6 +79,8 @@ def write_rows(path, make_rows: Callable[[int], Iterable[dict]], *, resume: bool
             left; without one, start at the first row.
         overwrite: bool. Replace an existing `path` at the end, or drop an earlier run's
             partial rows (without `resume`) and start again.
+        source: str or PathLike. The input file the rows are predicted from: recorded beside
+            the partial file, and with `resume` it must be the input the earlier run recorded.
 
     Returns:
         dict: {"output": path, "rows": rows in the file, "rows_kept": rows an earlier run wrote}.
@@ -71,7 +105,7 @@ def write_rows(path, make_rows: Callable[[int], Iterable[dict]], *, resume: bool
     fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         _lock(fd, partial)  # before anything touches the file: another process may be writing it
-        return _write_locked(fd, path, partial, make_rows, resume)
+        return _write_locked(fd, path, partial, make_rows, resume, source)
     finally:
         os.close(fd)
 
@@ -92,7 +126,13 @@ def skip_rows(rows: Iterable[dict], start: int) -> Iterator[dict]:
                          f"examples: it is not this input's output; pass --overwrite to start again")
 
 
-def _write_locked(fd: int, path: str, partial: str, make_rows, resume: bool) -> dict:
+def _write_locked(fd: int, path: str, partial: str, make_rows, resume: bool, source) -> dict:
+    try:
+        _record_input(partial, source, resume)
+    except BaseException:
+        if not os.path.getsize(partial):  # rows are kept, never an empty file this call made
+            os.remove(partial)
+        raise
     kept = written = 0
     try:
         kept = _keep_complete_lines(fd) if resume else _truncate(fd, 0)
@@ -106,7 +146,42 @@ def _write_locked(fd: int, path: str, partial: str, make_rows, resume: bool) -> 
     except BaseException:
         _after_failure(partial, kept, written)
         raise
+    _remove(partial + INPUT_SUFFIX)
     return {"output": path, "rows": kept + written, "rows_kept": kept}
+
+
+def _record_input(partial: str, source, resume: bool):
+    """Check (resuming) and record which input the partial file's rows are of."""
+    record = partial + INPUT_SUFFIX
+    if source is None:
+        if not resume:
+            _remove(record)  # an earlier run's record would not describe these rows
+        return
+    identity = input_identity(source)
+    if resume and os.path.getsize(partial):
+        try:
+            with open(record, encoding="utf-8") as f:
+                recorded = json.load(f)
+        except FileNotFoundError:
+            recorded = None  # rows written before inputs were recorded: nothing to compare
+        except (OSError, ValueError):
+            raise KbertError(f"{record} is damaged, so the input of the rows in {partial} is unknown; pass "
+                             f"--overwrite to start again") from None
+        if recorded and (recorded.get("size"), recorded.get("sha256")) != (identity["size"], identity["sha256"]):
+            same_path = recorded.get("path") == identity["path"]
+            earlier = "an earlier version of it" if same_path else recorded.get("path")
+            raise KbertError(f"--resume: {partial} holds the rows of {earlier} ({recorded.get('size')} bytes), not "
+                             f"of --input {os.fspath(source)} ({identity['size']} bytes"
+                             f"{', changed since' if same_path else ''}); resume with the input it started on, or "
+                             f"pass --overwrite to start again")
+    atomic_write_text(record, json.dumps(identity) + "\n")
+
+
+def _remove(path: str):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def _check_output(path: str, partial: str, resume: bool, overwrite: bool):
@@ -169,3 +244,4 @@ def _after_failure(partial: str, kept: int, written: int):
                  "from there", partial, kept + written)
     elif not kept and os.path.exists(partial):
         os.remove(partial)
+        _remove(partial + INPUT_SUFFIX)

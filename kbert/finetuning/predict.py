@@ -18,11 +18,11 @@ import keras
 from kbert.config import sequence_length
 from kbert.errors import KbertError, listing
 from kbert.finetuning import readers
-from kbert.finetuning.options import FinetuneOptions
+from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.tasks import TASKS, get_task, json_floats, predict_outputs, row_batches, served_texts_b
 from kbert.model.bert import BertEncoder
 from kbert.files import require_path
-from kbert.model_dir import open_model
+from kbert.model_dir import model_kind, open_model
 from kbert.serving.client import Client
 from kbert.text.tokenizer import Tokenizer
 
@@ -31,7 +31,7 @@ log = logging.getLogger("kbert")
 
 def _prepare(model_dir, options, overrides):
     """(model, task or None, options, tokenizer, sequence length) for a saved model."""
-    opts = dataclasses.replace(options or FinetuneOptions(), **overrides)
+    opts = resolve_options(options, overrides)  # checks batch_size, max_seq_length, ...: one line each
     model = open_model(model_dir)
     info = getattr(model, "task_info", None) or {}
     # SQuAD windows as at fine-tuning time (stride, question length), recorded in the model dir.
@@ -57,8 +57,9 @@ def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **ov
     """
     model, task, opts, tokenizer, length = _prepare(model_dir, options, overrides)
     if task is None:
-        raise KbertError(f"{model_dir} is not a fine-tuned model (no task in bert_config.json); "
-                         f"evaluate a directory written by kbert finetune")
+        raise KbertError(f"{model_dir} is a{'n' if model_kind(model) == 'encoder' else ''} {model_kind(model)}, "
+                         f"which has no task to score; evaluate a model with a task head (written by kbert "
+                         f"finetune, or by kbert.save)")
     labels = model.task_info.get("labels")
     data = _read(task, input_path, tokenizer, length, labels, opts, require_labels=True)
     if data.size == 0:
@@ -79,10 +80,14 @@ def predict(model_dir, input_path, layers: list[int] | None = None, options: Fin
     >>> next(predict("out/sentiment", "test.tsv"))  # doctest: +SKIP
     {'label': 'pos', 'probabilities': {'neg': 0.031, 'pos': 0.969}}
     """
+    # Checked and loaded now, not at the first row: a bad option or path fails at the call.
     model, task, opts, tokenizer, length = _prepare(model_dir, options, overrides)
     if task is None:
-        yield from features(model, input_path, tokenizer, length, layers, opts.batch_size)
-        return
+        return features(model, input_path, tokenizer, length, layers, opts.batch_size)
+    return _task_rows(model, task, input_path, tokenizer, length, opts)
+
+
+def _task_rows(model, task, input_path, tokenizer, length, opts) -> Iterator[dict]:
     data = _read(task, input_path, tokenizer, length, model.task_info.get("labels"), opts, require_labels=False)
     yield from task.rows(data, predict_outputs(model, data, opts.batch_size), opts, model.do_lower_case)
 
@@ -90,6 +95,11 @@ def predict(model_dir, input_path, layers: list[int] | None = None, options: Fin
 def features(model, input_path, tokenizer, max_seq_length, layers=None, batch_size=32) -> Iterator[dict]:
     """extract_features.py's output for an encoder or pretrained model: the pooled embedding
     (`{"pooled_output": [...]}`), or with `layers` the per-token values of those layers (-1 = last)."""
+    resolve_options(None, {"batch_size": batch_size, "max_seq_length": max_seq_length})  # one-line checks
+    return _features(model, input_path, tokenizer, max_seq_length, layers, batch_size)
+
+
+def _features(model, input_path, tokenizer, max_seq_length, layers, batch_size) -> Iterator[dict]:
     texts, texts_b = readers.read_lines(input_path)
     inputs, truncated = readers.encode_texts(tokenizer, texts, texts_b, max_seq_length)
     if truncated:
@@ -165,14 +175,18 @@ def predict_served(client: Client, input_path, options: FinetuneOptions | None =
     >>> next(rows)  # doctest: +SKIP
     {'label': 'pos', 'probabilities': {'neg': 0.031, 'pos': 0.969}}
     """
-    opts = dataclasses.replace(options or FinetuneOptions(), **overrides)
-    if opts.batch_size < 1:
-        raise KbertError(f"--batch-size {opts.batch_size}: give at least 1")
+    opts = resolve_options(options, overrides)  # checks batch_size: one line
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise KbertError(f"start {start!r}: give the number of examples to skip, 0 or more")
     # The file's layout depends on the served model's task, which the server tells; a missing or
-    # empty file is wrong whatever the task, so say so before asking a server that may be down.
+    # empty file is wrong whatever the task, so say so (at the call) before asking a server that may be down.
     require_path(input_path, "input file", "pass --input with the file to predict on")
     if os.path.getsize(input_path) == 0:
         raise KbertError(f"{input_path}: the file is empty; pass a file with one example per row")
+    return _served_rows(client, input_path, opts, start)
+
+
+def _served_rows(client, input_path, opts, start) -> Iterator[dict]:
     signatures = client.metadata()
     task = served_task(signatures)
     if task is not None:

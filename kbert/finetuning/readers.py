@@ -78,6 +78,11 @@ _STSB_HEADER = ["index", "genre", "filename", "year", "old_index", "source1", "s
                 "sentence1", "sentence2"]
 _MNLI_HEADER = ["index", "promptID", "pairID", "genre"]
 _MAX_LISTED = 10
+# Column names of text-per-row files (generic and GLUE headers), lower-cased: a first line naming
+# two of them is a classify/regress file's header, never a CoNLL line.
+_TABLE_HEADER_NAMES = {n.lower() for n in TEXT_NAMES + TEXT_B_NAMES + LABEL_NAMES} | {
+    n.lower() for names in GLUE_COLUMNS.values() for n in names if n}
+CONLL_FORMAT = ("CoNLL: one word and its tag per line (\"EU\\tB-ORG\"), a blank line between sentences")
 
 
 @dataclasses.dataclass
@@ -231,6 +236,7 @@ def read_tagged_examples(path, skip_bad_rows: bool = False,
     """
     path = os.fspath(path)
     text, replaced = _read_file(path)
+    _refuse_text_rows(path, text)
     sentences, current, lines = [], [], []
     for line_no, line in enumerate(io.StringIO(text, newline=None), 1):
         line = line.rstrip("\n")
@@ -267,6 +273,34 @@ def read_tagged_examples(path, skip_bad_rows: bool = False,
     _check_bad_rows(path, bad, skip_bad_rows, len(words))
     return TaggedExamples(words=words, tags=tags if width > 1 else None,
                           skipped_rows=[n for n, _ in bad], replaced_bytes=replaced)
+
+
+def _refuse_text_rows(path: str, text: str):
+    """A file of one text per row (classify/regress: a header, multi-word cells, JSON Lines)
+    given as CoNLL would read as one long sentence of 'words' such as "gold glorious great.":
+    refuse it, naming both formats."""
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("-DOCSTART-")]
+    if not lines:
+        return
+    first = lines[0].strip()
+    names = [f.strip() for f in first.replace(",", "\t").split("\t")]
+    why = None
+    if first.startswith("{"):
+        why = "the first line is a JSON object"
+    elif len({n.lower() for n in names} & _TABLE_HEADER_NAMES) >= 2:
+        why = f"the first line is a header ({', '.join(names)[:80]})"
+    else:
+        # A CoNLL word rarely has spaces ("New York" may), and a CoNLL file has blank lines
+        # between its sentences: a file of one block whose first column mostly holds several
+        # words is rows of texts.
+        texts = [line.split("\t", 1)[0].strip() for line in lines if "\t" in line]
+        several = [t for t in texts if len(t.split()) > 1]
+        one_block = "" not in (line.strip() for line in text.strip().splitlines())
+        if one_block and len(several) * 2 > len(lines):
+            why = f"its first column holds texts of several words ({several[0][:40]!r}, ...)"
+    if why:
+        raise KbertError(f"{path}: {why}: a file of one text per row, which --task classify or regress reads; "
+                         f"--task tag reads {CONLL_FORMAT}")
 
 
 def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool = True) -> ChoiceExamples:
@@ -448,6 +482,11 @@ class _TextExampleCollector:
 
     def examples(self, replaced) -> TextExamples:
         self.bad.sort()
+        if (self.task == "regress" and not self.texts and self.bad
+                and all(why.endswith("is not a number") for _, why in self.bad)):
+            raise KbertError(f"{self.path}: no label is a number (line {self.bad[0][0]}: {self.bad[0][1]}); "
+                             f"--task regress needs a number per row (a score such as 3.8): for class names "
+                             f"use --task classify")
         _check_bad_rows(self.path, self.bad, self.skip_bad_rows, len(self.texts))
         labels = self.labels if self.has_label_column else None
         if labels is not None and any(label is None for label in labels):
@@ -505,7 +544,7 @@ def _read_table(reader: _TextExampleCollector, text: str, format: str, detect_gl
         width, (text_col, b_col, label_col) = _COLA_WIDTH, (_COLA_TEXT, None, _COLA_LABEL)
         body = rows
     else:
-        width, (text_col, b_col, label_col) = len(first), _columns(path, format, first)
+        width, (text_col, b_col, label_col) = len(first), _columns(path, format, first, _looks_like_conll(text))
         body = rows[1:]
         if not body:
             raise KbertError(f"{path}: has a header but no rows; add one example per row")
@@ -551,7 +590,14 @@ def _glue_layout(header: list[str]) -> str:
     return "tsv"
 
 
-def _columns(path: str, format: str, header: list[str]) -> tuple:
+def _looks_like_conll(text: str) -> bool:
+    """Short lines of single words, and blank lines between groups of them: a CoNLL file."""
+    lines = [line for line in text.strip().splitlines() if not line.startswith("-DOCSTART-")]
+    words = [line.split("\t")[0] if "\t" in line else line.split()[0] for line in lines if line.strip()]
+    return "" in (line.strip() for line in lines) and all(len(w.split()) == 1 for w in words)
+
+
+def _columns(path: str, format: str, header: list[str], conll: bool = False) -> tuple:
     """(text, text_b, label) column indices from the header; text_b and label may be None."""
     if format in GLUE_COLUMNS:
         names = GLUE_COLUMNS[format]
@@ -564,6 +610,10 @@ def _columns(path: str, format: str, header: list[str]) -> tuple:
         accepted = (f"{' or '.join(TEXT_NAMES)} for the text, optionally "
                     f"{' '.join(TEXT_B_NAMES)} and {' '.join(LABEL_NAMES)}")
     if found[0] is None:
+        if conll:
+            raise KbertError(f"{path}: looks like CoNLL (a word and its tag per line), which --task tag reads; "
+                             f"classify and regress read one text per row under a header naming the columns: "
+                             f"{accepted}")
         raise KbertError(f"{path}: the header names no text column (found: {', '.join(header)}); "
                          f"the first row of a {format} file must name the columns: {accepted}")
     return tuple(found)

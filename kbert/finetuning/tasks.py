@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Callable, NamedTuple
 
 import keras
@@ -177,12 +178,38 @@ def _read_texts(task):
             if task == "regress":
                 targets = {"logits": np.asarray(examples.labels, dtype=np.float32)}
             else:
+                if labels is None:  # training: the file's labels become the classes
+                    _refuse_scores(path, examples.labels)
                 labels = labels or sorted(set(examples.labels))
                 _check_known(path, examples.labels, labels)
                 index = {label: i for i, label in enumerate(labels)}
                 targets = {"logits": np.asarray([index[label] for label in examples.labels], dtype=np.int32)}
         return TaskData(features, targets, labels, len(examples.texts), truncated, examples)
     return read
+
+
+def _refuse_scores(path, labels):
+    """Labels that are numbers with fractions (STS-B's 3.800) are scores, not classes: refuse
+    to make a class of each value, and point at regress. Whole numbers (1..5 stars) are classes.
+
+    >>> _refuse_scores("train.tsv", ["1", "5", "3"])
+    >>> _refuse_scores("train.tsv", ["3.800", "0.500", "5.000"])
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: train.tsv: the labels are numbers with fractions (3 values from 0.5 to 5, e.g. '3.800'): --task classify would make a class of each value; for a score per example use --task regress, for classes label each row with a name or a whole number
+    """
+    values = []
+    for label in labels:
+        try:
+            values.append(float(label))
+        except ValueError:
+            return
+    fractions = [label for label, value in zip(labels, values) if math.isfinite(value) and not value.is_integer()]
+    if fractions:
+        raise KbertError(f"{path}: the labels are numbers with fractions ({len(set(labels))} values from "
+                         f"{min(values):g} to {max(values):g}, e.g. {fractions[0]!r}): --task classify would make a "
+                         f"class of each value; for a score per example use --task regress, for classes label each "
+                         f"row with a name or a whole number")
 
 
 def _serve_classifier(model, labels):
@@ -256,12 +283,15 @@ REGRESS = Task(
 def _read_tagged(path, tokenizer, max_seq_length, labels, opts, require_labels, is_training):
     examples = readers.read_tagged_examples(path, skip_bad_rows=opts.skip_bad_rows, require_labels=require_labels)
     readers.report_skipped(path, examples)
-    if examples.tags is not None and labels is None:
-        labels = sorted({tag for sentence in examples.tags for tag in sentence})
+    tags = examples.tags
+    if tags is not None and labels is None:
+        labels = sorted({tag for sentence in tags for tag in sentence})
+    if tags is not None and not require_labels and not {t for sentence in tags for t in sentence} <= set(labels):
+        tags = None  # prediction: tags the model does not know are no reason to refuse the words
     label_ids = {label: i for i, label in enumerate(labels or [])}
     features, targets, word_starts, truncated = readers.encode_tagged(
-        tokenizer, examples.words, examples.tags, label_ids, max_seq_length)
-    return TaskData(features, {"logits": targets} if examples.tags is not None else None, labels,
+        tokenizer, examples.words, tags, label_ids, max_seq_length)
+    return TaskData(features, {"logits": targets} if tags is not None else None, labels,
                     len(examples.words), truncated, examples, word_starts)
 
 

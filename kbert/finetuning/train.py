@@ -23,7 +23,6 @@ Fine-tuning runs on one device or under MirroredStrategy, where Keras' `model.fi
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import logging
@@ -38,11 +37,12 @@ import tensorflow as tf
 from kbert.config import sequence_length
 from kbert.errors import KbertError
 from kbert.files import atomic_output_dir, atomic_write_text, check_output_dir
-from kbert.finetuning.options import FinetuneOptions
+from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.squad import write_predictions_json
 from kbert.finetuning.tasks import (Task, TaskData, best_metric, get_task, json_floats, predict_outputs,
                                     squad_answers)
-from kbert.model_dir import describe_source, open_model, save
+from kbert.model_dir import FINETUNE_STATE_FILE, describe_source, open_model, save
+from kbert.pretraining.dataset import op_error_text
 from kbert.text.tokenizer import Tokenizer
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.optimization import BertAdamW, WarmupLinearDecay
@@ -53,7 +53,7 @@ log = logging.getLogger("kbert")
 
 RESULTS_FILE = "eval_results.json"
 RUN_SUFFIX = ".partial"  # OUTPUT.partial/: an unfinished run (checkpoints/, state.json, logs/)
-STATE_FILE = "state.json"
+STATE_FILE = FINETUNE_STATE_FILE  # kbert.model_dir recognises an unfinished run by it
 
 
 def compile_for_task(model, task: Task | str, optimizer):
@@ -93,7 +93,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     >>> kbert.finetuning.train.finetune("uncased_L-12_H-768_A-12", "classify", "train.tsv", "out/mrpc",
     ...                                 dev="dev.tsv", epochs=3)  # doctest: +SKIP
     """
-    opts = dataclasses.replace(options or FinetuneOptions(), **overrides)
+    opts = resolve_options(options, overrides)  # checks every number: one line each
     task = get_task(task)
     _check_options(opts)
     strategy = make_strategy(opts.strategy)
@@ -198,18 +198,9 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
 
 
 def _check_options(opts: FinetuneOptions):
-    for name in ("epochs", "batch_size", "save_every"):
-        if getattr(opts, name) < 1:
-            raise KbertError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(opts, name)}")
-    if not 0.0 <= opts.warmup_proportion < 1.0:
-        raise KbertError(f"--warmup-proportion must be in [0, 1), got {opts.warmup_proportion}")
-    if opts.learning_rate <= 0:
-        raise KbertError(f"--learning-rate must be positive, got {opts.learning_rate}")
+    """What training asks beyond `FinetuneOptions`' own checks."""
     if opts.max_seq_length is not None and opts.max_seq_length < 8:
-        raise KbertError(f"--max-seq-length must be at least 8, got {opts.max_seq_length}")
-    if opts.strategy not in ("auto", "cpu", "gpu", "mirrored"):
-        raise KbertError(f"--strategy {opts.strategy!r}: fine-tuning runs on auto, cpu, gpu or mirrored")
-
+        raise KbertError(f"--max-seq-length must be at least 8 to fine-tune, got {opts.max_seq_length}")
 
 
 class _BestEpoch(keras.callbacks.Callback):
@@ -387,7 +378,9 @@ class _RunCheckpoints(keras.callbacks.Callback):
             atomic_write_text(os.path.join(self.run_dir, STATE_FILE), json.dumps(
                 {"step": self.step, "fingerprint": self.fingerprint, "best_weights": best,
                  "tracker": self.tracker.state()}))
-        except (tf.errors.OpError, OSError) as e:
+        except tf.errors.OpError as e:  # its words without tf.function's {{function_node ...}} wrapping
+            raise checkpoint_write_failed(self.step, self.saved_step, RuntimeError(op_error_text(e))) from None
+        except OSError as e:
             raise checkpoint_write_failed(self.step, self.saved_step, e) from None
         for stale in glob.glob(os.path.join(self.run_dir, "best-epoch-*.npz")):
             if os.path.basename(stale) != best:

@@ -7,7 +7,7 @@ import numpy as np
 
 from kbert.errors import KbertError
 from kbert.model.bert import BertPretrainer
-from kbert.model_dir import load
+from kbert.model_dir import load, model_kind
 from kbert.text.tokenizer import Tokenizer
 
 MASK = "[MASK]"
@@ -28,6 +28,32 @@ def encode_with_masks(tokenizer, text: str, max_length: int):
     return tokens
 
 
+_KINDS = {"encoder": "an encoder (no pretraining heads)", "classifier": "a classifier",
+          "tagger": "a tagger", "span_predictor": "a SQuAD span predictor",
+          "multiple_choice": "a multiple-choice model"}
+
+
+def what_it_is(model) -> str:
+    """What a model without the MLM head is, for messages: its kind and task.
+
+    >>> import kbert
+    >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+    ...                           num_attention_heads=4, intermediate_size=64)
+    >>> model = kbert.bert_classifier(config, 2)
+    >>> model.task_info = {"task": "classify", "labels": ["neg", "pos"]}
+    >>> what_it_is(model)
+    'a classifier (task classify, labels neg, pos)'
+    """
+    kind = model_kind(model)
+    text = _KINDS.get(kind, f"a {kind}")
+    info = getattr(model, "task_info", None) or {}
+    if info.get("task"):
+        labels = info.get("labels")
+        shown = f", labels {', '.join(map(str, labels[:5]))}{', ...' if len(labels) > 5 else ''}" if labels else ""
+        text += f" (task {info['task']}{shown})"
+    return text
+
+
 def fill_mask(model_dir, text: str, top_k: int = 5, model=None) -> dict:
     """Top-k predictions for every [MASK] in `text`.
 
@@ -42,8 +68,8 @@ def fill_mask(model_dir, text: str, top_k: int = 5, model=None) -> dict:
         raise KbertError(f"--top-k must be at least 1, got {top_k}")
     model = model or load(model_dir)
     if not isinstance(model, BertPretrainer):
-        raise KbertError(f"{model_dir} has no masked-LM head (it is an encoder); use a pretrained or "
-                         f"converted model directory")
+        raise KbertError(f"{model_dir} has no masked-LM head: it is {what_it_is(model)}; fill-mask needs a "
+                         f"pretrained or converted model directory (the one it was fine-tuned from, for a head)")
     tokenizer = Tokenizer(model.vocab_file, model.do_lower_case)
     tokens = encode_with_masks(tokenizer, text, model.config.max_position_embeddings)
     ids = np.array([tokenizer.convert_tokens_to_ids(tokens)], dtype="int32")

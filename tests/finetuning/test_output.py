@@ -148,3 +148,54 @@ def test_local_predict_output_and_resume(tmp_path, tiny_model_dir):
     assert out.read_text().splitlines() == printed
     alone = run_kbert("predict", tiny_model_dir, "--input", texts, "--resume", check=False)
     assert_user_error(alone, "--resume applies to an --output file; give --output FILE")
+
+
+# === --resume goes on only with the input the rows are of ===
+
+
+def test_resume_with_another_input_is_refused_naming_both(tmp_path):
+    first, second = tmp_path / "a.tsv", tmp_path / "b.tsv"
+    first.write_text("text\ngold.\ndead.\nfire.\n")
+    second.write_text("text\nrain.\ncamp.\ncity.\nstream.\n")
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(RuntimeError):
+        write_rows(out, numbered(3, fail_after=2), source=first)
+    record = json.load(open(partial_path(out) + ".input"))
+    assert record["path"] == str(first) and record["size"] == first.stat().st_size
+    with pytest.raises(KbertError) as raised:
+        write_rows(out, numbered(4), resume=True, source=second)
+    message = str(raised.value)
+    assert message == (f"--resume: {partial_path(out)} holds the rows of {first} (23 bytes), not of --input "
+                       f"{second} (31 bytes); resume with the input it started on, or pass --overwrite to start again")
+    assert lines(partial_path(out)) == [{"n": 0}, {"n": 1}]  # kept, not extended
+    # The same bytes under another name are the same input; the record follows the file.
+    moved = tmp_path / "moved.tsv"
+    os.rename(first, moved)
+    assert write_rows(out, numbered(3), resume=True, source=moved) == {"output": str(out), "rows": 3, "rows_kept": 2}
+    assert not os.path.exists(partial_path(out) + ".input")  # gone with the partial file
+
+
+def test_resume_after_the_input_changed_is_refused(tmp_path):
+    data = tmp_path / "in.tsv"
+    data.write_text("text\ngold.\ndead.\n")
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(RuntimeError):
+        write_rows(out, numbered(2, fail_after=1), source=data)
+    data.write_text("text\ngold.\ndead.\nfire.\n")  # appended to
+    with pytest.raises(KbertError, match=r"holds the rows of an earlier version of it \(17 bytes\), not of --input "
+                                         r".*in\.tsv \(23 bytes, changed since\)"):
+        write_rows(out, numbered(3), resume=True, source=data)
+    # --overwrite starts again, recording the new input.
+    assert write_rows(out, numbered(3), overwrite=True, source=data)["rows"] == 3
+
+
+def test_partials_without_a_record_still_resume(tmp_path):
+    """Rows an earlier kbert wrote before inputs were recorded: nothing to compare, so go on."""
+    data = tmp_path / "in.tsv"
+    data.write_text("text\ngold.\ndead.\n")
+    out = tmp_path / "out.jsonl"
+    open(partial_path(out), "w").write('{"n": 0}\n')
+    assert write_rows(out, numbered(2), resume=True, source=data)["rows_kept"] == 1
+    with pytest.raises(KbertError, match="cannot read the input"):
+        write_rows(tmp_path / "other.jsonl", numbered(2), source=tmp_path / "missing.tsv")
+    assert not os.path.exists(partial_path(tmp_path / "other.jsonl"))

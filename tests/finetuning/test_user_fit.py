@@ -1,6 +1,7 @@
 """`model.fit` in user code, written as a user writes it: load a converted checkpoint, put a
 classifier head on it, train on a tf.data pipeline of raw strings, evaluate, save, reload,
-predict. The data is a learnable toy task over the tiny checkpoint's 300-word vocabulary."""
+predict; then `kbert predict` and `kbert evaluate` on the directory `kbert.save` wrote. The data
+is a learnable toy task over the tiny checkpoint's 300-word vocabulary."""
 
 import json
 import os
@@ -9,7 +10,8 @@ import sys
 
 import pytest
 
-from conftest import TESTS
+from conftest import TESTS, run_kbert
+from helpers import sentiment_texts, write_tsv
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 
@@ -49,7 +51,7 @@ model.save(os.path.join(out_dir, "classifier.keras"))
 reloaded = keras.models.load_model(os.path.join(out_dir, "classifier.keras"))
 after = reloaded.predict(preprocessor(tf.constant(test_texts)), verbose=0)["logits"]
 
-kbert.save(model, os.path.join(out_dir, "model_dir"))    # a kbert model directory too
+kbert.save(model, os.path.join(out_dir, "model_dir"), task="classify", labels=["neg", "pos"])  # for the CLI too
 from_dir = kbert.load(os.path.join(out_dir, "model_dir"))
 after_dir = from_dir.predict(preprocessor(tf.constant(test_texts)), verbose=0)["logits"]
 
@@ -92,3 +94,83 @@ def test_user_fits_evaluates_saves_reloads_and_predicts(tiny_model_dir, tmp_path
     tolerance = 1e-5 if mirrored else 0.0
     assert result["reload_max_diff"] <= tolerance, result
     assert result["model_dir_max_diff"] <= tolerance, result
+    # The CLI uses what kbert.save wrote: the same test set, scored and predicted by kbert.
+    texts, labels = sentiment_texts(64, seed=1)
+    test = write_tsv(tmp_path / "test.tsv", [(t, "pos" if y else "neg") for t, y in zip(texts, labels)])
+    metrics = json.loads(run_kbert("evaluate", tmp_path / "model_dir", "--input", test).stdout)
+    assert metrics["examples"] == 64 and metrics["accuracy"] == pytest.approx(result["test_accuracy"], abs=1e-6)
+    rows = [json.loads(line) for line in run_kbert("predict", tmp_path / "model_dir", "--input", test).stdout.splitlines()]
+    assert len(rows) == 64 and sum(row["label"] == ("pos" if y else "neg") for row, y in zip(rows, labels)) == \
+        round(64 * result["test_accuracy"])
+
+
+# === a head saved by kbert.save works with kbert predict / evaluate / export ===
+
+
+@pytest.fixture(scope="module")
+def user_classifier(tiny_model_dir):
+    """A classifier as user code builds it (an untrained head: what it predicts does not matter)."""
+    import keras
+
+    import kbert
+    keras.utils.set_random_seed(3)
+    return kbert.bert_classifier(kbert.load(tiny_model_dir), num_classes=2)
+
+
+def test_kbert_save_records_the_task_predict_and_evaluate_need(user_classifier, tmp_path):
+    import kbert
+
+    kbert.save(user_classifier, tmp_path / "named", task="classify", labels=["neg", "pos"], max_seq_length=32)
+    config = json.load(open(tmp_path / "named" / "bert_config.json"))
+    assert {k: config[k] for k in ("kbert_model", "task", "labels", "max_seq_length", "do_lower_case")} == \
+        {"kbert_model": "classifier", "task": "classify", "labels": ["neg", "pos"], "max_seq_length": 32,
+         "do_lower_case": True}
+    data = write_tsv(tmp_path / "data.tsv", [("gold glorious great.", "pos"), ("dead dust.", "neg")])
+    rows = [json.loads(line) for line in run_kbert("predict", tmp_path / "named", "--input", data).stdout.splitlines()]
+    assert len(rows) == 2 and all(set(row) == {"label", "probabilities"} for row in rows)  # not pooled outputs
+    assert all(set(row["probabilities"]) == {"neg", "pos"} for row in rows)
+    metrics = json.loads(run_kbert("evaluate", tmp_path / "named", "--input", data).stdout)
+    assert metrics["examples"] == 2 and 0 <= metrics["accuracy"] <= 1
+
+    # Saved with no task: a classifier's (labels are its class ids, as model.fit on 0/1 labels).
+    kbert.save(user_classifier, tmp_path / "ids")
+    config = json.load(open(tmp_path / "ids" / "bert_config.json"))
+    assert (config["task"], config["labels"], config["max_seq_length"]) == ("classify", ["0", "1"], 64)
+    ids = write_tsv(tmp_path / "ids.tsv", [("gold glorious great.", 1), ("dead dust.", 0)])
+    rows = [json.loads(line) for line in run_kbert("predict", tmp_path / "ids", "--input", ids).stdout.splitlines()]
+    assert len(rows) == 2 and set(rows[0]["probabilities"]) == {"0", "1"}
+    assert json.loads(run_kbert("evaluate", tmp_path / "ids", "--input", ids).stdout)["examples"] == 2
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"task": "tag"}, "task 'tag' does not fit a classifier (bert_classifier); its tasks are classify, regress"),
+    ({"task": "translate"}, "unknown task 'translate'; use one of classify, regress, tag, squad, choice"),
+    ({"labels": ["neg"]}, "the classifier has 2 outputs, so give 2 different label names, in output order"),
+    ({"labels": ["pos", "pos"]}, "give 2 different label names"),
+    ({"labels": "neg,pos"}, "labels must be a list of label names (str), one per output"),
+    ({"task": "regress"}, "task regress needs a classifier with one output (num_classes=1); this one has 2"),
+    ({"max_seq_length": 0}, "max_seq_length 0: give the tokens per example the model was trained with, 3 to 64"),
+    ({"max_seq_length": 65}, "3 to 64 (max_position_embeddings)"),
+    ({"text_pairs": "yes"}, "text_pairs must be True (trained on sentence pairs) or False, got 'yes'"),
+    ({"task": "classify", "text_pairs": True, "labels": ["a", "b"]}, None),
+])
+def test_kbert_save_refuses_metadata_that_does_not_fit_the_head(user_classifier, tmp_path, kwargs, fragment):
+    import kbert
+    from kbert.errors import KbertError
+
+    if fragment is None:  # accepted
+        kbert.save(user_classifier, tmp_path / "ok", **kwargs)
+        assert json.load(open(tmp_path / "ok" / "bert_config.json"))["text_pairs"] is True
+        return
+    with pytest.raises(KbertError) as raised:
+        kbert.save(user_classifier, tmp_path / "m", **kwargs)
+    assert fragment in str(raised.value) and "\n" not in str(raised.value)
+    assert not (tmp_path / "m").exists()
+
+
+def test_kbert_save_refuses_a_task_for_an_encoder(tiny_model_dir, tmp_path):
+    import kbert
+    from kbert.errors import KbertError
+
+    with pytest.raises(KbertError, match="task, labels describe a task head; a pretrainer has none"):
+        kbert.save(kbert.load(tiny_model_dir), tmp_path / "m", task="classify", labels=["a", "b"])

@@ -12,6 +12,7 @@ signatures run in this process by `tf.saved_model.load`.
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -351,7 +352,7 @@ def test_retry_waits_double_up_to_a_cap():
 
 @pytest.mark.parametrize("args, fragment", [
     ([], "give MODEL_DIR to predict with a local model, or --server"),
-    (["some/model", "--server", "127.0.0.1:1", "--model", "m"], "not both"),
+    (["MODEL", "--server", "127.0.0.1:1", "--model", "m"], "not both"),  # MODEL: a directory that exists
     (["--server", "127.0.0.1:1"], "needs --model NAME"),
     (["--server", "127.0.0.1:1", "--model", "m", "--max-seq-length", "8"], "--max-seq-length applies to a local"),
 ])
@@ -360,6 +361,90 @@ def test_kbert_predict_flags(tmp_path, args, fragment):
 
     from kbert.cli.main import app
     tsv = write_tsv(tmp_path / "in.tsv", [("gold.",)], header=("text",))
+    args = [str(tmp_path) if a == "MODEL" else a for a in args]
     result = CliRunner().invoke(app, ["predict", *args, "--input", str(tsv)])
     assert isinstance(result.exception, KbertError), result.output
     assert fragment in str(result.exception)
+
+
+# === HTTP 503 (TF Serving's UNAVAILABLE) against a tiny local REST server ===
+
+
+class ScriptedRestServer:
+    """An HTTP server on 127.0.0.1 that answers each request with the next (status, JSON body) of
+    its script, the last one for ever after; it counts the requests it got."""
+
+    def __init__(self, script):
+        import http.server
+        import threading
+
+        self.script, self.requests = list(script), 0
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                status, body = owner.script[min(owner.requests, len(owner.script) - 1)]
+                owner.requests += 1
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+LOADING = (503, {"error": "Servable not available yet: model sentiment is loading"})
+STATUS = (200, {"model_version_status": [{"version": "1", "state": "AVAILABLE",
+                                          "status": {"error_code": "OK", "error_message": ""}}]})
+
+
+def test_http_503_is_retried_until_the_server_answers():
+    with ScriptedRestServer([LOADING] * 3 + [STATUS]) as server, RetryLog() as waits:
+        status = Client(server.address, "sentiment", retries=5, timeout=30).status()
+    assert status == [{"version": 1, "state": "AVAILABLE", "error_code": "OK", "error_message": ""}]
+    assert server.requests == 4
+    port = server.address.rsplit(":", 1)[1]
+    assert [line.rsplit("(", 1)[1] for line in waits.lines] == ["1/5)", "2/5)", "3/5)"], waits.lines
+    assert all(line.startswith(f"TF Serving at 127.0.0.1:{port} unavailable (HTTP 503: Servable not available yet: "
+                               f"model sentiment is loading); retrying in ") for line in waits.lines), waits.lines
+
+
+def test_http_503_until_the_timeout_is_one_clear_line():
+    with ScriptedRestServer([LOADING]) as server, RetryLog() as waits:
+        with pytest.raises(KbertError) as raised:
+            Client(server.address, "sentiment", retries=1000, timeout=1.5).status()
+    message = str(raised.value)
+    port = server.address.rsplit(":", 1)[1]
+    assert "\n" not in message
+    assert re.fullmatch(
+        rf"TF Serving at 127\.0\.0\.1:{port} \(model sentiment, REST\): HTTP 503: Servable not available yet: model "
+        rf"sentiment is loading \(after \d+ retr(?:y|ies) in \d+\.\d s\); the server is up but not serving the model: wait "
+        rf"until it has loaded it \(its log says\), or allow more time \(retries, timeout; kbert predict --retries, "
+        rf"--timeout\)", message), message
+    assert 3 <= server.requests == len(waits.lines) + 1 < 1000  # the deadline ended it, not the retries
+
+
+def test_tensorflow_wrapping_stays_out_of_server_errors():
+    """A graph error as TF Serving reports it: TensorFlow's node annotations are not the user's business."""
+    error = (400, {"error": "indices[0,2] = 300000 is not in [0, 300)\n\t [[{{function_node "
+                            "__inference_serve_ids_1234}}{{node bert_encoder/word_embeddings/GatherV2}}]]"})
+    with ScriptedRestServer([error]) as server, RetryLog() as waits:
+        with pytest.raises(KbertError) as raised:
+            Client(server.address, "sentiment").status()
+    assert str(raised.value).endswith("(model sentiment, REST): HTTP 400: indices[0,2] = 300000 is not in [0, 300)")
+    assert waits.lines == [] and server.requests == 1
