@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from kbert.config import BertConfig
 from kbert.errors import KbertError, first_line, listing as _listing, plural as _plural
+from kbert.outputs import writes
 from kbert.files import atomic_output_dir
 from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, lower_case_for
 from kbert.model.bert import BertPretrainer
@@ -194,6 +195,7 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
     return model
 
 
+@writes("out_dir")
 def save_tf1_checkpoint(model, out_dir, vocab_file=None, overwrite: bool = False):
     """Write `model` as a google-research/bert checkpoint directory, atomically.
 

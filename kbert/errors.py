@@ -1,5 +1,7 @@
 """The one exception type for user errors: the CLI prints its message as one line and exits 1."""
 
+import re
+
 
 class KbertError(Exception):
     """A problem with the user's input (a path, a file, a flag) that they can fix.
@@ -50,3 +52,14 @@ def first_line(error: BaseException, limit: int = 200) -> str:
     """
     text = str(error).strip()
     return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
+def op_error_text(error) -> str:
+    """A TensorFlow op error's own words, whole: its first line without the `{{function_node ...}}`
+    prefix and `[Op:...]` suffix that tf.function adds (which left no room for the words themselves).
+
+    >>> op_error_text(ValueError("{{function_node __wrapped__IteratorGetNext}} corrupted record at 0 [Op:IteratorGetNext]"))
+    'corrupted record at 0'
+    """
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", first_line(error, limit=1000))
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text).strip() or type(error).__name__

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from kbert.config import BertConfig
 from kbert.errors import KbertError, first_line
+from kbert.outputs import writes
 from kbert.files import atomic_output_dir, count_lines, require_path
 from kbert.model import bert
 from kbert.model.layers import weights_from
@@ -161,6 +162,7 @@ def _describe(model, config: BertConfig, do_lower_case: bool, task_info: dict):
     config.extras.update(task_info)
 
 
+@writes("model_dir")
 def save(model, model_dir, vocab_file: str | None = None, do_lower_case: bool | None = None,
          overwrite: bool = False, *, task: str | None = None, labels=None, max_seq_length: int | None = None,
          text_pairs: bool | None = None):

@@ -57,7 +57,7 @@ def tree(path) -> dict:
     return found
 
 
-def _model_args(model_dir, out):
+def _model_args(model_dir, out, records=None):
     return {
         "convert from-tf1": ["convert", "from-tf1", TINY, out],
         "convert to-tf1": ["convert", "to-tf1", model_dir, out],
@@ -66,7 +66,7 @@ def _model_args(model_dir, out):
         "convert from-tfhub": ["convert", "from-tfhub", os.path.join(FIXTURES, "model-garden-tfhub", "encoder"), out],
         "convert to-keras-hub": ["convert", "to-keras-hub", model_dir, out],
         "convert from-keras-hub": ["convert", "from-keras-hub", os.path.join(os.path.dirname(out), "preset"), out],
-        "pretrain": ["pretrain", "--model-dir", out, "--data", os.path.join(os.path.dirname(out), "*.tfrecord"),
+        "pretrain": ["pretrain", "--model-dir", out, "--data", records,
                      "--config", CONFIG, "--vocab", VOCAB, *SHAPE, "--steps", "2"],
         "finetune": ["finetune", model_dir, "--task", "classify", "--train", SAMPLE, "--output", out],
         "export": ["export", model_dir, out],
@@ -80,12 +80,12 @@ COMMANDS = list(_model_args("m", "o"))
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_writing_command_is_refused_while_another_process_holds_its_output(tmp_path, tiny_model_dir,
-                                                                              command):
+                                                                              records, command):
     out = tmp_path / "out"
     (tmp_path / "preset").mkdir()  # an input must exist: the frame checks inputs before it locks
     with held_by_another_process(out) as holder:
         lock_before = open(lock_path(out)).read()
-        result = run_kbert(*_model_args(tiny_model_dir, out)[command], check=False)
+        result = run_kbert(*_model_args(tiny_model_dir, out, records)[command], check=False)
         assert_user_error(result, f"{out} is being written by another process", f"pid {holder.pid} on {HOST}",
                           f"command `kbert holder {out}`", "started 20")
         assert not out.exists()

@@ -24,6 +24,7 @@ import os
 from typing import Callable, Iterable, Iterator
 
 from kbert.errors import KbertError
+from kbert.outputs import writes
 from kbert.files import atomic_write_text
 
 log = logging.getLogger("kbert")
@@ -67,6 +68,7 @@ def input_identity(path) -> dict:
     return {"path": path, "size": size, "sha256": digest.hexdigest()}
 
 
+@writes("path", inputs=("source",))
 def write_rows(path, make_rows: Callable[[int], Iterable[dict]], *, resume: bool = False,
                overwrite: bool = False, source=None) -> dict:
     """Write `make_rows(start)` to `path` as JSON lines, atomically and resumably.

@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from kbert.config import sequence_length
 from kbert.errors import KbertError
+from kbert.outputs import writes
 from kbert.files import atomic_output_dir, atomic_write_text, check_output_dir
 from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.squad import write_predictions_json
@@ -75,6 +76,7 @@ def _warn_truncated(path, data: TaskData, max_seq_length):
                     data.truncated, data.size, max_seq_length)
 
 
+@writes("output", inputs=("model_dir", "train", "dev"))
 def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions | None = None, **overrides):
     """Fine-tune the model in `model_dir` on `train`; write the best epoch to `output`.
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 
 import tensorflow as tf
 
-from kbert.errors import KbertError, first_line
+from kbert.errors import KbertError, op_error_text
+from kbert.records import check_records_file
 
 LABEL_KEYS = ("masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
@@ -28,37 +28,29 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int):
     }
 
 
-def find_files(pattern: str) -> list[str]:
+def find_files(pattern: str, flag: str = "--data") -> list[str]:
     """The record files a --data glob names (comma-separated globs allowed), sorted."""
     files = sorted({f for part in pattern.split(",") if part for f in glob.glob(part)})
     files = [f for f in files if os.path.isfile(f)]
     if not files:
-        raise KbertError(f"--data {pattern!r} matches no files; make records with `kbert create-data` "
+        raise KbertError(f"{flag} {pattern!r} matches no files; make records with `kbert create-data` "
                          f"and pass their path or a glob such as 'data/*.tfrecord'")
     return files
 
 
-def op_error_text(error) -> str:
-    """A TensorFlow op error's own words, whole: its first line without the `{{function_node ...}}`
-    prefix and `[Op:...]` suffix that tf.function adds (which left no room for the words themselves).
-
-    >>> op_error_text(ValueError("{{function_node __wrapped__IteratorGetNext}} corrupted record at 0 [Op:IteratorGetNext]"))
-    'corrupted record at 0'
-    """
-    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", first_line(error, limit=1000))
-    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text).strip() or type(error).__name__
-
-
-def check_records(files, max_seq_length: int, max_predictions_per_seq: int):
-    """Read the first record of every file: a missing, corrupt or wrongly sized file is named
-    here, before training starts, rather than failing deep inside tf.data."""
+def check_records(files, max_seq_length: int, max_predictions_per_seq: int, flag: str = "--data"):
+    """Walk every file's record framing to its end (`kbert.records.check_records_file`: the
+    headers only), then read the first record of each: a cut-short, corrupt or wrongly sized
+    file is named here, before anything is written, rather than failing deep inside tf.data
+    after the run has started."""
     for path in files:
+        check_records_file(path, flag)
         try:
             first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
         except tf.errors.OpError as e:
             raise KbertError(f"{path}: not a readable TFRecord file (TensorFlow says: {op_error_text(e)}); "
-                             f"--data takes the records kbert create-data (or create_pretraining_data.py) makes from "
-                             f"text: make them first") from None
+                             f"{flag} takes the records kbert create-data (or create_pretraining_data.py) makes "
+                             f"from text: make them first") from None
         if first is None:
             raise KbertError(f"{path}: holds no records; recreate it with kbert create-data")
         try:
@@ -77,6 +69,20 @@ def check_records(files, max_seq_length: int, max_predictions_per_seq: int):
             raise KbertError(f"{path}: records have max_seq_length {seq} and max_predictions_per_seq "
                              f"{pred}, but the flags say {max_seq_length} and {max_predictions_per_seq}; "
                              f"pass --max-seq-length {seq} --max-predictions-per-seq {pred}")
+
+
+def find_corrupt_record(files) -> str | None:
+    """Read every record of `files` with their checksums; the first error, naming its file.
+
+    Slow (it reads all the data): only for the message of a run that met a corrupt record.
+    """
+    for path in files:
+        try:
+            for _ in tf.data.TFRecordDataset(path, buffer_size=1 << 22).batch(65536):
+                pass
+        except tf.errors.OpError as e:
+            return f"{path}: {op_error_text(e)}"
+    return None
 
 
 def pretraining_dataset(files, batch_size: int, max_seq_length: int, max_predictions_per_seq: int,

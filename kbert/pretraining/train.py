@@ -13,11 +13,14 @@ So the update equals the single-device update on the global batch, whatever the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
+import shlex
+import shutil
 import tempfile
 import time
 
@@ -25,21 +28,34 @@ import keras
 import tensorflow as tf
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH, BertConfig
-from kbert.errors import KbertError
+from kbert.errors import KbertError, plural
+from kbert.files import atomic_write_text
+from kbert.outputs import claim_output
 from kbert.model.bert import BertPretrainer
-from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, load, write_model_files
-from kbert.pretraining.dataset import check_records, find_files, pretraining_dataset
+from kbert.model_dir import CONFIG_FILE, PRETRAIN_RUN_FILE, VOCAB_FILE, check_vocab, load, write_model_files
+from kbert.pretraining.dataset import (check_records, find_corrupt_record, find_files, op_error_text,
+                                      pretraining_dataset)
 from kbert.pretraining.losses import cross_entropy_and_hits
 from kbert.training.optimization import make_optimizer
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.progress import Progress, write_loss_plot
-from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision
+from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision, writes_shared_files
 
 log = logging.getLogger("kbert")
 
 CHECKPOINT_SUBDIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 LOSS_PLOT = "loss.png"
+# The run's flags, written when it starts: what a bare `--resume` continues with.
+RUN_FILE = PRETRAIN_RUN_FILE
+RUN_KEYS = {"data", "data_files", "config", "vocab", "init", "lowercase", "options"}  # what every record holds
+# The flags a --resume may change: where the run goes on (a preempted TPU job on GPUs), how fast
+# and how often it saves and evaluates. Each step still trains on the same global batch of the
+# same records (the data position comes from the step); a new strategy or --grad-accum
+# normalizes the masked-LM loss per replica and micro-batch as the original does per TPU core,
+# so the weights then differ slightly from an unchanged run's. --steps may only grow.
+RESUME_MAY_CHANGE = ("save_every", "keep_checkpoints", "steps_per_loop", "eval_data", "eval_every", "eval_steps",
+                     "strategy", "tpu", "jit", "grad_accum")
 
 
 def pretraining_losses(outputs, labels):
@@ -97,15 +113,21 @@ class PretrainOptions:
     progress: bool = True
 
 
-def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_lower_case=None,
+def pretrain(model_dir, data=None, config_file=None, vocab_file=None, init=None, do_lower_case=None,
              options: PretrainOptions | None = None, return_model: bool = False, **overrides):
     """Pretrain a BERT with MLM + NSP; returns the final metrics (also printed by the CLI).
 
+    A new run records its flags in MODEL_DIR/pretrain_run.json. `resume=True` continues the
+    run from its last checkpoint with those flags: the ones given (keyword arguments, and the
+    fields of `options` that differ from the defaults) must agree with them, except `steps`
+    (larger: extends the run) and those in `RESUME_MAY_CHANGE`.
+
     Args:
         model_dir: str. Becomes a kbert model directory (bert_config.json, vocab.txt,
-            model.weights.h5) plus checkpoints/, logs/ (TensorBoard), metrics.jsonl, loss.png.
+            model.weights.h5) plus checkpoints/, logs/ (TensorBoard), metrics.jsonl, loss.png,
+            pretrain_run.json.
         data: str. TFRecord file(s) or glob(s) made by create_pretraining_data.py or
-            `kbert create-data`.
+            `kbert create-data`. With `resume`, default: the recorded files.
         config_file, vocab_file: str. Start from scratch with this bert_config.json and vocab.
         init: str. Or start from this kbert model directory (e.g. `kbert convert from-tf1`),
             for continued pretraining or phase 2 at sequence length 512.
@@ -115,12 +137,36 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
     Example:
     >>> kbert.pretraining.train.pretrain("out/bert", "data/*.tfrecord", config_file="bert_config.json",
     ...                            vocab_file="vocab.txt", steps=1000, batch_size=32)  # doctest: +SKIP
+    >>> kbert.pretraining.train.pretrain("out/bert", resume=True)  # after SIGTERM  # doctest: +SKIP
     """
+    # The run's writer locks --model-dir, as the CLI does (kbert.outputs.claim_output); the other
+    # workers of a multi-worker run write theirs aside and do not. A bare resume runs on the
+    # recorded strategy.
+    strategy = overrides.get("strategy", (options or PretrainOptions()).strategy)
+    if overrides.get("resume", options is not None and options.resume) and "strategy" not in overrides:
+        strategy = recorded_options(os.fspath(model_dir)).get("strategy", strategy)
+    claim = claim_output(model_dir, inputs=[init], in_place=True) if writes_shared_files(strategy) \
+        else contextlib.nullcontext()
+    with claim:
+        return _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, options, return_model,
+                         **overrides)
+
+
+def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, options, return_model, **overrides):
     opts = dataclasses.replace(options or PretrainOptions(), **overrides)
+    model_dir = os.fspath(model_dir)
+    starts_from = {"config": _absolute(config_file), "vocab": _absolute(vocab_file), "init": _absolute(init)}
+    run = _read_run(model_dir) if opts.resume else None
+    files = None
+    if run:
+        opts, files = _continue_run(model_dir, run, opts, _given_options(options, overrides), data, starts_from,
+                                    do_lower_case)
+    elif data is None and not opts.resume:
+        raise KbertError("--data is required: the TFRecords to train on (made by kbert create-data), as a file, "
+                         "a glob or a comma-separated list")
     _check_options(opts)
     # First, before any TensorFlow op: multi-worker collectives must be set up at start-up.
     strategy = make_strategy(opts.strategy, opts.tpu)
-    model_dir = os.fspath(model_dir)
     ckpt_dir = os.path.join(model_dir, CHECKPOINT_SUBDIR)
     has_checkpoints = tf.train.latest_checkpoint(ckpt_dir) is not None
 
@@ -129,6 +175,9 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
         if not has_checkpoints:
             raise KbertError(f"--resume: {ckpt_dir} has no checkpoint to resume from; drop --resume "
                              f"to start a new run")
+        if run is None and data is None:
+            raise KbertError(f"--resume: {model_dir} has no {RUN_FILE} (its run began before kbert recorded "
+                             f"a run's flags); give --data and the other flags it was started with")
         config = BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
         vocab_file = os.path.join(model_dir, VOCAB_FILE)
         init = None
@@ -145,17 +194,22 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
             raise KbertError("say where the model starts: --config bert_config.json --vocab vocab.txt "
                              "(from scratch), --init MODEL_DIR (continue), or --resume")
     check_vocab(vocab_file, config)
-    if do_lower_case is None:
+    if do_lower_case is None or opts.resume:
         do_lower_case = config.extras.get("do_lower_case", True)
     if opts.max_seq_length > config.max_position_embeddings:
         raise KbertError(f"--max-seq-length {opts.max_seq_length} exceeds max_position_embeddings "
                          f"{config.max_position_embeddings} of the model; lower it")
 
-    files = find_files(data)
+    # Every file read to its end (framing only) before anything is written: a cut-short or
+    # corrupt file fails here, not hours in, and a new run leaves no directory behind.
+    if files is None:
+        files = find_files(data)
+        run = {"data": _absolute_pattern(data), **starts_from, "lowercase": bool(do_lower_case)}
+        run["data_files"] = [[os.path.abspath(f), os.path.getsize(f)] for f in files]
     check_records(files, opts.max_seq_length, opts.max_predictions_per_seq)
-    eval_files = find_files(opts.eval_data) if opts.eval_data else None
+    eval_files = find_files(opts.eval_data, "--eval-data") if opts.eval_data else None
     if eval_files:
-        check_records(eval_files, opts.max_seq_length, opts.max_predictions_per_seq)
+        check_records(eval_files, opts.max_seq_length, opts.max_predictions_per_seq, "--eval-data")
 
     # --- precision, model, optimizer ---
     on_accelerator = bool(tf.config.list_logical_devices("GPU")) or opts.strategy == "tpu"
@@ -188,9 +242,6 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
         checkpoint.restore(tf.train.latest_checkpoint(ckpt_dir)).expect_partial()
         step = int(optimizer.iterations.numpy())
         log.info("resumed from step %d", step)
-    elif chief:
-        os.makedirs(model_dir, exist_ok=True)
-        write_model_files(model, model_dir, vocab_file, do_lower_case, weights=False)
     if step >= opts.steps:
         raise KbertError(f"the run in {model_dir} is already at step {step} of --steps {opts.steps}; "
                          f"raise --steps to train further")
@@ -210,32 +261,46 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
     train_loop = _make_train_loop(strategy, model, optimizer, opts.grad_accum, replicas, jit)
     eval_loop = _make_eval_loop(strategy, model)
 
-    writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "train")) if chief else None
-    eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "eval")) if chief else None
+    # --- the files of the run: nothing was written before this point ---
+    created = chief and not os.path.exists(model_dir)
+    with _removed_unless_saved(model_dir, ckpt_dir, created):
+        if chief:
+            if not opts.resume:
+                os.makedirs(model_dir, exist_ok=True)
+                write_model_files(model, model_dir, vocab_file, do_lower_case, weights=False)
+            _record_run(model_dir, run, opts, warmup)
+        writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "train")) if chief else None
+        eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "eval")) if chief else None
     eval_every = opts.eval_every or opts.save_every
     history_path = os.path.join(model_dir, METRICS_FILE)
     last, last_eval, last_saved = None, None, step
     start_step = step
     timed_steps, timed_seconds = 0, 0.0  # throughput leaves out the first call (tracing)
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-    with Progress(total=opts.steps, start=step, enabled=opts.progress and chief,
-                  sequences_per_step=opts.batch_size) as bar, StopSignals() as signals:
+    with _removed_unless_saved(model_dir, ckpt_dir, created), \
+            Progress(total=opts.steps, start=step, enabled=opts.progress and chief,
+                     sequences_per_step=opts.batch_size) as bar, StopSignals() as signals:
         while step < opts.steps:
             n = min(opts.steps_per_loop, opts.steps - step,
                     _to_boundary(step, opts.save_every), _to_boundary(step, eval_every))
             t0 = time.perf_counter()
-            metrics = {k: float(v) for k, v in train_loop(train_iterator, tf.constant(n),
-                                                          tf.constant(float(signals.requested is not None))).items()}
+            try:
+                metrics = {k: float(v) for k, v in train_loop(
+                    train_iterator, tf.constant(n), tf.constant(float(signals.requested is not None))).items()}
+            except tf.errors.DataLossError as e:
+                raise _corrupt_records(files, e, last_saved) from None
             # Summed over every replica of every worker, so all workers stop after the same step.
             # That sum comes from the call after the signal; one process can stop after this one.
             stop_requested = metrics.pop("stop_requested") > 0 or (
                 signals.requested is not None and not multi_worker)
             seconds = time.perf_counter() - t0
             if not all(math.isfinite(v) for v in metrics.values()):
+                kept = f"the last good checkpoint (step {last_saved}) is kept" if last_saved else \
+                    "no checkpoint was saved"
                 raise KbertError(
-                    f"the loss became {metrics['loss']} between steps {step} and {step + n}; stopped. The "
-                    f"last good checkpoint (step {last_saved}) is kept: lower --learning-rate or raise "
-                    f"--warmup-steps, then --resume")
+                    f"the loss became {metrics['loss']} between steps {step} and {step + n}; stopped, {kept}: "
+                    f"start a new run with a lower --learning-rate or more --warmup-steps (--resume keeps "
+                    f"the run's own)")
             if step > start_step:
                 timed_steps, timed_seconds = timed_steps + n, timed_seconds + seconds
             step += n
@@ -248,7 +313,10 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
                 with open(history_path, "a") as f:
                     f.write(json.dumps(metrics) + "\n")
             if eval_files and (step % eval_every == 0 or step == opts.steps):
-                last_eval = _evaluate(eval_loop, strategy, eval_files, opts, replicas)
+                try:
+                    last_eval = _evaluate(eval_loop, strategy, eval_files, opts, replicas)
+                except tf.errors.DataLossError as e:
+                    raise _corrupt_records(eval_files, e, last_saved) from None
                 bar.log(f"step {step}: held-out " + ", ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
                 if chief:
                     _log_scalars(eval_writer, last_eval, step)
@@ -260,7 +328,8 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
             if stop_requested and step < opts.steps:
                 if chief:
                     write_loss_plot(history_path, os.path.join(model_dir, LOSS_PLOT))
-                raise signals.interrupted(step, "checkpoint saved", "--resume")
+                raise signals.interrupted(step, "checkpoint saved",
+                                          f"`kbert pretrain --model-dir {shlex.quote(model_dir)} --resume`")
 
     if chief:
         write_model_files(model, model_dir, vocab_file, do_lower_case, weights=True)
@@ -274,6 +343,142 @@ def pretrain(model_dir, data, config_file=None, vocab_file=None, init=None, do_l
     result.update(replicas=replicas, strategy=opts.strategy, resumed_from=start_step if opts.resume else None,
                   model_dir=model_dir, mixed_precision=keras.mixed_precision.global_policy().name, jit=jit)
     return (result, model) if return_model else result
+
+
+def _given_options(options: PretrainOptions | None, overrides: dict) -> set[str]:
+    """The fields a caller set: keyword arguments, and `options` fields that differ from the
+    defaults (what the CLI passes are the flags typed on the command line)."""
+    defaults = PretrainOptions()
+    given = set(overrides)
+    if options is not None:
+        given |= {f.name for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(defaults, f.name)}
+    return given - {"resume", "progress"}
+
+
+def recorded_options(model_dir: str) -> dict:
+    """The options recorded for the run in `model_dir` (what a bare --resume continues with), or {}."""
+    try:
+        with open(os.path.join(model_dir, RUN_FILE)) as f:
+            options = json.load(f).get("options")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return options if isinstance(options, dict) else {}
+
+
+def _read_run(model_dir: str) -> dict | None:
+    """The recorded flags of the run in `model_dir` (pretrain_run.json), or None if it has none."""
+    path = os.path.join(model_dir, RUN_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            run = json.load(f)
+    except ValueError:
+        run = None
+    if not isinstance(run, dict) or not RUN_KEYS <= run.keys():
+        raise KbertError(f"{path}: not the record of a kbert pretrain run; remove it, and give --resume the "
+                         f"flags the run was started with")
+    return run
+
+
+def _continue_run(model_dir: str, run: dict, opts: PretrainOptions, given: set[str], data, starts_from: dict,
+                  do_lower_case) -> tuple[PretrainOptions, list[str]]:
+    """The recorded options with the given ones that may change, and the data files; a flag
+    given with another value than the recorded one is refused, naming both."""
+    fields = [f.name for f in dataclasses.fields(PretrainOptions)]
+    # A field the record lacks (kbert added it later) takes its default.
+    recorded = dataclasses.replace(PretrainOptions(), **{k: v for k, v in run["options"].items() if k in fields})
+    for name in fields:  # in --help's order
+        if name not in given:
+            continue
+        then, now = getattr(recorded, name), getattr(opts, name)
+        if name == "steps":
+            if now < then:
+                raise KbertError(f"--resume: the run in {model_dir} was started with --steps {then}, not {now}; "
+                                 f"--resume continues or extends a run: leave --steps out, or give more than {then}")
+        elif name not in RESUME_MAY_CHANGE and now != then:
+            _refuse_change(model_dir, "--" + name.replace("_", "-"), then, now)
+    for key, path in starts_from.items():
+        if path is not None and path != run[key]:
+            _refuse_change(model_dir, f"--{key}", run[key], path)
+    if do_lower_case is not None and bool(do_lower_case) != run["lowercase"]:
+        _refuse_change(model_dir, "--lowercase", run["lowercase"], do_lower_case)
+    opts = dataclasses.replace(recorded, resume=True, progress=opts.progress,
+                               **{name: getattr(opts, name) for name in given if name in fields})
+    return opts, _resumed_files(model_dir, run, data)
+
+
+def _resumed_files(model_dir: str, run: dict, data) -> list[str]:
+    """The recorded data files, or those `data` names if they are the same files (names and
+    sizes) moved elsewhere; then the record follows them."""
+    recorded = [(path, size) for path, size in run["data_files"]]
+    if data is None:
+        for path, size in recorded:
+            if not os.path.isfile(path):
+                raise KbertError(f"{path}: no such file, and the run in {model_dir} trains on it (see {RUN_FILE}); "
+                                 f"put it back, or give --data where those files are now")
+            if os.path.getsize(path) != size:
+                raise KbertError(f"{path}: {os.path.getsize(path)} bytes, but {size} when the run in {model_dir} "
+                                 f"started: the data changed; put the run's files back, or start a new run")
+        return [path for path, _ in recorded]
+    files = find_files(data)
+    if [(os.path.basename(f), os.path.getsize(f)) for f in files] != [(os.path.basename(p), n) for p, n in recorded]:
+        _refuse_change(model_dir, "--data", f"{run['data']} ({plural(len(recorded), 'file')})",
+                       f"{data} ({plural(len(files), 'file')}, other names or sizes)")
+    run["data"], run["data_files"] = _absolute_pattern(data), [[os.path.abspath(f), n] for f, (_, n) in
+                                                               zip(files, recorded)]
+    return files
+
+
+def _record_run(model_dir: str, run: dict, opts: PretrainOptions, warmup: int):
+    """Write pretrain_run.json (atomically): on every start, as a resume may extend --steps, move
+    the data or change where the run goes on."""
+    if opts.resume and "options" not in run:  # a run from before kbert recorded them, resumed with flags
+        log.info("%s has no %s (its run began before kbert recorded a run's flags): continuing with the flags "
+                 "given, recorded there now", model_dir, RUN_FILE)
+    elif opts.resume and opts.steps > run["options"]["steps"]:
+        log.info("--steps %d extends the run from %d steps: the learning rate now decays to 0 at step %d",
+                 opts.steps, run["options"]["steps"], opts.steps)
+    run["options"] = {field.name: getattr(opts, field.name) for field in dataclasses.fields(opts)
+                      if field.name not in ("resume", "progress")}
+    run["options"]["warmup_steps"] = warmup  # a number: a longer --steps must not move the warmup
+    atomic_write_text(os.path.join(model_dir, RUN_FILE), json.dumps(run, indent=1) + "\n")
+
+
+def _refuse_change(model_dir: str, flag: str, then, now):
+    def shown(value):
+        return {True: "on", False: "off", None: "unset"}[value] if value is None or isinstance(value, bool) else value
+    raise KbertError(f"--resume: the run in {model_dir} was started with {flag} {shown(then)}, not {shown(now)}; "
+                     f"leave {flag} out to continue it as it was, or start another run in a new --model-dir")
+
+
+def _absolute(path) -> str | None:
+    return os.path.abspath(os.fspath(path)) if path else None
+
+
+def _absolute_pattern(pattern: str) -> str:
+    """A --data value with each comma-separated path or glob made absolute: the record works from any directory."""
+    return ",".join(part if "://" in part else os.path.abspath(part) for part in pattern.split(",") if part)
+
+
+@contextlib.contextmanager
+def _removed_unless_saved(model_dir: str, ckpt_dir: str, created: bool):
+    """A new run that fails before its first checkpoint leaves no directory behind (config,
+    logs and metrics of a run that cannot be resumed would only mislead)."""
+    try:
+        yield
+    except BaseException:
+        if created and tf.train.latest_checkpoint(ckpt_dir) is None:
+            shutil.rmtree(model_dir, ignore_errors=True)
+        raise
+
+
+def _corrupt_records(files, error, last_saved: int) -> KbertError:
+    """The one line for a record whose checksum fails mid-run: its file (found by reading them all)."""
+    where = find_corrupt_record(files) or f"a file of {', '.join(files)}: {op_error_text(error)}"
+    kept = f"the last checkpoint (step {last_saved}) is kept" if last_saved else "no checkpoint was saved"
+    return KbertError(f"{where} (a record's checksum fails); make the file again (kbert create-data) or copy it "
+                      f"again, then run again; {kept}")
 
 
 def _check_options(opts: PretrainOptions):

@@ -25,6 +25,7 @@ import time
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from kbert.errors import KbertError
+from kbert.outputs import writes
 from kbert.files import TEXT_CHECK_BYTES, atomic_write_text, check_head_is_text
 from kbert.text.tokenizer import UNK, Tokenizer, character_tables
 
@@ -151,6 +152,7 @@ def unk_rate_of_counts(word_counts, vocab_file, do_lower_case: bool = True) -> f
     return unknown / max(tokens, 1)
 
 
+@writes("output")
 def build_vocab(input_files, output, size: int = 30522, do_lower_case: bool = True,
                 overwrite: bool = False, word_counts=None) -> dict:
     """Learn a vocab.txt from text and check it on that text.

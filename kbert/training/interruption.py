@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 
-from kbert.errors import Interrupted, KbertError, first_line
+from kbert.errors import Interrupted, KbertError, op_error_text
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -87,5 +87,5 @@ def checkpoint_write_failed(step: int, previous_step: int | None, error: BaseExc
     """The one line for a checkpoint that could not be written (disk full, permission denied):
     TensorFlow records a checkpoint as complete last, so the previous one is still the latest."""
     previous = f"step {previous_step}" if previous_step is not None else "none yet"
-    return KbertError(f"writing the checkpoint for step {step} failed ({first_line(error)}); the previous "
+    return KbertError(f"writing the checkpoint for step {step} failed ({op_error_text(error)}); the previous "
                       f"checkpoint ({previous}) is intact: fix the cause, then --resume")

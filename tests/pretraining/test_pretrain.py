@@ -59,7 +59,7 @@ def _pretrain(model_dir, records, *extra, check=True, env=None, config=None):
 def test_every_pretrain_option_is_a_flag_with_the_same_default():
     """cli/pretrain.py hands its flags to PretrainOptions by name, so the two lists must match."""
     flags = {name: parameter.default.default
-             for name, parameter in inspect.signature(pretrain_command).parameters.items()}
+             for name, parameter in inspect.signature(pretrain_command).parameters.items() if name != "ctx"}
     fields = {field.name: field.default for field in dataclasses.fields(PretrainOptions)}
     # Where the model and data are: pretrain()'s own arguments, not options.
     assert flags.keys() - fields.keys() == {"model_dir", "data", "config", "vocab", "init", "lowercase"}
@@ -88,6 +88,8 @@ def test_pretrain_then_resume(tmp_path, original_records):
 
     result = _pretrain(out, original_records, "--steps", "30", "--save-every", "10", "--resume")
     assert "resumed from step 20" in result.stderr
+    assert "--steps 30 extends the run from 20 steps" in result.stderr
+    assert json.load(open(out / "pretrain_run.json"))["options"]["steps"] == 30  # a bare --resume goes on to 30
     assert json.loads(result.stdout)["step"] == 30 and json.loads(result.stdout)["resumed_from"] == 20
     # The result is a model directory the other commands accept.
     assert json.loads(run_kbert("convert", "inspect", out).stdout)["heads"]["masked_lm"]
@@ -96,10 +98,26 @@ def test_pretrain_then_resume(tmp_path, original_records):
     assert len(fill["masks"]) == 1 and len(fill["masks"][0]["predictions"]) == 3
 
 
-def test_refuses_to_overwrite_a_run_without_resume(tmp_path, original_records):
+def test_refuses_to_overwrite_a_run_and_to_resume_it_with_other_flags(tmp_path, original_records):
     out = tmp_path / "bert"
     _pretrain(out, original_records, "--steps", "2", "--save-every", "2")
     assert_user_error(_pretrain(out, original_records, "--steps", "4", check=False), "--resume")
+    assert_user_error(_pretrain(out, original_records, "--resume", "--steps", "4", "--batch-size", "16", check=False),
+                      f"--resume: the run in {out} was started with --batch-size 8, not 16; leave --batch-size out "
+                      f"to continue it as it was, or start another run in a new --model-dir")
+    assert_user_error(_pretrain(out, original_records, "--resume", "--steps", "1", check=False),
+                      "started with --steps 2, not 1", "give more than 2")
+    other = tmp_path / "other.tfrecord"
+    shutil.copyfile(original_records, other)
+    assert_user_error(_pretrain(out, other, "--resume", "--steps", "4", check=False),
+                      f"started with --data {original_records} (1 file), not {other} (1 file, other names or sizes)")
+    # --data is the recorded one; a run that reached its --steps says how to go further.
+    assert_user_error(run_kbert("pretrain", "--model-dir", out, "--resume", check=False),
+                      "already at step 2 of --steps 2; raise --steps", alone=False)
+    assert_user_error(run_kbert("pretrain", "--model-dir", tmp_path / "new", "--config",
+                                os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB, check=False),
+                      "--data is required")
+    assert not (tmp_path / "new").exists()
 
 
 def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path, original_records):
@@ -117,9 +135,16 @@ def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path, orig
     process.wait()
     saved = sorted(int(p.name[5:-6]) for p in ckpt.glob("ckpt-*.index"))
     assert saved and saved[-1] >= 15, saved
+    # As a run from before kbert recorded a run's flags: it resumes with the flags given, as then.
+    (out / "pretrain_run.json").unlink()
+    assert_user_error(run_kbert("fill-mask", out, "the [MASK].", check=False),
+                      f"continue it with `kbert pretrain --model-dir {out} --resume --data DATA` and the other flags")
+    assert_user_error(run_kbert("pretrain", "--model-dir", out, "--resume", check=False),  # (after the lock's notice)
+                      f"--resume: {out} has no pretrain_run.json", "give --data and the other flags", alone=False)
     result = _pretrain(out, original_records, "--steps", str(saved[-1] + 5), "--save-every", "5", "--resume")
     assert f"resumed from step {saved[-1]}" in result.stderr
     assert json.loads(result.stdout)["step"] == saved[-1] + 5
+    assert json.load(open(out / "pretrain_run.json"))["options"]["steps"] == saved[-1] + 5  # recorded now
 
 
 def test_mirrored_over_two_cpus_equals_one_device(tmp_path, original_records, no_dropout_init):
@@ -203,7 +228,8 @@ def test_missing_and_corrupt_data(tmp_path, original_records):
                       "matches no files")
     bad = tmp_path / "bad.tfrecord"
     bad.write_bytes(b"\x00garbage" * 100)
-    assert_user_error(_pretrain(tmp_path / "b", bad, "--steps", "2", check=False), str(bad), "not a readable TFRecord")
+    assert_user_error(_pretrain(tmp_path / "b", bad, "--steps", "2", check=False), str(bad), "not a TFRecord file")
+    assert not (tmp_path / "b").exists()
 
 
 def test_lengths_that_differ_from_the_flags(tmp_path, original_records):
@@ -215,12 +241,16 @@ def test_lengths_that_differ_from_the_flags(tmp_path, original_records):
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, original_records):
+    diverging = ("--steps", "40", "--learning-rate", "1e12", "--warmup-steps", "0")
     out = tmp_path / "bert"
-    _pretrain(out, original_records, "--steps", "4", "--save-every", "4")
-    result = _pretrain(out, original_records, "--steps", "40", "--save-every", "4", "--resume",
-                       "--learning-rate", "1e12", "--warmup-steps", "0", check=False)
-    assert_user_error(result, "the loss became", "last good checkpoint (step 4) is kept", alone=False)
-    assert sorted(p.name for p in (out / "checkpoints").glob("*.index")) == ["ckpt-4.index"]
+    result = _pretrain(out, original_records, *diverging, "--save-every", "1", check=False)
+    assert_user_error(result, "the loss became nan between steps 1 and 2", "last good checkpoint (step 1) is kept",
+                      alone=False)
+    assert sorted(p.name for p in (out / "checkpoints").glob("*.index")) == ["ckpt-1.index"]
+    # Diverged before its first checkpoint: a new run leaves nothing behind.
+    result = _pretrain(tmp_path / "early", original_records, *diverging, "--save-every", "4", check=False)
+    assert_user_error(result, "the loss became nan between steps 0 and 4", "no checkpoint was saved", alone=False)
+    assert not (tmp_path / "early").exists()
 
 
 def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, original_records):
@@ -239,4 +269,4 @@ def test_fill_mask_bad_input(tmp_path, tiny_model_dir):
     assert_user_error(run_kbert("fill-mask", tiny_model_dir, "no mask here", check=False), "has no [MASK]")
     assert_user_error(run_kbert("fill-mask", tmp_path / "nope", "a [MASK].", check=False), "no such model directory")
     assert_user_error(run_kbert("fill-mask", tiny_model_dir, "a [MASK].", "--top-k", "0", check=False),
-                      "--top-k must be at least 1")
+                      "Invalid value for '--top-k'", "greater than or equal to 1")

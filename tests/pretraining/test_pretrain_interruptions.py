@@ -7,6 +7,7 @@ the same data order, dropout draws and optimizer state.
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import TINY, failing_checkpoint_command, kbert_command
+from conftest import TINY, assert_user_error, failing_checkpoint_command, kbert_command, run_kbert
 from helpers import largest_difference, saved_weights
 from test_pretrain import SHAPE, VOCAB, _free_port, original_records  # noqa: F401 (fixture)
 
@@ -32,9 +33,9 @@ def pretrain_args(model_dir, records, *extra):
                               *extra]
 
 
-def start(model_dir, records, *extra, env=None):
+def start(model_dir, records, *extra, env=None, args=None):
     log = open(f"{model_dir}.{time.monotonic_ns()}.log", "w+")
-    process = subprocess.Popen(pretrain_args(model_dir, records, *extra), stdout=subprocess.PIPE, stderr=log,
+    process = subprocess.Popen(args or pretrain_args(model_dir, records, *extra), stdout=subprocess.PIPE, stderr=log,
                                text=True, env=env)
     process.log = log
     return process
@@ -85,17 +86,25 @@ def test_sigterm_then_sigint_save_the_step_reached_and_the_resumed_run_is_exact(
     code, log, last = interrupt(out, original_records, signal.SIGTERM, after_step=6)
     assert code == 143, log[-2000:]
     lines = log.strip().splitlines()
-    assert lines[-1] == f"kbert: interrupted at step {last}: checkpoint saved; continue with --resume"
+    said = f"continue with `kbert pretrain --model-dir {out} --resume`"
+    assert lines[-1] == f"kbert: interrupted at step {last}: checkpoint saved; {said}"
     assert "Traceback" not in log
     # No step lost: the checkpoint is at the last step the run logged.
     assert (out / "checkpoints" / f"ckpt-{last}.index").exists() and 6 <= last < STEPS
+    # The run's flags are recorded: one that would change its result is refused, naming both values.
+    assert_user_error(run_kbert("pretrain", "--model-dir", out, "--resume", "--batch-size", "16", check=False),
+                      "started with --batch-size 8, not 16; leave --batch-size out")
 
+    # The same flags typed again are accepted.
     code, log, second = interrupt(out, original_records, signal.SIGINT, "--resume", after_step=last + 4)
     assert code == 130, log[-2000:]
-    assert log.strip().splitlines()[-1] == f"kbert: interrupted at step {second}: checkpoint saved; continue with --resume"
+    assert log.strip().splitlines()[-1] == f"kbert: interrupted at step {second}: checkpoint saved; {said}"
     assert (out / "checkpoints" / f"ckpt-{second}.index").exists()
 
-    code, stdout, log = finish(start(out, original_records, "--resume"))
+    # The line printed, typed as shown: the recorded flags, nothing else.
+    typed = shlex.split(said.split("`")[1])
+    assert typed[:2] == ["kbert", "pretrain"]
+    code, stdout, log = finish(start(out, None, args=kbert_command() + typed[1:]))
     assert code == 0, log[-2000:]
     assert f"resumed from step {second}" in log and json.loads(stdout)["step"] == STEPS
     difference = largest_difference(saved_weights(out), uninterrupted)
@@ -113,7 +122,8 @@ def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path, origin
     import tensorflow as tf
     latest = int(tf.train.latest_checkpoint(str(out / "checkpoints")).rsplit("-", 1)[1])
     assert latest >= 4
-    code, stdout, log = finish(start(out, original_records, "--resume", "--save-every", "4"))
+    # Flags that only change how it runs may differ: how often it saves, steps per compiled call.
+    code, stdout, log = finish(start(out, original_records, "--resume", "--save-every", "6", "--steps-per-loop", "3"))
     assert code == 0, log[-2000:]
     assert json.loads(stdout)["resumed_from"] == latest
     difference = largest_difference(saved_weights(out), uninterrupted)
@@ -182,7 +192,8 @@ def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, ori
     for code, _, log in results:
         assert code == 143, log[-3000:]
         line = log.strip().splitlines()[-1]
-        assert line.startswith("kbert: interrupted at step ") and line.endswith("checkpoint saved; continue with --resume")
+        assert line.startswith("kbert: interrupted at step ") and line.endswith(
+            f"checkpoint saved; continue with `kbert pretrain --model-dir {out} --resume`")
         steps.append(int(line.split("step ")[1].split(":")[0]))
     assert steps[0] == steps[1] == logged_steps(out)[-1]
     assert (out / "checkpoints" / f"ckpt-{steps[0]}.index").exists()
