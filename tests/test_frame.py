@@ -190,3 +190,25 @@ def test_a_next_run_sweeps_what_a_killed_one_left(tmp_path):
     live.mkdir()
     run_kbert("convert", "from-tf1", TINY, tmp_path / "hub")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["hub", live.name])
+
+
+def test_predict_never_writes_over_its_input_or_into_its_model(tmp_path, tiny_model_dir):
+    data = tmp_path / "t.tsv"
+    data.write_text("text\tlabel\ngold city\tpos\n")
+    before = data.read_bytes()
+    assert_user_error(run_kbert("predict", tiny_model_dir, "--input", data, "--output", data, "--overwrite",
+                                check=False), f"--output {data}: the output is also an input")
+    assert data.read_bytes() == before
+    inside = Path(tiny_model_dir) / "predictions.jsonl"
+    assert_user_error(run_kbert("predict", tiny_model_dir, "--input", data, "--output", inside, check=False),
+                      "lies inside the input")
+    assert not inside.exists()
+
+
+def test_flags_a_served_model_cannot_take_are_named_for_what_they_are(tmp_path):
+    data = tmp_path / "t.txt"
+    data.write_text("gold city\n")
+    result = run_kbert("predict", "--server", "localhost:1", "--model", "m", "--input", data, "--layers", "-1",
+                       check=False)
+    assert_user_error(result, "--layers applies to a local model")
+    assert "--max-seq-length" not in result.stderr
