@@ -21,7 +21,7 @@ from kbert.processes import child_processes
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
 
 
-def big_corpus(path: Path, copies: int = 400) -> Path:
+def big_corpus(path: Path, copies: int = 1000) -> Path:
     """sample_text.txt many times over: a create-data run of several seconds on 2 workers."""
     path.write_text((Path(SAMPLE).read_text() + "\n") * copies)
     return path
@@ -34,16 +34,25 @@ def start_create_data(tmp_path, out):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_workers(process, count=2, timeout=60):
+def wait_for_workers(process, folder, count=2, timeout=120):
+    """The pids of create-data's spawned workers, once they make chunks and the output's
+    temporary file exists (other children come and go while Python starts: ldconfig, ...)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        workers = child_processes(process.pid)
-        if len(workers) >= count:
-            time.sleep(1.0)  # let them start making chunks
-            return child_processes(process.pid)
+        workers = {pid for pid in child_processes(process.pid) if b"spawn_main" in _cmdline(pid)}
+        if len(workers) >= count and temporaries(folder):
+            time.sleep(1.0)  # let them make chunks
+            return workers
         assert process.poll() is None, process.communicate()
         time.sleep(0.05)
     raise AssertionError("create-data started no workers")
+
+
+def _cmdline(pid) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def temporaries(folder: Path):
@@ -54,7 +63,7 @@ def temporaries(folder: Path):
 def test_create_data_killed_with_9_takes_its_workers_along_and_the_next_run_sweeps_its_temporaries(tmp_path):
     out = tmp_path / "out.tfrecord"
     process = start_create_data(tmp_path, out)
-    workers = wait_for_workers(process)
+    workers = wait_for_workers(process, tmp_path)
     process.kill()
     # The caller reading its output does not hang: the workers held its stdout and stderr.
     process.communicate(timeout=30)
@@ -79,7 +88,7 @@ def _state(pid):
 def test_create_data_stops_cleanly_on_sigterm(tmp_path):
     out = tmp_path / "out.tfrecord"
     process = start_create_data(tmp_path, out)
-    workers = wait_for_workers(process)
+    workers = wait_for_workers(process, tmp_path)
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=30)
     assert process.returncode == 143, stderr

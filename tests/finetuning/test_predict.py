@@ -271,7 +271,9 @@ def test_a_killed_job_resumes_without_repeating_or_skipping(encoder_job, tmp_pat
     assert 200 <= written < ROWS
     again = run_kbert("predict", "--server", encoder_job["server"].address["grpc"], "--model", "encoder",
                       "--input", encoder_job["input"], "--output", out, check=False)
-    assert_user_error(again, "pass --resume to go on from them")
+    # The killed job's lock is taken over with a notice (kbert.locks), then the partial is refused.
+    assert_user_error(again, "pass --resume to go on from them", alone=False)
+    assert again.stderr.startswith(f"kbert: taking over the lock of {out} left by a process that ended")
     result = run_kbert("predict", "--server", encoder_job["server"].address["grpc"], "--model", "encoder",
                        "--input", encoder_job["input"], "--output", out, "--resume", "--batch-size", "64")
     assert json.loads(result.stdout) == {"output": str(out), "rows": ROWS, "rows_kept": written}
