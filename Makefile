@@ -15,13 +15,15 @@ $(STAMP): pyproject.toml
 quickstart: $(STAMP)
 	@bash scripts/quickstart.sh
 
+# Two pytest workers, one test file each at a time (module fixtures are made once): the tests
+# spend much of their time in single-threaded Python (imports, tiny models, subprocesses).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # The inner loop: everything but the tests marked slow (training runs, exports, servers,
 # packaging), in under 3 minutes. CI runs the whole `make test`.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e ".[test,beam,bench]"

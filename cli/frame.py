@@ -155,7 +155,8 @@ def _find_inputs(signature, values: dict, inputs: dict) -> list:
         given = value if isinstance(value, (list, tuple)) else [value]
         if declared.globs:
             try:
-                files = expand_inputs([str(v) for v in given], what="text file" if declared.content == "text" else "file")
+                what = {"text": "text file", "records": "TFRecord file"}.get(declared.content, "file")
+                files = expand_inputs([str(v) for v in given], what=what)
             except KbertError as e:
                 raise KbertError(f"{flag} {e}") from None
             if isinstance(value, (list, tuple)):

@@ -253,7 +253,7 @@ def expand_inputs(patterns, what: str = "text file") -> list[str]:
                 if "://" not in path and not os.path.exists(path):
                     raise KbertError(f"{path}: no such {what}; check the path")
             if not matches:
-                raise KbertError(f"{pattern}: no file matches; pass text files, or a glob that matches some")
+                raise KbertError(f"{pattern}: no file matches; pass {what}s, or a glob that matches some")
             files += [p for p in matches if p not in files]
     if not files:
         raise KbertError(f"no {what}s given; pass --input FILE")

@@ -9,36 +9,16 @@ split is stable across runs and machines with the same lists.
 usage: python scripts/debian_sections.py OUT_DIR   -> OUT_DIR/{train,dev,test}.tsv (text, label)
 """
 
-import glob
 import hashlib
 import os
 import re
-import subprocess
 import sys
+
+# apt's lists, read and split as the corpus script reads them (scripts/ is on the path when run).
+from debian_corpus import _read_lists as read_lists, _stanzas as stanzas
 
 SECTIONS = ("games", "science", "sound", "graphics", "net", "text", "admin", "math")
 PER_SECTION = 600
-
-
-def read_lists(pattern):
-    texts = []
-    for path in sorted(glob.glob("/var/lib/apt/lists/" + pattern)):
-        texts.append(subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", path], capture_output=True,
-                                    check=True).stdout.decode("utf-8", "replace"))
-    return "\n".join(texts)
-
-
-def stanzas(text):
-    for block in text.split("\n\n"):
-        fields, key = {}, None
-        for line in block.split("\n"):
-            if line.startswith(" ") and key:
-                fields[key] += "\n" + line[1:]
-            elif ":" in line:
-                key, _, value = line.partition(":")
-                fields[key] = value.strip()
-        if "Package" in fields:
-            yield fields
 
 
 def description_text(desc):

@@ -13,7 +13,7 @@ MODULES = ["kbert.config", "kbert.files", "kbert.model.bert", "kbert.text.tokeni
            "kbert.serving.client", "kbert.model.fused", "kbert.pretraining.create_data", "kbert.text.vocab_builder",
            "kbert.finetuning.tasks", "kbert.finetuning.predict", "kbert.finetuning.options", "kbert.finetuning.output",
            "kbert.model_dir",
-           "kbert.converters.named", "kbert.locks", "kbert.outputs", "kbert.training.interruption", "kbert.pretraining.dataset",
+           "kbert.converters.named", "kbert.locks", "kbert.outputs", "kbert.training.interruption",
            "kbert.pretraining.fill_mask", "kbert.records", "kbert.processes"]
 
 

@@ -185,3 +185,29 @@ def test_a_second_pretrain_is_refused_and_a_killed_ones_lock_taken_over(tmp_path
     assert f"resumed from step {step}" in third.stderr
     assert step < 150 and json.loads(third.stdout)["step"] == 150
     assert not os.path.exists(lock_path(out))
+
+
+def test_library_writers_take_the_lock_as_the_commands_do(tmp_path, tiny_model_dir, records):
+    """A script that calls the library gets the same one writer per output as the CLI."""
+    from kbert.finetuning.train import finetune
+    from kbert.pretraining.create_data import create_pretraining_data
+    from kbert.pretraining.train import pretrain
+    from kbert.serving.export import export_model
+    from kbert.text.vocab_builder import build_vocab
+    from kbert.errors import KbertError
+
+    out = tmp_path / "out"
+    train = tmp_path / "train.tsv"
+    train.write_text("text\tlabel\ngold city\tpos\ndead camp\tneg\n")
+    calls = {
+        "pretrain": lambda: pretrain(str(out), str(records), config_file=CONFIG, vocab_file=VOCAB, steps=2),
+        "finetune": lambda: finetune(str(tiny_model_dir), "classify", str(train), str(out)),
+        "export_model": lambda: export_model(str(tiny_model_dir), str(out)),
+        "create_pretraining_data": lambda: create_pretraining_data([SAMPLE], VOCAB, str(out), workers=1),
+        "build_vocab": lambda: build_vocab([SAMPLE], str(out), size=100),
+    }
+    with held_by_another_process(out) as holder:
+        for name, call in calls.items():
+            with pytest.raises(KbertError, match=f"is being written by another process \\(pid {holder.pid} "):
+                call()
+            assert not out.exists(), name

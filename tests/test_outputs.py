@@ -26,6 +26,9 @@ def work(tmp_path, tiny_model_dir):
     shutil.copy(SAMPLE, tmp_path / "corpus-00001-of-00002")
     shutil.copytree(os.path.join(FIXTURES, "model-garden-tfhub"), tmp_path / "hub")
     (tmp_path / "preset").mkdir()  # inputs must exist: the frame checks them first
+    import tensorflow as tf
+    with tf.io.TFRecordWriter(str(tmp_path / "x.tfrecord")) as writer:
+        writer.write(tf.train.Example().SerializeToString())
     return tmp_path
 
 

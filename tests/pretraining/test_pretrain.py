@@ -225,7 +225,7 @@ def test_tpu_without_a_tpu_is_a_clear_error(tmp_path, original_records):
 
 def test_missing_and_corrupt_data(tmp_path, original_records):
     assert_user_error(_pretrain(tmp_path / "a", tmp_path / "none-*.tfrecord", "--steps", "2", check=False),
-                      "matches no files")
+                      "none-*.tfrecord: no file matches; pass TFRecord files")
     bad = tmp_path / "bad.tfrecord"
     bad.write_bytes(b"\x00garbage" * 100)
     assert_user_error(_pretrain(tmp_path / "b", bad, "--steps", "2", check=False), str(bad), "not a TFRecord file")
