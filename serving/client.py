@@ -24,21 +24,18 @@ each wait logs one line. Every other error (INVALID_ARGUMENT, NOT_FOUND, HTTP 40
 fails at once: asking again would get the same answer.
 
 The gRPC protos import TensorFlow (several seconds, once); the REST client does not need it.
+
+This module holds `Client` and what both protocols share (the checks of the inputs, retries,
+error messages, decoding); the calls themselves are `kbert.serving.grpc_client` and
+`kbert.serving.rest_client`.
 """
 
 from __future__ import annotations
 
-import base64
-import http.client
-import json
 import logging
 import random
 import re
-import socket
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 
 import numpy as np
 
@@ -46,15 +43,12 @@ from kbert.errors import KbertError
 
 log = logging.getLogger("kbert")
 
-# gRPC's stubs and TF Serving's protos are imported inside the methods that use them: they
-# import TensorFlow (seconds), which a REST client never needs.
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"
 # TF Serving's DataType names -> numpy dtypes (object: Python str or bytes).
 _NUMPY = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT32": np.int32, "DT_INT64": np.int64,
           "DT_INT16": np.int16, "DT_INT8": np.int8, "DT_UINT8": np.uint8, "DT_BOOL": np.bool_,
           "DT_STRING": object}
-_MAX_MESSAGE = 2 ** 31 - 1  # tensorflow_model_server accepts messages up to INT_MAX bytes too
 FIRST_RETRY_WAIT, MAX_RETRY_WAIT = 0.1, 10.0  # seconds: the back-off doubles from the first to the cap
 # What TensorFlow wraps an op's error in, which a server passes on: "{{function_node
 # __inference_...}}" before it, "[[{{node ...}}]]" and "[Op:...]" after it.
@@ -142,9 +136,15 @@ class Client:
         self.version = None if version is None else int(version)
         self.timeout = float(timeout)
         self.retries = int(retries)
-        self._channel = None
-        self._stubs = {}
         self._signatures = None
+        # The calls themselves, over the protocol the address names. Imported here, as each
+        # transport's module imports what this one holds for both.
+        if self.protocol == "grpc":
+            from kbert.serving.grpc_client import GrpcTransport
+            self._transport = GrpcTransport(self)
+        else:
+            from kbert.serving.rest_client import RestTransport
+            self._transport = RestTransport(self)
 
     def __repr__(self):
         version = "" if self.version is None else f", version={self.version}"
@@ -174,10 +174,7 @@ class Client:
         """
         if not isinstance(inputs, dict) or not inputs:
             raise KbertError("predict takes a dict of input name -> values, e.g. {'text': ['a text']}")
-        signature = self._signature(signature_name)
-        if self.protocol == "grpc":
-            return self._grpc_predict(inputs, signature_name, signature)
-        return self._rest_predict(inputs, signature_name, signature)
+        return self._transport.predict(inputs, signature_name, self._signature(signature_name))
 
     def predict_text(self, texts, texts_b=None) -> dict[str, np.ndarray]:
         """`serving_default` on raw texts (tokenized inside the served graph).
@@ -249,15 +246,7 @@ class Client:
         examples = _examples(texts, texts_b)
         if not examples:
             return []
-        if self.protocol == "grpc":
-            from tensorflow_serving.apis import classification_pb2
-            request = classification_pb2.ClassificationRequest(
-                model_spec=self._model_spec(signature_name), input=_grpc_input(examples))
-            result = self._grpc_call("PredictionService", "Classify", request).result
-            return [[(c.label, float(c.score)) for c in row.classes] for row in result.classifications]
-        body = self._rest("POST", ":classify", {"signature_name": signature_name,
-                                                "examples": [_rest_example(e) for e in examples]})
-        return [[(str(label), float(score)) for label, score in row] for row in _results(body)]
+        return self._transport.classify(examples, signature_name)
 
     def regress(self, texts, texts_b=None, signature_name: str = "regress") -> list[float]:
         """TF Serving's Regress API: one float per text (tf.Examples as for `classify`).
@@ -269,15 +258,7 @@ class Client:
         examples = _examples(texts, texts_b)
         if not examples:
             return []
-        if self.protocol == "grpc":
-            from tensorflow_serving.apis import regression_pb2
-            request = regression_pb2.RegressionRequest(
-                model_spec=self._model_spec(signature_name), input=_grpc_input(examples))
-            result = self._grpc_call("PredictionService", "Regress", request).result
-            return [float(r.value) for r in result.regressions]
-        body = self._rest("POST", ":regress", {"signature_name": signature_name,
-                                               "examples": [_rest_example(e) for e in examples]})
-        return [float(value) for value in _results(body)]
+        return self._transport.regress(examples, signature_name)
 
     # === Model metadata and status ===
 
@@ -294,39 +275,7 @@ class Client:
         >>> Client("localhost:8500", "sentiment").metadata()["classify"]["method_name"]  # doctest: +SKIP
         'tensorflow/serving/classify'
         """
-        if self.protocol == "grpc":
-            from tensorflow.core.framework import types_pb2
-            from tensorflow_serving.apis import get_model_metadata_pb2
-
-            request = get_model_metadata_pb2.GetModelMetadataRequest(
-                model_spec=self._model_spec(), metadata_field=["signature_def"])
-            response = self._grpc_call("PredictionService", "GetModelMetadata", request)
-            signature_map = get_model_metadata_pb2.SignatureDefMap()
-            response.metadata["signature_def"].Unpack(signature_map)
-
-            def info(tensor):
-                shape = None if tensor.tensor_shape.unknown_rank else [d.size for d in tensor.tensor_shape.dim]
-                return {"dtype": types_pb2.DataType.Name(tensor.dtype), "shape": shape}
-            signatures = {name: {"method_name": s.method_name,
-                                 "inputs": {k: info(v) for k, v in sorted(s.inputs.items())},
-                                 "outputs": {k: info(v) for k, v in sorted(s.outputs.items())}}
-                          for name, s in signature_map.signature_def.items()}
-        else:
-            body = self._rest("GET", "/metadata")
-            try:
-                raw = body["metadata"]["signature_def"]["signature_def"]
-            except (KeyError, TypeError):
-                raise KbertError(f"{self._where()}: the metadata response has no signature_def; is this TF "
-                                 f"Serving's REST API?") from None
-
-            def info(tensor):
-                shape = tensor.get("tensor_shape", {})
-                dims = None if shape.get("unknown_rank") else [int(d.get("size", 0)) for d in shape.get("dim", [])]
-                return {"dtype": tensor.get("dtype", "DT_INVALID"), "shape": dims}
-            signatures = {name: {"method_name": s.get("method_name", ""),
-                                 "inputs": {k: info(v) for k, v in sorted(s.get("inputs", {}).items())},
-                                 "outputs": {k: info(v) for k, v in sorted(s.get("outputs", {}).items())}}
-                          for name, s in raw.items()}
+        signatures = self._transport.metadata()
         self._signatures = dict(sorted(signatures.items()))
         return self._signatures
 
@@ -341,150 +290,15 @@ class Client:
         >>> Client("localhost:8500", "sentiment").status()  # doctest: +SKIP
         [{'version': 1, 'state': 'AVAILABLE', 'error_code': 'OK', 'error_message': ''}]
         """
-        if self.protocol == "grpc":
-            from google.protobuf import json_format
-            from tensorflow_serving.apis import get_model_status_pb2
-            request = get_model_status_pb2.GetModelStatusRequest(model_spec=self._model_spec())
-            body = json_format.MessageToDict(self._grpc_call("ModelService", "GetModelStatus", request))
-        else:
-            body = self._rest("GET", "")
-        # The REST answer is the response proto's JSON; fields at their default are left out.
+        body = self._transport.status()
+        # The REST answer is the response proto's JSON (gRPC's is made the same); fields at
+        # their default are left out.
         return [{"version": int(s.get("version", 0)), "state": s.get("state", "UNKNOWN"),
                  "error_code": s.get("status", {}).get("error_code", "OK"),
                  "error_message": s.get("status", {}).get("error_message", "")}
                 for s in body.get("model_version_status", [])]
 
-    # === gRPC ===
-
-    def _model_spec(self, signature_name: str = ""):
-        from tensorflow_serving.apis import model_pb2
-        spec = model_pb2.ModelSpec(name=self.model_name, signature_name=signature_name)
-        if self.version is not None:
-            spec.version.value = self.version
-        return spec
-
-    def _stub(self, service: str):
-        import grpc
-        if service not in self._stubs:
-            from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
-            if self._channel is None:
-                self._channel = grpc.insecure_channel(self.target, options=[
-                    ("grpc.max_send_message_length", _MAX_MESSAGE),
-                    ("grpc.max_receive_message_length", _MAX_MESSAGE),
-                    # A channel of its own, not one shared through gRPC's global pool: dropping
-                    # it (below) must also drop its reconnect back-off.
-                    ("grpc.use_local_subchannel_pool", 1)])
-            module = prediction_service_pb2_grpc if service == "PredictionService" else model_service_pb2_grpc
-            self._stubs[service] = getattr(module, f"{service}Stub")(self._channel)
-        return self._stubs[service]
-
-    def _drop_channel(self):
-        """Forget the channel: after a failure it waits out gRPC's own reconnect back-off (up to
-        2 minutes) before it tries the server again, where a new channel connects at once."""
-        if self._channel is not None:
-            self._channel.close()
-        self._channel, self._stubs = None, {}
-
-    def _grpc_call(self, service: str, method: str, request):
-        import grpc
-
-        def attempt(timeout):
-            try:
-                return getattr(self._stub(service), method)(request, timeout=timeout)
-            except grpc.RpcError as e:
-                code, details = e.code(), _one_line(e.details() or "")
-                if code == grpc.StatusCode.UNAVAILABLE:
-                    self._drop_channel()
-                    if "connect" in details.lower() or not details:
-                        # "failed to connect to all addresses; ...: Connection refused": the last
-                        # part says why, enough for the line of each wait.
-                        raise _Unavailable(details.rsplit(": ", 1)[-1] or "no connection",
-                                           lambda after: self._unreachable(details, after)) from None
-                    raise _Unavailable(details, lambda after: self._not_serving(f"UNAVAILABLE: {details}", after)) \
-                        from None
-                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise KbertError(f"{self._where()}: no answer within {self.timeout:g} s (gRPC {method}); "
-                                     f"raise the timeout or check the server's load") from None
-                raise KbertError(f"{self._where()}: {code.name}: {details}") from None
-        return self._retrying(attempt)
-
-    def _grpc_predict(self, inputs, signature_name, signature):
-        import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2
-
-        request = predict_pb2.PredictRequest(model_spec=self._model_spec(signature_name))
-        for name, value in inputs.items():
-            dtype = (signature or {}).get("inputs", {}).get(name, {}).get("dtype")
-            try:
-                if dtype == "DT_STRING":
-                    proto = tf.make_tensor_proto(_as_bytes(value), dtype=tf.string)
-                elif dtype in _NUMPY:
-                    proto = tf.make_tensor_proto(np.asarray(value, dtype=_NUMPY[dtype]))
-                else:  # not an input of the signature: the server names the mistake
-                    proto = tf.make_tensor_proto(_as_bytes(value) if _is_text(value) else np.asarray(value))
-            except (TypeError, ValueError) as e:
-                raise KbertError(f"input {name!r}: cannot make a {dtype or 'tensor'} of it ({_one_line(str(e))})") \
-                    from None
-            request.inputs[name].CopyFrom(proto)
-        response = self._grpc_call("PredictionService", "Predict", request)
-        return {name: _decode(name, tf.make_ndarray(proto)) for name, proto in sorted(response.outputs.items())}
-
-    # === REST ===
-
-    def _url(self, suffix: str) -> str:
-        version = "" if self.version is None else f"/versions/{self.version}"
-        return f"{self.address}/v1/models/{urllib.parse.quote(self.model_name, safe='')}{version}{suffix}"
-
-    def _rest(self, method: str, suffix: str, body: dict | None = None) -> dict:
-        data = None if body is None else json.dumps(body).encode("utf-8")
-        request = urllib.request.Request(self._url(suffix), data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
-
-        def attempt(timeout):
-            try:
-                with urllib.request.urlopen(request, timeout=timeout) as response:
-                    return response.read()
-            except urllib.error.HTTPError as e:
-                message = _one_line(str(_http_error_message(e)))
-                if e.code == 503:  # TF Serving's UNAVAILABLE
-                    raise _Unavailable(f"HTTP 503: {message}",
-                                       lambda after: self._not_serving(f"HTTP 503: {message}", after)) from None
-                raise KbertError(f"{self._where()}: HTTP {e.code}: {message}") from None
-            except urllib.error.URLError as e:
-                if isinstance(e.reason, (TimeoutError, socket.timeout)):
-                    raise KbertError(self._timed_out(suffix)) from None
-                if isinstance(e.reason, ConnectionError):  # refused or reset: down or restarting
-                    raise self._rest_unavailable(e.reason) from None
-                raise KbertError(self._unreachable(str(e.reason))) from None
-            except (TimeoutError, socket.timeout):
-                raise KbertError(self._timed_out(suffix)) from None
-            except (ConnectionError, http.client.IncompleteRead) as e:  # the server went away mid-answer
-                raise self._rest_unavailable(e) from None
-        raw = self._retrying(attempt)
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise KbertError(f"{self._where()}: the answer to {method} {self._url(suffix)} is not JSON; "
-                             f"is this TF Serving's REST port?") from None
-
-    def _rest_predict(self, inputs, signature_name, signature):
-        body = self._rest("POST", ":predict", {"signature_name": signature_name,
-                                               "inputs": {k: _json_value(v) for k, v in inputs.items()}})
-        if "outputs" not in body:
-            raise KbertError(f"{self._where()}: the predict answer has no 'outputs'")
-        outputs = (signature or {}).get("outputs", {})
-        values = body["outputs"]
-        if len(outputs) == 1:  # TF Serving returns a single output bare, without its name
-            values = {next(iter(outputs)): values}
-        elif not isinstance(values, dict):
-            raise KbertError(f"{self._where()}: the predict answer's outputs are not named")
-        return {name: _from_json(name, value, outputs.get(name, {})) for name, value in sorted(values.items())}
-
-    def _rest_unavailable(self, error: Exception) -> _Unavailable:
-        why = str(error) or type(error).__name__
-        return _Unavailable(why, lambda after: self._unreachable(why, after))
-
-    # === Both ===
+    # === Retries and messages, for both transports ===
 
     def _retrying(self, attempt):
         """`attempt(seconds left)`'s result, tried again while it finds the server unavailable,
@@ -527,12 +341,8 @@ class Client:
                 f"server running at {self.target}? Start tensorflow_model_server with "
                 f"{flag}={self.target.rpartition(':')[2]}, fix the address{longer}")
 
-    def _timed_out(self, suffix: str) -> str:
-        return (f"{self._where()}: no answer from {self._url(suffix)} within {self.timeout:g} s; raise the "
-                f"timeout or check the server's load")
 
-
-# === Turning values into requests and answers into arrays ===
+# === Values, for both transports: texts checked and made bytes, string outputs decoded ===
 
 
 def _one_line(message: str) -> str:
@@ -546,15 +356,6 @@ def _one_line(message: str) -> str:
 
 def _short(message: str, limit: int = 120) -> str:
     return message if len(message) <= limit else message[:limit] + "..."
-
-
-def _http_error_message(error: urllib.error.HTTPError):
-    """TF Serving's {"error": ...}, or the start of whatever else the answer holds."""
-    raw = error.read()
-    try:
-        return json.loads(raw)["error"]
-    except (ValueError, KeyError, TypeError):
-        return raw.decode("utf-8", "replace")[:300] or error.reason
 
 
 def _is_text(value) -> bool:
@@ -580,22 +381,6 @@ def _as_bytes(value):
     raise TypeError(f"expected text (str or bytes), got {type(value).__name__}")
 
 
-def _json_value(value):
-    """A request value as TF Serving's REST API reads it: bytes that are not UTF-8 as {"b64": ...}."""
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return {"b64": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, (list, tuple)):
-        return [_json_value(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
 def _decode(name: str, array: np.ndarray) -> np.ndarray:
     """String tensors -> object arrays of str (bytes for `*_bytes` outputs)."""
     if array.dtype == object and not name.endswith("_bytes"):
@@ -603,24 +388,6 @@ def _decode(name: str, array: np.ndarray) -> np.ndarray:
         out = np.empty(len(flat), dtype=object)
         out[:] = flat
         return out.reshape(array.shape)
-    return array
-
-
-def _from_json(name: str, value, info: dict) -> np.ndarray:
-    """One REST output -> an array of the signature's dtype. JSON cannot hold an empty tensor's
-    shape, so an empty output takes the signature's shape (0 for sizes it leaves open)."""
-    dtype = _NUMPY.get(info.get("dtype"), None)
-    if dtype is object:
-        def unpack(v):
-            if isinstance(v, list):
-                return [unpack(x) for x in v]
-            return base64.b64decode(v["b64"]) if isinstance(v, dict) and "b64" in v else v
-        array = _decode(name, np.array(unpack(value), dtype=object))
-    else:
-        array = np.asarray(value, dtype=dtype)
-    signature_shape = info.get("shape")
-    if array.size == 0 and signature_shape and len(signature_shape) > 1:
-        array = array.reshape([0] + [max(d, 0) for d in signature_shape[1:]])
     return array
 
 
@@ -644,25 +411,3 @@ def _examples(texts, texts_b) -> list[dict]:
         for example, b in zip(examples, _text_list(texts_b, "texts_b", len(texts))):
             example["text_b"] = _as_bytes(b)
     return examples
-
-
-def _grpc_input(examples):
-    from tensorflow.core.example import example_pb2, feature_pb2
-    from tensorflow_serving.apis import input_pb2
-
-    protos = [example_pb2.Example(features=feature_pb2.Features(feature={
-        k: feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[v])) for k, v in e.items()}))
-        for e in examples]
-    return input_pb2.Input(example_list=input_pb2.ExampleList(examples=protos))
-
-
-def _rest_example(example: dict) -> dict:
-    return {k: _json_value(v) for k, v in example.items()}
-
-
-def _results(body: dict):
-    # TF Serving's handler writes "results" (api_rest.md's prose says "result").
-    results = body.get("results", body.get("result"))
-    if results is None:
-        raise KbertError(f"the classify/regress answer has no 'results': {str(body)[:200]}")
-    return results

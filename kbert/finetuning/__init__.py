@@ -1,8 +1,10 @@
 """Fine-tuning: one small head per task on a pretrained BERT, trained with `model.fit`.
 
 - `tasks`: one record per task (reader, head, loss, metric, prediction JSON, serving outputs);
-- `readers`: the file formats (CSV/TSV/JSONL, GLUE layouts, CoNLL, SWAG) -> model inputs;
-- `squad`: `run_squad.py`'s windows and answer decoding;
+- `readers`: the file formats (CSV/TSV/JSONL, GLUE layouts, CoNLL, SWAG) -> examples, with
+  `formats` (which format a file is, and whether it has the shape its task reads);
+- `encoding`: examples -> model inputs (run_classifier.py's packing, tags on first pieces);
+- `squad`: `run_squad.py`'s reading, windows and scoring; `squad_decoding`: its answers;
 - `metrics`: each task's scores;
 - `train`: `kbert finetune`;
 - `predict`: `kbert predict`, `kbert evaluate` and feature extraction, shared with `kbert predict --server`.

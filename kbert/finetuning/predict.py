@@ -17,7 +17,7 @@ import keras
 
 from kbert.config import sequence_length
 from kbert.errors import KbertError, listing
-from kbert.finetuning import readers
+from kbert.finetuning import encoding, readers
 from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.tasks import TASKS, get_task, json_floats, predict_outputs, row_batches, served_texts_b
 from kbert.model.bert import BertEncoder
@@ -101,7 +101,7 @@ def features(model, input_path, tokenizer, max_seq_length, layers=None, batch_si
 
 def _features(model, input_path, tokenizer, max_seq_length, layers, batch_size) -> Iterator[dict]:
     texts, texts_b = readers.read_lines(input_path)
-    inputs, truncated = readers.encode_texts(tokenizer, texts, texts_b, max_seq_length)
+    inputs, truncated = encoding.encode_texts(tokenizer, texts, texts_b, max_seq_length)
     if truncated:
         log.warning("%s: %d of %d lines were truncated to --max-seq-length %d", input_path, truncated,
                     len(texts), max_seq_length)

@@ -1,4 +1,4 @@
-"""Fine-tuning data: read labelled text and CoNLL files, and turn them into model features.
+"""Fine-tuning data: read labelled text, CoNLL and SWAG files into examples.
 
 `kbert finetune/predict/evaluate --task classify|regress` read one example per row:
 
@@ -33,9 +33,8 @@ regression label that is not a number) stops the read with one line naming the f
 bad lines, unless `skip_bad_rows` is set; then those rows are skipped and listed. Invalid
 UTF-8 is replaced with U+FFFD and counted, not refused.
 
-Features are google-research/bert's: `encode_texts` builds exactly what run_classifier.py's
-`convert_single_example` builds, and `encode_tagged` the same layout with each word's tag
-on its first WordPiece.
+Which format a file is in, and the checks that it has the shape its task reads, are in
+`kbert.finetuning.formats`; `kbert.finetuning.encoding` turns the examples into model features.
 """
 
 from __future__ import annotations
@@ -50,39 +49,15 @@ import math
 import os
 from collections import Counter
 
-import numpy as np
-
 from kbert.errors import KbertError
+from kbert.finetuning.encoding import encode_texts  # noqa: F401 (tests/text and tests/serving import it here)
+from kbert.finetuning.formats import (COLA_LABEL, COLA_TEXT, COLA_WIDTH, GLUE_COLUMNS, TEXT_FORMATS, TEXT_NAMES,
+                                      format_from_extension, glue_layout, header_columns, looks_like_conll,
+                                      refuse_text_rows)
 
 log = logging.getLogger("kbert")
 
-TEXT_FORMATS = ("csv", "tsv", "jsonl", "mrpc", "cola", "sst2", "stsb", "mnli", "qnli", "qqp", "rte")
-TEXT_NAMES = ("text", "text_a")  # generic files: the column or key of the (first) text
-TEXT_B_NAMES = ("text_b",)
-LABEL_NAMES = ("label",)
-
-# GLUE layouts: (text, text_b, label) header names. The label column is absent in test sets.
-GLUE_COLUMNS = {
-    "mrpc": ("#1 String", "#2 String", "Quality"),
-    "cola": ("sentence", None, None),  # test.tsv; train/dev have no header, see _COLA_ROW
-    "sst2": ("sentence", None, "label"),
-    "stsb": ("sentence1", "sentence2", "score"),
-    "mnli": ("sentence1", "sentence2", "gold_label"),
-    "qnli": ("question", "sentence", "label"),
-    "qqp": ("question1", "question2", "is_duplicate"),
-    "rte": ("sentence1", "sentence2", "label"),
-}
-# CoLA train/dev rows: source, label, original label, sentence (ColaProcessor's line[1], line[3]).
-_COLA_WIDTH, _COLA_TEXT, _COLA_LABEL = 4, 3, 1
-_STSB_HEADER = ["index", "genre", "filename", "year", "old_index", "source1", "source2",
-                "sentence1", "sentence2"]
-_MNLI_HEADER = ["index", "promptID", "pairID", "genre"]
-_MAX_LISTED = 10
-# Column names of text-per-row files (generic and GLUE headers), lower-cased: a first line naming
-# two of them is a classify/regress file's header, never a CoNLL line.
-_TABLE_HEADER_NAMES = {n.lower() for n in TEXT_NAMES + TEXT_B_NAMES + LABEL_NAMES} | {
-    n.lower() for names in GLUE_COLUMNS.values() for n in names if n}
-CONLL_FORMAT = ("CoNLL: one word and its tag per line (\"EU\\tB-ORG\"), a blank line between sentences")
+_MAX_LISTED = 10  # bad rows and JSON keys named in an error message
 
 
 @dataclasses.dataclass
@@ -194,7 +169,7 @@ def read_text_examples(path, task: str = "classify", format: str = "auto",
     text, replaced = _read_file(path)
     detect = format == "auto"
     if detect:
-        format = _format_from_extension(path, text)
+        format = format_from_extension(path, text)
     reader = _TextExampleCollector(path, task, skip_bad_rows, require_labels)
     if format == "jsonl":
         _read_jsonl(reader, text)
@@ -236,7 +211,7 @@ def read_tagged_examples(path, skip_bad_rows: bool = False,
     """
     path = os.fspath(path)
     text, replaced = _read_file(path)
-    _refuse_text_rows(path, text)
+    refuse_text_rows(path, text)
     sentences, current, lines = [], [], []
     for line_no, line in enumerate(io.StringIO(text, newline=None), 1):
         line = line.rstrip("\n")
@@ -273,34 +248,6 @@ def read_tagged_examples(path, skip_bad_rows: bool = False,
     _check_bad_rows(path, bad, skip_bad_rows, len(words))
     return TaggedExamples(words=words, tags=tags if width > 1 else None,
                           skipped_rows=[n for n, _ in bad], replaced_bytes=replaced)
-
-
-def _refuse_text_rows(path: str, text: str):
-    """A file of one text per row (classify/regress: a header, multi-word cells, JSON Lines)
-    given as CoNLL would read as one long sentence of 'words' such as "gold glorious great.":
-    refuse it, naming both formats."""
-    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("-DOCSTART-")]
-    if not lines:
-        return
-    first = lines[0].strip()
-    names = [f.strip() for f in first.replace(",", "\t").split("\t")]
-    why = None
-    if first.startswith("{"):
-        why = "the first line is a JSON object"
-    elif len({n.lower() for n in names} & _TABLE_HEADER_NAMES) >= 2:
-        why = f"the first line is a header ({', '.join(names)[:80]})"
-    else:
-        # A CoNLL word rarely has spaces ("New York" may), and a CoNLL file has blank lines
-        # between its sentences: a file of one block whose first column mostly holds several
-        # words is rows of texts.
-        texts = [line.split("\t", 1)[0].strip() for line in lines if "\t" in line]
-        several = [t for t in texts if len(t.split()) > 1]
-        one_block = "" not in (line.strip() for line in text.strip().splitlines())
-        if one_block and len(several) * 2 > len(lines):
-            why = f"its first column holds texts of several words ({several[0][:40]!r}, ...)"
-    if why:
-        raise KbertError(f"{path}: {why}: a file of one text per row, which --task classify or regress reads; "
-                         f"--task tag reads {CONLL_FORMAT}")
 
 
 def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool = True) -> ChoiceExamples:
@@ -417,17 +364,6 @@ def _read_file(path: str) -> tuple[str, int]:
     return text, replaced
 
 
-def _format_from_extension(path: str, text: str) -> str:
-    ext = os.path.splitext(path)[1].lower()
-    if ext == ".csv":
-        return "csv"
-    if ext in (".jsonl", ".json"):
-        return "jsonl"
-    if ext not in (".tsv", ".txt") and text.lstrip().startswith("{"):
-        return "jsonl"
-    return "tsv"  # refined by the header in _read_table
-
-
 class _TextExampleCollector:
     """Collects examples and bad rows while a file is read."""
 
@@ -537,14 +473,14 @@ def _read_table(reader: _TextExampleCollector, text: str, format: str, detect_gl
         raise KbertError(f"{path}: the file is empty; pass a file with one example per row")
     first = [f.strip() for f in rows[0][1] or []]
     if detect_glue:
-        format = _glue_layout(first)
+        format = glue_layout(first)
     reader.format = format
 
     if format == "cola" and "sentence" not in first:  # train/dev: no header
-        width, (text_col, b_col, label_col) = _COLA_WIDTH, (_COLA_TEXT, None, _COLA_LABEL)
+        width, (text_col, b_col, label_col) = COLA_WIDTH, (COLA_TEXT, None, COLA_LABEL)
         body = rows
     else:
-        width, (text_col, b_col, label_col) = len(first), _columns(path, format, first, _looks_like_conll(text))
+        width, (text_col, b_col, label_col) = len(first), header_columns(path, format, first, looks_like_conll(text))
         body = rows[1:]
         if not body:
             raise KbertError(f"{path}: has a header but no rows; add one example per row")
@@ -565,58 +501,6 @@ def _read_table(reader: _TextExampleCollector, text: str, format: str, detect_gl
         else:
             reader.add(line_no, fields[text_col], fields[b_col] if b_col is not None else None,
                        fields[label_col] if label_col is not None else None)
-
-
-def _glue_layout(header: list[str]) -> str:
-    """The GLUE layout a TSV's first row announces, or "tsv" for a generic one."""
-    if "#1 String" in header and "#2 String" in header:
-        return "mrpc"
-    if header[:len(_STSB_HEADER)] == _STSB_HEADER:
-        return "stsb"
-    if header[:len(_MNLI_HEADER)] == _MNLI_HEADER:
-        return "mnli"
-    if header[:3] == ["index", "question", "sentence"]:
-        return "qnli"
-    if header[:4] == ["id", "qid1", "qid2", "question1"] or header == ["id", "question1", "question2"]:
-        return "qqp"
-    if header[:3] == ["index", "sentence1", "sentence2"]:
-        return "rte"
-    if header in (["sentence", "label"], ["index", "sentence"]):
-        return "sst2"
-    names = {h.lower() for h in header}
-    if (len(header) == _COLA_WIDTH and header[_COLA_LABEL] in ("0", "1")
-            and not names & set(TEXT_NAMES)):
-        return "cola"  # a headerless first row: source, 0/1, original label, sentence
-    return "tsv"
-
-
-def _looks_like_conll(text: str) -> bool:
-    """Short lines of single words, and blank lines between groups of them: a CoNLL file."""
-    lines = [line for line in text.strip().splitlines() if not line.startswith("-DOCSTART-")]
-    words = [line.split("\t")[0] if "\t" in line else line.split()[0] for line in lines if line.strip()]
-    return "" in (line.strip() for line in lines) and all(len(w.split()) == 1 for w in words)
-
-
-def _columns(path: str, format: str, header: list[str], conll: bool = False) -> tuple:
-    """(text, text_b, label) column indices from the header; text_b and label may be None."""
-    if format in GLUE_COLUMNS:
-        names = GLUE_COLUMNS[format]
-        found = [header.index(n) if n and n in header else None for n in names]
-        accepted = repr(names[0])
-    else:
-        lower = [h.lower() for h in header]
-        found = [next((lower.index(n) for n in group if n in lower), None)
-                 for group in (TEXT_NAMES, TEXT_B_NAMES, LABEL_NAMES)]
-        accepted = (f"{' or '.join(TEXT_NAMES)} for the text, optionally "
-                    f"{' '.join(TEXT_B_NAMES)} and {' '.join(LABEL_NAMES)}")
-    if found[0] is None:
-        if conll:
-            raise KbertError(f"{path}: looks like CoNLL (a word and its tag per line), which --task tag reads; "
-                             f"classify and regress read one text per row under a header naming the columns: "
-                             f"{accepted}")
-        raise KbertError(f"{path}: the header names no text column (found: {', '.join(header)}); "
-                         f"the first row of a {format} file must name the columns: {accepted}")
-    return tuple(found)
 
 
 def _read_jsonl(reader: _TextExampleCollector, text: str):
@@ -654,203 +538,3 @@ def _read_jsonl(reader: _TextExampleCollector, text: str):
     reader.has_label_column = reader.require_labels or any("label" in row for *_, row in rows)
     for line_no, text_a, text_b, row in rows:
         reader.add(line_no, text_a, text_b, row.get("label"))
-
-
-# === Features ===
-
-
-def _special_ids(tokenizer, *tokens) -> list[int]:
-    missing = [t for t in tokens if t not in tokenizer.vocab]
-    if missing:
-        raise KbertError(f"the vocab has no {', '.join(missing)}; use the vocab.txt the model "
-                         "was trained with")
-    return [tokenizer.vocab[t] for t in tokens]
-
-
-def _features(n: int, max_seq_length: int) -> dict[str, np.ndarray]:
-    return {name: np.zeros((n, max_seq_length), np.int32)
-            for name in ("input_ids", "input_mask", "segment_ids")}
-
-
-def encode_texts(tokenizer, texts, texts_b, max_seq_length: int) -> tuple[dict[str, np.ndarray], int]:
-    """Model inputs for single texts or pairs, exactly as run_classifier.py builds them.
-
-    "[CLS] a [SEP]" or "[CLS] a [SEP] b [SEP]", segment 0 for the first part and 1 for
-    "b [SEP]", mask 1 on real tokens, zero padding. A pair that does not fit loses tokens
-    from the end of its longer text, one at a time (`_truncate_seq_pair`); a single text
-    keeps its first max_seq_length - 2 tokens. An empty second text (or one with no tokens,
-    or none left after cutting at a tiny max_seq_length) makes a single-text example, as in
-    the original.
-
-    Args:
-        tokenizer: kbert.Tokenizer.
-        texts: list of str. The first texts.
-        texts_b: list of str, or None. The second texts of pairs ("" or None for none).
-        max_seq_length: int. Tokens per example, special tokens included: at least 2, or 3
-            with `texts_b`.
-
-    Returns:
-        (features, truncated): a dict of int32 [N, max_seq_length] arrays "input_ids",
-        "input_mask" and "segment_ids", and how many examples lost tokens.
-
-    Example:
-    >>> from kbert.text.tokenizer import Tokenizer
-    >>> tokenizer = Tokenizer("tests/fixtures/vocab-uncased.txt")
-    >>> features, truncated = encode_texts(tokenizer, ["Is it?"], ["Yes."], 8)
-    >>> tokenizer.convert_ids_to_tokens(features["input_ids"][0])
-    ['[CLS]', 'is', 'it', '?', '[SEP]', 'yes', '.', '[SEP]']
-    >>> features["segment_ids"][0].tolist(), truncated
-    ([0, 0, 0, 0, 0, 1, 1, 1], 0)
-    >>> features, truncated = encode_texts(tokenizer, ["Is it?"], None, 4)
-    >>> tokenizer.convert_ids_to_tokens(features["input_ids"][0]), truncated
-    (['[CLS]', 'is', 'it', '[SEP]'], 1)
-    """
-    n = len(texts)
-    if texts_b is not None and len(texts_b) != n:
-        raise ValueError(f"{n} texts but {len(texts_b)} texts_b")
-    least = 2 if texts_b is None else 3
-    if max_seq_length < least:
-        raise KbertError(f"max sequence length {max_seq_length} is too short; it must be at "
-                         f"least {least} ([CLS] and [SEP]{', [SEP]' if least == 3 else ''})")
-    cls_id, sep_id = _special_ids(tokenizer, "[CLS]", "[SEP]")
-    vocab = tokenizer.vocab
-    features = _features(n, max_seq_length)
-    input_ids, input_mask, segment_ids = (features[k] for k in ("input_ids", "input_mask", "segment_ids"))
-    truncated = 0
-    for i in range(n):
-        tokens_a = tokenizer.tokenize(texts[i])
-        text_b = texts_b[i] if texts_b is not None else None
-        tokens_b = tokenizer.tokenize(text_b) if text_b else None
-        if tokens_b:
-            # _truncate_seq_pair: pop from the longer list (b on ties) until both fit.
-            room = max_seq_length - 3
-            len_a, len_b = len(tokens_a), len(tokens_b)
-            if len_a + len_b > room:
-                truncated += 1
-                while len_a + len_b > room:
-                    if len_a > len_b:
-                        len_a -= 1
-                    else:
-                        len_b -= 1
-            ids = [cls_id] + [vocab[t] for t in tokens_a[:len_a]] + [sep_id]
-            if len_b:  # as the original, which asks `if tokens_b` again after cutting
-                ids += [vocab[t] for t in tokens_b[:len_b]] + [sep_id]
-                segment_ids[i, len_a + 2:len(ids)] = 1
-        else:
-            if len(tokens_a) > max_seq_length - 2:
-                truncated += 1
-                tokens_a = tokens_a[:max_seq_length - 2]
-            ids = [cls_id] + [vocab[t] for t in tokens_a] + [sep_id]
-        input_ids[i, :len(ids)] = ids
-        input_mask[i, :len(ids)] = 1
-    return features, truncated
-
-
-def encode_tagged(tokenizer, words, tags, label_ids: dict[str, int], max_seq_length: int):
-    """Model inputs and per-token labels for tagging, each word's tag on its first WordPiece.
-
-    "[CLS] pieces [SEP]" with segment 0, mask 1 on real tokens, zero padding. A word that
-    tokenizes to nothing (only control characters, say) becomes "[UNK]", so every word has a
-    first piece. A sentence with more than max_seq_length - 2 pieces keeps its first
-    max_seq_length - 2; words whose first piece is cut off get position -1 and no label.
-
-    Args:
-        tokenizer: kbert.Tokenizer.
-        words: list of list of str. The words of each sentence.
-        tags: list of list of str, or None. One tag per word; None for prediction.
-        label_ids: dict of str to int. The tags the model was trained on, and their ids.
-        max_seq_length: int. Tokens per example, [CLS] and [SEP] included (at least 3).
-
-    Returns:
-        (features, labels, word_positions, truncated): features as `encode_texts` returns
-        them; labels, int32 [N, max_seq_length], the tag id on each word's first piece and
-        -1 everywhere else (all -1 when `tags` is None); per sentence, each word's first
-        piece position (-1 for a cut word); and how many sentences lost pieces.
-
-    Raises:
-        KbertError: a tag is not in `label_ids`.
-
-    Example:
-    >>> from kbert.text.tokenizer import Tokenizer
-    >>> tokenizer = Tokenizer("tests/fixtures/vocab-uncased.txt")
-    >>> features, labels, positions, truncated = encode_tagged(
-    ...     tokenizer, [["Peter", "is", "unaffable"]], [["B-PER", "O", "O"]], {"O": 0, "B-PER": 1}, 8)
-    >>> tokenizer.convert_ids_to_tokens(features["input_ids"][0])
-    ['[CLS]', 'peter', 'is', 'una', '##ffa', '##ble', '[SEP]', '[PAD]']
-    >>> labels[0].tolist(), positions, truncated
-    ([-1, 1, 0, 0, -1, -1, -1, -1], [[1, 2, 3]], 0)
-    """
-    n = len(words)
-    if tags is not None:
-        if len(tags) != n:
-            raise ValueError(f"{n} sentences but {len(tags)} tag lists")
-        unseen = {t for sentence in tags for t in sentence if t not in label_ids}
-        if unseen:
-            listed = sorted(unseen)
-            more = f" and {len(listed) - _MAX_LISTED} more" if len(listed) > _MAX_LISTED else ""
-            known = ", ".join(sorted(label_ids)[:_MAX_LISTED])
-            raise KbertError(f"tags {', '.join(listed[:_MAX_LISTED])}{more} were not in the "
-                             f"training data (the model knows {known}"
-                             f"{', ...' if len(label_ids) > _MAX_LISTED else ''}); evaluate "
-                             "with data tagged with the training set's tags")
-    if max_seq_length < 3:
-        raise KbertError(f"max sequence length {max_seq_length} is too short for tagging; it "
-                         "must be at least 3 ([CLS], a word, [SEP])")
-    cls_id, sep_id, unk_id = _special_ids(tokenizer, "[CLS]", "[SEP]", "[UNK]")
-    vocab = tokenizer.vocab
-    room = max_seq_length - 2
-    features = _features(n, max_seq_length)
-    input_ids, input_mask = features["input_ids"], features["input_mask"]
-    labels = np.full((n, max_seq_length), -1, np.int32)
-    all_positions, truncated = [], 0
-    for i, sentence in enumerate(words):
-        if tags is not None and len(tags[i]) != len(sentence):
-            raise ValueError(f"sentence {i} has {len(sentence)} words but {len(tags[i])} tags")
-        ids, positions = [cls_id], []
-        for word in sentence:
-            positions.append(len(ids) if len(ids) <= room else -1)
-            ids.extend([vocab[t] for t in tokenizer.tokenize(word)] or [unk_id])
-        if len(ids) > room + 1:
-            truncated += 1
-            del ids[room + 1:]
-        ids.append(sep_id)
-        input_ids[i, :len(ids)] = ids
-        input_mask[i, :len(ids)] = 1
-        if tags is not None:
-            for position, tag in zip(positions, tags[i]):
-                if position >= 0:
-                    labels[i, position] = label_ids[tag]
-        all_positions.append(positions)
-    return features, labels, all_positions, truncated
-
-
-def encode_choices(tokenizer, contexts, endings, max_seq_length: int) -> tuple[dict[str, np.ndarray], int]:
-    """Model inputs for multiple choice: each (context, ending) pair packed as `encode_texts`
-    packs a sentence pair, as the BERT paper fine-tuned on SWAG.
-
-    Args:
-        tokenizer: kbert.Tokenizer.
-        contexts: list of str. One context per question.
-        endings: list of list of str. The endings of each question, the same number for all.
-        max_seq_length: int. Tokens per (context, ending) pair, special tokens included.
-
-    Returns:
-        (features, truncated): int32 [N, choices, max_seq_length] arrays "input_ids",
-        "input_mask" and "segment_ids", and how many pairs lost tokens.
-
-    Example:
-    >>> from kbert.text.tokenizer import Tokenizer
-    >>> tokenizer = Tokenizer("tests/fixtures/vocab-uncased.txt")
-    >>> features, truncated = encode_choices(tokenizer, ["A man sits."], [["He smiles.", "He flies."]], 10)
-    >>> features["input_ids"].shape, truncated
-    ((1, 2, 10), 0)
-    >>> tokenizer.convert_ids_to_tokens(features["input_ids"][0, 1])
-    ['[CLS]', 'a', 'man', 'sits', '.', '[SEP]', 'he', 'flies', '.', '[SEP]']
-    """
-    n = len(contexts)
-    choices = len(endings[0]) if endings else 0
-    if any(len(row) != choices for row in endings):
-        raise KbertError("every question needs the same number of endings")
-    flat, truncated = encode_texts(tokenizer, [c for c in contexts for _ in range(choices)],
-                                   [e for row in endings for e in row], max_seq_length)
-    return {k: v.reshape(n, choices, max_seq_length) for k, v in flat.items()}, truncated

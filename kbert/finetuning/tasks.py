@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.errors import KbertError
-from kbert.finetuning import metrics, readers, squad
+from kbert.finetuning import encoding, metrics, readers, squad, squad_decoding
 from kbert.finetuning.options import FinetuneOptions
 from kbert.model import bert
 from kbert.text.tokenizer import UNK, load_vocab
@@ -172,7 +172,7 @@ def _read_texts(task):
         examples = readers.read_text_examples(path, task=task, format=opts.format,
                                               skip_bad_rows=opts.skip_bad_rows, require_labels=require_labels)
         readers.report_skipped(path, examples)
-        features, truncated = readers.encode_texts(tokenizer, examples.texts, examples.texts_b, max_seq_length)
+        features, truncated = encoding.encode_texts(tokenizer, examples.texts, examples.texts_b, max_seq_length)
         targets = None
         if examples.labels is not None:
             if task == "regress":
@@ -289,7 +289,7 @@ def _read_tagged(path, tokenizer, max_seq_length, labels, opts, require_labels, 
     if tags is not None and not require_labels and not {t for sentence in tags for t in sentence} <= set(labels):
         tags = None  # prediction: tags the model does not know are no reason to refuse the words
     label_ids = {label: i for i, label in enumerate(labels or [])}
-    features, targets, word_starts, truncated = readers.encode_tagged(
+    features, targets, word_starts, truncated = encoding.encode_tagged(
         tokenizer, examples.words, tags, label_ids, max_seq_length)
     return TaskData(features, {"logits": targets} if tags is not None else None, labels,
                     len(examples.words), truncated, examples, word_starts)
@@ -316,7 +316,7 @@ def _serve_tagger(model, labels):
         return {"label_id": label_id, "label": tf.gather(names, label_id), "input_mask": features["input_mask"]}
 
     def text_outputs(strings, pack, preprocessor):
-        # As readers.encode_tagged: the words are the text's whitespace-separated pieces (a CoNLL
+        # As encoding.encode_tagged: the words are the text's whitespace-separated pieces (a CoNLL
         # file's words), each tokenized on its own, "[UNK]" for a word with no pieces, the pieces
         # cut at sequence_length - 2; each word's tag is read at its first piece.
         words = tf.strings.split(strings["text"])                     # [batch, (words)]
@@ -390,7 +390,7 @@ def _read_squad(path, tokenizer, max_seq_length, labels, opts, require_labels, i
 def squad_answers(data: TaskData, outputs, opts: FinetuneOptions, do_lower_case=True):
     """(best answer per question id, n-best lists), decoded as run_squad.py writes them."""
     v2 = any(getattr(e, "is_impossible", False) for e in data.raw)
-    return squad.squad_predictions(data.raw, data.extra, outputs["start_logits"], outputs["end_logits"],
+    return squad_decoding.squad_predictions(data.raw, data.extra, outputs["start_logits"], outputs["end_logits"],
                                    n_best_size=opts.n_best_size, max_answer_length=opts.max_answer_length,
                                    do_lower_case=do_lower_case, version_2_with_negative=v2,
                                    null_score_diff_threshold=opts.null_score_diff_threshold)
@@ -434,7 +434,7 @@ def choice_row(probabilities) -> dict:
 def _read_choices(path, tokenizer, max_seq_length, labels, opts, require_labels, is_training):
     examples = readers.read_choice_examples(path, skip_bad_rows=opts.skip_bad_rows, require_labels=require_labels)
     readers.report_skipped(path, examples)
-    features, truncated = readers.encode_choices(tokenizer, examples.contexts, examples.endings, max_seq_length)
+    features, truncated = encoding.encode_choices(tokenizer, examples.contexts, examples.endings, max_seq_length)
     targets = None if examples.labels is None else {"logits": np.asarray(examples.labels, dtype=np.int32)}
     return TaskData(features, targets, None, len(examples.contexts), truncated, examples)
 

@@ -39,7 +39,7 @@ from kbert.errors import KbertError
 from kbert.outputs import writes
 from kbert.files import atomic_output_dir, atomic_write_text, check_output_dir
 from kbert.finetuning.options import FinetuneOptions, resolve_options
-from kbert.finetuning.squad import write_predictions_json
+from kbert.finetuning.squad_decoding import write_predictions_json
 from kbert.finetuning.tasks import (Task, TaskData, best_metric, get_task, json_floats, predict_outputs,
                                     squad_answers)
 from kbert.model_dir import FINETUNE_STATE_FILE, describe_source, open_model, save

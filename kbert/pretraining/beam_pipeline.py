@@ -49,7 +49,10 @@ from kbert.beam import (FileSystems, beam, create_file, expand_inputs, is_url, o
                         pipeline_options, remove, remove_stale, run, write_atomically)
 from kbert.errors import KbertError, first_line
 from kbert.pretraining import create_data
-from kbert.pretraining.create_data import DataOptions, InstanceBuilder, InstanceCounts, read_chunks, tfrecord_frames
+from kbert.pretraining.create_data import read_chunks
+from kbert.pretraining.instances import DataOptions, InstanceBuilder, InstanceCounts
+from kbert.pretraining.record_encoder import tfrecord_frames
+from kbert.pretraining.worker_pool import own_peak_kib
 from kbert.text.tokenizer import load_vocab
 
 STATISTICS_FILE = "statistics.json"
@@ -85,7 +88,7 @@ class BuildChunk(beam.DoFn):
         del records
         chunk_counts = {name: getattr(counts, name) for name in InstanceCounts.__slots__}
         chunk_counts.update(replaced=create_data._REPLACED[0] - replaced_before, chunks=1,
-                            peak_kib=create_data.own_peak_kib())
+                            peak_kib=own_peak_kib())
         yield index % self.shards, (index, path, chunk_counts)
 
 
@@ -251,6 +254,6 @@ def run_pipeline(input_patterns, vocab_file, output, *, runner: str = "DirectRun
         "instances_per_second": round(counts.instances / seconds, 1),
         # In-memory DirectRunner runs the workers in this process; multi_processing in their own.
         "peak_rss_mib_largest_worker": round(totals["peak_kib"] / 1024, 1),
-        "peak_rss_mib_main": round(create_data.own_peak_kib() / 1024, 1),
+        "peak_rss_mib_main": round(own_peak_kib() / 1024, 1),
         **counts.statistics(),
     }

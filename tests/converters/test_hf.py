@@ -16,8 +16,8 @@ import pytest
 import tensorflow as tf
 
 import kbert
-from kbert.converters.hf import SafetensorsFile, write_safetensors
 from kbert.converters.names import HF_TIED, hf_name, tf1_to_kbert_paths
+from kbert.converters.safetensors_file import SafetensorsFile, write_safetensors
 from conftest import FIXTURES, TINY, assert_user_error, run_kbert
 from helpers import EXPECTED, original_outputs
 

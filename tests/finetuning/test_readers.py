@@ -1,4 +1,4 @@
-"""kbert.finetuning.readers: reading fine-tuning files and building features.
+"""kbert.finetuning.readers and .encoding: reading fine-tuning files and building features.
 
 Features and GLUE reading are compared with google-research/bert's own run_classifier.py
 (PyPI bert-tensorflow 1.0.4), run in a subprocess because its TF1 shim switches TensorFlow
@@ -18,8 +18,8 @@ import pytest
 from conftest import FIXTURES, REFERENCE, TESTS, UNCASED_VOCAB
 from kbert.finetuning import readers
 from kbert.errors import KbertError
-from kbert.finetuning.readers import (encode_tagged, encode_texts, read_tagged_examples,
-                                 read_text_examples)
+from kbert.finetuning.encoding import encode_tagged, encode_texts
+from kbert.finetuning.readers import read_tagged_examples, read_text_examples
 from kbert.text.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(TESTS)

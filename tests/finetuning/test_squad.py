@@ -24,8 +24,8 @@ import pytest
 from conftest import REFERENCE, TESTS, UNCASED_VOCAB
 from kbert.finetuning import squad
 from kbert.errors import KbertError
-from kbert.finetuning.squad import (SquadExample, get_final_text, read_squad, squad_evaluate, squad_features,
-                         squad_predictions, write_predictions_json)
+from kbert.finetuning.squad import SquadExample, read_squad, squad_evaluate, squad_features
+from kbert.finetuning.squad_decoding import get_final_text, squad_predictions, write_predictions_json
 from kbert.text.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(TESTS)

@@ -26,7 +26,7 @@ from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.
 
 from conftest import FIXTURES, TESTS, UNCASED_VOCAB, assert_user_error, run_kbert
 from kbert import Tokenizer
-from kbert.pretraining import create_data
+from kbert.pretraining import create_data, python_random
 from kbert.errors import KbertError
 from kbert.pretraining.create_data import FEATURES, compute_statistics, create_pretraining_data
 
@@ -110,9 +110,9 @@ def test_shuffle_and_randbelow_draw_exactly_like_random():
         a, b = list(range(n)), list(range(n))
         for _ in range(20):
             theirs.shuffle(a)
-            create_data.shuffle(b, ours)
+            python_random.shuffle(b, ours)
             assert a == b
-            assert theirs.randint(0, 30521) == create_data._randbelow(ours, 30522)
+            assert theirs.randint(0, 30521) == python_random.randbelow(ours, 30522)
         assert theirs.random() == ours.random()  # the same state afterwards
 
 
@@ -281,8 +281,8 @@ def token_id(word):
 def test_workers_do_not_load_tensorflow():
     """A spawned worker imports the kbert script (so kbert.cli.main) and this module, then builds
     its tokenizer: none of that may load TensorFlow, whose start-up each worker would pay again."""
-    code = ("import sys, kbert.cli.main; from kbert.pretraining import create_data; "
-            f"create_data._start_worker({UNCASED_VOCAB!r}, True, create_data.DataOptions()); "
+    code = ("import sys, kbert.cli.main; from kbert.pretraining import create_data, worker_pool; "
+            f"worker_pool._start_worker({UNCASED_VOCAB!r}, True, create_data.DataOptions()); "
             "print('tensorflow' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

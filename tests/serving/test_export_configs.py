@@ -15,7 +15,7 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from conftest import run_kbert
-from kbert.serving.export import _models_config, _models_config_with
+from kbert.serving.models_config import _models_config, _models_config_with
 
 BASE = "/srv/exports/sentiment"
 

@@ -1,0 +1,44 @@
+"""The signatures of a written SavedModel, read and edited in its `saved_model.pb`.
+
+TF2's SavedModel writer gives every signature the method name `tensorflow/serving/predict`
+and takes no other, so an export's `classify` or `regress` signature gets its method name
+set here, after the writer is done.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tensorflow.core.protobuf import saved_model_pb2
+# Private, and the one place kbert imports it: TensorFlow has no public API that writes a
+# SavedModel's fingerprint.pb (`tf.saved_model.experimental` only reads one), and none that
+# saves a signature with a method name other than predict. Kept here so that a TensorFlow
+# upgrade that moves it breaks this module alone.
+from tensorflow.python.saved_model import fingerprinting_utils
+
+
+def set_method_name(saved_model_dir: str, signature: str, method_name: str):
+    """Give one signature of a written SavedModel another method name, and renew its fingerprint.
+
+    TF2's saving writes every signature as `tensorflow/serving/predict`; TF Serving's Classify
+    and Regress APIs refuse those, so the name is set in `saved_model.pb` itself.
+    """
+    path = os.path.join(saved_model_dir, "saved_model.pb")
+    saved_model = saved_model_pb2.SavedModel()
+    with open(path, "rb") as f:
+        saved_model.ParseFromString(f.read())
+    for meta_graph in saved_model.meta_graphs:
+        meta_graph.signature_def[signature].method_name = method_name
+    with open(path, "wb") as f:
+        f.write(saved_model.SerializeToString())
+    # fingerprint.pb hashes saved_model.pb (its signatures included); write the new one.
+    fingerprinting_utils.write_fingerprint(saved_model_dir)
+
+
+def exported_signatures(path: str) -> dict:
+    """{signature name: method name} of the SavedModel at `path`, read from saved_model.pb."""
+    saved_model = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        saved_model.ParseFromString(f.read())
+    return {name: signature.method_name for name, signature in
+            sorted(saved_model.meta_graphs[0].signature_def.items()) if not name.startswith("__")}
