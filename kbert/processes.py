@@ -20,6 +20,9 @@ import time
 from kbert.errors import Interrupted
 
 _PR_SET_PDEATHSIG = 1
+# How long a command has to unwind after SIGTERM before it exits regardless (its workers die
+# with it: `die_with_parent`).
+STOP_SECONDS = 10.0
 
 
 def die_with_parent(parent_pid: int):
@@ -107,15 +110,29 @@ def stop_cleanly(command: str):
     previous = None
     in_main_thread = threading.current_thread() is threading.main_thread()
 
+    message = f"{command} stopped by SIGTERM; its partial outputs were removed, nothing was written"
+    deadline = []
+
+    def force_exit(number):
+        # The unwinding did not end in time (a process pool's shutdown can hang once its
+        # workers are stopped): what it had to remove is removed first, so exit now.
+        print(f"kbert: {message}", file=sys.stderr, flush=True)
+        os._exit(128 + number)
+
     def on_sigterm(number, frame):
-        raise _Terminated(f"{command} stopped by SIGTERM; its partial outputs were removed, nothing was written",
-                          exit_code=128 + number)
+        if not deadline:
+            deadline.append(threading.Timer(STOP_SECONDS, force_exit, (number,)))
+            deadline[0].daemon = True
+            deadline[0].start()
+        raise _Terminated(message, exit_code=128 + number)
 
     if in_main_thread:
         previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     finally:
+        if deadline:
+            deadline[0].cancel()
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
         started = child_processes() - before

@@ -221,3 +221,24 @@ def test_flags_a_served_model_cannot_take_are_named_for_what_they_are(tmp_path):
                        check=False)
     assert_user_error(result, "--layers applies to a local model")
     assert "--max-seq-length" not in result.stderr
+
+
+def test_a_stop_that_hangs_while_unwinding_still_exits_in_time():
+    """A process pool's shutdown can hang once its workers are stopped: after SIGTERM the frame
+    gives the unwinding STOP_SECONDS, then exits with the same line and status."""
+    code = ("import time, kbert.processes as p\n"
+            "p.STOP_SECONDS = 1.0\n"
+            "with p.stop_cleanly('kbert create-data'):\n"
+            "    print('ready', flush=True)\n"
+            "    try:\n"
+            "        time.sleep(60)\n"
+            "    except BaseException:\n"
+            "        time.sleep(60)\n")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 143 and time.monotonic() - started < 10
+    assert stderr.strip() == ("kbert: kbert create-data stopped by SIGTERM; its partial outputs were removed, "
+                              "nothing was written")

@@ -264,12 +264,14 @@ def _create_pretraining_data(input_files, vocab_file, outputs, options, do_lower
         for temp, path in zip(temps, outputs):
             os.replace(temp, path)
     except BaseException:
-        results.close()  # stop the workers now, not when the traceback is gone
+        # The partial output goes first: stopping the pool can hang (a worker stopped while
+        # the queue feeding it is full), and then only the frame's deadline ends the process.
         for writer in writers:
             writer.close()
         for temp in temps:
             if os.path.exists(temp):
                 os.remove(temp)
+        results.close()  # stop the workers now, not when the traceback is gone
         raise
     seconds = time.perf_counter() - started
     return {
