@@ -229,8 +229,8 @@ def test_a_stop_that_hangs_while_unwinding_still_exits_in_time():
     code = ("import time, kbert.processes as p\n"
             "p.STOP_SECONDS = 1.0\n"
             "with p.stop_cleanly('kbert create-data'):\n"
-            "    print('ready', flush=True)\n"
             "    try:\n"
+            "        print('ready', flush=True)\n"  # inside the try: the signal may come at once
             "        time.sleep(60)\n"
             "    except BaseException:\n"
             "        time.sleep(60)\n")
