@@ -26,11 +26,11 @@ from kbert.errors import KbertError, listing as _listing, plural as _plural
 from kbert.outputs import writes
 from kbert.files import atomic_output_dir, count_lines
 from kbert.model.bert import BertEncoder, BertPretrainer
-from kbert.model.layers import weights_from
+from kbert.converters.loading import HEAD_PATHS, POOLER_PATH, Stored, load_pretrainer
 from kbert.model_dir import VOCAB_FILE, check_vocab
 from kbert.text.tokenizer import load_vocab
 from kbert.converters.names import (HF_BUFFERS, HF_OPTIONAL, HF_TIED, hf_canonical, hf_name,
-                                    hf_to_tf1_names, suspect_field, tf1_to_kbert_paths)
+                                    hf_to_tf1_names, tf1_to_kbert_paths)
 from kbert.converters.safetensors_file import RESAVE, SafetensorsFile, write_safetensors
 
 log = logging.getLogger("kbert")
@@ -282,30 +282,11 @@ def _open_weights(source: HfSource) -> dict:
     return keys
 
 
-def _check_names(source, keys, wanted):
-    """Raise on unknown or missing weights; return the optional parts that are absent."""
-    unknown = [name for canonical, (_, name) in keys.items()
-               if canonical not in wanted and canonical not in HF_TIED and canonical not in HF_BUFFERS]
-    if unknown:
-        if any(".layer." in n for n in unknown):
-            hint = "; the file has more layers than num_hidden_layers in config.json"
-        elif any(n.startswith(("classifier.", "qa_outputs.")) for n in unknown):
-            hint = ("; this is a fine-tuned task model: kbert converts the encoder and the "
-                    "pretraining heads (BertModel, BertForPreTraining, BertForMaskedLM)")
-        else:
-            hint = "; is this a BERT model?"
-        raise KbertError(f"{source.folder}: {_plural(len(unknown), 'unknown weight')} "
-                         f"({_listing(unknown)}){hint}")
-    absent = [part for part, prefix in HF_OPTIONAL.items()
-              if not any(c.startswith(prefix) for c in keys)]
-    missing = [n for n in wanted if n not in keys
-               and not any(n.startswith(HF_OPTIONAL[part]) for part in absent)]
-    if missing:
-        hint = ("; config.json has more layers (num_hidden_layers) than the file"
-                if any(".layer." in n for n in missing) else "")
-        raise KbertError(f"{source.folder}: {_plural(len(missing), 'weight')} missing from the "
-                         f"file ({_listing(missing)}){hint}")
-    return absent
+def _unknown_hint(names) -> str:
+    if any(n.startswith(("classifier.", "qa_outputs.")) for n in names):
+        return ("; this is a fine-tuned task model: kbert converts the encoder and the "
+                "pretraining heads (BertModel, BertForPreTraining, BertForMaskedLM)")
+    return "; is this a BERT model?"
 
 
 def _check_tied(source, keys):
@@ -340,38 +321,26 @@ def load_hf_model(src, do_lower_case=None):
     vocab_file, vocab_origin = _vocab_file(source.folder, config, source.config_file)
     keys = _open_weights(source)
     hf_to_tf1 = hf_to_tf1_names(config.num_hidden_layers)
-    absent = _check_names(source, keys, hf_to_tf1)
+    tf1_to_kbert = tf1_to_kbert_paths(config.num_hidden_layers)
+    transposed = {hf: hf_name(tf1)[1] for hf, tf1 in hf_to_tf1.items()}
+    weights = {c: (f, name) for c, (f, name) in keys.items() if c not in HF_TIED and c not in HF_BUFFERS}
 
-    # Each weight is created directly from the file's tensor (see layers.weights_from), its
-    # shape checked first; a kernel is transposed from torch's [out, in] to TF1's [in, out].
-    kbert_to_tf1 = {path: name for name, path in tf1_to_kbert_paths(config.num_hidden_layers).items()}
-    loaded, mismatches = set(), []
-
-    def value_for(path, shape):
-        tf1 = kbert_to_tf1.get(path)
-        hf, transposed = hf_name(tf1) if tf1 else (None, False)
-        if hf not in keys:
-            return None
-        f, name = keys[hf]
-        found = f.shapes[name][::-1] if transposed else f.shapes[name]  # in kbert's layout
-        if found != shape:
-            mismatches.append((name, tf1, shape, found, transposed))
-            return None
+    def read(canonical, shape):
+        # A kernel is transposed from torch's [out, in] to TF1's [in, out].
+        f, name = weights[canonical]
         value = f.read(name)
-        loaded.add(hf)
-        return np.ascontiguousarray(value.T) if transposed else value
+        return np.ascontiguousarray(value.T) if transposed[canonical] else value
 
-    with weights_from(value_for):
-        model = BertPretrainer(config)
-    if mismatches:
-        name, tf1, expected, found, transposed = mismatches[0]
-        flip = (lambda s: list(s[::-1])) if transposed else list
-        raise KbertError(f"{name}: the file has shape {flip(found)} but config.json gives "
-                         f"{flip(expected)}; check {suspect_field(tf1, expected, found)} in "
-                         f"{source.config_file}")
-    not_loaded = sorted(n for n in hf_to_tf1 if n in keys and n not in loaded)
-    if not_loaded:  # a guard on the path-based loading itself
-        raise RuntimeError(f"kbert bug: weights not loaded from the file: {_listing(not_loaded)}")
+    kbert_paths = {hf: tf1_to_kbert[tf1] for hf, tf1 in hf_to_tf1.items()}
+    hf_of = {path: hf for hf, path in kbert_paths.items()}
+    model, absent = load_pretrainer(config, Stored(
+        where=source.folder, shapes={c: tuple(f.shapes[name]) for c, (f, name) in weights.items()},
+        paths=kbert_paths, read=read,
+        stored_shape=lambda path, shape: tuple(shape)[::-1] if transposed[hf_of[path]] else tuple(shape),
+        optional={**HEAD_PATHS, "pooler": POOLER_PATH},
+        thing="file", config_name=HF_CONFIG_FILE, config_file=source.config_file,
+        unknown_hint=_unknown_hint, missing_hint=lambda names: "", spelled=lambda c: weights[c][1]))
+    loaded = set(weights)
     _check_tied(source, keys)
 
     skipped = sorted(name for canonical, (_, name) in keys.items() if canonical in HF_BUFFERS)

@@ -13,15 +13,10 @@ import logging
 import numpy as np
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError, listing, plural
-from kbert.model.bert import BertPretrainer
-from kbert.model.layers import weights_from
+from kbert.converters.loading import Stored, load_pretrainer
 from kbert.converters.names import names_to_kbert_paths, split_heads_shape
 
 log = logging.getLogger("kbert")
-
-# kbert weight-path prefix of each optional head.
-HEAD_PATHS = {"masked_lm": "mlm_head/", "next_sentence": "nsp_head/"}
 
 
 def pretrainer_from_named(config: BertConfig, arrays: dict, column: str, where: str):
@@ -42,47 +37,21 @@ def pretrainer_from_named(config: BertConfig, arrays: dict, column: str, where: 
     >>> pretrainer_from_named(config, {}, "keras_hub", "empty")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: empty: 23 weights missing (...); is this a BERT of that format?
+    kbert.errors.KbertError: empty: 23 weights missing from the source (...); is this a BERT of that format?
     """
-    wanted = names_to_kbert_paths(column, config.num_hidden_layers)  # {source name: kbert path}
-    unknown = sorted(name for name in arrays if name not in wanted)
-    if unknown:
-        hint = ("; it has more layers than its config says" if any("layer" in n for n in unknown)
-                else "; is this a BERT encoder?")
-        raise KbertError(f"{where}: {plural(len(unknown), 'unknown weight')} ({listing(unknown)}){hint}")
-    fresh_heads = [head for head, prefix in HEAD_PATHS.items()
-                   if not any(wanted[name].startswith(prefix) for name in arrays)]
-    missing = sorted(name for name, path in wanted.items() if name not in arrays
-                     and not any(path.startswith(HEAD_PATHS[head]) for head in fresh_heads))
-    if missing:
-        raise KbertError(f"{where}: {plural(len(missing), 'weight')} missing ({listing(missing)}); "
-                         f"is this a BERT of that format?")
-
-    source_name = {path: name for name, path in wanted.items()}
     split = column in ("model_garden", "keras_hub")
-    loaded, mismatches = set(), []
+    paths = names_to_kbert_paths(column, config.num_hidden_layers)  # {source name: kbert path}
 
-    def value_for(path, shape):
-        name = source_name.get(path)
-        if name not in arrays:
-            return None
-        expected = split_heads_shape(path, shape, config.num_attention_heads) if split else tuple(shape)
-        value = np.asarray(arrays[name])
-        if tuple(value.shape) != expected:
-            mismatches.append((name, expected, tuple(value.shape)))
-            return None
-        loaded.add(name)
-        return np.ascontiguousarray(value.reshape(shape), dtype="float32")
+    def stored_shape(path, shape):
+        return split_heads_shape(path, shape, config.num_attention_heads) if split else tuple(shape)
 
-    with weights_from(value_for):
-        model = BertPretrainer(config)
-    if mismatches:
-        name, expected, found = mismatches[0]
-        raise KbertError(f"{where}: {name} has shape {list(found)} but its config gives {list(expected)}; "
-                         f"the weights and the config do not belong together")
-    not_loaded = sorted(set(arrays) - loaded)
-    if not_loaded:  # a guard on the path-based loading itself
-        raise RuntimeError(f"kbert bug: weights not loaded: {listing(not_loaded)}")
+    def read(name, shape):  # a split weight holds the same numbers in row-major order: a reshape
+        return np.ascontiguousarray(np.reshape(arrays[name], shape), dtype="float32")
+
+    model, fresh_heads = load_pretrainer(config, Stored(
+        where=where, shapes={name: tuple(np.shape(value)) for name, value in arrays.items()}, paths=paths,
+        read=read, stored_shape=stored_shape,
+        unknown_hint=lambda names: "; is this a BERT encoder?"))
     for head in fresh_heads:
         log.info("%s has no %s head: it is freshly initialised", where, head)
     return model, fresh_heads

@@ -21,9 +21,8 @@ from kbert.errors import KbertError, first_line, listing as _listing, plural as 
 from kbert.outputs import writes
 from kbert.files import atomic_output_dir
 from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, lower_case_for
-from kbert.model.bert import BertPretrainer
-from kbert.model.layers import weights_from
-from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
+from kbert.converters.loading import Stored, load_pretrainer
+from kbert.converters.names import HEADS, tf1_to_kbert_paths
 
 log = logging.getLogger("kbert")
 
@@ -115,60 +114,24 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
 
-    wanted = tf1_to_kbert_paths(config.num_hidden_layers)
     skipped = sorted(n for n in shapes if is_optimizer_state(n))
-    ours = [n for n in shapes if n.startswith(("bert/", "cls/")) and not is_optimizer_state(n)]
+    ours = {n: tuple(shapes[n]) for n in shapes if n.startswith(("bert/", "cls/")) and not is_optimizer_state(n)}
     other = sorted(n for n in shapes if n not in skipped and n not in ours)
-    unknown = sorted(n for n in ours if n not in wanted)
-    if unknown:
-        hint = ("; the checkpoint has more layers than num_hidden_layers in bert_config.json"
-                if any("/layer_" in n for n in unknown) else "; is this a BERT checkpoint?")
-        raise KbertError(f"{source.prefix}: {_plural(len(unknown), 'unknown variable')} "
-                         f"({_listing(unknown)}){hint}")
 
-    fresh_heads = [head for head, prefix in HEADS.items()
-                   if not any(n.startswith(prefix) for n in shapes)]
-    missing = sorted(n for n in wanted if n not in shapes
-                     and not any(n.startswith(HEADS[h]) for h in fresh_heads))
-    if missing:
-        hint = ("; bert_config.json has more layers (num_hidden_layers) than the checkpoint"
-                if any("/layer_" in n for n in missing) else "")
-        raise KbertError(f"{source.prefix}: {_plural(len(missing), 'weight')} missing from the "
-                         f"checkpoint ({_listing(missing)}){hint}")
-
-    # Each weight is created directly from the checkpoint's tensor (see layers.weights_from):
-    # no random draw, no second copy. Shapes are checked as the weights are created.
-    kbert_to_tf1 = {path: name for name, path in wanted.items()}
-    loaded, mismatches = set(), []
-
-    def value_for(path, shape):
-        name = kbert_to_tf1.get(path)
-        if name is None or name not in shapes:
-            return None
-        if tuple(shapes[name]) != shape:
-            mismatches.append((name, shape, tuple(shapes[name])))
-            return None
+    def read(name, shape):
         try:
             # RestoreV2 reads straight into a tensor; reader.get_tensor would add two copies
             # (to numpy, and numpy back to a tensor), which for BERT-base doubles the time.
-            value = tf.raw_ops.RestoreV2(prefix=source.prefix, tensor_names=[name],
-                                         shape_and_slices=[""], dtypes=[dtypes[name]])[0]
+            return tf.raw_ops.RestoreV2(prefix=source.prefix, tensor_names=[name], shape_and_slices=[""],
+                                        dtypes=[dtypes[name]])[0]
         except Exception as e:  # tf raises DataLossError, OutOfRange... for damaged data files
             raise KbertError(f"{source.prefix}: cannot read {name} ({first_line(e)}); the data "
                              f"file is truncated or damaged: download it again") from None
-        loaded.add(name)
-        return value
 
-    with weights_from(value_for):
-        model = BertPretrainer(config)
-    if mismatches:
-        name, expected, found = mismatches[0]
-        raise KbertError(
-            f"{name}: the checkpoint has shape {list(found)} but bert_config.json gives "
-            f"{list(expected)}; check {suspect_field(name, expected, found)} in {source.config_file}")
-    not_loaded = sorted(n for n in wanted if n in shapes and n not in loaded)
-    if not_loaded:  # a guard on the path-based loading itself
-        raise RuntimeError(f"kbert bug: weights not loaded from the checkpoint: {_listing(not_loaded)}")
+    model, fresh_heads = load_pretrainer(config, Stored(
+        where=source.prefix, shapes=ours, paths=tf1_to_kbert_paths(config.num_hidden_layers), read=read,
+        thing="checkpoint", config_name=CONFIG_FILE, config_file=source.config_file, noun="variable",
+        unknown_hint=lambda names: "; is this a BERT checkpoint?", missing_hint=lambda names: ""))
 
     if skipped:
         log.info("skipped %s of optimizer state (global_step, adam_m/adam_v slots)",
@@ -186,7 +149,7 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
     model.do_lower_case = do_lower_case
     model.conversion = {
         "checkpoint": source.prefix,
-        "loaded": len(wanted) - sum(1 for n in wanted if n not in shapes),
+        "loaded": len(ours),
         "skipped_optimizer_state": len(skipped),
         "ignored": other,
         "fresh_heads": fresh_heads,

@@ -28,7 +28,7 @@ from kbert.errors import KbertError, first_line
 from kbert.outputs import writes
 from kbert.files import atomic_output_dir, count_lines, require_path
 from kbert.model import bert
-from kbert.model.layers import weights_from
+from kbert.model.initializers import unfilled
 
 log = logging.getLogger("kbert")
 
@@ -325,9 +325,8 @@ def load(model_dir):
         raise KbertError(f"{model_dir}: unknown kbert_model {kind!r} in bert_config.json; "
                          f"expected one of {', '.join(builders)}")
     head = {"num_classes": int(config.extras.get("num_classes", 2))} if kind in ("classifier", "tagger") else {}
-    # Zero-filled weights, overwritten by load_weights next: drawing BERT-base's 110M random
-    # initial values would take longer than reading the file.
-    with weights_from(lambda path, shape: tf.zeros(shape)):
+    # Unfilled weights, every one assigned by load_weights next (it fails on any it lacks).
+    with unfilled():
         model = builders[kind](config, **head)
     try:
         model.load_weights(weights)

@@ -15,22 +15,14 @@ Exports also run each LayerNorm as one oneDNN kernel (`LayerNorm.as_one_kernel`)
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import keras
 import tensorflow as tf
 from keras import ops
-# Private: Keras has no public way to read the current name scope's path (keras.name_scope only
-# opens one). Guarded by tests/test_optimization.py, and the reason keras is pinned in pyproject.toml.
-from keras.src.backend.common.name_scope import current_path
-
 from kbert.model import fused
 from kbert.config import BertConfig
-
-# While a converter builds a model, a function from weight path to the checkpoint's value.
-_LOADER = [None]
-
+from kbert.model.initializers import initializer
 
 def activation(name: str):
     """The activation a `hidden_act` value names.
@@ -85,53 +77,9 @@ def _plain_dense(dense) -> bool:
             and dense.bias is not None and dense.activation in (None, keras.activations.linear))
 
 
-def initializer(config: BertConfig, weight: str = "kernel", default=None):
-    """The original's initializer for one weight, or, inside `weights_from`, its loaded value.
-
-    Default: modeling.create_initializer, a truncated normal (cut at 2 stddev) with
-    `initializer_range`; biases and LayerNorm betas start at 0, gammas at 1.
-    """
-    if default is None:
-        default = keras.initializers.TruncatedNormal(stddev=config.initializer_range)
-    default = keras.initializers.get(default)
-    return default if _LOADER[0] is None else _LoadedValue(weight, default)
-
-
-class _LoadedValue(keras.initializers.Initializer):
-    """Creates a weight directly from a checkpoint's value: no random draw, no second copy.
-
-    For BERT-base, drawing 110M random numbers and then overwriting them takes longer, and
-    twice the memory, than reading the checkpoint. Weights the loader has no value for
-    (a head the checkpoint lacks) get `default`.
-    """
-
-    def __init__(self, weight, default):
-        self.weight, self.default = weight, default
-
-    def __call__(self, shape, dtype=None):
-        # Keras creates a weight inside its layer's name scope, so the scope plus the weight
-        # name is the weight's path ("transformer_layer_0/query" + "/kernel").
-        path = f"{current_path()}/{self.weight}"
-        value = _LOADER[0](path, tuple(shape))
-        if value is None:
-            return self.default(shape, dtype)
-        # A model built under the "bfloat16" policy keeps bfloat16 weights (a serving export).
-        return value if dtype is None else ops.cast(value, dtype)
-
-
-@contextlib.contextmanager
-def weights_from(loader):
-    """Build models whose weights come from `loader(path, shape) -> array or None`."""
-    _LOADER[0] = loader
-    try:
-        yield
-    finally:
-        _LOADER[0] = None
-
-
 def dense(config: BertConfig, units: int, name: str, act=None, dtype=None):
     return keras.layers.Dense(units, activation=act, kernel_initializer=initializer(config, "kernel"),
-                              bias_initializer=initializer(config, "bias", "zeros"),
+                              bias_initializer=initializer(config, "bias"),
                               name=name, dtype=dtype)
 
 
@@ -157,8 +105,8 @@ class PositionEmbedding(keras.layers.Layer):
 def layer_norm(config: BertConfig, name: str, dtype=None):
     # tf.contrib.layers.layer_norm as modeling.py calls it: last axis, epsilon 1e-12.
     return LayerNorm(
-        axis=-1, epsilon=1e-12, gamma_initializer=initializer(config, "gamma", "ones"),
-        beta_initializer=initializer(config, "beta", "zeros"), name=name, dtype=dtype)
+        axis=-1, epsilon=1e-12, gamma_initializer=initializer(config, "gamma"),
+        beta_initializer=initializer(config, "beta"), name=name, dtype=dtype)
 
 
 class LayerNorm(keras.layers.LayerNormalization):
@@ -418,7 +366,7 @@ class MaskedLMHead(keras.layers.Layer):
         self.word_embeddings = word_embeddings
         self.transform = dense(config, config.hidden_size, "transform", activation(config.hidden_act),
                                dtype=self.dtype_policy)
-        self.bias_initializer = initializer(config, "output_bias", "zeros")
+        self.bias_initializer = initializer(config, "output_bias")
         self.layer_norm = layer_norm(config, "layer_norm", self.dtype_policy)
         self.vocab_size = config.vocab_size
 
@@ -462,7 +410,7 @@ class OutputProjection(keras.layers.Layer):
         super().__init__(**kwargs)
         self.units = int(units)
         self.weights_initializer = initializer(config, "output_weights")
-        self.bias_initializer = initializer(config, "output_bias", "zeros")
+        self.bias_initializer = initializer(config, "output_bias")
 
     def build(self, input_shape):
         self.output_weights = self.add_weight(name="output_weights", shape=(self.units, input_shape[-1]),

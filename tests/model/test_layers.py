@@ -202,7 +202,7 @@ def test_transformer_layer_with_int8_dense_layers_trains_through_their_call(kern
 def test_masked_lm_head(kernels_run):
     config = tiny_config(0.0)
     word_embeddings = keras.layers.Embedding(config.vocab_size, config.hidden_size,
-                                             embeddings_initializer=layers.initializer(config))
+                                             embeddings_initializer=layers.initializer(config, "embeddings"))
     word_embeddings.build((None,))
     layer = layers.MaskedLMHead(config, word_embeddings)
     sequence_output = tf.random.stateless_normal([2, 6, 16], [3, 1])

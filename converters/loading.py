@@ -1,0 +1,166 @@
+"""One strict loader for every format: a kbert pretrainer from a source's named weights.
+
+A format (tf1.py, hf.py, tfhub.py, keras_hub.py) says only what is its own, in a `Stored`:
+which of its names are weights and their stored shapes, each name's kbert path (a column of
+names.py's one table), its layout (a kernel transposed, attention split by head) and how to
+read one weight in kbert's layout. `load_pretrainer` then does every check once, in order:
+
+1. unknown names are an error (with a hint when the source has more layers than its config);
+2. a head (masked-LM, next-sentence, pooler) may be absent as a whole: it is freshly
+   initialised and reported;
+3. any other missing weight is an error;
+4. every shape is checked before anything is read; a mismatch names both shapes, in the
+   source's layout, and the config field that most likely set it;
+5. the model is built without drawing initial values (`kbert.model.initializers.unfilled`),
+   each weight is read and assigned by its public `variable.path`, a fresh head's weights get
+   the original's initializer, and a weight left unassigned is a bug reported as such.
+
+Example:
+>>> import numpy as np, kbert
+>>> config = kbert.BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1,
+...                           num_attention_heads=2, intermediate_size=16)
+>>> arrays = {v.path: v.numpy() for v in kbert.bert_encoder(config).weights}
+>>> stored = Stored(where="arrays", shapes={n: a.shape for n, a in arrays.items()},
+...                 paths={p: p for p in arrays}, read=lambda name, shape: arrays[name])
+>>> model, fresh = load_pretrainer(config, stored)
+>>> fresh
+['masked_lm', 'next_sentence']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable
+
+from kbert.config import BertConfig
+from kbert.errors import KbertError, listing, plural
+from kbert.model.bert import BertPretrainer
+from kbert.model.initializers import original_initializer, unfilled
+from kbert.converters.names import suspect_field, tf1_to_kbert_paths
+
+# The parts a source may lack as a whole, by their kbert path prefix. Listed in this order in
+# reports. The pooler is optional only where a format says so (Hugging Face's BertModel files
+# may lack it).
+HEAD_PATHS = {"masked_lm": "mlm_head/", "next_sentence": "nsp_head/"}
+POOLER_PATH = "pooler/"
+
+# A name with a layer number in any format's spelling: "layer_3", "layer.3", "transformer_layer_3".
+_LAYER_NAME = re.compile(r"layer[._]?\d")
+
+
+@dataclasses.dataclass
+class Stored:
+    """What a format holds, in its own names and layout.
+
+    Args:
+        where: str. The source, as error messages name it (a folder, a file, a checkpoint prefix).
+        shapes: {name: stored shape} of every weight the source holds (optimizer state,
+            buffers and tied copies already left out by the format).
+        paths: {name: kbert path} of every name the format can have (from names.py).
+        read: (name, kbert shape) -> the weight in kbert's layout (numpy array or tensor).
+        stored_shape: (kbert path, kbert shape) -> the shape the format stores it in.
+        optional: {part: kbert path prefix} the source may lack as a whole.
+        thing: str. What the source is, in messages ("checkpoint", "file").
+        config_name: str. Its config file's name, in messages.
+        config_file: str. Its config file, named in a shape mismatch; None when the config
+            has no file of its own.
+        unknown_hint: names -> hint for unknown names that are not extra layers.
+        missing_hint: names -> hint for missing names that are not missing layers.
+        noun: str. What the source calls a weight in messages ("variable" in a TF1 checkpoint).
+        spelled: name -> how the source spells it, in messages (Hugging Face files prefix names).
+    """
+
+    where: str
+    shapes: dict
+    paths: dict
+    read: Callable
+    stored_shape: Callable = lambda path, shape: tuple(shape)
+    optional: dict = dataclasses.field(default_factory=lambda: dict(HEAD_PATHS))
+    thing: str = "source"
+    config_name: str = "its config"
+    config_file: str | None = None
+    unknown_hint: Callable = lambda names: "; is this a BERT of that format?"
+    missing_hint: Callable = lambda names: "; is this a BERT of that format?"
+    noun: str = "weight"
+    spelled: Callable = lambda name: name
+
+
+def load_pretrainer(config: BertConfig, stored: Stored) -> tuple:
+    """(`BertPretrainer` holding `stored`'s weights, the optional parts it lacked).
+
+    Raises KbertError for unknown or missing weights and shape mismatches, before any weight
+    is read.
+    """
+    unknown = sorted(stored.spelled(name) for name in stored.shapes if name not in stored.paths)
+    if unknown:
+        hint = (f"; the {stored.thing} has more layers than num_hidden_layers in {stored.config_name}"
+                if any(_LAYER_NAME.search(n) for n in unknown) else stored.unknown_hint(unknown))
+        raise KbertError(f"{stored.where}: {plural(len(unknown), 'unknown ' + stored.noun)} "
+                         f"({listing(unknown)}){hint}")
+
+    present_paths = {stored.paths[name] for name in stored.shapes}
+    absent = [part for part, prefix in stored.optional.items()
+              if not any(path.startswith(prefix) for path in present_paths)]
+    skipped_prefixes = tuple(stored.optional[part] for part in absent)
+    missing = sorted(name for name, path in stored.paths.items()
+                     if name not in stored.shapes and not path.startswith(skipped_prefixes or ("\0",)))
+    if missing:
+        hint = (f"; {stored.config_name} has more layers (num_hidden_layers) than the {stored.thing}"
+                if any(_LAYER_NAME.search(n) for n in missing) else stored.missing_hint(missing))
+        raise KbertError(f"{stored.where}: {plural(len(missing), 'weight')} missing from the "
+                         f"{stored.thing} ({listing(missing)}){hint}")
+
+    with unfilled():
+        model = BertPretrainer(config)
+    name_of = {path: name for name, path in stored.paths.items()}
+    _check_shapes(model, stored, name_of)
+    assigned = set()
+    for variable in _unique(model.weights):
+        name = name_of.get(variable.path)
+        if name in stored.shapes:
+            variable.assign(stored.read(name, tuple(variable.shape)))
+            assigned.add(name)
+        elif variable.path.startswith(skipped_prefixes or ("\0",)):
+            leaf = variable.path.rsplit("/", 1)[-1]
+            variable.assign(original_initializer(config, leaf)(variable.shape, variable.dtype))
+        else:  # a guard on the loader itself: an unfilled weight would hold garbage
+            raise RuntimeError(f"kbert bug: {variable.path} has no value in {stored.where}")
+    not_loaded = sorted(set(stored.shapes) - assigned)
+    if not_loaded:
+        raise RuntimeError(f"kbert bug: weights not loaded from {stored.where}: {listing(not_loaded)}")
+    return model, absent
+
+
+def _check_shapes(model, stored: Stored, name_of: dict):
+    """Every stored shape against the model's, in the source's layout; the first mismatch raises."""
+    kbert_to_tf1 = {path: name for name, path in tf1_to_kbert_paths(model.config.num_hidden_layers).items()}
+    for variable in _unique(model.weights):
+        name = name_of.get(variable.path)
+        if name not in stored.shapes:
+            continue
+        expected = tuple(stored.stored_shape(variable.path, tuple(variable.shape)))
+        found = tuple(stored.shapes[name])
+        if found == expected:
+            continue
+        # The config field is read from kbert's layout (the stored one may be transposed or split).
+        field = suspect_field(kbert_to_tf1.get(variable.path, variable.path), tuple(variable.shape),
+                              _in_kbert_layout(found, expected, tuple(variable.shape)))
+        where = f" in {stored.config_file}" if stored.config_file else ""
+        raise KbertError(f"{stored.spelled(name)}: the {stored.thing} has shape {list(found)} but {stored.config_name} "
+                         f"gives {list(expected)}; check {field}{where}")
+
+
+def _in_kbert_layout(found, expected, kbert_shape):
+    """`found` in kbert's layout, where the format's layout is a transpose of kbert's."""
+    transposed = len(found) == 2 and expected == kbert_shape[::-1] != kbert_shape
+    return found[::-1] if transposed else found
+
+
+def _unique(weights):
+    """The model's weights, each once (the MLM head shares the word embeddings)."""
+    seen = set()
+    for variable in weights:
+        if id(variable) not in seen:
+            seen.add(id(variable))
+            yield variable
