@@ -26,7 +26,7 @@ from kbert.errors import KbertError, listing as _listing, plural as _plural
 from kbert.outputs import writes
 from kbert.files import atomic_output_dir, count_lines
 from kbert.model.bert import BertEncoder, BertPretrainer
-from kbert.converters.loading import HEAD_PATHS, POOLER_PATH, Stored, load_pretrainer
+from kbert.converters.loading import HEAD_PATHS, POOLER_PATH, Stored, load_pretrainer, stored_weights
 from kbert.model_dir import VOCAB_FILE, check_vocab
 from kbert.text.tokenizer import load_vocab
 from kbert.converters.names import (HF_BUFFERS, HF_OPTIONAL, HF_TIED, hf_canonical, hf_name,
@@ -382,15 +382,15 @@ def hf_tensors(model) -> tuple:
     if type(model) not in (BertEncoder, BertPretrainer):
         raise KbertError(f"cannot write a {type(model).__name__} as a Hugging Face model; to-hf "
                          f"writes kbert encoders and pretrainers (task heads have no HF layout here)")
-    kbert_to_tf1 = {path: name for name, path in tf1_to_kbert_paths(model.config.num_hidden_layers).items()}
-    tensors = {}
-    for variable in model.weights:
-        if variable.path not in kbert_to_tf1:
-            raise KbertError(f"weight {variable.path} has no Hugging Face name; only kbert encoder "
-                             f"and pretrainer weights can be written")
-        name, transposed = hf_name(kbert_to_tf1[variable.path])
-        value = np.asarray(variable.numpy(), dtype="float32")
-        tensors[name] = value.T if transposed else value  # tied weights repeat: same value
+    tf1_to_kbert = tf1_to_kbert_paths(model.config.num_hidden_layers)
+    hf_paths = {hf_name(tf1)[0]: path for tf1, path in tf1_to_kbert.items()}
+    transposed = {path: hf_name(tf1)[1] for tf1, path in tf1_to_kbert.items()}
+
+    def to_stored(path, value):
+        value = np.asarray(value, dtype="float32")
+        return value.T if transposed[path] else value
+
+    tensors = stored_weights(model, hf_paths, format_name="a Hugging Face model", to_stored=to_stored)
     if type(model) is BertEncoder:
         # BertModel's own files carry no "bert." prefix (it is BertForPreTraining's attribute).
         return {name[len("bert."):]: value for name, value in tensors.items()}, "BertModel"

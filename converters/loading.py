@@ -95,7 +95,7 @@ def load_pretrainer(config: BertConfig, stored: Stored) -> tuple:
     unknown = sorted(stored.spelled(name) for name in stored.shapes if name not in stored.paths)
     if unknown:
         hint = (f"; the {stored.thing} has more layers than num_hidden_layers in {stored.config_name}"
-                if any(_LAYER_NAME.search(n) for n in unknown) else stored.unknown_hint(unknown))
+                if all(_LAYER_NAME.search(n) for n in unknown) else stored.unknown_hint(unknown))
         raise KbertError(f"{stored.where}: {plural(len(unknown), 'unknown ' + stored.noun)} "
                          f"({listing(unknown)}){hint}")
 
@@ -107,7 +107,8 @@ def load_pretrainer(config: BertConfig, stored: Stored) -> tuple:
                      if name not in stored.shapes and not path.startswith(skipped_prefixes or ("\0",)))
     if missing:
         hint = (f"; {stored.config_name} has more layers (num_hidden_layers) than the {stored.thing}"
-                if any(_LAYER_NAME.search(n) for n in missing) else stored.missing_hint(missing))
+                if all(_LAYER_NAME.search(n) for n in missing) and any(_LAYER_NAME.search(n) for n in stored.shapes)
+                else stored.missing_hint(missing))
         raise KbertError(f"{stored.where}: {plural(len(missing), 'weight')} missing from the "
                          f"{stored.thing} ({listing(missing)}){hint}")
 
@@ -164,3 +165,40 @@ def _unique(weights):
         if id(variable) not in seen:
             seen.add(id(variable))
             yield variable
+
+
+def stored_weights(model, paths: dict, *, format_name: str, to_stored=None, unnamed: str = "error") -> dict:
+    """{name: value} of `model`'s weights for writing, the inverse of `load_pretrainer`.
+
+    Args:
+        model: a kbert model.
+        paths: {name in the format: kbert path}, from names.py.
+        format_name: str. The format, in the error for a weight it has no name for.
+        to_stored: (kbert path, tensor) -> the value in the format's layout; default: the
+            variable's tensor as it is (no copy).
+        unnamed: "error" (a task head cannot be written in an encoder format) or "skip"
+            (keras-hub has no next-sentence head).
+
+    A weight shared by two layers (the tied word embeddings) appears once.
+
+    Example:
+    >>> import kbert
+    >>> config = kbert.BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1,
+    ...                           num_attention_heads=2, intermediate_size=16)
+    >>> values = stored_weights(kbert.bert_pretrainer(config), tf1_to_kbert_paths(1), format_name="a TF1 checkpoint")
+    >>> len(values), tuple(values["cls/seq_relationship/output_weights"].shape)
+    (29, (2, 8))
+    """
+    name_of = {path: name for name, path in paths.items()}
+    out = {}
+    for variable in _unique(model.weights):
+        name = name_of.get(variable.path)
+        if name is None:
+            if unnamed == "skip":
+                continue
+            raise KbertError(f"weight {variable.path} has no name in {format_name}; only kbert encoder and "
+                             f"pretrainer weights can be written as {format_name}")
+        # .value, not the keras.Variable: TF savers otherwise see Keras' own names.
+        value = variable.value
+        out[name] = to_stored(variable.path, value) if to_stored else value
+    return out

@@ -13,7 +13,7 @@ import logging
 import numpy as np
 
 from kbert.config import BertConfig
-from kbert.converters.loading import Stored, load_pretrainer
+from kbert.converters.loading import Stored, load_pretrainer, stored_weights
 from kbert.converters.names import names_to_kbert_paths, split_heads_shape
 
 log = logging.getLogger("kbert")
@@ -67,15 +67,12 @@ def named_arrays(model, column: str) -> dict:
     >>> named_arrays(kbert.bert_encoder(config), "keras_hub")["transformer_layer_0/self_attention_layer/query/kernel"].shape
     (8, 2, 4)
     """
-    encoder = getattr(model, "encoder", model)
-    paths = {path: name for name, path in names_to_kbert_paths(column, encoder.config.num_hidden_layers).items()}
+    config = getattr(model, "encoder", model).config
     split = column in ("model_garden", "keras_hub")
-    out = {}
-    for variable in model.weights:
-        name = paths.get(variable.path)
-        if name is None:
-            continue
-        value = np.asarray(variable.numpy(), dtype="float32")
-        shape = split_heads_shape(variable.path, value.shape, encoder.config.num_attention_heads) if split else value.shape
-        out[name] = value.reshape(shape)
-    return out
+
+    def to_stored(path, value):
+        value = np.asarray(value, dtype="float32")
+        return value.reshape(split_heads_shape(path, value.shape, config.num_attention_heads)) if split else value
+
+    return stored_weights(model, names_to_kbert_paths(column, config.num_hidden_layers), format_name=column,
+                          to_stored=to_stored, unnamed="skip")

@@ -21,7 +21,7 @@ from kbert.errors import KbertError, first_line, listing as _listing, plural as 
 from kbert.outputs import writes
 from kbert.files import atomic_output_dir
 from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, lower_case_for
-from kbert.converters.loading import Stored, load_pretrainer
+from kbert.converters.loading import Stored, load_pretrainer, stored_weights
 from kbert.converters.names import HEADS, tf1_to_kbert_paths
 
 log = logging.getLogger("kbert")
@@ -180,17 +180,8 @@ def save_tf1_checkpoint(model, out_dir, vocab_file=None, overwrite: bool = False
     config = BertConfig.from_dict({k: v for k, v in model.config.to_dict().items()
                                    if k in BertConfig.field_names()})
     check_vocab(vocab_file, config)
-    kbert_to_tf1 = {path: name for name, path in tf1_to_kbert_paths(config.num_hidden_layers).items()}
-    names, tensors = [], []
-    for variable in model.weights:
-        if variable.path not in kbert_to_tf1:
-            raise KbertError(f"weight {variable.path} has no google-research name; only kbert "
-                             f"encoder and pretrainer weights can be written as a TF1 checkpoint")
-        if kbert_to_tf1[variable.path] in names:
-            continue  # the tied word embeddings appear once
-        names.append(kbert_to_tf1[variable.path])
-        # .value, not the keras.Variable: TF savers otherwise see Keras' own names.
-        tensors.append(tf.convert_to_tensor(variable.value))
+    values = stored_weights(model, tf1_to_kbert_paths(config.num_hidden_layers), format_name="a google-research checkpoint")
+    names, tensors = list(values), [tf.convert_to_tensor(v) for v in values.values()]
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:
         config.to_json_file(os.path.join(tmp, CONFIG_FILE))
         shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_FILE))

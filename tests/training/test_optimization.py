@@ -13,7 +13,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras.src.backend.common.name_scope import current_path
 
 from kbert.training import optimization
 from kbert.training.optimization import BertAdamW, GradientsAlreadySummed, WarmupLinearDecay, make_optimizer
@@ -122,21 +121,3 @@ def test_lamb_skips_the_cross_replica_sum_through_the_hook(monkeypatch):
     variable = keras.Variable([1.0, 2.0])
     make_optimizer("lamb", 0.1, total_steps=10, warmup_steps=0).apply_gradients([(tf.constant([0.5, -0.5]), variable)])
     assert calls == [1], changed("TFOptimizer._backend_update_step: no longer calls _all_reduce_sum_gradients")
-
-
-def test_keras_name_scope_path_is_where_layers_reads_it():
-    # kbert.model.layers builds a weight straight from a checkpoint by reading the weight's path
-    # off `current_path()` (private: Keras has no public reader of the name-scope stack).
-    paths = []
-
-    class Probe(keras.initializers.Initializer):
-        def __call__(self, shape, dtype=None):
-            paths.append(current_path())
-            return keras.ops.zeros(shape, dtype)
-
-    dense = keras.layers.Dense(2, kernel_initializer=Probe(), name="probe")
-    with keras.name_scope("outer"):
-        dense.build((None, 3))
-    assert paths and f"{paths[0]}/kernel" == dense.kernel.path, changed(
-        f"keras.src.backend.common.name_scope.current_path: {paths} inside a Dense's build, "
-        f"its kernel's path is {dense.kernel.path}")
