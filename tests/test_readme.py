@@ -1,4 +1,5 @@
-"""Every Python block of README.md runs as written, each in a fresh Python in a directory of its own.
+"""Every Python block of README.md and docs/conversion.md runs as written, each in a fresh Python in a
+directory of its own.
 
 The blocks name what a reader has at hand (`bert_config.json`, `uncased_L-12_H-768_A-12/`,
 `vocab.txt`, `bert-base`, `OUT`, a TF Serving at localhost): each block's directory holds small
@@ -24,7 +25,9 @@ from helpers import start_standin_server
 
 pytestmark = pytest.mark.slow  # a fresh Python per block, exports and a server: about 2 minutes
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The README, and the page that took its TF Hub and keras-hub examples.
+PAGES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "conversion.md")]
 
 # Runs a block as an interactive session does: each statement in order, and the value of a bare
 # expression printed (one line each, after "=> "). Tracebacks keep the block's line numbers.
@@ -41,7 +44,7 @@ for node in tree.body:
         exec(compile(ast.Module([node], []), path, "exec"), namespace)
 '''
 
-# Each block, by a line only it has.
+# Each block, by a line only it has (tfhub-* and keras-hub are in docs/conversion.md).
 MARKERS = {
     "python-api": 'kbert.BertConfig.from_json_file("bert_config.json")',
     "tfhub-tf-keras": 'hub.KerasLayer("OUT/preprocessor")',
@@ -53,8 +56,11 @@ MARKERS = {
 
 
 def python_blocks() -> list:
-    with open(README, encoding="utf-8") as f:
-        return re.findall(r"^```python\n(.*?)^```", f.read(), flags=re.M | re.S)
+    blocks = []
+    for page in PAGES:
+        with open(page, encoding="utf-8") as f:
+            blocks += re.findall(r"^```python\n(.*?)^```", f.read(), flags=re.M | re.S)
+    return blocks
 
 
 def block(name: str) -> str:
@@ -83,7 +89,7 @@ def small_real_vocab_bert(path, max_positions=128):
 
 
 def test_every_block_is_run_here():
-    """A new Python block in the README needs its inputs made here, so it fails this first."""
+    """A new Python block in the README or docs/conversion.md needs its inputs made here, so it fails this first."""
     names = [[name for name, marker in MARKERS.items() if marker in code] for code in python_blocks()]
     assert sorted(n for found in names for n in found) == sorted(MARKERS)
     assert all(len(found) == 1 for found in names), names
