@@ -29,7 +29,7 @@ def export(
         None, "--text-pairs/--single-text",
         help="Whether serving_default takes text_b (default: yes for classifiers and regressors)."),
     precision: str = typer.Option(
-        "float32", help="float32 (exact) or bfloat16 (faster on CPUs with AVX512-BF16 or AMX; outputs ~1e-2 off; speed measured in docs/performance.md)."),
+        "float32", help="float32 (exact) or bfloat16 (faster on CPUs with AVX512-BF16 or AMX; outputs slightly off float32's, measured in docs/serving.md; speed in docs/performance.md)."),
     export_format: str = typer.Option(
         "serving", "--format",
         help="serving: a TF Serving version under EXPORT_BASE. tfhub: EXPORT_BASE/encoder and "

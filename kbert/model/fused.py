@@ -181,8 +181,9 @@ def bias_dropout(x, bias, rate: float, seed):
 
 def _row_sum(f, weight=1.0):
     """Σ over the last axis (times `weight`), keepdims, as a matrix-vector product: XLA:CPU's own
-    row reductions over a few hundred columns are slow (LayerNorm forward on [4096, 256]
-    bfloat16: 1.6 ms with reduce_mean, 1.1 ms this way; the attention backward 4.1 → 3.3 ms)."""
+    row reductions over a few hundred columns are slower than oneDNN's product, for LayerNorm's
+    forward and the attention backward alike (timings: docs/performance.md, "What makes kbert's
+    step faster")."""
     shape = tf.shape(f)
     rows = tf.reshape(f, [-1, shape[-1]])  # a plain 2-D product; a batched one is slower again
     sums = tf.linalg.matmul(rows, tf.fill([shape[-1], 1], tf.cast(weight, f.dtype)))
@@ -275,7 +276,7 @@ def layer_norm(x, gamma, beta, epsilon: float):
         return y, lambda upstream: _layer_norm_backward(upstream, x, gamma, mean, inv)
 
     # On [rows, H]: XLA:CPU sums gamma's and beta's gradients over one row axis faster than over
-    # several (backward on [32, 128, 256] bfloat16: 4.1 ms, on [4096, 256]: 2.3 ms).
+    # several (timings: docs/performance.md, "What makes kbert's step faster").
     return tf.reshape(norm(tf.reshape(x, [-1, tf.shape(x)[-1]]), gamma, beta), tf.shape(x))
 
 

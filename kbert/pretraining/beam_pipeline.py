@@ -27,8 +27,9 @@ input once per consumer).
    launcher leaves the staging folder: the next run writing the same output removes it.
 
 Why chunk files, not one element per record (Beam's `WriteToTFRecord`): a million records a
-million elements cost the DirectRunner 2.2x the local path's time, and its own process held them
-all in the shuffle (6 GB for the 25 MB Debian corpus, growing with the corpus). A path per chunk
+million elements made the DirectRunner much slower than the local path, and its own process held
+them all in the shuffle, its memory growing with the corpus (measured by
+benchmarks/create_data_bench.py; runs in docs/performance.md, "create-data"). A path per chunk
 is a few hundred bytes whatever the chunk holds, so no process holds more than one chunk of
 records, on any runner. TFRecord files concatenate: a shard made of whole chunk files is a valid
 TFRecord file.

@@ -21,7 +21,8 @@ CJK_RANGES = (
 
 @functools.lru_cache(maxsize=None)
 def _categories() -> dict[str, tuple[int, ...]]:
-    """Code points of the categories the tokenizer asks about (one pass over Unicode, ~0.3 s)."""
+    """Code points of the categories the tokenizer asks about: one pass over all of Unicode, so
+    cached, once per process (its time: docs/performance.md, "Tokenizer")."""
     wanted = {"Cc": [], "Cf": [], "Zs": [], "Mn": [], "P": []}
     category = unicodedata.category
     for cp in range(sys.maxunicode + 1):

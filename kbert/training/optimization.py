@@ -13,10 +13,11 @@ Three private hooks of Keras' optimizer are overridden, because Keras 3 has no p
 either thing: `_all_reduce_sum_gradients` (GradientsAlreadySummed), to say the gradients are
 already summed over replicas (Keras 2's `apply_gradients(experimental_aggregate_gradients=False)`
 is gone), and `_clip_gradients` with `_backend_update_step` (BertAdamW), to clip and update every
-variable in one XLA launch; the public `update_step` is one launch per variable (a launch costs
-about 0.2 ms on this CPU, so some 40 ms a step for BERT-base's 200 variables). BertAdamW also reads
+variable in one XLA launch; the public `update_step` is one launch per variable, and each launch
+has a fixed cost that BERT-base's some 200 variables multiply (measured in docs/performance.md,
+"What makes kbert's step faster"). BertAdamW also reads
 `_get_variable_index`, as Keras' own optimizers do. So pyproject.toml pins keras to the minor
-version tested, and tests/test_optimization.py fails, naming the hook, if Keras changes one.
+version tested, and tests/training/test_optimization.py fails, naming the hook, if Keras changes one.
 """
 
 from __future__ import annotations
@@ -176,7 +177,8 @@ def _adamw(g, m, v, w, lr, hyper, decay):
 @tf.function(jit_compile=True, reduce_retracing=True)
 def _clip_and_update_all(grads, ms, vs, ws, lr, clip_norm, hyper, decays):
     """The global-norm clip, then AdamW on every variable, in one launch rather than one per
-    variable (a launch costs about 0.2 ms on this CPU; BERT-base has about 200 variables)."""
+    variable: each launch has a fixed cost, and BERT-base has about 200 variables (the cost is
+    measured in docs/performance.md, "What makes kbert's step faster")."""
     scale = _clip_scale(grads, clip_norm)
     return [_adamw(g * scale, m, v, w, lr, hyper, decay) for g, m, v, w, decay in zip(grads, ms, vs, ws, decays)]
 

@@ -8,7 +8,7 @@ while the same run increments it, with no ordering between the two, so which ste
 first update gets depends on op scheduling (here it saw step 1's).
 
 usage: python original_optimizer.py   (reads nothing; the problem is defined below and in
-tests/test_optimization.py, which solves the same one with kbert)
+tests/training/test_optimization.py, which solves the same one with kbert)
 """
 import json
 import os
