@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kbert-installed
 
-.PHONY: quickstart test test-fast bench clean
+.PHONY: quickstart lint test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -14,6 +14,12 @@ $(STAMP): pyproject.toml
 
 quickstart: $(STAMP)
 	@bash scripts/quickstart.sh
+
+LINT_PATHS := kbert cli converters serving tests benchmarks scripts
+
+# Checks only (`ruff check --fix` and `ruff format` make the changes); both run, either fails it.
+lint: $(STAMP)
+	$(BIN)/ruff check $(LINT_PATHS); rc=$$?; $(BIN)/ruff format --check $(LINT_PATHS) && exit $$rc
 
 # Two pytest workers, one test file each at a time (module fixtures are made once): the tests
 # spend much of their time in single-threaded Python (imports, tiny models, subprocesses).

@@ -11,7 +11,6 @@ import pytest
 
 from kbert.finetuning import metrics
 from kbert.errors import KbertError
-from kbert.finetuning.tasks import best_metric
 from kbert.finetuning.metrics import (classification_metrics, entities, regression_metrics,
                            tagging_metrics)
 
@@ -264,29 +263,6 @@ def test_no_entities_anywhere():
 def test_tagging_bad_input(gold, pred, fragment):
     with pytest.raises(KbertError, match=fragment):
         tagging_metrics(gold, pred)
-
-
-# === Best epoch ===
-
-
-@pytest.mark.parametrize("task, scores, expected", [
-    ("classify", {"accuracy": 0.75, "macro_f1": 0.9, "mcc": 0.5}, ("accuracy", 0.75)),
-    ("regress", {"pearson": 0.8, "spearman": 0.9, "mse": 0.1}, ("pearson", 0.8)),
-    ("tag", {"precision": 0.5, "recall": 1.0, "f1": 0.6, "accuracy": 0.9}, ("f1", 0.6)),
-    ("squad", {"exact_match": 0.7, "f1": 0.8}, ("f1", 0.8)),
-])
-def test_best_metric(task, scores, expected):
-    name, value = best_metric(task, scores)
-    assert (name, value) == expected
-    assert type(value) is float
-
-
-def test_best_metric_converts_numpy_and_rejects_bad_input():
-    assert type(best_metric("classify", {"accuracy": np.float32(0.5)})[1]) is float
-    with pytest.raises(KbertError, match="unknown --task 'summarize'"):
-        best_metric("summarize", {"f1": 1.0})
-    with pytest.raises(KbertError, match="no 'pearson'.*mse"):
-        best_metric("regress", {"mse": 0.1})
 
 
 # === The module itself ===

@@ -10,7 +10,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -148,27 +147,6 @@ def test_a_second_signal_stops_at_once_and_the_last_good_checkpoint_resumes(tmp_
     code, stdout, log = finish(start(out, original_records, "--resume", "--save-every", "2", "--steps-per-loop", "1"))
     assert code == 0, log[-2000:]
     assert f"resumed from step {int(latest.rsplit('-', 1)[1])}" in log and json.loads(stdout)["step"] == STEPS
-
-
-SECOND_SIGNAL = """
-import os, signal, sys, time
-from kbert.training.interruption import StopSignals
-with StopSignals() as signals:
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(0.2)
-    assert signals.requested == signal.SIGTERM
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(5)
-print("not reached")
-"""
-
-
-def test_the_second_signal_exits_at_once_with_its_status():
-    result = subprocess.run([sys.executable, "-c", SECOND_SIGNAL], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 143 and "not reached" not in result.stdout
-    assert result.stderr.strip().splitlines() == [
-        "kbert: SIGTERM received: saving a checkpoint after the step in flight (send it again to stop at once)",
-        "kbert: second SIGTERM: stopped at once; the last saved checkpoint is intact"]
 
 
 def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, original_records):
