@@ -40,9 +40,11 @@ def initializer(config: BertConfig, weight: str) -> keras.initializers.Initializ
     ...     type(initializer(config, "kernel")).__name__
     'Unfilled'
     """
-    if _UNFILLED[0]:
-        return Unfilled()
-    return original_initializer(config, weight)
+    original = original_initializer(config, weight)
+    # Made even when unused: a Keras random initializer draws its seed from Python's `random`
+    # when it is made, so building a model unfilled leaves the random state where building it
+    # filled would (a head put on a loaded model then starts from the same weights either way).
+    return Unfilled() if _UNFILLED[0] else original
 
 
 def original_initializer(config: BertConfig, weight: str) -> keras.initializers.Initializer:

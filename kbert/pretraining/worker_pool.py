@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import resource
 import signal
+import sys
 from concurrent.futures import ProcessPoolExecutor
 
 from kbert.pretraining.instances import InstanceBuilder
@@ -66,6 +67,12 @@ def chunk_results(chunks, workers: int, start_args: tuple):
             yield (chunk, *_make_chunk(chunk))
         return
     context = multiprocessing.get_context("spawn")
+    # A run stopped by a signal leaves the pool's semaphores to multiprocessing's resource
+    # tracker, which removes them and then warns on stderr after the command's one line. The
+    # tracker is a process of its own that takes the parent's -W options: this one silences it.
+    quiet_tracker = "ignore:resource_tracker:UserWarning"
+    if quiet_tracker not in sys.warnoptions:
+        sys.warnoptions.append(quiet_tracker)
     others = set(multiprocessing.active_children())
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker_process,
                              initargs=(os.getpid(), *start_args)) as pool:
