@@ -47,6 +47,7 @@ reported as failed. Progress on stderr, one JSON object on stdout.
 # Only the standard library and numpy at the top: each child process imports this module, then
 # only the libraries of the one it times (the PyTorch child never loads TensorFlow, and so on).
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -141,26 +142,25 @@ def child_kbert(work, precision, work_dir, variant=""):
 
     import kbert
     from kbert.serving import export as serving_export
+    from kbert.serving import optimize as serving_optimize
     built = variant if variant in ("padded", "one-group", "separate-qkv", "constant-weights", "keras-layer-norm") else ""
     # Exports are kept in work_dir between runs, under the hash of the code that built them.
-    code = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in (
-        "serving/export.py", "kbert/model/layers.py", "kbert/model/bert.py"))).hexdigest()[:10]
+    sources = ("serving/export.py", "serving/optimize.py", "kbert/model/layers.py", "kbert/model/bert.py")
+    code = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in sources)).hexdigest()[:10]
     path = os.path.join(work_dir, f"kbert-{code}-trained-like-{precision}{'-' + built if built else ''}", "1")
     if not os.path.isdir(path):
+        # Each variant undoes one of kbert.serving.optimize's rewrites (a keyword argument of
+        # `optimize`); "padded" undoes them all: the export serves the model itself.
+        undone = {"one-group": {"group_rows": 1 << 30}, "separate-qkv": {"fuse_qkv": False},
+                  "keras-layer-norm": {"one_kernel_layer_norm": False}}
         if variant == "padded":
-            serving_export.OnLongestText = lambda model, *_: model
-            serving_export.FUSE_ATTENTION_INPUTS = False
-        if variant == "one-group":
-            serving_export.GROUP_ROWS = 1 << 30
-        if variant == "separate-qkv":
-            serving_export.FUSE_ATTENTION_INPUTS = False
-        if variant in ("padded", "keras-layer-norm"):
-            serving_export.LAYER_NORM_AS_ONE_KERNEL = False
+            serving_export.optimize = lambda model, **_: model
+        elif variant in undone:
+            serving_export.optimize = functools.partial(serving_optimize.optimize, **undone[variant])
         config = kbert.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
                                   intermediate_size=I, max_position_embeddings=512, type_vocab_size=2)
-        model = kbert.bert_encoder(config)
+        model = kbert.bert_encoder(config, vocabulary=kbert.Vocabulary(VOCAB, do_lower_case=True))
         trained_like(model.weights)
-        model.vocab_file, model.do_lower_case = VOCAB, True
         with tempfile.TemporaryDirectory() as tmp:
             kbert.save(model, os.path.join(tmp, "model"))
             serving_export.export_model(os.path.join(tmp, "model"), os.path.dirname(path), version=1,

@@ -31,13 +31,12 @@ def from_tf1(
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
     """Convert a google-research/bert checkpoint into a kbert model directory."""
-    from kbert.converters import load_tf1_checkpoint
+    from kbert.converters.tf1 import convert_tf1_checkpoint
 
-    model = load_tf1_checkpoint(src, config_file=config and str(config), vocab_file=vocab and str(vocab),
+    model, report = convert_tf1_checkpoint(src, config_file=config and str(config), vocab_file=vocab and str(vocab),
                                 do_lower_case=lowercase)
     kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
                overwrite=overwrite)
-    report = model.conversion
     print_result({
         "model_dir": str(out_model_dir),
         "checkpoint": report["checkpoint"],
@@ -75,12 +74,11 @@ def from_hf(
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
     """Convert a Hugging Face BERT (safetensors only; pickles are refused) into a kbert model directory."""
-    from kbert.converters.hf import load_hf_model
+    from kbert.converters.hf import convert_hf_model
 
-    model = load_hf_model(src, do_lower_case=lowercase)
+    model, report = convert_hf_model(src, do_lower_case=lowercase)
     kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
                overwrite=overwrite)
-    report = model.conversion
     print_result({
         "model_dir": str(out_model_dir),
         "source": report["source"],
@@ -120,12 +118,11 @@ def from_tfhub(
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
     """Convert a TF Hub BERT encoder (read from its files, not run) into a kbert model directory."""
-    from kbert.converters.tfhub import load_tfhub_encoder
+    from kbert.converters.tfhub import convert_tfhub_encoder
 
-    model = load_tfhub_encoder(src, preprocessor=preprocessor, do_lower_case=lowercase, hidden_act=hidden_act)
+    model, report = convert_tfhub_encoder(src, preprocessor=preprocessor, do_lower_case=lowercase, hidden_act=hidden_act)
     kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
                overwrite=overwrite)
-    report = model.conversion
     print_result({
         "model_dir": str(out_model_dir),
         "source": report["source"],
@@ -164,12 +161,11 @@ def from_keras_hub(
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
     """Convert a keras-hub BertBackbone preset into a kbert model directory, exactly (hidden_act gelu_tanh)."""
-    from kbert.converters.keras_hub import load_keras_hub_preset
+    from kbert.converters.keras_hub import convert_keras_hub_preset
 
-    model = load_keras_hub_preset(src, do_lower_case=lowercase)
+    model, report = convert_keras_hub_preset(src, do_lower_case=lowercase)
     kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
                overwrite=overwrite)
-    report = model.conversion
     print_result({"model_dir": str(out_model_dir), "source": report["source"], "parameters": int(model.count_params()),
                   "weights_loaded": report["loaded"], "fresh_heads": report["fresh_heads"],
                   "hidden_act": report["hidden_act"], "do_lower_case": model.do_lower_case})

@@ -14,6 +14,10 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.cli.frame import DIR, FILE, MODEL, TEXT, command
+from kbert.finetuning.options import FinetuneOptions
+
+# Each fine-tuning flag's default is the FinetuneOptions field's.
+DEFAULTS = FinetuneOptions()
 
 FORMATS = "auto, csv, tsv, jsonl, or a GLUE layout: mrpc, cola, sst2, stsb, mnli, qnli, qqp, rte"
 
@@ -25,30 +29,29 @@ def finetune(
     train: Path = typer.Option(..., "--train", help="Training data: CSV/TSV/JSONL with text[,text_b],label; a GLUE TSV; CoNLL (tag); SQuAD JSON (squad); SWAG CSV (choice)."),
     output: Path = typer.Option(..., "--output", help="Output: the fine-tuned kbert model directory."),
     dev: Optional[Path] = typer.Option(None, "--dev", help="Dev data, same format: scored after each epoch; the best epoch is kept."),
-    epochs: int = typer.Option(3, min=1, help="Training epochs."),
-    batch_size: int = typer.Option(32, min=1, help="Global batch size (split over replicas)."),
-    learning_rate: float = typer.Option(5e-5, min=0, help="Peak learning rate (the paper used 2e-5..5e-5)."),
-    max_seq_length: Optional[int] = typer.Option(None, min=3, help="Tokens per example (per context + ending for choice; default 128, 384 for squad)."),
-    warmup_proportion: float = typer.Option(0.1, min=0, max=1, help="Share of steps with linear warmup (run_classifier.py's 0.1)."),
-    seed: int = typer.Option(12345, min=0, help="Seed for the head's initial weights, dropout and data order."),
-    mixed_precision: bool = typer.Option(False, "--mixed-precision", help="bfloat16 on CPU, float16 with loss scaling on GPU."),
-    strategy: str = typer.Option("auto", help="auto | cpu | gpu | mirrored."),
-    patience: Optional[int] = typer.Option(None, min=0, help="Early stopping: stop after N epochs without a better dev score."),
-    format: str = typer.Option("auto", "--format", help=f"Data format: {FORMATS}."),
-    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip rows with missing or extra columns instead of failing."),
-    doc_stride: int = typer.Option(128, min=1, help="squad: stride between windows over long contexts."),
-    max_query_length: int = typer.Option(64, min=1, help="squad: question tokens kept."),
-    n_best_size: int = typer.Option(20, min=1, help="squad: candidate spans considered per question."),
-    max_answer_length: int = typer.Option(30, min=1, help="squad: longest answer, in tokens."),
-    null_score_diff_threshold: float = typer.Option(0.0, help="squad v2: predict no answer when null score - best span score exceeds this."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output directory (or an unfinished run's OUTPUT.partial)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the unfinished run in OUTPUT.partial (killed, preempted or interrupted) from its last checkpoint."),
-    save_every: int = typer.Option(1000, min=1, help="Steps between checkpoints in OUTPUT.partial (one is also written at each epoch's end)."),
+    epochs: int = typer.Option(DEFAULTS.epochs, min=1, help="Training epochs."),
+    batch_size: int = typer.Option(DEFAULTS.batch_size, min=1, help="Global batch size (split over replicas)."),
+    learning_rate: float = typer.Option(DEFAULTS.learning_rate, min=0, help="Peak learning rate (the paper used 2e-5..5e-5)."),
+    max_seq_length: Optional[int] = typer.Option(DEFAULTS.max_seq_length, min=3, help="Tokens per example (per context + ending for choice; default 128, 384 for squad)."),
+    warmup_proportion: float = typer.Option(DEFAULTS.warmup_proportion, min=0, max=1, help="Share of steps with linear warmup (run_classifier.py's 0.1)."),
+    seed: int = typer.Option(DEFAULTS.seed, min=0, help="Seed for the head's initial weights, dropout and data order."),
+    mixed_precision: bool = typer.Option(DEFAULTS.mixed_precision, "--mixed-precision", help="bfloat16 on CPU, float16 with loss scaling on GPU."),
+    strategy: str = typer.Option(DEFAULTS.strategy, help="auto | cpu | gpu | mirrored."),
+    patience: Optional[int] = typer.Option(DEFAULTS.patience, min=0, help="Early stopping: stop after N epochs without a better dev score."),
+    format: str = typer.Option(DEFAULTS.format, "--format", help=f"Data format: {FORMATS}."),
+    skip_bad_rows: bool = typer.Option(DEFAULTS.skip_bad_rows, "--skip-bad-rows", help="Skip rows with missing or extra columns instead of failing."),
+    doc_stride: int = typer.Option(DEFAULTS.doc_stride, min=1, help="squad: stride between windows over long contexts."),
+    max_query_length: int = typer.Option(DEFAULTS.max_query_length, min=1, help="squad: question tokens kept."),
+    n_best_size: int = typer.Option(DEFAULTS.n_best_size, min=1, help="squad: candidate spans considered per question."),
+    max_answer_length: int = typer.Option(DEFAULTS.max_answer_length, min=1, help="squad: longest answer, in tokens."),
+    null_score_diff_threshold: float = typer.Option(DEFAULTS.null_score_diff_threshold, help="squad v2: predict no answer when null score - best span score exceeds this."),
+    overwrite: bool = typer.Option(DEFAULTS.overwrite, "--overwrite", help="Replace an existing --output directory (or an unfinished run's OUTPUT.partial)."),
+    resume: bool = typer.Option(DEFAULTS.resume, "--resume", help="Continue the unfinished run in OUTPUT.partial (killed, preempted or interrupted) from its last checkpoint."),
+    save_every: int = typer.Option(DEFAULTS.save_every, min=1, help="Steps between checkpoints in OUTPUT.partial (one is also written at each epoch's end)."),
 ):
     """Fine-tune BERT on a labelled file; prints the best epoch's dev metrics as JSON.
 
     SIGTERM or Ctrl-C saves a checkpoint after the batch in flight; --resume continues from it."""
-    from kbert.finetuning.options import FinetuneOptions
     from kbert.finetuning.train import finetune as finetune_model
 
     options = FinetuneOptions(
@@ -100,8 +103,8 @@ def predict(
         if max_seq_length is not None:
             raise KbertError("--max-seq-length applies to a local model; the served model's export fixed it "
                              "(kbert export --max-seq-length)")
-        from kbert.finetuning.predict import predict_served
         from kbert.serving.client import Client
+        from kbert.serving.predict import predict_served
         client = Client(server, model, timeout=timeout, retries=retries)
 
         def rows(start):

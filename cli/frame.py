@@ -179,8 +179,10 @@ def check_input(path: str, declared: Input, flag: str):
                 raise KbertError(f"{flag} {path}: the directory is empty; pass a model directory (or a "
                                  f"google-research checkpoint)")
             return
+        if os.path.isfile(path) and path.endswith(".keras"):
+            return  # a Keras archive of a kbert model (kbert.model_dir.load_keras_file)
         if os.path.isfile(path):
-            raise KbertError(f"{flag} {path}: is a file; pass the model directory that holds it")
+            raise KbertError(f"{flag} {path}: is a file; pass the model directory that holds it (or a .keras file)")
         raise KbertError(f"{flag} {path}: no such model directory or checkpoint; check the path")
     if not os.path.exists(path):
         kind = "directory" if declared.kind == "dir" else "file"

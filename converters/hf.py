@@ -25,8 +25,8 @@ from kbert.config import BertConfig
 from kbert.errors import KbertError, listing as _listing, plural as _plural
 from kbert.outputs import writes
 from kbert.files import atomic_output_dir, count_lines
-from kbert.model.bert import BertEncoder, BertPretrainer
-from kbert.converters.loading import HEAD_PATHS, POOLER_PATH, Stored, load_pretrainer, stored_weights
+from kbert.model.bert import BertEncoder, BertPretrainer, Vocabulary
+from kbert.converters.loading import HEAD_PATHS, POOLER_PATH, Converted, Stored, load_pretrainer, stored_weights
 from kbert.model_dir import VOCAB_FILE, check_vocab
 from kbert.text.tokenizer import load_vocab
 from kbert.converters.names import (HF_BUFFERS, HF_OPTIONAL, HF_TIED, hf_canonical, hf_name,
@@ -310,12 +310,17 @@ def load_hf_model(src, do_lower_case=None):
         do_lower_case: bool. Whether the vocabulary is uncased; read from tokenizer_config.json
             (or tokenizer.json) when None, else True.
 
-    Returns the model; `model.vocab_file`, `model.do_lower_case` and `model.conversion`
-    (what was loaded, skipped and freshly initialised) are attached.
+    Returns the model, declaring its vocabulary (`model.vocabulary`); `convert_hf_model` also
+    returns what was loaded, skipped and freshly initialised.
 
     Example:
     >>> model = kbert.converters.load_hf_model("all-MiniLM-L6-v2/")  # doctest: +SKIP
     """
+    return convert_hf_model(src, do_lower_case).model
+
+
+def convert_hf_model(src, do_lower_case=None) -> Converted:
+    """`load_hf_model`'s model (same arguments) and its report."""
     source = find_hf_model(src)
     config = config_from_hf(_read_json(source.config_file, "config"), source.config_file)
     vocab_file, vocab_origin = _vocab_file(source.folder, config, source.config_file)
@@ -333,13 +338,19 @@ def load_hf_model(src, do_lower_case=None):
 
     kbert_paths = {hf: tf1_to_kbert[tf1] for hf, tf1 in hf_to_tf1.items()}
     hf_of = {path: hf for hf, path in kbert_paths.items()}
+    unsaid = False
+    if do_lower_case is None:
+        do_lower_case, _ = hf_lower_case(source.folder)
+        unsaid = do_lower_case is None
+        do_lower_case = True if unsaid else do_lower_case
     model, absent = load_pretrainer(config, Stored(
         where=source.folder, shapes={c: tuple(f.shapes[name]) for c, (f, name) in weights.items()},
         paths=kbert_paths, read=read,
         stored_shape=lambda path, shape: tuple(shape)[::-1] if transposed[hf_of[path]] else tuple(shape),
         optional={**HEAD_PATHS, "pooler": POOLER_PATH},
         thing="file", config_name=HF_CONFIG_FILE, config_file=source.config_file,
-        unknown_hint=_unknown_hint, missing_hint=lambda names: "", spelled=lambda c: weights[c][1]))
+        unknown_hint=_unknown_hint, missing_hint=lambda names: "", spelled=lambda c: weights[c][1]),
+        Vocabulary(vocab_file, bool(do_lower_case)))
     loaded = set(weights)
     _check_tied(source, keys)
 
@@ -352,26 +363,19 @@ def load_hf_model(src, do_lower_case=None):
     dtypes = sorted({f.dtypes[name] for hf, (f, name) in keys.items() if hf in loaded})
     if set(dtypes) - {"F32"}:
         log.info("converted %s weights to float32", "/".join(d for d in dtypes if d != "F32"))
-
-    if do_lower_case is None:
-        do_lower_case, _ = hf_lower_case(source.folder)
-        if do_lower_case is None:
-            do_lower_case = True
-            log.info("do_lower_case=True: no tokenizer_config.json says otherwise; pass "
-                     "--lowercase/--no-lowercase to set it")
+    if unsaid:
+        log.info("do_lower_case=True: no tokenizer_config.json says otherwise; pass "
+                 "--lowercase/--no-lowercase to set it")
     if vocab_origin != VOCAB_FILE:  # the temporary vocab.txt lives as long as the model
         weakref.finalize(model, shutil.rmtree, os.path.dirname(vocab_file), True)
-    model.vocab_file = vocab_file
-    model.do_lower_case = bool(do_lower_case)
-    model.conversion = {
+    return Converted(model, {
         "source": source.weight_files[0] if len(source.weight_files) == 1 else source.folder,
         "loaded": len(loaded),
         "fresh_heads": absent,
         "skipped": skipped,
         "dtypes": dtypes,
         "vocab_from": vocab_origin,
-    }
-    return model
+    })
 
 
 # === Writing ===

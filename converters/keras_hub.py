@@ -27,7 +27,8 @@ from kbert.config import BertConfig
 from kbert.errors import KbertError, first_line, listing
 from kbert.outputs import writes
 from kbert.files import atomic_output_dir
-from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer
+from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary, encoder_of
+from kbert.converters.loading import Converted
 from kbert.model_dir import check_vocab, open_model
 from kbert.converters.named import named_arrays, pretrainer_from_named
 from kbert.converters.names import KERAS_HUB_CLASSIFIER_HEAD
@@ -121,7 +122,7 @@ def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
     """
     model = open_model(os.fspath(model_dir))
     if isinstance(model, (BertEncoder, BertPretrainer, BertClassifier)):
-        encoder = getattr(model, "encoder", model)
+        encoder = encoder_of(model)
     else:
         raise KbertError(f"{model_dir}: keras-hub has no preset for a {type(model).__name__}; convert an encoder, a "
                          f"pretraining model or a classifier (the encoder of any fine-tuned model: kbert export "
@@ -184,11 +185,16 @@ def load_keras_hub_preset(src, do_lower_case: bool | None = None):
         src: str. A local keras-hub preset directory (`save_to_preset`'s output).
         do_lower_case: bool. Default: the preset tokenizer's `lowercase`.
 
-    Returns the model with `vocab_file`, `do_lower_case` and `conversion` attached.
+    Returns the model, declaring its vocabulary; `convert_keras_hub_preset` also returns its report.
 
     Example:
     >>> model = load_keras_hub_preset("presets/bert_tiny_en_uncased")  # doctest: +SKIP
     """
+    return convert_keras_hub_preset(src, do_lower_case).model
+
+
+def convert_keras_hub_preset(src, do_lower_case: bool | None = None) -> Converted:
+    """`load_keras_hub_preset`'s model (same arguments) and its report."""
     src = os.fspath(src)
     if not os.path.isdir(src):
         raise KbertError(f"{src}: no such directory; pass a keras-hub preset directory (config.json, "
@@ -216,15 +222,14 @@ def load_keras_hub_preset(src, do_lower_case: bool | None = None):
     vocab_file = os.path.join(src, VOCABULARY_FILE)
     check_vocab(vocab_file, config)
     arrays = {w.path: keras.ops.convert_to_numpy(w.value) for w in backbone.weights}
-    model, fresh_heads = pretrainer_from_named(config, arrays, "keras_hub", src)
     if do_lower_case is None:
         tokenizer = _read_json(os.path.join(src, TOKENIZER_FILE), "tokenizer config")
         do_lower_case = bool(tokenizer.get("config", {}).get("lowercase", True))
+    model, fresh_heads = pretrainer_from_named(config, arrays, "keras_hub", src,
+                                               Vocabulary(vocab_file, bool(do_lower_case)))
     task = os.path.join(src, TASK_FILE)
     if os.path.isfile(task):
         log.info("%s holds a %s task; its head is not converted (kbert converts the backbone)", src,
                  _read_json(task, "task config").get("class_name"))
-    model.vocab_file = vocab_file
-    model.do_lower_case = do_lower_case
-    model.conversion = {"source": src, "loaded": len(arrays), "fresh_heads": fresh_heads, "hidden_act": "gelu_tanh"}
-    return model
+    return Converted(model, {"source": src, "loaded": len(arrays), "fresh_heads": fresh_heads,
+                             "hidden_act": "gelu_tanh"})

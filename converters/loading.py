@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from kbert.config import BertConfig
 from kbert.errors import KbertError, listing, plural
-from kbert.model.bert import BertPretrainer
+from kbert.model.bert import BertPretrainer, Vocabulary
 from kbert.model.initializers import original_initializer, unfilled
 from kbert.converters.names import suspect_field, tf1_to_kbert_paths
 
@@ -86,8 +86,15 @@ class Stored:
     spelled: Callable = lambda name: name
 
 
-def load_pretrainer(config: BertConfig, stored: Stored) -> tuple:
-    """(`BertPretrainer` holding `stored`'s weights, the optional parts it lacked).
+class Converted(NamedTuple):
+    """A converter's result: the model, and what was loaded, skipped and freshly initialised."""
+    model: object
+    report: dict
+
+
+def load_pretrainer(config: BertConfig, stored: Stored, vocabulary: Vocabulary | None = None) -> tuple:
+    """(`BertPretrainer` holding `stored`'s weights and declaring `vocabulary`, the optional
+    parts it lacked).
 
     Raises KbertError for unknown or missing weights and shape mismatches, before any weight
     is read.
@@ -113,7 +120,7 @@ def load_pretrainer(config: BertConfig, stored: Stored) -> tuple:
                          f"{stored.thing} ({listing(missing)}){hint}")
 
     with unfilled():
-        model = BertPretrainer(config)
+        model = BertPretrainer(config, vocabulary=vocabulary)
     name_of = {path: name for name, path in stored.paths.items()}
     _check_shapes(model, stored, name_of)
     assigned = set()

@@ -13,13 +13,14 @@ import logging
 import numpy as np
 
 from kbert.config import BertConfig
+from kbert.model.bert import encoder_of
 from kbert.converters.loading import Stored, load_pretrainer, stored_weights
 from kbert.converters.names import names_to_kbert_paths, split_heads_shape
 
 log = logging.getLogger("kbert")
 
 
-def pretrainer_from_named(config: BertConfig, arrays: dict, column: str, where: str):
+def pretrainer_from_named(config: BertConfig, arrays: dict, column: str, where: str, vocabulary=None):
     """A `BertPretrainer` whose weights are `arrays` ({name in `column`: numpy array}).
 
     Args:
@@ -28,6 +29,7 @@ def pretrainer_from_named(config: BertConfig, arrays: dict, column: str, where: 
             (attention weights split by head for "model_garden" and "keras_hub").
         column: "kbert", "model_garden" or "keras_hub".
         where: the source, for error messages.
+        vocabulary: the `Vocabulary` the model declares.
 
     Returns (model, fresh_heads): the heads (of "masked_lm", "next_sentence") the source lacks.
 
@@ -51,7 +53,7 @@ def pretrainer_from_named(config: BertConfig, arrays: dict, column: str, where: 
     model, fresh_heads = load_pretrainer(config, Stored(
         where=where, shapes={name: tuple(np.shape(value)) for name, value in arrays.items()}, paths=paths,
         read=read, stored_shape=stored_shape,
-        unknown_hint=lambda names: "; is this a BERT encoder?"))
+        unknown_hint=lambda names: "; is this a BERT encoder?"), vocabulary)
     for head in fresh_heads:
         log.info("%s has no %s head: it is freshly initialised", where, head)
     return model, fresh_heads
@@ -67,7 +69,7 @@ def named_arrays(model, column: str) -> dict:
     >>> named_arrays(kbert.bert_encoder(config), "keras_hub")["transformer_layer_0/self_attention_layer/query/kernel"].shape
     (8, 2, 4)
     """
-    config = getattr(model, "encoder", model).config
+    config = encoder_of(model).config
     split = column in ("model_garden", "keras_hub")
 
     def to_stored(path, value):

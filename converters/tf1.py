@@ -21,7 +21,8 @@ from kbert.errors import KbertError, first_line, listing as _listing, plural as 
 from kbert.outputs import writes
 from kbert.files import atomic_output_dir
 from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, lower_case_for
-from kbert.converters.loading import Stored, load_pretrainer, stored_weights
+from kbert.converters.loading import Converted, Stored, load_pretrainer, stored_weights
+from kbert.model.bert import Vocabulary
 from kbert.converters.names import HEADS, tf1_to_kbert_paths
 
 log = logging.getLogger("kbert")
@@ -93,7 +94,8 @@ def is_optimizer_state(name: str) -> bool:
 
 
 def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=None):
-    """A `BertPretrainer` holding the weights of a google-research/bert checkpoint.
+    """A `BertPretrainer` holding the weights of a google-research/bert checkpoint, declaring its
+    vocabulary (`model.vocabulary`). `convert_tf1_checkpoint` also returns what was converted.
 
     Args:
         src: str. A checkpoint directory (with bert_config.json, vocab.txt) or a prefix.
@@ -101,11 +103,18 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
         do_lower_case: bool. Whether the vocabulary is uncased; guessed from the directory
             name ("uncased"/"cased") when None, else True.
 
-    Returns the model; `model.vocab_file`, `model.do_lower_case` and `model.conversion`
-    (what was loaded, skipped and freshly initialised) are attached.
-
     Example:
     >>> model = kbert.converters.load_tf1_checkpoint("uncased_L-12_H-768_A-12/")  # doctest: +SKIP
+    """
+    return convert_tf1_checkpoint(src, config_file, vocab_file, do_lower_case).model
+
+
+def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=None) -> Converted:
+    """`load_tf1_checkpoint`'s model (same arguments) and its report: what was loaded, skipped and
+    freshly initialised.
+
+    Example:
+    >>> model, report = kbert.converters.tf1.convert_tf1_checkpoint("uncased_L-12_H-768_A-12/")  # doctest: +SKIP
     """
     source = find_checkpoint(src, config_file, vocab_file)
     config = BertConfig.from_json_file(source.config_file)
@@ -128,10 +137,14 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
             raise KbertError(f"{source.prefix}: cannot read {name} ({first_line(e)}); the data "
                              f"file is truncated or damaged: download it again") from None
 
+    guessed = do_lower_case is None
+    if guessed:
+        do_lower_case = lower_case_for(source.prefix)
     model, fresh_heads = load_pretrainer(config, Stored(
         where=source.prefix, shapes=ours, paths=tf1_to_kbert_paths(config.num_hidden_layers), read=read,
         thing="checkpoint", config_name=CONFIG_FILE, config_file=source.config_file, noun="variable",
-        unknown_hint=lambda names: "; is this a BERT checkpoint?", missing_hint=lambda names: ""))
+        unknown_hint=lambda names: "; is this a BERT checkpoint?", missing_hint=lambda names: ""),
+        Vocabulary(source.vocab_file, bool(do_lower_case)))
 
     if skipped:
         log.info("skipped %s of optimizer state (global_step, adam_m/adam_v slots)",
@@ -140,22 +153,17 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
         log.info("ignored %s outside bert/ and cls/: %s", _plural(len(other), "variable"), _listing(other))
     for head in fresh_heads:
         log.info("the checkpoint has no %s head (%s*): it is freshly initialised", head, HEADS[head])
-
-    if do_lower_case is None:
-        do_lower_case = lower_case_for(source.prefix)
+    if guessed:
         log.info("do_lower_case=%s, from the folder name; pass --lowercase/--no-lowercase "
                  "to set it", do_lower_case)
-    model.vocab_file = source.vocab_file
-    model.do_lower_case = do_lower_case
-    model.conversion = {
+    return Converted(model, {
         "checkpoint": source.prefix,
         "loaded": len(ours),
         "skipped_optimizer_state": len(skipped),
         "ignored": other,
         "fresh_heads": fresh_heads,
         "global_step": int(reader.get_tensor("global_step")) if "global_step" in shapes else None,
-    }
-    return model
+    })
 
 
 @writes("out_dir")

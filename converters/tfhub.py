@@ -27,7 +27,9 @@ from tensorflow.core.protobuf import saved_model_pb2, trackable_object_graph_pb2
 from kbert.config import BertConfig
 from kbert.errors import KbertError, first_line, listing
 from kbert.model_dir import CONFIG_FILE, check_vocab, lower_case_for
+from kbert.converters.loading import Converted
 from kbert.converters.named import pretrainer_from_named
+from kbert.model.bert import Vocabulary
 
 log = logging.getLogger("kbert")
 
@@ -206,11 +208,17 @@ def load_tfhub_encoder(src, preprocessor=None, do_lower_case: bool | None = None
         hidden_act: str. Overrides the activation the SavedModel records ("gelu_tanh" for
             Model Garden's gelu, "gelu" for the exact form).
 
-    Returns the model with `vocab_file`, `do_lower_case` and `conversion` attached.
+    Returns the model, declaring its vocabulary; `convert_tfhub_encoder` also returns its report.
 
     Example:
     >>> model = kbert.converters.load_tfhub_encoder("bert_en_uncased_L-12_H-768_A-12_4")  # doctest: +SKIP
     """
+    return convert_tfhub_encoder(src, preprocessor, do_lower_case, hidden_act).model
+
+
+def convert_tfhub_encoder(src, preprocessor=None, do_lower_case: bool | None = None,
+                          hidden_act: str | None = None) -> Converted:
+    """`load_tfhub_encoder`'s model (same arguments) and its report."""
     src = os.fspath(src)
     files = SavedModelFiles(src, "encoder")
     pre = SavedModelFiles(os.fspath(preprocessor), "preprocessor") if preprocessor else None
@@ -232,17 +240,15 @@ def load_tfhub_encoder(src, preprocessor=None, do_lower_case: bool | None = None
         _kbert_config(files, hidden_act)
     vocab_file, vocab_origin = _vocabulary(files, pre)
     check_vocab(vocab_file, config)
-    model, fresh_heads = pretrainer_from_named(config, arrays, column, src)
-
     lower_origin = "--lowercase/--no-lowercase"
     if do_lower_case is None:
         do_lower_case, lower_origin = _lower_case(files, pre)
     if do_lower_case is None:
         do_lower_case, lower_origin = lower_case_for(src), "folder name"
+    model, fresh_heads = pretrainer_from_named(config, arrays, column, src, Vocabulary(vocab_file, bool(do_lower_case)))
+    if lower_origin == "folder name":
         log.info("do_lower_case=%s, from the folder name; pass --lowercase/--no-lowercase to set it", do_lower_case)
-    model.vocab_file = vocab_file
-    model.do_lower_case = bool(do_lower_case)
-    model.conversion = {
+    return Converted(model, {
         "source": src,
         "names": {"model_garden": "Model Garden", "kbert": "kbert"}[column],
         "loaded": len(arrays),
@@ -251,5 +257,4 @@ def load_tfhub_encoder(src, preprocessor=None, do_lower_case: bool | None = None
         "hidden_act": config.hidden_act,
         "vocab_from": vocab_origin,
         "do_lower_case_from": lower_origin,
-    }
-    return model
+    })

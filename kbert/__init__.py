@@ -30,6 +30,7 @@ _EXPORTS = {
     "bert_span_predictor": "kbert.model.bert",
     "BertMultipleChoice": "kbert.model.bert",
     "bert_multiple_choice": "kbert.model.bert",
+    "Vocabulary": "kbert.model.bert",
     "BertPreprocessor": "kbert.text.preprocessing",
     "load": "kbert.model_dir",
     "save": "kbert.model_dir",

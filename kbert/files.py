@@ -26,6 +26,9 @@ MAX_INVALID_SHARE = 0.1
 MAX_CONTROL_SHARE = 0.01
 CONTROL_BYTES = bytes([*range(0, 9), *range(14, 27), *range(28, 32), 127])
 TEXT_CHECK_BYTES = 1 << 16  # readers check after this much of a file, and at its end
+# What an unfinished output is called until it is complete: `kbert predict --output FILE`'s rows
+# (FILE.partial) and `kbert finetune --output DIR`'s run (DIR.partial/, checkpoints and state).
+PARTIAL_SUFFIX = ".partial"
 
 
 def count_control(data: bytes) -> int:

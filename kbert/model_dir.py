@@ -26,16 +26,17 @@ import tensorflow as tf
 from kbert.config import BertConfig
 from kbert.errors import KbertError, first_line
 from kbert.outputs import writes
-from kbert.files import atomic_output_dir, count_lines, require_path
+from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, count_lines, require_path
 from kbert.model import bert
 from kbert.model.initializers import unfilled
+from kbert.finetuning.options import FinetuneOptions
 
 log = logging.getLogger("kbert")
 
 CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
 WEIGHTS_FILE = "model.weights.h5"
-# Where `kbert pretrain` keeps its checkpoints inside --model-dir (kbert.pretraining.train).
+# Where `kbert pretrain` keeps its checkpoints inside --model-dir, and `kbert finetune` inside OUTPUT.partial/.
 CHECKPOINTS_DIR = "checkpoints"
 # What fine-tuning records in bert_config.json besides the original keys.
 TASK_KEYS = ("task", "labels", "max_seq_length", "text_pairs", "doc_stride", "max_query_length")
@@ -44,6 +45,8 @@ HEAD_TASKS = {"classifier": ("classify", "regress"), "tagger": ("tag",), "span_p
               "multiple_choice": ("choice",)}
 # An unfinished `kbert finetune` run (OUTPUT.partial/) holds this file (kbert.finetuning.train).
 FINETUNE_STATE_FILE = "state.json"
+# A Keras archive (`model.save`), which `kbert.load` and every command taking a model also read.
+KERAS_SUFFIX = ".keras"
 
 
 def check_vocab(vocab_file: str, config: BertConfig):
@@ -214,6 +217,32 @@ def is_model_dir(path) -> bool:
     return os.path.isfile(os.path.join(path, WEIGHTS_FILE))
 
 
+def is_keras_file(path) -> bool:
+    """A `.keras` file: what `model.save("NAME.keras")` writes (a zip of config, weights and assets)."""
+    return os.fspath(path).endswith(KERAS_SUFFIX) and os.path.isfile(path)
+
+
+def load_keras_file(path):
+    """The kbert model a `.keras` file holds, whole: its head, task, vocabulary and casing."""
+    import keras
+
+    try:
+        model = keras.saving.load_model(os.fspath(path))
+    except Exception as e:  # keras raises ValueError, zipfile and h5py errors, ...
+        raise KbertError(f"{path}: Keras cannot load it ({first_line(e)}); pass a .keras file saved from a "
+                         f"kbert model (model.save), or a kbert model directory") from None
+    model_kind(model)  # a kbert model, or a one-line error
+    if model.vocabulary is None:
+        raise KbertError(f"{path}: the model declares no vocabulary, so its text cannot be tokenized; build it on a "
+                         f"loaded model (kbert.bert_classifier(kbert.load(DIR), ...)) or pass vocabulary=")
+    if model_kind(model) in HEAD_TASKS:  # what it declares, checked, with its head's defaults filled in
+        try:
+            model.task_info = head_task_info(model)
+        except KbertError as e:
+            raise KbertError(f"{path}: {e}") from None
+    return model
+
+
 def interrupted_finetuning(path) -> dict | None:
     """The state.json of an unfinished `kbert finetune` run (its OUTPUT.partial/ directory:
     checkpoints/, state.json, no model), else None."""
@@ -240,7 +269,7 @@ def interrupted_finetuning_message(path, state: dict) -> str:
     ft/x.partial: an unfinished kbert finetune run (stopped at step 40 of 80), not a model; finish it with `kbert finetune /m/base --task classify --train /d/train.tsv --output ft/x --epochs 5 --batch-size 16 --resume`, then use ft/x
     """
     path = os.fspath(path).rstrip(os.sep)
-    output = path[:-len(".partial")] if path.endswith(".partial") else "OUTPUT"
+    output = path[:-len(PARTIAL_SUFFIX)] if path.endswith(PARTIAL_SUFFIX) else "OUTPUT"
     run = state.get("fingerprint", {})
     quote = shlex.quote  # a command to paste into a shell
     flags = [f"kbert finetune {quote(run.get('model_dir', 'MODEL_DIR'))} --task {run.get('task', 'TASK')} "
@@ -249,8 +278,9 @@ def interrupted_finetuning_message(path, state: dict) -> str:
         flags.append(f"--dev {quote(run['dev'])}")
     flags.append(f"--output {quote(output)}")
     # Flags away from their defaults: --resume refuses a run started with other values.
-    defaults = {"epochs": 3, "batch_size": 32, "learning_rate": 5e-5, "seed": 12345}
-    flags += [f"--{k.replace('_', '-')} {run[k]}" for k in defaults if k in run and run[k] != defaults[k]]
+    defaults = FinetuneOptions()
+    flags += [f"--{k.replace('_', '-')} {run[k]}" for k in ("epochs", "batch_size", "learning_rate", "seed")
+              if k in run and run[k] != getattr(defaults, k)]
     default_length = 384 if run.get("task") == "squad" else 128
     if run.get("max_seq_length") not in (None, default_length):
         flags.append(f"--max-seq-length {run['max_seq_length']}")
@@ -307,14 +337,15 @@ def load_config(model_dir) -> BertConfig:
 
 
 def load(model_dir):
-    """The model saved in a kbert model directory, with its weights.
-
-    The model carries `vocab_file` and `do_lower_case` attributes for building its tokenizer.
+    """The model saved in a kbert model directory, with its weights, its `vocabulary` (vocab.txt
+    and casing) and, for a task model, its `task_info`.
 
     Example:
     >>> model = kbert.load("out/tiny")  # doctest: +SKIP
     """
     model_dir = os.fspath(model_dir)
+    if is_keras_file(model_dir):
+        return load_keras_file(model_dir)
     check_not_interrupted(model_dir)
     config = load_config(model_dir)
     weights = os.path.join(model_dir, WEIGHTS_FILE)
@@ -325,17 +356,17 @@ def load(model_dir):
         raise KbertError(f"{model_dir}: unknown kbert_model {kind!r} in bert_config.json; "
                          f"expected one of {', '.join(builders)}")
     head = {"num_classes": int(config.extras.get("num_classes", 2))} if kind in ("classifier", "tagger") else {}
+    if kind in HEAD_TASKS:
+        head["task_info"] = {k: config.extras[k] for k in TASK_KEYS if k in config.extras}
+    vocabulary = bert.Vocabulary(os.path.join(model_dir, VOCAB_FILE), bool(config.extras.get("do_lower_case", True)))
     # Unfilled weights, every one assigned by load_weights next (it fails on any it lacks).
     with unfilled():
-        model = builders[kind](config, **head)
+        model = builders[kind](config, **head, vocabulary=vocabulary)
     try:
         model.load_weights(weights)
     except (ValueError, OSError) as e:
         raise KbertError(f"{weights}: cannot load ({first_line(e)}); the file is damaged or "
                          f"does not match bert_config.json") from None
-    model.vocab_file = os.path.join(model_dir, VOCAB_FILE)
-    model.do_lower_case = bool(config.extras.get("do_lower_case", True))
-    model.task_info = {k: config.extras[k] for k in TASK_KEYS if k in config.extras}
     if kind in HEAD_TASKS and "task" not in model.task_info:
         # A head saved without its task (before kbert.save recorded one): its kind's, as saved now.
         with contextlib.suppress(KbertError):
@@ -381,6 +412,9 @@ def describe_source(source) -> SourceInfo:
     True
     """
     source = _require_source(source)
+    if is_keras_file(source):
+        model = load_keras_file(source)
+        return SourceInfo(model.config, model.vocab_file, model.do_lower_case)
     if is_model_dir(source):
         config = load_config(source)
         vocab = os.path.join(source, VOCAB_FILE)
@@ -395,7 +429,7 @@ def open_model(source, do_lower_case: bool | None = None):
     """The model at `source`, with its weights: a kbert model directory (`load`), or a
     google-research checkpoint directory or prefix, converted on the fly.
 
-    The model carries `vocab_file` and `do_lower_case` (decided by `lower_case_for` unless
+    The model declares its `vocabulary` (its casing decided by `lower_case_for` unless
     `do_lower_case` is given) for building its tokenizer.
 
     Example:
@@ -404,12 +438,20 @@ def open_model(source, do_lower_case: bool | None = None):
     False
     """
     source = _require_source(source)
-    if is_model_dir(source):
+    if is_model_dir(source) or is_keras_file(source):
         model = load(source)
         if do_lower_case is not None:
-            model.do_lower_case = bool(do_lower_case)
+            with_casing(model, do_lower_case)
         return model
     return _tf1().load_tf1_checkpoint(source, do_lower_case=do_lower_case)
+
+
+def with_casing(model, do_lower_case: bool):
+    """`model`, its vocabulary (and its encoder's) declaring `do_lower_case`."""
+    vocabulary = bert.Vocabulary(model.vocab_file, bool(do_lower_case))
+    for part in {id(m): m for m in (model, bert.encoder_of(model)) if m is not None}.values():
+        part.vocabulary = vocabulary
+    return model
 
 
 def _require_source(source) -> str:

@@ -16,7 +16,6 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kbert  # noqa: E402
-from kbert.model.bert import embedding_model  # noqa: E402
 
 
 def main(model_dir, expected_path):
@@ -28,7 +27,8 @@ def main(model_dir, expected_path):
     out = model(inputs, training=False)
     log_softmax = lambda x: np.asarray(keras.ops.log_softmax(x, axis=-1))  # noqa: E731
     got = {
-        "embedding_output": np.asarray(embedding_model(model.encoder)(encoder_inputs)),
+        # After the embeddings' LayerNorm: the original's get_embedding_output.
+        "embedding_output": np.asarray(keras.Model(model.encoder.input, model.encoder.embeddings.output)(encoder_inputs)),
         "sequence_output": np.asarray(out["sequence_output"]),
         "pooled_output": np.asarray(out["pooled_output"]),
         "mlm_log_probs": log_softmax(out["mlm_logits"]),

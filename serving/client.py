@@ -1,5 +1,5 @@
 """`Client`: call a model that TF Serving serves, over gRPC or REST. (`kbert predict --server`
-is `kbert.finetuning.predict.predict_served`, which reads files as local `kbert predict` does.)
+is `kbert.serving.predict.predict_served`, which reads files as local `kbert predict` does.)
 
 The address picks the protocol: `"HOST:PORT"` or `"grpc://HOST:PORT"` talks gRPC with
 tensorflow-serving-api's stubs (`tensorflow_model_server --port`, 8500 by default);
@@ -43,8 +43,6 @@ from kbert.errors import KbertError
 
 log = logging.getLogger("kbert")
 
-CLASSIFY_METHOD = "tensorflow/serving/classify"
-REGRESS_METHOD = "tensorflow/serving/regress"
 # TF Serving's DataType names -> numpy dtypes (object: Python str or bytes).
 _NUMPY = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT32": np.int32, "DT_INT64": np.int64,
           "DT_INT16": np.int16, "DT_INT8": np.int8, "DT_UINT8": np.uint8, "DT_BOOL": np.bool_,

@@ -19,7 +19,7 @@ classifiers get `classify` (`tensorflow/serving/classify`: `inputs` serialized t
 above -> `classes` [batch, C] label strings and `scores` [batch, C]); regressors get `regress`
 (`tensorflow/serving/regress`: `inputs` -> `outputs` [batch]).
 
-Outputs by model (each task's `serve` in `kbert.finetuning.tasks`): encoders and pretrained
+Outputs by model (each task's head in `kbert.serving.heads`): encoders and pretrained
 models `pooled_output`, `sequence_output`, `input_mask`; classifiers `probabilities`,
 `label_id`, `label`; regressors `score`; taggers per-token `label_id`, `label` and
 `input_mask`, and from `serving_default`/`serve_examples` also `word_label` [batch, words]: the
@@ -33,8 +33,6 @@ and `label_id`. Floats are float32 and pass through
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import re
 
@@ -46,23 +44,19 @@ from kbert.config import sequence_length
 from kbert.errors import KbertError
 from kbert.outputs import writes
 from kbert.files import atomic_output_dir
-from kbert.finetuning.tasks import API_METHODS, TASKS, ServingHead, finite, get_task
-from kbert.model.bert import BertEncoder, BertMultipleChoice, BertPretrainer, BertTagger
-from kbert.model_dir import describe_source, open_model
+from kbert.model.bert import BertEncoder, BertMultipleChoice, BertPretrainer, BertTagger, encoder_of
+from kbert.model_dir import open_model
+from kbert.serving.heads import API_METHODS, ServingHead, require_served, serve_encoder, serving_head
 from kbert.serving.models_config import configured_name, write_batching_parameters, write_models_config
+from kbert.serving.optimize import optimize
 from kbert.serving.signatures import set_method_name
 # Names of this module from before their code moved, which `kbert export` imports from here.
 from kbert.serving.models_config import BATCHING_PARAMETERS, MODELS_CONFIG  # noqa: F401
 from kbert.serving.signatures import exported_signatures  # noqa: F401
 from kbert.text.preprocessing import BertPreprocessor
 
-log = logging.getLogger("kbert")
-
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
-SIGNATURES = ("serving_default", "serve_ids", "serve_examples")
 PRECISIONS = ("float32", "bfloat16")
-# The Classify and Regress APIs' signature names, method names and keys (TF Serving's
-# signature_constants): TF Serving refuses a signature of the predict method for them.
 # Representative warmup requests: TF Serving runs them at load so that the first real request
 # does not pay for graph set-up; one per batch shape that a client typically sends.
 WARMUP_TEXTS = (["Hello, world!"],
@@ -76,205 +70,27 @@ def _next_version(export_base: str) -> int:
     return max(versions, default=0) + 1
 
 
-# Requests run on their longest text rounded up to this many tokens: a few distinct shapes
-# (oneDNN and TF cache kernels per shape) at most 7 padding positions each.
-LENGTH_MULTIPLE = 8
-# A batch is sorted by length and run in groups of this many texts, each on its own longest
-# text. Measured in benchmarks/serving_bench.py (see docs/performance.md): on the Debian
-# descriptions, batches of 32 pay for about 1.3x fewer positions than one group would.
-GROUP_ROWS = 8
-
-
-# The export's query, key and value projections run as one [H, 3H] matmul, from weights
-# concatenated at export time (`TransformerLayer.fuse_attention_inputs`); the model directory
-# keeps the checkpoint's layout. Measured alone in docs/performance.md.
-FUSE_ATTENTION_INPUTS = True
-
-# Each LayerNorm runs as one oneDNN kernel (`LayerNorm.as_one_kernel`) instead of keras' twenty
-# element-wise ops and reductions. Measured alone in docs/performance.md.
-LAYER_NORM_AS_ONE_KERNEL = True
-
-
-# `constant_weights` (`kbert export --constant-weights`) puts the weights in the graph as
-# constants, if they fit in a GraphDef (protobuf's 2 GiB limit, with room for the rest). oneDNN
-# then keeps a constant weight in its reordered layout between calls, where it reorders a
-# variable's on every call: a BERT-base bfloat16 export 1.13x faster at batch 1 on real texts.
-# But TF Serving's process then holds 5x the memory (5.2 GiB against 1.1) and loads 6-8x
-# slower, so it is not the default. Measured in docs/performance.md.
-CONSTANT_WEIGHTS_MAX_BYTES = 1 << 30
-
-
-class _WeightsAsConstants(keras.StatelessScope):
-    """Within it, each read of a Keras weight gives a constant of the graph being traced, made
-    on its first read from `values` ({id(weight): numpy array}), so only the weights that the
-    traced code reads go into the graph (not, say, Q, K and V beside their fused copy)."""
-
-    def __init__(self, values):
-        super().__init__()
-        self.values = values
-
-    def get_current_value(self, variable):
-        # Keras' Variable.value asks the scope first; the real value would be a variable read.
-        if id(variable) not in self.state_mapping and id(variable) in self.values:
-            self.state_mapping[id(variable)] = tf.constant(self.values[id(variable)])
-        return self.state_mapping.get(id(variable))
-
-
-def _encoder(model) -> BertEncoder:
-    """`model` itself if it is an encoder, else the encoder a pretrainer or a task model holds."""
-    return model if isinstance(model, BertEncoder) else model.encoder
-
-
-def _transformer_layers(model):
-    """The TransformerLayers of `model`'s encoder."""
-    return _encoder(model).transformer_layers
-
-
-def _layer_norms(model):
-    """The LayerNorms of `model`'s encoder: the embeddings' and two in each transformer layer."""
-    return [_encoder(model).embeddings.layer_norm] + [norm for layer in _transformer_layers(model)
-                                                      for norm in (layer.attention_layer_norm, layer.output_layer_norm)]
-
-
-class OnLongestText:
-    """`model` called on a batch cut to its longest text, rounded up to LENGTH_MULTIPLE tokens.
-
-    BertPreprocessor packs every text to max_seq_length (so truncation is the original's), but
-    a 6-word query would then pay for 128 positions. Cutting the batch to its longest text
-    changes nothing for the real tokens: padding is masked out of attention (-10000 before the
-    softmax, exp underflows to 0), so pooled outputs, logits and per-token outputs agree with
-    the padded run to float32 rounding. Outputs with a value per token are padded back to the
-    length of the inputs, with zeros at the positions past each text (input_mask 0), where the
-    padded run gave the model's outputs for padding, which mean nothing.
-
-    A batch of more than GROUP_ROWS texts is sorted by length and run GROUP_ROWS texts at a
-    time, each group cut to its own longest text, then put back in the request's order: in a
-    batch of 32 real texts one long text would otherwise make all 32 pay for its length.
-
-    With `constant_weights`, the model is traced with its weights as constants of the graph
-    (`kbert export --constant-weights`), made from their values when OnLongestText is built.
-
-    Attribute reads go to `model` (num_classes, config, ...), so a task's serving head takes
-    it in the model's place.
-    """
-
-    def __init__(self, model, constant_weights=False):
-        self.model = model
-        self.values = {id(w): w.numpy() for w in model.weights} if constant_weights else None
-        # Every signature calls this one traced function (per rank of the inputs), so the
-        # model is traced, and its constant weights saved, once. The model's ops sit directly
-        # in the loop's body, where TF's graph optimizer fuses their bias adds and GELUs.
-        self.function = tf.function(self._grouped)
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def __call__(self, features, training=False):
-        if training:
-            raise ValueError("OnLongestText serves: train the model itself")
-        specs = {k: tf.TensorSpec([None] * v.shape.rank, v.dtype, name=k) for k, v in features.items()}
-        return self.function.get_concrete_function(specs)(features)
-
-    def _weights(self):
-        """Where the model's weights come from while it is traced: graph constants or its variables."""
-        return _WeightsAsConstants(self.values) if self.values is not None else contextlib.nullcontext()
-
-    def _grouped(self, features):
-        mask = features["input_mask"]
-        if mask.shape.rank != 2:  # multiple choice, [batch, choices, seq]: one group
-            return self._on_longest(features)
-        lengths = tf.reduce_sum(mask, axis=-1)
-        order = tf.argsort(lengths, stable=True)
-        ordered = {k: tf.gather(v, order) for k, v in features.items()}
-        rows = tf.shape(mask)[0]
-        groups = (rows + GROUP_ROWS - 1) // GROUP_ROWS
-        specs = {k: v for k, v in self.model.output.items()}
-        arrays = {k: tf.TensorArray(spec.dtype, size=groups, infer_shape=False, element_shape=[None, *spec.shape[1:]])
-                  for k, spec in specs.items()}
-
-        def group(i, arrays):
-            part = {k: v[i * GROUP_ROWS:(i + 1) * GROUP_ROWS] for k, v in ordered.items()}
-            out = self._on_longest(part)
-            return i + 1, {k: arrays[k].write(i, out[k]) for k in arrays}
-
-        _, arrays = tf.while_loop(lambda i, _: i < groups, group, (tf.constant(0), arrays))
-        # argsort of the order is its inverse: each row back to where the request had it.
-        back = tf.argsort(order)
-        full = tf.shape(mask)[-1]
-        return {k: tf.gather(_concat(arrays[k], specs[k].shape, full), back) for k in arrays}
-
-    def _on_longest(self, features):
-        mask = features["input_mask"]
-        full = tf.shape(mask)[-1]
-        # The longest text's tokens; 0 for an empty batch (reduce_max of nothing is the lowest int).
-        longest = tf.reduce_max(tf.concat([tf.reshape(tf.reduce_sum(mask, axis=-1), [-1]), [0]], axis=0))
-        rounded = (longest + LENGTH_MULTIPLE - 1) // LENGTH_MULTIPLE * LENGTH_MULTIPLE
-        length = tf.clip_by_value(rounded, tf.minimum(LENGTH_MULTIPLE, full), full)
-        with self._weights():
-            outputs = self.model({k: v[..., :length] for k, v in features.items()}, training=False)
-        per_token = mask.shape.rank + 1  # [batch, seq, width] from [batch, seq] inputs
-        return {k: _pad_positions(v, full) if v.shape.rank == per_token else v for k, v in outputs.items()}
-
-
-def _concat(array, shape, full):
-    """The groups of a TensorArray as one [rows, ...] tensor; an empty batch gives [0, ...], with
-    `full` positions where the model's output has a sequence axis."""
-    empty = tf.zeros([0] + [full if d is None else d for d in shape[1:]], array.dtype)
-    return tf.ensure_shape(tf.cond(array.size() > 0, array.concat, lambda: empty), [None, *shape[1:]])
-
-
-def _pad_positions(x, length):
-    """x [batch, seq, ...] padded with zeros along seq to `length`."""
-    paddings = tf.concat([[[0, 0], [0, length - tf.shape(x)[1]]], tf.zeros([tf.rank(x) - 2, 2], tf.int32)], axis=0)
-    return tf.pad(x, paddings)
-
-
-def _constant_weights(model, requested: bool) -> bool:
-    """Whether the export holds `model`'s weights as graph constants: if `requested` and they fit."""
-    if not requested:
-        return False
-    size = sum(w.numpy().nbytes for w in model.weights)
-    if size > CONSTANT_WEIGHTS_MAX_BYTES:
-        log.warning("the weights (%.0f MiB) are too large for graph constants; the export keeps them as variables",
-                    size / 2**20)
-    return size <= CONSTANT_WEIGHTS_MAX_BYTES
-
-
 def _serving_head(model, task_info, text_pairs, constant_weights=False) -> ServingHead:
-    """How to serve `model`: its task's record says, and encoders serve their outputs.
-    Either way the model runs on each batch's longest text (`OnLongestText`), with its weights
-    as graph constants if `constant_weights`."""
+    """How to serve `model`: encoders serve their outputs, fine-tuned models their task's head
+    (`kbert.serving.heads`). Either way the model runs as `kbert.serving.optimize` rewrites it
+    (on each batch's longest text, Q, K and V as one matmul, LayerNorms as one kernel), with its
+    weights as graph constants if `constant_weights`."""
     def serving(m):
-        return OnLongestText(m, constant_weights)
+        return optimize(m, constant_weights=constant_weights)
 
-    task = task_info.get("task")
     if isinstance(model, (BertEncoder, BertPretrainer)):
-        encoder = serving(_encoder(model))
-
-        def outputs(features):
-            out = encoder(features, training=False)
-            return {"pooled_output": finite("pooled_output", out["pooled_output"]),
-                    "sequence_output": finite("sequence_output", out["sequence_output"]),
-                    "input_mask": features["input_mask"]}
-        return ServingHead(outputs, {"text": 1, "text_b": 1} if text_pairs else {"text": 1})
+        return serve_encoder(serving(encoder_of(model)), bool(text_pairs))
+    task = task_info.get("task")
     if task is None:  # a head saved without fine-tuning metadata: its kind says which task
         task = {BertTagger: "tag", BertMultipleChoice: "choice"}.get(type(model)) or (
             "regress" if getattr(model, "num_classes", 0) == 1 else "classify")
-    record = get_task(task)
-    if record.serve is None:
-        raise KbertError(f"kbert export serves encoders, pretrained models and the {task_list()} tasks; a "
-                         f"{task} model needs its question/context windows, which export does not build yet: "
-                         f"serve its encoder or use kbert predict")
-    head = record.serve(serving(model), task_info.get("labels"))
+    require_served(task)  # before the model is rewritten for serving
+    head = serving_head(task, serving(model), task_info.get("labels"))
     if task in ("classify", "regress"):
         # finetune records "text_pairs"; directories from before it did may get pairs.
         pairs = bool(task_info.get("text_pairs", True)) if text_pairs is None else text_pairs
         head = head._replace(text_inputs={"text": 1, "text_b": 1} if pairs else {"text": 1})
     return head
-
-
-def task_list() -> str:
-    return ", ".join(name for name, task in TASKS.items() if task.serve is not None)
 
 
 def _warmup_requests(path: str, name: str, text_inputs: dict):
@@ -316,14 +132,14 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
             run_classifier.py), no otherwise. bert_config.json does not record whether a model
             was fine-tuned on pairs, so a single-text classifier's clients send `text_b` "".
         precision: str. "float32" (the trained model's numbers) or "bfloat16": weights and
-            matmuls in bfloat16: on this project's AVX512-BF16 CPU 1.4x faster at batch 1 and 1.7x at
-            batch 32 for BERT-base, at about 1e-2 of difference in the outputs (softmax and LayerNorm statistics
-            stay in float32; the outputs are float32).
+            matmuls in bfloat16: faster on CPUs with AVX512-BF16 or AMX, with outputs slightly off
+            float32's (softmax and LayerNorm statistics stay in float32; the outputs are float32).
+            Speed and differences measured in docs/performance.md and docs/serving.md.
         constant_weights: bool. Put the weights in the graph as constants instead of variables
-            (up to CONSTANT_WEIGHTS_MAX_BYTES): oneDNN then keeps their reordered layout, 1.13-1.2x
-            faster for a bfloat16 BERT-base at batch 1 on real texts, but the serving process
-            holds about 5x the memory and loads 6-8x slower; a float32 export got slower on
-            texts of varied lengths. See docs/serving.md.
+            (up to `kbert.serving.optimize.CONSTANT_WEIGHTS_MAX_BYTES`): oneDNN then keeps their
+            reordered layout, faster for a bfloat16 export at batch 1, but the serving process
+            holds several times the memory and loads slower; a float32 export got slower on
+            texts of varied lengths. Measured in docs/performance.md; see docs/serving.md.
 
     Example:
     >>> path = export_model("out/classifier", "exports/sentiment")  # doctest: +SKIP
@@ -333,7 +149,6 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     model_dir, export_base = os.fspath(model_dir), os.path.abspath(os.fspath(export_base))
     if precision not in PRECISIONS:
         raise KbertError(f"--precision {precision!r}: choose {' or '.join(PRECISIONS)}")
-    source = describe_source(model_dir)  # a clear error for a path that is neither model nor checkpoint
     if os.path.isfile(export_base):
         raise KbertError(f"{export_base} is a file; EXPORT_BASE must be a directory (TF Serving's --model_base_path)")
     if version is None:
@@ -351,26 +166,20 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(precision)  # the variables' dtype as well as the compute's
     try:
-        model = open_model(model_dir, do_lower_case=source.do_lower_case)
+        model = open_model(model_dir)  # opened once: its vocabulary, casing and task come with it
     finally:
         keras.mixed_precision.set_global_policy(previous)
-    if FUSE_ATTENTION_INPUTS:
-        for layer in _transformer_layers(model):
-            layer.fuse_attention_inputs()
-    if LAYER_NORM_AS_ONE_KERNEL:
-        for layer_norm in _layer_norms(model):
-            layer_norm.as_one_kernel()
     task_info = getattr(model, "task_info", None) or {}
     length = sequence_length(max_seq_length, model.config.max_position_embeddings, task_info.get("max_seq_length"))
     if length < 3:
         raise KbertError(f"--max-seq-length {length} must be at least 3 ([CLS] x [SEP])")
-    head = _serving_head(model, task_info, text_pairs, _constant_weights(model, constant_weights))
+    head = _serving_head(model, task_info, text_pairs, constant_weights)
     outputs = head.outputs
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)
     preprocessor((tf.constant(["warm up"]), tf.constant(["b"])))  # builds it, so ExportArchive may track it
 
     # Packing is traced once per input form and shared by every signature that packs text: the
-    # tokenizer's graph is large, and tracing it for each signature made exports 1.5x slower.
+    # tokenizer's graph is large, and tracing it for each signature made exports much slower.
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def pack_single(text):
         return preprocessor(text)
@@ -386,7 +195,7 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     archive = keras.export.ExportArchive()
     # The model's variables are not tracked here: add_endpoint saves every variable the signatures
     # use, and tracking the model as well saved each weight a second time (Keras' own variables
-    # beside the tf.Variables they wrap), which made a BERT-base float32 export 839 MiB instead of 421.
+    # beside the tf.Variables they wrap), which made a BERT-base export twice its size.
     archive.track(preprocessor)  # its tokenizer's vocabulary lookup table
     # The tokenizer's table is built from the vocabulary in memory (the exact load_vocab
     # semantics: stripped lines, the last id of a repeated token). This id -> token table

@@ -42,9 +42,9 @@ from kbert.errors import KbertError
 from kbert.outputs import writes
 from kbert.files import atomic_output_dir, count_lines
 from kbert.model import fused
-from kbert.model.bert import BertEncoder, BertPretrainer
+from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
 from kbert.model.layers import attention_adder
-from kbert.model_dir import CONFIG_FILE, describe_source, open_model
+from kbert.model_dir import CONFIG_FILE, open_model
 from kbert.text.graph_tokenizer import GraphTokenizer
 from kbert.text.preprocessing import pack_token_ids
 from kbert.text.tokenizer import load_vocab
@@ -215,20 +215,15 @@ def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: b
     >>> export_tfhub("out/tiny", "hub/tiny")  # doctest: +SKIP
     """
     model_dir = os.fspath(model_dir)
-    source = describe_source(model_dir)
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("float32")
     try:
-        model = open_model(model_dir, do_lower_case=source.do_lower_case)
+        model = open_model(model_dir)
     finally:
         keras.mixed_precision.set_global_policy(previous)
-    if isinstance(model, BertEncoder):
-        encoder, pretrainer = model, None
-    elif isinstance(model, BertPretrainer):
-        encoder, pretrainer = model.encoder, model
-    elif isinstance(getattr(model, "encoder", None), BertEncoder):
-        encoder, pretrainer = model.encoder, None
-    else:
+    encoder = encoder_of(model)
+    pretrainer = model if isinstance(model, BertPretrainer) else None
+    if encoder is None:
         raise KbertError(f"{model_dir}: a {type(model).__name__} has no BERT encoder to export")
     length = sequence_length(max_seq_length, encoder.config.max_position_embeddings)
     if length < 3:

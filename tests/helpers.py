@@ -13,7 +13,6 @@ import numpy as np
 
 from conftest import TESTS, TINY
 
-from kbert.model.bert import embedding_model
 
 # === Toy data over the tiny checkpoint's 300-word vocabulary ===
 
@@ -190,3 +189,9 @@ def largest_difference(a: dict, b: dict) -> float:
     """The largest |a - b| over arrays of the same names (a BERT has 40 or more)."""
     assert a.keys() == b.keys() and len(a) >= 40
     return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)
+
+
+def embedding_model(encoder) -> keras.Model:
+    """A model from the encoder's inputs to `embedding_output` (after embeddings + LayerNorm),
+    the original's `get_embedding_output`, which the parity tests compare."""
+    return keras.Model(encoder.input, encoder.embeddings.output)

@@ -11,7 +11,7 @@ MODULES = ["kbert.config", "kbert.files", "kbert.model.bert", "kbert.text.tokeni
            "kbert.converters.names", "kbert.converters.inspect", "kbert.converters.hf", "kbert.errors", "kbert.model.layers", "kbert.pretraining.losses",
            "kbert.training.optimization", "kbert.finetuning.metrics", "kbert.finetuning.readers", "kbert.finetuning.encoding", "kbert.finetuning.squad",
            "kbert.finetuning.squad_decoding", "kbert.text.preprocessing",
-           "kbert.serving.client", "kbert.model.fused", "kbert.pretraining.create_data", "kbert.pretraining.instances",
+           "kbert.serving.client", "kbert.serving.heads", "kbert.serving.predict", "kbert.model.fused", "kbert.pretraining.create_data", "kbert.pretraining.instances",
            "kbert.pretraining.python_random", "kbert.pretraining.record_encoder", "kbert.pretraining.record_statistics",
            "kbert.text.vocab_builder",
            "kbert.finetuning.tasks", "kbert.finetuning.predict", "kbert.finetuning.options", "kbert.finetuning.output",

@@ -139,3 +139,34 @@ def test_a_head_saved_without_its_task_loads_with_its_kinds(tiny_model_dir, tmp_
     assert kbert.load(tmp_path / "old").task_info == {"task": "regress", "max_seq_length": 64}
     report = json.loads(run_kbert("convert", "inspect", tmp_path / "old").stdout)
     assert report["kind"] == "kbert model directory (classifier)" and "task" not in report
+
+
+def test_a_keras_file_is_a_whole_model_and_anything_else_is_one_line(tiny_model_dir, tmp_path):
+    import keras
+
+    # What get_config and the archive carry: the vocabulary (its file inside), casing and task.
+    tagger = kbert.bert_tagger(kbert.load(tiny_model_dir), 3, task_info={"task": "tag", "labels": ["B", "I", "O"]})
+    config = tagger.get_config()
+    assert config["vocabulary"] == {"file": os.path.join(str(tiny_model_dir), "vocab.txt"), "do_lower_case": True}
+    assert config["task_info"] == {"task": "tag", "labels": ["B", "I", "O"]}
+    tagger.save(tmp_path / "tagger.keras")
+    loaded = kbert.load(tmp_path / "tagger.keras")
+    assert type(loaded) is kbert.BertTagger and loaded.vocab_file != config["vocabulary"]["file"]
+    assert open(loaded.vocab_file).read() == open(config["vocabulary"]["file"]).read()
+    assert loaded.task_info == {"task": "tag", "labels": ["B", "I", "O"], "max_seq_length": 64}
+    data = tmp_path / "words.txt"
+    data.write_text("gold\ndust\n")  # CoNLL: a word per line
+    rows = [json.loads(line) for line in run_kbert("predict", tmp_path / "tagger.keras", "--input", data).stdout.splitlines()]
+    assert rows[0]["words"] == ["gold", "dust"] and set(rows[0]["tags"]) <= {"B", "I", "O"}
+
+    keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]).save(tmp_path / "other.keras")
+    assert_user_error(run_kbert("predict", tmp_path / "other.keras", "--input", data, check=False),
+                      "cannot save a Sequential: kbert model directories hold kbert models")
+    (tmp_path / "broken.keras").write_bytes(b"not a zip")
+    assert_user_error(run_kbert("predict", tmp_path / "broken.keras", "--input", data, check=False),
+                      "broken.keras: Keras cannot load it")
+    no_vocabulary = kbert.bert_classifier(kbert.BertConfig(vocab_size=300, hidden_size=8, num_hidden_layers=1,
+                                                           num_attention_heads=2, intermediate_size=16), 2)
+    no_vocabulary.save(tmp_path / "bare.keras")
+    assert_user_error(run_kbert("predict", tmp_path / "bare.keras", "--input", data, check=False),
+                      "the model declares no vocabulary")

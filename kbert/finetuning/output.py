@@ -25,11 +25,10 @@ from typing import Callable, Iterable, Iterator
 
 from kbert.errors import KbertError
 from kbert.outputs import writes
-from kbert.files import atomic_write_text
+from kbert.files import PARTIAL_SUFFIX, atomic_write_text
 
 log = logging.getLogger("kbert")
 
-PARTIAL_SUFFIX = ".partial"
 INPUT_SUFFIX = ".input"  # FILE.partial.input: the identity of the input FILE.partial's rows are of
 _HASHED = 1 << 20  # bytes hashed at each end of an input for its identity
 _CHUNK = 1 << 20  # bytes read at a time when counting the lines of a partial file

@@ -37,12 +37,12 @@ import tensorflow as tf
 from kbert.config import sequence_length
 from kbert.errors import KbertError
 from kbert.outputs import writes
-from kbert.files import atomic_output_dir, atomic_write_text, check_output_dir
+from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir
 from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.squad_decoding import write_predictions_json
 from kbert.finetuning.tasks import (Task, TaskData, best_metric, get_task, json_floats, predict_outputs,
                                     squad_answers)
-from kbert.model_dir import FINETUNE_STATE_FILE, describe_source, open_model, save
+from kbert.model_dir import CHECKPOINTS_DIR, FINETUNE_STATE_FILE, open_model, save
 from kbert.pretraining.dataset import op_error_text
 from kbert.text.tokenizer import Tokenizer
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
@@ -53,7 +53,6 @@ from kbert.training.strategy import make_strategy, use_mixed_precision
 log = logging.getLogger("kbert")
 
 RESULTS_FILE = "eval_results.json"
-RUN_SUFFIX = ".partial"  # OUTPUT.partial/: an unfinished run (checkpoints/, state.json, logs/)
 STATE_FILE = FINETUNE_STATE_FILE  # kbert.model_dir recognises an unfinished run by it
 
 
@@ -100,12 +99,17 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     _check_options(opts)
     strategy = make_strategy(opts.strategy)
     check_output_dir(os.fspath(output), opts.overwrite)
+    # --- the pretrained model, opened once: its config, vocabulary and casing say how to read the data ---
+    use_mixed_precision(opts.mixed_precision)
+    keras.utils.set_random_seed(opts.seed)
+    with strategy.scope():
+        base = open_model(model_dir)
     # --- data ---
-    source = describe_source(model_dir)
-    max_seq_length = sequence_length(opts.max_seq_length, source.config.max_position_embeddings,
+    max_seq_length = sequence_length(opts.max_seq_length, base.config.max_position_embeddings,
                                      default=task.max_seq_length)
-    tokenizer = Tokenizer(source.vocab_file, do_lower_case=source.do_lower_case)
-    train_data = task.read(train, tokenizer, max_seq_length, None, opts, True, True)
+    tokenizer = Tokenizer(base.vocab_file, do_lower_case=base.do_lower_case)
+    train_data = task.read(train, tokenizer=tokenizer, max_seq_length=max_seq_length, labels=None, options=opts,
+                           require_labels=True, training=True)
     labels = train_data.labels
     if train_data.size == 0:
         raise KbertError(f"{train} has no usable rows; check the file (or --skip-bad-rows dropped them all)")
@@ -114,7 +118,8 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     _warn_truncated(train, train_data, max_seq_length)
     dev_data = None
     if dev:
-        dev_data = task.read(dev, tokenizer, max_seq_length, labels, opts, True, False)
+        dev_data = task.read(dev, tokenizer=tokenizer, max_seq_length=max_seq_length, labels=labels, options=opts,
+                             require_labels=True, training=False)
         _warn_truncated(dev, dev_data, max_seq_length)
 
     replicas = strategy.num_replicas_in_sync
@@ -124,22 +129,19 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         raise KbertError(f"--batch-size {opts.batch_size} must divide evenly over {replicas} replicas; "
                          f"use a multiple of {replicas}")
 
-    # --- model ---
-    use_mixed_precision(opts.mixed_precision)
-    keras.utils.set_random_seed(opts.seed)
+    # --- model: the task's head on the base, declaring what predict, evaluate and export read ---
     steps_per_epoch = max(1, train_data.size // opts.batch_size)
     total_steps = steps_per_epoch * opts.epochs
+    task_info = {"task": task.name, "max_seq_length": max_seq_length}
+    if labels is not None:
+        task_info["labels"] = labels
+    if task.name == "squad":
+        task_info.update(doc_stride=opts.doc_stride, max_query_length=opts.max_query_length)
+    if task.name in ("classify", "regress"):
+        # Whether inputs are sentence pairs: the export's serving signature takes text_b only then.
+        task_info["text_pairs"] = train_data.raw.texts_b is not None
     with strategy.scope():
-        model = task.build(open_model(model_dir, do_lower_case=source.do_lower_case), labels)
-        task_info = {"task": task.name, "max_seq_length": max_seq_length}
-        if labels is not None:
-            task_info["labels"] = labels
-        if task.name == "squad":
-            task_info.update(doc_stride=opts.doc_stride, max_query_length=opts.max_query_length)
-        if task.name in ("classify", "regress"):
-            # Whether inputs are sentence pairs: the export's serving signature takes text_b only then.
-            task_info["text_pairs"] = train_data.raw.texts_b is not None
-        model.task_info = task_info
+        model = task.build(base, labels=labels, task_info=task_info)
         compile_for_task(model, task, make_finetune_optimizer(
             opts.learning_rate, total_steps, int(total_steps * opts.warmup_proportion)))
         model.optimizer.build(model.trainable_variables)  # its slots must exist to be restored
@@ -153,12 +155,12 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         batches = batches.batch(opts.batch_size, drop_remainder=train_data.size >= opts.batch_size)
         return batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
 
-    run_dir = os.fspath(output) + RUN_SUFFIX
+    run_dir = os.fspath(output) + PARTIAL_SUFFIX  # an unfinished run: checkpoints/, state.json, logs/
     fingerprint = {"model_dir": os.path.abspath(os.fspath(model_dir)), "task": task.name, "train": os.path.abspath(train),
                    "train_examples": train_data.size, "dev": dev and os.path.abspath(dev), "epochs": opts.epochs,
                    "batch_size": opts.batch_size, "learning_rate": opts.learning_rate, "seed": opts.seed,
                    "max_seq_length": max_seq_length}
-    tracker = _BestEpoch(task, dev_data, opts, source.do_lower_case, os.path.join(run_dir, "logs"))
+    tracker = _BestEpoch(task, dev_data, opts, model.do_lower_case, os.path.join(run_dir, "logs"))
     saver = _RunCheckpoints(run_dir, model, tracker, fingerprint, steps_per_epoch, opts.save_every)
     step = saver.resume() if opts.resume else saver.start(opts.overwrite)
     callbacks = [tracker, saver, keras.callbacks.TensorBoard(os.path.join(run_dir, "logs", "fit"), update_freq="epoch")]
@@ -188,7 +190,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     if opts.resume:
         result["resumed_from_step"] = start_step
     with atomic_output_dir(os.fspath(output), overwrite=opts.overwrite) as tmp:
-        save(model, tmp, vocab_file=source.vocab_file, do_lower_case=source.do_lower_case, overwrite=True)
+        save(model, tmp, overwrite=True)  # the model declares its vocabulary, casing and task
         with open(os.path.join(tmp, RESULTS_FILE), "w") as f:
             json.dump({"best": result, "history": tracker.history}, f, indent=2)
         if tracker.best_predictions is not None:
@@ -260,7 +262,7 @@ class _BestEpoch(keras.callbacks.Callback):
         row = {"epoch": epoch + 1, "loss": loss_sum / max(loss_batches, 1)}
         if self.dev_data is not None:
             outputs = predict_outputs(self.model, self.dev_data, self.opts.batch_size)
-            metrics = self.task.score(self.dev_data, outputs, self.opts, self.do_lower_case)
+            metrics = self.task.score(self.dev_data, outputs, options=self.opts, do_lower_case=self.do_lower_case)
             name, value = best_metric(self.task.name, metrics)
             row.update({f"dev_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
         else:
@@ -280,7 +282,8 @@ class _BestEpoch(keras.callbacks.Callback):
             self.best_weights = self.model.get_weights()
             self.best_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             if self.task.name == "squad" and self.dev_data is not None:
-                self.best_predictions, _ = squad_answers(self.dev_data, outputs, self.opts, self.do_lower_case)
+                self.best_predictions, _ = squad_answers(self.dev_data, outputs, options=self.opts,
+                                                         do_lower_case=self.do_lower_case)
         else:
             self.stale += 1
             if self.opts.patience is not None and self.stale >= self.opts.patience:
@@ -306,7 +309,7 @@ class _RunCheckpoints(keras.callbacks.Callback):
         self.steps_per_epoch, self.save_every = steps_per_epoch, save_every
         self.checkpoint = tf.train.Checkpoint(weights=list(model.weights), optimizer=model.optimizer,
                                               seeds=random_state_variables(model))
-        self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(run_dir, "checkpoints"),
+        self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(run_dir, CHECKPOINTS_DIR),
                                                   max_to_keep=2)
         self.step, self.saved_step, self.signals, self.interrupted = 0, None, None, False
 
@@ -329,7 +332,7 @@ class _RunCheckpoints(keras.callbacks.Callback):
             k = changed[0]
             raise KbertError(f"--resume: the run in {self.run_dir} was started with {k} {state['fingerprint'].get(k)!r}, "
                              f"not {self.fingerprint[k]!r}; resume with the same command, or --overwrite to start over")
-        self.checkpoint.restore(os.path.join(self.run_dir, "checkpoints", f"ckpt-{state['step']}")).expect_partial()
+        self.checkpoint.restore(os.path.join(self.run_dir, CHECKPOINTS_DIR, f"ckpt-{state['step']}")).expect_partial()
         best_weights = None
         if state["best_weights"]:
             with np.load(os.path.join(self.run_dir, state["best_weights"])) as arrays:

@@ -1,6 +1,22 @@
-"""BERT as functional Keras models: the encoder (`modeling.BertModel`) and the pretrainer (+ MLM, NSP)."""
+"""BERT as functional Keras models: the encoder (`modeling.BertModel`), the pretrainer (+ MLM, NSP)
+and one model per fine-tuning task.
+
+Each model is one declared object, as keras-hub's Task is backbone + preprocessor + head: its
+constructor takes, and `get_config` returns, everything needed to use it on text:
+- `vocabulary`: the vocab.txt and casing its tokenizer needs (`Vocabulary`); a `.keras` file
+  carries the vocab.txt inside (`save_assets`), so a model saved with `model.save` is whole;
+- `task_info` (task models): the task, label names, sequence length and whether it reads text
+  pairs, which `kbert predict`, `evaluate` and `export` read (`kbert.model_dir.head_task_info`
+  checks them and fills in defaults).
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import weakref
 
 import keras
 from keras import ops
@@ -10,6 +26,30 @@ from kbert.model.layers import (BertEmbeddings, MaskedLMHead, NextSentenceHead, 
                           TransformerLayer, attention_adder, dense)
 
 ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
+VOCAB_ASSET = "vocab.txt"
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+    """The tokenizer a model's ids belong to: its vocab.txt and whether text is lower-cased
+    (and accents stripped) first, as google-research/bert's `FullTokenizer(vocab_file, do_lower_case)`.
+
+    Example:
+    >>> Vocabulary("vocab.txt", do_lower_case=False).to_dict()
+    {'file': 'vocab.txt', 'do_lower_case': False}
+    """
+    file: str
+    do_lower_case: bool = True
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "do_lower_case": self.do_lower_case}
+
+    @classmethod
+    def of(cls, value) -> Vocabulary | None:
+        """A Vocabulary from itself, its dict, or None."""
+        if value is None or isinstance(value, Vocabulary):
+            return value
+        return cls(str(value["file"]), bool(value.get("do_lower_case", True)))
 
 
 def _as_config(config) -> BertConfig:
@@ -21,19 +61,54 @@ def _int_inputs(names):
     return {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in names}
 
 
-class _ConfiguredByBertConfig:
-    """get_config/from_config for models whose only argument is the BertConfig."""
+class _Described:
+    """What every kbert model declares besides its layers: its `vocabulary`, and for task models
+    its `task_info`; in get_config, and the vocab.txt itself in a `.keras` file."""
+
+    def _declare(self, config, vocabulary, task_info=None):
+        self.config = config
+        self.vocabulary = Vocabulary.of(vocabulary)
+        self.task_info = dict(task_info or {})
+
+    @property
+    def vocab_file(self) -> str | None:
+        """The vocab.txt of `vocabulary` (None when the model was built without one)."""
+        return self.vocabulary.file if self.vocabulary else None
+
+    @property
+    def do_lower_case(self) -> bool:
+        """Whether `vocabulary` lower-cases (True when the model was built without one)."""
+        return self.vocabulary.do_lower_case if self.vocabulary else True
+
+    def _described_config(self) -> dict:
+        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable,
+                "vocabulary": self.vocabulary.to_dict() if self.vocabulary else None}
 
     def get_config(self):
-        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+        return self._described_config()
 
     @classmethod
     def from_config(cls, config):
         return cls(**config)
 
+    # Keras' `.keras` saving calls these for any object it saves; the vocab.txt travels inside.
+    def save_assets(self, dir_path):
+        if self.vocab_file and os.path.isfile(self.vocab_file):
+            shutil.copyfile(self.vocab_file, os.path.join(dir_path, VOCAB_ASSET))
+
+    def load_assets(self, dir_path):
+        saved = os.path.join(dir_path, VOCAB_ASSET)
+        if not os.path.isfile(saved):
+            return
+        # Keras removes dir_path once loaded: the vocab.txt is kept as long as the model lives.
+        folder = tempfile.mkdtemp(prefix="kbert-vocab-")
+        shutil.copyfile(saved, os.path.join(folder, VOCAB_ASSET))
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        self.vocabulary = Vocabulary(os.path.join(folder, VOCAB_ASSET), self.do_lower_case)
+
 
 @keras.saving.register_keras_serializable(package="kbert")
-class BertEncoder(_ConfiguredByBertConfig, keras.Model):
+class BertEncoder(_Described, keras.Model):
     """google-research/bert's `BertModel`: embeddings, L transformer layers and the pooler.
 
     Inputs: a dict of int32 [batch, seq] `input_ids`, `input_mask` (1 = real token), `segment_ids`.
@@ -41,6 +116,7 @@ class BertEncoder(_ConfiguredByBertConfig, keras.Model):
 
     Args:
         config: `BertConfig` or its dict.
+        vocabulary: `Vocabulary` or its dict: the tokenizer the ids belong to.
 
     Example:
     >>> import numpy as np, kbert
@@ -54,7 +130,7 @@ class BertEncoder(_ConfiguredByBertConfig, keras.Model):
     ((1, 4, 32), (1, 32))
     """
 
-    def __init__(self, config, **kwargs):
+    def __init__(self, config, *, vocabulary=None, **kwargs):
         config = _as_config(config)
         kwargs.setdefault("name", "bert_encoder")
         # === Layers ===
@@ -75,11 +151,11 @@ class BertEncoder(_ConfiguredByBertConfig, keras.Model):
                          outputs={"sequence_output": hidden, "pooled_output": pooled}, **kwargs)
 
         # === Config ===
-        self.config = config
+        self._declare(config, vocabulary)
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class BertPretrainer(_ConfiguredByBertConfig, keras.Model):
+class BertPretrainer(_Described, keras.Model):
     """The encoder plus the masked-LM and next-sentence heads of `run_pretraining.py`.
 
     Inputs: the encoder's three plus int32 `masked_lm_positions` [batch, P].
@@ -89,6 +165,7 @@ class BertPretrainer(_ConfiguredByBertConfig, keras.Model):
     Args:
         config: `BertConfig` or its dict.
         encoder: optional `BertEncoder` to put the heads on (its weights are shared).
+        vocabulary: `Vocabulary` or its dict; default: the encoder's.
 
     Example:
     >>> import numpy as np, kbert
@@ -103,11 +180,12 @@ class BertPretrainer(_ConfiguredByBertConfig, keras.Model):
     ((1, 2, 100), (1, 2))
     """
 
-    def __init__(self, config, encoder: BertEncoder | None = None, **kwargs):
+    def __init__(self, config, encoder: BertEncoder | None = None, *, vocabulary=None, **kwargs):
         config = _as_config(config)
         kwargs.setdefault("name", "bert_pretrainer")
+        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
         # === Layers ===
-        self.encoder = encoder if encoder is not None else BertEncoder(config)
+        self.encoder = encoder if encoder is not None else BertEncoder(config, vocabulary=vocabulary)
         self.mlm_head = MaskedLMHead(config, self.encoder.embeddings.word_embeddings, name="mlm_head")
         self.nsp_head = NextSentenceHead(config, name="nsp_head")
 
@@ -123,24 +201,20 @@ class BertPretrainer(_ConfiguredByBertConfig, keras.Model):
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
         # === Config ===
-        self.config = config
+        self._declare(config, vocabulary)
 
 
-class _TaskModel(keras.Model):
+class _TaskModel(_Described, keras.Model):
     """A head on a `BertEncoder`, built from (config, size of the head) and an optional encoder."""
 
-    def _encoder_and_inputs(self, config, encoder):
-        self.encoder = encoder if encoder is not None else BertEncoder(config)
+    def _encoder_and_inputs(self, config, encoder, vocabulary):
+        self.encoder = encoder if encoder is not None else BertEncoder(config, vocabulary=vocabulary)
         inputs = _int_inputs(ENCODER_INPUTS)
         return inputs, self.encoder({name: inputs[name] for name in ENCODER_INPUTS})
 
     def get_config(self):
-        return {"config": self.config.to_dict(), "num_classes": self.num_classes, "dropout": self.dropout_rate,
-                "name": self.name, "trainable": self.trainable}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
+        return {**self._described_config(), "num_classes": self.num_classes, "dropout": self.dropout_rate,
+                "task_info": self.task_info}
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -155,6 +229,9 @@ class BertClassifier(_TaskModel):
         num_classes: int. Number of labels (1 for regression).
         encoder: optional `BertEncoder` to put the head on (its weights are shared).
         dropout: float. Dropout on the pooled output; 0.1 in run_classifier.py.
+        vocabulary: `Vocabulary` or its dict; default: the encoder's.
+        task_info: dict. task ("classify" or "regress"), labels, max_seq_length, text_pairs:
+            what predict, evaluate and export read (see `kbert.model_dir.head_task_info`).
 
     Example:
     >>> import numpy as np, kbert
@@ -168,20 +245,22 @@ class BertClassifier(_TaskModel):
     """
 
     def __init__(self, config, num_classes: int, encoder: BertEncoder | None = None, dropout: float = 0.1,
-                 **kwargs):
+                 *, vocabulary=None, task_info=None, **kwargs):
         config = _as_config(config)
+        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
         kwargs.setdefault("name", "bert_classifier")
         # === Layers ===
         self.dropout = keras.layers.Dropout(dropout, name="dropout")
         self.head = OutputProjection(config, num_classes, name="classifier_head")
 
         # === Functional Model ===
-        inputs, encoded = self._encoder_and_inputs(config, encoder)
+        inputs, encoded = self._encoder_and_inputs(config, encoder, vocabulary)
         logits = self.head(self.dropout(encoded["pooled_output"]))
         super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
 
         # === Config ===
-        self.config, self.num_classes, self.dropout_rate = config, int(num_classes), float(dropout)
+        self._declare(config, vocabulary, task_info)
+        self.num_classes, self.dropout_rate = int(num_classes), float(dropout)
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -198,20 +277,22 @@ class BertTagger(_TaskModel):
     """
 
     def __init__(self, config, num_classes: int, encoder: BertEncoder | None = None, dropout: float = 0.1,
-                 **kwargs):
+                 *, vocabulary=None, task_info=None, **kwargs):
         config = _as_config(config)
+        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
         kwargs.setdefault("name", "bert_tagger")
         # === Layers ===
         self.dropout = keras.layers.Dropout(dropout, name="dropout")
         self.head = OutputProjection(config, num_classes, name="tagger_head")
 
         # === Functional Model ===
-        inputs, encoded = self._encoder_and_inputs(config, encoder)
+        inputs, encoded = self._encoder_and_inputs(config, encoder, vocabulary)
         logits = self.head(self.dropout(encoded["sequence_output"]))
         super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
 
         # === Config ===
-        self.config, self.num_classes, self.dropout_rate = config, int(num_classes), float(dropout)
+        self._declare(config, vocabulary, task_info)
+        self.num_classes, self.dropout_rate = int(num_classes), float(dropout)
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -225,23 +306,25 @@ class BertSpanPredictor(_TaskModel):
         encoder: optional `BertEncoder` to put the head on.
     """
 
-    def __init__(self, config, encoder: BertEncoder | None = None, **kwargs):
+    def __init__(self, config, encoder: BertEncoder | None = None, *, vocabulary=None, task_info=None, **kwargs):
         config = _as_config(config)
+        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
         kwargs.setdefault("name", "bert_span_predictor")
         # === Layers ===
         self.head = OutputProjection(config, 2, name="squad_head")
 
         # === Functional Model ===
-        inputs, encoded = self._encoder_and_inputs(config, encoder)
+        inputs, encoded = self._encoder_and_inputs(config, encoder, vocabulary)
         logits = self.head(encoded["sequence_output"])
         outputs = {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
         # === Config ===
-        self.config, self.num_classes = config, 2
+        self._declare(config, vocabulary, task_info)
+        self.num_classes = 2
 
     def get_config(self):
-        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+        return {**self._described_config(), "task_info": self.task_info}
 
 
 class _FoldChoices(keras.layers.Layer):
@@ -289,11 +372,13 @@ class BertMultipleChoice(_TaskModel):
     (1, 4)
     """
 
-    def __init__(self, config, encoder: BertEncoder | None = None, dropout: float = 0.1, **kwargs):
+    def __init__(self, config, encoder: BertEncoder | None = None, dropout: float = 0.1, *, vocabulary=None,
+                 task_info=None, **kwargs):
         config = _as_config(config)
+        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
         kwargs.setdefault("name", "bert_multiple_choice")
         # === Layers ===
-        self.encoder = encoder if encoder is not None else BertEncoder(config)
+        self.encoder = encoder if encoder is not None else BertEncoder(config, vocabulary=vocabulary)
         self.dropout = keras.layers.Dropout(dropout, name="dropout")
         self.head = OutputProjection(config, 1, name="choice_head")
 
@@ -306,71 +391,88 @@ class BertMultipleChoice(_TaskModel):
         super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
 
         # === Config ===
-        self.config, self.num_classes, self.dropout_rate = config, 1, float(dropout)
+        self._declare(config, vocabulary, task_info)
+        self.num_classes, self.dropout_rate = 1, float(dropout)
 
     def get_config(self):
-        return {"config": self.config.to_dict(), "dropout": self.dropout_rate, "name": self.name,
-                "trainable": self.trainable}
+        return {**self._described_config(), "dropout": self.dropout_rate, "task_info": self.task_info}
+
+
+def encoder_of(model) -> BertEncoder | None:
+    """The `BertEncoder` of a kbert model: the model itself, or the one a pretrainer or task
+    model holds; None for anything else.
+
+    >>> import kbert
+    >>> config = kbert.BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1,
+    ...                           num_attention_heads=2, intermediate_size=16)
+    >>> classifier = kbert.bert_classifier(config, 2)
+    >>> encoder_of(classifier) is classifier.encoder, encoder_of(classifier.encoder) is classifier.encoder
+    (True, True)
+    """
+    if isinstance(model, BertEncoder):
+        return model
+    encoder = getattr(model, "encoder", None)
+    return encoder if isinstance(encoder, BertEncoder) else None
 
 
 def _config_and_encoder(config_or_model):
     """(BertConfig, encoder or None) from a config, a config dict, or a kbert model to build on."""
     if isinstance(config_or_model, keras.Model):
-        encoder = config_or_model if isinstance(config_or_model, BertEncoder) else getattr(
-            config_or_model, "encoder", None)
-        if not isinstance(encoder, BertEncoder):
+        encoder = encoder_of(config_or_model)
+        if encoder is None:
             raise TypeError(f"cannot put a head on a {type(config_or_model).__name__}; pass a BertConfig or "
                             f"a kbert model (kbert.load, kbert.converters.load_tf1_checkpoint)")
         return encoder.config, encoder
     return _as_config(config_or_model), None
 
 
-def _carry_tokenizer_settings(source, model):
-    for name in ("vocab_file", "do_lower_case"):
-        if hasattr(source, name):
-            setattr(model, name, getattr(source, name))
-    return model
+def _vocabulary_of(config_or_model, vocabulary):
+    # A head put on a loaded model reads text with that model's tokenizer.
+    return Vocabulary.of(vocabulary) or getattr(config_or_model, "vocabulary", None)
 
 
-def bert_classifier(config_or_model, num_classes: int, dropout: float = 0.1) -> BertClassifier:
-    """A `BertClassifier`: untrained from a config, or sharing the encoder of a loaded model.
+def bert_classifier(config_or_model, num_classes: int, dropout: float = 0.1, *, vocabulary=None,
+                    task_info=None) -> BertClassifier:
+    """A `BertClassifier`: untrained from a config, or sharing the encoder (and vocabulary) of a loaded model.
 
     Example:
     >>> pretrained = kbert.converters.load_tf1_checkpoint("tests/fixtures/tf1-tiny")  # doctest: +SKIP
     >>> classifier = kbert.bert_classifier(pretrained, num_classes=2)  # doctest: +SKIP
     """
     config, encoder = _config_and_encoder(config_or_model)
-    return _carry_tokenizer_settings(config_or_model, BertClassifier(config, num_classes, encoder, dropout))
+    return BertClassifier(config, num_classes, encoder, dropout, vocabulary=_vocabulary_of(config_or_model, vocabulary),
+                          task_info=task_info)
 
 
-def bert_tagger(config_or_model, num_classes: int, dropout: float = 0.1) -> BertTagger:
+def bert_tagger(config_or_model, num_classes: int, dropout: float = 0.1, *, vocabulary=None,
+                task_info=None) -> BertTagger:
     """A `BertTagger`: untrained from a config, or sharing the encoder of a loaded model."""
     config, encoder = _config_and_encoder(config_or_model)
-    return _carry_tokenizer_settings(config_or_model, BertTagger(config, num_classes, encoder, dropout))
+    return BertTagger(config, num_classes, encoder, dropout, vocabulary=_vocabulary_of(config_or_model, vocabulary),
+                      task_info=task_info)
 
 
-def bert_span_predictor(config_or_model) -> BertSpanPredictor:
+def bert_span_predictor(config_or_model, *, vocabulary=None, task_info=None) -> BertSpanPredictor:
     """A `BertSpanPredictor` (SQuAD): untrained from a config, or sharing a loaded model's encoder."""
     config, encoder = _config_and_encoder(config_or_model)
-    return _carry_tokenizer_settings(config_or_model, BertSpanPredictor(config, encoder=encoder))
+    return BertSpanPredictor(config, encoder=encoder, vocabulary=_vocabulary_of(config_or_model, vocabulary),
+                             task_info=task_info)
 
 
-def bert_multiple_choice(config_or_model, dropout: float = 0.1) -> BertMultipleChoice:
+def bert_multiple_choice(config_or_model, dropout: float = 0.1, *, vocabulary=None,
+                         task_info=None) -> BertMultipleChoice:
     """A `BertMultipleChoice` (SWAG): untrained from a config, or sharing a loaded model's encoder."""
     config, encoder = _config_and_encoder(config_or_model)
-    return _carry_tokenizer_settings(config_or_model, BertMultipleChoice(config, encoder, dropout))
+    return BertMultipleChoice(config, encoder, dropout, vocabulary=_vocabulary_of(config_or_model, vocabulary),
+                              task_info=task_info)
 
 
-def bert_encoder(config) -> BertEncoder:
+def bert_encoder(config, *, vocabulary=None) -> BertEncoder:
     """An untrained `BertEncoder` for `config` (a `BertConfig` or its dict)."""
-    return BertEncoder(config)
+    return BertEncoder(config, vocabulary=vocabulary)
 
 
-def bert_pretrainer(config) -> BertPretrainer:
+def bert_pretrainer(config, *, vocabulary=None) -> BertPretrainer:
     """An untrained `BertPretrainer` (encoder + MLM + NSP) for `config`."""
-    return BertPretrainer(config)
+    return BertPretrainer(config, vocabulary=vocabulary)
 
-
-def embedding_model(encoder: BertEncoder) -> keras.Model:
-    """A model from the encoder's inputs to `embedding_output` (after embeddings + LayerNorm)."""
-    return keras.Model(encoder.input, encoder.embeddings.output)

@@ -5,12 +5,13 @@ next-sentence weights), so converting a checkpoint is a copy, never a reshape, a
 trip is bit for bit. Why not keras-hub's `TransformerEncoder`: it has one dropout rate where
 `bert_config.json` has two (`hidden_dropout_prob`, `attention_probs_dropout_prob`), and it
 masks attention with its own large negative number rather than the original's -10000.
-Why not keras-hub's `PositionEmbedding`: importing keras_hub costs every process about
-150 MiB and a second (measured in benchmarks/convert_bench.py), for a slice of one table.
+Why not keras-hub's `PositionEmbedding`: importing keras_hub costs every process memory and
+start-up time (docs/performance.md, "Figures behind the code's comments"), for a slice of one table.
 
 Training runs through `kbert.model.fused`'s XLA kernels and inference through the plain Keras
 ops; `use_fused` alone decides which, and tests/model/test_layers.py checks that both paths agree.
-Exports also run each LayerNorm as one oneDNN kernel (`LayerNorm.as_one_kernel`).
+What an export runs differently (Q, K and V as one matmul, LayerNorm as one oneDNN kernel) is
+`kbert.serving.optimize`'s, which rewrites a built model without changing these layers.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def exact_gelu(x):
     """x·Φ(x) written as modeling.gelu: 0.5·x·(1 + erf(x/√2)).
 
     Not keras.activations.gelu(approximate=False): that one uses erfc, which on this CPU runs
-    at a third of erf's speed in bfloat16 (measured here: 21 ms against 7 ms on a 4096×1024
-    tensor), and it is not the formula the checkpoints were trained with.
+    much slower than erf in bfloat16 (docs/performance.md, "Figures behind the code's comments"),
+    and it is not the formula the checkpoints were trained with.
 
     >>> [round(float(v), 4) for v in exact_gelu(keras.ops.convert_to_tensor([-1.0, 0.0, 2.0]))]
     [-0.1587, 0.0, 1.9545]
@@ -111,53 +112,15 @@ def layer_norm(config: BertConfig, name: str, dtype=None):
 
 class LayerNorm(keras.layers.LayerNormalization):
     """keras' LayerNormalization (same weights) that trains through `fused.layer_norm`: one XLA
-    loop forward and one backward instead of about twenty ops.
-
-    Inference runs keras' own ops, or, once `as_one_kernel()` was called (`kbert export` does),
-    `layer_norm_as_batch_norm`, which TF's graph optimizer turns into one oneDNN kernel.
+    loop forward and one backward instead of about twenty ops. Inference runs keras' own ops.
     """
-
-    one_kernel = False
-
-    def as_one_kernel(self):
-        """Run inference as one oneDNN LayerNorm kernel (see `layer_norm_as_batch_norm`)."""
-        self.one_kernel = True
 
     def call(self, inputs, training=None):
         last_axis = self.axis in (-1, [-1], [len(inputs.shape) - 1]) and self.center and self.scale
         if use_fused(training) and last_axis and not self.rms_scaling:
             return fused.layer_norm(inputs, ops.cast(self.gamma, "float32"), ops.cast(self.beta, "float32"),
                                     self.epsilon)
-        if self.one_kernel and not training and last_axis and not self.rms_scaling:
-            return layer_norm_as_batch_norm(inputs, ops.cast(self.gamma, inputs.dtype),
-                                            ops.cast(self.beta, inputs.dtype), self.epsilon)
         return super().call(inputs)
-
-
-def layer_norm_as_batch_norm(x, gamma, beta, epsilon: float):
-    """LayerNorm over the last axis of a rank-2 or rank-3 `x`, in the form TF's graph optimizer
-    (Grappler's remapper, on oneDNN builds: every x86 CPU build) replaces with one
-    `_MklLayerNorm` kernel: each row a channel of a training-mode `FusedBatchNormV3`, then
-    gamma and beta. Keras' own form is about twenty element-wise ops and reductions per
-    LayerNorm, 5% of a BERT-base export's time (measured in docs/performance.md).
-    Without the rewrite (the optimizer off, or eagerly) TF's CPU batch norm kernel computes the
-    same numbers (tested); on a GPU it would run as cuDNN's batch norm, not checked here.
-    Statistics in float32 either way; epsilon as given (tf.nn.fused_batch_norm would raise
-    1e-12 to 1e-5, so the raw op is called).
-
-    >>> x = tf.constant([[1.0, 2.0, 3.0], [2.0, 2.0, 5.0]])
-    >>> y = layer_norm_as_batch_norm(x, tf.ones([3]), tf.zeros([3]), 1e-12)
-    >>> [round(float(v), 4) for v in y[0]]
-    [-1.2247, 0.0, 1.2247]
-    """
-    shape = tf.shape(x)
-    rows = tf.reduce_prod(shape[:-1])
-    channels = tf.reshape(rows, [1])
-    normalized = tf.raw_ops.FusedBatchNormV3(
-        x=tf.reshape(x, tf.stack([1, rows, shape[-1], 1])), scale=tf.fill(channels, 1.0),
-        offset=tf.fill(channels, 0.0), mean=tf.constant([], tf.float32), variance=tf.constant([], tf.float32),
-        epsilon=epsilon, data_format="NCHW", is_training=True).y
-    return tf.reshape(normalized, shape) * gamma + beta
 
 
 class Dropout(keras.layers.Dropout):
@@ -244,7 +207,6 @@ class TransformerLayer(keras.layers.Layer):
         self.attention_dropout = Dropout(config.attention_probs_dropout_prob, name="attention_dropout",
                                          dtype=policy)
         self.hidden_dropout = Dropout(config.hidden_dropout_prob, name="hidden_dropout", dtype=policy)
-        self.attention_inputs = None  # (kernel, bias) of Q, K and V as one, after fuse_attention_inputs()
 
     def build(self, hidden_shape, attention_adder_shape=None):
         H = hidden_shape[-1]
@@ -256,35 +218,6 @@ class TransformerLayer(keras.layers.Layer):
         self.output_layer_norm.build(hidden_shape)
         assert H == self.num_heads * self.head_size
         self.built = True
-
-    def fuse_attention_inputs(self):
-        """Give inference one matmul for the query, key and value projections instead of three.
-
-        Adds a copy of their kernels and biases concatenated ([H, 3H], [3H]) as two untrained
-        weights; the checkpoint's query/key/value weights stay as they are. For export only:
-        training ignores the copy, so it would not follow the trained weights.
-
-        Example:
-        >>> import kbert
-        >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
-        ...                           num_attention_heads=4, intermediate_size=64)
-        >>> layer = kbert.bert_encoder(config).transformer_layers[0]
-        >>> layer.fuse_attention_inputs()
-        >>> [tuple(w.shape) for w in layer.attention_inputs]
-        [(32, 96), (96,)]
-        """
-        kernels = [d.kernel for d in (self.query, self.key, self.value)]
-        biases = [d.bias for d in (self.query, self.key, self.value)]
-        # A built layer refuses new weights; Keras' own Dense.enable_lora adds them the same way.
-        self._tracker.unlock()
-        kernel = self.add_weight(name="attention_inputs_kernel", shape=(kernels[0].shape[0], 3 * kernels[0].shape[1]),
-                                 dtype=kernels[0].dtype, trainable=False, initializer="zeros")
-        bias = self.add_weight(name="attention_inputs_bias", shape=(3 * biases[0].shape[0],), dtype=biases[0].dtype,
-                               trainable=False, initializer="zeros")
-        kernel.assign(ops.concatenate([ops.convert_to_tensor(k) for k in kernels], axis=-1))
-        bias.assign(ops.concatenate([ops.convert_to_tensor(b) for b in biases], axis=-1))
-        self._tracker.lock()
-        self.attention_inputs = (kernel, bias)
 
     def _split_heads(self, x, batch, seq):
         # [batch·seq, H] -> [batch, heads, seq, head_size]
@@ -298,17 +231,9 @@ class TransformerLayer(keras.layers.Layer):
         # 2-D MatMul lets TF's graph optimizer fuse its bias add and GELU into one oneDNN call,
         # which it cannot across the reshapes a 3-D dense adds.
         flat = ops.reshape(hidden, (-1, H))
-        if self.attention_inputs is not None and not training:
-            # One [H, 3H] matmul for Q, K and V (see `fuse_attention_inputs`).
-            kernel, bias = self.attention_inputs
-            projected = ops.matmul(flat, ops.cast(kernel, self.compute_dtype)) + ops.cast(bias, self.compute_dtype)
-            # [batch·seq, 3H] -> 3 x [batch, heads, seq, head_size], with one transpose for all three.
-            projected = ops.reshape(projected, (batch, seq, 3, self.num_heads, self.head_size))
-            q, k, v = ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), 3, axis=0)
-        else:
-            q = self._split_heads(self.query(flat), batch, seq)
-            k = self._split_heads(self.key(flat), batch, seq)
-            v = self._split_heads(self.value(flat), batch, seq)
+        q = self._split_heads(self.query(flat), batch, seq)
+        k = self._split_heads(self.key(flat), batch, seq)
+        v = self._split_heads(self.value(flat), batch, seq)
         scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
         scale, rate = 1.0 / math.sqrt(self.head_size), self.attention_dropout.rate
         if use_fused(training) and rate > 0:
@@ -378,8 +303,8 @@ class MaskedLMHead(keras.layers.Layer):
         self.built = True
 
     def call(self, sequence_output, masked_lm_positions, training=None):
-        # tf.gather with batch_dims: its gradient is a quarter of take_along_axis' (measured
-        # 1.3 against 5.3 ms forward + backward on [32, 128, 256] bf16), with equal results.
+        # tf.gather with batch_dims: its gradient is much cheaper than take_along_axis', with equal
+        # results (docs/performance.md, "Figures behind the code's comments").
         picked = tf.gather(sequence_output, ops.cast(masked_lm_positions, "int32"), batch_dims=1)
         batch, positions = ops.shape(picked)[0], ops.shape(picked)[1]
         # [batch·P, H], as modeling.py's gather_indexes returns: a 2-D dense fuses its bias and GELU.

@@ -32,10 +32,11 @@ from kbert.errors import KbertError, plural
 from kbert.files import atomic_write_text
 from kbert.outputs import claim_output
 from kbert.model.bert import BertPretrainer
-from kbert.model_dir import CONFIG_FILE, PRETRAIN_RUN_FILE, VOCAB_FILE, check_vocab, load, write_model_files
+from kbert.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, PRETRAIN_RUN_FILE, VOCAB_FILE, check_vocab, load, write_model_files
 from kbert.pretraining.dataset import (check_records, find_corrupt_record, find_files, op_error_text,
                                       pretraining_dataset)
 from kbert.pretraining.losses import cross_entropy_and_hits
+from kbert.pretraining.options import PretrainOptions
 from kbert.training.optimization import make_optimizer
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.progress import Progress, write_loss_plot
@@ -43,7 +44,6 @@ from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision
 
 log = logging.getLogger("kbert")
 
-CHECKPOINT_SUBDIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 LOSS_PLOT = "loss.png"
 # The run's flags, written when it starts: what a bare `--resume` continues with.
@@ -85,32 +85,6 @@ def pretraining_losses(outputs, labels):
         "mlm_accuracy": tf.reduce_sum(weights * mlm_hits) / (tf.reduce_sum(weights) + 1e-5),
         "nsp_accuracy": tf.reduce_mean(nsp_hits),
     }
-
-
-@dataclasses.dataclass
-class PretrainOptions:
-    """Everything `kbert pretrain` takes besides where the model and data are (see its --help)."""
-    max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
-    max_predictions_per_seq: int = 20
-    steps: int = 10000
-    batch_size: int = 32
-    learning_rate: float = 1e-4
-    warmup_steps: int | None = None      # default: 10% of steps, as the original's 10k of 100k
-    save_every: int = 1000
-    keep_checkpoints: int = 3
-    resume: bool = False
-    eval_data: str | None = None
-    eval_every: int | None = None        # default: save_every
-    eval_steps: int = 20
-    strategy: str = "auto"
-    tpu: str | None = None
-    mixed_precision: bool = False
-    jit: bool | None = None              # default: on for GPU/TPU, off on CPU (XLA:CPU skips oneDNN)
-    steps_per_loop: int = 10
-    grad_accum: int = 1
-    optimizer: str = "adamw"
-    seed: int = 12345                    # initial weights, dropout and data order
-    progress: bool = True
 
 
 def pretrain(model_dir, data=None, config_file=None, vocab_file=None, init=None, do_lower_case=None,
@@ -167,7 +141,7 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
     _check_options(opts)
     # First, before any TensorFlow op: multi-worker collectives must be set up at start-up.
     strategy = make_strategy(opts.strategy, opts.tpu)
-    ckpt_dir = os.path.join(model_dir, CHECKPOINT_SUBDIR)
+    ckpt_dir = os.path.join(model_dir, CHECKPOINTS_DIR)
     has_checkpoints = tf.train.latest_checkpoint(ckpt_dir) is not None
 
     # --- where the model comes from ---

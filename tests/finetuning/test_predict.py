@@ -4,7 +4,7 @@ predict --server --output` job whose server is killed and restarted, or which is
 (kill -9) and resumed: every row comes out exactly once.
 
 The server is tests/serving/standin_server.py (the real tensorflow_model_server cannot be installed
-here; see tests/test_serving_client.py), serving what `kbert export` wrote.
+here; see tests/serving/test_client.py), serving what `kbert export` wrote.
 """
 
 import json

@@ -191,8 +191,9 @@ def test_predict_and_evaluate_check_numbers_at_the_call(classifier_dir, call, ov
 
 
 def test_encoder_features_and_served_predict_check_numbers(tiny_model_dir, tmp_path):
-    from kbert.finetuning.predict import features, predict, predict_served
+    from kbert.finetuning.predict import features, predict
     from kbert.serving import Client
+    from kbert.serving.predict import predict_served
 
     lines = tmp_path / "in.txt"
     lines.write_text("gold glorious.\n")

@@ -1,7 +1,8 @@
 """`model.fit` in user code, written as a user writes it: load a converted checkpoint, put a
 classifier head on it, train on a tf.data pipeline of raw strings, evaluate, save, reload,
-predict; then `kbert predict` and `kbert evaluate` on the directory `kbert.save` wrote. The data
-is a learnable toy task over the tiny checkpoint's 300-word vocabulary."""
+predict; then `kbert predict`, `kbert evaluate` and `kbert export` on the `.keras` file `model.save`
+wrote and on the directory `kbert.save` wrote. The data is a learnable toy task over the tiny
+checkpoint's 300-word vocabulary."""
 
 import json
 import os
@@ -31,7 +32,8 @@ keras.utils.set_random_seed(0)
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if use_mirrored else tf.distribute.get_strategy()
 with strategy.scope():
     pretrained = kbert.load(model_dir)                       # a converted google-research checkpoint
-    model = kbert.bert_classifier(pretrained, num_classes=2)
+    # The head declares what it predicts; the vocabulary comes from `pretrained`.
+    model = kbert.bert_classifier(pretrained, num_classes=2, task_info={"labels": ["neg", "pos"]})
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
@@ -102,6 +104,20 @@ def test_user_fits_evaluates_saves_reloads_and_predicts(tiny_model_dir, tmp_path
     rows = [json.loads(line) for line in run_kbert("predict", tmp_path / "model_dir", "--input", test).stdout.splitlines()]
     assert len(rows) == 64 and sum(row["label"] == ("pos" if y else "neg") for row, y in zip(rows, labels)) == \
         round(64 * result["test_accuracy"])
+    if mirrored:
+        return
+    # The .keras file is the whole model too: head, labels, vocabulary (inside it) and casing.
+    keras_file = tmp_path / "classifier.keras"
+    assert json.loads(run_kbert("evaluate", keras_file, "--input", test).stdout) == metrics
+    keras_rows = [json.loads(line) for line in run_kbert("predict", keras_file, "--input", test).stdout.splitlines()]
+    assert [row["label"] for row in keras_rows] == [row["label"] for row in rows]
+    for ours, theirs in zip(keras_rows, rows):
+        assert ours["probabilities"] == pytest.approx(theirs["probabilities"], abs=1e-6)
+    run_kbert("export", keras_file, tmp_path / "exports", "--max-seq-length", "24")
+    import tensorflow as tf
+    served = tf.saved_model.load(str(tmp_path / "exports" / "1")).signatures["serving_default"]
+    answers = served(text=tf.constant(texts[:8]), text_b=tf.constant([""] * 8))  # pairs unless declared
+    assert [label.decode() for label in answers["label"].numpy()] == [row["label"] for row in rows[:8]]
 
 
 # === a head saved by kbert.save works with kbert predict / evaluate / export ===

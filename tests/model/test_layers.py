@@ -129,27 +129,6 @@ def test_layer_norm(kernels_run):
     assert_paths_agree(results, layer, {"layer_norm"})
 
 
-@pytest.mark.parametrize("dtype, tol", [("float32", 2e-6), ("bfloat16", 0.05)])
-@pytest.mark.parametrize("shape", [[3, 5, 16], [7, 16]])
-def test_layer_norm_as_one_kernel_is_keras_layer_norm(shape, dtype, tol):
-    """The export's LayerNorm (`as_one_kernel`) gives keras' numbers, run eagerly (TF's
-    FusedBatchNormV3 kernel) and in a graph (where TF's optimizer makes it _MklLayerNorm)."""
-    keras_norm = layers.layer_norm(tiny_config(0.0), "keras_norm", dtype=dtype)
-    one_kernel = layers.layer_norm(tiny_config(0.0), "one_kernel", dtype=dtype)
-    x = tf.random.stateless_normal(shape, [1, 2], mean=1.0, stddev=3.0)
-    for norm in (keras_norm, one_kernel):
-        norm.build(x.shape)
-        norm.gamma.assign(tf.cast(tf.random.stateless_normal([16], [1, 3], mean=1.0, stddev=0.2), dtype))
-        norm.beta.assign(tf.cast(tf.random.stateless_normal([16], [1, 4], stddev=0.2), dtype))
-    one_kernel.as_one_kernel()
-    x = tf.cast(x, dtype)
-    expected = keras_norm(x)
-    for run in (one_kernel, tf.function(one_kernel)):
-        got = run(x)
-        assert got.dtype == expected.dtype and got.shape == expected.shape
-        np.testing.assert_allclose(tf.cast(got, "float32"), tf.cast(expected, "float32"), rtol=0, atol=tol)
-
-
 def test_dropout_is_keras_dropout_bit_for_bit(kernels_run):
     layer = layers.Dropout(0.1)
     x = tf.random.stateless_normal([4, 8, 16], [1, 5])

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import TINY, assert_user_error, kbert_command, run_kbert
 from kbert.cli.pretrain import pretrain_command
-from kbert.pretraining.train import PretrainOptions
+from kbert.pretraining.options import PretrainOptions
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 

@@ -267,8 +267,8 @@ def test_weights_too_large_for_constants_stay_variables(tiny_model_dir, constant
     import tensorflow as tf
 
     import kbert
-    from kbert.serving import export as serving_export
-    monkeypatch.setattr(serving_export, "CONSTANT_WEIGHTS_MAX_BYTES", 1000)
+    from kbert.serving import optimize
+    monkeypatch.setattr(optimize, "CONSTANT_WEIGHTS_MAX_BYTES", 1000)
     path = _export(tiny_model_dir, tmp_path / "base", precision="bfloat16", constant_weights=True)
     model = kbert.load(tiny_model_dir)
     saved = _saved_variables(path)
@@ -336,7 +336,7 @@ def test_a_large_batch_runs_in_groups_of_similar_length_in_the_request_order(exp
     import tensorflow as tf
 
     import kbert
-    from kbert.serving.export import GROUP_ROWS
+    from kbert.serving.optimize import GROUP_ROWS
     from kbert.text.preprocessing import BertPreprocessor
     assert GROUP_ROWS == 8
     short, long = "gold glorious great.", " ".join(["gold glorious great. dead dust the dread."] * 5)

@@ -80,7 +80,7 @@ KBERT_OVERRIDES = {"_clip_gradients": BertAdamW, "_backend_update_step": BertAda
 def changed(what: str) -> str:
     return (f"keras {keras.__version__} changed {what}: kbert.training.optimization relies on it "
             f"(GradientsAlreadySummed, BertAdamW); re-check them against this Keras, and "
-            f"tests/test_optimization.py's HOOKS, before widening the keras pin in pyproject.toml")
+            f"tests/training/test_optimization.py's HOOKS, before widening the keras pin in pyproject.toml")
 
 
 @pytest.mark.parametrize("name, signature, caller", HOOKS, ids=[h[0] for h in HOOKS])

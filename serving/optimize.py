@@ -1,0 +1,351 @@
+"""`optimize`: a built kbert model rewritten for serving, computing the same numbers faster on a CPU.
+
+`kbert.model.layers` holds google-research/bert's numerics and the switch to the training
+kernels, nothing else. Everything an export does differently lives here, in four rewrites:
+
+- **Grouping by length** (`OnLongestText`, LENGTH_MULTIPLE, GROUP_ROWS). The export packs
+  every text to max_seq_length, as the original does, so a six-word query would pay for all
+  128 positions. Each batch is sorted by length and run GROUP_ROWS texts at a time, each group
+  cut to its own longest text rounded up to LENGTH_MULTIPLE tokens (a few distinct shapes,
+  since oneDNN and TF cache their kernels per shape). Padding is masked out of attention, so
+  the real tokens' outputs are the padded run's; per-token outputs are padded back with zeros.
+- **Q, K and V as one matmul** (`InferenceTransformerLayer`). The query, key and value
+  kernels and biases are concatenated once, into an [H, 3H] kernel and a [3H] bias, so each
+  layer runs one matmul where the checkpoint's layout asks for three; the model keeps the
+  checkpoint's weights as they are.
+- **LayerNorm as one kernel** (`layer_norm_as_batch_norm`). Keras' LayerNormalization is about
+  twenty element-wise ops and reductions; written as a training-mode batch norm over rows,
+  TF's graph optimizer turns each LayerNorm into one oneDNN kernel.
+- **Weights as graph constants** (`optimize(..., constant_weights=True)`, `kbert export
+  --constant-weights`, up to CONSTANT_WEIGHTS_MAX_BYTES). oneDNN keeps a constant weight in
+  its reordered layout between calls, where it reorders a variable's on every call. But the
+  serving process holds several times the memory and loads slower, so it is not the default.
+
+What each gains and costs on this project's CPU is measured in docs/performance.md ("LayerNorm
+as one kernel", "constant weights", the serving runs): `benchmarks/export_ab.py` runs two
+exports alternately, request by request, and `benchmarks/serving_bench.py --variants` times the
+export with each rewrite undone alone (the keyword arguments of `optimize`).
+
+How the rewrites act on a built model: `keras.models.clone_model` rebuilds the model's
+functional graph, and its encoder's, around the same layer objects, except that each
+`BertEmbeddings` and `TransformerLayer` is replaced by an inference layer written here
+(`InferenceEmbeddings`, `InferenceTransformerLayer`). An inference layer holds the layer it
+replaces, so the weights are the same variables, and computes that layer's forward at inference
+from those weights, calling the layer's own sublayers (dense layers, embeddings, activation)
+wherever nothing changes. Why this way:
+
+- layers.py keeps no flag and no export-only weight: training, checkpoints and converters see
+  only the original's model, and the model a caller holds is untouched (it still trains and
+  saves as it was); the rewritten model is a separate object, used only by the export.
+- Not subclasses of the model's layers, swapped in: a subclass instance builds its own weights,
+  and BertEncoder builds its layers itself. Not monkeypatched `call`s: those would change the
+  caller's model behind its back.
+- The price: the inference forward of a transformer layer (its attention and the order of its
+  sublayers) is written twice, here and in `TransformerLayer.call`. tests/serving/test_optimize.py
+  checks that both give the same outputs, float32 and bfloat16, on padded batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from kbert.model.layers import BertEmbeddings, TransformerLayer
+
+log = logging.getLogger("kbert")
+
+# Requests run on their longest text rounded up to this many tokens: a few distinct shapes
+# (oneDNN and TF cache kernels per shape), at most 7 padding positions each.
+LENGTH_MULTIPLE = 8
+# A batch is sorted by length and run in groups of this many texts, each on its own longest
+# text (measured against one group in benchmarks/serving_bench.py's "one-group" variant).
+GROUP_ROWS = 8
+# The largest model whose weights `constant_weights` puts in the graph: a GraphDef is a protobuf,
+# which cannot pass 2 GiB, and the rest of the graph (the tokenizer) needs room too.
+CONSTANT_WEIGHTS_MAX_BYTES = 1 << 30
+
+
+def optimize(model, constant_weights: bool = False, *, fuse_qkv: bool = True, one_kernel_layer_norm: bool = True,
+             group_rows: int = GROUP_ROWS) -> OnLongestText:
+    """`model` as the export runs it: every rewrite of this module's docstring, same numbers.
+
+    Args:
+        model: keras.Model. A built kbert model (an encoder or a task model on one): each of its
+            `BertEmbeddings` and `TransformerLayer`s runs through its inference layer.
+        constant_weights: bool. Trace the model with its weights as graph constants, if they fit
+            (CONSTANT_WEIGHTS_MAX_BYTES; otherwise a warning, and variables).
+        fuse_qkv: bool. Q, K and V as one matmul.
+        one_kernel_layer_norm: bool. Each LayerNorm as one oneDNN kernel.
+        group_rows: int. Texts per group of similar length (a large number: one group).
+
+    Returns:
+        An `OnLongestText`: call it with a dict of int32 `input_ids`, `input_mask`, `segment_ids`
+        for the model's outputs; other attributes are `model`'s. `model` itself is unchanged.
+
+    Example:
+    >>> import numpy as np, kbert
+    >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+    ...                           num_attention_heads=4, intermediate_size=64)
+    >>> encoder = kbert.bert_encoder(config)
+    >>> served = optimize(encoder)
+    >>> ids = np.array([[2, 7, 9, 3, 0, 0]], dtype="int32")
+    >>> out = served({"input_ids": ids, "input_mask": np.sign(ids), "segment_ids": np.zeros_like(ids)})
+    >>> tuple(out["sequence_output"].shape), served.config.hidden_size
+    ((1, 6, 32), 32)
+    """
+    def inference_layer(layer):
+        if isinstance(layer, TransformerLayer):
+            return InferenceTransformerLayer(layer, fuse_qkv, one_kernel_layer_norm)
+        if isinstance(layer, BertEmbeddings):
+            return InferenceEmbeddings(layer, one_kernel_layer_norm)
+        return layer  # the same layer or op, and so the same weights: the pooler, the heads, the mask's arithmetic
+
+    rewritten = keras.models.clone_model(model, clone_function=inference_layer, recursive=True)
+    return OnLongestText(rewritten, model, _fits_in_graph(model) if constant_weights else False, group_rows)
+
+
+def _fits_in_graph(model) -> bool:
+    """Whether `model`'s weights fit in a GraphDef as constants (the fused Q, K and V replace the
+    three they are made of, so the export holds as many numbers as the model)."""
+    size = sum(w.numpy().nbytes for w in model.weights)
+    if size > CONSTANT_WEIGHTS_MAX_BYTES:
+        log.warning("the weights (%.0f MiB) are too large for graph constants; the export keeps them as variables",
+                    size / 2**20)
+    return size <= CONSTANT_WEIGHTS_MAX_BYTES
+
+
+def layer_norm_as_batch_norm(x, gamma, beta, epsilon: float):
+    """LayerNorm over the last axis of a rank-2 or rank-3 `x`, in the form TF's graph optimizer
+    (Grappler's remapper, on oneDNN builds: every x86 CPU build) replaces with one
+    `_MklLayerNorm` kernel: each row a channel of a training-mode `FusedBatchNormV3`, then
+    gamma and beta. Keras' own form is about twenty element-wise ops and reductions.
+    Without the rewrite (the optimizer off, or eagerly) TF's CPU batch norm kernel computes the
+    same numbers (tested); on a GPU it would run as cuDNN's batch norm, not checked here.
+    Statistics in float32 either way; epsilon as given (tf.nn.fused_batch_norm would raise
+    1e-12 to 1e-5, so the raw op is called).
+
+    >>> x = tf.constant([[1.0, 2.0, 3.0], [2.0, 2.0, 5.0]])
+    >>> y = layer_norm_as_batch_norm(x, tf.ones([3]), tf.zeros([3]), 1e-12)
+    >>> [round(float(v), 4) for v in y[0]]
+    [-1.2247, 0.0, 1.2247]
+    """
+    shape = tf.shape(x)
+    rows = tf.reduce_prod(shape[:-1])
+    channels = tf.reshape(rows, [1])
+    normalized = tf.raw_ops.FusedBatchNormV3(
+        x=tf.reshape(x, tf.stack([1, rows, shape[-1], 1])), scale=tf.fill(channels, 1.0),
+        offset=tf.fill(channels, 0.0), mean=tf.constant([], tf.float32), variance=tf.constant([], tf.float32),
+        epsilon=epsilon, data_format="NCHW", is_training=True).y
+    return tf.reshape(normalized, shape) * gamma + beta
+
+
+def _one_kernel(norm, x):
+    """`norm` (a kbert LayerNorm) applied to `x` as `layer_norm_as_batch_norm`."""
+    if not (norm.axis in (-1, [-1]) and norm.center and norm.scale and not norm.rms_scaling):
+        return norm(x)  # not the last axis with gamma and beta: not a form the optimizer fuses
+    return layer_norm_as_batch_norm(x, ops.cast(norm.gamma, x.dtype), ops.cast(norm.beta, x.dtype), norm.epsilon)
+
+
+def _keras_ops(norm, x):
+    return norm(x)
+
+
+class InferenceEmbeddings(keras.layers.Layer):
+    """`embeddings` (a `BertEmbeddings`) at inference: the same sum of embeddings, its LayerNorm
+    as one kernel if `one_kernel_layer_norm`, and no dropout."""
+
+    def __init__(self, embeddings: BertEmbeddings, one_kernel_layer_norm: bool = True):
+        super().__init__(name=embeddings.name, dtype=embeddings.dtype_policy)
+        self.embeddings = embeddings
+        self.norm = _one_kernel if one_kernel_layer_norm else _keras_ops
+        self.built = True
+
+    def call(self, input_ids, segment_ids):
+        e = self.embeddings
+        x = e.word_embeddings(input_ids) + e.token_type_embeddings(segment_ids)
+        x = x + e.position_embeddings(x)  # broadcast over the batch
+        return self.norm(e.layer_norm, x)
+
+    def compute_output_spec(self, input_ids, segment_ids):
+        return self.embeddings.compute_output_spec(input_ids, segment_ids)
+
+
+class InferenceTransformerLayer(keras.layers.Layer):
+    """`layer` (a `TransformerLayer`) at inference, from its weights: Q, K and V as one matmul if
+    `fuse_qkv`, each LayerNorm as one kernel if `one_kernel_layer_norm`, no dropout.
+
+    The concatenated kernel and bias are two non-trainable weights of this layer, copied from
+    `layer`'s when it is made: they do not follow later training of `layer`.
+
+    Example:
+    >>> import kbert
+    >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+    ...                           num_attention_heads=4, intermediate_size=64)
+    >>> layer = InferenceTransformerLayer(kbert.bert_encoder(config).transformer_layers[0])
+    >>> [tuple(w.shape) for w in (layer.qkv_kernel, layer.qkv_bias)]
+    [(32, 96), (96,)]
+    """
+
+    def __init__(self, layer: TransformerLayer, fuse_qkv: bool = True, one_kernel_layer_norm: bool = True):
+        super().__init__(name=layer.name, dtype=layer.dtype_policy)
+        self.layer = layer
+        self.norm = _one_kernel if one_kernel_layer_norm else _keras_ops
+        self.qkv_kernel = self.qkv_bias = None
+        if fuse_qkv:
+            denses = (layer.query, layer.key, layer.value)
+            kernel = ops.concatenate([ops.convert_to_tensor(d.kernel) for d in denses], axis=-1)
+            bias = ops.concatenate([ops.convert_to_tensor(d.bias) for d in denses], axis=-1)
+            self.qkv_kernel = self.add_weight(name="qkv_kernel", shape=kernel.shape, dtype=kernel.dtype,
+                                              trainable=False, initializer="zeros")
+            self.qkv_bias = self.add_weight(name="qkv_bias", shape=bias.shape, dtype=bias.dtype,
+                                            trainable=False, initializer="zeros")
+            self.qkv_kernel.assign(kernel)
+            self.qkv_bias.assign(bias)
+        self.built = True
+
+    def call(self, hidden, attention_adder):
+        # TransformerLayer.call at inference, with the rewrites; the comments there say why each step.
+        layer = self.layer
+        batch, seq = ops.shape(hidden)[0], ops.shape(hidden)[1]
+        H = layer.num_heads * layer.head_size
+        flat = ops.reshape(hidden, (-1, H))
+        q, k, v = self._query_key_value(flat, batch, seq)
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+        scores = ops.cast(scores * (1.0 / math.sqrt(layer.head_size)), "float32") + ops.cast(attention_adder, "float32")
+        probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
+        context = ops.reshape(ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3)), (-1, H))
+        attended = self.norm(layer.attention_layer_norm, layer.attention_output(context) + flat)
+        inner = layer.intermediate_activation(layer.intermediate(attended))
+        out = self.norm(layer.output_layer_norm, layer.output_dense(inner) + attended)
+        return ops.reshape(out, (batch, seq, H))
+
+    def _query_key_value(self, flat, batch, seq):
+        """Q, K and V, each [batch, heads, seq, head_size], from `flat` [batch·seq, H]."""
+        heads, size = self.layer.num_heads, self.layer.head_size
+        if self.qkv_kernel is None:  # three matmuls, as the checkpoint stores them
+            return [ops.transpose(ops.reshape(dense(flat), (batch, seq, heads, size)), (0, 2, 1, 3))
+                    for dense in (self.layer.query, self.layer.key, self.layer.value)]
+        projected = ops.matmul(flat, ops.cast(self.qkv_kernel, self.compute_dtype)) + ops.cast(
+            self.qkv_bias, self.compute_dtype)
+        # [batch·seq, 3H] -> 3 x [batch, heads, seq, head_size], with one transpose for all three.
+        projected = ops.reshape(projected, (batch, seq, 3, heads, size))
+        return ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), 3, axis=0)
+
+    def compute_output_spec(self, hidden, attention_adder):
+        return self.layer.compute_output_spec(hidden, attention_adder)
+
+
+class _WeightsAsConstants(keras.StatelessScope):
+    """Within it, each read of a Keras weight gives a constant of the graph being traced, made
+    on its first read from `values` ({id(weight): numpy array}), so only the weights that the
+    traced code reads go into the graph (not, say, Q, K and V beside their fused copy)."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = values
+
+    def get_current_value(self, variable):
+        # Keras' Variable.value asks the scope first; the real value would be a variable read.
+        if id(variable) not in self.state_mapping and id(variable) in self.values:
+            self.state_mapping[id(variable)] = tf.constant(self.values[id(variable)])
+        return self.state_mapping.get(id(variable))
+
+
+class OnLongestText:
+    """`model` called on a batch cut to its longest text, rounded up to LENGTH_MULTIPLE tokens.
+
+    BertPreprocessor packs every text to max_seq_length (so truncation is the original's), but
+    a 6-word query would then pay for 128 positions. Cutting the batch to its longest text
+    changes nothing for the real tokens: padding is masked out of attention (-10000 before the
+    softmax, exp underflows to 0), so pooled outputs, logits and per-token outputs agree with
+    the padded run to float32 rounding. Outputs with a value per token are padded back to the
+    length of the inputs, with zeros at the positions past each text (input_mask 0), where the
+    padded run gave the model's outputs for padding, which mean nothing.
+
+    A batch of more than `group_rows` texts is sorted by length and run `group_rows` texts at a
+    time, each group cut to its own longest text, then put back in the request's order: in a
+    batch of 32 real texts one long text would otherwise make all 32 pay for its length.
+
+    With `constant_weights`, the model is traced with its weights as constants of the graph
+    (`kbert export --constant-weights`), made from their values when OnLongestText is built.
+
+    Attribute reads go to `attributes_of` (default `model`: num_classes, config, ...), so a task's
+    serving head takes it in the model's place.
+    """
+
+    def __init__(self, model, attributes_of=None, constant_weights=False, group_rows=GROUP_ROWS):
+        self.attributes_of = model if attributes_of is None else attributes_of
+        self.model, self.group_rows = model, group_rows
+        self.values = {id(w): w.numpy() for w in model.weights} if constant_weights else None
+        # Every signature calls this one traced function (per rank of the inputs), so the
+        # model is traced, and its constant weights saved, once. The model's ops sit directly
+        # in the loop's body, where TF's graph optimizer fuses their bias adds and GELUs.
+        self.function = tf.function(self._grouped)
+
+    def __getattr__(self, name):
+        return getattr(self.attributes_of, name)
+
+    def __call__(self, features, training=False):
+        if training:
+            raise ValueError("OnLongestText serves: train the model itself")
+        features = {k: tf.convert_to_tensor(v) for k, v in features.items()}
+        specs = {k: tf.TensorSpec([None] * v.shape.rank, v.dtype, name=k) for k, v in features.items()}
+        return self.function.get_concrete_function(specs)(features)
+
+    def _weights(self):
+        """Where the model's weights come from while it is traced: graph constants or its variables."""
+        return _WeightsAsConstants(self.values) if self.values is not None else contextlib.nullcontext()
+
+    def _grouped(self, features):
+        mask = features["input_mask"]
+        if mask.shape.rank != 2:  # multiple choice, [batch, choices, seq]: one group
+            return self._on_longest(features)
+        lengths = tf.reduce_sum(mask, axis=-1)
+        order = tf.argsort(lengths, stable=True)
+        ordered = {k: tf.gather(v, order) for k, v in features.items()}
+        rows, size = tf.shape(mask)[0], self.group_rows
+        groups = (rows + size - 1) // size
+        specs = dict(self.model.output)
+        arrays = {k: tf.TensorArray(spec.dtype, size=groups, infer_shape=False, element_shape=[None, *spec.shape[1:]])
+                  for k, spec in specs.items()}
+
+        def group(i, arrays):
+            part = {k: v[i * size:(i + 1) * size] for k, v in ordered.items()}
+            out = self._on_longest(part)
+            return i + 1, {k: arrays[k].write(i, out[k]) for k in arrays}
+
+        _, arrays = tf.while_loop(lambda i, _: i < groups, group, (tf.constant(0), arrays))
+        # argsort of the order is its inverse: each row back to where the request had it.
+        back = tf.argsort(order)
+        full = tf.shape(mask)[-1]
+        return {k: tf.gather(_concat(arrays[k], specs[k].shape, full), back) for k in arrays}
+
+    def _on_longest(self, features):
+        mask = features["input_mask"]
+        full = tf.shape(mask)[-1]
+        # The longest text's tokens; 0 for an empty batch (reduce_max of nothing is the lowest int).
+        longest = tf.reduce_max(tf.concat([tf.reshape(tf.reduce_sum(mask, axis=-1), [-1]), [0]], axis=0))
+        rounded = (longest + LENGTH_MULTIPLE - 1) // LENGTH_MULTIPLE * LENGTH_MULTIPLE
+        length = tf.clip_by_value(rounded, tf.minimum(LENGTH_MULTIPLE, full), full)
+        with self._weights():
+            outputs = self.model({k: v[..., :length] for k, v in features.items()}, training=False)
+        per_token = mask.shape.rank + 1  # [batch, seq, width] from [batch, seq] inputs
+        return {k: _pad_positions(v, full) if v.shape.rank == per_token else v for k, v in outputs.items()}
+
+
+def _concat(array, shape, full):
+    """The groups of a TensorArray as one [rows, ...] tensor; an empty batch gives [0, ...], with
+    `full` positions where the model's output has a sequence axis."""
+    empty = tf.zeros([0] + [full if d is None else d for d in shape[1:]], array.dtype)
+    return tf.ensure_shape(tf.cond(array.size() > 0, array.concat, lambda: empty), [None, *shape[1:]])
+
+
+def _pad_positions(x, length):
+    """x [batch, seq, ...] padded with zeros along seq to `length`."""
+    paddings = tf.concat([[[0, 0], [0, length - tf.shape(x)[1]]], tf.zeros([tf.rank(x) - 2, 2], tf.int32)], axis=0)
+    return tf.pad(x, paddings)
