@@ -50,19 +50,22 @@ def mib(n_bytes):
 def rss():
     """{current RSS, peak RSS (ru_maxrss, KiB on Linux), VmHWM as a cross-check} in MiB."""
     with open("/proc/self/status") as f:
-        status = {k: v.split()[0] for k, v in (line.split(":", 1) for line in f)
-                  if k in ("VmRSS", "VmHWM")}
-    return {"rss_mib": round(int(status["VmRSS"]) / 1024, 1),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "vm_hwm_mib": round(int(status["VmHWM"]) / 1024, 1)}
+        status = {k: v.split()[0] for k, v in (line.split(":", 1) for line in f) if k in ("VmRSS", "VmHWM")}
+    return {
+        "rss_mib": round(int(status["VmRSS"]) / 1024, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "vm_hwm_mib": round(int(status["VmHWM"]) / 1024, 1),
+    }
 
 
 # --- children: each prints one JSON line as its last stdout line ---
+
 
 def child_generate(ckpt_dir, dims):
     """Random checkpoint with the original names: built model for the shapes, SaveV2 to write."""
     import numpy as np
     import tensorflow as tf
+
     import kbert
     from kbert.converters.names import tf1_to_kbert_paths
 
@@ -70,19 +73,27 @@ def child_generate(ckpt_dir, dims):
     shapes = {v.path: tuple(v.shape) for v in kbert.bert_pretrainer(config).weights}
     names = tf1_to_kbert_paths(config.num_hidden_layers)
     rng = np.random.default_rng(0)
-    tensors = [np.ones(shapes[p], np.float32) if n.endswith("LayerNorm/gamma")
-               else rng.standard_normal(shapes[p], np.float32) * np.float32(0.02)
-               for n, p in names.items()]
-    tf.raw_ops.SaveV2(prefix=os.path.join(ckpt_dir, "bert_model.ckpt"), tensor_names=list(names),
-                      shape_and_slices=[""] * len(names), tensors=tensors)
+    tensors = [
+        np.ones(shapes[p], np.float32)
+        if n.endswith("LayerNorm/gamma")
+        else rng.standard_normal(shapes[p], np.float32) * np.float32(0.02)
+        for n, p in names.items()
+    ]
+    tf.raw_ops.SaveV2(
+        prefix=os.path.join(ckpt_dir, "bert_model.ckpt"),
+        tensor_names=list(names),
+        shape_and_slices=[""] * len(names),
+        tensors=tensors,
+    )
     config.to_json_file(os.path.join(ckpt_dir, "bert_config.json"))
     shutil.copyfile(VOCAB, os.path.join(ckpt_dir, "vocab.txt"))
     return {"variables": len(names), "parameters": int(sum(t.size for t in tensors))}
 
 
 def child_read(ckpt_dir):
-    import tensorflow as tf
     import keras  # noqa: F401  (same baseline as the kbert children)
+    import tensorflow as tf
+
     baseline = rss()["rss_mib"]
     t0 = time.perf_counter()
     reader = tf.train.load_checkpoint(os.path.join(ckpt_dir, "bert_model.ckpt"))
@@ -92,8 +103,9 @@ def child_read(ckpt_dir):
 
 
 def child_read_keep(ckpt_dir):
-    import tensorflow as tf
     import keras  # noqa: F401
+    import tensorflow as tf
+
     baseline = rss()["rss_mib"]
     t0 = time.perf_counter()
     reader = tf.train.load_checkpoint(os.path.join(ckpt_dir, "bert_model.ckpt"))
@@ -104,11 +116,13 @@ def child_read_keep(ckpt_dir):
 
 
 def child_import(ckpt_dir, model_dir):
-    import tensorflow as tf  # noqa: F401
     import keras  # noqa: F401
+    import tensorflow as tf  # noqa: F401
+
     import kbert
     import kbert.converters
-    import kbert.model.bert  # noqa: F401  (import it now so its cost is not timed)
+    import kbert.model.bert
+
     baseline = rss()["rss_mib"]
     t0 = time.perf_counter()
     model = kbert.converters.load_tf1_checkpoint(ckpt_dir)
@@ -116,16 +130,23 @@ def child_import(ckpt_dir, model_dir):
     after_load = rss()["peak_rss_mib"]
     kbert.save(model, model_dir, vocab_file=model.vocab_file, do_lower_case=True)
     t2 = time.perf_counter()
-    return {"import_seconds": t1 - t0, "save_seconds": t2 - t1, "baseline_rss_mib": baseline,
-            "peak_rss_after_import_mib": after_load, **rss()}
+    return {
+        "import_seconds": t1 - t0,
+        "save_seconds": t2 - t1,
+        "baseline_rss_mib": baseline,
+        "peak_rss_after_import_mib": after_load,
+        **rss(),
+    }
 
 
 def child_export(model_dir, out_dir):
-    import tensorflow as tf  # noqa: F401
     import keras  # noqa: F401
+    import tensorflow as tf  # noqa: F401
+
     import kbert
     import kbert.converters
-    import kbert.model.bert  # noqa: F401
+    import kbert.model.bert
+
     baseline = rss()["rss_mib"]
     t0 = time.perf_counter()
     model = kbert.load(model_dir)
@@ -135,14 +156,21 @@ def child_export(model_dir, out_dir):
     return {"load_seconds": t1 - t0, "export_seconds": t2 - t1, "baseline_rss_mib": baseline, **rss()}
 
 
-CHILDREN = {"generate": child_generate, "read": child_read, "read_keep": child_read_keep, "import": child_import, "export": child_export}
+CHILDREN = {
+    "generate": child_generate,
+    "read": child_read,
+    "read_keep": child_read_keep,
+    "import": child_import,
+    "export": child_export,
+}
 
 
 def spawn(op, *args):
     """Run one child in a fresh interpreter; return its JSON report."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", op, *args],
-                          env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", op, *args], env=env, stdout=subprocess.PIPE, text=True
+    )
     if proc.returncode:
         sys.exit(f"child {op} failed with exit status {proc.returncode}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -189,35 +217,52 @@ def main():
 
     def summary(child, **seconds):
         peak = child["peak_rss_mib"]
-        return {**{k: round(v, 3) for k, v in seconds.items()}, "peak_rss_mib": peak,
-                "vm_hwm_mib": child["vm_hwm_mib"], "baseline_rss_mib": child["baseline_rss_mib"],
-                "peak_rss_minus_baseline_mib": round(peak - child["baseline_rss_mib"], 1),
-                "peak_rss_over_checkpoint_size": round(peak / ckpt_mib, 2),
-                "peak_rss_minus_baseline_over_checkpoint_size":
-                    round((peak - child["baseline_rss_mib"]) / ckpt_mib, 2)}
+        return {
+            **{k: round(v, 3) for k, v in seconds.items()},
+            "peak_rss_mib": peak,
+            "vm_hwm_mib": child["vm_hwm_mib"],
+            "baseline_rss_mib": child["baseline_rss_mib"],
+            "peak_rss_minus_baseline_mib": round(peak - child["baseline_rss_mib"], 1),
+            "peak_rss_over_checkpoint_size": round(peak / ckpt_mib, 2),
+            "peak_rss_minus_baseline_over_checkpoint_size": round((peak - child["baseline_rss_mib"]) / ckpt_mib, 2),
+        }
 
     report = {
         "config": dict(dims, vocab_size=30522, type_vocab_size=2, max_position_embeddings=512),
-        "parameters": generated["parameters"], "variables": generated["variables"],
-        "checkpoint_mib": ckpt_mib, "kbert_weights_h5_mib": mib(weights_size),
+        "parameters": generated["parameters"],
+        "variables": generated["variables"],
+        "checkpoint_mib": ckpt_mib,
+        "kbert_weights_h5_mib": mib(weights_size),
         "read": summary(read, read_seconds=read["read_seconds"]),
         "read_keep": summary(read_keep, read_seconds=read_keep["read_seconds"]),
-        "import": summary(imp, import_seconds=imp["import_seconds"], save_seconds=imp["save_seconds"],
-                          convert_from_tf1_seconds=imp["import_seconds"] + imp["save_seconds"]),
-        "export": summary(exp, load_seconds=exp["load_seconds"], export_seconds=exp["export_seconds"],
-                          convert_to_tf1_seconds=exp["load_seconds"] + exp["export_seconds"]),
+        "import": summary(
+            imp,
+            import_seconds=imp["import_seconds"],
+            save_seconds=imp["save_seconds"],
+            convert_from_tf1_seconds=imp["import_seconds"] + imp["save_seconds"],
+        ),
+        "export": summary(
+            exp,
+            load_seconds=exp["load_seconds"],
+            export_seconds=exp["export_seconds"],
+            convert_to_tf1_seconds=exp["load_seconds"] + exp["export_seconds"],
+        ),
         "import_over_read_seconds": round(imp["import_seconds"] / read["read_seconds"], 2),
         "import_over_read_keep_seconds": round(imp["import_seconds"] / read_keep["read_seconds"], 2),
         "targets": TARGETS,
     }
     report["import"]["peak_rss_after_import_mib"] = imp["peak_rss_after_import_mib"]
-    log(f"import/read time {report['import_over_read_seconds']} (target <= 2), import/read_keep "
+    log(
+        f"import/read time {report['import_over_read_seconds']} (target <= 2), import/read_keep "
         f"{report['import_over_read_keep_seconds']}; peak RSS / checkpoint: "
         f"import {report['import']['peak_rss_over_checkpoint_size']}, export "
-        f"{report['export']['peak_rss_over_checkpoint_size']} (target <= 2.5)")
+        f"{report['export']['peak_rss_over_checkpoint_size']} (target <= 2.5)"
+    )
     if args.quick:
-        log("(--quick: the checkpoint is small, so model building and the ~0.5 GiB TF baseline "
-            "dominate these ratios; only the full size tests the targets)")
+        log(
+            "(--quick: the checkpoint is small, so model building and the ~0.5 GiB TF baseline "
+            "dominate these ratios; only the full size tests the targets)"
+        )
     print(json.dumps(report, indent=2))
 
 

@@ -18,7 +18,6 @@ import sys
 import time
 
 import numpy as np
-
 from int8_probe import session_call  # a SavedModel's serving_default as TF Serving runs it
 
 
@@ -31,10 +30,20 @@ def memory(path):
     for n in range(20):
         serve(["hello world " * (n * 5)] * (1 + n % 3))
     # /proc's VmHWM, not getrusage's ru_maxrss, which a child inherits from its parent's peak.
-    status = {line.split(":")[0]: int(line.split()[1]) // 1024 for line in open("/proc/self/status")
-              if line.startswith(("VmRSS", "VmHWM"))}
-    print(json.dumps({"load_and_first_answer_s": round(first, 1), "final_rss_mib": status["VmRSS"],
-                      "peak_rss_mib": status["VmHWM"]}))
+    status = {
+        line.split(":")[0]: int(line.split()[1]) // 1024
+        for line in open("/proc/self/status")
+        if line.startswith(("VmRSS", "VmHWM"))
+    }
+    print(
+        json.dumps(
+            {
+                "load_and_first_answer_s": round(first, 1),
+                "final_rss_mib": status["VmRSS"],
+                "peak_rss_mib": status["VmHWM"],
+            }
+        )
+    )
 
 
 def main():
@@ -48,7 +57,7 @@ def main():
             texts = json.load(f)
     else:
         texts = [" ".join(["word"] * (8 + (i * 37) % 113)) for i in range(args.requests)]
-    texts = (texts * (args.requests // len(texts) + 1))[:args.requests]
+    texts = (texts * (args.requests // len(texts) + 1))[: args.requests]
     serves = [session_call(path) for path in args.exports]
     for serve in serves:  # warm-up
         for text in texts[:20]:
@@ -61,10 +70,18 @@ def main():
             spent.append((time.perf_counter() - start) * 1000)
     report = {}
     for path, spent in zip(args.exports, times):
-        child = subprocess.run([sys.executable, __file__, "--memory", path], capture_output=True, text=True,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), check=True)
-        report[path] = dict(p50_ms=round(float(np.median(spent)), 1), mean_ms=round(float(np.mean(spent)), 1),
-                            **json.loads(child.stdout.strip().splitlines()[-1]))
+        child = subprocess.run(
+            [sys.executable, __file__, "--memory", path],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+            check=True,
+        )
+        report[path] = dict(
+            p50_ms=round(float(np.median(spent)), 1),
+            mean_ms=round(float(np.mean(spent)), 1),
+            **json.loads(child.stdout.strip().splitlines()[-1]),
+        )
     a, b = (report[p]["p50_ms"] for p in args.exports)
     report["b_p50_over_a_p50"] = round(b / a, 3)
     print(json.dumps(report, indent=1))

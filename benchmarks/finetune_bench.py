@@ -45,19 +45,29 @@ def _fit_rate(model, data, steps):
 def child_kbert(steps, mixed, jit):
     import keras
     import tensorflow as tf
+
     import kbert
     from kbert.finetuning.train import compile_for_task, make_finetune_optimizer
+
     if mixed:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    config = kbert.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
-                              intermediate_size=I, max_position_embeddings=512, type_vocab_size=2)
+    config = kbert.BertConfig(
+        vocab_size=V,
+        hidden_size=H,
+        num_hidden_layers=L,
+        num_attention_heads=A,
+        intermediate_size=I,
+        max_position_embeddings=512,
+        type_vocab_size=2,
+    )
     model = kbert.bert_classifier(config, CLASSES)
     compile_for_task(model, "classify", make_finetune_optimizer(2e-5, 10_000, 1_000))
     if jit:
         model.jit_compile = True
     ids, mask, segments, labels = examples(BATCH * 8)
     data = tf.data.Dataset.from_tensor_slices(
-        ({"input_ids": ids, "input_mask": mask, "segment_ids": segments}, {"logits": labels}))
+        ({"input_ids": ids, "input_mask": mask, "segment_ids": segments}, {"logits": labels})
+    )
     return {"examples_per_second": _fit_rate(model, data.repeat().batch(BATCH).prefetch(2), steps)}
 
 
@@ -65,22 +75,30 @@ def child_keras_hub(steps, mixed, jit):
     import keras
     import keras_hub
     import tensorflow as tf
+
     if mixed:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    backbone = keras_hub.models.BertBackbone(vocabulary_size=V, num_layers=L, num_heads=A, hidden_dim=H,
-                                             intermediate_dim=I, max_sequence_length=512)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=V, num_layers=L, num_heads=A, hidden_dim=H, intermediate_dim=I, max_sequence_length=512
+    )
     model = keras_hub.models.BertTextClassifier(backbone, num_classes=CLASSES, preprocessor=None)
-    model.compile(optimizer=keras.optimizers.AdamW(2e-5, weight_decay=0.01, epsilon=1e-6, global_clipnorm=1.0),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(2e-5, weight_decay=0.01, epsilon=1e-6, global_clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=jit,
+    )
     ids, mask, segments, labels = examples(BATCH * 8)
     data = tf.data.Dataset.from_tensor_slices(
-        ({"token_ids": ids, "padding_mask": mask > 0, "segment_ids": segments}, labels))
+        ({"token_ids": ids, "padding_mask": mask > 0, "segment_ids": segments}, labels)
+    )
     return {"examples_per_second": _fit_rate(model, data.repeat().batch(BATCH).prefetch(2), steps)}
 
 
 def spawn(kind, steps, mixed, jit):
-    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-            f"import finetune_bench as b; print(json.dumps(b.child_{kind}({steps}, {mixed}, {jit})))")
+    code = (
+        f"import json, sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+        f"import finetune_bench as b; print(json.dumps(b.child_{kind}({steps}, {mixed}, {jit})))"
+    )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if out.returncode:
@@ -94,8 +112,9 @@ def main():
     parser.add_argument("--quick", action="store_true", help="10 steps, float32 and bfloat16 only")
     args = parser.parse_args()
     steps = 10 if args.quick else args.steps
-    settings = [(False, False), (True, False)] if args.quick else \
-        [(False, False), (True, False), (False, True), (True, True)]
+    settings = (
+        [(False, False), (True, False)] if args.quick else [(False, False), (True, False), (False, True), (True, True)]
+    )
     results = {"keras_hub": {}, "kbert": {}}
     for kind in ("keras_hub", "kbert"):
         for mixed, jit in settings:
@@ -106,7 +125,8 @@ def main():
     best = {k: max((v.get("examples_per_second", 0), n) for n, v in r.items()) for k, r in results.items()}
     report = {
         "config": dict(layers=L, hidden=H, heads=A, intermediate=I, vocab=V, seq=SEQ, batch=BATCH, classes=CLASSES),
-        "steps_timed": steps, "results": results,
+        "steps_timed": steps,
+        "results": results,
         "best": {k: {"setting": n, "examples_per_second": round(s, 2)} for k, (s, n) in best.items()},
         "speedup_vs_keras_hub_best": round(best["kbert"][0] / best["keras_hub"][0], 2),
     }

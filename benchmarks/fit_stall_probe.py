@@ -20,9 +20,9 @@ import time
 
 import keras
 import keras_hub
+import pretrain_bench as bench  # beside this script, so on sys.path when it runs
 import tensorflow as tf
 
-import pretrain_bench as bench  # beside this script, so on sys.path when it runs
 from kbert.pretraining.dataset import pretraining_dataset
 
 
@@ -38,16 +38,29 @@ def main():
     records = os.path.join(tempfile.mkdtemp(), "random.tfrecord")
     bench.write_records(records, n=bench.BATCH)
     features, labels = next(iter(pretraining_dataset([records], bench.BATCH, bench.SEQ, bench.PRED)))
-    inputs = {"token_ids": features["input_ids"], "padding_mask": features["input_mask"] > 0,
-              "segment_ids": features["segment_ids"], "mask_positions": features["masked_lm_positions"]}
+    inputs = {
+        "token_ids": features["input_ids"],
+        "padding_mask": features["input_mask"] > 0,
+        "segment_ids": features["segment_ids"],
+        "mask_positions": features["masked_lm_positions"],
+    }
     data = tf.data.Dataset.from_tensors((inputs, labels["masked_lm_ids"], labels["masked_lm_weights"])).repeat()
 
-    backbone = keras_hub.models.BertBackbone(vocabulary_size=bench.V, num_layers=bench.L, num_heads=bench.A,
-                                             hidden_dim=bench.H, intermediate_dim=bench.I, max_sequence_length=512)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=bench.V,
+        num_layers=bench.L,
+        num_heads=bench.A,
+        hidden_dim=bench.H,
+        intermediate_dim=bench.I,
+        max_sequence_length=512,
+    )
     model = keras_hub.models.BertMaskedLM(backbone)
-    model.compile(optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.01, epsilon=1e-6, global_clipnorm=1.0),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  weighted_metrics=["sparse_categorical_accuracy"], jit_compile=False)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.01, epsilon=1e-6, global_clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=["sparse_categorical_accuracy"],
+        jit_compile=False,
+    )
     model.fit(data, steps_per_epoch=10, epochs=1, verbose=0)  # trace
 
     step_ends = []
@@ -62,13 +75,21 @@ def main():
         start = time.perf_counter()
         model.fit(data, steps_per_epoch=args.steps, epochs=1, verbose=0, callbacks=[StepEnds()])
         returned = time.perf_counter()
-        print(json.dumps({
-            "call": call + 1, "steps": args.steps,
-            "fit_seconds": round(returned - start, 2),
-            "after_last_step_seconds": round(returned - step_ends[-1], 2),
-            "steady_sequences_per_second": round((len(step_ends) - 1) * bench.BATCH / (step_ends[-1] - step_ends[0]), 2),
-            "whole_call_sequences_per_second": round(args.steps * bench.BATCH / (returned - start), 2),
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "call": call + 1,
+                    "steps": args.steps,
+                    "fit_seconds": round(returned - start, 2),
+                    "after_last_step_seconds": round(returned - step_ends[-1], 2),
+                    "steady_sequences_per_second": round(
+                        (len(step_ends) - 1) * bench.BATCH / (step_ends[-1] - step_ends[0]), 2
+                    ),
+                    "whole_call_sequences_per_second": round(args.steps * bench.BATCH / (returned - start), 2),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

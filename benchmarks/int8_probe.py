@@ -27,12 +27,15 @@ from tensorflow.compiler.mlir.quantization.tensorflow import quantization_option
 def quantize(src: str, dst: str) -> float:
     """Dynamic-range int8 of `src`'s serving_default into `dst`; returns the seconds it took."""
     options = quant.QuantizationOptions(
-        quantization_method=quant.QuantizationMethod(
-            preset_method=quant.QuantizationMethod.METHOD_DYNAMIC_RANGE_INT8),
-        tags={"serve"}, signature_keys=["serving_default"], op_set=quant.OpSet.TF)
+        quantization_method=quant.QuantizationMethod(preset_method=quant.QuantizationMethod.METHOD_DYNAMIC_RANGE_INT8),
+        tags={"serve"},
+        signature_keys=["serving_default"],
+        op_set=quant.OpSet.TF,
+    )
     start = time.perf_counter()
-    tf.quantization.experimental.quantize_saved_model(src, dst, quantization_options=options,
-                                                      overwrite_output_directory=True)
+    tf.quantization.experimental.quantize_saved_model(
+        src, dst, quantization_options=options, overwrite_output_directory=True
+    )
     return time.perf_counter() - start
 
 
@@ -49,7 +52,7 @@ def session_call(path: str):
 
 
 def size_mb(path: str) -> float:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files) / 2 ** 20
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files) / 2**20
 
 
 def main():
@@ -76,10 +79,18 @@ def main():
                     call(text)
                     times[name].append((time.perf_counter() - start) * 1000)
         p50 = {name: float(np.median(t)) for name, t in times.items()}
-        print(json.dumps({"tokens": int(calls["float32"](text)["input_mask"].sum()), "quantize_s": seconds,
-                          "p50_ms": p50, "int8_speedup": p50["float32"] / p50["int8"],
-                          "pooled_output_max_difference": difference,
-                          "size_mb": {"float32": size_mb(args.export), "int8": size_mb(int8_path)}}))
+        print(
+            json.dumps(
+                {
+                    "tokens": int(calls["float32"](text)["input_mask"].sum()),
+                    "quantize_s": seconds,
+                    "p50_ms": p50,
+                    "int8_speedup": p50["float32"] / p50["int8"],
+                    "pooled_output_max_difference": difference,
+                    "size_mb": {"float32": size_mb(args.export), "int8": size_mb(int8_path)},
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

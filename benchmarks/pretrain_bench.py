@@ -45,6 +45,7 @@ def flops_per_sequence():
 def write_records(path, n=1024, seed=0):
     """Random-token records in create_pretraining_data.py's format (throughput needs no meaning)."""
     import tensorflow as tf
+
     rng = np.random.default_rng(seed)
     with tf.io.TFRecordWriter(path) as writer:
         for _ in range(n):
@@ -53,10 +54,13 @@ def write_records(path, n=1024, seed=0):
 
             def ints(values):
                 return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
+
             feature = {
-                "input_ids": ints(ids), "input_mask": ints([1] * SEQ),
+                "input_ids": ints(ids),
+                "input_mask": ints([1] * SEQ),
                 "segment_ids": ints([0] * (SEQ // 2) + [1] * (SEQ // 2)),
-                "masked_lm_positions": ints(positions), "masked_lm_ids": ints(rng.integers(1000, V, PRED)),
+                "masked_lm_positions": ints(positions),
+                "masked_lm_ids": ints(rng.integers(1000, V, PRED)),
                 "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * PRED)),
                 "next_sentence_labels": ints([int(rng.integers(0, 2))]),
             }
@@ -66,39 +70,67 @@ def write_records(path, n=1024, seed=0):
 def child_kbert(records, steps, mixed, jit):
     import kbert
     from kbert.pretraining.train import pretrain
-    config = kbert.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
-                              intermediate_size=I, max_position_embeddings=512, type_vocab_size=2)
+
+    config = kbert.BertConfig(
+        vocab_size=V,
+        hidden_size=H,
+        num_hidden_layers=L,
+        num_attention_heads=A,
+        intermediate_size=I,
+        max_position_embeddings=512,
+        type_vocab_size=2,
+    )
     work = tempfile.mkdtemp()
     config.to_json_file(os.path.join(work, "bert_config.json"))
     with open(os.path.join(work, "vocab.txt"), "w") as f:
         f.write("".join(f"t{i}\n" for i in range(V)))
-    result = pretrain(os.path.join(work, "run"), records, config_file=os.path.join(work, "bert_config.json"),
-                      vocab_file=os.path.join(work, "vocab.txt"), max_seq_length=SEQ, max_predictions_per_seq=PRED,
-                      steps=steps + 10, batch_size=BATCH, save_every=steps + 10, mixed_precision=mixed, jit=jit,
-                      steps_per_loop=10, progress=False)
+    result = pretrain(
+        os.path.join(work, "run"),
+        records,
+        config_file=os.path.join(work, "bert_config.json"),
+        vocab_file=os.path.join(work, "vocab.txt"),
+        max_seq_length=SEQ,
+        max_predictions_per_seq=PRED,
+        steps=steps + 10,
+        batch_size=BATCH,
+        save_every=steps + 10,
+        mixed_precision=mixed,
+        jit=jit,
+        steps_per_loop=10,
+        progress=False,
+    )
     return {"sequences_per_second": result["sequences_per_second"]}
 
 
 def child_keras_hub(records, steps, mixed, jit):
     import keras
     import keras_hub
-    import tensorflow as tf
+
     from kbert.pretraining.dataset import pretraining_dataset
+
     if mixed:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    backbone = keras_hub.models.BertBackbone(vocabulary_size=V, num_layers=L, num_heads=A, hidden_dim=H,
-                                             intermediate_dim=I, max_sequence_length=512)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=V, num_layers=L, num_heads=A, hidden_dim=H, intermediate_dim=I, max_sequence_length=512
+    )
     model = keras_hub.models.BertMaskedLM(backbone)
 
     def to_keras_hub(features, labels):
-        x = {"token_ids": features["input_ids"], "padding_mask": features["input_mask"] > 0,
-             "segment_ids": features["segment_ids"], "mask_positions": features["masked_lm_positions"]}
+        x = {
+            "token_ids": features["input_ids"],
+            "padding_mask": features["input_mask"] > 0,
+            "segment_ids": features["segment_ids"],
+            "mask_positions": features["masked_lm_positions"],
+        }
         return x, labels["masked_lm_ids"], labels["masked_lm_weights"]
 
     data = pretraining_dataset([records], BATCH, SEQ, PRED).map(to_keras_hub)
-    model.compile(optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.01, epsilon=1e-6, global_clipnorm=1.0),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  weighted_metrics=["sparse_categorical_accuracy"], jit_compile=jit)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.01, epsilon=1e-6, global_clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=["sparse_categorical_accuracy"],
+        jit_compile=jit,
+    )
     model.fit(data, steps_per_epoch=10, epochs=1, verbose=0)  # trace / compile
     ends = []
 
@@ -113,8 +145,10 @@ def child_keras_hub(records, steps, mixed, jit):
 
 
 def spawn(kind, records, steps, mixed, jit):
-    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-            f"import pretrain_bench as b; print(json.dumps(b.child_{kind}({records!r}, {steps}, {mixed}, {jit})))")
+    code = (
+        f"import json, sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+        f"import pretrain_bench as b; print(json.dumps(b.child_{kind}({records!r}, {steps}, {mixed}, {jit})))"
+    )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if out.returncode:
@@ -127,14 +161,19 @@ def main():
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--quick", action="store_true", help="10 steps, two settings each")
     parser.add_argument("--kbert-xla", action="store_true", help="also time kbert with XLA (slower on CPU)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="alternating rounds of the two best settings after the first pass (0: none)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="alternating rounds of the two best settings after the first pass (0: none)",
+    )
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 0:
         parser.error("--steps must be at least 1 and --rounds at least 0")
     steps = 10 if args.quick else args.steps
-    settings = [(False, False), (True, False)] if args.quick else \
-        [(False, False), (True, False), (False, True), (True, True)]
+    settings = (
+        [(False, False), (True, False)] if args.quick else [(False, False), (True, False), (False, True), (True, True)]
+    )
     work = tempfile.mkdtemp()
     records = os.path.join(work, "random.tfrecord")
     write_records(records)
@@ -150,8 +189,11 @@ def main():
     best = {k: max((v.get("sequences_per_second", 0), n) for n, v in r.items()) for k, r in results.items()}
     # This VM's speed drifts by ±15% over minutes, so the two best settings are timed again
     # in alternating rounds, and the ratio reported is the median of the rounds' ratios.
-    settings_of = {n: (mixed, jit) for mixed, jit in settings
-                   for n in [f"{'mixed_bfloat16' if mixed else 'float32'}{'+xla' if jit else ''}"]}
+    settings_of = {
+        n: (mixed, jit)
+        for mixed, jit in settings
+        for n in [f"{'mixed_bfloat16' if mixed else 'float32'}{'+xla' if jit else ''}"]
+    }
     rounds = []
     for r in range(args.rounds):
         pair = {}
@@ -166,9 +208,12 @@ def main():
     flops = flops_per_sequence()
     report = {
         "config": dict(layers=L, hidden=H, heads=A, intermediate=I, vocab=V, seq=SEQ, batch=BATCH, predictions=PRED),
-        "steps_timed": steps, "results": results,
-        "best": {k: {"setting": n, "sequences_per_second": round(s, 2), "tflops": round(s * flops / 1e12, 4)}
-                 for k, (s, n) in best.items()},
+        "steps_timed": steps,
+        "results": results,
+        "best": {
+            k: {"setting": n, "sequences_per_second": round(s, 2), "tflops": round(s * flops / 1e12, 4)}
+            for k, (s, n) in best.items()
+        },
         "speedup_vs_keras_hub_best": round(best["kbert"][0] / best["keras_hub"][0], 2),
         "rounds": rounds,
         "median_speedup_over_rounds": round(statistics.median(ratios), 2) if ratios else None,

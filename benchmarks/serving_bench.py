@@ -63,8 +63,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VOCAB = os.path.join(ROOT, "tests", "fixtures", "vocab-uncased.txt")
 # Real words, many more than 128 tokens: every contender's tokenizer fills the sequence.
-FULL_TEXT = ("The package provides a command-line tool and a library for reading, writing and "
-             "converting archives; it supports compressed formats, streaming, and large files. ") * 8
+FULL_TEXT = (
+    "The package provides a command-line tool and a library for reading, writing and "
+    "converting archives; it supports compressed formats, streaming, and large files. "
+) * 8
 WARMUP_REQUESTS, WARMUP_BATCHES = 30, 2
 
 
@@ -81,10 +83,9 @@ WORKS = ("full", "debian")
 def workloads(texts, requests, batches):
     """{name: (batch-1 requests, batch-32 requests)}, each request a list of strings."""
     debian_one = [[texts[i % len(texts)]] for i in range(requests)]
-    debian_big = [texts[(i * BIG_BATCH) % len(texts):][:BIG_BATCH] for i in range(batches)]
+    debian_big = [texts[(i * BIG_BATCH) % len(texts) :][:BIG_BATCH] for i in range(batches)]
     debian_big = [b if len(b) == BIG_BATCH else (b + texts)[:BIG_BATCH] for b in debian_big]
-    return {"full": ([[FULL_TEXT]] * requests, [[FULL_TEXT] * BIG_BATCH] * batches),
-            "debian": (debian_one, debian_big)}
+    return {"full": ([[FULL_TEXT]] * requests, [[FULL_TEXT] * BIG_BATCH] * batches), "debian": (debian_one, debian_big)}
 
 
 def measure(call, work):
@@ -104,8 +105,12 @@ def measure(call, work):
         for request in bigs:
             call(request)
         rate = len(bigs) * BIG_BATCH / (time.perf_counter() - start)
-        result[name] = {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99)),
-                        "mean_ms": float(np.mean(times)), "batch32_seq_per_s": rate}
+        result[name] = {
+            "p50_ms": float(np.percentile(times, 50)),
+            "p99_ms": float(np.percentile(times, 99)),
+            "mean_ms": float(np.mean(times)),
+            "batch32_seq_per_s": rate,
+        }
     return result
 
 
@@ -113,8 +118,9 @@ def measure(call, work):
 # setting), to measure each alone: `--only "kbert float32" --variants padded ...`.
 VARIANTS = {
     "": "the export as it ships",
-    "padded": ("the export before this work: every batch on all 128 positions, Q, K and V as three matmuls, "
-               "keras' LayerNorm"),
+    "padded": (
+        "the export before this work: every batch on all 128 positions, Q, K and V as three matmuls, keras' LayerNorm"
+    ),
     "one-group": "a batch on its longest text, not sorted into groups of similar length",
     "separate-qkv": "query, key and value as three matmuls, as the checkpoint stores them",
     "constant-weights": "kbert export --constant-weights: the weights as graph constants, not variables",
@@ -143,7 +149,10 @@ def child_kbert(work, precision, work_dir, variant=""):
     import kbert
     from kbert.serving import export as serving_export
     from kbert.serving import optimize as serving_optimize
-    built = variant if variant in ("padded", "one-group", "separate-qkv", "constant-weights", "keras-layer-norm") else ""
+
+    built = (
+        variant if variant in ("padded", "one-group", "separate-qkv", "constant-weights", "keras-layer-norm") else ""
+    )
     # Exports are kept in work_dir between runs, under the hash of the code that built them.
     sources = ("serving/export.py", "serving/optimize.py", "kbert/model/layers.py", "kbert/model/bert.py")
     code = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in sources)).hexdigest()[:10]
@@ -151,25 +160,42 @@ def child_kbert(work, precision, work_dir, variant=""):
     if not os.path.isdir(path):
         # Each variant undoes one of kbert.serving.optimize's rewrites (a keyword argument of
         # `optimize`); "padded" undoes them all: the export serves the model itself.
-        undone = {"one-group": {"group_rows": 1 << 30}, "separate-qkv": {"fuse_qkv": False},
-                  "keras-layer-norm": {"one_kernel_layer_norm": False}}
+        undone = {
+            "one-group": {"group_rows": 1 << 30},
+            "separate-qkv": {"fuse_qkv": False},
+            "keras-layer-norm": {"one_kernel_layer_norm": False},
+        }
         if variant == "padded":
             serving_export.optimize = lambda model, **_: model
         elif variant in undone:
             serving_export.optimize = functools.partial(serving_optimize.optimize, **undone[variant])
-        config = kbert.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
-                                  intermediate_size=I, max_position_embeddings=512, type_vocab_size=2)
+        config = kbert.BertConfig(
+            vocab_size=V,
+            hidden_size=H,
+            num_hidden_layers=L,
+            num_attention_heads=A,
+            intermediate_size=I,
+            max_position_embeddings=512,
+            type_vocab_size=2,
+        )
         model = kbert.bert_encoder(config, vocabulary=kbert.Vocabulary(VOCAB, do_lower_case=True))
         trained_like(model.weights)
         with tempfile.TemporaryDirectory() as tmp:
             kbert.save(model, os.path.join(tmp, "model"))
-            serving_export.export_model(os.path.join(tmp, "model"), os.path.dirname(path), version=1,
-                                        max_seq_length=SEQ, precision=precision,
-                                        constant_weights=variant == "constant-weights")
+            serving_export.export_model(
+                os.path.join(tmp, "model"),
+                os.path.dirname(path),
+                version=1,
+                max_seq_length=SEQ,
+                precision=precision,
+                constant_weights=variant == "constant-weights",
+            )
     graph = tf.Graph()
     with graph.as_default():
-        session = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(
-            inter_op_parallelism_threads=1 if variant == "inter-op-1" else 0))
+        session = tf.compat.v1.Session(
+            graph=graph,
+            config=tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1 if variant == "inter-op-1" else 0),
+        )
         meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
     signature = meta_graph.signature_def["serving_default"]
     fetches = {key: t.name for key, t in signature.outputs.items()}
@@ -182,9 +208,11 @@ def child_keras_hub(work, precision, work_dir):
     import keras
     import keras_hub
     import tensorflow as tf
+
     keras.mixed_precision.set_global_policy(precision)
-    backbone = keras_hub.models.BertBackbone(vocabulary_size=V, num_layers=L, num_heads=A, hidden_dim=H,
-                                             intermediate_dim=I, max_sequence_length=512)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=V, num_layers=L, num_heads=A, hidden_dim=H, intermediate_dim=I, max_sequence_length=512
+    )
     trained_like(backbone.weights)
     tokenizer = keras_hub.models.BertTokenizer(vocabulary=VOCAB, lowercase=True)
     preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=SEQ)
@@ -201,9 +229,16 @@ def _hf_model(precision, attention="sdpa"):
     default) or "eager" (the plain ops, which ONNX Runtime's optimizer fuses into one Attention)."""
     import torch
     import transformers
+
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
-                                     intermediate_size=I, attn_implementation=attention)
+    config = transformers.BertConfig(
+        vocab_size=V,
+        hidden_size=H,
+        num_hidden_layers=L,
+        num_attention_heads=A,
+        intermediate_size=I,
+        attn_implementation=attention,
+    )
     model = transformers.BertModel(config)
     with torch.no_grad():  # as trained_like does for the TensorFlow contenders
         for p in model.parameters():
@@ -215,6 +250,7 @@ def _hf_model(precision, attention="sdpa"):
 def child_hf(work, precision, work_dir):
     import torch
     import transformers
+
     model = _hf_model(precision)
     tokenizer = transformers.BertTokenizerFast(VOCAB, do_lower_case=True)
 
@@ -234,7 +270,11 @@ def child_ort(work, precision, work_dir):
     import transformers
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
-    plain, optimised = os.path.join(work_dir, "bert-trained-like.onnx"), os.path.join(work_dir, "bert-trained-like-opt.onnx")
+
+    plain, optimised = (
+        os.path.join(work_dir, "bert-trained-like.onnx"),
+        os.path.join(work_dir, "bert-trained-like-opt.onnx"),
+    )
     int8 = os.path.join(work_dir, "bert-trained-like-opt-int8.onnx")
     tokenizer = transformers.BertTokenizerFast(VOCAB, do_lower_case=True)
     if not os.path.exists(optimised):
@@ -252,16 +292,24 @@ def child_ort(work, precision, work_dir):
         x = tokenizer(["a b c"], return_tensors="pt")
         names = ["input_ids", "attention_mask", "token_type_ids"]
         axes = {name: {0: "batch", 1: "sequence"} for name in names}
-        torch.onnx.export(Outputs(model), tuple(x[n] for n in names), plain, input_names=names,
-                          output_names=["last_hidden_state", "pooler_output"],
-                          dynamic_axes=dict(axes, last_hidden_state={0: "batch", 1: "sequence"},
-                                            pooler_output={0: "batch"}), opset_version=17, dynamo=False)
+        torch.onnx.export(
+            Outputs(model),
+            tuple(x[n] for n in names),
+            plain,
+            input_names=names,
+            output_names=["last_hidden_state", "pooler_output"],
+            dynamic_axes=dict(axes, last_hidden_state={0: "batch", 1: "sequence"}, pooler_output={0: "batch"}),
+            opset_version=17,
+            dynamo=False,
+        )
         optimizer.optimize_model(plain, model_type="bert", num_heads=A, hidden_size=H).save_model_to_file(optimised)
     if precision == "int8" and not os.path.exists(int8):
-        quantize_dynamic(optimised, int8, weight_type=QuantType.QInt8,
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    session = onnxruntime.InferenceSession(int8 if precision == "int8" else optimised,
-                                           providers=["CPUExecutionProvider"])
+        quantize_dynamic(
+            optimised, int8, weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT}
+        )
+    session = onnxruntime.InferenceSession(
+        int8 if precision == "int8" else optimised, providers=["CPUExecutionProvider"]
+    )
     wanted = {i.name for i in session.get_inputs()}
 
     def call(texts):
@@ -273,25 +321,38 @@ def child_ort(work, precision, work_dir):
 
 def _onnx_op_counts(path):
     import onnx
+
     counts = {}
     for node in onnx.load(path, load_external_data=False).graph.node:
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
-    return {k: counts[k] for k in ("Attention", "SkipLayerNormalization", "BiasGelu", "Gelu", "FastGelu",
-                                   "EmbedLayerNormalization", "MatMulInteger", "DynamicQuantizeMatMul")
-            if k in counts}
+    return {
+        k: counts[k]
+        for k in (
+            "Attention",
+            "SkipLayerNormalization",
+            "BiasGelu",
+            "Gelu",
+            "FastGelu",
+            "EmbedLayerNormalization",
+            "MatMulInteger",
+            "DynamicQuantizeMatMul",
+        )
+        if k in counts
+    }
 
 
 def child_peak(work, precision, work_dir):
     """GFLOP/s of a 2048^3 matmul in TensorFlow, float32 and bfloat16 (best of 5 after warm-up)."""
     import tensorflow as tf
+
     n, result = 2048, {}
     for dtype in ("float32", "bfloat16"):
         a = tf.random.normal([n, n], dtype=tf.float32)
         a = tf.cast(a, dtype)
         matmul = tf.function(lambda x: tf.linalg.matmul(x, x))
         matmul(a).numpy()
-        best = min(_timed(lambda: matmul(a).numpy()) for _ in range(5))
-        result[dtype] = 2 * n ** 3 / best / 1e9
+        best = min(_timed(lambda matmul=matmul, a=a: matmul(a).numpy()) for _ in range(5))
+        result[dtype] = 2 * n**3 / best / 1e9
     return result
 
 
@@ -304,15 +365,18 @@ def _timed(call):
 def child_lengths(work, precision, work_dir):
     """Token counts of the Debian texts under the original tokenizer, [CLS] and [SEP] included."""
     from kbert.text.tokenizer import Tokenizer
+
     tokenizer = Tokenizer(VOCAB, do_lower_case=True)
     return [len(tokenizer.tokenize(text)) + 2 for text in json.load(open(os.path.join(work_dir, "texts.json")))]
 
 
 def spawn(kind, precision, args, work_dir, extra="", quiet=False):
-    code = (f"import json, sys; sys.path.insert(0, {HERE!r}); import serving_bench as b; "
-            f"texts = json.load(open({os.path.join(work_dir, 'texts.json')!r})); "
-            f"work = b.workloads(texts, {args.requests}, {args.batches}); "
-            f"print(json.dumps(b.child_{kind}(work, {precision!r}, {work_dir!r}{extra})))")
+    code = (
+        f"import json, sys; sys.path.insert(0, {HERE!r}); import serving_bench as b; "
+        f"texts = json.load(open({os.path.join(work_dir, 'texts.json')!r})); "
+        f"work = b.workloads(texts, {args.requests}, {args.batches}); "
+        f"print(json.dumps(b.child_{kind}(work, {precision!r}, {work_dir!r}{extra})))"
+    )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -390,8 +454,11 @@ def ratios(results, peak, lengths):
     for precision in ("float32", "bfloat16"):
         ours = results.get(f"kbert {precision}", {})
         padded = results.get(f"kbert padded {precision}", {})
-        peers = {name: r for name, r in results.items() if name.endswith(precision)
-                 and name.split()[0] in ("keras-hub", "torch")}
+        peers = {
+            name: r
+            for name, r in results.items()
+            if name.endswith(precision) and name.split()[0] in ("keras-hub", "torch")
+        }
         for work, (one_flops, mean_flops) in work_flops.items():
             if work not in ours:
                 continue
@@ -407,14 +474,19 @@ def ratios(results, peak, lengths):
                 row["batch32_vs_best_peer"] = ours[work]["batch32_seq_per_s"] / ok[most]["batch32_seq_per_s"]
             for ort in ("onnxruntime float32", "onnxruntime int8"):
                 if work in results.get(ort, {}):
-                    row[f"batch1_p50_vs_{ort.replace(' ', '_')}"] = \
-                        results[ort][work]["p50_ms"] / ours[work]["p50_ms"]
-                    row[f"batch32_vs_{ort.replace(' ', '_')}"] = \
+                    row[f"batch1_p50_vs_{ort.replace(' ', '_')}"] = results[ort][work]["p50_ms"] / ours[work]["p50_ms"]
+                    row[f"batch32_vs_{ort.replace(' ', '_')}"] = (
                         ours[work]["batch32_seq_per_s"] / results[ort][work]["batch32_seq_per_s"]
+                    )
             for name, variant in results.items():  # each transformation undone alone
                 kind = name.split()[1]
-                if name.startswith("kbert ") and name.endswith(precision) and kind in VARIANTS \
-                        and kind != "padded" and work in variant:
+                if (
+                    name.startswith("kbert ")
+                    and name.endswith(precision)
+                    and kind in VARIANTS
+                    and kind != "padded"
+                    and work in variant
+                ):
                     row[f"batch1_p50_vs_{kind}"] = variant[work]["p50_ms"] / ours[work]["p50_ms"]
                     row[f"batch32_vs_{kind}"] = ours[work]["batch32_seq_per_s"] / variant[work]["batch32_seq_per_s"]
             if work in padded:
@@ -428,12 +500,15 @@ def ratios(results, peak, lengths):
                 row["batch32_limit_seq_per_s"] = limit_big
                 row["batch32_of_limit"] = ours[work]["batch32_seq_per_s"] / limit_big
                 if ok:
-                    row["batch1_target_needs_of_limit"] = \
+                    row["batch1_target_needs_of_limit"] = (
                         TARGETS[work, "batch1"] * limit_one / ok[row["batch1_best_peer"]]["p50_ms"]
-                    row["batch32_target_needs_of_limit"] = \
+                    )
+                    row["batch32_target_needs_of_limit"] = (
                         TARGETS[work, "batch32"] * ok[row["batch32_best_peer"]]["batch32_seq_per_s"] / limit_big
-            summary.setdefault(precision, {})[work] = {k: round(v, 3) if isinstance(v, float) else v
-                                                       for k, v in row.items()}
+                    )
+            summary.setdefault(precision, {})[work] = {
+                k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()
+            }
     return summary
 
 
@@ -441,13 +516,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200, help="timed batch-1 requests per input")
     parser.add_argument("--batches", type=int, default=4, help="timed batch-32 calls per input")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run every contender this many times, one after another, and keep each one's best")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every contender this many times, one after another, and keep each one's best",
+    )
     parser.add_argument("--quick", action="store_true", help="40 requests, 1 batch: a smoke run")
     parser.add_argument("--only", nargs="*", default=list(CONTENDERS), help="contenders, by name or first word")
     parser.add_argument("--work", help="a directory to keep the exports and texts in between runs")
-    parser.add_argument("--variants", nargs="*", default=[], choices=[v for v in VARIANTS if v],
-                        help="also time these kbert export variants (each transformation undone alone)")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        choices=[v for v in VARIANTS if v],
+        help="also time these kbert export variants (each transformation undone alone)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.requests, args.batches = 40, 1
@@ -463,22 +547,33 @@ def main():
         if name in args.only or name.split()[0] in args.only:
             runs.append((name, kind, precision, extra))
             if kind == "kbert" and not extra:
-                runs += [(f"kbert {variant} {precision}", kind, precision, f", {variant!r}") for variant in args.variants
-                         if precision in VARIANT_PRECISIONS.get(variant, ("float32",))]
+                runs += [
+                    (f"kbert {variant} {precision}", kind, precision, f", {variant!r}")
+                    for variant in args.variants
+                    if precision in VARIANT_PRECISIONS.get(variant, ("float32",))
+                ]
     rounds = {}
-    for round_number in range(args.rounds):
+    for _round in range(args.rounds):
         for name, kind, precision, extra in runs:
             rounds.setdefault(name, []).append(spawn(kind, precision, args, work_dir, extra))
     results = {name: best_of(measured) for name, measured in rounds.items()}
     peak_after = spawn("peak", "", args, work_dir)
-    report = {"model": {"layers": L, "hidden": H, "heads": A, "intermediate": I, "vocab": V, "max_seq": SEQ},
-              "machine": {"cpus": os.cpu_count(), "matmul_gflops_before": peak, "matmul_gflops_after": peak_after},
-              "debian_texts": {"count": len(texts), "tokens_median": float(np.median(lengths)),
-                               "tokens_p90": float(np.percentile(lengths, 90)),
-                               "share_past_128": float(np.mean(np.array(lengths) > SEQ))},
-              "requests": args.requests, "batches": args.batches, "rounds": args.rounds, "results": results,
-              "every_round": rounds if args.rounds > 1 else None,
-              "summary": ratios(results, machine_peak(peak, peak_after), lengths)}
+    report = {
+        "model": {"layers": L, "hidden": H, "heads": A, "intermediate": I, "vocab": V, "max_seq": SEQ},
+        "machine": {"cpus": os.cpu_count(), "matmul_gflops_before": peak, "matmul_gflops_after": peak_after},
+        "debian_texts": {
+            "count": len(texts),
+            "tokens_median": float(np.median(lengths)),
+            "tokens_p90": float(np.percentile(lengths, 90)),
+            "share_past_128": float(np.mean(np.array(lengths) > SEQ)),
+        },
+        "requests": args.requests,
+        "batches": args.batches,
+        "rounds": args.rounds,
+        "results": results,
+        "every_round": rounds if args.rounds > 1 else None,
+        "summary": ratios(results, machine_peak(peak, peak_after), lengths),
+    }
     print(json.dumps(report, indent=1))
 
 

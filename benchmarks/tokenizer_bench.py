@@ -29,11 +29,11 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-import absl.flags  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from bert import tokenization  # noqa: E402
+import absl.flags
+import tensorflow as tf
+from bert import tokenization
 
-import kbert  # noqa: E402
+import kbert
 
 try:
     from tokenizers import BertWordPieceTokenizer
@@ -54,12 +54,15 @@ def machine_info():
     model = "unknown"
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), model)
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
     except OSError:
         pass
-    return {"cpu_model": model, "cores": os.cpu_count(),
-            "cores_usable": len(os.sched_getaffinity(0)), "python": sys.version.split()[0]}
+    return {
+        "cpu_model": model,
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "python": sys.version.split()[0],
+    }
 
 
 def read_lines(path, n):
@@ -73,7 +76,7 @@ def read_lines(path, n):
 
 def batches(lines):
     for start in range(0, len(lines), BATCH):
-        yield lines[start:start + BATCH]
+        yield lines[start : start + BATCH]
 
 
 def run(name, tokenize_batch, to_ids, lines, reference):
@@ -96,10 +99,11 @@ def run(name, tokenize_batch, to_ids, lines, reference):
                 differing += 1
             line += 1
     assert line == len(lines), f"{name}: {line} results for {len(lines)} lines"
-    log(f"{name:12s} {tokens:>10d} tokens in {seconds:8.2f} s = {tokens / seconds:>12,.0f} tokens/s"
-        + ("" if ids_out else f", {differing} lines differ from the original"))
-    report = {"tokens": tokens, "seconds": round(seconds, 4),
-              "tokens_per_second": round(tokens / seconds, 1)}
+    log(
+        f"{name:12s} {tokens:>10d} tokens in {seconds:8.2f} s = {tokens / seconds:>12,.0f} tokens/s"
+        + ("" if ids_out else f", {differing} lines differ from the original")
+    )
+    report = {"tokens": tokens, "seconds": round(seconds, 4), "tokens_per_second": round(tokens / seconds, 1)}
     if reference is not None:
         report["lines_differing_from_original"] = differing
     return report, ids_out
@@ -122,43 +126,64 @@ def main():
 
     original = tokenization.FullTokenizer(VOCAB, do_lower_case=True)
     results["original"], reference = run(
-        "original", lambda b: [original.tokenize(line) for line in b],
-        lambda r: (original.convert_tokens_to_ids(t) for t in r), lines, None)
+        "original",
+        lambda b: [original.tokenize(line) for line in b],
+        lambda r: (original.convert_tokens_to_ids(t) for t in r),
+        lines,
+        None,
+    )
 
     ktok = kbert.Tokenizer(VOCAB, do_lower_case=True)
     results["kbert"], _ = run(
-        "kbert", lambda b: [ktok.tokenize(line) for line in b],
-        lambda r: (ktok.convert_tokens_to_ids(t) for t in r), lines, reference)
+        "kbert",
+        lambda b: [ktok.tokenize(line) for line in b],
+        lambda r: (ktok.convert_tokens_to_ids(t) for t in r),
+        lines,
+        reference,
+    )
 
     gtok = kbert.GraphTokenizer(VOCAB, do_lower_case=True)
     graph = tf.function(gtok, input_signature=[tf.TensorSpec([None], tf.string)])
     graph(tf.constant(lines[:BATCH]))  # warm-up: trace once, outside the timing
     results["kbert_graph"], _ = run(
-        "kbert_graph", lambda b: graph(tf.constant(b)), lambda r: r.to_list(), lines, reference)
+        "kbert_graph", lambda b: graph(tf.constant(b)), lambda r: r.to_list(), lines, reference
+    )
 
     if BertWordPieceTokenizer is None:
         log("hf: skipped, `tokenizers` is not installed (pip install .[bench])")
         results["hf"] = {"skipped": "tokenizers not installed"}
     else:
-        hf = BertWordPieceTokenizer(VOCAB, lowercase=True, clean_text=True,
-                                    handle_chinese_chars=True, strip_accents=None)
+        hf = BertWordPieceTokenizer(
+            VOCAB, lowercase=True, clean_text=True, handle_chinese_chars=True, strip_accents=None
+        )
         results["hf"], _ = run(
-            "hf", lambda b: hf.encode_batch(b, add_special_tokens=False),
-            lambda r: (e.ids for e in r), lines, reference)
+            "hf", lambda b: hf.encode_batch(b, add_special_tokens=False), lambda r: (e.ids for e in r), lines, reference
+        )
 
     base = results["original"]["tokens_per_second"]
     results["original"]["lines_differing_from_original"] = 0
     for name, report in results.items():
         if "tokens_per_second" in report:
-            results[name] = {"seconds": report["seconds"], "tokens": report["tokens"],
-                             "tokens_per_second": report["tokens_per_second"],
-                             "ratio_vs_original": round(report["tokens_per_second"] / base, 2),
-                             "lines_differing_from_original": report["lines_differing_from_original"]}
-    print(json.dumps({
-        "machine": machine_info(), "corpus": corpus, "lines": len(lines),
-        "tokens": results["original"]["tokens"],
-        "note": "one pass each; kbert's per-word cache starts empty and fills during the pass",
-        "tokenizers": results}, indent=2))
+            results[name] = {
+                "seconds": report["seconds"],
+                "tokens": report["tokens"],
+                "tokens_per_second": report["tokens_per_second"],
+                "ratio_vs_original": round(report["tokens_per_second"] / base, 2),
+                "lines_differing_from_original": report["lines_differing_from_original"],
+            }
+    print(
+        json.dumps(
+            {
+                "machine": machine_info(),
+                "corpus": corpus,
+                "lines": len(lines),
+                "tokens": results["original"]["tokens"],
+                "note": "one pass each; kbert's per-word cache starts empty and fills during the pass",
+                "tokenizers": results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

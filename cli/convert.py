@@ -4,7 +4,6 @@ keras-hub presets into kbert model directories and back."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,38 +14,50 @@ from kbert.cli.frame import DIR, HF_MODEL, JSON, KERAS_HUB_PRESET, MODEL, TEXT, 
 # The converters are imported inside each command, not here: they import TensorFlow, which
 # `kbert --help` should not wait for.
 
-app = typer.Typer(help="Move checkpoints between google-research/bert's TF1 format, Hugging Face "
-                       "safetensors, TF Hub SavedModels, keras-hub presets and kbert.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Move checkpoints between google-research/bert's TF1 format, Hugging Face "
+    "safetensors, TF Hub SavedModels, keras-hub presets and kbert.",
+    no_args_is_help=True,
+)
 
 
 @app.command("from-tf1")
 @command(inputs={"src": MODEL, "config": JSON, "vocab": TEXT}, outputs={"out_model_dir": DIR})
 def from_tf1(
-    src: Path = typer.Argument(..., help="Checkpoint directory (bert_config.json, vocab.txt, *.ckpt) or prefix like DIR/model.ckpt-20000."),
+    src: Path = typer.Argument(
+        ..., help="Checkpoint directory (bert_config.json, vocab.txt, *.ckpt) or prefix like DIR/model.ckpt-20000."
+    ),
     out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
-    config: Optional[Path] = typer.Option(None, help="bert_config.json, if not beside the checkpoint."),
-    vocab: Optional[Path] = typer.Option(None, help="vocab.txt, if not beside the checkpoint."),
-    lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Uncased vocabulary? Default: guessed from the folder name (uncased/cased), else lowercase."),
+    config: Path | None = typer.Option(None, help="bert_config.json, if not beside the checkpoint."),
+    vocab: Path | None = typer.Option(None, help="vocab.txt, if not beside the checkpoint."),
+    lowercase: bool | None = typer.Option(
+        None,
+        "--lowercase/--no-lowercase",
+        help="Uncased vocabulary? Default: guessed from the folder name (uncased/cased), else lowercase.",
+    ),
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
     """Convert a google-research/bert checkpoint into a kbert model directory."""
     from kbert.converters.tf1 import convert_tf1_checkpoint
 
-    model, report = convert_tf1_checkpoint(src, config_file=config and str(config), vocab_file=vocab and str(vocab),
-                                do_lower_case=lowercase)
-    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-               overwrite=overwrite)
-    print_result({
-        "model_dir": str(out_model_dir),
-        "checkpoint": report["checkpoint"],
-        "parameters": int(model.count_params()),
-        "weights_loaded": report["loaded"],
-        "fresh_heads": report["fresh_heads"],
-        "skipped_optimizer_state": report["skipped_optimizer_state"],
-        "global_step": report["global_step"],
-        "do_lower_case": model.do_lower_case,
-    })
+    model, report = convert_tf1_checkpoint(
+        src, config_file=config and str(config), vocab_file=vocab and str(vocab), do_lower_case=lowercase
+    )
+    kbert.save(
+        model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case, overwrite=overwrite
+    )
+    print_result(
+        {
+            "model_dir": str(out_model_dir),
+            "checkpoint": report["checkpoint"],
+            "parameters": int(model.count_params()),
+            "weights_loaded": report["loaded"],
+            "fresh_heads": report["fresh_heads"],
+            "skipped_optimizer_state": report["skipped_optimizer_state"],
+            "global_step": report["global_step"],
+            "do_lower_case": model.do_lower_case,
+        }
+    )
 
 
 @app.command("to-tf1")
@@ -68,35 +79,47 @@ def to_tf1(
 @app.command("from-hf")
 @command(inputs={"src": HF_MODEL}, outputs={"out_model_dir": DIR})
 def from_hf(
-    src: Path = typer.Argument(..., help="Hugging Face BERT directory (config.json, model.safetensors, vocab.txt or tokenizer.json), or its model.safetensors."),
+    src: Path = typer.Argument(
+        ...,
+        help="Hugging Face BERT directory (config.json, model.safetensors, vocab.txt or tokenizer.json), or its model.safetensors.",
+    ),
     out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
-    lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Uncased vocabulary? Default: do_lower_case from tokenizer_config.json, else lowercase."),
+    lowercase: bool | None = typer.Option(
+        None,
+        "--lowercase/--no-lowercase",
+        help="Uncased vocabulary? Default: do_lower_case from tokenizer_config.json, else lowercase.",
+    ),
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
     """Convert a Hugging Face BERT (safetensors only; pickles are refused) into a kbert model directory."""
     from kbert.converters.hf import convert_hf_model
 
     model, report = convert_hf_model(src, do_lower_case=lowercase)
-    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-               overwrite=overwrite)
-    print_result({
-        "model_dir": str(out_model_dir),
-        "source": report["source"],
-        "parameters": int(model.count_params()),
-        "weights_loaded": report["loaded"],
-        "fresh_heads": report["fresh_heads"],
-        "skipped": report["skipped"],
-        "dtypes": report["dtypes"],
-        "vocab_from": report["vocab_from"],
-        "do_lower_case": model.do_lower_case,
-    })
+    kbert.save(
+        model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case, overwrite=overwrite
+    )
+    print_result(
+        {
+            "model_dir": str(out_model_dir),
+            "source": report["source"],
+            "parameters": int(model.count_params()),
+            "weights_loaded": report["loaded"],
+            "fresh_heads": report["fresh_heads"],
+            "skipped": report["skipped"],
+            "dtypes": report["dtypes"],
+            "vocab_from": report["vocab_from"],
+            "do_lower_case": model.do_lower_case,
+        }
+    )
 
 
 @app.command("to-hf")
 @command(inputs={"model_dir": MODEL}, outputs={"out_dir": DIR})
 def to_hf(
     model_dir: Path = typer.Argument(..., help="kbert model directory (a pretrainer or an encoder)."),
-    out_dir: Path = typer.Argument(..., help="Directory for config.json, model.safetensors, vocab.txt, tokenizer_config.json."),
+    out_dir: Path = typer.Argument(
+        ..., help="Directory for config.json, model.safetensors, vocab.txt, tokenizer_config.json."
+    ),
     overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists and is not empty."),
 ):
     """Write a kbert model as a Hugging Face BERT that transformers' from_pretrained loads."""
@@ -110,32 +133,46 @@ def to_hf(
 @app.command("from-tfhub")
 @command(inputs={"src": TFHUB_MODEL, "preprocessor": TFHUB_MODEL}, outputs={"out_model_dir": DIR})
 def from_tfhub(
-    src: Path = typer.Argument(..., help="A TF Hub BERT encoder SavedModel directory (Model Garden's export_tfhub, or kbert export --format tfhub)."),
+    src: Path = typer.Argument(
+        ...,
+        help="A TF Hub BERT encoder SavedModel directory (Model Garden's export_tfhub, or kbert export --format tfhub).",
+    ),
     out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
-    preprocessor: Optional[Path] = typer.Option(None, help="Its preprocessor SavedModel: the vocabulary and casing are read from there."),
-    lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Uncased vocabulary? Default: what the SavedModels record."),
-    hidden_act: Optional[str] = typer.Option(None, help="Override the activation: gelu_tanh (Model Garden's gelu) or gelu (exact erf)."),
+    preprocessor: Path | None = typer.Option(
+        None, help="Its preprocessor SavedModel: the vocabulary and casing are read from there."
+    ),
+    lowercase: bool | None = typer.Option(
+        None, "--lowercase/--no-lowercase", help="Uncased vocabulary? Default: what the SavedModels record."
+    ),
+    hidden_act: str | None = typer.Option(
+        None, help="Override the activation: gelu_tanh (Model Garden's gelu) or gelu (exact erf)."
+    ),
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
     """Convert a TF Hub BERT encoder (read from its files, not run) into a kbert model directory."""
     from kbert.converters.tfhub import convert_tfhub_encoder
 
-    model, report = convert_tfhub_encoder(src, preprocessor=preprocessor, do_lower_case=lowercase, hidden_act=hidden_act)
-    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-               overwrite=overwrite)
-    print_result({
-        "model_dir": str(out_model_dir),
-        "source": report["source"],
-        "names": report["names"],
-        "parameters": int(model.count_params()),
-        "weights_loaded": report["loaded"],
-        "fresh_heads": report["fresh_heads"],
-        "skipped": report["skipped"],
-        "hidden_act": report["hidden_act"],
-        "vocab_from": report["vocab_from"],
-        "do_lower_case": model.do_lower_case,
-        "do_lower_case_from": report["do_lower_case_from"],
-    })
+    model, report = convert_tfhub_encoder(
+        src, preprocessor=preprocessor, do_lower_case=lowercase, hidden_act=hidden_act
+    )
+    kbert.save(
+        model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case, overwrite=overwrite
+    )
+    print_result(
+        {
+            "model_dir": str(out_model_dir),
+            "source": report["source"],
+            "names": report["names"],
+            "parameters": int(model.count_params()),
+            "weights_loaded": report["loaded"],
+            "fresh_heads": report["fresh_heads"],
+            "skipped": report["skipped"],
+            "hidden_act": report["hidden_act"],
+            "vocab_from": report["vocab_from"],
+            "do_lower_case": model.do_lower_case,
+            "do_lower_case_from": report["do_lower_case_from"],
+        }
+    )
 
 
 @app.command("to-keras-hub")
@@ -157,23 +194,38 @@ def to_keras_hub(
 def from_keras_hub(
     src: Path = typer.Argument(..., help="A keras-hub BERT preset directory (as save_to_preset writes it)."),
     out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
-    lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Uncased vocabulary? Default: the preset tokenizer's lowercase."),
+    lowercase: bool | None = typer.Option(
+        None, "--lowercase/--no-lowercase", help="Uncased vocabulary? Default: the preset tokenizer's lowercase."
+    ),
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
     """Convert a keras-hub BertBackbone preset into a kbert model directory, exactly (hidden_act gelu_tanh)."""
     from kbert.converters.keras_hub import convert_keras_hub_preset
 
     model, report = convert_keras_hub_preset(src, do_lower_case=lowercase)
-    kbert.save(model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case,
-               overwrite=overwrite)
-    print_result({"model_dir": str(out_model_dir), "source": report["source"], "parameters": int(model.count_params()),
-                  "weights_loaded": report["loaded"], "fresh_heads": report["fresh_heads"],
-                  "hidden_act": report["hidden_act"], "do_lower_case": model.do_lower_case})
+    kbert.save(
+        model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case, overwrite=overwrite
+    )
+    print_result(
+        {
+            "model_dir": str(out_model_dir),
+            "source": report["source"],
+            "parameters": int(model.count_params()),
+            "weights_loaded": report["loaded"],
+            "fresh_heads": report["fresh_heads"],
+            "hidden_act": report["hidden_act"],
+            "do_lower_case": model.do_lower_case,
+        }
+    )
 
 
 @app.command("inspect")
 @command(inputs={"src": MODEL})
-def inspect_(src: Path = typer.Argument(..., help="Checkpoint directory or prefix, kbert model directory, or Hugging Face model directory.")):
+def inspect_(
+    src: Path = typer.Argument(
+        ..., help="Checkpoint directory or prefix, kbert model directory, or Hugging Face model directory."
+    ),
+):
     """Show what a checkpoint or model directory holds: config, parameters, heads, optimizer slots, step."""
     from kbert.converters.hf import describe_hf, is_hf_model
     from kbert.converters.inspect import describe

@@ -4,50 +4,73 @@ create_pretraining_data.py makes them (same features, same algorithm), streamed 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
 from kbert.cli.common import print_result
-from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.cli.frame import TEXT, TEXT_FILES, Output, command
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 
 
-@command(inputs={"input": TEXT_FILES, "more_inputs": TEXT_FILES, "vocab": TEXT},
-         outputs={"output": Output("shards", shards_from="shards")}, above_zero=("masked_lm_prob",),
-         tensorflow=False)  # its start-up would be seconds of a run of tens of seconds
+@command(
+    inputs={"input": TEXT_FILES, "more_inputs": TEXT_FILES, "vocab": TEXT},
+    outputs={"output": Output("shards", shards_from="shards")},
+    above_zero=("masked_lm_prob",),
+    tensorflow=False,
+)  # its start-up would be seconds of a run of tens of seconds
 def create_data(
-    input: List[str] = typer.Option(..., "--input", help="Text: one sentence per line, a blank line between documents. Files or globs, quoted or not, comma-separated or repeated, or more files after it (--input data/*.txt): the same files on every runner."),
-    more_inputs: Optional[List[str]] = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False),
+    input: list[str] = typer.Option(
+        ...,
+        "--input",
+        help="Text: one sentence per line, a blank line between documents. Files or globs, quoted or not, comma-separated or repeated, or more files after it (--input data/*.txt): the same files on every runner.",
+    ),
+    more_inputs: list[str] | None = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False),
     vocab: Path = typer.Option(..., "--vocab", help="vocab.txt of the model (or from `kbert vocab`)."),
-    output: str = typer.Option(..., "--output", help="TFRecord file to write; with --shards N, the prefix of OUTPUT-0000i-of-0000N."),
-    max_seq_length: int = typer.Option(DEFAULT_MAX_SEQ_LENGTH, min=5, help="Tokens per instance, [CLS] and [SEP]s included."),
+    output: str = typer.Option(
+        ..., "--output", help="TFRecord file to write; with --shards N, the prefix of OUTPUT-0000i-of-0000N."
+    ),
+    max_seq_length: int = typer.Option(
+        DEFAULT_MAX_SEQ_LENGTH, min=5, help="Tokens per instance, [CLS] and [SEP]s included."
+    ),
     max_predictions_per_seq: int = typer.Option(20, min=1, help="Masked positions per instance at most."),
     masked_lm_prob: float = typer.Option(0.15, min=0, max=1, help="Share of tokens to mask."),
     dupe_factor: int = typer.Option(10, min=1, help="Passes over the text, each with fresh instances and masks."),
     short_seq_prob: float = typer.Option(0.1, min=0, max=1, help="Probability of a shorter target length."),
     seed: int = typer.Option(12345, min=0, help="Random seed; the output depends on it, not on --workers."),
-    whole_word_mask: bool = typer.Option(False, "--whole-word-mask", help="Mask all WordPiece pieces of a word together."),
-    lowercase: bool = typer.Option(True, "--lowercase/--no-lowercase", help="Lower-case and strip accents (uncased vocabularies)."),
+    whole_word_mask: bool = typer.Option(
+        False, "--whole-word-mask", help="Mask all WordPiece pieces of a word together."
+    ),
+    lowercase: bool = typer.Option(
+        True, "--lowercase/--no-lowercase", help="Lower-case and strip accents (uncased vocabularies)."
+    ),
     shards: int = typer.Option(1, min=1, help="Output files; records go to them round-robin."),
-    workers: Optional[int] = typer.Option(None, min=1, help="Processes making instances (default: the CPUs available)."),
+    workers: int | None = typer.Option(None, min=1, help="Processes making instances (default: the CPUs available)."),
     overwrite: bool = typer.Option(False, help="Replace output files that exist."),
-    chunk_docs: int = typer.Option(5000, min=1, help="Documents per chunk at most: the pool random next segments come from, "
-                                              "and the unit of work. Part of what decides the records."),
-    chunk_bytes: int = typer.Option(1 << 20, min=1, help="Input bytes after which a chunk closes at the next document end."),
+    chunk_docs: int = typer.Option(
+        5000,
+        min=1,
+        help="Documents per chunk at most: the pool random next segments come from, "
+        "and the unit of work. Part of what decides the records.",
+    ),
+    chunk_bytes: int = typer.Option(
+        1 << 20, min=1, help="Input bytes after which a chunk closes at the next document end."
+    ),
     runner: str = typer.Option(
-        "local", help="local (this machine's processes, no set-up), or an Apache Beam runner: DirectRunner, "
-                      "DaskRunner, DataflowRunner, FlinkRunner, SparkRunner, PortableRunner, PrismRunner (pip install 'kbert[beam]')."),
+        "local",
+        help="local (this machine's processes, no set-up), or an Apache Beam runner: DirectRunner, "
+        "DaskRunner, DataflowRunner, FlinkRunner, SparkRunner, PortableRunner, PrismRunner (pip install 'kbert[beam]').",
+    ),
     pipeline_options: str = typer.Option(
-        "", help="Beam's own flags as one string, passed to PipelineOptions, e.g. "
-                 "\"--direct_num_workers=2 --direct_running_mode=multi_processing\"."),
+        "",
+        help="Beam's own flags as one string, passed to PipelineOptions, e.g. "
+        '"--direct_num_workers=2 --direct_running_mode=multi_processing".',
+    ),
 ):
     """Make MLM + NSP pretraining records from text; prints a JSON summary with their statistics."""
     # Here, not at the top: every kbert command, `kbert --help` and create-data's spawned workers
     # (which import the kbert script again) would otherwise pay for them.
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                               TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
     from kbert.errors import KbertError
     from kbert.pretraining.create_data import DataOptions, create_pretraining_data
@@ -59,22 +82,44 @@ def create_data(
         except ImportError:
             raise KbertError(f"--runner {runner} needs Apache Beam: pip install 'kbert[beam]'") from None
         if workers is not None:
-            raise KbertError("--workers is for --runner local; Beam runners take theirs in --pipeline-options "
-                             "(e.g. --direct_num_workers=2, --num_workers=N on Dataflow)")
-        options = DataOptions(max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor,
-                              short_seq_prob, whole_word_mask, seed)
-        print_result(run_pipeline([str(p) for p in inputs], vocab, output, runner=runner, flags=pipeline_options,
-                                  do_lower_case=lowercase, options=options, shards=shards, overwrite=overwrite,
-                                  chunk_docs=chunk_docs, chunk_bytes=chunk_bytes))
+            raise KbertError(
+                "--workers is for --runner local; Beam runners take theirs in --pipeline-options "
+                "(e.g. --direct_num_workers=2, --num_workers=N on Dataflow)"
+            )
+        options = DataOptions(
+            max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor, short_seq_prob, whole_word_mask, seed
+        )
+        print_result(
+            run_pipeline(
+                [str(p) for p in inputs],
+                vocab,
+                output,
+                runner=runner,
+                flags=pipeline_options,
+                do_lower_case=lowercase,
+                options=options,
+                shards=shards,
+                overwrite=overwrite,
+                chunk_docs=chunk_docs,
+                chunk_bytes=chunk_bytes,
+            )
+        )
         return
     if pipeline_options:
         raise KbertError("--pipeline-options are Beam's; pass --runner DirectRunner (or another Beam runner) too")
 
     console = Console(stderr=True)
     # Only on a terminal: in a log file a progress bar is noise, and the JSON says it all.
-    progress = Progress(TextColumn("create-data"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        TextColumn("{task.fields[instances]:,} instances"), TimeRemainingColumn(),
-                        console=console, disable=not console.is_terminal)
+    progress = Progress(
+        TextColumn("create-data"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TextColumn("{task.fields[instances]:,} instances"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
     with progress:
         task = progress.add_task("text", total=None, instances=0)
 
@@ -82,9 +127,22 @@ def create_data(
             progress.update(task, completed=done, total=total, instances=instances)
 
         result = create_pretraining_data(
-            inputs, vocab, output, do_lower_case=lowercase,
-            max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq,
-            masked_lm_prob=masked_lm_prob, dupe_factor=dupe_factor, short_seq_prob=short_seq_prob,
-            seed=seed, whole_word_mask=whole_word_mask, shards=shards, workers=workers,
-            overwrite=overwrite, chunk_docs=chunk_docs, chunk_bytes=chunk_bytes, on_progress=on_progress)
+            inputs,
+            vocab,
+            output,
+            do_lower_case=lowercase,
+            max_seq_length=max_seq_length,
+            max_predictions_per_seq=max_predictions_per_seq,
+            masked_lm_prob=masked_lm_prob,
+            dupe_factor=dupe_factor,
+            short_seq_prob=short_seq_prob,
+            seed=seed,
+            whole_word_mask=whole_word_mask,
+            shards=shards,
+            workers=workers,
+            overwrite=overwrite,
+            chunk_docs=chunk_docs,
+            chunk_bytes=chunk_bytes,
+            on_progress=on_progress,
+        )
     print_result(result)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from kbert.cli.common import print_result
-from kbert.errors import KbertError
 from kbert.cli.frame import DIR_IN_PLACE, MODEL, command
+from kbert.errors import KbertError
 from kbert.outputs import check_apart
 
 
@@ -18,27 +17,41 @@ from kbert.outputs import check_apart
 # replaces it whole, so that branch also refuses a base that holds the model.
 @command(inputs={"model_dir": MODEL}, outputs={"export_base": DIR_IN_PLACE})
 def export(
-    model_dir: Path = typer.Argument(..., help="A kbert model directory (converted, pretrained or fine-tuned), or a google-research checkpoint."),
-    export_base: Path = typer.Argument(..., help="The directory TF Serving watches (--model_base_path); "
-                                                 "the export goes to EXPORT_BASE/VERSION."),
-    version: Optional[int] = typer.Option(None, "--version", min=0, help="Version number (default: the next free one)."),
-    max_seq_length: Optional[int] = typer.Option(
-        None, min=3, help="Tokens per request; longer texts are truncated (default: the fine-tuning length, else 128)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Model name in models.config (default: EXPORT_BASE's name)."),
-    text_pairs: Optional[bool] = typer.Option(
-        None, "--text-pairs/--single-text",
-        help="Whether serving_default takes text_b (default: yes for classifiers and regressors)."),
+    model_dir: Path = typer.Argument(
+        ..., help="A kbert model directory (converted, pretrained or fine-tuned), or a google-research checkpoint."
+    ),
+    export_base: Path = typer.Argument(
+        ..., help="The directory TF Serving watches (--model_base_path); the export goes to EXPORT_BASE/VERSION."
+    ),
+    version: int | None = typer.Option(None, "--version", min=0, help="Version number (default: the next free one)."),
+    max_seq_length: int | None = typer.Option(
+        None, min=3, help="Tokens per request; longer texts are truncated (default: the fine-tuning length, else 128)."
+    ),
+    name: str | None = typer.Option(None, "--name", help="Model name in models.config (default: EXPORT_BASE's name)."),
+    text_pairs: bool | None = typer.Option(
+        None,
+        "--text-pairs/--single-text",
+        help="Whether serving_default takes text_b (default: yes for classifiers and regressors).",
+    ),
     precision: str = typer.Option(
-        "float32", help="float32 (exact) or bfloat16 (faster on CPUs with AVX512-BF16 or AMX; outputs slightly off float32's, measured in docs/serving.md; speed in docs/performance.md)."),
+        "float32",
+        help="float32 (exact) or bfloat16 (faster on CPUs with AVX512-BF16 or AMX; outputs slightly off float32's, measured in docs/serving.md; speed in docs/performance.md).",
+    ),
     export_format: str = typer.Option(
-        "serving", "--format",
+        "serving",
+        "--format",
         help="serving: a TF Serving version under EXPORT_BASE. tfhub: EXPORT_BASE/encoder and "
-             "EXPORT_BASE/preprocessor, TF Hub's BERT SavedModels (hub.KerasLayer, TFSMLayer)."),
+        "EXPORT_BASE/preprocessor, TF Hub's BERT SavedModels (hub.KerasLayer, TFSMLayer).",
+    ),
     constant_weights: bool = typer.Option(
-        False, "--constant-weights",
+        False,
+        "--constant-weights",
         help="Weights as graph constants, not variables: faster for bfloat16 at batch 1, but the server holds "
-             "several times the memory and loads several times slower (measured in docs/performance.md)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing version (tfhub: an existing EXPORT_BASE)."),
+        "several times the memory and loads several times slower (measured in docs/performance.md).",
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace an existing version (tfhub: an existing EXPORT_BASE)."
+    ),
 ):
     """Export a model for TF Serving (serving_default, serve_ids, serve_examples; classify or regress), or in
     TF Hub's BERT format with --format tfhub; prints JSON."""
@@ -46,10 +59,16 @@ def export(
     from kbert.serving.tfhub import export_tfhub
 
     if export_format == "tfhub":
-        for flag, value in (("--version", version), ("--name", name), ("--text-pairs/--single-text", text_pairs),
-                            ("--constant-weights", constant_weights or None)):
+        for flag, value in (
+            ("--version", version),
+            ("--name", name),
+            ("--text-pairs/--single-text", text_pairs),
+            ("--constant-weights", constant_weights or None),
+        ):
             if value is not None:
-                raise KbertError(f"{flag} is for TF Serving exports; --format tfhub takes --max-seq-length and --overwrite")
+                raise KbertError(
+                    f"{flag} is for TF Serving exports; --format tfhub takes --max-seq-length and --overwrite"
+                )
         if precision != "float32":
             raise KbertError("--format tfhub writes float32 (TF Hub encoders are fine-tuned); leave out --precision")
         check_apart(export_base, [model_dir])  # replaced whole
@@ -60,18 +79,35 @@ def export(
         raise KbertError(f"--format {export_format!r}: choose serving or tfhub")
 
     # The base is written in place (a new version beside the others, models.config), never replaced.
-    path = export_model(str(model_dir), str(export_base), version=version, max_seq_length=max_seq_length,
-                        overwrite=overwrite, name=name, text_pairs=text_pairs, precision=precision,
-                        constant_weights=constant_weights)
+    path = export_model(
+        str(model_dir),
+        str(export_base),
+        version=version,
+        max_seq_length=max_seq_length,
+        overwrite=overwrite,
+        name=name,
+        text_pairs=text_pairs,
+        precision=precision,
+        constant_weights=constant_weights,
+    )
     base = os.path.dirname(path)
-    print_result({"export": path, "version": int(os.path.basename(path)), "precision": precision,
-                  "constant_weights": _holds_no_variables(path),
-                  "signatures": exported_signatures(path),
-                  "model_config_file": os.path.join(base, MODELS_CONFIG),
-                  "batching_parameters_file": os.path.join(base, BATCHING_PARAMETERS)})
+    print_result(
+        {
+            "export": path,
+            "version": int(os.path.basename(path)),
+            "precision": precision,
+            "constant_weights": _holds_no_variables(path),
+            "signatures": exported_signatures(path),
+            "model_config_file": os.path.join(base, MODELS_CONFIG),
+            "batching_parameters_file": os.path.join(base, BATCHING_PARAMETERS),
+        }
+    )
 
 
 def _holds_no_variables(path) -> bool:
     """Whether an export keeps its weights as graph constants (a model too large for them keeps variables)."""
     import tensorflow as tf
-    return not [n for n, _ in tf.train.list_variables(os.path.join(path, "variables", "variables")) if "OBJECT_GRAPH" not in n]
+
+    return not [
+        n for n, _ in tf.train.list_variables(os.path.join(path, "variables", "variables")) if "OBJECT_GRAPH" not in n
+    ]

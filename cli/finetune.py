@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -22,32 +21,75 @@ DEFAULTS = FinetuneOptions()
 FORMATS = "auto, csv, tsv, jsonl, or a GLUE layout: mrpc, cola, sst2, stsb, mnli, qnli, qqp, rte"
 
 
-@command(inputs={"model_dir": MODEL, "train": TEXT, "dev": TEXT}, outputs={"output": DIR}, above_zero=("learning_rate",))
+@command(
+    inputs={"model_dir": MODEL, "train": TEXT, "dev": TEXT}, outputs={"output": DIR}, above_zero=("learning_rate",)
+)
 def finetune(
-    model_dir: Path = typer.Argument(..., help="A kbert model directory (converted or pretrained), or a google-research checkpoint directory."),
+    model_dir: Path = typer.Argument(
+        ..., help="A kbert model directory (converted or pretrained), or a google-research checkpoint directory."
+    ),
     task: str = typer.Option(..., "--task", help="classify | regress | tag | squad | choice."),
-    train: Path = typer.Option(..., "--train", help="Training data: CSV/TSV/JSONL with text[,text_b],label; a GLUE TSV; CoNLL (tag); SQuAD JSON (squad); SWAG CSV (choice)."),
+    train: Path = typer.Option(
+        ...,
+        "--train",
+        help="Training data: CSV/TSV/JSONL with text[,text_b],label; a GLUE TSV; CoNLL (tag); SQuAD JSON (squad); SWAG CSV (choice).",
+    ),
     output: Path = typer.Option(..., "--output", help="Output: the fine-tuned kbert model directory."),
-    dev: Optional[Path] = typer.Option(None, "--dev", help="Dev data, same format: scored after each epoch; the best epoch is kept."),
+    dev: Path | None = typer.Option(
+        None, "--dev", help="Dev data, same format: scored after each epoch; the best epoch is kept."
+    ),
     epochs: int = typer.Option(DEFAULTS.epochs, min=1, help="Training epochs."),
     batch_size: int = typer.Option(DEFAULTS.batch_size, min=1, help="Global batch size (split over replicas)."),
-    learning_rate: float = typer.Option(DEFAULTS.learning_rate, min=0, help="Peak learning rate (the paper used 2e-5..5e-5)."),
-    max_seq_length: Optional[int] = typer.Option(DEFAULTS.max_seq_length, min=3, help="Tokens per example (per context + ending for choice; default 128, 384 for squad)."),
-    warmup_proportion: float = typer.Option(DEFAULTS.warmup_proportion, min=0, max=1, help="Share of steps with linear warmup (run_classifier.py's 0.1)."),
+    learning_rate: float = typer.Option(
+        DEFAULTS.learning_rate, min=0, help="Peak learning rate (the paper used 2e-5..5e-5)."
+    ),
+    max_seq_length: int | None = typer.Option(
+        DEFAULTS.max_seq_length,
+        min=3,
+        help="Tokens per example (per context + ending for choice; default 128, 384 for squad).",
+    ),
+    warmup_proportion: float = typer.Option(
+        DEFAULTS.warmup_proportion, min=0, max=1, help="Share of steps with linear warmup (run_classifier.py's 0.1)."
+    ),
     seed: int = typer.Option(DEFAULTS.seed, min=0, help="Seed for the head's initial weights, dropout and data order."),
-    mixed_precision: bool = typer.Option(DEFAULTS.mixed_precision, "--mixed-precision", help="bfloat16 on CPU, float16 with loss scaling on GPU."),
+    mixed_precision: bool = typer.Option(
+        DEFAULTS.mixed_precision, "--mixed-precision", help="bfloat16 on CPU, float16 with loss scaling on GPU."
+    ),
     strategy: str = typer.Option(DEFAULTS.strategy, help="auto | cpu | gpu | mirrored."),
-    patience: Optional[int] = typer.Option(DEFAULTS.patience, min=0, help="Early stopping: stop after N epochs without a better dev score."),
+    patience: int | None = typer.Option(
+        DEFAULTS.patience, min=0, help="Early stopping: stop after N epochs without a better dev score."
+    ),
     format: str = typer.Option(DEFAULTS.format, "--format", help=f"Data format: {FORMATS}."),
-    skip_bad_rows: bool = typer.Option(DEFAULTS.skip_bad_rows, "--skip-bad-rows", help="Skip rows with missing or extra columns instead of failing."),
-    doc_stride: int = typer.Option(DEFAULTS.doc_stride, min=1, help="squad: stride between windows over long contexts."),
+    skip_bad_rows: bool = typer.Option(
+        DEFAULTS.skip_bad_rows, "--skip-bad-rows", help="Skip rows with missing or extra columns instead of failing."
+    ),
+    doc_stride: int = typer.Option(
+        DEFAULTS.doc_stride, min=1, help="squad: stride between windows over long contexts."
+    ),
     max_query_length: int = typer.Option(DEFAULTS.max_query_length, min=1, help="squad: question tokens kept."),
-    n_best_size: int = typer.Option(DEFAULTS.n_best_size, min=1, help="squad: candidate spans considered per question."),
+    n_best_size: int = typer.Option(
+        DEFAULTS.n_best_size, min=1, help="squad: candidate spans considered per question."
+    ),
     max_answer_length: int = typer.Option(DEFAULTS.max_answer_length, min=1, help="squad: longest answer, in tokens."),
-    null_score_diff_threshold: float = typer.Option(DEFAULTS.null_score_diff_threshold, help="squad v2: predict no answer when null score - best span score exceeds this."),
-    overwrite: bool = typer.Option(DEFAULTS.overwrite, "--overwrite", help="Replace an existing --output directory (or an unfinished run's OUTPUT.partial)."),
-    resume: bool = typer.Option(DEFAULTS.resume, "--resume", help="Continue the unfinished run in OUTPUT.partial (killed, preempted or interrupted) from its last checkpoint."),
-    save_every: int = typer.Option(DEFAULTS.save_every, min=1, help="Steps between checkpoints in OUTPUT.partial (one is also written at each epoch's end)."),
+    null_score_diff_threshold: float = typer.Option(
+        DEFAULTS.null_score_diff_threshold,
+        help="squad v2: predict no answer when null score - best span score exceeds this.",
+    ),
+    overwrite: bool = typer.Option(
+        DEFAULTS.overwrite,
+        "--overwrite",
+        help="Replace an existing --output directory (or an unfinished run's OUTPUT.partial).",
+    ),
+    resume: bool = typer.Option(
+        DEFAULTS.resume,
+        "--resume",
+        help="Continue the unfinished run in OUTPUT.partial (killed, preempted or interrupted) from its last checkpoint.",
+    ),
+    save_every: int = typer.Option(
+        DEFAULTS.save_every,
+        min=1,
+        help="Steps between checkpoints in OUTPUT.partial (one is also written at each epoch's end).",
+    ),
 ):
     """Fine-tune BERT on a labelled file; prints the best epoch's dev metrics as JSON.
 
@@ -55,32 +97,75 @@ def finetune(
     from kbert.finetuning.train import finetune as finetune_model
 
     options = FinetuneOptions(
-        epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, max_seq_length=max_seq_length,
-        warmup_proportion=warmup_proportion, seed=seed, mixed_precision=mixed_precision, strategy=strategy,
-        patience=patience, format=format, skip_bad_rows=skip_bad_rows, doc_stride=doc_stride,
-        max_query_length=max_query_length, n_best_size=n_best_size, max_answer_length=max_answer_length,
-        null_score_diff_threshold=null_score_diff_threshold, overwrite=overwrite, resume=resume,
-        save_every=save_every)
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        max_seq_length=max_seq_length,
+        warmup_proportion=warmup_proportion,
+        seed=seed,
+        mixed_precision=mixed_precision,
+        strategy=strategy,
+        patience=patience,
+        format=format,
+        skip_bad_rows=skip_bad_rows,
+        doc_stride=doc_stride,
+        max_query_length=max_query_length,
+        n_best_size=n_best_size,
+        max_answer_length=max_answer_length,
+        null_score_diff_threshold=null_score_diff_threshold,
+        overwrite=overwrite,
+        resume=resume,
+        save_every=save_every,
+    )
     result = finetune_model(str(model_dir), task, str(train), str(output), dev=dev and str(dev), options=options)
     print_result(result)
 
 
 @command(inputs={"model_dir": MODEL, "input": TEXT}, outputs={"output": FILE}, above_zero=("timeout",))
 def predict(
-    model_dir: Optional[Path] = typer.Argument(None, help="A fine-tuned model directory, or an encoder/pretrained one or a google-research checkpoint (features). Leave out with --server."),
-    input: Path = typer.Option(..., "--input", help="Same formats as finetune (labels optional); for encoders, one text per line (a ||| b for pairs)."),
-    server: Optional[str] = typer.Option(None, "--server", help="Predict with a model TF Serving serves instead: HOST:PORT (gRPC) or http://HOST:PORT (REST)."),
-    model: Optional[str] = typer.Option(None, "--model", help="With --server: the model's name on the server."),
-    layers: Optional[str] = typer.Option(None, help="Encoders: per-token features of these layers, e.g. -1,-2,-3,-4 (extract_features.py)."),
+    model_dir: Path | None = typer.Argument(
+        None,
+        help="A fine-tuned model directory, or an encoder/pretrained one or a google-research checkpoint (features). Leave out with --server.",
+    ),
+    input: Path = typer.Option(
+        ...,
+        "--input",
+        help="Same formats as finetune (labels optional); for encoders, one text per line (a ||| b for pairs).",
+    ),
+    server: str | None = typer.Option(
+        None,
+        "--server",
+        help="Predict with a model TF Serving serves instead: HOST:PORT (gRPC) or http://HOST:PORT (REST).",
+    ),
+    model: str | None = typer.Option(None, "--model", help="With --server: the model's name on the server."),
+    layers: str | None = typer.Option(
+        None, help="Encoders: per-token features of these layers, e.g. -1,-2,-3,-4 (extract_features.py)."
+    ),
     batch_size: int = typer.Option(32, min=1, help="Examples per batch (per request with --server)."),
-    max_seq_length: Optional[int] = typer.Option(None, min=3, help="Default: the length the model was fine-tuned with."),
+    max_seq_length: int | None = typer.Option(None, min=3, help="Default: the length the model was fine-tuned with."),
     format: str = typer.Option("auto", "--format", help=f"Data format: {FORMATS}."),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Write the JSON lines to this file instead of stdout: atomically (FILE.partial, renamed at the end), resumable with --resume."),
-    resume: bool = typer.Option(False, "--resume", help="With --output: go on from the rows FILE.partial has from a run that did not finish."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="With --output: replace an existing FILE, or (without --resume) drop an unfinished run's rows."),
-    timeout: float = typer.Option(60.0, min=0, help="With --server: seconds one request may take, retries while the server is down included."),
-    retries: int = typer.Option(10, min=0, help="With --server: times a request is retried while the server is unavailable (back-off 0.1 s doubling to 10 s)."),
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        help="Write the JSON lines to this file instead of stdout: atomically (FILE.partial, renamed at the end), resumable with --resume.",
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="With --output: go on from the rows FILE.partial has from a run that did not finish."
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="With --output: replace an existing FILE, or (without --resume) drop an unfinished run's rows.",
+    ),
+    timeout: float = typer.Option(
+        60.0, min=0, help="With --server: seconds one request may take, retries while the server is down included."
+    ),
+    retries: int = typer.Option(
+        10,
+        min=0,
+        help="With --server: times a request is retried while the server is unavailable (back-off 0.1 s doubling to 10 s).",
+    ),
 ):
     """Predict; prints one JSON object per input example (with --output, writes them to FILE and prints a summary)."""
     import json
@@ -90,26 +175,34 @@ def predict(
     if output is None and (resume or overwrite):
         raise KbertError(f"{'--resume' if resume else '--overwrite'} applies to an --output file; give --output FILE")
     if server is None and model_dir is None:
-        raise KbertError("give MODEL_DIR to predict with a local model, or --server HOST:PORT --model NAME "
-                         "for one that TF Serving serves")
+        raise KbertError(
+            "give MODEL_DIR to predict with a local model, or --server HOST:PORT --model NAME "
+            "for one that TF Serving serves"
+        )
     if server is not None:
         if model_dir is not None:
             raise KbertError(f"give either MODEL_DIR ({model_dir}) or --server ({server}), not both")
         if not model:
             raise KbertError(f"--server {server} needs --model NAME: the name the server serves the model under")
         if layers is not None:
-            raise KbertError("--layers applies to a local model (the served model returns its export's outputs); "
-                             "pass MODEL_DIR instead of --server to get per-layer features")
+            raise KbertError(
+                "--layers applies to a local model (the served model returns its export's outputs); "
+                "pass MODEL_DIR instead of --server to get per-layer features"
+            )
         if max_seq_length is not None:
-            raise KbertError("--max-seq-length applies to a local model; the served model's export fixed it "
-                             "(kbert export --max-seq-length)")
+            raise KbertError(
+                "--max-seq-length applies to a local model; the served model's export fixed it "
+                "(kbert export --max-seq-length)"
+            )
         from kbert.serving.client import Client
         from kbert.serving.predict import predict_served
+
         client = Client(server, model, timeout=timeout, retries=retries)
 
         def rows(start):
-            return predict_served(client, input, batch_size=batch_size, format=format,
-                                  skip_bad_rows=skip_bad_rows, start=start)
+            return predict_served(
+                client, input, batch_size=batch_size, format=format, skip_bad_rows=skip_bad_rows, start=start
+            )
     else:
         if model:
             raise KbertError(f"--model {model} names a served model; use it with --server, or drop it")
@@ -125,11 +218,22 @@ def predict(
 
         def rows(start):
             # A local model predicts the whole file at once; resuming only skips writing again.
-            return skip_rows(predict_rows(str(model_dir), str(input), layers=wanted, batch_size=batch_size,
-                                          max_seq_length=max_seq_length, format=format,
-                                          skip_bad_rows=skip_bad_rows), start)
+            return skip_rows(
+                predict_rows(
+                    str(model_dir),
+                    str(input),
+                    layers=wanted,
+                    batch_size=batch_size,
+                    max_seq_length=max_seq_length,
+                    format=format,
+                    skip_bad_rows=skip_bad_rows,
+                ),
+                start,
+            )
+
     if output is not None:
         from kbert.finetuning.output import write_rows
+
         print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=input))
         return
     for row in rows(0):
@@ -148,4 +252,6 @@ def evaluate(
     """Score a fine-tuned model on labelled data; prints one JSON object of metrics."""
     from kbert.finetuning.predict import evaluate as evaluate_model
 
-    print_result(evaluate_model(str(model_dir), str(input), batch_size=batch_size, format=format, skip_bad_rows=skip_bad_rows))
+    print_result(
+        evaluate_model(str(model_dir), str(input), batch_size=batch_size, format=format, skip_bad_rows=skip_bad_rows)
+    )

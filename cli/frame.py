@@ -176,8 +176,9 @@ def check_input(path: str, declared: Input, flag: str):
     if declared.kind == "model":
         if os.path.isdir(path) or os.path.exists(f"{path}.index"):
             if os.path.isdir(path) and not os.listdir(path):
-                raise KbertError(f"{flag} {path}: the directory is empty; pass a model directory (or a "
-                                 f"google-research checkpoint)")
+                raise KbertError(
+                    f"{flag} {path}: the directory is empty; pass a model directory (or a google-research checkpoint)"
+                )
             return
         if os.path.isfile(path) and path.endswith(".keras"):
             return  # a Keras archive of a kbert model (kbert.model_dir.load_keras_file)
@@ -220,12 +221,14 @@ def check_content(path: str, declared: Input, flag: str):
             raise KbertError(f"{flag} {path}: not valid JSON ({e}); is the file complete?") from None
     if declared.content == "records":
         from kbert.records import check_records_file
+
         check_records_file(path, flag)
 
 
 def _output_paths(value, output: Output, values: dict) -> list:
     if output.kind == "shards" and output.shards_from:
         from kbert.pretraining.create_data import shard_paths
+
         return shard_paths(str(value), values.get(output.shards_from) or 1)
     return [str(value)]
 
@@ -245,8 +248,9 @@ def _check_output(signature, parameter: str, values: dict, output: Output, input
         if output.kind.startswith("dir") and os.path.isfile(each):
             raise KbertError(f"{flag} {each}: is a file; give a directory path for the output")
         if output.kind == "dir" and os.path.isdir(each) and os.listdir(each) and not values.get("overwrite"):
-            raise KbertError(f"{flag} {each}: exists and is not empty; pass --overwrite to replace it, "
-                             f"or choose a new directory")
+            raise KbertError(
+                f"{flag} {each}: exists and is not empty; pass --overwrite to replace it, or choose a new directory"
+            )
         check_writable(each, in_place=output.kind == "dir-in-place")
 
 

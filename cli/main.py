@@ -14,8 +14,7 @@ try:  # typer 0.2x carries its own copy of click; earlier ones use click itself
 except ImportError:  # pragma: no cover
     from click.exceptions import NoArgsIsHelpError, UsageError
 
-from kbert.cli import convert, fill_mask, pretrain
-from kbert.cli import create_data, export, finetune, vocab
+from kbert.cli import convert, create_data, export, fill_mask, finetune, pretrain, vocab
 from kbert.cli.common import quiet_tensorflow, setup_logging
 from kbert.errors import Interrupted, KbertError, first_line
 
@@ -62,7 +61,9 @@ def main(argv=None):
             sys.exit(e.exit_code)
         # A mistyped flag or a value out of range is a user error like any other: one line, exit 1.
         command = e.ctx.command_path if e.ctx is not None else "kbert"
-        print(f"kbert: error: {first_line(e.format_message(), 300).rstrip('.')}; see `{command} --help`", file=sys.stderr)
+        print(
+            f"kbert: error: {first_line(e.format_message(), 300).rstrip('.')}; see `{command} --help`", file=sys.stderr
+        )
         sys.exit(1)
     except Abort:
         sys.exit(1)
@@ -81,8 +82,10 @@ def main(argv=None):
         if debug:
             raise
         first = first_line(e, 300) if str(e).strip() else ""
-        print(f"kbert: unexpected error: {type(e).__name__}: {first} (rerun with --debug for the "
-              f"traceback)", file=sys.stderr)
+        print(
+            f"kbert: unexpected error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     if isinstance(code, int) and code:  # typer's Exit(130) for Ctrl-C, for one
         if code == 130:

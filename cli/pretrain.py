@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,36 +17,71 @@ DEFAULTS = PretrainOptions()
 
 # --model-dir is written in place; pretrain() takes its lock, since a multi-worker run's other
 # workers write theirs aside and do not lock it.
-@command(inputs={"data": RECORDS, "eval_data": RECORDS, "config": JSON, "vocab": TEXT, "init": MODEL},
-         outputs={"model_dir": Output("dir-in-place", lock=False)}, above_zero=("learning_rate",))
+@command(
+    inputs={"data": RECORDS, "eval_data": RECORDS, "config": JSON, "vocab": TEXT, "init": MODEL},
+    outputs={"model_dir": Output("dir-in-place", lock=False)},
+    above_zero=("learning_rate",),
+)
 def pretrain_command(
     ctx: typer.Context,
-    model_dir: Path = typer.Option(..., "--model-dir", help="Output: a kbert model directory, plus checkpoints/, logs/ (TensorBoard), loss.png."),
-    data: Optional[str] = typer.Option(None, "--data", help="TFRecords from create_pretraining_data.py or kbert create-data (file, glob, or comma-separated). Required, except with --resume."),
-    config: Optional[Path] = typer.Option(None, "--config", help="bert_config.json, to start from scratch (with --vocab)."),
-    vocab: Optional[Path] = typer.Option(None, "--vocab", help="vocab.txt, to start from scratch (with --config)."),
-    init: Optional[Path] = typer.Option(None, "--init", help="Start from this kbert model directory (e.g. a converted checkpoint)."),
-    max_seq_length: int = typer.Option(DEFAULTS.max_seq_length, min=5, help="Must match the records (phase 2: --init + 512)."),
-    max_predictions_per_seq: int = typer.Option(DEFAULTS.max_predictions_per_seq, min=1, help="Must match the records."),
-    steps: int = typer.Option(DEFAULTS.steps, min=1, help="Total optimizer steps (the learning rate decays to 0 at the last)."),
+    model_dir: Path = typer.Option(
+        ..., "--model-dir", help="Output: a kbert model directory, plus checkpoints/, logs/ (TensorBoard), loss.png."
+    ),
+    data: str | None = typer.Option(
+        None,
+        "--data",
+        help="TFRecords from create_pretraining_data.py or kbert create-data (file, glob, or comma-separated). Required, except with --resume.",
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", help="bert_config.json, to start from scratch (with --vocab)."
+    ),
+    vocab: Path | None = typer.Option(None, "--vocab", help="vocab.txt, to start from scratch (with --config)."),
+    init: Path | None = typer.Option(
+        None, "--init", help="Start from this kbert model directory (e.g. a converted checkpoint)."
+    ),
+    max_seq_length: int = typer.Option(
+        DEFAULTS.max_seq_length, min=5, help="Must match the records (phase 2: --init + 512)."
+    ),
+    max_predictions_per_seq: int = typer.Option(
+        DEFAULTS.max_predictions_per_seq, min=1, help="Must match the records."
+    ),
+    steps: int = typer.Option(
+        DEFAULTS.steps, min=1, help="Total optimizer steps (the learning rate decays to 0 at the last)."
+    ),
     batch_size: int = typer.Option(DEFAULTS.batch_size, min=1, help="Global batch size, split over replicas."),
     learning_rate: float = typer.Option(DEFAULTS.learning_rate, min=0, help="Peak learning rate."),
-    warmup_steps: Optional[int] = typer.Option(DEFAULTS.warmup_steps, min=0, help="Linear warmup steps (default: 10% of --steps)."),
+    warmup_steps: int | None = typer.Option(
+        DEFAULTS.warmup_steps, min=0, help="Linear warmup steps (default: 10% of --steps)."
+    ),
     save_every: int = typer.Option(DEFAULTS.save_every, min=1, help="Checkpoint every N steps."),
     keep_checkpoints: int = typer.Option(DEFAULTS.keep_checkpoints, min=1, help="How many recent checkpoints to keep."),
-    resume: bool = typer.Option(DEFAULTS.resume, "--resume", help="Continue the run in --model-dir from its last checkpoint, with the flags it was started with (recorded in pretrain_run.json). A flag given with another value is refused, except a larger --steps (extends the run) and --save-every, --keep-checkpoints, --steps-per-loop, --eval-data, --eval-every, --eval-steps, --strategy, --tpu, --jit/--no-jit, --grad-accum (where and how fast it runs)."),
-    eval_data: Optional[str] = typer.Option(DEFAULTS.eval_data, help="Held-out TFRecords for periodic MLM/NSP accuracy."),
-    eval_every: Optional[int] = typer.Option(DEFAULTS.eval_every, min=1, help="Evaluate every N steps (default: --save-every)."),
+    resume: bool = typer.Option(
+        DEFAULTS.resume,
+        "--resume",
+        help="Continue the run in --model-dir from its last checkpoint, with the flags it was started with (recorded in pretrain_run.json). A flag given with another value is refused, except a larger --steps (extends the run) and --save-every, --keep-checkpoints, --steps-per-loop, --eval-data, --eval-every, --eval-steps, --strategy, --tpu, --jit/--no-jit, --grad-accum (where and how fast it runs).",
+    ),
+    eval_data: str | None = typer.Option(DEFAULTS.eval_data, help="Held-out TFRecords for periodic MLM/NSP accuracy."),
+    eval_every: int | None = typer.Option(
+        DEFAULTS.eval_every, min=1, help="Evaluate every N steps (default: --save-every)."
+    ),
     eval_steps: int = typer.Option(DEFAULTS.eval_steps, min=1, help="Batches per evaluation."),
     strategy: str = typer.Option(DEFAULTS.strategy, help="auto|cpu|gpu|mirrored|multi-worker|tpu."),
-    tpu: Optional[str] = typer.Option(DEFAULTS.tpu, help="TPU name or address, with --strategy tpu."),
-    mixed_precision: bool = typer.Option(DEFAULTS.mixed_precision, "--mixed-precision", help="bfloat16 on CPU/TPU, float16 with loss scaling on GPU."),
-    jit: Optional[bool] = typer.Option(DEFAULTS.jit, "--jit/--no-jit", help="XLA-compile the step (default: on for GPU/TPU, off on CPU)."),
+    tpu: str | None = typer.Option(DEFAULTS.tpu, help="TPU name or address, with --strategy tpu."),
+    mixed_precision: bool = typer.Option(
+        DEFAULTS.mixed_precision, "--mixed-precision", help="bfloat16 on CPU/TPU, float16 with loss scaling on GPU."
+    ),
+    jit: bool | None = typer.Option(
+        DEFAULTS.jit, "--jit/--no-jit", help="XLA-compile the step (default: on for GPU/TPU, off on CPU)."
+    ),
     steps_per_loop: int = typer.Option(DEFAULTS.steps_per_loop, min=1, help="Optimizer steps per compiled call."),
     grad_accum: int = typer.Option(DEFAULTS.grad_accum, min=1, help="Micro-batches accumulated per optimizer step."),
     optimizer: str = typer.Option(DEFAULTS.optimizer, help="adamw (the original's) or lamb (large batches)."),
     seed: int = typer.Option(DEFAULTS.seed, min=0, help="Seed for the initial weights, dropout and data order."),
-    lowercase: Optional[bool] = typer.Option(None, "--lowercase/--no-lowercase", help="Record the vocabulary's casing (default: from the config, else lowercase)."),
+    lowercase: bool | None = typer.Option(
+        None,
+        "--lowercase/--no-lowercase",
+        help="Record the vocabulary's casing (default: from the config, else lowercase).",
+    ),
 ):
     """Pretrain BERT with masked-LM + next-sentence prediction; prints the final metrics as JSON.
 
@@ -61,9 +95,19 @@ def pretrain_command(
     # PretrainOptions field of the same name (tests/pretraining/test_pretrain.py checks that the
     # lists match). Only the flags typed are passed: --resume compares those with the run's.
     # (The source by its name: typer 0.2x brings its own copy of click, with its own enum.)
-    typed = {field.name: flags[field.name] for field in dataclasses.fields(PretrainOptions)
-             if field.name in flags and ctx.get_parameter_source(field.name).name == "COMMANDLINE"}
+    typed = {
+        field.name: flags[field.name]
+        for field in dataclasses.fields(PretrainOptions)
+        if field.name in flags and ctx.get_parameter_source(field.name).name == "COMMANDLINE"
+    }
     # pretrain() locks --model-dir itself (in a multi-worker run, only the chief does).
-    result = pretrain(str(model_dir), data, config_file=config and str(config), vocab_file=vocab and str(vocab),
-                      init=init and str(init), do_lower_case=lowercase, **typed)
+    result = pretrain(
+        str(model_dir),
+        data,
+        config_file=config and str(config),
+        vocab_file=vocab and str(vocab),
+        init=init and str(init),
+        do_lower_case=lowercase,
+        **typed,
+    )
     print_result(result)

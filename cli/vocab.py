@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
-
 import typer
 
 from kbert.cli.common import print_result
@@ -12,14 +10,25 @@ from kbert.cli.frame import FILE, TEXT_FILES, command
 
 @command(inputs={"input": TEXT_FILES, "more_inputs": TEXT_FILES}, outputs={"output": FILE})
 def vocab(
-    input: List[str] = typer.Option(..., "--input", help="Text files to learn from: files or globs, quoted or not, comma-separated or repeated, or more files after it (--input data/*.txt)."),
-    more_inputs: Optional[List[str]] = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False),
+    input: list[str] = typer.Option(
+        ...,
+        "--input",
+        help="Text files to learn from: files or globs, quoted or not, comma-separated or repeated, or more files after it (--input data/*.txt).",
+    ),
+    more_inputs: list[str] | None = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False),
     output: str = typer.Option(..., "--output", help="vocab.txt to write."),
-    size: int = typer.Option(30522, min=1, help="Entries at most, the 5 reserved tokens included (the learner lands within 5% below)."),
-    lowercase: bool = typer.Option(True, "--lowercase/--no-lowercase", help="Uncased (lower-case, strip accents) or cased vocabulary."),
+    size: int = typer.Option(
+        30522, min=1, help="Entries at most, the 5 reserved tokens included (the learner lands within 5% below)."
+    ),
+    lowercase: bool = typer.Option(
+        True, "--lowercase/--no-lowercase", help="Uncased (lower-case, strip accents) or cased vocabulary."
+    ),
     overwrite: bool = typer.Option(False, help="Replace OUTPUT if it exists."),
-    runner: str = typer.Option("local", help="local, or an Apache Beam runner that counts the words (DirectRunner, "
-                                             "DaskRunner, DataflowRunner, FlinkRunner, SparkRunner, ...; pip install 'kbert[beam]')."),
+    runner: str = typer.Option(
+        "local",
+        help="local, or an Apache Beam runner that counts the words (DirectRunner, "
+        "DaskRunner, DataflowRunner, FlinkRunner, SparkRunner, ...; pip install 'kbert[beam]').",
+    ),
     pipeline_options: str = typer.Option("", help="Beam's own flags as one string, passed to PipelineOptions."),
 ):
     """Learn a WordPiece vocabulary; prints its size and [UNK] rate on the text as JSON."""
@@ -40,8 +49,18 @@ def vocab(
     elif pipeline_options:
         raise KbertError("--pipeline-options are Beam's; pass --runner DirectRunner (or another Beam runner) too")
     if "://" in output:
-        raise KbertError(f"--output {output}: vocab.txt is written on this machine; give a local path "
-                         f"(and copy it where it is needed)")
+        raise KbertError(
+            f"--output {output}: vocab.txt is written on this machine; give a local path "
+            f"(and copy it where it is needed)"
+        )
     inputs = [*input, *(more_inputs or [])]  # globs expanded by the frame, the same files on every runner
-    print_result(build_vocab([str(p) for p in inputs], output, size=size,
-                             do_lower_case=lowercase, overwrite=overwrite, word_counts=word_counts))
+    print_result(
+        build_vocab(
+            [str(p) for p in inputs],
+            output,
+            size=size,
+            do_lower_case=lowercase,
+            overwrite=overwrite,
+            word_counts=word_counts,
+        )
+    )

@@ -17,13 +17,21 @@ import h5py
 import numpy as np
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError, plural
-from kbert.files import count_lines
-from kbert.model_dir import (CONFIG_FILE, TASK_KEYS, VOCAB_FILE, WEIGHTS_FILE, interrupted_finetuning,
-                             interrupted_finetuning_message, interrupted_pretraining,
-                             interrupted_pretraining_message, is_model_dir)
 from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
 from kbert.converters.tf1 import find_checkpoint, is_optimizer_state, open_reader
+from kbert.errors import KbertError, plural
+from kbert.files import count_lines
+from kbert.model_dir import (
+    CONFIG_FILE,
+    TASK_KEYS,
+    VOCAB_FILE,
+    WEIGHTS_FILE,
+    interrupted_finetuning,
+    interrupted_finetuning_message,
+    interrupted_pretraining,
+    interrupted_pretraining_message,
+    is_model_dir,
+)
 
 
 def describe(src) -> dict:
@@ -66,8 +74,10 @@ def tf1_shapes(config: BertConfig) -> dict:
         (r"kernel$", (h, h)),
         (r"", (h,)),  # biases, LayerNorm gamma and beta
     )
-    return {name: next(shape for pattern, shape in by_suffix if re.search(pattern, name))
-            for name in tf1_to_kbert_paths(config.num_hidden_layers)}
+    return {
+        name: next(shape for pattern, shape in by_suffix if re.search(pattern, name))
+        for name in tf1_to_kbert_paths(config.num_hidden_layers)
+    }
 
 
 def _config_problems(config: BertConfig, config_file: str, shapes: dict) -> list:
@@ -75,13 +85,17 @@ def _config_problems(config: BertConfig, config_file: str, shapes: dict) -> list
     problems = []
     layers = {int(m.group(1)) for n in shapes for m in [re.match(r"bert/encoder/layer_(\d+)/", n)] if m}
     if layers and len(layers) != config.num_hidden_layers:
-        problems.append(f"the checkpoint has {plural(len(layers), 'layer')} but {config_file} says "
-                        f"num_hidden_layers {config.num_hidden_layers}")
+        problems.append(
+            f"the checkpoint has {plural(len(layers), 'layer')} but {config_file} says "
+            f"num_hidden_layers {config.num_hidden_layers}"
+        )
     for name, expected in tf1_shapes(config).items():
         found = tuple(shapes.get(name, expected))
         if found != expected:
-            problems.append(f"{name} has shape {list(found)} but {config_file} gives {list(expected)}; "
-                            f"check {suspect_field(name, expected, found)}")
+            problems.append(
+                f"{name} has shape {list(found)} but {config_file} gives {list(expected)}; "
+                f"check {suspect_field(name, expected, found)}"
+            )
     return problems
 
 
@@ -90,16 +104,19 @@ def _data_problems(prefix: str, shapes: dict, dtypes: dict) -> list:
     shards = sorted(glob.glob(glob.escape(prefix) + ".data-*-of-*"))
     wanted = int(re.search(r"-of-(\d+)$", shards[0]).group(1)) if shards else 1
     if len(shards) != wanted:
-        return [f"{plural(wanted - len(shards), 'data file')} of {wanted} missing "
-                f"({prefix}.data-NNNNN-of-{wanted:05d})"]
+        return [
+            f"{plural(wanted - len(shards), 'data file')} of {wanted} missing ({prefix}.data-NNNNN-of-{wanted:05d})"
+        ]
     if any(dtypes[n].name == "string" for n in shapes):
         return []  # string tensors have no fixed size; the sum below would not hold
     # The data files are the tensors' bytes back to back, so together they are exactly this long.
     expected = sum(int(np.prod(shape)) * dtypes[name].size for name, shape in shapes.items())
     found = sum(os.path.getsize(p) for p in shards)
     if found < expected:
-        return [f"the data file{'s hold' if len(shards) > 1 else ' holds'} {found:,} bytes of the {expected:,} "
-                f"the index lists: truncated (a copy or download cut short)"]
+        return [
+            f"the data file{'s hold' if len(shards) > 1 else ' holds'} {found:,} bytes of the {expected:,} "
+            f"the index lists: truncated (a copy or download cut short)"
+        ]
     return []
 
 
@@ -134,8 +151,10 @@ def _describe_checkpoint(src) -> dict:
         config = BertConfig.from_json_file(config_file)
         problems = _config_problems(config, config_file, weights)
         if vocab_file and os.path.isfile(vocab_file) and count_lines(vocab_file) != config.vocab_size:
-            problems.append(f"{vocab_file} has {count_lines(vocab_file)} entries but {config_file} says "
-                            f"vocab_size {config.vocab_size}")
+            problems.append(
+                f"{vocab_file} has {count_lines(vocab_file)} entries but {config_file} says "
+                f"vocab_size {config.vocab_size}"
+            )
         _raise_problems(prefix, problems, "use the bert_config.json and vocab.txt that came with the checkpoint")
     slots = sorted(n for n in shapes if is_optimizer_state(n) and n != "global_step")
     layers = {int(n.split("/")[2].split("_")[1]) for n in weights if n.startswith("bert/encoder/layer_")}
@@ -160,8 +179,11 @@ def _describe_interrupted_run(src, prefix: str) -> dict:
     the checkpoint `--resume` continues from, and how to continue it."""
     reader = open_reader(prefix)
     # tf.train.Checkpoint(weights=[...], optimizer=...) as kbert.pretraining.train saves it.
-    weights = {n: s for n, s in reader.get_variable_to_shape_map().items()
-               if re.fullmatch(r"weights/\d+/\.ATTRIBUTES/VARIABLE_VALUE", n)}
+    weights = {
+        n: s
+        for n, s in reader.get_variable_to_shape_map().items()
+        if re.fullmatch(r"weights/\d+/\.ATTRIBUTES/VARIABLE_VALUE", n)
+    }
     vocab = os.path.join(src, VOCAB_FILE)
     return {
         "kind": "kbert pretraining run that stopped before writing the model",
@@ -183,8 +205,21 @@ def _describe_unfinished_finetuning(src, state: dict) -> dict:
         "run_dir": src,
         "step": state.get("step"),
         "best_epoch": (state.get("tracker") or {}).get("best_epoch") or None,
-        "run": {k: run.get(k) for k in ("model_dir", "task", "train", "dev", "epochs", "batch_size",
-                                         "learning_rate", "seed", "max_seq_length", "train_examples")},
+        "run": {
+            k: run.get(k)
+            for k in (
+                "model_dir",
+                "task",
+                "train",
+                "dev",
+                "epochs",
+                "batch_size",
+                "learning_rate",
+                "seed",
+                "max_seq_length",
+                "train_examples",
+            )
+        },
         "resume": interrupted_finetuning_message(src, state),
     }
 
@@ -206,13 +241,16 @@ def _weights_file_shapes(weights_path: str) -> dict:
     shapes = {}
     try:
         with h5py.File(weights_path, "r") as f:
-            f.visititems(lambda name, obj: shapes.__setitem__(name, tuple(obj.shape))
-                         if isinstance(obj, h5py.Dataset) else None)
+            f.visititems(
+                lambda name, obj: shapes.__setitem__(name, tuple(obj.shape)) if isinstance(obj, h5py.Dataset) else None
+            )
     except OSError as e:
         cut = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(e))
         if cut:
-            raise KbertError(f"{weights_path}: holds {int(cut.group(1)):,} bytes of the {int(cut.group(2)):,} it "
-                             f"should: truncated (a copy cut short); copy it again, or convert or train again") from None
+            raise KbertError(
+                f"{weights_path}: holds {int(cut.group(1)):,} bytes of the {int(cut.group(2)):,} it "
+                f"should: truncated (a copy cut short); copy it again, or convert or train again"
+            ) from None
         raise KbertError(f"{weights_path}: not a readable weights file ({e}); convert or train again") from None
     return shapes
 
@@ -223,14 +261,18 @@ def _model_dir_problems(config: BertConfig, shapes: dict) -> list:
     problems = []
     layers = {m.group(1) for name in shapes for m in [re.search(r"/(transformer_layer(?:_\d+)?)/", name)] if m}
     if layers and len(layers) != config.num_hidden_layers:
-        problems.append(f"the weights hold {plural(len(layers), 'transformer layer')} but bert_config.json says "
-                        f"num_hidden_layers {config.num_hidden_layers}")
+        problems.append(
+            f"the weights hold {plural(len(layers), 'transformer layer')} but bert_config.json says "
+            f"num_hidden_layers {config.num_hidden_layers}"
+        )
     for suffix, tf1_name in H5_SIZED_WEIGHTS:
         found = next((shape for name, shape in shapes.items() if name.endswith("/" + suffix)), None)
         expected = expected_shapes[tf1_name]
         if found is not None and found != expected:
-            problems.append(f"{tf1_name} has shape {list(found)} but bert_config.json gives {list(expected)}; "
-                            f"check {suspect_field(tf1_name, expected, found)}")
+            problems.append(
+                f"{tf1_name} has shape {list(found)} but bert_config.json gives {list(expected)}; "
+                f"check {suspect_field(tf1_name, expected, found)}"
+            )
     return problems
 
 
@@ -241,10 +283,12 @@ def _describe_model_dir(src) -> dict:
     vocab = os.path.join(src, VOCAB_FILE)
     problems = _model_dir_problems(config, shapes)
     if os.path.isfile(vocab) and count_lines(vocab) != config.vocab_size:
-        problems.append(f"{vocab} has {count_lines(vocab)} entries but bert_config.json says vocab_size "
-                        f"{config.vocab_size}")
-    _raise_problems(src, problems, "a model directory's three files must come from the same model: "
-                                   "convert or train it again")
+        problems.append(
+            f"{vocab} has {count_lines(vocab)} entries but bert_config.json says vocab_size {config.vocab_size}"
+        )
+    _raise_problems(
+        src, problems, "a model directory's three files must come from the same model: convert or train it again"
+    )
     # Tied weights are stored once, so every dataset counts.
     total = sum(int(np.prod(shape)) for shape in shapes.values())
     kind = config.extras.get("kbert_model", "pretrainer")

@@ -24,14 +24,14 @@ import keras_hub
 import numpy as np
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError, first_line, listing
-from kbert.outputs import writes
-from kbert.files import atomic_output_dir
-from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary, encoder_of
 from kbert.converters.loading import Converted
-from kbert.model_dir import check_vocab, open_model
 from kbert.converters.named import named_arrays, pretrainer_from_named
 from kbert.converters.names import KERAS_HUB_CLASSIFIER_HEAD
+from kbert.errors import KbertError, first_line, listing
+from kbert.files import atomic_output_dir
+from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary, encoder_of
+from kbert.model_dir import check_vocab, open_model
+from kbert.outputs import writes
 from kbert.text.preprocessing import BertPreprocessor
 from kbert.text.tokenizer import load_vocab, vocab_tokens
 
@@ -72,18 +72,25 @@ def _unique_vocabulary(vocab_file: str, out_file: str) -> int:
 
 def _backbone(config: BertConfig):
     return keras_hub.models.BertBackbone(
-        vocabulary_size=config.vocab_size, num_layers=config.num_hidden_layers,
-        num_heads=config.num_attention_heads, hidden_dim=config.hidden_size,
-        intermediate_dim=config.intermediate_size, dropout=config.hidden_dropout_prob,
-        max_sequence_length=config.max_position_embeddings, num_segments=config.type_vocab_size)
+        vocabulary_size=config.vocab_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        hidden_dim=config.hidden_size,
+        intermediate_dim=config.intermediate_size,
+        dropout=config.hidden_dropout_prob,
+        max_sequence_length=config.max_position_embeddings,
+        num_segments=config.type_vocab_size,
+    )
 
 
 def _set_weights(layer, arrays: dict, what: str):
     """Assign every weight of a keras-hub layer from `arrays` by path; all must be there and used."""
     paths = {w.path for w in layer.weights}
     if paths != set(arrays):
-        raise RuntimeError(f"kbert bug: {what} weights do not match keras-hub's: missing "
-                           f"{listing(paths - set(arrays))}, extra {listing(set(arrays) - paths)}")
+        raise RuntimeError(
+            f"kbert bug: {what} weights do not match keras-hub's: missing "
+            f"{listing(paths - set(arrays))}, extra {listing(set(arrays) - paths)}"
+        )
     for weight in layer.weights:
         weight.assign(arrays[weight.path])
 
@@ -93,12 +100,15 @@ def _max_difference(encoder: BertEncoder, backbone, vocab_file: str, do_lower_ca
     length = min(64, encoder.config.max_position_embeddings)
     packed = BertPreprocessor(vocab_file, do_lower_case, length)(np.array(MEASURE_TEXTS))
     ours = encoder(packed, training=False)
-    theirs = backbone({"token_ids": packed["input_ids"], "segment_ids": packed["segment_ids"],
-                       "padding_mask": packed["input_mask"]}, training=False)
+    theirs = backbone(
+        {"token_ids": packed["input_ids"], "segment_ids": packed["segment_ids"], "padding_mask": packed["input_mask"]},
+        training=False,
+    )
     mask = np.asarray(packed["input_mask"], bool)  # padding positions are not compared
     return {
-        "sequence_output": float(np.abs(np.asarray(ours["sequence_output"]) -
-                                        np.asarray(theirs["sequence_output"]))[mask].max()),
+        "sequence_output": float(
+            np.abs(np.asarray(ours["sequence_output"]) - np.asarray(theirs["sequence_output"]))[mask].max()
+        ),
         "pooled_output": float(np.abs(np.asarray(ours["pooled_output"]) - np.asarray(theirs["pooled_output"])).max()),
     }
 
@@ -124,13 +134,17 @@ def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
     if isinstance(model, (BertEncoder, BertPretrainer, BertClassifier)):
         encoder = encoder_of(model)
     else:
-        raise KbertError(f"{model_dir}: keras-hub has no preset for a {type(model).__name__}; convert an encoder, a "
-                         f"pretraining model or a classifier (the encoder of any fine-tuned model: kbert export "
-                         f"--format tfhub)")
+        raise KbertError(
+            f"{model_dir}: keras-hub has no preset for a {type(model).__name__}; convert an encoder, a "
+            f"pretraining model or a classifier (the encoder of any fine-tuned model: kbert export "
+            f"--format tfhub)"
+        )
     config = encoder.config
     if config.hidden_act not in ("gelu",) + GELU_TANH:
-        raise KbertError(f"{model_dir}: hidden_act {config.hidden_act!r}; keras-hub's BertBackbone computes GELU "
-                         f"only, so this model cannot be written as a keras-hub preset")
+        raise KbertError(
+            f"{model_dir}: hidden_act {config.hidden_act!r}; keras-hub's BertBackbone computes GELU "
+            f"only, so this model cannot be written as a keras-hub preset"
+        )
     backbone = _backbone(config)
     _set_weights(backbone, named_arrays(encoder, "keras_hub"), "encoder")
     difference = _max_difference(encoder, backbone, model.vocab_file, model.do_lower_case)
@@ -139,16 +153,25 @@ def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
         vocab = os.path.join(scratch, "vocab.txt")
         renamed = _unique_vocabulary(model.vocab_file, vocab)
         # An uncased BERT strips accents as it lower-cases (the original's _run_strip_accents).
-        tokenizer = keras_hub.models.BertTokenizer(vocabulary=vocab, lowercase=model.do_lower_case,
-                                                   strip_accents=model.do_lower_case)
+        tokenizer = keras_hub.models.BertTokenizer(
+            vocabulary=vocab, lowercase=model.do_lower_case, strip_accents=model.do_lower_case
+        )
         preprocessor = keras_hub.models.BertTextClassifierPreprocessor(
-            tokenizer, sequence_length=min(DEFAULT_SEQUENCE_LENGTH, config.max_position_embeddings))
+            tokenizer, sequence_length=min(DEFAULT_SEQUENCE_LENGTH, config.max_position_embeddings)
+        )
         if isinstance(model, BertClassifier):
-            task = keras_hub.models.BertTextClassifier(backbone, model.num_classes, preprocessor=preprocessor,
-                                                       dropout=model.dropout_rate)
+            task = keras_hub.models.BertTextClassifier(
+                backbone, model.num_classes, preprocessor=preprocessor, dropout=model.dropout_rate
+            )
             head = {w.path: w.numpy() for w in model.weights}
-            _set_weights(task.output_dense, {theirs: head[ours].T if transposed else head[ours]
-                                             for ours, theirs, transposed in KERAS_HUB_CLASSIFIER_HEAD}, "classifier")
+            _set_weights(
+                task.output_dense,
+                {
+                    theirs: head[ours].T if transposed else head[ours]
+                    for ours, theirs, transposed in KERAS_HUB_CLASSIFIER_HEAD
+                },
+                "classifier",
+            )
             task.save_to_preset(tmp)  # backbone, preprocessor (with the tokenizer), task
         else:
             backbone.save_to_preset(tmp)
@@ -160,9 +183,12 @@ def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
         "task": "BertTextClassifier" if isinstance(model, BertClassifier) else None,
         "hidden_act": config.hidden_act,
         "max_abs_difference": difference,
-        "note": ("keras-hub computes the same GELU (tanh): the outputs agree to float32 rounding" if exact else
-                 "keras-hub's BertBackbone computes GELU with tanh; this model was trained with the exact erf "
-                 "GELU, so keras-hub's outputs differ from kbert's by max_abs_difference on real text"),
+        "note": (
+            "keras-hub computes the same GELU (tanh): the outputs agree to float32 rounding"
+            if exact
+            else "keras-hub's BertBackbone computes GELU with tanh; this model was trained with the exact erf "
+            "GELU, so keras-hub's outputs differ from kbert's by max_abs_difference on real text"
+        ),
         "renamed_repeated_tokens": renamed,
         "do_lower_case": model.do_lower_case,
     }
@@ -197,12 +223,16 @@ def convert_keras_hub_preset(src, do_lower_case: bool | None = None) -> Converte
     """`load_keras_hub_preset`'s model (same arguments) and its report."""
     src = os.fspath(src)
     if not os.path.isdir(src):
-        raise KbertError(f"{src}: no such directory; pass a keras-hub preset directory (config.json, "
-                         f"model.weights.h5, tokenizer.json)")
+        raise KbertError(
+            f"{src}: no such directory; pass a keras-hub preset directory (config.json, "
+            f"model.weights.h5, tokenizer.json)"
+        )
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, VOCABULARY_FILE):
         if not os.path.isfile(os.path.join(src, name)):
-            raise KbertError(f"{src}: {name} is missing; a BERT preset as keras-hub's save_to_preset writes it has "
-                             f"{CONFIG_FILE}, {WEIGHTS_FILE}, {TOKENIZER_FILE} and {VOCABULARY_FILE}")
+            raise KbertError(
+                f"{src}: {name} is missing; a BERT preset as keras-hub's save_to_preset writes it has "
+                f"{CONFIG_FILE}, {WEIGHTS_FILE}, {TOKENIZER_FILE} and {VOCABULARY_FILE}"
+            )
     saved = _read_json(os.path.join(src, CONFIG_FILE), "preset config")
     kind = saved.get("class_name") if isinstance(saved, dict) else None
     if kind != "BertBackbone":
@@ -212,24 +242,34 @@ def convert_keras_hub_preset(src, do_lower_case: bool | None = None) -> Converte
     except Exception as e:  # keras-hub raises ValueError, OSError, h5py errors, ...
         raise KbertError(f"{src}: keras-hub cannot load this preset ({first_line(e)})") from None
     values = saved["config"]
-    config = BertConfig(vocab_size=values["vocabulary_size"], hidden_size=values["hidden_dim"],
-                        num_hidden_layers=values["num_layers"], num_attention_heads=values["num_heads"],
-                        intermediate_size=values["intermediate_dim"], hidden_act="gelu_tanh",
-                        hidden_dropout_prob=values.get("dropout", 0.1),
-                        attention_probs_dropout_prob=values.get("dropout", 0.1),
-                        max_position_embeddings=values["max_sequence_length"],
-                        type_vocab_size=values.get("num_segments", 2))
+    config = BertConfig(
+        vocab_size=values["vocabulary_size"],
+        hidden_size=values["hidden_dim"],
+        num_hidden_layers=values["num_layers"],
+        num_attention_heads=values["num_heads"],
+        intermediate_size=values["intermediate_dim"],
+        hidden_act="gelu_tanh",
+        hidden_dropout_prob=values.get("dropout", 0.1),
+        attention_probs_dropout_prob=values.get("dropout", 0.1),
+        max_position_embeddings=values["max_sequence_length"],
+        type_vocab_size=values.get("num_segments", 2),
+    )
     vocab_file = os.path.join(src, VOCABULARY_FILE)
     check_vocab(vocab_file, config)
     arrays = {w.path: keras.ops.convert_to_numpy(w.value) for w in backbone.weights}
     if do_lower_case is None:
         tokenizer = _read_json(os.path.join(src, TOKENIZER_FILE), "tokenizer config")
         do_lower_case = bool(tokenizer.get("config", {}).get("lowercase", True))
-    model, fresh_heads = pretrainer_from_named(config, arrays, "keras_hub", src,
-                                               Vocabulary(vocab_file, bool(do_lower_case)))
+    model, fresh_heads = pretrainer_from_named(
+        config, arrays, "keras_hub", src, Vocabulary(vocab_file, bool(do_lower_case))
+    )
     task = os.path.join(src, TASK_FILE)
     if os.path.isfile(task):
-        log.info("%s holds a %s task; its head is not converted (kbert converts the backbone)", src,
-                 _read_json(task, "task config").get("class_name"))
-    return Converted(model, {"source": src, "loaded": len(arrays), "fresh_heads": fresh_heads,
-                             "hidden_act": "gelu_tanh"})
+        log.info(
+            "%s holds a %s task; its head is not converted (kbert converts the backbone)",
+            src,
+            _read_json(task, "task config").get("class_name"),
+        )
+    return Converted(
+        model, {"source": src, "loaded": len(arrays), "fresh_heads": fresh_heads, "hidden_act": "gelu_tanh"}
+    )

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from kbert.config import BertConfig
+from kbert.converters.names import suspect_field, tf1_to_kbert_paths
 from kbert.errors import KbertError, listing, plural
 from kbert.model.bert import BertPretrainer, Vocabulary
 from kbert.model.initializers import original_initializer, unfilled
-from kbert.converters.names import suspect_field, tf1_to_kbert_paths
 
 # The parts a source may lack as a whole, by their kbert path prefix. Listed in this order in
 # reports. The pooler is optional only where a format says so (Hugging Face's BertModel files
@@ -88,6 +89,7 @@ class Stored:
 
 class Converted(NamedTuple):
     """A converter's result: the model, and what was loaded, skipped and freshly initialised."""
+
     model: object
     report: dict
 
@@ -101,23 +103,33 @@ def load_pretrainer(config: BertConfig, stored: Stored, vocabulary: Vocabulary |
     """
     unknown = sorted(stored.spelled(name) for name in stored.shapes if name not in stored.paths)
     if unknown:
-        hint = (f"; the {stored.thing} has more layers than num_hidden_layers in {stored.config_name}"
-                if all(_LAYER_NAME.search(n) for n in unknown) else stored.unknown_hint(unknown))
-        raise KbertError(f"{stored.where}: {plural(len(unknown), 'unknown ' + stored.noun)} "
-                         f"({listing(unknown)}){hint}")
+        hint = (
+            f"; the {stored.thing} has more layers than num_hidden_layers in {stored.config_name}"
+            if all(_LAYER_NAME.search(n) for n in unknown)
+            else stored.unknown_hint(unknown)
+        )
+        raise KbertError(f"{stored.where}: {plural(len(unknown), 'unknown ' + stored.noun)} ({listing(unknown)}){hint}")
 
     present_paths = {stored.paths[name] for name in stored.shapes}
-    absent = [part for part, prefix in stored.optional.items()
-              if not any(path.startswith(prefix) for path in present_paths)]
+    absent = [
+        part for part, prefix in stored.optional.items() if not any(path.startswith(prefix) for path in present_paths)
+    ]
     skipped_prefixes = tuple(stored.optional[part] for part in absent)
-    missing = sorted(name for name, path in stored.paths.items()
-                     if name not in stored.shapes and not path.startswith(skipped_prefixes or ("\0",)))
+    missing = sorted(
+        name
+        for name, path in stored.paths.items()
+        if name not in stored.shapes and not path.startswith(skipped_prefixes or ("\0",))
+    )
     if missing:
-        hint = (f"; {stored.config_name} has more layers (num_hidden_layers) than the {stored.thing}"
-                if all(_LAYER_NAME.search(n) for n in missing) and any(_LAYER_NAME.search(n) for n in stored.shapes)
-                else stored.missing_hint(missing))
-        raise KbertError(f"{stored.where}: {plural(len(missing), 'weight')} missing from the "
-                         f"{stored.thing} ({listing(missing)}){hint}")
+        hint = (
+            f"; {stored.config_name} has more layers (num_hidden_layers) than the {stored.thing}"
+            if all(_LAYER_NAME.search(n) for n in missing) and any(_LAYER_NAME.search(n) for n in stored.shapes)
+            else stored.missing_hint(missing)
+        )
+        raise KbertError(
+            f"{stored.where}: {plural(len(missing), 'weight')} missing from the "
+            f"{stored.thing} ({listing(missing)}){hint}"
+        )
 
     with unfilled():
         model = BertPretrainer(config, vocabulary=vocabulary)
@@ -152,11 +164,16 @@ def _check_shapes(model, stored: Stored, name_of: dict):
         if found == expected:
             continue
         # The config field is read from kbert's layout (the stored one may be transposed or split).
-        field = suspect_field(kbert_to_tf1.get(variable.path, variable.path), tuple(variable.shape),
-                              _in_kbert_layout(found, expected, tuple(variable.shape)))
+        field = suspect_field(
+            kbert_to_tf1.get(variable.path, variable.path),
+            tuple(variable.shape),
+            _in_kbert_layout(found, expected, tuple(variable.shape)),
+        )
         where = f" in {stored.config_file}" if stored.config_file else ""
-        raise KbertError(f"{stored.spelled(name)}: the {stored.thing} has shape {list(found)} but {stored.config_name} "
-                         f"gives {list(expected)}; check {field}{where}")
+        raise KbertError(
+            f"{stored.spelled(name)}: the {stored.thing} has shape {list(found)} but {stored.config_name} "
+            f"gives {list(expected)}; check {field}{where}"
+        )
 
 
 def _in_kbert_layout(found, expected, kbert_shape):
@@ -203,8 +220,10 @@ def stored_weights(model, paths: dict, *, format_name: str, to_stored=None, unna
         if name is None:
             if unnamed == "skip":
                 continue
-            raise KbertError(f"weight {variable.path} has no name in {format_name}; only kbert encoder and "
-                             f"pretrainer weights can be written as {format_name}")
+            raise KbertError(
+                f"weight {variable.path} has no name in {format_name}; only kbert encoder and "
+                f"pretrainer weights can be written as {format_name}"
+            )
         # .value, not the keras.Variable: TF savers otherwise see Keras' own names.
         value = variable.value
         out[name] = to_stored(variable.path, value) if to_stored else value

@@ -13,9 +13,9 @@ import logging
 import numpy as np
 
 from kbert.config import BertConfig
-from kbert.model.bert import encoder_of
 from kbert.converters.loading import Stored, load_pretrainer, stored_weights
 from kbert.converters.names import names_to_kbert_paths, split_heads_shape
+from kbert.model.bert import encoder_of
 
 log = logging.getLogger("kbert")
 
@@ -50,10 +50,18 @@ def pretrainer_from_named(config: BertConfig, arrays: dict, column: str, where: 
     def read(name, shape):  # a split weight holds the same numbers in row-major order: a reshape
         return np.ascontiguousarray(np.reshape(arrays[name], shape), dtype="float32")
 
-    model, fresh_heads = load_pretrainer(config, Stored(
-        where=where, shapes={name: tuple(np.shape(value)) for name, value in arrays.items()}, paths=paths,
-        read=read, stored_shape=stored_shape,
-        unknown_hint=lambda names: "; is this a BERT encoder?"), vocabulary)
+    model, fresh_heads = load_pretrainer(
+        config,
+        Stored(
+            where=where,
+            shapes={name: tuple(np.shape(value)) for name, value in arrays.items()},
+            paths=paths,
+            read=read,
+            stored_shape=stored_shape,
+            unknown_hint=lambda names: "; is this a BERT encoder?",
+        ),
+        vocabulary,
+    )
     for head in fresh_heads:
         log.info("%s has no %s head: it is freshly initialised", where, head)
     return model, fresh_heads
@@ -76,5 +84,10 @@ def named_arrays(model, column: str) -> dict:
         value = np.asarray(value, dtype="float32")
         return value.reshape(split_heads_shape(path, value.shape, config.num_attention_heads)) if split else value
 
-    return stored_weights(model, names_to_kbert_paths(column, config.num_hidden_layers), format_name=column,
-                          to_stored=to_stored, unnamed="skip")
+    return stored_weights(
+        model,
+        names_to_kbert_paths(column, config.num_hidden_layers),
+        format_name=column,
+        to_stored=to_stored,
+        unnamed="skip",
+    )

@@ -16,6 +16,7 @@ import re
 # path). Model Garden's is the variable name in its TF Hub encoders (`official.nlp` BertEncoder
 # and BertPretrainerV2's MaskedLM, as `export_tfhub_lib` saves them); keras-hub's is the weight
 # path in a BertBackbone. None: that format has no such weight. "{i}" is the layer index.
+# fmt: off
 WEIGHT_NAMES = (
     # --- encoder: modeling.BertModel ---
     ("embeddings/word_embeddings/embeddings", "bert/embeddings/word_embeddings", "word_embeddings/embeddings", "token_embedding/embeddings"),
@@ -51,6 +52,7 @@ WEIGHT_NAMES = (
     ("nsp_head/output_weights", "cls/seq_relationship/output_weights", None, None),
     ("nsp_head/output_bias", "cls/seq_relationship/output_bias", None, None),
 )
+# fmt: on
 
 # Which head a TF1 name belongs to, by prefix; used to report heads present or fresh.
 HEADS = {"masked_lm": "cls/predictions/", "next_sentence": "cls/seq_relationship/"}
@@ -73,18 +75,18 @@ _SUSPECT_FIELDS = {
 # "layer.N", kernel/gamma/output_weights -> weight, beta/output_bias -> bias, and an embedding
 # table gains ".weight". A kernel is stored transposed (torch's Linear is [out, in]);
 # output_weights is already [2, H] in both. `hf_name` is that rule, so the table stays one table.
-_HF_LEAF = {"kernel": "weight", "gamma": "weight", "beta": "bias",
-            "output_weights": "weight", "output_bias": "bias"}
+_HF_LEAF = {"kernel": "weight", "gamma": "weight", "beta": "bias", "output_weights": "weight", "output_bias": "bias"}
 # Parameters transformers has that google-research/bert does not: the MLM decoder, tied to the
 # word embeddings and to cls.predictions.bias (an HF file may hold copies of them, or not).
-HF_TIED = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-           "cls.predictions.decoder.bias": "cls.predictions.bias"}
+HF_TIED = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
 # Buffers some HF files hold that are not weights (position indices 0..max_position-1).
 HF_BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
 # Parts an HF file may lack, freshly initialised then: the two heads as in TF1, and the pooler,
 # which transformers leaves out of BertForMaskedLM (add_pooling_layer=False).
-HF_OPTIONAL = {**{head: prefix.replace("/", ".") for head, prefix in HEADS.items()},
-               "pooler": "bert.pooler."}
+HF_OPTIONAL = {**{head: prefix.replace("/", ".") for head, prefix in HEADS.items()}, "pooler": "bert.pooler."}
 
 
 def hf_name(tf1_name: str) -> tuple[str, bool]:

@@ -18,12 +18,27 @@ import numpy as np
 from kbert.errors import KbertError
 
 # How to turn a model in another format into safetensors, for the errors that refuse one.
-RESAVE = ("save it as safetensors first: in Python with transformers, "
-          "BertForPreTraining.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True) "
-          "(BertModel instead if it has no cls.* heads)")
+RESAVE = (
+    "save it as safetensors first: in Python with transformers, "
+    "BertForPreTraining.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True) "
+    "(BertModel instead if it has no cls.* heads)"
+)
 
-_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-             "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+}
 FLOAT_DTYPES = ("F32", "F16", "BF16")  # what a weight may be stored as; read as float32
 _MAX_HEADER = 100 * 2**20  # the safetensors library's own limit
 
@@ -53,13 +68,16 @@ class SafetensorsFile:
     def read(self, name: str) -> np.ndarray:
         dtype, shape = self.dtypes[name], self.shapes[name]
         if dtype not in FLOAT_DTYPES:
-            raise KbertError(f"{self.path}: {name} is {dtype}; kbert reads weights stored as "
-                             f"{', '.join(FLOAT_DTYPES)}")
+            raise KbertError(f"{self.path}: {name} is {dtype}; kbert reads weights stored as {', '.join(FLOAT_DTYPES)}")
         begin, _ = self._offsets[name]
         count = int(np.prod(shape))
         # fromfile reads straight into the array: one copy, however large the table.
-        raw = np.fromfile(self.path, dtype={"F32": "<f4", "F16": "<f2", "BF16": "<u2"}[dtype],
-                          count=count, offset=self.data_start + begin)
+        raw = np.fromfile(
+            self.path,
+            dtype={"F32": "<f4", "F16": "<f2", "BF16": "<u2"}[dtype],
+            count=count,
+            offset=self.data_start + begin,
+        )
         if dtype == "BF16":  # bfloat16 is the top half of a float32
             raw = (raw.astype("<u4") << 16).view("<f4")
         return raw.astype("float32", copy=False).reshape(shape)
@@ -79,10 +97,10 @@ def _read_header(path):
         if n is None or n > min(size - 8, _MAX_HEADER):
             # torch.save's zip, or a bare pickle (protocol 2+): named, so the fix is clear.
             if head.startswith((b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")):
-                raise KbertError(f"{path} is a PyTorch pickle, which kbert never loads "
-                                 f"(unpickling can run code); {RESAVE}")
-            raise _not_safetensors(path, f"{size} bytes" if n is None else
-                                   f"header length {n} in a {size}-byte file")
+                raise KbertError(
+                    f"{path} is a PyTorch pickle, which kbert never loads (unpickling can run code); {RESAVE}"
+                )
+            raise _not_safetensors(path, f"{size} bytes" if n is None else f"header length {n} in a {size}-byte file")
         try:
             header = json.loads(f.read(n))
         except (ValueError, UnicodeDecodeError):
@@ -99,15 +117,19 @@ def _read_header(path):
 def _check_entry(path, name, entry, data_size):
     try:
         dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-        ok = (isinstance(dtype, str) and all(isinstance(d, int) and d >= 0 for d in shape)
-              and isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end)
+        ok = (
+            isinstance(dtype, str)
+            and all(isinstance(d, int) and d >= 0 for d in shape)
+            and isinstance(begin, int)
+            and isinstance(end, int)
+            and 0 <= begin <= end
+        )
     except (KeyError, TypeError, ValueError):
         ok = False
     if not ok:
         raise _not_safetensors(path, f"bad header entry for {name}")
     if end > data_size:
-        raise KbertError(f"{path}: truncated ({name} ends at byte {end} of {data_size}); "
-                         f"download it again")
+        raise KbertError(f"{path}: truncated ({name} ends at byte {end} of {data_size}); download it again")
     itemsize = _ITEMSIZE.get(dtype)
     if itemsize and end - begin != int(np.prod(shape)) * itemsize:
         raise _not_safetensors(path, f"{name}: {end - begin} bytes for {dtype} {shape}")
@@ -121,8 +143,7 @@ def write_safetensors(path, tensors: dict, metadata: dict | None = None):
     arrays = {name: np.ascontiguousarray(tensors[name], dtype="<f4") for name in sorted(tensors)}
     header, offset = {"__metadata__": metadata or {"format": "pt"}}, 0
     for name, array in arrays.items():
-        header[name] = {"dtype": "F32", "shape": list(array.shape),
-                        "data_offsets": [offset, offset + array.nbytes]}
+        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
         offset += array.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as the library writes it

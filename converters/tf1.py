@@ -17,13 +17,15 @@ import shutil
 import tensorflow as tf
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError, first_line, listing as _listing, plural as _plural
-from kbert.outputs import writes
-from kbert.files import atomic_output_dir
-from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, lower_case_for
 from kbert.converters.loading import Converted, Stored, load_pretrainer, stored_weights
-from kbert.model.bert import Vocabulary
 from kbert.converters.names import HEADS, tf1_to_kbert_paths
+from kbert.errors import KbertError, first_line
+from kbert.errors import listing as _listing
+from kbert.errors import plural as _plural
+from kbert.files import atomic_output_dir
+from kbert.model.bert import Vocabulary
+from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, lower_case_for
+from kbert.outputs import writes
 
 log = logging.getLogger("kbert")
 
@@ -35,6 +37,7 @@ SKIPPED_NAMES = ("global_step", "_CHECKPOINTABLE_OBJECT_GRAPH")
 @dataclasses.dataclass
 class Tf1Source:
     """Where a google-research checkpoint's three parts are."""
+
     prefix: str
     config_file: str
     vocab_file: str
@@ -52,15 +55,19 @@ def find_checkpoint(src, config_file=None, vocab_file=None) -> Tf1Source:
     elif src.endswith(".index") and os.path.isfile(src):
         folder, prefix = os.path.dirname(src) or ".", src[: -len(".index")]
     else:
-        raise KbertError(f"{src}: no such checkpoint directory or prefix; pass the folder holding "
-                         f"bert_config.json, vocab.txt and bert_model.ckpt.*, or a prefix like "
-                         f"DIR/model.ckpt-20000")
+        raise KbertError(
+            f"{src}: no such checkpoint directory or prefix; pass the folder holding "
+            f"bert_config.json, vocab.txt and bert_model.ckpt.*, or a prefix like "
+            f"DIR/model.ckpt-20000"
+        )
     config_file = config_file or os.path.join(folder, CONFIG_FILE)
     vocab_file = vocab_file or os.path.join(folder, VOCAB_FILE)
     for path, what in ((config_file, "bert_config.json"), (vocab_file, "vocab.txt")):
         if not os.path.isfile(path):
-            raise KbertError(f"{path}: missing; put the checkpoint's {what} there or pass "
-                             f"--{'config' if what.startswith('bert') else 'vocab'} PATH")
+            raise KbertError(
+                f"{path}: missing; put the checkpoint's {what} there or pass "
+                f"--{'config' if what.startswith('bert') else 'vocab'} PATH"
+            )
     return Tf1Source(prefix, config_file, vocab_file)
 
 
@@ -74,19 +81,24 @@ def _prefix_in_dir(folder: str) -> str:
     if len(indexes) == 1:
         return indexes[0][: -len(".index")]
     if not indexes:
-        raise KbertError(f"{folder}: no checkpoint (*.index) in this directory; pass the folder "
-                         f"that holds bert_model.ckpt.index and bert_model.ckpt.data-*")
+        raise KbertError(
+            f"{folder}: no checkpoint (*.index) in this directory; pass the folder "
+            f"that holds bert_model.ckpt.index and bert_model.ckpt.data-*"
+        )
     names = ", ".join(os.path.basename(p)[: -len(".index")] for p in indexes[:5])
-    raise KbertError(f"{folder}: {len(indexes)} checkpoints here ({names}); pass one prefix, "
-                     f"e.g. {indexes[-1][: -len('.index')]}")
+    raise KbertError(
+        f"{folder}: {len(indexes)} checkpoints here ({names}); pass one prefix, e.g. {indexes[-1][: -len('.index')]}"
+    )
 
 
 def open_reader(prefix: str):
     try:
         return tf.train.load_checkpoint(prefix)
     except Exception as e:  # tf raises DataLossError, NotFoundError, ... for broken files
-        raise KbertError(f"{prefix}: not a readable TF checkpoint ({first_line(e)}); the files are "
-                         f"truncated or not a checkpoint: download or export them again") from None
+        raise KbertError(
+            f"{prefix}: not a readable TF checkpoint ({first_line(e)}); the files are "
+            f"truncated or not a checkpoint: download or export them again"
+        ) from None
 
 
 def is_optimizer_state(name: str) -> bool:
@@ -131,39 +143,54 @@ def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case
         try:
             # RestoreV2 reads straight into a tensor; reader.get_tensor would add two copies
             # (to numpy, and numpy back to a tensor), which for BERT-base doubles the time.
-            return tf.raw_ops.RestoreV2(prefix=source.prefix, tensor_names=[name], shape_and_slices=[""],
-                                        dtypes=[dtypes[name]])[0]
+            return tf.raw_ops.RestoreV2(
+                prefix=source.prefix, tensor_names=[name], shape_and_slices=[""], dtypes=[dtypes[name]]
+            )[0]
         except Exception as e:  # tf raises DataLossError, OutOfRange... for damaged data files
-            raise KbertError(f"{source.prefix}: cannot read {name} ({first_line(e)}); the data "
-                             f"file is truncated or damaged: download it again") from None
+            raise KbertError(
+                f"{source.prefix}: cannot read {name} ({first_line(e)}); the data "
+                f"file is truncated or damaged: download it again"
+            ) from None
 
     guessed = do_lower_case is None
     if guessed:
         do_lower_case = lower_case_for(source.prefix)
-    model, fresh_heads = load_pretrainer(config, Stored(
-        where=source.prefix, shapes=ours, paths=tf1_to_kbert_paths(config.num_hidden_layers), read=read,
-        thing="checkpoint", config_name=CONFIG_FILE, config_file=source.config_file, noun="variable",
-        unknown_hint=lambda names: "; is this a BERT checkpoint?", missing_hint=lambda names: ""),
-        Vocabulary(source.vocab_file, bool(do_lower_case)))
+    model, fresh_heads = load_pretrainer(
+        config,
+        Stored(
+            where=source.prefix,
+            shapes=ours,
+            paths=tf1_to_kbert_paths(config.num_hidden_layers),
+            read=read,
+            thing="checkpoint",
+            config_name=CONFIG_FILE,
+            config_file=source.config_file,
+            noun="variable",
+            unknown_hint=lambda names: "; is this a BERT checkpoint?",
+            missing_hint=lambda names: "",
+        ),
+        Vocabulary(source.vocab_file, bool(do_lower_case)),
+    )
 
     if skipped:
-        log.info("skipped %s of optimizer state (global_step, adam_m/adam_v slots)",
-                 _plural(len(skipped), "variable"))
+        log.info("skipped %s of optimizer state (global_step, adam_m/adam_v slots)", _plural(len(skipped), "variable"))
     if other:
         log.info("ignored %s outside bert/ and cls/: %s", _plural(len(other), "variable"), _listing(other))
     for head in fresh_heads:
         log.info("the checkpoint has no %s head (%s*): it is freshly initialised", head, HEADS[head])
     if guessed:
-        log.info("do_lower_case=%s, from the folder name; pass --lowercase/--no-lowercase "
-                 "to set it", do_lower_case)
-    return Converted(model, {
-        "checkpoint": source.prefix,
-        "loaded": len(ours),
-        "skipped_optimizer_state": len(skipped),
-        "ignored": other,
-        "fresh_heads": fresh_heads,
-        "global_step": int(reader.get_tensor("global_step")) if "global_step" in shapes else None,
-    })
+        log.info("do_lower_case=%s, from the folder name; pass --lowercase/--no-lowercase to set it", do_lower_case)
+    return Converted(
+        model,
+        {
+            "checkpoint": source.prefix,
+            "loaded": len(ours),
+            "skipped_optimizer_state": len(skipped),
+            "ignored": other,
+            "fresh_heads": fresh_heads,
+            "global_step": int(reader.get_tensor("global_step")) if "global_step" in shapes else None,
+        },
+    )
 
 
 @writes("out_dir")
@@ -185,18 +212,17 @@ def save_tf1_checkpoint(model, out_dir, vocab_file=None, overwrite: bool = False
     vocab_file = vocab_file or getattr(model, "vocab_file", None)
     if not vocab_file:
         raise KbertError("save_tf1_checkpoint needs the vocabulary: pass vocab_file=PATH/vocab.txt")
-    config = BertConfig.from_dict({k: v for k, v in model.config.to_dict().items()
-                                   if k in BertConfig.field_names()})
+    config = BertConfig.from_dict({k: v for k, v in model.config.to_dict().items() if k in BertConfig.field_names()})
     check_vocab(vocab_file, config)
-    values = stored_weights(model, tf1_to_kbert_paths(config.num_hidden_layers), format_name="a google-research checkpoint")
+    values = stored_weights(
+        model, tf1_to_kbert_paths(config.num_hidden_layers), format_name="a google-research checkpoint"
+    )
     names, tensors = list(values), [tf.convert_to_tensor(v) for v in values.values()]
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:
         config.to_json_file(os.path.join(tmp, CONFIG_FILE))
         shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_FILE))
         prefix = os.path.join(tmp, CKPT_PREFIX)
-        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
-                          tensors=tensors)
+        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
         with open(os.path.join(tmp, "checkpoint"), "w") as f:
-            f.write(f'model_checkpoint_path: "{CKPT_PREFIX}"\n'
-                    f'all_model_checkpoint_paths: "{CKPT_PREFIX}"\n')
+            f.write(f'model_checkpoint_path: "{CKPT_PREFIX}"\nall_model_checkpoint_paths: "{CKPT_PREFIX}"\n')
     return out_dir

@@ -25,11 +25,11 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2, trackable_object_graph_pb2
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError, first_line, listing
-from kbert.model_dir import CONFIG_FILE, check_vocab, lower_case_for
 from kbert.converters.loading import Converted
 from kbert.converters.named import pretrainer_from_named
+from kbert.errors import KbertError, first_line, listing
 from kbert.model.bert import Vocabulary
+from kbert.model_dir import CONFIG_FILE, check_vocab, lower_case_for
 
 log = logging.getLogger("kbert")
 
@@ -76,9 +76,15 @@ class SavedModelFiles:
                 graph = trackable_object_graph_pb2.TrackableObjectGraph()
                 graph.ParseFromString(self._reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
             except Exception as e:
-                raise KbertError(f"{prefix}: unreadable ({first_line(e)}); the files are truncated or damaged") from None
-            self._keys = {i: a.checkpoint_key for i, node in enumerate(graph.nodes)
-                          for a in node.attributes if a.name == "VARIABLE_VALUE"}
+                raise KbertError(
+                    f"{prefix}: unreadable ({first_line(e)}); the files are truncated or damaged"
+                ) from None
+            self._keys = {
+                i: a.checkpoint_key
+                for i, node in enumerate(graph.nodes)
+                for a in node.attributes
+                if a.name == "VARIABLE_VALUE"
+            }
         return self._reader
 
     def variable_nodes(self) -> tuple[dict, set]:
@@ -102,7 +108,9 @@ class SavedModelFiles:
         node = self.nodes[self.root[name]] if name in self.root else None
         if node is None or node.WhichOneof("kind") != "asset":
             return None
-        return os.path.join(self.path, "assets", self.meta_graph.asset_file_def[node.asset.asset_file_def_index].filename)
+        return os.path.join(
+            self.path, "assets", self.meta_graph.asset_file_def[node.asset.asset_file_def_index].filename
+        )
 
     def root_bool(self, name: str) -> bool | None:
         node_id = self.root.get(name)
@@ -136,26 +144,39 @@ def _model_garden_config(arrays: dict, files: SavedModelFiles, hidden_act: str |
     if hidden_act is None:
         recorded = re.findall(r'"inner_activation": "([^"]+)"', files.keras_metadata)
         if not recorded:
-            raise KbertError(f"{files.path}: the SavedModel does not record its activation; pass --hidden-act "
-                             f"gelu_tanh (Model Garden's gelu) or gelu (the exact erf form)")
+            raise KbertError(
+                f"{files.path}: the SavedModel does not record its activation; pass --hidden-act "
+                f"gelu_tanh (Model Garden's gelu) or gelu (the exact erf form)"
+            )
         if recorded[0] not in MODEL_GARDEN_ACTIVATIONS:
-            raise KbertError(f"{files.path}: activation {recorded[0]!r} is not one kbert computes; "
-                             f"kbert converts BERTs with {', '.join(MODEL_GARDEN_ACTIVATIONS)}")
+            raise KbertError(
+                f"{files.path}: activation {recorded[0]!r} is not one kbert computes; "
+                f"kbert converts BERTs with {', '.join(MODEL_GARDEN_ACTIVATIONS)}"
+            )
         hidden_act = MODEL_GARDEN_ACTIVATIONS[recorded[0]]
     dropout = re.findall(r'"output_dropout": ([0-9.]+)', files.keras_metadata)
     attention_dropout = re.findall(r'"attention_dropout": ([0-9.]+)', files.keras_metadata)
-    return BertConfig(vocab_size=int(vocab_size), hidden_size=int(hidden), num_hidden_layers=len(layers),
-                      num_attention_heads=int(heads), intermediate_size=int(intermediate), hidden_act=hidden_act,
-                      hidden_dropout_prob=float(dropout[0]) if dropout else 0.1,
-                      attention_probs_dropout_prob=float(attention_dropout[0]) if attention_dropout else 0.1,
-                      max_position_embeddings=int(positions), type_vocab_size=int(types))
+    return BertConfig(
+        vocab_size=int(vocab_size),
+        hidden_size=int(hidden),
+        num_hidden_layers=len(layers),
+        num_attention_heads=int(heads),
+        intermediate_size=int(intermediate),
+        hidden_act=hidden_act,
+        hidden_dropout_prob=float(dropout[0]) if dropout else 0.1,
+        attention_probs_dropout_prob=float(attention_dropout[0]) if attention_dropout else 0.1,
+        max_position_embeddings=int(positions),
+        type_vocab_size=int(types),
+    )
 
 
 def _kbert_config(files: SavedModelFiles, hidden_act: str | None) -> BertConfig:
     config_file = files.root_asset("bert_config_file")
     if config_file is None:
-        raise KbertError(f"{files.path}: kbert-named weights but no assets/{CONFIG_FILE}; export it again with "
-                         f"kbert export --format tfhub")
+        raise KbertError(
+            f"{files.path}: kbert-named weights but no assets/{CONFIG_FILE}; export it again with "
+            f"kbert export --format tfhub"
+        )
     values = json.load(open(config_file, encoding="utf-8"))
     if hidden_act:
         values["hidden_act"] = hidden_act
@@ -168,16 +189,21 @@ def _vocabulary(encoder: SavedModelFiles, preprocessor: SavedModelFiles | None) 
     theirs = None
     if preprocessor is not None:
         theirs = preprocessor.root_asset("vocab_file") or next(
-            (a for a in preprocessor.assets if os.path.basename(a) == "vocab.txt"), None)
+            (a for a in preprocessor.assets if os.path.basename(a) == "vocab.txt"), None
+        )
         if theirs is None:
             raise KbertError(f"{preprocessor.path}: no vocab.txt in its assets; is this a BERT preprocessor?")
         if ours is not None and not filecmp.cmp(ours, theirs, shallow=False):
-            raise KbertError(f"{preprocessor.path}: its vocabulary differs from the encoder's ({ours}); pass the "
-                             f"preprocessor published with this encoder")
+            raise KbertError(
+                f"{preprocessor.path}: its vocabulary differs from the encoder's ({ours}); pass the "
+                f"preprocessor published with this encoder"
+            )
         return theirs, "preprocessor"
     if ours is None:
-        raise KbertError(f"{encoder.path}: no vocabulary in the encoder's assets; pass --preprocessor DIR, the "
-                         f"preprocessor SavedModel published with it")
+        raise KbertError(
+            f"{encoder.path}: no vocabulary in the encoder's assets; pass --preprocessor DIR, the "
+            f"preprocessor SavedModel published with it"
+        )
     return ours, "encoder"
 
 
@@ -216,8 +242,9 @@ def load_tfhub_encoder(src, preprocessor=None, do_lower_case: bool | None = None
     return convert_tfhub_encoder(src, preprocessor, do_lower_case, hidden_act).model
 
 
-def convert_tfhub_encoder(src, preprocessor=None, do_lower_case: bool | None = None,
-                          hidden_act: str | None = None) -> Converted:
+def convert_tfhub_encoder(
+    src, preprocessor=None, do_lower_case: bool | None = None, hidden_act: str | None = None
+) -> Converted:
     """`load_tfhub_encoder`'s model (same arguments) and its report."""
     src = os.fspath(src)
     files = SavedModelFiles(src, "encoder")
@@ -227,17 +254,26 @@ def convert_tfhub_encoder(src, preprocessor=None, do_lower_case: bool | None = N
     names = {n: i for n, i in nodes.items() if i != lower_node and not NOT_WEIGHTS.search(n)}
     column = _naming(names)
     if not column:
-        raise KbertError(f"{src}: not a BERT encoder: none of its {len(names)} variables ({listing(names, 4)}) is "
-                         f"named as in Model Garden's BertEncoder or kbert's; pass a TF Hub BERT encoder")
+        raise KbertError(
+            f"{src}: not a BERT encoder: none of its {len(names)} variables ({listing(names, 4)}) is "
+            f"named as in Model Garden's BertEncoder or kbert's; pass a TF Hub BERT encoder"
+        )
     if repeated & set(names):
-        raise KbertError(f"{src}: more than one variable is named {listing(repeated & set(names), 2)}; "
-                         f"which one is the weight cannot be told, so it is not converted")
+        raise KbertError(
+            f"{src}: more than one variable is named {listing(repeated & set(names), 2)}; "
+            f"which one is the weight cannot be told, so it is not converted"
+        )
     if column == "kbert" and any(n.startswith(("classifier/", "tagger/", "span_", "choice")) for n in names):
-        raise KbertError(f"{src}: a kbert TF Serving export, not a TF Hub encoder; convert the model directory "
-                         f"it came from, or export it with --format tfhub")
+        raise KbertError(
+            f"{src}: a kbert TF Serving export, not a TF Hub encoder; convert the model directory "
+            f"it came from, or export it with --format tfhub"
+        )
     arrays = {name: files.read(i) for name, i in names.items()}
-    config = _model_garden_config(arrays, files, hidden_act) if column == "model_garden" else \
-        _kbert_config(files, hidden_act)
+    config = (
+        _model_garden_config(arrays, files, hidden_act)
+        if column == "model_garden"
+        else _kbert_config(files, hidden_act)
+    )
     vocab_file, vocab_origin = _vocabulary(files, pre)
     check_vocab(vocab_file, config)
     lower_origin = "--lowercase/--no-lowercase"
@@ -248,13 +284,16 @@ def convert_tfhub_encoder(src, preprocessor=None, do_lower_case: bool | None = N
     model, fresh_heads = pretrainer_from_named(config, arrays, column, src, Vocabulary(vocab_file, bool(do_lower_case)))
     if lower_origin == "folder name":
         log.info("do_lower_case=%s, from the folder name; pass --lowercase/--no-lowercase to set it", do_lower_case)
-    return Converted(model, {
-        "source": src,
-        "names": {"model_garden": "Model Garden", "kbert": "kbert"}[column],
-        "loaded": len(arrays),
-        "fresh_heads": fresh_heads,
-        "skipped": sorted(n for n in nodes if n not in names),
-        "hidden_act": config.hidden_act,
-        "vocab_from": vocab_origin,
-        "do_lower_case_from": lower_origin,
-    })
+    return Converted(
+        model,
+        {
+            "source": src,
+            "names": {"model_garden": "Model Garden", "kbert": "kbert"}[column],
+            "loaded": len(arrays),
+            "fresh_heads": fresh_heads,
+            "skipped": sorted(n for n in nodes if n not in names),
+            "hidden_act": config.hidden_act,
+            "vocab_from": vocab_origin,
+            "do_lower_case_from": lower_origin,
+        },
+    )

@@ -79,13 +79,19 @@ def _quiet_stderr():
 
 
 with _quiet_logging():
-    import apache_beam as beam
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-RUNNERS = ("DirectRunner", "DaskRunner", "DataflowRunner", "FlinkRunner", "SparkRunner", "PortableRunner",
-           "PrismRunner")
+RUNNERS = (
+    "DirectRunner",
+    "DaskRunner",
+    "DataflowRunner",
+    "FlinkRunner",
+    "SparkRunner",
+    "PortableRunner",
+    "PrismRunner",
+)
 # Beam knows the others by name; the DaskRunner only by its module path.
 _RUNNER_PATHS = {"DaskRunner": "apache_beam.runners.dask.dask_runner.DaskRunner"}
 
@@ -97,14 +103,14 @@ def is_url(path) -> bool:
 
 def open_file(path):
     """A file of any of Beam's file systems (local, gs://, s3://, hdfs://), opened for reading bytes."""
-    return FileSystems.open(path, mime_type="application/octet-stream",
-                            compression_type=CompressionTypes.UNCOMPRESSED)
+    return FileSystems.open(path, mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED)
 
 
 def create_file(path):
     """A new file of any of Beam's file systems, opened for writing bytes."""
-    return FileSystems.create(path, mime_type="application/octet-stream",
-                              compression_type=CompressionTypes.UNCOMPRESSED)
+    return FileSystems.create(
+        path, mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED
+    )
 
 
 def write_atomically(path: str, write):
@@ -152,7 +158,7 @@ def remove_stale(output: str, kinds=("kbert-temp", "beam-temp")):
             found = FileSystems.match([FileSystems.join(folder, f"{kind}-*/*")])[0].metadata_list
         except Exception:  # nothing to list
             continue
-        paths = [m.path for m in found if stale.fullmatch(m.path[len(folder):].lstrip("/").split("/")[0])]
+        paths = [m.path for m in found if stale.fullmatch(m.path[len(folder) :].lstrip("/").split("/")[0])]
         if paths:
             with contextlib.suppress(Exception):
                 FileSystems.delete(paths)
@@ -192,8 +198,9 @@ def pipeline_options(runner: str, flags: str) -> PipelineOptions:
         try:
             import apache_beam.runners.dask.dask_runner  # noqa: F401 (its options, --dask_*)
         except ImportError:
-            raise KbertError("--runner DaskRunner needs Dask: pip install 'kbert[beam]' (or "
-                             "'apache-beam[dask]')") from None
+            raise KbertError(
+                "--runner DaskRunner needs Dask: pip install 'kbert[beam]' (or 'apache-beam[dask]')"
+            ) from None
     try:
         args = shlex.split(flags or "")
     except ValueError as e:
@@ -222,6 +229,7 @@ def one_task_per_element(options: PipelineOptions, runner: str, elements: int):
     if runner != "DaskRunner":
         return
     from apache_beam.runners.dask.dask_runner import DaskOptions
+
     dask = options.view_as(DaskOptions)
     if dask.npartitions is None and dask.partition_size is None:
         dask.npartitions = max(1, elements)

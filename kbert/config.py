@@ -15,8 +15,9 @@ HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu", "ta
 DEFAULT_MAX_SEQ_LENGTH = 128
 
 
-def sequence_length(requested: int | None, limit: int, trained: int | None = None,
-                    default: int = DEFAULT_MAX_SEQ_LENGTH) -> int:
+def sequence_length(
+    requested: int | None, limit: int, trained: int | None = None, default: int = DEFAULT_MAX_SEQ_LENGTH
+) -> int:
     """The tokens per example to use: the `requested` length, else the length the model was
     `trained` with, else `default`; a default is capped at `limit` (max_position_embeddings),
     a request past it is an error.
@@ -36,8 +37,9 @@ def sequence_length(requested: int | None, limit: int, trained: int | None = Non
         if requested < 3:
             raise KbertError(f"--max-seq-length {requested}: give at least 3 ([CLS], a token, [SEP])")
         if requested > limit:
-            raise KbertError(f"--max-seq-length {requested} exceeds the model's max_position_embeddings "
-                             f"{limit}; lower it")
+            raise KbertError(
+                f"--max-seq-length {requested} exceeds the model's max_position_embeddings {limit}; lower it"
+            )
         return int(requested)
     return min(int(trained or default), limit)
 
@@ -96,8 +98,15 @@ class BertConfig:
 
     def validate(self):
         """Raise `KbertError` naming the first key whose type or value is wrong."""
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise KbertError(f"bert_config: {name} must be a positive integer, got {value!r}")
@@ -105,21 +114,28 @@ class BertConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise KbertError(f"bert_config: {name} must be a number in [0, 1), got {value!r}")
-        if isinstance(self.initializer_range, bool) or not isinstance(self.initializer_range, (int, float)) \
-                or self.initializer_range <= 0:
-            raise KbertError(f"bert_config: initializer_range must be a positive number, "
-                             f"got {self.initializer_range!r}")
+        if (
+            isinstance(self.initializer_range, bool)
+            or not isinstance(self.initializer_range, (int, float))
+            or self.initializer_range <= 0
+        ):
+            raise KbertError(
+                f"bert_config: initializer_range must be a positive number, got {self.initializer_range!r}"
+            )
         if self.hidden_act not in HIDDEN_ACTS:
-            raise KbertError(f"bert_config: hidden_act {self.hidden_act!r} is not supported; "
-                             f"use one of {', '.join(HIDDEN_ACTS)}")
+            raise KbertError(
+                f"bert_config: hidden_act {self.hidden_act!r} is not supported; use one of {', '.join(HIDDEN_ACTS)}"
+            )
         if self.hidden_size % self.num_attention_heads:
-            raise KbertError(f"bert_config: hidden_size {self.hidden_size} is not a multiple of "
-                             f"num_attention_heads {self.num_attention_heads}")
+            raise KbertError(
+                f"bert_config: hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
         if not isinstance(self.extras, dict):
             raise KbertError("bert_config: extras must be a dict")
 
     @classmethod
-    def from_dict(cls, values: dict) -> "BertConfig":
+    def from_dict(cls, values: dict) -> BertConfig:
         """Build from a `bert_config.json` dict; unknown keys are kept in `extras`."""
         if not isinstance(values, dict):
             raise KbertError(f"bert_config must be a JSON object, got {type(values).__name__}")
@@ -137,12 +153,11 @@ class BertConfig:
         return out
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> "BertConfig":
+    def from_json_file(cls, path: str | os.PathLike) -> BertConfig:
         """Read a `bert_config.json` as google-research/bert's `BertConfig.from_json_file` does."""
         path = os.fspath(path)
         if not os.path.isfile(path):
-            raise KbertError(f"{path}: no such config file; pass the bert_config.json that came "
-                             f"with the checkpoint")
+            raise KbertError(f"{path}: no such config file; pass the bert_config.json that came with the checkpoint")
         try:
             with open(path, encoding="utf-8") as f:
                 values = json.load(f)

@@ -45,11 +45,15 @@ def check_text(path, size: int, invalid: int, control: int = 0):
     (invalid UTF-8 sequences) are more than MAX_INVALID_SHARE, or `control` (control bytes)
     more than MAX_CONTROL_SHARE."""
     if size and invalid > MAX_INVALID_SHARE * size:
-        raise KbertError(f"{path}: not UTF-8 text ({invalid:,} invalid sequences in its first {size:,} bytes); "
-                         f"is it a binary or compressed file? pass text, one sentence per line (gunzip it first)")
+        raise KbertError(
+            f"{path}: not UTF-8 text ({invalid:,} invalid sequences in its first {size:,} bytes); "
+            f"is it a binary or compressed file? pass text, one sentence per line (gunzip it first)"
+        )
     if size and control > max(MAX_CONTROL_SHARE * size, 16):  # a stray \x01 or two is not a binary
-        raise KbertError(f"{path}: not text ({control:,} control bytes in its first {size:,} bytes); is it a "
-                         f"binary, TFRecord or compressed file? pass text, one sentence per line")
+        raise KbertError(
+            f"{path}: not text ({control:,} control bytes in its first {size:,} bytes); is it a "
+            f"binary, TFRecord or compressed file? pass text, one sentence per line"
+        )
 
 
 def check_head_is_text(path, head: bytes):
@@ -71,8 +75,7 @@ def check_output_dir(path: str, overwrite: bool):
     if os.path.isfile(path):
         raise KbertError(f"{path} is a file; give a directory path for the output")
     if os.path.isdir(path) and os.listdir(path) and not overwrite:
-        raise KbertError(f"{path} exists and is not empty; pass --overwrite to replace it, "
-                         f"or choose a new directory")
+        raise KbertError(f"{path} exists and is not empty; pass --overwrite to replace it, or choose a new directory")
 
 
 def umask() -> int:
@@ -131,7 +134,7 @@ def sweep_stale_temporaries(path) -> list:
             prefix = f".{name}.{kind}-"
             if not entry.startswith(prefix):
                 continue
-            pid = entry[len(prefix):].split("-", 1)[0]
+            pid = entry[len(prefix) :].split("-", 1)[0]
             if pid.isdigit() and not _process_runs(int(pid)):
                 stale = os.path.join(folder, entry)
                 if os.path.isdir(stale) and not os.path.islink(stale):
@@ -251,8 +254,10 @@ def expand_inputs(patterns, what: str = "text file") -> list[str]:
                 matches = [pattern]
             for path in matches:
                 if "://" not in path and os.path.isdir(path):
-                    raise KbertError(f"{path}: is a directory, not a {what}; pass the files in it, e.g. "
-                                     f"'{os.path.join(path, '*.txt')}'")
+                    raise KbertError(
+                        f"{path}: is a directory, not a {what}; pass the files in it, e.g. "
+                        f"'{os.path.join(path, '*.txt')}'"
+                    )
                 if "://" not in path and not os.path.exists(path):
                     raise KbertError(f"{path}: no such {what}; check the path")
             if not matches:

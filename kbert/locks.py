@@ -141,10 +141,15 @@ def _acquire(path: str, output: str) -> int:
             holder = _wait_for_holder(fd)
             if not _ended_here(holder):
                 os.close(fd)
-                raise KbertError(f"{output} is being written by another process ({describe_holder(holder)}); "
-                                 f"wait for it to end or stop it, or choose another output") from None
-            log.warning("taking over the lock of %s from a process that is no longer running (%s)",
-                        output, describe_holder(holder))
+                raise KbertError(
+                    f"{output} is being written by another process ({describe_holder(holder)}); "
+                    f"wait for it to end or stop it, or choose another output"
+                ) from None
+            log.warning(
+                "taking over the lock of %s from a process that is no longer running (%s)",
+                output,
+                describe_holder(holder),
+            )
             _unlink_if_same(fd, path)  # its flock stays with whoever kept the old file open
             os.close(fd)
             continue
@@ -153,8 +158,11 @@ def _acquire(path: str, output: str) -> int:
             continue
         previous = _read_holder(fd)
         if previous:
-            log.warning("taking over the lock of %s left by a process that ended without releasing it (%s)",
-                        output, describe_holder(previous))
+            log.warning(
+                "taking over the lock of %s left by a process that ended without releasing it (%s)",
+                output,
+                describe_holder(previous),
+            )
         return fd
 
 
@@ -164,13 +172,19 @@ def _open_lock_file(path: str, output: str) -> int:
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise KbertError(f"cannot open the lock file {path} ({e.strerror}); if no process writes {output} "
-                         f"any more, remove it, or choose another output") from None
+        raise KbertError(
+            f"cannot open the lock file {path} ({e.strerror}); if no process writes {output} "
+            f"any more, remove it, or choose another output"
+        ) from None
 
 
 def _write_holder(fd: int, command: str):
-    holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-              "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    holder = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": command,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
 
@@ -203,8 +217,10 @@ def describe_holder(holder: dict) -> str:
     """
     if not holder:
         return "which has not written its name into the lock file yet"
-    return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, command `{holder.get('command', '?')}`, "
-            f"started {holder.get('started', '?')}")
+    return (
+        f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, command `{holder.get('command', '?')}`, "
+        f"started {holder.get('started', '?')}"
+    )
 
 
 def _ended_here(holder: dict) -> bool:

@@ -25,11 +25,11 @@ import tensorflow as tf
 
 from kbert.config import BertConfig
 from kbert.errors import KbertError, first_line
-from kbert.outputs import writes
 from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, count_lines, require_path
+from kbert.finetuning.options import FinetuneOptions
 from kbert.model import bert
 from kbert.model.initializers import unfilled
-from kbert.finetuning.options import FinetuneOptions
+from kbert.outputs import writes
 
 log = logging.getLogger("kbert")
 
@@ -41,8 +41,12 @@ CHECKPOINTS_DIR = "checkpoints"
 # What fine-tuning records in bert_config.json besides the original keys.
 TASK_KEYS = ("task", "labels", "max_seq_length", "text_pairs", "doc_stride", "max_query_length")
 # The tasks each head serves (the first is the default of a head saved without one).
-HEAD_TASKS = {"classifier": ("classify", "regress"), "tagger": ("tag",), "span_predictor": ("squad",),
-              "multiple_choice": ("choice",)}
+HEAD_TASKS = {
+    "classifier": ("classify", "regress"),
+    "tagger": ("tag",),
+    "span_predictor": ("squad",),
+    "multiple_choice": ("choice",),
+}
 # An unfinished `kbert finetune` run (OUTPUT.partial/) holds this file (kbert.finetuning.train).
 FINETUNE_STATE_FILE = "state.json"
 # A Keras archive (`model.save`), which `kbert.load` and every command taking a model also read.
@@ -54,27 +58,37 @@ def check_vocab(vocab_file: str, config: BertConfig):
     require_path(vocab_file, "vocab file", "pass the vocab.txt that came with the checkpoint")
     n = count_lines(vocab_file)
     if n != config.vocab_size:
-        raise KbertError(f"{vocab_file} has {n} entries but bert_config.json says vocab_size "
-                         f"{config.vocab_size}; use the vocab.txt this model was trained with")
+        raise KbertError(
+            f"{vocab_file} has {n} entries but bert_config.json says vocab_size "
+            f"{config.vocab_size}; use the vocab.txt this model was trained with"
+        )
 
 
 def _model_classes():
-    return {"pretrainer": bert.BertPretrainer, "encoder": bert.BertEncoder,
-            "classifier": bert.BertClassifier, "tagger": bert.BertTagger,
-            "span_predictor": bert.BertSpanPredictor, "multiple_choice": bert.BertMultipleChoice}
+    return {
+        "pretrainer": bert.BertPretrainer,
+        "encoder": bert.BertEncoder,
+        "classifier": bert.BertClassifier,
+        "tagger": bert.BertTagger,
+        "span_predictor": bert.BertSpanPredictor,
+        "multiple_choice": bert.BertMultipleChoice,
+    }
 
 
 def model_kind(model) -> str:
     for kind, cls in _model_classes().items():
         if type(model) is cls:
             return kind
-    raise KbertError(f"cannot save a {type(model).__name__}: kbert model directories hold kbert models "
-                     f"(bert_encoder, bert_pretrainer, bert_classifier, bert_tagger, bert_span_predictor, "
-                     f"bert_multiple_choice)")
+    raise KbertError(
+        f"cannot save a {type(model).__name__}: kbert model directories hold kbert models "
+        f"(bert_encoder, bert_pretrainer, bert_classifier, bert_tagger, bert_span_predictor, "
+        f"bert_multiple_choice)"
+    )
 
 
-def head_task_info(model, task: str | None = None, labels=None, max_seq_length: int | None = None,
-                   text_pairs: bool | None = None) -> dict:
+def head_task_info(
+    model, task: str | None = None, labels=None, max_seq_length: int | None = None, text_pairs: bool | None = None
+) -> dict:
     """The task metadata `kbert predict`, `evaluate` and `export` read from a model directory
     (task, labels, max_seq_length, text_pairs), checked against the model's head: the arguments
     given, over what `model.task_info` holds (what `kbert finetune` and `kbert.load` set), over
@@ -97,12 +111,17 @@ def head_task_info(model, task: str | None = None, labels=None, max_seq_length: 
     kbert.errors.KbertError: task 'tag' does not fit a classifier (bert_classifier); its tasks are classify, regress
     """
     kind = model_kind(model)
-    given = {k: v for k, v in (("task", task), ("labels", labels), ("max_seq_length", max_seq_length),
-                               ("text_pairs", text_pairs)) if v is not None}
+    given = {
+        k: v
+        for k, v in (("task", task), ("labels", labels), ("max_seq_length", max_seq_length), ("text_pairs", text_pairs))
+        if v is not None
+    }
     if kind not in HEAD_TASKS:
         if given:
-            raise KbertError(f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} a task head; a {kind} has "
-                             f"none: save it without, or put a head on it first (kbert.bert_classifier, ...)")
+            raise KbertError(
+                f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} a task head; a {kind} has "
+                f"none: save it without, or put a head on it first (kbert.bert_classifier, ...)"
+            )
         return {}
     info = {k: v for k, v in (getattr(model, "task_info", None) or {}).items() if k in TASK_KEYS}
     if task is not None and task != info.get("task"):
@@ -114,22 +133,30 @@ def head_task_info(model, task: str | None = None, labels=None, max_seq_length: 
         known = [t for tasks in HEAD_TASKS.values() for t in tasks]
         if task not in known:
             raise KbertError(f"unknown task {task!r}; use one of {', '.join(known)}")
-        raise KbertError(f"task {task!r} does not fit a {kind} (bert_{kind}); its tasks are "
-                         f"{', '.join(HEAD_TASKS[kind])}")
+        raise KbertError(
+            f"task {task!r} does not fit a {kind} (bert_{kind}); its tasks are {', '.join(HEAD_TASKS[kind])}"
+        )
     if task in ("classify", "tag"):
         if task == "classify" and num_classes < 2:
-            raise KbertError(f"a classifier with {num_classes} output is a regressor: save it with task=\"regress\", "
-                             f"or build it with num_classes=2 or more")
+            raise KbertError(
+                f'a classifier with {num_classes} output is a regressor: save it with task="regress", '
+                f"or build it with num_classes=2 or more"
+            )
         names = info.get("labels")
         names = [str(i) for i in range(num_classes)] if names is None else names
-        if isinstance(names, (str, bytes)) or not all(isinstance(n, (str, int)) and not isinstance(n, bool)
-                                                      for n in names):
-            raise KbertError(f"labels must be a list of label names (str), one per output, e.g. "
-                             f"{[str(i) for i in range(num_classes)]}; got {names!r}"[:300])
+        if isinstance(names, (str, bytes)) or not all(
+            isinstance(n, (str, int)) and not isinstance(n, bool) for n in names
+        ):
+            raise KbertError(
+                f"labels must be a list of label names (str), one per output, e.g. "
+                f"{[str(i) for i in range(num_classes)]}; got {names!r}"[:300]
+            )
         names = [str(n) for n in names]
         if len(names) != num_classes or len(set(names)) != len(names):
-            raise KbertError(f"labels {names[:8]}{'...' if len(names) > 8 else ''}: the {kind} has {num_classes} "
-                             f"outputs, so give {num_classes} different label names, in output order")
+            raise KbertError(
+                f"labels {names[:8]}{'...' if len(names) > 8 else ''}: the {kind} has {num_classes} "
+                f"outputs, so give {num_classes} different label names, in output order"
+            )
         info["labels"] = names
     elif info.get("labels") is not None:
         raise KbertError(f"labels apply to classify and tag; a {task} model has none: save it without labels")
@@ -142,15 +169,19 @@ def head_task_info(model, task: str | None = None, labels=None, max_seq_length: 
     if length is None:
         info["max_seq_length"] = min(384 if task == "squad" else 128, limit)
     elif isinstance(length, bool) or not isinstance(length, numbers.Integral) or not 3 <= length <= limit:
-        raise KbertError(f"max_seq_length {length!r}: give the tokens per example the model was trained with, "
-                         f"3 to {limit} (max_position_embeddings)")
+        raise KbertError(
+            f"max_seq_length {length!r}: give the tokens per example the model was trained with, "
+            f"3 to {limit} (max_position_embeddings)"
+        )
     else:
         info["max_seq_length"] = int(length)
     if "text_pairs" in info:
         if task not in ("classify", "regress"):
             raise KbertError(f"text_pairs applies to classify and regress; a {task} model has none")
         if not isinstance(info["text_pairs"], bool):
-            raise KbertError(f"text_pairs must be True (trained on sentence pairs) or False, got {info['text_pairs']!r}")
+            raise KbertError(
+                f"text_pairs must be True (trained on sentence pairs) or False, got {info['text_pairs']!r}"
+            )
     return {k: info[k] for k in TASK_KEYS if k in info}
 
 
@@ -166,9 +197,18 @@ def _describe(model, config: BertConfig, do_lower_case: bool, task_info: dict):
 
 
 @writes("model_dir")
-def save(model, model_dir, vocab_file: str | None = None, do_lower_case: bool | None = None,
-         overwrite: bool = False, *, task: str | None = None, labels=None, max_seq_length: int | None = None,
-         text_pairs: bool | None = None):
+def save(
+    model,
+    model_dir,
+    vocab_file: str | None = None,
+    do_lower_case: bool | None = None,
+    overwrite: bool = False,
+    *,
+    task: str | None = None,
+    labels=None,
+    max_seq_length: int | None = None,
+    text_pairs: bool | None = None,
+):
     """Write `model` as a kbert model directory, atomically.
 
     A model with a task head (`bert_classifier`, `bert_tagger`, `bert_span_predictor`,
@@ -229,12 +269,16 @@ def load_keras_file(path):
     try:
         model = keras.saving.load_model(os.fspath(path))
     except Exception as e:  # keras raises ValueError, zipfile and h5py errors, ...
-        raise KbertError(f"{path}: Keras cannot load it ({first_line(e)}); pass a .keras file saved from a "
-                         f"kbert model (model.save), or a kbert model directory") from None
+        raise KbertError(
+            f"{path}: Keras cannot load it ({first_line(e)}); pass a .keras file saved from a "
+            f"kbert model (model.save), or a kbert model directory"
+        ) from None
     model_kind(model)  # a kbert model, or a one-line error
     if model.vocabulary is None:
-        raise KbertError(f"{path}: the model declares no vocabulary, so its text cannot be tokenized; build it on a "
-                         f"loaded model (kbert.bert_classifier(kbert.load(DIR), ...)) or pass vocabulary=")
+        raise KbertError(
+            f"{path}: the model declares no vocabulary, so its text cannot be tokenized; build it on a "
+            f"loaded model (kbert.bert_classifier(kbert.load(DIR), ...)) or pass vocabulary="
+        )
     if model_kind(model) in HEAD_TASKS:  # what it declares, checked, with its head's defaults filled in
         try:
             model.task_info = head_task_info(model)
@@ -269,25 +313,32 @@ def interrupted_finetuning_message(path, state: dict) -> str:
     ft/x.partial: an unfinished kbert finetune run (stopped at step 40 of 80), not a model; finish it with `kbert finetune /m/base --task classify --train /d/train.tsv --output ft/x --epochs 5 --batch-size 16 --resume`, then use ft/x
     """
     path = os.fspath(path).rstrip(os.sep)
-    output = path[:-len(PARTIAL_SUFFIX)] if path.endswith(PARTIAL_SUFFIX) else "OUTPUT"
+    output = path[: -len(PARTIAL_SUFFIX)] if path.endswith(PARTIAL_SUFFIX) else "OUTPUT"
     run = state.get("fingerprint", {})
     quote = shlex.quote  # a command to paste into a shell
-    flags = [f"kbert finetune {quote(run.get('model_dir', 'MODEL_DIR'))} --task {run.get('task', 'TASK')} "
-             f"--train {quote(run.get('train', 'TRAIN'))}"]
+    flags = [
+        f"kbert finetune {quote(run.get('model_dir', 'MODEL_DIR'))} --task {run.get('task', 'TASK')} "
+        f"--train {quote(run.get('train', 'TRAIN'))}"
+    ]
     if run.get("dev"):
         flags.append(f"--dev {quote(run['dev'])}")
     flags.append(f"--output {quote(output)}")
     # Flags away from their defaults: --resume refuses a run started with other values.
     defaults = FinetuneOptions()
-    flags += [f"--{k.replace('_', '-')} {run[k]}" for k in ("epochs", "batch_size", "learning_rate", "seed")
-              if k in run and run[k] != getattr(defaults, k)]
+    flags += [
+        f"--{k.replace('_', '-')} {run[k]}"
+        for k in ("epochs", "batch_size", "learning_rate", "seed")
+        if k in run and run[k] != getattr(defaults, k)
+    ]
     default_length = 384 if run.get("task") == "squad" else 128
     if run.get("max_seq_length") not in (None, default_length):
         flags.append(f"--max-seq-length {run['max_seq_length']}")
     batches = max(1, int(run.get("train_examples", 0)) // max(1, int(run.get("batch_size", 1))))
     total = f" of {batches * int(run['epochs'])}" if "epochs" in run and "train_examples" in run else ""
-    return (f"{path}: an unfinished kbert finetune run (stopped at step {state.get('step', '?')}{total}), not a "
-            f"model; finish it with `{' '.join(flags)} --resume`, then use {output}")
+    return (
+        f"{path}: an unfinished kbert finetune run (stopped at step {state.get('step', '?')}{total}), not a "
+        f"model; finish it with `{' '.join(flags)} --resume`, then use {output}"
+    )
 
 
 def interrupted_pretraining(path) -> str | None:
@@ -323,8 +374,10 @@ def interrupted_pretraining_message(path, prefix: str) -> str:
     """
     path = os.fspath(path)
     step = prefix.rsplit("-", 1)[-1]  # CheckpointManager numbers them by step: ckpt-<step>
-    said = (f"{path}: pretraining stopped at step {step} ({os.path.relpath(prefix, path)}) before writing "
-            f"the model; continue it with `kbert pretrain --model-dir {shlex.quote(path)} --resume")
+    said = (
+        f"{path}: pretraining stopped at step {step} ({os.path.relpath(prefix, path)}) before writing "
+        f"the model; continue it with `kbert pretrain --model-dir {shlex.quote(path)} --resume"
+    )
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, PRETRAIN_RUN_FILE)):
         # A run from before kbert recorded its flags: they must be given again.
         return said + " --data DATA` and the other flags it was started with"
@@ -353,8 +406,9 @@ def load(model_dir):
     kind = config.extras.get("kbert_model", "pretrainer")
     builders = _model_classes()
     if kind not in builders:
-        raise KbertError(f"{model_dir}: unknown kbert_model {kind!r} in bert_config.json; "
-                         f"expected one of {', '.join(builders)}")
+        raise KbertError(
+            f"{model_dir}: unknown kbert_model {kind!r} in bert_config.json; expected one of {', '.join(builders)}"
+        )
     head = {"num_classes": int(config.extras.get("num_classes", 2))} if kind in ("classifier", "tagger") else {}
     if kind in HEAD_TASKS:
         head["task_info"] = {k: config.extras[k] for k in TASK_KEYS if k in config.extras}
@@ -365,8 +419,9 @@ def load(model_dir):
     try:
         model.load_weights(weights)
     except (ValueError, OSError) as e:
-        raise KbertError(f"{weights}: cannot load ({first_line(e)}); the file is damaged or "
-                         f"does not match bert_config.json") from None
+        raise KbertError(
+            f"{weights}: cannot load ({first_line(e)}); the file is damaged or does not match bert_config.json"
+        ) from None
     if kind in HEAD_TASKS and "task" not in model.task_info:
         # A head saved without its task (before kbert.save recorded one): its kind's, as saved now.
         with contextlib.suppress(KbertError):
@@ -377,6 +432,7 @@ def load(model_dir):
 @dataclasses.dataclass
 class SourceInfo:
     """What a model source says about itself, read without loading its weights."""
+
     config: BertConfig
     vocab_file: str
     do_lower_case: bool
@@ -421,8 +477,9 @@ def describe_source(source) -> SourceInfo:
         require_path(vocab, "vocab file", "the model directory needs its vocab.txt")
         return SourceInfo(config, vocab, lower_case_for(source, config.extras.get("do_lower_case", True)))
     checkpoint = _tf1().find_checkpoint(source)
-    return SourceInfo(BertConfig.from_json_file(checkpoint.config_file), checkpoint.vocab_file,
-                      lower_case_for(checkpoint.prefix))
+    return SourceInfo(
+        BertConfig.from_json_file(checkpoint.config_file), checkpoint.vocab_file, lower_case_for(checkpoint.prefix)
+    )
 
 
 def open_model(source, do_lower_case: bool | None = None):
@@ -466,6 +523,7 @@ def _tf1():
     # kbert.converters imports this module (its file names, check_vocab, lower_case_for), so
     # importing it at the top would be an import cycle.
     from kbert.converters import tf1
+
     return tf1
 
 

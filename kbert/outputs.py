@@ -44,13 +44,17 @@ def check_apart(output, inputs, replaces: bool = True):
             continue
         real_input = os.path.realpath(os.fspath(given))
         if real_output == real_input:
-            raise KbertError(f"{output}: the output is also an input; writing it would replace what is being "
-                             f"read: choose another output")
+            raise KbertError(
+                f"{output}: the output is also an input; writing it would replace what is being "
+                f"read: choose another output"
+            )
         if _is_inside(real_output, real_input):
             raise KbertError(f"{output}: the output lies inside the input {given}; choose an output outside it")
         if replaces and _is_inside(real_input, real_output):
-            raise KbertError(f"{output}: the output holds the input {given} and is replaced whole; choose an "
-                             f"output that does not contain the inputs")
+            raise KbertError(
+                f"{output}: the output holds the input {given} and is replaced whole; choose an "
+                f"output that does not contain the inputs"
+            )
 
 
 def is_url(path) -> bool:
@@ -92,8 +96,10 @@ def check_writable(output, in_place: bool = False):
         # access(2) with the real ids asks the kernel, which also counts capabilities (root's
         # DAC override), ACLs and read-only mounts.
         if not os.access(directory, os.W_OK | os.X_OK):
-            raise KbertError(f"cannot write to {directory} (permission denied, or a read-only file system); "
-                             f"make it writable, or choose another output")
+            raise KbertError(
+                f"cannot write to {directory} (permission denied, or a read-only file system); "
+                f"make it writable, or choose another output"
+            )
 
 
 def _nearest_existing(path: str) -> str:

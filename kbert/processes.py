@@ -52,7 +52,7 @@ def child_processes(pid: int | None = None) -> set:
             except OSError:
                 continue
             # The name is in parentheses and may hold spaces: the fields after its last ')'.
-            fields = stat[stat.rindex(b")") + 2:].split()
+            fields = stat[stat.rindex(b")") + 2 :].split()
             parents[int(entry)] = int(fields[1])
     found, frontier = set(), {pid}
     while frontier:

@@ -51,17 +51,22 @@ def check_records_file(path, flag: str = "") -> int:
         while offset < size:
             header = f.read(_HEADER)
             if len(header) < _HEADER:
-                raise KbertError(f"{name}: truncated TFRecord file (it ends inside the header of record "
-                                 f"{count + 1}); make the records again, or leave this file out")
+                raise KbertError(
+                    f"{name}: truncated TFRecord file (it ends inside the header of record "
+                    f"{count + 1}); make the records again, or leave this file out"
+                )
             length, crc = struct.unpack("<QI", header)
             if masked_crc(header[:8]) != crc:
                 what = "not a TFRecord file" if count == 0 else f"corrupt TFRecord file (record {count + 1})"
-                raise KbertError(f"{name}: {what}; pass TFRecord files from kbert create-data or "
-                                 f"create_pretraining_data.py")
+                raise KbertError(
+                    f"{name}: {what}; pass TFRecord files from kbert create-data or create_pretraining_data.py"
+                )
             offset += _HEADER + length + _FOOTER
             count += 1
             if offset > size:
-                raise KbertError(f"{name}: truncated TFRecord file (its record {count} ends past the file's end, "
-                                 f"at byte {offset} of {size}); make the records again, or leave this file out")
+                raise KbertError(
+                    f"{name}: truncated TFRecord file (its record {count} ends past the file's end, "
+                    f"at byte {offset} of {size}); make the records again, or leave this file out"
+                )
             f.seek(offset)
     return count

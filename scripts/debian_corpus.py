@@ -6,9 +6,9 @@ usage: python scripts/debian_corpus.py OUT.txt
 Writes a pretraining corpus in the format of google-research/bert's create_pretraining_data.py:
 one sentence per line, a blank line between documents (about 60,000 documents, 25 MB).
 """
+
 import glob
 import hashlib
-import os
 import re
 import subprocess
 import sys
@@ -17,8 +17,9 @@ import sys
 def _read_lists(pattern):
     out = []
     for path in sorted(glob.glob("/var/lib/apt/lists/" + pattern)):
-        text = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", path],
-                              capture_output=True, check=True).stdout.decode("utf-8", "replace")
+        text = subprocess.run(
+            ["/usr/lib/apt/apt-helper", "cat-file", path], capture_output=True, check=True
+        ).stdout.decode("utf-8", "replace")
         out.append(text)
     return "\n".join(out)
 
@@ -54,7 +55,7 @@ def _paragraph_text(desc):
 def corpus(out):
     seen = set()
     with open(out, "w", encoding="utf-8") as f:
-        for pkg, desc in sorted(descriptions().items()):
+        for _pkg, desc in sorted(descriptions().items()):
             summary, paras = _paragraph_text(desc)
             text = " ".join(paras)
             h = hashlib.md5(text.encode()).hexdigest()

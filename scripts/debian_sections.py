@@ -15,7 +15,8 @@ import re
 import sys
 
 # apt's lists, read and split as the corpus script reads them (scripts/ is on the path when run).
-from debian_corpus import _read_lists as read_lists, _stanzas as stanzas
+from debian_corpus import _read_lists as read_lists
+from debian_corpus import _stanzas as stanzas
 
 SECTIONS = ("games", "science", "sound", "graphics", "net", "text", "admin", "math")
 PER_SECTION = 600
@@ -34,8 +35,9 @@ def bucket(name):
 
 def main(out_dir):
     sections = {s["Package"]: s.get("Section", "").split("/")[-1] for s in stanzas(read_lists("*_Packages*"))}
-    descriptions = {s["Package"]: s["Description-en"] for s in stanzas(read_lists("*Translation-en*"))
-                    if "Description-en" in s}
+    descriptions = {
+        s["Package"]: s["Description-en"] for s in stanzas(read_lists("*Translation-en*")) if "Description-en" in s
+    }
     if not sections or not descriptions:
         sys.exit("no apt lists with English descriptions: run apt-get -o Acquire::Languages=en update")
     by_section, seen = {s: [] for s in SECTIONS}, set()

@@ -6,6 +6,7 @@ token (the unigram baseline, with that token), the unigram model's cross-entropy
 fitted on the same records, so a lower bound for any context-free model), and the
 next-sentence accuracy of always answering the majority label.
 """
+
 import argparse
 import collections
 import json
@@ -13,8 +14,8 @@ import math
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-from kbert.config import DEFAULT_MAX_SEQ_LENGTH  # noqa: E402
-from kbert.pretraining.dataset import pretraining_dataset  # noqa: E402
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
+from kbert.pretraining.dataset import pretraining_dataset
 
 
 def main():
@@ -33,9 +34,17 @@ def main():
     total = sum(labels.values())
     top_id, top_count = labels.most_common(1)[0]
     entropy = -sum(c / total * math.log(c / total) for c in labels.values())
-    print(json.dumps({"masked_positions": total, "unigram_mlm_accuracy": round(top_count / total, 4),
-                      "most_frequent_masked_id": top_id, "unigram_mlm_loss": round(entropy, 4),
-                      "nsp_majority_accuracy": round(max(nsp.values()) / sum(nsp.values()), 4)}))
+    print(
+        json.dumps(
+            {
+                "masked_positions": total,
+                "unigram_mlm_accuracy": round(top_count / total, 4),
+                "most_frequent_masked_id": top_id,
+                "unigram_mlm_loss": round(entropy, 4),
+                "nsp_majority_accuracy": round(max(nsp.values()) / sum(nsp.values()), 4),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ def read(path):
 
 
 def main(data_dir):
-    (train_x, train_y), (dev_x, dev_y), (test_x, test_y) = (read(os.path.join(data_dir, f"{s}.tsv"))
-                                                            for s in ("train", "dev", "test"))
+    (train_x, train_y), (dev_x, dev_y), (test_x, test_y) = (
+        read(os.path.join(data_dir, f"{s}.tsv")) for s in ("train", "dev", "test")
+    )
     vectorizer = TfidfVectorizer(sublinear_tf=True, ngram_range=(1, 2), min_df=2)
     train = vectorizer.fit_transform(train_x)
     best = None
@@ -34,10 +35,19 @@ def main(data_dir):
             best = (dev_acc, c, model)
     dev_acc, c, model = best
     predicted = model.predict(vectorizer.transform(test_x))
-    print(json.dumps({"C": c, "dev_accuracy": round(dev_acc, 4),
-                      "test_accuracy": round(accuracy_score(test_y, predicted), 4),
-                      "test_macro_f1": round(f1_score(test_y, predicted, average="macro"), 4),
-                      "train": len(train_y), "dev": len(dev_y), "test": len(test_y)}))
+    print(
+        json.dumps(
+            {
+                "C": c,
+                "dev_accuracy": round(dev_acc, 4),
+                "test_accuracy": round(accuracy_score(test_y, predicted), 4),
+                "test_macro_f1": round(f1_score(test_y, predicted, average="macro"), 4),
+                "train": len(train_y),
+                "dev": len(dev_y),
+                "test": len(test_y),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

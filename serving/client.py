@@ -44,9 +44,17 @@ from kbert.errors import KbertError
 log = logging.getLogger("kbert")
 
 # TF Serving's DataType names -> numpy dtypes (object: Python str or bytes).
-_NUMPY = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT32": np.int32, "DT_INT64": np.int64,
-          "DT_INT16": np.int16, "DT_INT8": np.int8, "DT_UINT8": np.uint8, "DT_BOOL": np.bool_,
-          "DT_STRING": object}
+_NUMPY = {
+    "DT_FLOAT": np.float32,
+    "DT_DOUBLE": np.float64,
+    "DT_INT32": np.int32,
+    "DT_INT64": np.int64,
+    "DT_INT16": np.int16,
+    "DT_INT8": np.int8,
+    "DT_UINT8": np.uint8,
+    "DT_BOOL": np.bool_,
+    "DT_STRING": object,
+}
 FIRST_RETRY_WAIT, MAX_RETRY_WAIT = 0.1, 10.0  # seconds: the back-off doubles from the first to the cap
 # What TensorFlow wraps an op's error in, which a server passes on: "{{function_node
 # __inference_...}}" before it, "[[{{node ...}}]]" and "[Op:...]" after it.
@@ -108,8 +116,9 @@ class Client:
     kbert.errors.KbertError: server address 'localhost': give HOST:PORT (gRPC) or http://HOST:PORT (REST)
     """
 
-    def __init__(self, address: str, model_name: str, *, version: int | None = None, timeout: float = 60.0,
-                 retries: int = 10):
+    def __init__(
+        self, address: str, model_name: str, *, version: int | None = None, timeout: float = 60.0, retries: int = 10
+    ):
         address = str(address).strip().rstrip("/")
         scheme, sep, rest = address.partition("://")
         if not sep:
@@ -139,9 +148,11 @@ class Client:
         # transport's module imports what this one holds for both.
         if self.protocol == "grpc":
             from kbert.serving.grpc_client import GrpcTransport
+
             self._transport = GrpcTransport(self)
         else:
             from kbert.serving.rest_client import RestTransport
+
             self._transport = RestTransport(self)
 
     def __repr__(self):
@@ -199,9 +210,11 @@ class Client:
             texts_b = _text_list(texts_b, "texts_b", len(texts))
             if not takes_b and any(texts_b):
                 # TF Serving's REST API would drop text_b without a word; gRPC would refuse it.
-                raise KbertError(f"{self._where()}: serving_default takes single texts (no text_b), but "
-                                 f"second texts were given; send single texts, or serve a model fine-tuned "
-                                 f"on sentence pairs")
+                raise KbertError(
+                    f"{self._where()}: serving_default takes single texts (no text_b), but "
+                    f"second texts were given; send single texts, or serve a model fine-tuned "
+                    f"on sentence pairs"
+                )
             if takes_b:
                 inputs["text_b"] = texts_b
         elif takes_b:
@@ -215,12 +228,16 @@ class Client:
         >>> out = Client("localhost:8500", "sentiment").predict_ids(  # doctest: +SKIP
         ...     [[2, 5, 6, 3]], [[1, 1, 1, 1]], [[0, 0, 0, 0]])
         """
-        arrays = {name: np.asarray(value, dtype=np.int32) for name, value in
-                  (("input_ids", input_ids), ("input_mask", input_mask), ("segment_ids", segment_ids))}
+        arrays = {
+            name: np.asarray(value, dtype=np.int32)
+            for name, value in (("input_ids", input_ids), ("input_mask", input_mask), ("segment_ids", segment_ids))
+        }
         shapes = {a.shape for a in arrays.values()}
         if len(shapes) != 1 or len(next(iter(shapes))) != 2:
-            raise KbertError(f"input_ids, input_mask and segment_ids must be [batch, seq] arrays of one shape; "
-                             f"got {', '.join(str(a.shape) for a in arrays.values())}")
+            raise KbertError(
+                f"input_ids, input_mask and segment_ids must be [batch, seq] arrays of one shape; "
+                f"got {', '.join(str(a.shape) for a in arrays.values())}"
+            )
         return self.predict(arrays, "serve_ids")
 
     # === Classify and Regress APIs ===
@@ -291,10 +308,15 @@ class Client:
         body = self._transport.status()
         # The REST answer is the response proto's JSON (gRPC's is made the same); fields at
         # their default are left out.
-        return [{"version": int(s.get("version", 0)), "state": s.get("state", "UNKNOWN"),
-                 "error_code": s.get("status", {}).get("error_code", "OK"),
-                 "error_message": s.get("status", {}).get("error_message", "")}
-                for s in body.get("model_version_status", [])]
+        return [
+            {
+                "version": int(s.get("version", 0)),
+                "state": s.get("state", "UNKNOWN"),
+                "error_code": s.get("status", {}).get("error_code", "OK"),
+                "error_message": s.get("status", {}).get("error_message", ""),
+            }
+            for s in body.get("model_version_status", [])
+        ]
 
     # === Retries and messages, for both transports ===
 
@@ -309,11 +331,20 @@ class Client:
             except _Unavailable as e:
                 wait = retry_wait(retry, jitter=random.uniform(0.5, 1.0))
                 if retry == self.retries or time.monotonic() + wait >= deadline:
-                    after = (f" (after {retry} {'retry' if retry == 1 else 'retries'} in "
-                             f"{time.monotonic() - start:.1f} s)") if retry else ""
+                    after = (
+                        (f" (after {retry} {'retry' if retry == 1 else 'retries'} in {time.monotonic() - start:.1f} s)")
+                        if retry
+                        else ""
+                    )
                     raise KbertError(e.message(after)) from None
-                log.warning("TF Serving at %s unavailable (%s); retrying in %.2g s (%d/%d)", self.target,
-                            _short(e.reason), wait, retry + 1, self.retries)
+                log.warning(
+                    "TF Serving at %s unavailable (%s); retrying in %.2g s (%d/%d)",
+                    self.target,
+                    _short(e.reason),
+                    wait,
+                    retry + 1,
+                    self.retries,
+                )
                 time.sleep(wait)
 
     def _signature(self, name: str) -> dict | None:
@@ -329,15 +360,19 @@ class Client:
 
     def _not_serving(self, what: str, after: str) -> str:
         """The server answers but cannot serve the model (loading, overloaded), however long we waited."""
-        return (f"{self._where()}: {what}{after}; the server is up but not serving the model: wait until it "
-                f"has loaded it (its log says), or {_WAIT_HINT}")
+        return (
+            f"{self._where()}: {what}{after}; the server is up but not serving the model: wait until it "
+            f"has loaded it (its log says), or {_WAIT_HINT}"
+        )
 
     def _unreachable(self, why: str, after: str = "") -> str:
         flag = "--port" if self.protocol == "grpc" else "--rest_api_port"
         longer = f", or {_WAIT_HINT}" if after else ""
-        return (f"cannot reach TF Serving at {self.target} over {self._protocol_name} ({why}){after}; is the "
-                f"server running at {self.target}? Start tensorflow_model_server with "
-                f"{flag}={self.target.rpartition(':')[2]}, fix the address{longer}")
+        return (
+            f"cannot reach TF Serving at {self.target} over {self._protocol_name} ({why}){after}; is the "
+            f"server running at {self.target}? Start tensorflow_model_server with "
+            f"{flag}={self.target.rpartition(':')[2]}, fix the address{longer}"
+        )
 
 
 # === Values, for both transports: texts checked and made bytes, string outputs decoded ===

@@ -42,31 +42,44 @@ from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 from kbert.config import sequence_length
 from kbert.errors import KbertError
-from kbert.outputs import writes
 from kbert.files import atomic_output_dir
 from kbert.model.bert import BertEncoder, BertMultipleChoice, BertPretrainer, BertTagger, encoder_of
 from kbert.model_dir import open_model
+from kbert.outputs import writes
 from kbert.serving.heads import API_METHODS, ServingHead, require_served, serve_encoder, serving_head
-from kbert.serving.models_config import configured_name, write_batching_parameters, write_models_config
-from kbert.serving.optimize import optimize
-from kbert.serving.signatures import set_method_name
+
 # Names of this module from before their code moved, which `kbert export` imports from here.
-from kbert.serving.models_config import BATCHING_PARAMETERS, MODELS_CONFIG  # noqa: F401
-from kbert.serving.signatures import exported_signatures  # noqa: F401
+from kbert.serving.models_config import (  # noqa: F401
+    BATCHING_PARAMETERS,
+    MODELS_CONFIG,
+    configured_name,
+    write_batching_parameters,
+    write_models_config,
+)
+from kbert.serving.optimize import optimize
+from kbert.serving.signatures import (
+    exported_signatures,  # noqa: F401
+    set_method_name,
+)
 from kbert.text.preprocessing import BertPreprocessor
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 PRECISIONS = ("float32", "bfloat16")
 # Representative warmup requests: TF Serving runs them at load so that the first real request
 # does not pay for graph set-up; one per batch shape that a client typically sends.
-WARMUP_TEXTS = (["Hello, world!"],
-                ["The quick brown fox jumps over the lazy dog.", "A second sentence in the same batch."],
-                [" ".join(["a long request that will be truncated"] * 100)])
+WARMUP_TEXTS = (
+    ["Hello, world!"],
+    ["The quick brown fox jumps over the lazy dog.", "A second sentence in the same batch."],
+    [" ".join(["a long request that will be truncated"] * 100)],
+)
 
 
 def _next_version(export_base: str) -> int:
-    versions = [int(name) for name in os.listdir(export_base) if re.fullmatch(r"\d+", name)] \
-        if os.path.isdir(export_base) else []
+    versions = (
+        [int(name) for name in os.listdir(export_base) if re.fullmatch(r"\d+", name)]
+        if os.path.isdir(export_base)
+        else []
+    )
     return max(versions, default=0) + 1
 
 
@@ -75,6 +88,7 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False) -> Servi
     (`kbert.serving.heads`). Either way the model runs as `kbert.serving.optimize` rewrites it
     (on each batch's longest text, Q, K and V as one matmul, LayerNorms as one kernel), with its
     weights as graph constants if `constant_weights`."""
+
     def serving(m):
         return optimize(m, constant_weights=constant_weights)
 
@@ -83,7 +97,8 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False) -> Servi
     task = task_info.get("task")
     if task is None:  # a head saved without fine-tuning metadata: its kind says which task
         task = {BertTagger: "tag", BertMultipleChoice: "choice"}.get(type(model)) or (
-            "regress" if getattr(model, "num_classes", 0) == 1 else "classify")
+            "regress" if getattr(model, "num_classes", 0) == 1 else "classify"
+        )
     require_served(task)  # before the model is rewritten for serving
     head = serving_head(task, serving(model), task_info.get("labels"))
     if task in ("classify", "regress"):
@@ -99,20 +114,32 @@ def _warmup_requests(path: str, name: str, text_inputs: dict):
     with tf.io.TFRecordWriter(path) as writer:
         for texts in WARMUP_TEXTS:
             request = predict_pb2.PredictRequest(
-                model_spec=model_pb2.ModelSpec(name=name, signature_name="serving_default"))
+                model_spec=model_pb2.ModelSpec(name=name, signature_name="serving_default")
+            )
             request.inputs["text"].CopyFrom(tf.make_tensor_proto(texts, dtype=tf.string))
             for extra, rank in list(text_inputs.items())[1:]:  # text_b: one more text; endings: a list
-                value = [["ends here.", "goes on and on."]] * len(texts) if rank == 2 else \
-                    ["And its second text."] * len(texts)
+                value = (
+                    [["ends here.", "goes on and on."]] * len(texts)
+                    if rank == 2
+                    else ["And its second text."] * len(texts)
+                )
                 request.inputs[extra].CopyFrom(tf.make_tensor_proto(value, dtype=tf.string))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
 
 
 @writes("export_base", inputs=("model_dir",), in_place=True)
-def export_model(model_dir, export_base, version: int | None = None, max_seq_length: int | None = None,
-                 overwrite: bool = False, name: str | None = None, text_pairs: bool | None = None,
-                 precision: str = "float32", constant_weights: bool = False) -> str:
+def export_model(
+    model_dir,
+    export_base,
+    version: int | None = None,
+    max_seq_length: int | None = None,
+    overwrite: bool = False,
+    name: str | None = None,
+    text_pairs: bool | None = None,
+    precision: str = "float32",
+    constant_weights: bool = False,
+) -> str:
     """Export a kbert model directory for TF Serving; returns the path of `EXPORT_BASE/<version>`.
 
     The version directory is built in a temporary directory inside `export_base` and renamed
@@ -157,8 +184,10 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
         raise KbertError(f"--version {version}: TF Serving versions are non-negative integers")
     path = os.path.join(export_base, str(version))
     if os.path.exists(path) and not overwrite:
-        raise KbertError(f"{path} already exists; pass --version with a new number, leave --version out for "
-                         f"the next free one ({_next_version(export_base)}), or pass --overwrite")
+        raise KbertError(
+            f"{path} already exists; pass --version with a new number, leave --version out for "
+            f"the next free one ({_next_version(export_base)}), or pass --overwrite"
+        )
     name = name or configured_name(export_base) or os.path.basename(export_base)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise KbertError(f"model name {name!r} must be letters, digits, '_', '-' or '.'; pass --name")
@@ -200,9 +229,18 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     # The tokenizer's table is built from the vocabulary in memory (the exact load_vocab
     # semantics: stripped lines, the last id of a repeated token). This id -> token table
     # reads the vocabulary from the SavedModel's assets, which puts vocab.txt there for clients.
-    archive.track(tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
-        model.vocab_file, tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
-        tf.string, tf.lookup.TextFileIndex.WHOLE_LINE), default_value="[UNK]"))
+    archive.track(
+        tf.lookup.StaticHashTable(
+            tf.lookup.TextFileInitializer(
+                model.vocab_file,
+                tf.int64,
+                tf.lookup.TextFileIndex.LINE_NUMBER,
+                tf.string,
+                tf.lookup.TextFileIndex.WHOLE_LINE,
+            ),
+            default_value="[UNK]",
+        )
+    )
 
     names = list(head.text_inputs)  # "text", then "text_b" or "endings" (see the task's ServingHead)
 
@@ -213,11 +251,14 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
 
     # serving_default takes the head's string inputs, in order; their names are the TensorSpecs'.
     if len(names) == 1:
+
         def serve_text(text):
             return text_outputs({names[0]: text})
     else:
+
         def serve_text(text, second):
             return text_outputs({names[0]: text, names[1]: second})
+
     text_signature = [tf.TensorSpec([None] * rank, tf.string, name=name) for name, rank in head.text_inputs.items()]
 
     def serve_ids(input_ids, input_mask, segment_ids):
@@ -226,12 +267,17 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
     def parse_examples(examples):
         # One bytes feature per input: `text` required, a second text "" when absent, and a
         # list input (endings) with one value per item.
-        spec = {name: tf.io.RaggedFeature(tf.string) if rank == 2 else
-                tf.io.FixedLenFeature([], tf.string, default_value=None if name == "text" else "")
-                for name, rank in head.text_inputs.items()}
+        spec = {
+            name: tf.io.RaggedFeature(tf.string)
+            if rank == 2
+            else tf.io.FixedLenFeature([], tf.string, default_value=None if name == "text" else "")
+            for name, rank in head.text_inputs.items()
+        }
         strings = tf.io.parse_example(examples, spec)
-        return {name: value.to_tensor("") if isinstance(value, tf.RaggedTensor) else value
-                for name, value in strings.items()}
+        return {
+            name: value.to_tensor("") if isinstance(value, tf.RaggedTensor) else value
+            for name, value in strings.items()
+        }
 
     def serve_examples(examples):
         return text_outputs(parse_examples(examples))
@@ -241,8 +287,11 @@ def export_model(model_dir, export_base, version: int | None = None, max_seq_len
         return head.api_outputs(pack(strings["text"], strings.get("text_b")))
 
     archive.add_endpoint("serving_default", serve_text, text_signature)
-    archive.add_endpoint("serve_ids", serve_ids, [tf.TensorSpec([None] * head.ids_rank, tf.int32, name=n) for n in
-                                                  ("input_ids", "input_mask", "segment_ids")])
+    archive.add_endpoint(
+        "serve_ids",
+        serve_ids,
+        [tf.TensorSpec([None] * head.ids_rank, tf.int32, name=n) for n in ("input_ids", "input_mask", "segment_ids")],
+    )
     archive.add_endpoint("serve_examples", serve_examples, [tf.TensorSpec([None], tf.string, name="examples")])
     if head.api:
         archive.add_endpoint(head.api, serve_api, [tf.TensorSpec([None], tf.string, name="inputs")])

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from kbert.errors import KbertError
-from kbert.serving.client import _NUMPY, _Unavailable, _as_bytes, _decode, _is_text, _one_line
+from kbert.serving.client import _NUMPY, _as_bytes, _decode, _is_text, _one_line, _Unavailable
 
-_MAX_MESSAGE = 2 ** 31 - 1  # tensorflow_model_server accepts messages up to INT_MAX bytes too
+_MAX_MESSAGE = 2**31 - 1  # tensorflow_model_server accepts messages up to INT_MAX bytes too
 
 
 class GrpcTransport:
@@ -42,23 +42,26 @@ class GrpcTransport:
                 else:  # not an input of the signature: the server names the mistake
                     proto = tf.make_tensor_proto(_as_bytes(value) if _is_text(value) else np.asarray(value))
             except (TypeError, ValueError) as e:
-                raise KbertError(f"input {name!r}: cannot make a {dtype or 'tensor'} of it ({_one_line(str(e))})") \
-                    from None
+                raise KbertError(
+                    f"input {name!r}: cannot make a {dtype or 'tensor'} of it ({_one_line(str(e))})"
+                ) from None
             request.inputs[name].CopyFrom(proto)
         response = self._call("PredictionService", "Predict", request)
         return {name: _decode(name, tf.make_ndarray(proto)) for name, proto in sorted(response.outputs.items())}
 
     def classify(self, examples: list[dict], signature_name: str) -> list[list[tuple[str, float]]]:
         from tensorflow_serving.apis import classification_pb2
+
         request = classification_pb2.ClassificationRequest(
-            model_spec=self._model_spec(signature_name), input=_input(examples))
+            model_spec=self._model_spec(signature_name), input=_input(examples)
+        )
         result = self._call("PredictionService", "Classify", request).result
         return [[(c.label, float(c.score)) for c in row.classes] for row in result.classifications]
 
     def regress(self, examples: list[dict], signature_name: str) -> list[float]:
         from tensorflow_serving.apis import regression_pb2
-        request = regression_pb2.RegressionRequest(
-            model_spec=self._model_spec(signature_name), input=_input(examples))
+
+        request = regression_pb2.RegressionRequest(model_spec=self._model_spec(signature_name), input=_input(examples))
         result = self._call("PredictionService", "Regress", request).result
         return [float(r.value) for r in result.regressions]
 
@@ -68,7 +71,8 @@ class GrpcTransport:
         from tensorflow_serving.apis import get_model_metadata_pb2
 
         request = get_model_metadata_pb2.GetModelMetadataRequest(
-            model_spec=self._model_spec(), metadata_field=["signature_def"])
+            model_spec=self._model_spec(), metadata_field=["signature_def"]
+        )
         response = self._call("PredictionService", "GetModelMetadata", request)
         signature_map = get_model_metadata_pb2.SignatureDefMap()
         response.metadata["signature_def"].Unpack(signature_map)
@@ -76,15 +80,21 @@ class GrpcTransport:
         def info(tensor):
             shape = None if tensor.tensor_shape.unknown_rank else [d.size for d in tensor.tensor_shape.dim]
             return {"dtype": types_pb2.DataType.Name(tensor.dtype), "shape": shape}
-        return {name: {"method_name": s.method_name,
-                       "inputs": {k: info(v) for k, v in sorted(s.inputs.items())},
-                       "outputs": {k: info(v) for k, v in sorted(s.outputs.items())}}
-                for name, s in signature_map.signature_def.items()}
+
+        return {
+            name: {
+                "method_name": s.method_name,
+                "inputs": {k: info(v) for k, v in sorted(s.inputs.items())},
+                "outputs": {k: info(v) for k, v in sorted(s.outputs.items())},
+            }
+            for name, s in signature_map.signature_def.items()
+        }
 
     def status(self) -> dict:
         """GetModelStatus's response as JSON, the same as the REST API's answer."""
         from google.protobuf import json_format
         from tensorflow_serving.apis import get_model_status_pb2
+
         request = get_model_status_pb2.GetModelStatusRequest(model_spec=self._model_spec())
         return json_format.MessageToDict(self._call("ModelService", "GetModelStatus", request))
 
@@ -92,6 +102,7 @@ class GrpcTransport:
 
     def _model_spec(self, signature_name: str = ""):
         from tensorflow_serving.apis import model_pb2
+
         spec = model_pb2.ModelSpec(name=self.client.model_name, signature_name=signature_name)
         if self.client.version is not None:
             spec.version.value = self.client.version
@@ -99,15 +110,21 @@ class GrpcTransport:
 
     def _stub(self, service: str):
         import grpc
+
         if service not in self._stubs:
             from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
             if self._channel is None:
-                self._channel = grpc.insecure_channel(self.client.target, options=[
-                    ("grpc.max_send_message_length", _MAX_MESSAGE),
-                    ("grpc.max_receive_message_length", _MAX_MESSAGE),
-                    # A channel of its own, not one shared through gRPC's global pool: dropping
-                    # it (below) must also drop its reconnect back-off.
-                    ("grpc.use_local_subchannel_pool", 1)])
+                self._channel = grpc.insecure_channel(
+                    self.client.target,
+                    options=[
+                        ("grpc.max_send_message_length", _MAX_MESSAGE),
+                        ("grpc.max_receive_message_length", _MAX_MESSAGE),
+                        # A channel of its own, not one shared through gRPC's global pool: dropping
+                        # it (below) must also drop its reconnect back-off.
+                        ("grpc.use_local_subchannel_pool", 1),
+                    ],
+                )
             module = prediction_service_pb2_grpc if service == "PredictionService" else model_service_pb2_grpc
             self._stubs[service] = getattr(module, f"{service}Stub")(self._channel)
         return self._stubs[service]
@@ -121,6 +138,7 @@ class GrpcTransport:
 
     def _call(self, service: str, method: str, request):
         import grpc
+
         client = self.client
 
         def attempt(timeout):
@@ -133,14 +151,20 @@ class GrpcTransport:
                     if "connect" in details.lower() or not details:
                         # "failed to connect to all addresses; ...: Connection refused": the last
                         # part says why, enough for the line of each wait.
-                        raise _Unavailable(details.rsplit(": ", 1)[-1] or "no connection",
-                                           lambda after: client._unreachable(details, after)) from None
-                    raise _Unavailable(details, lambda after: client._not_serving(f"UNAVAILABLE: {details}", after)) \
-                        from None
+                        raise _Unavailable(
+                            details.rsplit(": ", 1)[-1] or "no connection",
+                            lambda after: client._unreachable(details, after),
+                        ) from None
+                    raise _Unavailable(
+                        details, lambda after: client._not_serving(f"UNAVAILABLE: {details}", after)
+                    ) from None
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise KbertError(f"{client._where()}: no answer within {client.timeout:g} s (gRPC {method}); "
-                                     f"raise the timeout or check the server's load") from None
+                    raise KbertError(
+                        f"{client._where()}: no answer within {client.timeout:g} s (gRPC {method}); "
+                        f"raise the timeout or check the server's load"
+                    ) from None
                 raise KbertError(f"{client._where()}: {code.name}: {details}") from None
+
         return client._retrying(attempt)
 
 
@@ -149,7 +173,12 @@ def _input(examples):
     from tensorflow.core.example import example_pb2, feature_pb2
     from tensorflow_serving.apis import input_pb2
 
-    protos = [example_pb2.Example(features=feature_pb2.Features(feature={
-        k: feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[v])) for k, v in e.items()}))
-        for e in examples]
+    protos = [
+        example_pb2.Example(
+            features=feature_pb2.Features(
+                feature={k: feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[v])) for k, v in e.items()}
+            )
+        )
+        for e in examples
+    ]
     return input_pb2.Input(example_list=input_pb2.ExampleList(examples=protos))

@@ -18,7 +18,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -34,11 +35,12 @@ API_METHODS = {CLASSIFY_API: "tensorflow/serving/classify", REGRESS_API: "tensor
 
 class ServingHead(NamedTuple):
     """What an export serves for one kind of model (see `kbert.serving.export`)."""
-    outputs: Callable             # int32 features -> dict of the Predict API's outputs
+
+    outputs: Callable  # int32 features -> dict of the Predict API's outputs
     text_inputs: dict = {"text": 1}  # serving_default's string inputs: name -> rank ([batch] or [batch, N])
     text_outputs: Callable | None = None  # (strings dict, pack, preprocessor) -> outputs; default: pack them
-    ids_rank: int = 2             # rank of serve_ids' inputs ([batch, seq]; choice: [batch, choices, seq])
-    api: str | None = None        # CLASSIFY_API or REGRESS_API: the extra signature's name
+    ids_rank: int = 2  # rank of serve_ids' inputs ([batch, seq]; choice: [batch, choices, seq])
+    api: str | None = None  # CLASSIFY_API or REGRESS_API: the extra signature's name
     api_outputs: Callable | None = None  # features -> that signature's outputs
 
 
@@ -50,19 +52,24 @@ def finite(name, x):
 def _label_table(labels, n):
     names = [str(label) for label in labels] if labels else [str(i) for i in range(n)]
     if len(names) != n:
-        raise KbertError(f"bert_config.json lists {len(names)} labels for a head of {n} classes; "
-                         f"fine-tune the model again")
+        raise KbertError(
+            f"bert_config.json lists {len(names)} labels for a head of {n} classes; fine-tune the model again"
+        )
     return tf.constant(names)
 
 
 def serve_encoder(encoder, text_pairs: bool) -> ServingHead:
     """An encoder's (or pretrained model's) head: `pooled_output`, `sequence_output` and
     `input_mask`; `serving_default` takes `text_b` too if `text_pairs`."""
+
     def outputs(features):
         out = encoder(features, training=False)
-        return {"pooled_output": finite("pooled_output", out["pooled_output"]),
-                "sequence_output": finite("sequence_output", out["sequence_output"]),
-                "input_mask": features["input_mask"]}
+        return {
+            "pooled_output": finite("pooled_output", out["pooled_output"]),
+            "sequence_output": finite("sequence_output", out["sequence_output"]),
+            "input_mask": features["input_mask"],
+        }
+
     return ServingHead(outputs, {"text": 1, "text_b": 1} if text_pairs else {"text": 1})
 
 
@@ -70,14 +77,16 @@ def _serve_classifier(model, labels):
     names = _label_table(labels, model.num_classes)
 
     def outputs(features):
-        probabilities = finite("probabilities", tf.nn.softmax(
-            tf.cast(model(features, training=False)["logits"], tf.float32), axis=-1))
+        probabilities = finite(
+            "probabilities", tf.nn.softmax(tf.cast(model(features, training=False)["logits"], tf.float32), axis=-1)
+        )
         label_id = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
         return {"probabilities": probabilities, "label_id": label_id, "label": tf.gather(names, label_id)}
 
     def classify_outputs(features):
         scores = outputs(features)["probabilities"]
         return {"classes": tf.tile(names[None], [tf.shape(scores)[0], 1]), "scores": scores}
+
     return ServingHead(outputs, api=CLASSIFY_API, api_outputs=classify_outputs)
 
 
@@ -87,6 +96,7 @@ def _serve_regressor(model, labels):
 
     def regress_outputs(features):
         return {"outputs": outputs(features)["score"]}
+
     return ServingHead(outputs, api=REGRESS_API, api_outputs=regress_outputs)
 
 
@@ -103,21 +113,24 @@ def _serve_tagger(model, labels):
         # As encoding.encode_tagged: the words are the text's whitespace-separated pieces (a CoNLL
         # file's words), each tokenized on its own, "[UNK]" for a word with no pieces, the pieces
         # cut at sequence_length - 2; each word's tag is read at its first piece.
-        words = tf.strings.split(strings["text"])                     # [batch, (words)]
-        pieces = preprocessor.tokenizer(words.flat_values)            # [words, (pieces)]
+        words = tf.strings.split(strings["text"])  # [batch, (words)]
+        pieces = preprocessor.tokenizer(words.flat_values)  # [words, (pieces)]
         count = tf.maximum(pieces.row_lengths(), 1)
         unk = tf.fill([tf.shape(count)[0], 1], load_vocab(preprocessor.vocab_file)[UNK])
         pieces = tf.concat([pieces, unk], axis=1)
         pieces = tf.ragged.boolean_mask(pieces, tf.ragged.range(pieces.row_lengths()) < count[:, None])
         tokens = tf.RaggedTensor.from_row_lengths(pieces, words.row_lengths()).merge_dims(1, 2)
         length = preprocessor.sequence_length
-        tokens = tokens[:, :length - 2]
+        tokens = tokens[:, : length - 2]
         batch = tf.shape(strings["text"])[0]
-        ids = tf.concat([tf.fill([batch, 1], preprocessor.cls_id), tokens,
-                         tf.fill([batch, 1], preprocessor.sep_id)], axis=1)
-        features = {"input_ids": ids.to_tensor(0, shape=[None, length]),
-                    "input_mask": tf.ones_like(ids).to_tensor(0, shape=[None, length]),
-                    "segment_ids": tf.zeros_like(ids).to_tensor(0, shape=[None, length])}
+        ids = tf.concat(
+            [tf.fill([batch, 1], preprocessor.cls_id), tokens, tf.fill([batch, 1], preprocessor.sep_id)], axis=1
+        )
+        features = {
+            "input_ids": ids.to_tensor(0, shape=[None, length]),
+            "input_mask": tf.ones_like(ids).to_tensor(0, shape=[None, length]),
+            "segment_ids": tf.zeros_like(ids).to_tensor(0, shape=[None, length]),
+        }
         out = outputs(features)
         # Each word's first piece, counted from 1 ([CLS] is 0), within its own sentence.
         before = tf.cumsum(count, exclusive=True)
@@ -129,13 +142,15 @@ def _serve_tagger(model, labels):
         tags = tf.where(kept, tf.gather_nd(out["label"], at), fallback)
         out["word_label"] = tf.RaggedTensor.from_row_lengths(tags, words.row_lengths()).to_tensor("")
         return out
+
     return ServingHead(outputs, text_outputs=text_outputs)
 
 
 def _serve_choices(model, labels):
     def outputs(features):
-        probabilities = finite("probabilities", tf.nn.softmax(
-            tf.cast(model(features, training=False)["logits"], tf.float32), axis=-1))
+        probabilities = finite(
+            "probabilities", tf.nn.softmax(tf.cast(model(features, training=False)["logits"], tf.float32), axis=-1)
+        )
         return {"probabilities": probabilities, "label_id": tf.argmax(probabilities, axis=-1, output_type=tf.int32)}
 
     def text_outputs(strings, pack, preprocessor):
@@ -145,12 +160,17 @@ def _serve_choices(model, labels):
         flat = pack(tf.repeat(strings["text"], choices), tf.reshape(endings, [-1]))
         shape = [-1, choices, preprocessor.sequence_length]
         return outputs({name: tf.reshape(value, shape) for name, value in flat.items()})
+
     return ServingHead(outputs, text_inputs={"text": 1, "endings": 2}, text_outputs=text_outputs, ids_rank=3)
 
 
 # Each task export serves, and its head: (model, label names or None) -> ServingHead.
-_TASK_HEADS = {"classify": _serve_classifier, "regress": _serve_regressor, "tag": _serve_tagger,
-               "choice": _serve_choices}
+_TASK_HEADS = {
+    "classify": _serve_classifier,
+    "regress": _serve_regressor,
+    "tag": _serve_tagger,
+    "choice": _serve_choices,
+}
 SERVED_TASKS = tuple(_TASK_HEADS)
 
 
@@ -164,9 +184,11 @@ def require_served(task: str):
     """
     get_task(task)  # an unknown task: the one-line error that lists them
     if task not in _TASK_HEADS:
-        raise KbertError(f"kbert export serves encoders, pretrained models and the {', '.join(SERVED_TASKS)} "
-                         f"tasks; a {task} model needs its question/context windows, which export does not "
-                         f"build yet: serve its encoder or use kbert predict")
+        raise KbertError(
+            f"kbert export serves encoders, pretrained models and the {', '.join(SERVED_TASKS)} "
+            f"tasks; a {task} model needs its question/context windows, which export does not "
+            f"build yet: serve its encoder or use kbert predict"
+        )
 
 
 def serving_head(task: str, model, labels: list | None) -> ServingHead:

@@ -23,14 +23,16 @@ log = logging.getLogger("kbert")
 
 MODELS_CONFIG = "models.config"
 BATCHING_PARAMETERS = "batching_parameters.txt"
-MODELS_CONFIG_HEADER = ("# tensorflow_model_server --model_config_file=THIS_FILE: serves the newest version "
-                        "under base_path.\n")
+MODELS_CONFIG_HEADER = (
+    "# tensorflow_model_server --model_config_file=THIS_FILE: serves the newest version under base_path.\n"
+)
 
 
 def _model_entry(name: str, export_base: str) -> str:
     """One `config { ... }` of a model_config_list, indented as kbert writes it (text_format quotes the path)."""
-    fields = text_format.MessageToString(model_server_config_pb2.ModelConfig(
-        name=name, base_path=export_base, model_platform="tensorflow"), as_utf8=True)
+    fields = text_format.MessageToString(
+        model_server_config_pb2.ModelConfig(name=name, base_path=export_base, model_platform="tensorflow"), as_utf8=True
+    )
     return "  config {\n" + "".join(f"    {line}\n" for line in fields.splitlines()) + "  }\n"
 
 
@@ -88,8 +90,11 @@ def _models_config_with(text: str, name: str, export_base: str, version: int):
     wanted = model_server_config_pb2.ModelServerConfig()
     wanted.CopyFrom(config)
     if len(models) > 1:
-        return None, (f"it serves {export_base} {len(models)} times" if same_base
-                      else f"it names model {name!r} {len(models)} times")
+        return None, (
+            f"it serves {export_base} {len(models)} times"
+            if same_base
+            else f"it names model {name!r} {len(models)} times"
+        )
     if not models:
         wanted.model_config_list.config.add(name=name, base_path=export_base, model_platform="tensorflow")
         entry = _model_entry(name, export_base)
@@ -101,8 +106,9 @@ def _models_config_with(text: str, name: str, export_base: str, version: int):
         if policy.WhichOneof("policy_choice") != "specific" or version in policy.specific.versions:
             return text, None  # TF Serving picks the new version up as the file stands
         name = models[0].name
-        next(m for m in wanted.model_config_list.config if m.name == name) \
-            .model_version_policy.specific.versions.append(version)
+        next(
+            m for m in wanted.model_config_list.config if m.name == name
+        ).model_version_policy.specific.versions.append(version)
         candidates = list(_edits(text, r"specific\s*:?\s*\{[^{}]*?(?P<at>)\s*\}", f" versions: {version}"))
         what = f"version {version} to the specific versions of model {name!r}"
     for candidate in candidates:
@@ -148,8 +154,9 @@ def write_models_config(export_base: str, name: str, version: int) -> str:
         updated, note = None, "not UTF-8 text"
     if updated is None:
         atomic_write_text(path + ".new", _models_config(name, export_base))
-        log.warning("%s: %s; left as it is, and kbert's models.config for this export is beside it: %s.new",
-                    path, note, path)
+        log.warning(
+            "%s: %s; left as it is, and kbert's models.config for this export is beside it: %s.new", path, note, path
+        )
         return path + ".new"
     if updated != text:
         atomic_write_text(path, updated)
@@ -194,4 +201,5 @@ def _batching_parameters(cores: int) -> str:
         f"max_enqueued_batches {{ value: {max(4, 2 * cores)} }}\n"
         "# The inputs are strings [batch] (tokenized and padded inside the graph) or ids already\n"
         "# padded by the client, so there is nothing for the batcher to pad.\n"
-        "pad_variable_length_inputs: false\n")
+        "pad_variable_length_inputs: false\n"
+    )

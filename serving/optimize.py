@@ -70,8 +70,14 @@ GROUP_ROWS = 8
 CONSTANT_WEIGHTS_MAX_BYTES = 1 << 30
 
 
-def optimize(model, constant_weights: bool = False, *, fuse_qkv: bool = True, one_kernel_layer_norm: bool = True,
-             group_rows: int = GROUP_ROWS) -> OnLongestText:
+def optimize(
+    model,
+    constant_weights: bool = False,
+    *,
+    fuse_qkv: bool = True,
+    one_kernel_layer_norm: bool = True,
+    group_rows: int = GROUP_ROWS,
+) -> OnLongestText:
     """`model` as the export runs it: every rewrite of this module's docstring, same numbers.
 
     Args:
@@ -98,6 +104,7 @@ def optimize(model, constant_weights: bool = False, *, fuse_qkv: bool = True, on
     >>> tuple(out["sequence_output"].shape), served.config.hidden_size
     ((1, 6, 32), 32)
     """
+
     def inference_layer(layer):
         if isinstance(layer, TransformerLayer):
             return InferenceTransformerLayer(layer, fuse_qkv, one_kernel_layer_norm)
@@ -114,8 +121,9 @@ def _fits_in_graph(model) -> bool:
     three they are made of, so the export holds as many numbers as the model)."""
     size = sum(w.numpy().nbytes for w in model.weights)
     if size > CONSTANT_WEIGHTS_MAX_BYTES:
-        log.warning("the weights (%.0f MiB) are too large for graph constants; the export keeps them as variables",
-                    size / 2**20)
+        log.warning(
+            "the weights (%.0f MiB) are too large for graph constants; the export keeps them as variables", size / 2**20
+        )
     return size <= CONSTANT_WEIGHTS_MAX_BYTES
 
 
@@ -138,9 +146,15 @@ def layer_norm_as_batch_norm(x, gamma, beta, epsilon: float):
     rows = tf.reduce_prod(shape[:-1])
     channels = tf.reshape(rows, [1])
     normalized = tf.raw_ops.FusedBatchNormV3(
-        x=tf.reshape(x, tf.stack([1, rows, shape[-1], 1])), scale=tf.fill(channels, 1.0),
-        offset=tf.fill(channels, 0.0), mean=tf.constant([], tf.float32), variance=tf.constant([], tf.float32),
-        epsilon=epsilon, data_format="NCHW", is_training=True).y
+        x=tf.reshape(x, tf.stack([1, rows, shape[-1], 1])),
+        scale=tf.fill(channels, 1.0),
+        offset=tf.fill(channels, 0.0),
+        mean=tf.constant([], tf.float32),
+        variance=tf.constant([], tf.float32),
+        epsilon=epsilon,
+        data_format="NCHW",
+        is_training=True,
+    ).y
     return tf.reshape(normalized, shape) * gamma + beta
 
 
@@ -200,10 +214,12 @@ class InferenceTransformerLayer(keras.layers.Layer):
             denses = (layer.query, layer.key, layer.value)
             kernel = ops.concatenate([ops.convert_to_tensor(d.kernel) for d in denses], axis=-1)
             bias = ops.concatenate([ops.convert_to_tensor(d.bias) for d in denses], axis=-1)
-            self.qkv_kernel = self.add_weight(name="qkv_kernel", shape=kernel.shape, dtype=kernel.dtype,
-                                              trainable=False, initializer="zeros")
-            self.qkv_bias = self.add_weight(name="qkv_bias", shape=bias.shape, dtype=bias.dtype,
-                                            trainable=False, initializer="zeros")
+            self.qkv_kernel = self.add_weight(
+                name="qkv_kernel", shape=kernel.shape, dtype=kernel.dtype, trainable=False, initializer="zeros"
+            )
+            self.qkv_bias = self.add_weight(
+                name="qkv_bias", shape=bias.shape, dtype=bias.dtype, trainable=False, initializer="zeros"
+            )
             self.qkv_kernel.assign(kernel)
             self.qkv_bias.assign(bias)
         self.built = True
@@ -228,10 +244,13 @@ class InferenceTransformerLayer(keras.layers.Layer):
         """Q, K and V, each [batch, heads, seq, head_size], from `flat` [batch·seq, H]."""
         heads, size = self.layer.num_heads, self.layer.head_size
         if self.qkv_kernel is None:  # three matmuls, as the checkpoint stores them
-            return [ops.transpose(ops.reshape(dense(flat), (batch, seq, heads, size)), (0, 2, 1, 3))
-                    for dense in (self.layer.query, self.layer.key, self.layer.value)]
+            return [
+                ops.transpose(ops.reshape(dense(flat), (batch, seq, heads, size)), (0, 2, 1, 3))
+                for dense in (self.layer.query, self.layer.key, self.layer.value)
+            ]
         projected = ops.matmul(flat, ops.cast(self.qkv_kernel, self.compute_dtype)) + ops.cast(
-            self.qkv_bias, self.compute_dtype)
+            self.qkv_bias, self.compute_dtype
+        )
         # [batch·seq, 3H] -> 3 x [batch, heads, seq, head_size], with one transpose for all three.
         projected = ops.reshape(projected, (batch, seq, 3, heads, size))
         return ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), 3, axis=0)
@@ -311,11 +330,13 @@ class OnLongestText:
         rows, size = tf.shape(mask)[0], self.group_rows
         groups = (rows + size - 1) // size
         specs = dict(self.model.output)
-        arrays = {k: tf.TensorArray(spec.dtype, size=groups, infer_shape=False, element_shape=[None, *spec.shape[1:]])
-                  for k, spec in specs.items()}
+        arrays = {
+            k: tf.TensorArray(spec.dtype, size=groups, infer_shape=False, element_shape=[None, *spec.shape[1:]])
+            for k, spec in specs.items()
+        }
 
         def group(i, arrays):
-            part = {k: v[i * size:(i + 1) * size] for k, v in ordered.items()}
+            part = {k: v[i * size : (i + 1) * size] for k, v in ordered.items()}
             out = self._on_longest(part)
             return i + 1, {k: arrays[k].write(i, out[k]) for k in arrays}
 

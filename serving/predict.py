@@ -10,7 +10,7 @@ that task's rows.
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -32,8 +32,10 @@ def row_batches(n: int, batch_size: int, start: int = 0):
     ([(0, 2), (2, 4), (4, 5)], [(3, 5)], [])
     """
     if start > n:
-        raise KbertError(f"the output to resume already has {start} rows, but the input has only {n} "
-                         f"examples: it is not this input's output; pass --overwrite to start again")
+        raise KbertError(
+            f"the output to resume already has {start} rows, but the input has only {n} "
+            f"examples: it is not this input's output; pass --overwrite to start again"
+        )
     return ((i, min(i + batch_size, n)) for i in range(start, n, batch_size))
 
 
@@ -42,8 +44,10 @@ def served_texts_b(path, texts_b, signatures, client):
     takes_b = "text_b" in signatures.get("serving_default", {}).get("inputs", {})
     if texts_b is not None and not takes_b:
         if any(texts_b):
-            raise KbertError(f"{path} has sentence pairs (text_b), but the served model {client.model_name} "
-                             f"takes single texts: give one text per row")
+            raise KbertError(
+                f"{path} has sentence pairs (text_b), but the served model {client.model_name} "
+                f"takes single texts: give one text per row"
+            )
         return None
     return texts_b
 
@@ -87,17 +91,20 @@ def served_task(signatures: dict) -> str | None:
     outputs = set(signatures.get("serving_default", {}).get("outputs", {}))
     if "pooled_output" in outputs:
         return None
-    raise KbertError(f"the served model's serving_default has outputs {listing(outputs) or 'none'}; kbert "
-                     f"predict --server reads what kbert export writes (the tasks "
-                     f"{', '.join(SERVED_TASKS)} and encoders): use Client.predict for other models")
+    raise KbertError(
+        f"the served model's serving_default has outputs {listing(outputs) or 'none'}; kbert "
+        f"predict --server reads what kbert export writes (the tasks "
+        f"{', '.join(SERVED_TASKS)} and encoders): use Client.predict for other models"
+    )
 
 
 # === Each task's rows, from the server's answers ===
 
 
 def _served_texts(task, client, signatures, path, opts, start):
-    examples = readers.read_text_examples(path, task=task, format=opts.format,
-                                          skip_bad_rows=opts.skip_bad_rows, require_labels=False)
+    examples = readers.read_text_examples(
+        path, task=task, format=opts.format, skip_bad_rows=opts.skip_bad_rows, require_labels=False
+    )
     readers.report_skipped(path, examples)
     texts_b = served_texts_b(path, examples.texts_b, signatures, client)
     for first, stop in row_batches(len(examples.texts), opts.batch_size, start):
@@ -117,15 +124,19 @@ def _served_tags(client, signatures, path, opts, start):
         words = examples.words[first:stop]
         out = client.predict_text([" ".join(w) for w in words])
         for sentence, tags in zip(words, out["word_label"]):
-            yield {"words": sentence, "tags": [str(tag) for tag in tags[:len(sentence)]]}
+            yield {"words": sentence, "tags": [str(tag) for tag in tags[: len(sentence)]]}
 
 
 def _served_choices(client, signatures, path, opts, start):
     examples = readers.read_choice_examples(path, skip_bad_rows=opts.skip_bad_rows, require_labels=False)
     readers.report_skipped(path, examples)
     for first, stop in row_batches(len(examples.contexts), opts.batch_size, start):
-        out = client.predict({"text": np.asarray(examples.contexts[first:stop], dtype=object),
-                              "endings": np.asarray(examples.endings[first:stop], dtype=object)})
+        out = client.predict(
+            {
+                "text": np.asarray(examples.contexts[first:stop], dtype=object),
+                "endings": np.asarray(examples.endings[first:stop], dtype=object),
+            }
+        )
         for row in out["probabilities"]:
             yield choice_row(row)
 
@@ -139,8 +150,9 @@ def _served_features(client, signatures, path, opts, start):
             yield pooled_row(row)
 
 
-def served_rows(task: str | None, client: Client, signatures: dict, path, *, options: FinetuneOptions,
-                start: int = 0) -> Iterator[dict]:
+def served_rows(
+    task: str | None, client: Client, signatures: dict, path, *, options: FinetuneOptions, start: int = 0
+) -> Iterator[dict]:
     """The dicts local `kbert predict` prints for `task` (None: an encoder's features), from
     example `start` of `path` on, as the served model answers them.
 
@@ -160,12 +172,12 @@ def served_rows(task: str | None, client: Client, signatures: dict, path, *, opt
         return _served_tags(client, signatures, path, options, start)
     if task == "choice":
         return _served_choices(client, signatures, path, options, start)
-    raise KbertError(f"kbert predict --server reads the tasks {', '.join(SERVED_TASKS)} and encoders, "
-                     f"not {task!r}")
+    raise KbertError(f"kbert predict --server reads the tasks {', '.join(SERVED_TASKS)} and encoders, not {task!r}")
 
 
-def predict_served(client: Client, input_path, options: FinetuneOptions | None = None, start: int = 0,
-                   **overrides) -> Iterator[dict]:
+def predict_served(
+    client: Client, input_path, options: FinetuneOptions | None = None, start: int = 0, **overrides
+) -> Iterator[dict]:
     """One JSON-ready dict per example of `input_path`, as the served model predicts it: the
     same file formats and the same dicts as local `predict` on the model that was exported.
 

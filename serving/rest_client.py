@@ -18,7 +18,7 @@ import urllib.request
 import numpy as np
 
 from kbert.errors import KbertError
-from kbert.serving.client import _NUMPY, _Unavailable, _decode, _one_line
+from kbert.serving.client import _NUMPY, _decode, _one_line, _Unavailable
 
 
 class RestTransport:
@@ -31,8 +31,11 @@ class RestTransport:
     # === TF Serving's APIs ===
 
     def predict(self, inputs: dict, signature_name: str, signature: dict | None) -> dict[str, np.ndarray]:
-        body = self._request("POST", ":predict", {"signature_name": signature_name,
-                                                  "inputs": {k: _json_value(v) for k, v in inputs.items()}})
+        body = self._request(
+            "POST",
+            ":predict",
+            {"signature_name": signature_name, "inputs": {k: _json_value(v) for k, v in inputs.items()}},
+        )
         if "outputs" not in body:
             raise KbertError(f"{self.client._where()}: the predict answer has no 'outputs'")
         outputs = (signature or {}).get("outputs", {})
@@ -44,13 +47,15 @@ class RestTransport:
         return {name: _from_json(name, value, outputs.get(name, {})) for name, value in sorted(values.items())}
 
     def classify(self, examples: list[dict], signature_name: str) -> list[list[tuple[str, float]]]:
-        body = self._request("POST", ":classify", {"signature_name": signature_name,
-                                                   "examples": [_example(e) for e in examples]})
+        body = self._request(
+            "POST", ":classify", {"signature_name": signature_name, "examples": [_example(e) for e in examples]}
+        )
         return [[(str(label), float(score)) for label, score in row] for row in _results(body)]
 
     def regress(self, examples: list[dict], signature_name: str) -> list[float]:
-        body = self._request("POST", ":regress", {"signature_name": signature_name,
-                                                  "examples": [_example(e) for e in examples]})
+        body = self._request(
+            "POST", ":regress", {"signature_name": signature_name, "examples": [_example(e) for e in examples]}
+        )
         return [float(value) for value in _results(body)]
 
     def metadata(self) -> dict:
@@ -59,17 +64,23 @@ class RestTransport:
         try:
             raw = body["metadata"]["signature_def"]["signature_def"]
         except (KeyError, TypeError):
-            raise KbertError(f"{self.client._where()}: the metadata response has no signature_def; is this TF "
-                             f"Serving's REST API?") from None
+            raise KbertError(
+                f"{self.client._where()}: the metadata response has no signature_def; is this TF Serving's REST API?"
+            ) from None
 
         def info(tensor):
             shape = tensor.get("tensor_shape", {})
             dims = None if shape.get("unknown_rank") else [int(d.get("size", 0)) for d in shape.get("dim", [])]
             return {"dtype": tensor.get("dtype", "DT_INVALID"), "shape": dims}
-        return {name: {"method_name": s.get("method_name", ""),
-                       "inputs": {k: info(v) for k, v in sorted(s.get("inputs", {}).items())},
-                       "outputs": {k: info(v) for k, v in sorted(s.get("outputs", {}).items())}}
-                for name, s in raw.items()}
+
+        return {
+            name: {
+                "method_name": s.get("method_name", ""),
+                "inputs": {k: info(v) for k, v in sorted(s.get("inputs", {}).items())},
+                "outputs": {k: info(v) for k, v in sorted(s.get("outputs", {}).items())},
+            }
+            for name, s in raw.items()
+        }
 
     def status(self) -> dict:
         """The model's status: GetModelStatus's response as JSON."""
@@ -85,8 +96,9 @@ class RestTransport:
     def _request(self, method: str, suffix: str, body: dict | None = None) -> dict:
         client = self.client
         data = None if body is None else json.dumps(body).encode("utf-8")
-        request = urllib.request.Request(self._url(suffix), data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self._url(suffix), data=data, method=method, headers={"Content-Type": "application/json"}
+        )
 
         def attempt(timeout):
             try:
@@ -95,8 +107,9 @@ class RestTransport:
             except urllib.error.HTTPError as e:
                 message = _one_line(str(_http_error_message(e)))
                 if e.code == 503:  # TF Serving's UNAVAILABLE
-                    raise _Unavailable(f"HTTP 503: {message}",
-                                       lambda after: client._not_serving(f"HTTP 503: {message}", after)) from None
+                    raise _Unavailable(
+                        f"HTTP 503: {message}", lambda after: client._not_serving(f"HTTP 503: {message}", after)
+                    ) from None
                 raise KbertError(f"{client._where()}: HTTP {e.code}: {message}") from None
             except urllib.error.URLError as e:
                 if isinstance(e.reason, (TimeoutError, socket.timeout)):
@@ -104,24 +117,29 @@ class RestTransport:
                 if isinstance(e.reason, ConnectionError):  # refused or reset: down or restarting
                     raise self._unavailable(e.reason) from None
                 raise KbertError(client._unreachable(str(e.reason))) from None
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 raise KbertError(self._timed_out(suffix)) from None
             except (ConnectionError, http.client.IncompleteRead) as e:  # the server went away mid-answer
                 raise self._unavailable(e) from None
+
         raw = client._retrying(attempt)
         try:
             return json.loads(raw)
         except ValueError:
-            raise KbertError(f"{client._where()}: the answer to {method} {self._url(suffix)} is not JSON; "
-                             f"is this TF Serving's REST port?") from None
+            raise KbertError(
+                f"{client._where()}: the answer to {method} {self._url(suffix)} is not JSON; "
+                f"is this TF Serving's REST port?"
+            ) from None
 
     def _unavailable(self, error: Exception) -> _Unavailable:
         why = str(error) or type(error).__name__
         return _Unavailable(why, lambda after: self.client._unreachable(why, after))
 
     def _timed_out(self, suffix: str) -> str:
-        return (f"{self.client._where()}: no answer from {self._url(suffix)} within {self.client.timeout:g} s; "
-                f"raise the timeout or check the server's load")
+        return (
+            f"{self.client._where()}: no answer from {self._url(suffix)} within {self.client.timeout:g} s; "
+            f"raise the timeout or check the server's load"
+        )
 
 
 # === JSON values ===
@@ -157,10 +175,12 @@ def _from_json(name: str, value, info: dict) -> np.ndarray:
     shape, so an empty output takes the signature's shape (0 for sizes it leaves open)."""
     dtype = _NUMPY.get(info.get("dtype"), None)
     if dtype is object:
+
         def unpack(v):
             if isinstance(v, list):
                 return [unpack(x) for x in v]
             return base64.b64decode(v["b64"]) if isinstance(v, dict) and "b64" in v else v
+
         array = _decode(name, np.array(unpack(value), dtype=object))
     else:
         array = np.asarray(value, dtype=dtype)

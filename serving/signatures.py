@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from tensorflow.core.protobuf import saved_model_pb2
+
 # Private, and the one place kbert imports it: TensorFlow has no public API that writes a
 # SavedModel's fingerprint.pb (`tf.saved_model.experimental` only reads one), and none that
 # saves a signature with a method name other than predict. Kept here so that a TensorFlow
@@ -40,5 +41,8 @@ def exported_signatures(path: str) -> dict:
     saved_model = saved_model_pb2.SavedModel()
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:
         saved_model.ParseFromString(f.read())
-    return {name: signature.method_name for name, signature in
-            sorted(saved_model.meta_graphs[0].signature_def.items()) if not name.startswith("__")}
+    return {
+        name: signature.method_name
+        for name, signature in sorted(saved_model.meta_graphs[0].signature_def.items())
+        if not name.startswith("__")
+    }

@@ -39,12 +39,12 @@ import tensorflow as tf
 
 from kbert.config import sequence_length
 from kbert.errors import KbertError
-from kbert.outputs import writes
 from kbert.files import atomic_output_dir, count_lines
 from kbert.model import fused
 from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
 from kbert.model.layers import attention_adder
 from kbert.model_dir import CONFIG_FILE, open_model
+from kbert.outputs import writes
 from kbert.text.graph_tokenizer import GraphTokenizer
 from kbert.text.preprocessing import pack_token_ids
 from kbert.text.tokenizer import load_vocab
@@ -118,8 +118,12 @@ def _encoder_module(encoder: BertEncoder, pretrainer, vocab_file: str, do_lower_
         @tf.function
         def mlm_call(inputs, training=False):
             out = _hub_outputs(encoder, inputs, training)
-            return {**out, "mlm_logits": pretrainer.mlm_head(out["sequence_output"], inputs["masked_lm_positions"],
-                                                             training=training)}
+            return {
+                **out,
+                "mlm_logits": pretrainer.mlm_head(
+                    out["sequence_output"], inputs["masked_lm_positions"], training=training
+                ),
+            }
 
         for training in (False, True):
             mlm_call.get_concrete_function(mlm_specs, training=training)
@@ -149,17 +153,24 @@ def _encoder_module(encoder: BertEncoder, pretrainer, vocab_file: str, do_lower_
 def _preprocessor_module(vocab_file: str, do_lower_case: bool, length: int):
     tokenizer = GraphTokenizer(vocab_file, do_lower_case)
     vocab = load_vocab(vocab_file)
-    special = {"vocab_size": count_lines(vocab_file),  # ids, as the encoder's vocab_size counts them
-               "start_of_sequence_id": vocab["[CLS]"], "end_of_segment_id": vocab["[SEP]"],
-               "padding_id": vocab.get("[PAD]", 0), "mask_id": vocab.get("[MASK]", vocab["[UNK]"])}
+    special = {
+        "vocab_size": count_lines(vocab_file),  # ids, as the encoder's vocab_size counts them
+        "start_of_sequence_id": vocab["[CLS]"],
+        "end_of_segment_id": vocab["[SEP]"],
+        "padding_id": vocab.get("[PAD]", 0),
+        "mask_id": vocab.get("[MASK]", vocab["[UNK]"]),
+    }
 
     def hub_names(packed):
         return {hub: packed[ours] for hub, ours in HUB_INPUTS.items()}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="sentences")])
     def preprocess(sentences):
-        return hub_names(pack_token_ids(tokenizer(sentences), None, length, special["start_of_sequence_id"],
-                                        special["end_of_segment_id"]))
+        return hub_names(
+            pack_token_ids(
+                tokenizer(sentences), None, length, special["start_of_sequence_id"], special["end_of_segment_id"]
+            )
+        )
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="sentences")])
     def tokenize(sentences):
@@ -174,15 +185,22 @@ def _preprocessor_module(vocab_file: str, do_lower_case: bool, length: int):
         segments = [s.merge_dims(1, 2) if s.ragged_rank == 2 else s for s in inputs]
         if len(segments) not in (1, 2):
             raise ValueError(f"bert_pack_inputs takes 1 or 2 segments, got {len(segments)}")
-        return hub_names(pack_token_ids(segments[0], segments[1] if len(segments) == 2 else None,
-                                        tf.cast(seq_length, tf.int32), special["start_of_sequence_id"],
-                                        special["end_of_segment_id"]))
+        return hub_names(
+            pack_token_ids(
+                segments[0],
+                segments[1] if len(segments) == 2 else None,
+                tf.cast(seq_length, tf.int32),
+                special["start_of_sequence_id"],
+                special["end_of_segment_id"],
+            )
+        )
 
     for ragged_rank in (1, 2):  # as Model Garden's: 1 or 2 segments, words or tokens
         for count in (1, 2):
             bert_pack_inputs.get_concrete_function(
                 [tf.RaggedTensorSpec([None] * (ragged_rank + 1), tf.int32) for _ in range(count)],
-                seq_length=tf.TensorSpec([], tf.int32))
+                seq_length=tf.TensorSpec([], tf.int32),
+            )
 
     root = _callable(preprocess)
     root.serve = preprocess  # Keras 3's TFSMLayer endpoint
@@ -235,13 +253,17 @@ def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: b
             f.write(json.dumps(encoder.config.to_dict(), indent=2) + "\n")
         # Traced without the fused training kernels: plain ops, whose gradients every loader has.
         with fused.disabled():
-            root, signatures = _encoder_module(encoder, pretrainer, model.vocab_file, model.do_lower_case,
-                                               config_file)
+            root, signatures = _encoder_module(encoder, pretrainer, model.vocab_file, model.do_lower_case, config_file)
             tf.saved_model.save(root, os.path.join(tmp, ENCODER_DIR), signatures=signatures)
         os.remove(config_file)
         root, signatures = _preprocessor_module(model.vocab_file, model.do_lower_case, length)
         tf.saved_model.save(root, os.path.join(tmp, PREPROCESSOR_DIR), signatures=signatures)
     out = os.path.abspath(os.fspath(out))
-    return {"encoder": os.path.join(out, ENCODER_DIR), "preprocessor": os.path.join(out, PREPROCESSOR_DIR),
-            "mlm": pretrainer is not None, "seq_length": length, "do_lower_case": model.do_lower_case,
-            "parameters": int(encoder.count_params())}
+    return {
+        "encoder": os.path.join(out, ENCODER_DIR),
+        "preprocessor": os.path.join(out, PREPROCESSOR_DIR),
+        "mlm": pretrainer is not None,
+        "seq_length": length,
+        "do_lower_case": model.do_lower_case,
+        "parameters": int(encoder.count_params()),
+    }

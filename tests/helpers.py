@@ -13,13 +13,34 @@ import numpy as np
 
 from conftest import TESTS, TINY
 
-
 # === Toy data over the tiny checkpoint's 300-word vocabulary ===
 
 POSITIVE = ["gold", "glorious", "glittering", "great", "fortunate", "fresh", "grand", "young"]
 NEGATIVE = ["dead", "dread", "empty", "dust", "fallen", "debris", "desert", "dim"]
-FILLER = ["the", "of", "and", "a", "to", "at", "his", "in", "that", "he", "was", "city", "camp", "fire",
-          "highway", "stream", "cabin", "morning", "rain", "they", "through", "street"]
+FILLER = [
+    "the",
+    "of",
+    "and",
+    "a",
+    "to",
+    "at",
+    "his",
+    "in",
+    "that",
+    "he",
+    "was",
+    "city",
+    "camp",
+    "fire",
+    "highway",
+    "stream",
+    "cabin",
+    "morning",
+    "rain",
+    "they",
+    "through",
+    "street",
+]
 
 
 def sentiment_texts(n, seed):
@@ -140,11 +161,22 @@ def start_standin_server(model_config_files, log_path, grpc_port=0, rest_port=0)
     signature checks, on these ports (0: free ones); returns (process, its ready line as a dict)."""
     log = open(log_path, "a")
     args = [a for path in model_config_files for a in ("--model_config_file", str(path))]
-    process = subprocess.Popen([sys.executable, STANDIN_SERVER, "--grpc-port", str(grpc_port),
-                                "--rest-port", str(rest_port),
-                                "--enable_signature_method_name_check", *args],
-                               stdout=subprocess.PIPE, stderr=log, text=True,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            STANDIN_SERVER,
+            "--grpc-port",
+            str(grpc_port),
+            "--rest-port",
+            str(rest_port),
+            "--enable_signature_method_name_check",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     line = process.stdout.readline()
     log.close()
     if not line:
@@ -156,7 +188,10 @@ def start_standin_server(model_config_files, log_path, grpc_port=0, rest_port=0)
 # === Save/load round trips ===
 
 
-def assert_round_trips(model, inputs, tmp_path, vocab_file=os.path.join(TINY, "vocab.txt")):
+TINY_VOCAB = os.path.join(TINY, "vocab.txt")
+
+
+def assert_round_trips(model, inputs, tmp_path, vocab_file=TINY_VOCAB):
     """`model` survives every way kbert and Keras save it, with outputs equal bit for bit:
     get_config/from_config (same config), `model.save` + `keras.saving.load_model`, and
     `kbert.save` + `kbert.load` (same class, same outputs)."""

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, UNCASED_VOCAB, FIXTURES, kbert_command, run_kbert
-
+from conftest import FIXTURES, TINY, UNCASED_VOCAB, kbert_command, run_kbert
 from kbert.cli.frame import option_name
 from kbert.cli.main import app
 
@@ -80,8 +79,9 @@ def test_the_sweep_covers_every_command():
                 assert parameter.name in declared, f"{name}: declare {parameter.name} as an input or output"
             if _annotation_is(parameter.annotation, (int, float)):
                 info = parameter.default
-                assert info.min is not None or info.max is not None or parameter.name in ANY_NUMBER, \
+                assert info.min is not None or info.max is not None or parameter.name in ANY_NUMBER, (
                     f"{name} --{parameter.name}: declare its range (typer.Option(min=...)) or list it in ANY_NUMBER"
+                )
 
 
 def _elf_head() -> bytes:
@@ -105,17 +105,24 @@ def tree(root: Path):
     (root / "binary.bin").write_bytes(_elf_head())
     (root / "truncated.json").write_text(open(os.path.join(TINY, "bert_config.json")).read()[:60])
     import tensorflow as tf
+
     with tf.io.TFRecordWriter(str(root / "data.tfrecord")) as writer:
         for i in range(4):
             writer.write(tf.train.Example().SerializeToString() + bytes(40 * i))
     data = (root / "data.tfrecord").read_bytes()
-    (root / "truncated.tfrecord").write_bytes(data[:len(data) - 7])
+    (root / "truncated.tfrecord").write_bytes(data[: len(data) - 7])
     (root / "read-only").mkdir()
     (root / "read-only").chmod(0o555)
 
 
 _FLAGS_WITHOUT_VALUE = {"--overwrite", "--resume", "--whole-word-mask"}
-_DIRECTORIES = {"T/model", "T/hf", "T/hub/encoder", "T/hub/preprocessor", "T/keras-hub"}  # the valid invocations' inputs that are directories
+_DIRECTORIES = {
+    "T/model",
+    "T/hf",
+    "T/hub/encoder",
+    "T/hub/preprocessor",
+    "T/keras-hub",
+}  # the valid invocations' inputs that are directories
 
 
 def parse(name, callback):
@@ -203,8 +210,12 @@ def with_value(name, callback, parameter, value):
     return name.split() + positional + flags
 
 
-CASES = [(name, case, parameter, value) for name, callback in commands().items() if hasattr(callback, "inputs")
-         for case, parameter, value in bad_values(name, callback)]
+CASES = [
+    (name, case, parameter, value)
+    for name, callback in commands().items()
+    if hasattr(callback, "inputs")
+    for case, parameter, value in bad_values(name, callback)
+]
 
 
 @pytest.fixture(scope="module")
@@ -231,8 +242,12 @@ def test_bad_value_gets_one_line_and_leaves_nothing(root, name, case, parameter,
     before = snapshot(root)
     if case.endswith("-unwritable"):
         # As root, a mode-555 directory does not stop a writer: drop the capability that lets it.
-        result = subprocess.run(["setpriv", "--inh-caps=-dac_override", "--bounding-set=-dac_override",
-                                 *kbert_command(), *args], capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            ["setpriv", "--inh-caps=-dac_override", "--bounding-set=-dac_override", *kbert_command(), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     else:
         result = run_kbert(*args, check=False)
     assert result.returncode == 1, (args, result.returncode, result.stderr)

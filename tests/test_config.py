@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from kbert import BertConfig, KbertError
 from conftest import TINY
+from kbert import BertConfig, KbertError
 
 
 def test_reads_and_writes_bert_config_json_as_is(tmp_path):
@@ -18,20 +18,24 @@ def test_reads_and_writes_bert_config_json_as_is(tmp_path):
 
 
 def test_extra_keys_are_kept():
-    config = BertConfig.from_dict({"vocab_size": 10, "hidden_size": 8, "num_attention_heads": 2,
-                                   "do_lower_case": False, "labels": ["a", "b"]})
+    config = BertConfig.from_dict(
+        {"vocab_size": 10, "hidden_size": 8, "num_attention_heads": 2, "do_lower_case": False, "labels": ["a", "b"]}
+    )
     assert config.extras == {"do_lower_case": False, "labels": ["a", "b"]}
     assert BertConfig.from_dict(config.to_dict()) == config
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"hidden_act": "swish"}, "hidden_act 'swish' is not supported"),
-    ({"hidden_size": "768"}, "hidden_size must be a positive integer"),
-    ({"num_hidden_layers": 0}, "num_hidden_layers must be a positive integer"),
-    ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob must be a number in [0, 1)"),
-    ({"num_attention_heads": 5}, "not a multiple of num_attention_heads 5"),
-    ({"initializer_range": -1}, "initializer_range must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden_act": "swish"}, "hidden_act 'swish' is not supported"),
+        ({"hidden_size": "768"}, "hidden_size must be a positive integer"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers must be a positive integer"),
+        ({"hidden_dropout_prob": 1.5}, "hidden_dropout_prob must be a number in [0, 1)"),
+        ({"num_attention_heads": 5}, "not a multiple of num_attention_heads 5"),
+        ({"initializer_range": -1}, "initializer_range must be a positive number"),
+    ],
+)
 def test_rejects_bad_values(change, message):
     values = json.load(open(f"{TINY}/bert_config.json"))
     values.update(change)

@@ -15,8 +15,9 @@ import pytest
 from test_bad_input_sweep import commands
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ["README.md"] + [os.path.join("docs", name) for name in sorted(os.listdir(os.path.join(ROOT, "docs")))
-                        if name.endswith(".md")]
+DOCS = ["README.md"] + [
+    os.path.join("docs", name) for name in sorted(os.listdir(os.path.join(ROOT, "docs"))) if name.endswith(".md")
+]
 TOP = ("tests/", "scripts/", "benchmarks/", "docs/", "kbert/", "cli/", "serving/", "converters/", ".ci/")
 
 
@@ -24,8 +25,9 @@ TOP = ("tests/", "scripts/", "benchmarks/", "docs/", "kbert/", "cli/", "serving/
 def test_every_repository_path_a_doc_names_exists(doc):
     text = open(os.path.join(ROOT, doc), encoding="utf-8").read()
     named = {m.split("::")[0].split(" ")[0].rstrip(".,:;)") for m in re.findall(r"`([^`\n]+)`", text)}
-    paths = {p for p in named if p.startswith(TOP) and "*" not in p and "{" not in p and "<" not in p
-             and not p.endswith("/")}
+    paths = {
+        p for p in named if p.startswith(TOP) and "*" not in p and "{" not in p and "<" not in p and not p.endswith("/")
+    }
     missing = sorted(p for p in paths if not os.path.exists(os.path.join(ROOT, p)))
     assert missing == [], f"{doc} names files a clone does not have"
     assert "../shared" not in text and "DESIGN.md" not in text

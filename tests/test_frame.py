@@ -4,8 +4,8 @@ outputs another user must read, and what an interrupted run leaves behind."""
 
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, TINY, UNCASED_VOCAB, assert_user_error, kbert_command, run_kbert
-
 from kbert.processes import child_processes
 
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
@@ -29,9 +28,25 @@ def big_corpus(path: Path, copies: int = 1000) -> Path:
 
 def start_create_data(tmp_path, out):
     corpus = big_corpus(tmp_path / "corpus.txt")
-    return subprocess.Popen(kbert_command() + ["create-data", "--input", str(corpus), "--vocab", UNCASED_VOCAB,
-                                               "--output", str(out), "--workers", "2", "--dupe-factor", "5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        kbert_command()
+        + [
+            "create-data",
+            "--input",
+            str(corpus),
+            "--vocab",
+            UNCASED_VOCAB,
+            "--output",
+            str(out),
+            "--workers",
+            "2",
+            "--dupe-factor",
+            "5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_workers(process, folder, count=2, timeout=120):
@@ -92,8 +107,9 @@ def test_create_data_stops_cleanly_on_sigterm(tmp_path):
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=30)
     assert process.returncode == 143, stderr
-    assert stderr.strip().splitlines() == ["kbert: kbert create-data stopped by SIGTERM; its partial outputs were "
-                                          "removed, nothing was written"]
+    assert stderr.strip().splitlines() == [
+        "kbert: kbert create-data stopped by SIGTERM; its partial outputs were removed, nothing was written"
+    ]
     assert stdout == ""
     assert [pid for pid in workers if os.path.exists(f"/proc/{pid}")] == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
@@ -106,12 +122,25 @@ def test_a_quoted_glob_and_a_comma_list_name_the_same_files_as_the_shell_would(t
     for i, part in enumerate(text):
         (corpus / f"part{i}.txt").write_text(part + "\n")
     outputs = {}
-    for name, inputs in (("quoted", [str(corpus / "*.txt")]),
-                         ("comma", [",".join(str(corpus / f"part{i}.txt") for i in range(len(text)))]),
-                         ("listed", [str(corpus / f"part{i}.txt") for i in range(len(text))])):
+    for name, inputs in (
+        ("quoted", [str(corpus / "*.txt")]),
+        ("comma", [",".join(str(corpus / f"part{i}.txt") for i in range(len(text)))]),
+        ("listed", [str(corpus / f"part{i}.txt") for i in range(len(text))]),
+    ):
         out = tmp_path / f"{name}.tfrecord"
-        result = run_kbert("create-data", "--input", *inputs, "--vocab", UNCASED_VOCAB, "--output", out,
-                           "--dupe-factor", "1", "--workers", "1")
+        result = run_kbert(
+            "create-data",
+            "--input",
+            *inputs,
+            "--vocab",
+            UNCASED_VOCAB,
+            "--output",
+            out,
+            "--dupe-factor",
+            "1",
+            "--workers",
+            "1",
+        )
         outputs[name] = (out.read_bytes(), json.loads(result.stdout)["documents"])
         vocab = tmp_path / f"{name}.vocab.txt"
         run_kbert("vocab", "--input", *inputs, "--output", vocab, "--size", "200")
@@ -122,25 +151,31 @@ def test_a_quoted_glob_and_a_comma_list_name_the_same_files_as_the_shell_would(t
 
 def test_binary_files_given_as_text_are_refused_by_name(tmp_path):
     import tensorflow as tf
+
     records = tmp_path / "data.tfrecord"
     with tf.io.TFRecordWriter(str(records)) as writer:
         for i in range(200):
-            writer.write(tf.train.Example(features=tf.train.Features(feature={"ids": tf.train.Feature(
-                int64_list=tf.train.Int64List(value=list(range(i, i + 128))))})).SerializeToString())
+            writer.write(
+                tf.train.Example(
+                    features=tf.train.Features(
+                        feature={"ids": tf.train.Feature(int64_list=tf.train.Int64List(value=list(range(i, i + 128))))}
+                    )
+                ).SerializeToString()
+            )
     elf = tmp_path / "program"
     with open(sys.executable, "rb") as f:
         elf.write_bytes(f.read(17_000))
     for path in (records, elf):
-        result = run_kbert("create-data", "--input", path, "--vocab", UNCASED_VOCAB, "--output",
-                           tmp_path / "out.tfrecord", check=False)
+        result = run_kbert(
+            "create-data", "--input", path, "--vocab", UNCASED_VOCAB, "--output", tmp_path / "out.tfrecord", check=False
+        )
         assert_user_error(result, f"--input {path}: not", "pass text")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.tfrecord", "program"]
 
 
 def _readable_by_nobody(path: Path) -> bool:
     """Whether user nobody, with no capability to bypass permissions, can read `path`."""
-    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
-               "--bounding-set=-all"]
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
     if path.is_dir():
         return subprocess.run(command + ["ls", str(path)], capture_output=True).returncode == 0
     return subprocess.run(command + ["cat", str(path)], capture_output=True).returncode == 0
@@ -161,7 +196,7 @@ def test_outputs_are_readable_by_another_user_as_the_umask_says(tiny_model_dir):
     finally:
         os.umask(saved)
     for root in (base, converted):
-        for folder, directories, files in os.walk(root):
+        for folder, _directories, files in os.walk(root):
             for entry in [folder] + [os.path.join(folder, f) for f in files]:
                 mode = os.stat(entry).st_mode & 0o777
                 assert mode & 0o044 == 0o044, (entry, oct(mode))
@@ -173,8 +208,12 @@ def test_outputs_are_readable_by_another_user_as_the_umask_says(tiny_model_dir):
 @pytest.mark.slow
 def test_ctrl_c_during_export_leaves_no_export_base(tmp_path, tiny_model_dir):
     base = tmp_path / "exports"
-    process = subprocess.Popen(kbert_command() + ["export", str(tiny_model_dir), str(base), "--max-seq-length", "16"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        kbert_command() + ["export", str(tiny_model_dir), str(base), "--max-seq-length", "16"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not base.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -205,20 +244,24 @@ def test_predict_never_writes_over_its_input_or_into_its_model(tmp_path, tiny_mo
     data = tmp_path / "t.tsv"
     data.write_text("text\tlabel\ngold city\tpos\n")
     before = data.read_bytes()
-    assert_user_error(run_kbert("predict", tiny_model_dir, "--input", data, "--output", data, "--overwrite",
-                                check=False), f"--output {data}: the output is also an input")
+    assert_user_error(
+        run_kbert("predict", tiny_model_dir, "--input", data, "--output", data, "--overwrite", check=False),
+        f"--output {data}: the output is also an input",
+    )
     assert data.read_bytes() == before
     inside = Path(tiny_model_dir) / "predictions.jsonl"
-    assert_user_error(run_kbert("predict", tiny_model_dir, "--input", data, "--output", inside, check=False),
-                      "lies inside the input")
+    assert_user_error(
+        run_kbert("predict", tiny_model_dir, "--input", data, "--output", inside, check=False), "lies inside the input"
+    )
     assert not inside.exists()
 
 
 def test_flags_a_served_model_cannot_take_are_named_for_what_they_are(tmp_path):
     data = tmp_path / "t.txt"
     data.write_text("gold city\n")
-    result = run_kbert("predict", "--server", "localhost:1", "--model", "m", "--input", data, "--layers", "-1",
-                       check=False)
+    result = run_kbert(
+        "predict", "--server", "localhost:1", "--model", "m", "--input", data, "--layers", "-1", check=False
+    )
     assert_user_error(result, "--layers applies to a local model")
     assert "--max-seq-length" not in result.stderr
 
@@ -226,19 +269,22 @@ def test_flags_a_served_model_cannot_take_are_named_for_what_they_are(tmp_path):
 def test_a_stop_that_hangs_while_unwinding_still_exits_in_time():
     """A process pool's shutdown can hang once its workers are stopped: after SIGTERM the frame
     gives the unwinding STOP_SECONDS, then exits with the same line and status."""
-    code = ("import time, kbert.processes as p\n"
-            "p.STOP_SECONDS = 1.0\n"
-            "with p.stop_cleanly('kbert create-data'):\n"
-            "    try:\n"
-            "        print('ready', flush=True)\n"  # inside the try: the signal may come at once
-            "        time.sleep(60)\n"
-            "    except BaseException:\n"
-            "        time.sleep(60)\n")
+    code = (
+        "import time, kbert.processes as p\n"
+        "p.STOP_SECONDS = 1.0\n"
+        "with p.stop_cleanly('kbert create-data'):\n"
+        "    try:\n"
+        "        print('ready', flush=True)\n"  # inside the try: the signal may come at once
+        "        time.sleep(60)\n"
+        "    except BaseException:\n"
+        "        time.sleep(60)\n"
+    )
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout.readline() == "ready\n"
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 143 and time.monotonic() - started < 10
-    assert stderr.strip() == ("kbert: kbert create-data stopped by SIGTERM; its partial outputs were removed, "
-                              "nothing was written")
+    assert stderr.strip() == (
+        "kbert: kbert create-data stopped by SIGTERM; its partial outputs were removed, nothing was written"
+    )

@@ -36,8 +36,9 @@ with output_lock(sys.argv[1], "kbert holder " + sys.argv[1]):
 @contextlib.contextmanager
 def held_by_another_process(output):
     """Another process holds the lock of `output` inside the block; yields that process."""
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(output)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(output)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert process.stdout.readline() == "held\n"
         yield process
@@ -66,8 +67,20 @@ def _model_args(model_dir, out, records=None):
         "convert from-tfhub": ["convert", "from-tfhub", os.path.join(FIXTURES, "model-garden-tfhub", "encoder"), out],
         "convert to-keras-hub": ["convert", "to-keras-hub", model_dir, out],
         "convert from-keras-hub": ["convert", "from-keras-hub", os.path.join(os.path.dirname(out), "preset"), out],
-        "pretrain": ["pretrain", "--model-dir", out, "--data", records,
-                     "--config", CONFIG, "--vocab", VOCAB, *SHAPE, "--steps", "2"],
+        "pretrain": [
+            "pretrain",
+            "--model-dir",
+            out,
+            "--data",
+            records,
+            "--config",
+            CONFIG,
+            "--vocab",
+            VOCAB,
+            *SHAPE,
+            "--steps",
+            "2",
+        ],
         "finetune": ["finetune", model_dir, "--task", "classify", "--train", SAMPLE, "--output", out],
         "export": ["export", model_dir, out],
         "export --format tfhub": ["export", model_dir, out, "--format", "tfhub"],
@@ -79,15 +92,21 @@ COMMANDS = list(_model_args("m", "o"))
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_each_writing_command_is_refused_while_another_process_holds_its_output(tmp_path, tiny_model_dir,
-                                                                              records, command):
+def test_each_writing_command_is_refused_while_another_process_holds_its_output(
+    tmp_path, tiny_model_dir, records, command
+):
     out = tmp_path / "out"
     (tmp_path / "preset").mkdir()  # an input must exist: the frame checks inputs before it locks
     with held_by_another_process(out) as holder:
         lock_before = open(lock_path(out)).read()
         result = run_kbert(*_model_args(tiny_model_dir, out, records)[command], check=False)
-        assert_user_error(result, f"{out} is being written by another process", f"pid {holder.pid} on {HOST}",
-                          f"command `kbert holder {out}`", "started 20")
+        assert_user_error(
+            result,
+            f"{out} is being written by another process",
+            f"pid {holder.pid} on {HOST}",
+            f"command `kbert holder {out}`",
+            "started 20",
+        )
         assert not out.exists()
         assert open(lock_path(out)).read() == lock_before
     assert sorted(os.listdir(tmp_path)) == ["preset"]  # the holder took its lock file along
@@ -125,8 +144,10 @@ def test_a_lock_kept_by_an_orphan_of_a_dead_holder_is_taken_over(tmp_path):
         assert holder["pid"] == parent.pid
         result = run_kbert("convert", "from-tf1", TINY, out)
         notices = [line for line in result.stderr.splitlines() if "lock" in line]
-        assert notices == [f"kbert: taking over the lock of {out} from a process that is no longer running "
-                           f"(pid {parent.pid} on {HOST}, command `kbert parent`, started {holder['started']})"]
+        assert notices == [
+            f"kbert: taking over the lock of {out} from a process that is no longer running "
+            f"(pid {parent.pid} on {HOST}, command `kbert parent`, started {holder['started']})"
+        ]
         assert (out / "bert_config.json").is_file()
         assert not os.path.exists(lock_path(out))
     finally:
@@ -136,8 +157,23 @@ def test_a_lock_kept_by_an_orphan_of_a_dead_holder_is_taken_over(tmp_path):
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("records") / "sample.tfrecord"
-    run_kbert("create-data", "--input", SAMPLE, "--vocab", VOCAB, "--output", out, "--max-seq-length", "32",
-              "--max-predictions-per-seq", "5", "--dupe-factor", "2", "--workers", "1")
+    run_kbert(
+        "create-data",
+        "--input",
+        SAMPLE,
+        "--vocab",
+        VOCAB,
+        "--output",
+        out,
+        "--max-seq-length",
+        "32",
+        "--max-predictions-per-seq",
+        "5",
+        "--dupe-factor",
+        "2",
+        "--workers",
+        "1",
+    )
     return out
 
 
@@ -150,10 +186,29 @@ def _last_checkpoint_step(model_dir) -> int:
 def test_a_second_pretrain_is_refused_and_a_killed_ones_lock_taken_over(tmp_path, records):
     out = tmp_path / "bert"
     log = open(tmp_path / "first.log", "w")
-    first = subprocess.Popen(kbert_command() + ["pretrain", "--model-dir", str(out), "--data", str(records),
-                                                "--config", CONFIG, "--vocab", VOCAB, *SHAPE, "--steps", "150",
-                                                "--save-every", "5", "--steps-per-loop", "5"],
-                             stdout=subprocess.DEVNULL, stderr=log)
+    first = subprocess.Popen(
+        kbert_command()
+        + [
+            "pretrain",
+            "--model-dir",
+            str(out),
+            "--data",
+            str(records),
+            "--config",
+            CONFIG,
+            "--vocab",
+            VOCAB,
+            *SHAPE,
+            "--steps",
+            "150",
+            "--save-every",
+            "5",
+            "--steps-per-loop",
+            "5",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (out / "checkpoints" / "checkpoint").exists():
@@ -165,10 +220,16 @@ def test_a_second_pretrain_is_refused_and_a_killed_ones_lock_taken_over(tmp_path
         assert holder["command"].startswith(f"kbert pretrain --model-dir {out} ")
         first.send_signal(signal.SIGSTOP)  # it keeps its lock and writes nothing while the second tries
         before = tree(tmp_path)
-        second = run_kbert("pretrain", "--model-dir", out, "--data", records, *SHAPE, "--steps", "100000",
-                           "--resume", check=False)
-        assert_user_error(second, f"{out} is being written by another process", f"pid {first.pid} on {HOST}",
-                          f"command `{holder['command']}`", f"started {holder['started']}")
+        second = run_kbert(
+            "pretrain", "--model-dir", out, "--data", records, *SHAPE, "--steps", "100000", "--resume", check=False
+        )
+        assert_user_error(
+            second,
+            f"{out} is being written by another process",
+            f"pid {first.pid} on {HOST}",
+            f"command `{holder['command']}`",
+            f"started {holder['started']}",
+        )
         assert tree(tmp_path) == before
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=60)
@@ -180,8 +241,10 @@ def test_a_second_pretrain_is_refused_and_a_killed_ones_lock_taken_over(tmp_path
     step = _last_checkpoint_step(out)
     third = run_kbert("pretrain", "--model-dir", out, "--resume")  # the run's recorded flags
     notices = [line for line in third.stderr.splitlines() if "lock" in line]
-    assert notices == [f"kbert: taking over the lock of {out} left by a process that ended without releasing it "
-                       f"(pid {first.pid} on {HOST}, command `{holder['command']}`, started {holder['started']})"]
+    assert notices == [
+        f"kbert: taking over the lock of {out} left by a process that ended without releasing it "
+        f"(pid {first.pid} on {HOST}, command `{holder['command']}`, started {holder['started']})"
+    ]
     assert f"resumed from step {step}" in third.stderr
     assert step < 150 and json.loads(third.stdout)["step"] == 150
     assert not os.path.exists(lock_path(out))
@@ -189,12 +252,12 @@ def test_a_second_pretrain_is_refused_and_a_killed_ones_lock_taken_over(tmp_path
 
 def test_library_writers_take_the_lock_as_the_commands_do(tmp_path, tiny_model_dir, records):
     """A script that calls the library gets the same one writer per output as the CLI."""
+    from kbert.errors import KbertError
     from kbert.finetuning.train import finetune
     from kbert.pretraining.create_data import create_pretraining_data
     from kbert.pretraining.train import pretrain
     from kbert.serving.export import export_model
     from kbert.text.vocab_builder import build_vocab
-    from kbert.errors import KbertError
 
     out = tmp_path / "out"
     train = tmp_path / "train.tsv"

@@ -16,10 +16,9 @@ import time
 import numpy as np
 import pytest
 
+import kbert
 from conftest import TINY, assert_user_error, kbert_command, run_kbert
 from helpers import sentiment_rows, write_tsv
-
-import kbert
 from kbert.errors import KbertError
 from kbert.model_dir import describe_source, lower_case_for, open_model
 
@@ -49,15 +48,31 @@ def test_finetune_predict_and_export_keep_a_cased_checkpoint_cased(cased_dir, tm
     import tensorflow_text  # noqa: F401
 
     train = write_tsv(tmp_path / "train.tsv", sentiment_rows(32, 0))
-    run_kbert("finetune", cased_dir, "--task", "classify", "--train", train, "--output", tmp_path / "model",
-              "--epochs", "1", "--batch-size", "16", "--max-seq-length", "16")
+    run_kbert(
+        "finetune",
+        cased_dir,
+        "--task",
+        "classify",
+        "--train",
+        train,
+        "--output",
+        tmp_path / "model",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--max-seq-length",
+        "16",
+    )
     assert json.load(open(tmp_path / "model" / "bert_config.json"))["do_lower_case"] is False
 
     # predict on the checkpoint itself: features, tokenized without lower-casing ("GOLD" is not
     # in the lower-case vocabulary; "gold" is).
     (tmp_path / "in.txt").write_text("GOLD gold\n")
-    for source, expected in ((cased_dir, ["[CLS]", "[UNK]", "gold", "[SEP]"]),
-                             (TINY, ["[CLS]", "gold", "gold", "[SEP]"])):
+    for source, expected in (
+        (cased_dir, ["[CLS]", "[UNK]", "gold", "[SEP]"]),
+        (TINY, ["[CLS]", "gold", "gold", "[SEP]"]),
+    ):
         line = json.loads(run_kbert("predict", source, "--input", tmp_path / "in.txt", "--layers", "-1").stdout)
         assert [f["token"] for f in line["features"]] == expected, source
 
@@ -74,22 +89,57 @@ def interrupted_run(tmp_path_factory):
     wrote model.weights.h5: bert_config.json, vocab.txt and checkpoints/ckpt-N, as a crash leaves it."""
     work = tmp_path_factory.mktemp("interrupted")
     vocab = os.path.join(TINY, "vocab.txt")
-    run_kbert("create-data", "--input", os.path.join(os.path.dirname(TINY), "sample_text.txt"), "--vocab", vocab,
-              "--output", work / "data.tfrecord", "--max-seq-length", "32", "--max-predictions-per-seq", "5",
-              "--dupe-factor", "1")
+    run_kbert(
+        "create-data",
+        "--input",
+        os.path.join(os.path.dirname(TINY), "sample_text.txt"),
+        "--vocab",
+        vocab,
+        "--output",
+        work / "data.tfrecord",
+        "--max-seq-length",
+        "32",
+        "--max-predictions-per-seq",
+        "5",
+        "--dupe-factor",
+        "1",
+    )
     model_dir = work / "bert"
     process = subprocess.Popen(
-        kbert_command() + ["pretrain", "--model-dir", str(model_dir), "--data", str(work / "data.tfrecord"),
-                           "--config", os.path.join(TINY, "bert_config.json"), "--vocab", vocab,
-                           "--max-seq-length", "32", "--max-predictions-per-seq", "5", "--batch-size", "8",
-                           "--steps", "100000", "--save-every", "2", "--steps-per-loop", "2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        kbert_command()
+        + [
+            "pretrain",
+            "--model-dir",
+            str(model_dir),
+            "--data",
+            str(work / "data.tfrecord"),
+            "--config",
+            os.path.join(TINY, "bert_config.json"),
+            "--vocab",
+            vocab,
+            "--max-seq-length",
+            "32",
+            "--max-predictions-per-seq",
+            "5",
+            "--batch-size",
+            "8",
+            "--steps",
+            "100000",
+            "--save-every",
+            "2",
+            "--steps-per-loop",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
     while time.time() < deadline and not (model_dir / "checkpoints" / "ckpt-4.index").exists():
         time.sleep(0.2)
     process.send_signal(signal.SIGKILL)
     process.wait()
     import tensorflow as tf
+
     prefix = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))  # what --resume continues from
     assert prefix and not (model_dir / "model.weights.h5").exists(), sorted(os.listdir(model_dir))
     return model_dir, int(prefix.rsplit("-", 1)[1])
@@ -97,8 +147,10 @@ def interrupted_run(tmp_path_factory):
 
 def test_an_interrupted_pretraining_run_is_named_with_its_checkpoint(interrupted_run, tmp_path):
     model_dir, step = interrupted_run
-    said = (f"{model_dir}: pretraining stopped at step {step} (checkpoints/ckpt-{step}) before writing the model; "
-            f"continue it with `kbert pretrain --model-dir {model_dir} --resume`")
+    said = (
+        f"{model_dir}: pretraining stopped at step {step} (checkpoints/ckpt-{step}) before writing the model; "
+        f"continue it with `kbert pretrain --model-dir {model_dir} --resume`"
+    )
     assert_user_error(run_kbert("fill-mask", model_dir, "the [MASK].", check=False), said)
     assert_user_error(run_kbert("export", model_dir, tmp_path / "exports", check=False), said)
     assert not (tmp_path / "exports").exists()
@@ -120,12 +172,17 @@ def test_fill_mask_says_what_a_model_without_the_mlm_head_is(tiny_model_dir, tmp
     tagger = kbert.bert_tagger(pretrained, 3)
     tagger.task_info = {"task": "tag", "labels": ["B", "I", "O"]}
     kbert.save(tagger, tmp_path / "tagger")
-    for name, what in (("classifier", "a classifier (task classify, labels neg, pos)"),
-                       ("encoder", "an encoder (no pretraining heads)"),
-                       ("tagger", "a tagger (task tag, labels B, I, O)")):
+    for name, what in (
+        ("classifier", "a classifier (task classify, labels neg, pos)"),
+        ("encoder", "an encoder (no pretraining heads)"),
+        ("tagger", "a tagger (task tag, labels B, I, O)"),
+    ):
         result = run_kbert("fill-mask", tmp_path / name, "the [MASK] city.", check=False)
-        assert_user_error(result, f"{tmp_path / name} has no masked-LM head: it is {what}; fill-mask needs a "
-                                  f"pretrained or converted model directory")
+        assert_user_error(
+            result,
+            f"{tmp_path / name} has no masked-LM head: it is {what}; fill-mask needs a "
+            f"pretrained or converted model directory",
+        )
 
 
 def test_a_head_saved_without_its_task_loads_with_its_kinds(tiny_model_dir, tmp_path):
@@ -156,17 +213,29 @@ def test_a_keras_file_is_a_whole_model_and_anything_else_is_one_line(tiny_model_
     assert loaded.task_info == {"task": "tag", "labels": ["B", "I", "O"], "max_seq_length": 64}
     data = tmp_path / "words.txt"
     data.write_text("gold\ndust\n")  # CoNLL: a word per line
-    rows = [json.loads(line) for line in run_kbert("predict", tmp_path / "tagger.keras", "--input", data).stdout.splitlines()]
+    rows = [
+        json.loads(line)
+        for line in run_kbert("predict", tmp_path / "tagger.keras", "--input", data).stdout.splitlines()
+    ]
     assert rows[0]["words"] == ["gold", "dust"] and set(rows[0]["tags"]) <= {"B", "I", "O"}
 
     keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]).save(tmp_path / "other.keras")
-    assert_user_error(run_kbert("predict", tmp_path / "other.keras", "--input", data, check=False),
-                      "cannot save a Sequential: kbert model directories hold kbert models")
+    assert_user_error(
+        run_kbert("predict", tmp_path / "other.keras", "--input", data, check=False),
+        "cannot save a Sequential: kbert model directories hold kbert models",
+    )
     (tmp_path / "broken.keras").write_bytes(b"not a zip")
-    assert_user_error(run_kbert("predict", tmp_path / "broken.keras", "--input", data, check=False),
-                      "broken.keras: Keras cannot load it")
-    no_vocabulary = kbert.bert_classifier(kbert.BertConfig(vocab_size=300, hidden_size=8, num_hidden_layers=1,
-                                                           num_attention_heads=2, intermediate_size=16), 2)
+    assert_user_error(
+        run_kbert("predict", tmp_path / "broken.keras", "--input", data, check=False),
+        "broken.keras: Keras cannot load it",
+    )
+    no_vocabulary = kbert.bert_classifier(
+        kbert.BertConfig(
+            vocab_size=300, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16
+        ),
+        2,
+    )
     no_vocabulary.save(tmp_path / "bare.keras")
-    assert_user_error(run_kbert("predict", tmp_path / "bare.keras", "--input", data, check=False),
-                      "the model declares no vocabulary")
+    assert_user_error(
+        run_kbert("predict", tmp_path / "bare.keras", "--input", data, check=False), "the model declares no vocabulary"
+    )

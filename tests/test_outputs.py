@@ -27,6 +27,7 @@ def work(tmp_path, tiny_model_dir):
     shutil.copytree(os.path.join(FIXTURES, "model-garden-tfhub"), tmp_path / "hub")
     (tmp_path / "preset").mkdir()  # inputs must exist: the frame checks them first
     import tensorflow as tf
+
     with tf.io.TFRecordWriter(str(tmp_path / "x.tfrecord")) as writer:
         writer.write(tf.train.Example().SerializeToString())
     return tmp_path
@@ -43,30 +44,62 @@ OVERLAPS = {  # one case at least for each command: (arguments, what the error s
     "convert from-tf1 into its source": (["convert", "from-tf1", "tf1", "tf1/kbert"], "lies inside the input tf1"),
     "convert from-hf onto its source": (["convert", "from-hf", "model", "model", "--overwrite"], "also an input"),
     "convert to-hf into its source": (["convert", "to-hf", "model", "model/hf"], "lies inside the input model"),
-    "convert from-tfhub onto its preprocessor": (["convert", "from-tfhub", "hub/encoder", "hub/preprocessor",
-                                                  "--preprocessor", "hub/preprocessor"], "also an input"),
-    "convert to-keras-hub over its source's folder": (["convert", "to-keras-hub", "model", ".", "--overwrite"],
-                                                      "holds the input model and is replaced whole"),
-    "convert from-keras-hub into its source": (["convert", "from-keras-hub", "preset", "preset/kbert"],
-                                               "lies inside the input preset"),
+    "convert from-tfhub onto its preprocessor": (
+        ["convert", "from-tfhub", "hub/encoder", "hub/preprocessor", "--preprocessor", "hub/preprocessor"],
+        "also an input",
+    ),
+    "convert to-keras-hub over its source's folder": (
+        ["convert", "to-keras-hub", "model", ".", "--overwrite"],
+        "holds the input model and is replaced whole",
+    ),
+    "convert from-keras-hub into its source": (
+        ["convert", "from-keras-hub", "preset", "preset/kbert"],
+        "lies inside the input preset",
+    ),
     "export into the model": (["export", "model", "model/exports"], "lies inside the input model"),
-    "export --format tfhub over the model's folder": (["export", "model", ".", "--format", "tfhub", "--overwrite"],
-                                                      "holds the input model"),
-    "finetune onto its model": (["finetune", "model", "--task", "classify", "--train", "data/train.tsv", "--output",
-                                 "model", "--overwrite"], "also an input"),
-    "finetune over its data": (["finetune", "model", "--task", "classify", "--train", "data/train.tsv", "--output",
-                                "data", "--overwrite"], "holds the input data/train.tsv"),
-    "pretrain onto its --init": (["pretrain", "--model-dir", "model", "--init", "model", "--data", "x.tfrecord"],
-                                 "also an input"),
-    "pretrain into its --init": (["pretrain", "--model-dir", "model/more", "--init", "model", "--data", "x.tfrecord"],
-                                 "lies inside the input model"),
-    "create-data onto its input": (["create-data", "--input", "corpus.txt", "--vocab", VOCAB, "--output",
-                                    "corpus.txt", "--overwrite"], "also an input"),
-    "create-data with a shard onto its input": (["create-data", "--input", "corpus-00001-of-00002", "--vocab", VOCAB,
-                                                 "--output", "corpus", "--shards", "2", "--overwrite"],
-                                                "also an input"),
-    "vocab onto its input": (["vocab", "--input", "corpus.txt", "--output", "corpus.txt", "--overwrite"],
-                             "also an input"),
+    "export --format tfhub over the model's folder": (
+        ["export", "model", ".", "--format", "tfhub", "--overwrite"],
+        "holds the input model",
+    ),
+    "finetune onto its model": (
+        ["finetune", "model", "--task", "classify", "--train", "data/train.tsv", "--output", "model", "--overwrite"],
+        "also an input",
+    ),
+    "finetune over its data": (
+        ["finetune", "model", "--task", "classify", "--train", "data/train.tsv", "--output", "data", "--overwrite"],
+        "holds the input data/train.tsv",
+    ),
+    "pretrain onto its --init": (
+        ["pretrain", "--model-dir", "model", "--init", "model", "--data", "x.tfrecord"],
+        "also an input",
+    ),
+    "pretrain into its --init": (
+        ["pretrain", "--model-dir", "model/more", "--init", "model", "--data", "x.tfrecord"],
+        "lies inside the input model",
+    ),
+    "create-data onto its input": (
+        ["create-data", "--input", "corpus.txt", "--vocab", VOCAB, "--output", "corpus.txt", "--overwrite"],
+        "also an input",
+    ),
+    "create-data with a shard onto its input": (
+        [
+            "create-data",
+            "--input",
+            "corpus-00001-of-00002",
+            "--vocab",
+            VOCAB,
+            "--output",
+            "corpus",
+            "--shards",
+            "2",
+            "--overwrite",
+        ],
+        "also an input",
+    ),
+    "vocab onto its input": (
+        ["vocab", "--input", "corpus.txt", "--output", "corpus.txt", "--overwrite"],
+        "also an input",
+    ),
 }
 
 
@@ -82,14 +115,23 @@ def test_an_output_that_is_or_holds_or_lies_inside_an_input_is_refused(work, cas
 
 # Capabilities dropped for the command and its children: root without DAC override is held to
 # file modes as any user (util-linux's setpriv; util-linux is in every Debian base image).
-WITHOUT_DAC_OVERRIDE = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
-                        "--bounding-set=-dac_override,-dac_read_search", "--"]
+WITHOUT_DAC_OVERRIDE = [
+    "setpriv",
+    "--inh-caps=-dac_override,-dac_read_search",
+    "--bounding-set=-dac_override,-dac_read_search",
+    "--",
+]
 
 
 def run_without_dac_override(*args):
     env = {k: v for k, v in os.environ.items() if k != "KBERT_DEBUG"}
-    return subprocess.run(WITHOUT_DAC_OVERRIDE + kbert_command() + [str(a) for a in args], capture_output=True,
-                          text=True, env=env, timeout=600)
+    return subprocess.run(
+        WITHOUT_DAC_OVERRIDE + kbert_command() + [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 @pytest.fixture
@@ -107,13 +149,27 @@ def read_only(tmp_path):
 UNWRITABLE = {  # the output in (or being) the read-only directory, for each command
     "vocab": lambda ro, model, binary: ["vocab", "--input", binary, "--output", ro / "vocab.txt"],
     "convert from-tf1": lambda ro, model, binary: ["convert", "from-tf1", TINY, ro / "tiny"],
-    "pretrain (in place)": lambda ro, model, binary: ["pretrain", "--model-dir", ro, "--init", model, "--data",
-                                                      binary],
+    "pretrain (in place)": lambda ro, model, binary: ["pretrain", "--model-dir", ro, "--init", model, "--data", binary],
     "export (in place)": lambda ro, model, binary: ["export", model, ro],
-    "finetune": lambda ro, model, binary: ["finetune", model, "--task", "classify", "--train", binary, "--output",
-                                           ro / "classifier"],
-    "create-data": lambda ro, model, binary: ["create-data", "--input", binary, "--vocab", VOCAB, "--output",
-                                              ro / "records.tfrecord"],
+    "finetune": lambda ro, model, binary: [
+        "finetune",
+        model,
+        "--task",
+        "classify",
+        "--train",
+        binary,
+        "--output",
+        ro / "classifier",
+    ],
+    "create-data": lambda ro, model, binary: [
+        "create-data",
+        "--input",
+        binary,
+        "--vocab",
+        VOCAB,
+        "--output",
+        ro / "records.tfrecord",
+    ],
 }
 
 

@@ -11,7 +11,6 @@ session shows it: statements in order, and the value of each bare expression pri
 tests compare with what the README's comments say.
 """
 
-import json
 import os
 import re
 import shutil
@@ -31,7 +30,7 @@ PAGES = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "conversion
 
 # Runs a block as an interactive session does: each statement in order, and the value of a bare
 # expression printed (one line each, after "=> "). Tracebacks keep the block's line numbers.
-SESSION = r'''
+SESSION = r"""
 import ast, sys
 path = sys.argv[1]
 tree = ast.parse(open(path, encoding="utf-8").read(), path)
@@ -42,7 +41,7 @@ for node in tree.body:
         print("=> " + " ".join(repr(value).split()), flush=True)
     else:
         exec(compile(ast.Module([node], []), path, "exec"), namespace)
-'''
+"""
 
 # Each block, by a line only it has (tfhub-* and keras-hub are in docs/conversion.md).
 MARKERS = {
@@ -72,8 +71,14 @@ def run_block(code: str, cwd) -> list:
     """Run `code` in a fresh Python in `cwd`; returns the printed values of its bare expressions."""
     (cwd / "block.py").write_text(code, encoding="utf-8")
     (cwd / "session.py").write_text(SESSION, encoding="utf-8")
-    result = subprocess.run([sys.executable, "session.py", "block.py"], cwd=cwd, capture_output=True, text=True,
-                            timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    result = subprocess.run(
+        [sys.executable, "session.py", "block.py"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return [line[3:] for line in result.stdout.splitlines() if line.startswith("=> ")]
 
@@ -82,8 +87,15 @@ def small_real_vocab_bert(path, max_positions=128):
     """A one-layer BERT on the real 30,522-token uncased vocabulary (random weights), saved as a
     kbert model directory: where a block uses real token ids or 128 positions."""
     import kbert
-    config = kbert.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                              intermediate_size=64, max_position_embeddings=max_positions)
+
+    config = kbert.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=max_positions,
+    )
     kbert.save(kbert.bert_pretrainer(config), path, vocab_file=UNCASED_VOCAB, do_lower_case=True)
     return path
 
@@ -102,8 +114,12 @@ def test_python_api_block(tmp_path):
     values = run_block(block("python-api"), tmp_path)
     # kbert.save and save_tf1_checkpoint return their paths; the tokenizer's comment is right, and
     # the graph tokenizer gives the same ids.
-    assert values == ["'bert-base'", "'bert-base-tf1'", "['hello', ',', 'world', '!']",
-                      "<tf.RaggedTensor [[7592, 1010, 2088, 999]]>"]
+    assert values == [
+        "'bert-base'",
+        "'bert-base-tf1'",
+        "['hello', ',', 'world', '!']",
+        "<tf.RaggedTensor [[7592, 1010, 2088, 999]]>",
+    ]
     assert (tmp_path / "bert-base" / "model.weights.h5").is_file()
     assert (tmp_path / "bert-base-tf1" / "bert_model.ckpt.index").is_file()
 
@@ -137,11 +153,15 @@ def test_client_block(tmp_path):
     classifier.task_info = {"task": "classify", "labels": ["neg", "pos"], "max_seq_length": 16, "text_pairs": False}
     kbert.save(classifier, tmp_path / "classifier")
     export = export_model(tmp_path / "classifier", tmp_path / "exports" / "sentiment")
-    process, ready = start_standin_server([os.path.join(os.path.dirname(export), "models.config")],
-                                          tmp_path / "server.log")
+    process, ready = start_standin_server(
+        [os.path.join(os.path.dirname(export), "models.config")], tmp_path / "server.log"
+    )
     try:
-        code = block("client").replace('"localhost:8500"', f'"127.0.0.1:{ready["grpc_port"]}"') \
+        code = (
+            block("client")
+            .replace('"localhost:8500"', f'"127.0.0.1:{ready["grpc_port"]}"')
             .replace('"http://localhost:8501"', f'"http://127.0.0.1:{ready["rest_port"]}"')
+        )
         values = run_block(code, tmp_path)
     finally:
         process.terminate()

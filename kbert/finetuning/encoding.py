@@ -17,14 +17,12 @@ _MAX_LISTED = 10  # tags named in an error message
 def _special_ids(tokenizer, *tokens) -> list[int]:
     missing = [t for t in tokens if t not in tokenizer.vocab]
     if missing:
-        raise KbertError(f"the vocab has no {', '.join(missing)}; use the vocab.txt the model "
-                         "was trained with")
+        raise KbertError(f"the vocab has no {', '.join(missing)}; use the vocab.txt the model was trained with")
     return [tokenizer.vocab[t] for t in tokens]
 
 
 def _features(n: int, max_seq_length: int) -> dict[str, np.ndarray]:
-    return {name: np.zeros((n, max_seq_length), np.int32)
-            for name in ("input_ids", "input_mask", "segment_ids")}
+    return {name: np.zeros((n, max_seq_length), np.int32) for name in ("input_ids", "input_mask", "segment_ids")}
 
 
 def encode_texts(tokenizer, texts, texts_b, max_seq_length: int) -> tuple[dict[str, np.ndarray], int]:
@@ -65,8 +63,10 @@ def encode_texts(tokenizer, texts, texts_b, max_seq_length: int) -> tuple[dict[s
         raise ValueError(f"{n} texts but {len(texts_b)} texts_b")
     least = 2 if texts_b is None else 3
     if max_seq_length < least:
-        raise KbertError(f"max sequence length {max_seq_length} is too short; it must be at "
-                         f"least {least} ([CLS] and [SEP]{', [SEP]' if least == 3 else ''})")
+        raise KbertError(
+            f"max sequence length {max_seq_length} is too short; it must be at "
+            f"least {least} ([CLS] and [SEP]{', [SEP]' if least == 3 else ''})"
+        )
     cls_id, sep_id = _special_ids(tokenizer, "[CLS]", "[SEP]")
     vocab = tokenizer.vocab
     features = _features(n, max_seq_length)
@@ -90,14 +90,14 @@ def encode_texts(tokenizer, texts, texts_b, max_seq_length: int) -> tuple[dict[s
             ids = [cls_id] + [vocab[t] for t in tokens_a[:len_a]] + [sep_id]
             if len_b:  # as the original, which asks `if tokens_b` again after cutting
                 ids += [vocab[t] for t in tokens_b[:len_b]] + [sep_id]
-                segment_ids[i, len_a + 2:len(ids)] = 1
+                segment_ids[i, len_a + 2 : len(ids)] = 1
         else:
             if len(tokens_a) > max_seq_length - 2:
                 truncated += 1
-                tokens_a = tokens_a[:max_seq_length - 2]
+                tokens_a = tokens_a[: max_seq_length - 2]
             ids = [cls_id] + [vocab[t] for t in tokens_a] + [sep_id]
-        input_ids[i, :len(ids)] = ids
-        input_mask[i, :len(ids)] = 1
+        input_ids[i, : len(ids)] = ids
+        input_mask[i, : len(ids)] = 1
     return features, truncated
 
 
@@ -144,13 +144,17 @@ def encode_tagged(tokenizer, words, tags, label_ids: dict[str, int], max_seq_len
             listed = sorted(unseen)
             more = f" and {len(listed) - _MAX_LISTED} more" if len(listed) > _MAX_LISTED else ""
             known = ", ".join(sorted(label_ids)[:_MAX_LISTED])
-            raise KbertError(f"tags {', '.join(listed[:_MAX_LISTED])}{more} were not in the "
-                             f"training data (the model knows {known}"
-                             f"{', ...' if len(label_ids) > _MAX_LISTED else ''}); evaluate "
-                             "with data tagged with the training set's tags")
+            raise KbertError(
+                f"tags {', '.join(listed[:_MAX_LISTED])}{more} were not in the "
+                f"training data (the model knows {known}"
+                f"{', ...' if len(label_ids) > _MAX_LISTED else ''}); evaluate "
+                "with data tagged with the training set's tags"
+            )
     if max_seq_length < 3:
-        raise KbertError(f"max sequence length {max_seq_length} is too short for tagging; it "
-                         "must be at least 3 ([CLS], a word, [SEP])")
+        raise KbertError(
+            f"max sequence length {max_seq_length} is too short for tagging; it "
+            "must be at least 3 ([CLS], a word, [SEP])"
+        )
     cls_id, sep_id, unk_id = _special_ids(tokenizer, "[CLS]", "[SEP]", "[UNK]")
     vocab = tokenizer.vocab
     room = max_seq_length - 2
@@ -167,10 +171,10 @@ def encode_tagged(tokenizer, words, tags, label_ids: dict[str, int], max_seq_len
             ids.extend([vocab[t] for t in tokenizer.tokenize(word)] or [unk_id])
         if len(ids) > room + 1:
             truncated += 1
-            del ids[room + 1:]
+            del ids[room + 1 :]
         ids.append(sep_id)
-        input_ids[i, :len(ids)] = ids
-        input_mask[i, :len(ids)] = 1
+        input_ids[i, : len(ids)] = ids
+        input_mask[i, : len(ids)] = 1
         if tags is not None:
             for position, tag in zip(positions, tags[i]):
                 if position >= 0:
@@ -206,6 +210,7 @@ def encode_choices(tokenizer, contexts, endings, max_seq_length: int) -> tuple[d
     choices = len(endings[0]) if endings else 0
     if any(len(row) != choices for row in endings):
         raise KbertError("every question needs the same number of endings")
-    flat, truncated = encode_texts(tokenizer, [c for c in contexts for _ in range(choices)],
-                                   [e for row in endings for e in row], max_seq_length)
+    flat, truncated = encode_texts(
+        tokenizer, [c for c in contexts for _ in range(choices)], [e for row in endings for e in row], max_seq_length
+    )
     return {k: v.reshape(n, choices, max_seq_length) for k, v in flat.items()}, truncated

@@ -29,14 +29,14 @@ GLUE_COLUMNS = {
 }
 # CoLA train/dev rows: source, label, original label, sentence (ColaProcessor's line[1], line[3]).
 COLA_WIDTH, COLA_TEXT, COLA_LABEL = 4, 3, 1
-_STSB_HEADER = ["index", "genre", "filename", "year", "old_index", "source1", "source2",
-                "sentence1", "sentence2"]
+_STSB_HEADER = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2"]
 _MNLI_HEADER = ["index", "promptID", "pairID", "genre"]
 # Column names of text-per-row files (generic and GLUE headers), lower-cased: a first line naming
 # two of them is a classify/regress file's header, never a CoNLL line.
 _TABLE_HEADER_NAMES = {n.lower() for n in TEXT_NAMES + TEXT_B_NAMES + LABEL_NAMES} | {
-    n.lower() for names in GLUE_COLUMNS.values() for n in names if n}
-CONLL_FORMAT = ("CoNLL: one word and its tag per line (\"EU\\tB-ORG\"), a blank line between sentences")
+    n.lower() for names in GLUE_COLUMNS.values() for n in names if n
+}
+CONLL_FORMAT = 'CoNLL: one word and its tag per line ("EU\\tB-ORG"), a blank line between sentences'
 
 
 def header_columns(path: str, format: str, header: list[str], conll: bool = False) -> tuple:
@@ -47,17 +47,24 @@ def header_columns(path: str, format: str, header: list[str], conll: bool = Fals
         accepted = repr(names[0])
     else:
         lower = [h.lower() for h in header]
-        found = [next((lower.index(n) for n in group if n in lower), None)
-                 for group in (TEXT_NAMES, TEXT_B_NAMES, LABEL_NAMES)]
-        accepted = (f"{' or '.join(TEXT_NAMES)} for the text, optionally "
-                    f"{' '.join(TEXT_B_NAMES)} and {' '.join(LABEL_NAMES)}")
+        found = [
+            next((lower.index(n) for n in group if n in lower), None)
+            for group in (TEXT_NAMES, TEXT_B_NAMES, LABEL_NAMES)
+        ]
+        accepted = (
+            f"{' or '.join(TEXT_NAMES)} for the text, optionally {' '.join(TEXT_B_NAMES)} and {' '.join(LABEL_NAMES)}"
+        )
     if found[0] is None:
         if conll:
-            raise KbertError(f"{path}: looks like CoNLL (a word and its tag per line), which --task tag reads; "
-                             f"classify and regress read one text per row under a header naming the columns: "
-                             f"{accepted}")
-        raise KbertError(f"{path}: the header names no text column (found: {', '.join(header)}); "
-                         f"the first row of a {format} file must name the columns: {accepted}")
+            raise KbertError(
+                f"{path}: looks like CoNLL (a word and its tag per line), which --task tag reads; "
+                f"classify and regress read one text per row under a header naming the columns: "
+                f"{accepted}"
+            )
+        raise KbertError(
+            f"{path}: the header names no text column (found: {', '.join(header)}); "
+            f"the first row of a {format} file must name the columns: {accepted}"
+        )
     return tuple(found)
 
 
@@ -77,9 +84,9 @@ def glue_layout(header: list[str]) -> str:
     """The GLUE layout a TSV's first row announces, or "tsv" for a generic one."""
     if "#1 String" in header and "#2 String" in header:
         return "mrpc"
-    if header[:len(_STSB_HEADER)] == _STSB_HEADER:
+    if header[: len(_STSB_HEADER)] == _STSB_HEADER:
         return "stsb"
-    if header[:len(_MNLI_HEADER)] == _MNLI_HEADER:
+    if header[: len(_MNLI_HEADER)] == _MNLI_HEADER:
         return "mnli"
     if header[:3] == ["index", "question", "sentence"]:
         return "qnli"
@@ -90,8 +97,7 @@ def glue_layout(header: list[str]) -> str:
     if header in (["sentence", "label"], ["index", "sentence"]):
         return "sst2"
     names = {h.lower() for h in header}
-    if (len(header) == COLA_WIDTH and header[COLA_LABEL] in ("0", "1")
-            and not names & set(TEXT_NAMES)):
+    if len(header) == COLA_WIDTH and header[COLA_LABEL] in ("0", "1") and not names & set(TEXT_NAMES):
         return "cola"  # a headerless first row: source, 0/1, original label, sentence
     return "tsv"
 
@@ -127,5 +133,7 @@ def refuse_text_rows(path: str, text: str):
         if one_block and len(several) * 2 > len(lines):
             why = f"its first column holds texts of several words ({several[0][:40]!r}, ...)"
     if why:
-        raise KbertError(f"{path}: {why}: a file of one text per row, which --task classify or regress reads; "
-                         f"--task tag reads {CONLL_FORMAT}")
+        raise KbertError(
+            f"{path}: {why}: a file of one text per row, which --task classify or regress reads; "
+            f"--task tag reads {CONLL_FORMAT}"
+        )

@@ -23,8 +23,6 @@ import numpy as np
 
 from kbert.errors import KbertError
 
-
-
 # === Classification ===
 
 
@@ -99,8 +97,9 @@ def _sorted_classes(values):
     try:
         return sorted(set(values))
     except TypeError:
-        raise KbertError("labels and predictions mix class ids and class names; pass "
-                         "label_names to say which id is which name") from None
+        raise KbertError(
+            "labels and predictions mix class ids and class names; pass label_names to say which id is which name"
+        ) from None
 
 
 def _class_ids(values, classes, what):
@@ -114,15 +113,15 @@ def _class_ids(values, classes, what):
         elif isinstance(v, numbers.Integral) and 0 <= v < len(classes):
             ids.append(int(v))
         else:
-            raise KbertError(f"{what} {v!r} is not a class id in 0..{len(classes) - 1} "
-                             f"nor one of the label names {classes}")
+            raise KbertError(
+                f"{what} {v!r} is not a class id in 0..{len(classes) - 1} nor one of the label names {classes}"
+            )
     return np.array(ids, dtype=np.int64)
 
 
 def _check_lengths(labels, predictions):
     if len(labels) != len(predictions):
-        raise KbertError(f"{len(labels)} labels but {len(predictions)} predictions; "
-                         "each example needs one of each")
+        raise KbertError(f"{len(labels)} labels but {len(predictions)} predictions; each example needs one of each")
     if not labels:
         raise KbertError("no examples to score; the evaluation set is empty")
 
@@ -156,8 +155,11 @@ def regression_metrics(labels, predictions) -> dict:
     y = np.asarray(labels, dtype=np.float64).reshape(-1)
     p = np.asarray(predictions, dtype=np.float64).reshape(-1)
     _check_lengths(y.tolist(), p.tolist())
-    return {"pearson": _pearson(y, p), "spearman": _pearson(_average_ranks(y), _average_ranks(p)),
-            "mse": float(np.mean((p - y) ** 2))}
+    return {
+        "pearson": _pearson(y, p),
+        "spearman": _pearson(_average_ranks(y), _average_ranks(p)),
+        "mse": float(np.mean((p - y) ** 2)),
+    }
 
 
 def _pearson(x, y):
@@ -228,19 +230,21 @@ def tagging_metrics(gold_tags, predicted_tags) -> dict:
     """
     gold_tags, predicted_tags = list(gold_tags), list(predicted_tags)
     if len(gold_tags) != len(predicted_tags):
-        raise KbertError(f"{len(gold_tags)} gold sentences but {len(predicted_tags)} "
-                         "predicted; each sentence needs one of each")
+        raise KbertError(
+            f"{len(gold_tags)} gold sentences but {len(predicted_tags)} predicted; each sentence needs one of each"
+        )
     gold, predicted = set(), set()
     tokens = correct_tokens = 0
     for i, (gold_sentence, predicted_sentence) in enumerate(zip(gold_tags, predicted_tags)):
         gold_sentence, predicted_sentence = list(gold_sentence), list(predicted_sentence)
         if len(gold_sentence) != len(predicted_sentence):
-            raise KbertError(f"sentence {i} has {len(gold_sentence)} gold tags but "
-                             f"{len(predicted_sentence)} predicted; they must match token "
-                             "for token")
+            raise KbertError(
+                f"sentence {i} has {len(gold_sentence)} gold tags but "
+                f"{len(predicted_sentence)} predicted; they must match token "
+                "for token"
+            )
         gold.update((kind, i, start, end) for kind, start, end in entities(gold_sentence))
-        predicted.update((kind, i, start, end)
-                         for kind, start, end in entities(predicted_sentence))
+        predicted.update((kind, i, start, end) for kind, start, end in entities(predicted_sentence))
         tokens += len(gold_sentence)
         correct_tokens += sum(g == p for g, p in zip(gold_sentence, predicted_sentence))
     if tokens == 0:
@@ -252,8 +256,7 @@ def tagging_metrics(gold_tags, predicted_tags) -> dict:
     for kind in sorted({e[0] for e in gold | predicted}):
         gold_of_kind = {e for e in gold if e[0] == kind}
         predicted_of_kind = {e for e in predicted if e[0] == kind}
-        scores = _precision_recall_f1(len(gold_of_kind & predicted_of_kind),
-                                      len(predicted_of_kind), len(gold_of_kind))
+        scores = _precision_recall_f1(len(gold_of_kind & predicted_of_kind), len(predicted_of_kind), len(gold_of_kind))
         scores["support"] = len(gold_of_kind)
         metrics["per_type"][kind] = scores
     return metrics

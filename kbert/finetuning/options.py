@@ -27,30 +27,38 @@ class FinetuneOptions:
     ...
     kbert.errors.KbertError: --batch-size must be at least 1, got 0
     """
+
     epochs: int = 3
     batch_size: int = 32
     learning_rate: float = 5e-5
-    max_seq_length: int | None = None    # default: the task's (128, or 384 for squad)
-    warmup_proportion: float = 0.1       # run_classifier.py's default
+    max_seq_length: int | None = None  # default: the task's (128, or 384 for squad)
+    warmup_proportion: float = 0.1  # run_classifier.py's default
     seed: int = 12345
     mixed_precision: bool = False
-    strategy: str = "auto"               # auto | cpu | gpu | mirrored
-    patience: int | None = None          # stop after this many epochs without a better dev score
+    strategy: str = "auto"  # auto | cpu | gpu | mirrored
+    patience: int | None = None  # stop after this many epochs without a better dev score
     skip_bad_rows: bool = False
     format: str = "auto"
-    doc_stride: int = 128                # squad: run_squad.py's defaults from here on
+    doc_stride: int = 128  # squad: run_squad.py's defaults from here on
     max_query_length: int = 64
     n_best_size: int = 20
     max_answer_length: int = 30
     null_score_diff_threshold: float = 0.0
     overwrite: bool = False
-    resume: bool = False                 # continue the unfinished run in OUTPUT.partial/
-    save_every: int = 1000               # steps between checkpoints (and one at each epoch's end)
+    resume: bool = False  # continue the unfinished run in OUTPUT.partial/
+    save_every: int = 1000  # steps between checkpoints (and one at each epoch's end)
     progress: bool = True
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size", "save_every", "doc_stride", "max_query_length", "n_best_size",
-                     "max_answer_length"):
+        for name in (
+            "epochs",
+            "batch_size",
+            "save_every",
+            "doc_stride",
+            "max_query_length",
+            "n_best_size",
+            "max_answer_length",
+        ):
             _check_int(name, getattr(self, name), least=1)
         if self.max_seq_length is not None:  # None: unset; 0 is not
             _check_int("max_seq_length", self.max_seq_length, least=3)  # [CLS], a token, [SEP]
@@ -65,8 +73,9 @@ class FinetuneOptions:
             raise KbertError(f"{_flag('warmup_proportion')} must be in [0, 1), got {self.warmup_proportion}")
         _check_number("null_score_diff_threshold", self.null_score_diff_threshold)
         if self.strategy not in STRATEGIES:
-            raise KbertError(f"--strategy {self.strategy!r}: fine-tuning runs on {', '.join(STRATEGIES[:-1])} or "
-                             f"{STRATEGIES[-1]}")
+            raise KbertError(
+                f"--strategy {self.strategy!r}: fine-tuning runs on {', '.join(STRATEGIES[:-1])} or {STRATEGIES[-1]}"
+            )
 
 
 def resolve_options(options: FinetuneOptions | None, overrides: dict) -> FinetuneOptions:

@@ -21,11 +21,11 @@ import hashlib
 import json
 import logging
 import os
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from kbert.errors import KbertError
-from kbert.outputs import writes
 from kbert.files import PARTIAL_SUFFIX, atomic_write_text
+from kbert.outputs import writes
 
 log = logging.getLogger("kbert")
 
@@ -68,8 +68,9 @@ def input_identity(path) -> dict:
 
 
 @writes("path", inputs=("source",))
-def write_rows(path, make_rows: Callable[[int], Iterable[dict]], *, resume: bool = False,
-               overwrite: bool = False, source=None) -> dict:
+def write_rows(
+    path, make_rows: Callable[[int], Iterable[dict]], *, resume: bool = False, overwrite: bool = False, source=None
+) -> dict:
     """Write `make_rows(start)` to `path` as JSON lines, atomically and resumably.
 
     Args:
@@ -123,8 +124,10 @@ def skip_rows(rows: Iterable[dict], start: int) -> Iterator[dict]:
         if seen > start:
             yield row
     if seen < start:
-        raise KbertError(f"the output to resume already has {start} rows, but the input has only {seen} "
-                         f"examples: it is not this input's output; pass --overwrite to start again")
+        raise KbertError(
+            f"the output to resume already has {start} rows, but the input has only {seen} "
+            f"examples: it is not this input's output; pass --overwrite to start again"
+        )
 
 
 def _write_locked(fd: int, path: str, partial: str, make_rows, resume: bool, source) -> dict:
@@ -166,15 +169,19 @@ def _record_input(partial: str, source, resume: bool):
         except FileNotFoundError:
             recorded = None  # rows written before inputs were recorded: nothing to compare
         except (OSError, ValueError):
-            raise KbertError(f"{record} is damaged, so the input of the rows in {partial} is unknown; pass "
-                             f"--overwrite to start again") from None
+            raise KbertError(
+                f"{record} is damaged, so the input of the rows in {partial} is unknown; pass "
+                f"--overwrite to start again"
+            ) from None
         if recorded and (recorded.get("size"), recorded.get("sha256")) != (identity["size"], identity["sha256"]):
             same_path = recorded.get("path") == identity["path"]
             earlier = "an earlier version of it" if same_path else recorded.get("path")
-            raise KbertError(f"--resume: {partial} holds the rows of {earlier} ({recorded.get('size')} bytes), not "
-                             f"of --input {os.fspath(source)} ({identity['size']} bytes"
-                             f"{', changed since' if same_path else ''}); resume with the input it started on, or "
-                             f"pass --overwrite to start again")
+            raise KbertError(
+                f"--resume: {partial} holds the rows of {earlier} ({recorded.get('size')} bytes), not "
+                f"of --input {os.fspath(source)} ({identity['size']} bytes"
+                f"{', changed since' if same_path else ''}); resume with the input it started on, or "
+                f"pass --overwrite to start again"
+            )
     atomic_write_text(record, json.dumps(identity) + "\n")
 
 
@@ -190,14 +197,18 @@ def _check_output(path: str, partial: str, resume: bool, overwrite: bool):
     if os.path.isdir(path):
         raise KbertError(f"--output {path} is a directory; give the path of the file to write")
     if os.path.exists(partial) and not resume and not overwrite:
-        raise KbertError(f"{partial} holds the rows of an unfinished run; pass --resume to go on from them, "
-                         f"or --overwrite to start again")
+        raise KbertError(
+            f"{partial} holds the rows of an unfinished run; pass --resume to go on from them, "
+            f"or --overwrite to start again"
+        )
     if os.path.exists(path) and not overwrite:
         if resume and not os.path.exists(partial):
-            raise KbertError(f"{path} is complete, with no unfinished run to resume; pass --overwrite to "
-                             f"predict again")
-        fix = "pass --overwrite too, to replace it when the run ends" if resume else \
-            "pass --overwrite to replace it, or choose another --output"
+            raise KbertError(f"{path} is complete, with no unfinished run to resume; pass --overwrite to predict again")
+        fix = (
+            "pass --overwrite too, to replace it when the run ends"
+            if resume
+            else "pass --overwrite to replace it, or choose another --output"
+        )
         raise KbertError(f"{path} exists; {fix}")
 
 
@@ -205,8 +216,10 @@ def _lock(fd: int, partial: str):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise KbertError(f"{partial} is being written by another process (another kbert predict with this "
-                         f"--output?); wait for it to end, or choose another --output") from None
+        raise KbertError(
+            f"{partial} is being written by another process (another kbert predict with this "
+            f"--output?); wait for it to end, or choose another --output"
+        ) from None
 
 
 def _truncate(fd: int, size: int) -> int:
@@ -235,14 +248,17 @@ def _write_all(fd: int, data: bytes):
     # One line, one write(2): a process killed between two rows leaves whole lines only.
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _after_failure(partial: str, kept: int, written: int):
     """Keep the partial file for --resume if it has rows, else leave nothing behind."""
     if written:
-        log.info("%s keeps the %d rows written so far; run the same command with --resume to go on "
-                 "from there", partial, kept + written)
+        log.info(
+            "%s keeps the %d rows written so far; run the same command with --resume to go on from there",
+            partial,
+            kept + written,
+        )
     elif not kept and os.path.exists(partial):
         os.remove(partial)
         _remove(partial + INPUT_SUFFIX)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 import keras
 
@@ -39,8 +39,15 @@ def _prepare(model_dir, options, overrides):
 
 
 def _read(task, path, tokenizer, length, labels, opts, require_labels):
-    data = task.read(path, tokenizer=tokenizer, max_seq_length=length, labels=labels, options=opts,
-                     require_labels=require_labels, training=False)
+    data = task.read(
+        path,
+        tokenizer=tokenizer,
+        max_seq_length=length,
+        labels=labels,
+        options=opts,
+        require_labels=require_labels,
+        training=False,
+    )
     if data.truncated:
         log.warning("%s: %d of %d examples were truncated", path, data.truncated, data.size)
     return data
@@ -55,21 +62,25 @@ def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **ov
     """
     model, task, opts, tokenizer, length = _prepare(model_dir, options, overrides)
     if task is None:
-        raise KbertError(f"{model_dir} is a{'n' if model_kind(model) == 'encoder' else ''} {model_kind(model)}, "
-                         f"which has no task to score; evaluate a model with a task head (written by kbert "
-                         f"finetune, or by kbert.save)")
+        raise KbertError(
+            f"{model_dir} is a{'n' if model_kind(model) == 'encoder' else ''} {model_kind(model)}, "
+            f"which has no task to score; evaluate a model with a task head (written by kbert "
+            f"finetune, or by kbert.save)"
+        )
     labels = model.task_info.get("labels")
     data = _read(task, input_path, tokenizer, length, labels, opts, require_labels=True)
     if data.size == 0:
         raise KbertError(f"{input_path} has no usable rows to evaluate")
-    result = task.score(data, predict_outputs(model, data, opts.batch_size), options=opts,
-                        do_lower_case=model.do_lower_case)
+    result = task.score(
+        data, predict_outputs(model, data, opts.batch_size), options=opts, do_lower_case=model.do_lower_case
+    )
     result["examples"] = len(data.raw) if task.name == "squad" else data.size
     return json_floats({k: v for k, v in result.items() if not isinstance(v, dict)})
 
 
-def predict(model_dir, input_path, layers: list[int] | None = None, options: FinetuneOptions | None = None,
-            **overrides) -> Iterator[dict]:
+def predict(
+    model_dir, input_path, layers: list[int] | None = None, options: FinetuneOptions | None = None, **overrides
+) -> Iterator[dict]:
     """One JSON-ready dict per input example (see `kbert predict --help`).
 
     Fine-tuned models give their task's predictions; encoders and pretrained models give
@@ -88,8 +99,9 @@ def predict(model_dir, input_path, layers: list[int] | None = None, options: Fin
 
 def _task_rows(model, task, input_path, tokenizer, length, opts) -> Iterator[dict]:
     data = _read(task, input_path, tokenizer, length, model.task_info.get("labels"), opts, require_labels=False)
-    yield from task.rows(data, predict_outputs(model, data, opts.batch_size), options=opts,
-                         do_lower_case=model.do_lower_case)
+    yield from task.rows(
+        data, predict_outputs(model, data, opts.batch_size), options=opts, do_lower_case=model.do_lower_case
+    )
 
 
 def features(model, input_path, tokenizer, max_seq_length, layers=None, batch_size=32) -> Iterator[dict]:
@@ -103,12 +115,18 @@ def _features(model, input_path, tokenizer, max_seq_length, layers, batch_size) 
     texts, texts_b = readers.read_lines(input_path)
     inputs, truncated = encoding.encode_texts(tokenizer, texts, texts_b, max_seq_length)
     if truncated:
-        log.warning("%s: %d of %d lines were truncated to --max-seq-length %d", input_path, truncated,
-                    len(texts), max_seq_length)
+        log.warning(
+            "%s: %d of %d lines were truncated to --max-seq-length %d",
+            input_path,
+            truncated,
+            len(texts),
+            max_seq_length,
+        )
     encoder = encoder_of(model)
     if not layers:
         pooled = keras.Model(encoder.input, encoder.output["pooled_output"]).predict(
-            inputs, batch_size=batch_size, verbose=0)
+            inputs, batch_size=batch_size, verbose=0
+        )
         for row in pooled:
             yield pooled_row(row)
         return
@@ -123,10 +141,19 @@ def _features(model, input_path, tokenizer, max_seq_length, layers, batch_size) 
     for row in range(len(texts)):
         length = int(inputs["input_mask"][row].sum())
         tokens = tokenizer.convert_ids_to_tokens(ids[row, :length].tolist())
-        yield {"linex_index": row, "features": [
-            {"token": token, "layers": [{"index": index, "values": [round(float(v), 6) for v in values[k][row, t]]}
-                                        for k, index in enumerate(layers)]}
-            for t, token in enumerate(tokens)]}
+        yield {
+            "linex_index": row,
+            "features": [
+                {
+                    "token": token,
+                    "layers": [
+                        {"index": index, "values": [round(float(v), 6) for v in values[k][row, t]]}
+                        for k, index in enumerate(layers)
+                    ],
+                }
+                for t, token in enumerate(tokens)
+            ],
+        }
 
 
 def pooled_row(values) -> dict:

@@ -51,9 +51,19 @@ from collections import Counter
 
 from kbert.errors import KbertError
 from kbert.finetuning.encoding import encode_texts  # noqa: F401 (tests/text and tests/serving import it here)
-from kbert.finetuning.formats import (COLA_LABEL, COLA_TEXT, COLA_WIDTH, GLUE_COLUMNS, TEXT_FORMATS, TEXT_NAMES,
-                                      format_from_extension, glue_layout, header_columns, looks_like_conll,
-                                      refuse_text_rows)
+from kbert.finetuning.formats import (
+    COLA_LABEL,
+    COLA_TEXT,
+    COLA_WIDTH,
+    GLUE_COLUMNS,
+    TEXT_FORMATS,
+    TEXT_NAMES,
+    format_from_extension,
+    glue_layout,
+    header_columns,
+    looks_like_conll,
+    refuse_text_rows,
+)
 
 log = logging.getLogger("kbert")
 
@@ -124,8 +134,9 @@ class ChoiceExamples:
 # === Reading ===
 
 
-def read_text_examples(path, task: str = "classify", format: str = "auto",
-                       skip_bad_rows: bool = False, require_labels: bool = True) -> TextExamples:
+def read_text_examples(
+    path, task: str = "classify", format: str = "auto", skip_bad_rows: bool = False, require_labels: bool = True
+) -> TextExamples:
     """Read a classification or regression file (CSV, TSV, JSON Lines or a GLUE TSV).
 
     Args:
@@ -161,11 +172,12 @@ def read_text_examples(path, task: str = "classify", format: str = "auto",
     """
     path = os.fspath(path)
     if task not in ("classify", "regress"):
-        raise KbertError(f"task {task!r} does not read text rows; use classify or regress "
-                         "(tag reads CoNLL files with read_tagged_examples)")
+        raise KbertError(
+            f"task {task!r} does not read text rows; use classify or regress "
+            "(tag reads CoNLL files with read_tagged_examples)"
+        )
     if format != "auto" and format not in TEXT_FORMATS:
-        raise KbertError(f"unknown data format {format!r}; use auto or one of "
-                         f"{', '.join(TEXT_FORMATS)}")
+        raise KbertError(f"unknown data format {format!r}; use auto or one of {', '.join(TEXT_FORMATS)}")
     text, replaced = _read_file(path)
     detect = format == "auto"
     if detect:
@@ -178,8 +190,7 @@ def read_text_examples(path, task: str = "classify", format: str = "auto",
     return reader.examples(replaced)
 
 
-def read_tagged_examples(path, skip_bad_rows: bool = False,
-                         require_labels: bool = True) -> TaggedExamples:
+def read_tagged_examples(path, skip_bad_rows: bool = False, require_labels: bool = True) -> TaggedExamples:
     """Read a CoNLL file: a word per line (first column) with its tag (last column).
 
     Sentences are separated by blank lines; `-DOCSTART-` lines are ignored. Columns are split
@@ -228,26 +239,32 @@ def read_tagged_examples(path, skip_bad_rows: bool = False,
     if current:
         sentences.append(current)
     if not sentences:
-        raise KbertError(f"{path}: no sentences; a CoNLL file has one word and its tag per line "
-                         "and a blank line between sentences")
+        raise KbertError(
+            f"{path}: no sentences; a CoNLL file has one word and its tag per line and a blank line between sentences"
+        )
 
     # The usual width decides, so one bad first line does not make every other line bad.
     width = Counter(lines).most_common(1)[0][0]
     if width == 1 and require_labels:
-        raise KbertError(f"{path}: no tag column; each line needs a word and its tag "
-                         "(\"EU B-ORG\"), separated by a tab or space")
+        raise KbertError(
+            f'{path}: no tag column; each line needs a word and its tag ("EU B-ORG"), separated by a tab or space'
+        )
     bad, words, tags = [], [], []
     for sentence in sentences:
-        wrong = [(n, f"expected {width} columns like most lines, found {len(fields)}")
-                 for n, fields in sentence if len(fields) != width]
+        wrong = [
+            (n, f"expected {width} columns like most lines, found {len(fields)}")
+            for n, fields in sentence
+            if len(fields) != width
+        ]
         if wrong:
             bad.extend(wrong)
             continue
         words.append([fields[0] for _, fields in sentence])
         tags.append([fields[-1] for _, fields in sentence])
     _check_bad_rows(path, bad, skip_bad_rows, len(words))
-    return TaggedExamples(words=words, tags=tags if width > 1 else None,
-                          skipped_rows=[n for n, _ in bad], replaced_bytes=replaced)
+    return TaggedExamples(
+        words=words, tags=tags if width > 1 else None, skipped_rows=[n for n, _ in bad], replaced_bytes=replaced
+    )
 
 
 def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool = True) -> ChoiceExamples:
@@ -280,8 +297,10 @@ def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool
     text, replaced = _read_file(path)
     rows = _table_rows(text, ",", quoting=True)
     if not rows or rows[0][1] is None:
-        raise KbertError(f"{path}: no readable header; a SWAG CSV starts with a header naming sent1, "
-                         f"sent2, ending0, ending1, ... and label")
+        raise KbertError(
+            f"{path}: no readable header; a SWAG CSV starts with a header naming sent1, "
+            f"sent2, ending0, ending1, ... and label"
+        )
     header = [name.strip() for name in rows[0][1]]
     column = {name: i for i, name in enumerate(header)}
     context = "sent1" if "sent1" in column else "context" if "context" in column else None
@@ -289,12 +308,15 @@ def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool
     while f"ending{len(endings)}" in column:
         endings.append(column[f"ending{len(endings)}"])
     if context is None or len(endings) < 2:
-        raise KbertError(f"{path}: the header ({', '.join(header[:12])}) needs a sent1 (or context) column "
-                         f"and at least ending0 and ending1: pass a SWAG CSV")
+        raise KbertError(
+            f"{path}: the header ({', '.join(header[:12])}) needs a sent1 (or context) column "
+            f"and at least ending0 and ending1: pass a SWAG CSV"
+        )
     has_label = "label" in column
     if require_labels and not has_label:
-        raise KbertError(f"{path}: no label column; training and evaluation need the right ending's index "
-                         f"in a column named label")
+        raise KbertError(
+            f"{path}: no label column; training and evaluation need the right ending's index in a column named label"
+        )
     contexts, choices, labels, bad = [], [], [], []
     for line_no, fields, complaint in rows[1:]:
         if fields is None or len(fields) != len(header):
@@ -315,8 +337,9 @@ def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool
     _check_bad_rows(path, bad, skip_bad_rows, len(contexts))
     if not has_label or any(label is None for label in labels):
         labels = None
-    return ChoiceExamples(contexts=contexts, endings=choices, labels=labels,
-                          skipped_rows=[n for n, _ in bad], replaced_bytes=replaced)
+    return ChoiceExamples(
+        contexts=contexts, endings=choices, labels=labels, skipped_rows=[n for n, _ in bad], replaced_bytes=replaced
+    )
 
 
 def report_skipped(path, examples):
@@ -351,7 +374,7 @@ def _read_file(path: str) -> tuple[str, int]:
     with open(path, "rb") as f:
         raw = f.read()
     if raw.startswith(codecs.BOM_UTF8):  # Excel and MRPC's files start with one
-        raw = raw[len(codecs.BOM_UTF8):]
+        raw = raw[len(codecs.BOM_UTF8) :]
     try:
         text, replaced = raw.decode("utf-8"), 0
     except UnicodeDecodeError:
@@ -418,18 +441,29 @@ class _TextExampleCollector:
 
     def examples(self, replaced) -> TextExamples:
         self.bad.sort()
-        if (self.task == "regress" and not self.texts and self.bad
-                and all(why.endswith("is not a number") for _, why in self.bad)):
-            raise KbertError(f"{self.path}: no label is a number (line {self.bad[0][0]}: {self.bad[0][1]}); "
-                             f"--task regress needs a number per row (a score such as 3.8): for class names "
-                             f"use --task classify")
+        if (
+            self.task == "regress"
+            and not self.texts
+            and self.bad
+            and all(why.endswith("is not a number") for _, why in self.bad)
+        ):
+            raise KbertError(
+                f"{self.path}: no label is a number (line {self.bad[0][0]}: {self.bad[0][1]}); "
+                f"--task regress needs a number per row (a score such as 3.8): for class names "
+                f"use --task classify"
+            )
         _check_bad_rows(self.path, self.bad, self.skip_bad_rows, len(self.texts))
         labels = self.labels if self.has_label_column else None
         if labels is not None and any(label is None for label in labels):
             labels = None  # only when labels are optional: a partial set is no set
-        return TextExamples(texts=self.texts, texts_b=self.texts_b if self.has_b else None,
-                            labels=labels, format=self.format,
-                            skipped_rows=[n for n, _ in self.bad], replaced_bytes=replaced)
+        return TextExamples(
+            texts=self.texts,
+            texts_b=self.texts_b if self.has_b else None,
+            labels=labels,
+            format=self.format,
+            skipped_rows=[n for n, _ in self.bad],
+            replaced_bytes=replaced,
+        )
 
 
 def _check_bad_rows(path, bad, skip_bad_rows, kept):
@@ -437,12 +471,17 @@ def _check_bad_rows(path, bad, skip_bad_rows, kept):
         numbers = ", ".join(str(n) for n, _ in bad[:_MAX_LISTED])
         more = f" and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
         first_line, first_why = bad[0]
-        raise KbertError(f"{path}: bad rows at line{'s' if len(bad) > 1 else ''} {numbers}{more} "
-                         f"(line {first_line}: {first_why}); fix them, or pass --skip-bad-rows "
-                         "to skip them")
+        raise KbertError(
+            f"{path}: bad rows at line{'s' if len(bad) > 1 else ''} {numbers}{more} "
+            f"(line {first_line}: {first_why}); fix them, or pass --skip-bad-rows "
+            "to skip them"
+        )
     if not kept:
-        raise KbertError(f"{path}: no usable rows (all {len(bad)} are bad, e.g. line {bad[0][0]}: "
-                         f"{bad[0][1]}); fix the file" if bad else f"{path}: no rows")
+        raise KbertError(
+            f"{path}: no usable rows (all {len(bad)} are bad, e.g. line {bad[0][0]}: {bad[0][1]}); fix the file"
+            if bad
+            else f"{path}: no rows"
+        )
 
 
 def _table_rows(text: str, delimiter: str, quoting: bool) -> list[tuple[int, list | None, str]]:
@@ -488,19 +527,23 @@ def _read_table(reader: _TextExampleCollector, text: str, format: str, detect_gl
     reader.has_label_column = label_col is not None
     if label_col is None and reader.require_labels:
         names = GLUE_COLUMNS[format][2] if format in GLUE_COLUMNS else "label"
-        raise KbertError(f"{path}: no label column (columns: {', '.join(first)}); add a "
-                         f"{names!r} column with each row's label")
+        raise KbertError(
+            f"{path}: no label column (columns: {', '.join(first)}); add a {names!r} column with each row's label"
+        )
 
     separator = "comma" if quoting else "tab"
     for line_no, fields, complaint in body:
         if fields is None:
             reader.bad.append((line_no, complaint))
         elif len(fields) != width:
-            reader.bad.append((line_no, f"expected {width} {separator}-separated columns, "
-                                        f"found {len(fields)}"))
+            reader.bad.append((line_no, f"expected {width} {separator}-separated columns, found {len(fields)}"))
         else:
-            reader.add(line_no, fields[text_col], fields[b_col] if b_col is not None else None,
-                       fields[label_col] if label_col is not None else None)
+            reader.add(
+                line_no,
+                fields[text_col],
+                fields[b_col] if b_col is not None else None,
+                fields[label_col] if label_col is not None else None,
+            )
 
 
 def _read_jsonl(reader: _TextExampleCollector, text: str):
@@ -508,8 +551,10 @@ def _read_jsonl(reader: _TextExampleCollector, text: str):
     reader.format = "jsonl"
     stripped = text.lstrip()
     if stripped.startswith("["):
-        raise KbertError(f"{path}: holds a JSON array; write JSON Lines instead, one object "
-                         "per line such as {\"text\": \"...\", \"label\": \"...\"}")
+        raise KbertError(
+            f"{path}: holds a JSON array; write JSON Lines instead, one object "
+            'per line such as {"text": "...", "label": "..."}'
+        )
     rows = []
     for line_no, line in enumerate(io.StringIO(text, newline=None), 1):
         if not line.strip():
@@ -525,11 +570,11 @@ def _read_jsonl(reader: _TextExampleCollector, text: str):
         key = next((k for k in TEXT_NAMES if k in row), None)
         if key is None or not isinstance(row[key], str):
             keys = ", ".join(list(row)[:_MAX_LISTED]) or "none"
-            reader.bad.append((line_no, f"no \"text\" string (keys: {keys})"))
+            reader.bad.append((line_no, f'no "text" string (keys: {keys})'))
             continue
         text_b = row.get("text_b")
         if text_b is not None and not isinstance(text_b, str):
-            reader.bad.append((line_no, "\"text_b\" is not a string"))
+            reader.bad.append((line_no, '"text_b" is not a string'))
             continue
         rows.append((line_no, row[key], text_b, row))
     reader.has_b = any(text_b is not None for _, _, text_b, _ in rows)

@@ -100,6 +100,7 @@ class SquadFeature:
 # Reading
 # ---------------------------------------------------------------------------------------
 
+
 def read_squad(path, is_training: bool) -> list[SquadExample]:
     """The questions of a SQuAD v1.1 or v2.0 JSON file, as run_squad.py's read_squad_examples.
 
@@ -145,8 +146,9 @@ def read_squad(path, is_training: bool) -> list[SquadExample]:
             doc_tokens, char_to_word_offset = _split_words(context)
             for q, qa in enumerate(qas):
                 questions += 1
-                example = _read_question(qa, f"{where}.qas[{q}]", path, is_training, context,
-                                         doc_tokens, char_to_word_offset)
+                example = _read_question(
+                    qa, f"{where}.qas[{q}]", path, is_training, context, doc_tokens, char_to_word_offset
+                )
                 if example is None:
                     skipped += 1
                 else:
@@ -154,15 +156,19 @@ def read_squad(path, is_training: bool) -> list[SquadExample]:
     if questions == 0:
         raise KbertError(f"{path} has no questions: every 'qas' list is empty")
     if skipped:
-        log.warning("%s: skipped %d of %d training questions whose answer text is not at its "
-                    "answer_start (run_squad.py skips these too)", path, skipped, questions)
+        log.warning(
+            "%s: skipped %d of %d training questions whose answer text is not at its "
+            "answer_start (run_squad.py skips these too)",
+            path,
+            skipped,
+            questions,
+        )
     return examples
 
 
 def _load_squad_json(path: str) -> dict:
     if not os.path.isfile(path):
-        raise KbertError(f"{path}: no such SQuAD file; pass a SQuAD JSON file such as "
-                         f"train-v1.1.json or dev-v2.0.json")
+        raise KbertError(f"{path}: no such SQuAD file; pass a SQuAD JSON file such as train-v1.1.json or dev-v2.0.json")
     try:
         with open(path, encoding="utf-8") as f:
             dataset = json.load(f)
@@ -225,18 +231,22 @@ def _read_question(qa, where, path, is_training, context, doc_tokens, char_to_wo
         example.orig_answer_text, example.start_position, example.end_position = "", -1, -1
         return example
     if len(answers) != 1:
-        raise KbertError(f"{path}: question {qas_id!r} has {len(answers)} answers; training needs "
-                         f"exactly 1 per answerable question (a dev file lists several)")
+        raise KbertError(
+            f"{path}: question {qas_id!r} has {len(answers)} answers; training needs "
+            f"exactly 1 per answerable question (a dev file lists several)"
+        )
     text = texts[0]
     offset = _field(answers[0], "answer_start", int, path, f"{where}.answers[0]")
     if not text or offset < 0 or offset + len(text) > len(context):
-        raise KbertError(f"{path}: question {qas_id!r} has answer_start {offset} and a "
-                         f"{len(text)}-character answer, outside its {len(context)}-character context")
+        raise KbertError(
+            f"{path}: question {qas_id!r} has answer_start {offset} and a "
+            f"{len(text)}-character answer, outside its {len(context)}-character context"
+        )
     start_position = char_to_word_offset[offset]
     end_position = char_to_word_offset[offset + len(text) - 1]
     # Only answers whose text can be recovered from the words: a mismatch is usually odd
     # Unicode or a wrong offset, and the original drops the question.
-    actual_text = " ".join(doc_tokens[start_position:end_position + 1])
+    actual_text = " ".join(doc_tokens[start_position : end_position + 1])
     if actual_text.find(" ".join(text.split())) == -1:
         return None
     example.orig_answer_text = text
@@ -248,8 +258,10 @@ def _read_question(qa, where, path, is_training, context, doc_tokens, char_to_wo
 # Features
 # ---------------------------------------------------------------------------------------
 
-def squad_features(examples, tokenizer, max_seq_length=384, doc_stride=128, max_query_length=64,
-                   is_training=False) -> tuple[dict[str, np.ndarray], list[SquadFeature]]:
+
+def squad_features(
+    examples, tokenizer, max_seq_length=384, doc_stride=128, max_query_length=64, is_training=False
+) -> tuple[dict[str, np.ndarray], list[SquadFeature]]:
     """Model inputs for SQuAD, as run_squad.py's convert_examples_to_features.
 
     Each example becomes one or more features `[CLS] question [SEP] window [SEP]`: the
@@ -288,14 +300,17 @@ def squad_features(examples, tokenizer, max_seq_length=384, doc_stride=128, max_
     [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0]
     """
     if max_seq_length <= max_query_length + 3:
-        raise KbertError(f"max_seq_length ({max_seq_length}) must be greater than max_query_length "
-                         f"({max_query_length}) + 3; raise --max-seq-length or lower --max-query-length")
+        raise KbertError(
+            f"max_seq_length ({max_seq_length}) must be greater than max_query_length "
+            f"({max_query_length}) + 3; raise --max-seq-length or lower --max-query-length"
+        )
     if doc_stride < 1:
         raise KbertError(f"doc_stride must be at least 1, not {doc_stride}")
     missing = [t for t in ("[CLS]", "[SEP]") if t not in tokenizer.vocab]
     if missing:
-        raise KbertError(f"{tokenizer.vocab_file} has no {' or '.join(missing)} token; "
-                         f"pass the vocab.txt of a BERT model")
+        raise KbertError(
+            f"{tokenizer.vocab_file} has no {' or '.join(missing)} token; pass the vocab.txt of a BERT model"
+        )
 
     rows = {"input_ids": [], "input_mask": [], "segment_ids": []}
     if is_training:
@@ -323,8 +338,9 @@ def squad_features(examples, tokenizer, max_seq_length=384, doc_stride=128, max_
                 tok_end = orig_to_tok_index[example.end_position + 1] - 1
             else:
                 tok_end = len(all_doc_tokens) - 1
-            tok_start, tok_end = _improve_answer_span(all_doc_tokens, tok_start, tok_end, tokenizer,
-                                                      example.orig_answer_text)
+            tok_start, tok_end = _improve_answer_span(
+                all_doc_tokens, tok_start, tok_end, tokenizer, example.orig_answer_text
+            )
 
         # The -3 accounts for [CLS], [SEP] and [SEP].
         max_tokens_for_doc = max_seq_length - len(query_tokens) - 3
@@ -341,7 +357,7 @@ def squad_features(examples, tokenizer, max_seq_length=384, doc_stride=128, max_
             n = len(tokens)
             input_ids = np.zeros(max_seq_length, np.int32)
             input_ids[:doc_offset] = head_ids
-            input_ids[doc_offset:n - 1] = doc_ids[span_start:span_end]
+            input_ids[doc_offset : n - 1] = doc_ids[span_start:span_end]
             input_ids[n - 1] = sep_id
             input_mask = np.zeros(max_seq_length, np.int32)
             input_mask[:n] = 1
@@ -353,8 +369,7 @@ def squad_features(examples, tokenizer, max_seq_length=384, doc_stride=128, max_
 
             if is_training:
                 # A window without the whole answer, or an impossible question, points at [CLS].
-                if (not example.is_impossible and tok_start >= span_start
-                        and tok_end <= span_end - 1):
+                if not example.is_impossible and tok_start >= span_start and tok_end <= span_end - 1:
                     start_position = tok_start - span_start + doc_offset
                     end_position = tok_end - span_start + doc_offset
                 else:
@@ -362,18 +377,23 @@ def squad_features(examples, tokenizer, max_seq_length=384, doc_stride=128, max_
                 rows["start_positions"].append(start_position)
                 rows["end_positions"].append(end_position)
 
-            features.append(SquadFeature(
-                example_index=example_index, doc_span_index=doc_span_index, tokens=tokens,
-                doc_offset=doc_offset, orig_index=tok_to_orig_array[span_start:span_end],
-                max_context=best_span[span_start:span_end] == doc_span_index))
+            features.append(
+                SquadFeature(
+                    example_index=example_index,
+                    doc_span_index=doc_span_index,
+                    tokens=tokens,
+                    doc_offset=doc_offset,
+                    orig_index=tok_to_orig_array[span_start:span_end],
+                    max_context=best_span[span_start:span_end] == doc_span_index,
+                )
+            )
 
     arrays = {}
     for name, values in rows.items():
         if name.endswith("_positions"):
             arrays[name] = np.asarray(values, np.int32).reshape(len(values))
         else:
-            arrays[name] = (np.stack(values) if values
-                            else np.zeros((0, max_seq_length), np.int32))
+            arrays[name] = np.stack(values) if values else np.zeros((0, max_seq_length), np.int32)
     return arrays, features
 
 
@@ -402,9 +422,9 @@ def _max_context_spans(doc_spans, num_tokens: int) -> np.ndarray:
     for span_index, (start, length) in enumerate(doc_spans):
         position = np.arange(start, start + length)
         score = np.minimum(position - start, start + length - 1 - position) + 0.01 * length
-        better = score > best_score[start:start + length]
-        best_score[start:start + length][better] = score[better]
-        best_span[start:start + length][better] = span_index
+        better = score > best_score[start : start + length]
+        best_score[start : start + length][better] = score[better]
+        best_span[start : start + length][better] = span_index
     return best_span
 
 
@@ -413,7 +433,7 @@ def _improve_answer_span(doc_tokens, input_start, input_end, tokenizer, orig_ans
     tok_answer_text = " ".join(tokenizer.tokenize(orig_answer_text))
     for new_start in range(input_start, input_end + 1):
         for new_end in range(input_end, new_start - 1, -1):
-            if " ".join(doc_tokens[new_start:new_end + 1]) == tok_answer_text:
+            if " ".join(doc_tokens[new_start : new_end + 1]) == tok_answer_text:
                 return new_start, new_end
     return input_start, input_end
 
@@ -421,6 +441,7 @@ def _improve_answer_span(doc_tokens, input_start, input_end, tokenizer, orig_ans
 # ---------------------------------------------------------------------------------------
 # Evaluation
 # ---------------------------------------------------------------------------------------
+
 
 def squad_evaluate(examples_or_dataset_path, predictions) -> dict:
     """Exact match and F1 in percent, as the official evaluate-v1.1.py / evaluate-v2.0.py.
@@ -465,8 +486,10 @@ def squad_evaluate(examples_or_dataset_path, predictions) -> dict:
         else:
             golds = example.answers
             if not golds:
-                raise KbertError(f"question {qid!r} has no gold answers; evaluate needs a SQuAD "
-                                 f"file with answers (a dev file, not a test file)")
+                raise KbertError(
+                    f"question {qid!r} has no gold answers; evaluate needs a SQuAD "
+                    f"file with answers (a dev file, not a test file)"
+                )
         prediction = predictions.get(qid)
         if prediction is None:
             missing += 1
@@ -478,8 +501,11 @@ def squad_evaluate(examples_or_dataset_path, predictions) -> dict:
     if missing:
         log.warning("%d of %d questions have no prediction and score 0", missing, len(exact))
 
-    result = {"exact_match": 100.0 * sum(exact.values()) / len(exact),
-              "f1": 100.0 * sum(f1.values()) / len(f1), "total": len(exact)}
+    result = {
+        "exact_match": 100.0 * sum(exact.values()) / len(exact),
+        "f1": 100.0 * sum(f1.values()) / len(f1),
+        "total": len(exact),
+    }
     if version_2:
         for prefix, wanted in (("HasAns", True), ("NoAns", False)):
             qids = [qid for qid, has in has_answer.items() if has == wanted]

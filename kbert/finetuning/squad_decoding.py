@@ -22,9 +22,17 @@ from kbert.files import atomic_write_text
 from kbert.text.tokenizer import character_tables
 
 
-def squad_predictions(examples, features, start_logits, end_logits, n_best_size=20,
-                      max_answer_length=30, do_lower_case=True, version_2_with_negative=False,
-                      null_score_diff_threshold=0.0) -> tuple[dict, dict]:
+def squad_predictions(
+    examples,
+    features,
+    start_logits,
+    end_logits,
+    n_best_size=20,
+    max_answer_length=30,
+    do_lower_case=True,
+    version_2_with_negative=False,
+    null_score_diff_threshold=0.0,
+) -> tuple[dict, dict]:
     """Answer texts from the model's logits, as run_squad.py's write_predictions.
 
     For each example, every (start, end) pair among the `n_best_size` highest start and end
@@ -70,10 +78,11 @@ def squad_predictions(examples, features, start_logits, end_logits, n_best_size=
     """
     start_logits = np.asarray(start_logits)
     end_logits = np.asarray(end_logits)
-    if (start_logits.ndim != 2 or start_logits.shape[0] != len(features)
-            or end_logits.shape != start_logits.shape):
-        raise ValueError(f"start_logits {start_logits.shape} and end_logits {end_logits.shape} must both "
-                         f"be [{len(features)} features, max_seq_length]")
+    if start_logits.ndim != 2 or start_logits.shape[0] != len(features) or end_logits.shape != start_logits.shape:
+        raise ValueError(
+            f"start_logits {start_logits.shape} and end_logits {end_logits.shape} must both "
+            f"be [{len(features)} features, max_seq_length]"
+        )
     rows_of_example = collections.defaultdict(list)
     for row, feature in enumerate(features):
         rows_of_example[feature.example_index].append(row)
@@ -96,8 +105,11 @@ def squad_predictions(examples, features, start_logits, end_logits, n_best_size=
                 if not (first <= start_index <= last and feature.max_context[start_index - first]):
                     continue
                 for end_index in _best_indexes(end_logits[row], n_best_size):
-                    if (first <= end_index <= last and start_index <= end_index
-                            and end_index - start_index + 1 <= max_answer_length):
+                    if (
+                        first <= end_index <= last
+                        and start_index <= end_index
+                        and end_index - start_index + 1 <= max_answer_length
+                    ):
                         candidates.append((row, start_index, end_index, starts[start_index], ends[end_index]))
         if version_2_with_negative:
             candidates.append((null_row, 0, 0, null_start_logit, null_end_logit))
@@ -123,7 +135,8 @@ def squad_predictions(examples, features, start_logits, end_logits, n_best_size=
         probabilities = _softmax([s + e for _, s, e in nbest])
         all_nbest[example.qas_id] = [
             {"text": text, "probability": p, "start_logit": s, "end_logit": e}
-            for (text, s, e), p in zip(nbest, probabilities)]
+            for (text, s, e), p in zip(nbest, probabilities)
+        ]
         if not version_2_with_negative:
             predictions[example.qas_id] = nbest[0][0]
         else:
@@ -152,12 +165,12 @@ def _softmax(scores: list[float]) -> list[float]:
 
 def _candidate_text(example, feature, start_index, end_index, do_lower_case) -> str:
     """The paragraph's own text for a token span: WordPieces joined, then get_final_text."""
-    tok_text = " ".join(feature.tokens[start_index:end_index + 1])
+    tok_text = " ".join(feature.tokens[start_index : end_index + 1])
     tok_text = tok_text.replace(" ##", "").replace("##", "")
     tok_text = " ".join(tok_text.split())
     orig_start = int(feature.orig_index[start_index - feature.doc_offset])
     orig_end = int(feature.orig_index[end_index - feature.doc_offset])
-    orig_text = " ".join(example.doc_tokens[orig_start:orig_end + 1])
+    orig_text = " ".join(example.doc_tokens[orig_start : orig_end + 1])
     return get_final_text(tok_text, orig_text, do_lower_case)
 
 
@@ -187,7 +200,7 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
     if ns_start is None or ns_end is None:
         return orig_text
     orig_positions = [i for i, c in enumerate(orig_text) if c != " "]
-    return orig_text[orig_positions[ns_start]:orig_positions[ns_end] + 1]
+    return orig_text[orig_positions[ns_start] : orig_positions[ns_end] + 1]
 
 
 def _non_space_index(text: str, position: int) -> int | None:

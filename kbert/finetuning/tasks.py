@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -44,27 +44,29 @@ log = logging.getLogger("kbert")
 @dataclasses.dataclass
 class TaskData:
     """One file, read and encoded for a task: model inputs, targets, and what scoring needs."""
-    features: dict            # input name -> np.int32 array
-    targets: dict | None      # output name -> np array, as model.fit takes them; None without labels
-    labels: list | None       # the label names (classify, tag); None for the others
-    size: int                 # examples the model runs on (SQuAD: windows)
+
+    features: dict  # input name -> np.int32 array
+    targets: dict | None  # output name -> np array, as model.fit takes them; None without labels
+    labels: list | None  # the label names (classify, tag); None for the others
+    size: int  # examples the model runs on (SQuAD: windows)
     truncated: int = 0
-    raw: object = None        # the examples as read (for scoring and printing)
-    extra: object = None      # task-specific (tag: word starts; squad: features)
+    raw: object = None  # the examples as read (for scoring and printing)
+    extra: object = None  # task-specific (tag: word starts; squad: features)
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
     """Everything about one fine-tuning task. See the module docstring."""
+
     name: str
     # read(path, *, tokenizer, max_seq_length, labels, options, require_labels, training) -> TaskData;
     # labels: the names to score against (None: the file's, when training).
     read: Callable
-    build: Callable     # build(base_model, *, labels, task_info) -> the task's keras.Model, declaring task_info
-    losses: Callable    # losses() -> (loss per output, loss weights or None), for model.compile
-    metric: str         # the dev score that picks the best epoch; higher is better
-    score: Callable     # score(data, outputs, *, options, do_lower_case) -> metrics dict
-    rows: Callable      # rows(data, outputs, *, options, do_lower_case) -> one JSON-ready dict per example
+    build: Callable  # build(base_model, *, labels, task_info) -> the task's keras.Model, declaring task_info
+    losses: Callable  # losses() -> (loss per output, loss weights or None), for model.compile
+    metric: str  # the dev score that picks the best epoch; higher is better
+    score: Callable  # score(data, outputs, *, options, do_lower_case) -> metrics dict
+    rows: Callable  # rows(data, outputs, *, options, do_lower_case) -> one JSON-ready dict per example
     max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
 
 
@@ -77,8 +79,10 @@ def _check_known(path, found, labels):
     unseen = sorted(set(found) - set(labels))
     if unseen:
         shown = ", ".join(repr(u) for u in unseen[:10]) + (f" and {len(unseen) - 10} more" if len(unseen) > 10 else "")
-        raise KbertError(f"{path} has labels the model was never trained on: {shown}; the model knows "
-                         f"{', '.join(repr(label) for label in labels)}")
+        raise KbertError(
+            f"{path} has labels the model was never trained on: {shown}; the model knows "
+            f"{', '.join(repr(label) for label in labels)}"
+        )
 
 
 def json_floats(values: dict) -> dict:
@@ -100,14 +104,17 @@ def classify_row(labels, probabilities) -> dict:
     {'label': 'pos', 'probabilities': {'neg': 0.25, 'pos': 0.75}}
     """
     best = int(np.argmax(probabilities))
-    return {"label": labels[best], "probabilities": {label: round(float(p), 6)
-                                                     for label, p in zip(labels, probabilities)}}
+    return {
+        "label": labels[best],
+        "probabilities": {label: round(float(p), 6) for label, p in zip(labels, probabilities)},
+    }
 
 
 def _read_texts(task):
     def read(path, *, tokenizer, max_seq_length, labels, options, require_labels, training):
-        examples = readers.read_text_examples(path, task=task, format=options.format,
-                                              skip_bad_rows=options.skip_bad_rows, require_labels=require_labels)
+        examples = readers.read_text_examples(
+            path, task=task, format=options.format, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels
+        )
         readers.report_skipped(path, examples)
         features, truncated = encoding.encode_texts(tokenizer, examples.texts, examples.texts_b, max_seq_length)
         targets = None
@@ -122,6 +129,7 @@ def _read_texts(task):
                 index = {label: i for i, label in enumerate(labels)}
                 targets = {"logits": np.asarray([index[label] for label in examples.labels], dtype=np.int32)}
         return TaskData(features, targets, labels, len(examples.texts), truncated, examples)
+
     return read
 
 
@@ -143,10 +151,12 @@ def _refuse_scores(path, labels):
             return
     fractions = [label for label, value in zip(labels, values) if math.isfinite(value) and not value.is_integer()]
     if fractions:
-        raise KbertError(f"{path}: the labels are numbers with fractions ({len(set(labels))} values from "
-                         f"{min(values):g} to {max(values):g}, e.g. {fractions[0]!r}): --task classify would make a "
-                         f"class of each value; for a score per example use --task regress, for classes label each "
-                         f"row with a name or a whole number")
+        raise KbertError(
+            f"{path}: the labels are numbers with fractions ({len(set(labels))} values from "
+            f"{min(values):g} to {max(values):g}, e.g. {fractions[0]!r}): --task classify would make a "
+            f"class of each value; for a score per example use --task regress, for classes label each "
+            f"row with a name or a whole number"
+        )
 
 
 def _build_classifier(base, *, labels, task_info=None):
@@ -154,8 +164,11 @@ def _build_classifier(base, *, labels, task_info=None):
 
 
 def _classify_score(data, outputs, *, options, do_lower_case):
-    return metrics.classification_metrics(data.targets["logits"].tolist(), outputs["logits"].argmax(-1).tolist(),
-                                          label_names=list(range(len(data.labels))))
+    return metrics.classification_metrics(
+        data.targets["logits"].tolist(),
+        outputs["logits"].argmax(-1).tolist(),
+        label_names=list(range(len(data.labels))),
+    )
 
 
 def _classify_rows(data, outputs, *, options, do_lower_case):
@@ -163,9 +176,14 @@ def _classify_rows(data, outputs, *, options, do_lower_case):
 
 
 CLASSIFY = Task(
-    name="classify", read=_read_texts("classify"), build=_build_classifier,
+    name="classify",
+    read=_read_texts("classify"),
+    build=_build_classifier,
     losses=lambda: ({"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, None),
-    metric="accuracy", score=_classify_score, rows=_classify_rows)
+    metric="accuracy",
+    score=_classify_score,
+    rows=_classify_rows,
+)
 
 
 def _build_regressor(base, *, labels, task_info=None):
@@ -181,9 +199,14 @@ def _regress_rows(data, outputs, *, options, do_lower_case):
 
 
 REGRESS = Task(
-    name="regress", read=_read_texts("regress"), build=_build_regressor,
+    name="regress",
+    read=_read_texts("regress"),
+    build=_build_regressor,
     losses=lambda: ({"logits": keras.losses.MeanSquaredError()}, None),
-    metric="pearson", score=_regress_score, rows=_regress_rows)
+    metric="pearson",
+    score=_regress_score,
+    rows=_regress_rows,
+)
 
 
 # === tag: one label per word, on its first WordPiece ===
@@ -199,9 +222,17 @@ def _read_tagged(path, *, tokenizer, max_seq_length, labels, options, require_la
         tags = None  # prediction: tags the model does not know are no reason to refuse the words
     label_ids = {label: i for i, label in enumerate(labels or [])}
     features, targets, word_starts, truncated = encoding.encode_tagged(
-        tokenizer, examples.words, tags, label_ids, max_seq_length)
-    return TaskData(features, {"logits": targets} if tags is not None else None, labels,
-                    len(examples.words), truncated, examples, word_starts)
+        tokenizer, examples.words, tags, label_ids, max_seq_length
+    )
+    return TaskData(
+        features,
+        {"logits": targets} if tags is not None else None,
+        labels,
+        len(examples.words),
+        truncated,
+        examples,
+        word_starts,
+    )
 
 
 def fallback_tag(labels):
@@ -232,11 +263,15 @@ def _tag_rows(data, outputs, *, options, do_lower_case):
 
 
 TAG = Task(
-    name="tag", read=_read_tagged, build=_build_tagger,
+    name="tag",
+    read=_read_tagged,
+    build=_build_tagger,
     # -1 marks positions with no label: [CLS], [SEP], padding, and non-first WordPieces.
-    losses=lambda: ({"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)},
-                    None),
-    metric="f1", score=_tag_score, rows=_tag_rows)
+    losses=lambda: ({"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)}, None),
+    metric="f1",
+    score=_tag_score,
+    rows=_tag_rows,
+)
 
 
 # === squad: run_squad.py ===
@@ -246,22 +281,28 @@ def _read_squad(path, *, tokenizer, max_seq_length, labels, options, require_lab
     examples = squad.read_squad(path, is_training=training)
     if not examples:
         raise KbertError(f"{path} holds no SQuAD questions; pass a SQuAD v1.1 or v2.0 JSON file")
-    arrays, features = squad.squad_features(examples, tokenizer, max_seq_length, options.doc_stride,
-                                            options.max_query_length, is_training=training)
+    arrays, features = squad.squad_features(
+        examples, tokenizer, max_seq_length, options.doc_stride, options.max_query_length, is_training=training
+    )
     inputs = {k: arrays[k] for k in ("input_ids", "input_mask", "segment_ids")}
-    targets = ({"start_logits": arrays["start_positions"], "end_logits": arrays["end_positions"]}
-               if training else None)
+    targets = {"start_logits": arrays["start_positions"], "end_logits": arrays["end_positions"]} if training else None
     return TaskData(inputs, targets, None, len(features), 0, examples, features)
 
 
 def squad_answers(data: TaskData, outputs, *, options: FinetuneOptions, do_lower_case=True):
     """(best answer per question id, n-best lists), decoded as run_squad.py writes them."""
     v2 = any(getattr(e, "is_impossible", False) for e in data.raw)
-    return squad_decoding.squad_predictions(data.raw, data.extra, outputs["start_logits"], outputs["end_logits"],
-                                            n_best_size=options.n_best_size,
-                                            max_answer_length=options.max_answer_length,
-                                            do_lower_case=do_lower_case, version_2_with_negative=v2,
-                                            null_score_diff_threshold=options.null_score_diff_threshold)
+    return squad_decoding.squad_predictions(
+        data.raw,
+        data.extra,
+        outputs["start_logits"],
+        outputs["end_logits"],
+        n_best_size=options.n_best_size,
+        max_answer_length=options.max_answer_length,
+        do_lower_case=do_lower_case,
+        version_2_with_negative=v2,
+        null_score_diff_threshold=options.null_score_diff_threshold,
+    )
 
 
 def _build_span_predictor(base, *, labels, task_info=None):
@@ -277,8 +318,11 @@ def _squad_rows(data, outputs, *, options, do_lower_case):
     answers, nbest = squad_answers(data, outputs, options=options, do_lower_case=do_lower_case)
     for example in data.raw:
         best = nbest.get(example.qas_id) or [{}]
-        yield {"id": example.qas_id, "answer": answers.get(example.qas_id, ""),
-               "probability": round(float(best[0].get("probability", 0.0)), 6)}
+        yield {
+            "id": example.qas_id,
+            "answer": answers.get(example.qas_id, ""),
+            "probability": round(float(best[0].get("probability", 0.0)), 6),
+        }
 
 
 def _squad_losses():
@@ -288,8 +332,15 @@ def _squad_losses():
 
 
 SQUAD = Task(
-    name="squad", read=_read_squad, build=_build_span_predictor, losses=_squad_losses,
-    metric="f1", score=_squad_score, rows=_squad_rows, max_seq_length=384)
+    name="squad",
+    read=_read_squad,
+    build=_build_span_predictor,
+    losses=_squad_losses,
+    metric="f1",
+    score=_squad_score,
+    rows=_squad_rows,
+    max_seq_length=384,
+)
 
 
 # === choice: multiple choice (SWAG) ===
@@ -325,9 +376,14 @@ def _choice_rows(data, outputs, *, options, do_lower_case):
 
 
 CHOICE = Task(
-    name="choice", read=_read_choices, build=_build_multiple_choice,
+    name="choice",
+    read=_read_choices,
+    build=_build_multiple_choice,
     losses=lambda: ({"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, None),
-    metric="accuracy", score=_choice_score, rows=_choice_rows)
+    metric="accuracy",
+    score=_choice_score,
+    rows=_choice_rows,
+)
 
 
 TASKS = {task.name: task for task in (CLASSIFY, REGRESS, TAG, SQUAD, CHOICE)}
@@ -352,8 +408,10 @@ def best_metric(task: str, scores: dict) -> tuple[str, float]:
     """
     name = get_task(task).metric
     if name not in scores:
-        raise KbertError(f"the {task} metrics have no {name!r} to pick the best epoch by; "
-                         f"they have {', '.join(sorted(scores)) or 'nothing'}")
+        raise KbertError(
+            f"the {task} metrics have no {name!r} to pick the best epoch by; "
+            f"they have {', '.join(sorted(scores)) or 'nothing'}"
+        )
     return name, float(scores[name])
 
 
@@ -361,4 +419,3 @@ def predict_outputs(model, data: TaskData, batch_size) -> dict:
     """Raw model outputs over `data` (numpy, float32)."""
     outputs = model.predict(data.features, batch_size=batch_size, verbose=0)
     return {k: np.asarray(v, dtype=np.float32) for k, v in outputs.items()}
-

@@ -36,13 +36,12 @@ import tensorflow as tf
 
 from kbert.config import sequence_length
 from kbert.errors import KbertError
-from kbert.outputs import writes
 from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir
 from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.squad_decoding import write_predictions_json
-from kbert.finetuning.tasks import (Task, TaskData, best_metric, get_task, json_floats, predict_outputs,
-                                    squad_answers)
+from kbert.finetuning.tasks import Task, TaskData, best_metric, get_task, json_floats, predict_outputs, squad_answers
 from kbert.model_dir import CHECKPOINTS_DIR, FINETUNE_STATE_FILE, open_model, save
+from kbert.outputs import writes
 from kbert.pretraining.dataset import op_error_text
 from kbert.text.tokenizer import Tokenizer
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
@@ -65,14 +64,20 @@ def compile_for_task(model, task: Task | str, optimizer):
 
 def make_finetune_optimizer(learning_rate, total_steps, warmup_steps):
     """The original's `optimization.create_optimizer` as a Keras optimizer."""
-    return BertAdamW(WarmupLinearDecay(learning_rate, total_steps, warmup_steps), weight_decay_rate=0.01,
-                     global_clipnorm=1.0)
+    return BertAdamW(
+        WarmupLinearDecay(learning_rate, total_steps, warmup_steps), weight_decay_rate=0.01, global_clipnorm=1.0
+    )
 
 
 def _warn_truncated(path, data: TaskData, max_seq_length):
     if data.truncated:
-        log.warning("%s: %d of %d examples longer than --max-seq-length %d were truncated", path,
-                    data.truncated, data.size, max_seq_length)
+        log.warning(
+            "%s: %d of %d examples longer than --max-seq-length %d were truncated",
+            path,
+            data.truncated,
+            data.size,
+            max_seq_length,
+        )
 
 
 @writes("output", inputs=("model_dir", "train", "dev"))
@@ -105,11 +110,19 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     with strategy.scope():
         base = open_model(model_dir)
     # --- data ---
-    max_seq_length = sequence_length(opts.max_seq_length, base.config.max_position_embeddings,
-                                     default=task.max_seq_length)
+    max_seq_length = sequence_length(
+        opts.max_seq_length, base.config.max_position_embeddings, default=task.max_seq_length
+    )
     tokenizer = Tokenizer(base.vocab_file, do_lower_case=base.do_lower_case)
-    train_data = task.read(train, tokenizer=tokenizer, max_seq_length=max_seq_length, labels=None, options=opts,
-                           require_labels=True, training=True)
+    train_data = task.read(
+        train,
+        tokenizer=tokenizer,
+        max_seq_length=max_seq_length,
+        labels=None,
+        options=opts,
+        require_labels=True,
+        training=True,
+    )
     labels = train_data.labels
     if train_data.size == 0:
         raise KbertError(f"{train} has no usable rows; check the file (or --skip-bad-rows dropped them all)")
@@ -118,16 +131,30 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     _warn_truncated(train, train_data, max_seq_length)
     dev_data = None
     if dev:
-        dev_data = task.read(dev, tokenizer=tokenizer, max_seq_length=max_seq_length, labels=labels, options=opts,
-                             require_labels=True, training=False)
+        dev_data = task.read(
+            dev,
+            tokenizer=tokenizer,
+            max_seq_length=max_seq_length,
+            labels=labels,
+            options=opts,
+            require_labels=True,
+            training=False,
+        )
         _warn_truncated(dev, dev_data, max_seq_length)
 
     replicas = strategy.num_replicas_in_sync
-    log.info("%s: %d training examples%s, %d replica%s", task.name, train_data.size,
-             f", {len(labels)} labels" if labels else "", replicas, "s" if replicas > 1 else "")
+    log.info(
+        "%s: %d training examples%s, %d replica%s",
+        task.name,
+        train_data.size,
+        f", {len(labels)} labels" if labels else "",
+        replicas,
+        "s" if replicas > 1 else "",
+    )
     if opts.batch_size % replicas:
-        raise KbertError(f"--batch-size {opts.batch_size} must divide evenly over {replicas} replicas; "
-                         f"use a multiple of {replicas}")
+        raise KbertError(
+            f"--batch-size {opts.batch_size} must divide evenly over {replicas} replicas; use a multiple of {replicas}"
+        )
 
     # --- model: the task's head on the base, declaring what predict, evaluate and export read ---
     steps_per_epoch = max(1, train_data.size // opts.batch_size)
@@ -142,8 +169,11 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         task_info["text_pairs"] = train_data.raw.texts_b is not None
     with strategy.scope():
         model = task.build(base, labels=labels, task_info=task_info)
-        compile_for_task(model, task, make_finetune_optimizer(
-            opts.learning_rate, total_steps, int(total_steps * opts.warmup_proportion)))
+        compile_for_task(
+            model,
+            task,
+            make_finetune_optimizer(opts.learning_rate, total_steps, int(total_steps * opts.warmup_proportion)),
+        )
         model.optimizer.build(model.trainable_variables)  # its slots must exist to be restored
 
     # As run_classifier.py: shuffle, and drop the last partial batch so every step has the same shape.
@@ -151,32 +181,57 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     examples = tf.data.Dataset.from_tensor_slices((train_data.features, train_data.targets))
 
     def epoch_data(epoch: int, skip_batches: int):
-        batches = examples.shuffle(min(train_data.size, 100_000), seed=opts.seed + epoch, reshuffle_each_iteration=False)
+        batches = examples.shuffle(
+            min(train_data.size, 100_000), seed=opts.seed + epoch, reshuffle_each_iteration=False
+        )
         batches = batches.batch(opts.batch_size, drop_remainder=train_data.size >= opts.batch_size)
         return batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
 
     run_dir = os.fspath(output) + PARTIAL_SUFFIX  # an unfinished run: checkpoints/, state.json, logs/
-    fingerprint = {"model_dir": os.path.abspath(os.fspath(model_dir)), "task": task.name, "train": os.path.abspath(train),
-                   "train_examples": train_data.size, "dev": dev and os.path.abspath(dev), "epochs": opts.epochs,
-                   "batch_size": opts.batch_size, "learning_rate": opts.learning_rate, "seed": opts.seed,
-                   "max_seq_length": max_seq_length}
+    fingerprint = {
+        "model_dir": os.path.abspath(os.fspath(model_dir)),
+        "task": task.name,
+        "train": os.path.abspath(train),
+        "train_examples": train_data.size,
+        "dev": dev and os.path.abspath(dev),
+        "epochs": opts.epochs,
+        "batch_size": opts.batch_size,
+        "learning_rate": opts.learning_rate,
+        "seed": opts.seed,
+        "max_seq_length": max_seq_length,
+    }
     tracker = _BestEpoch(task, dev_data, opts, model.do_lower_case, os.path.join(run_dir, "logs"))
     saver = _RunCheckpoints(run_dir, model, tracker, fingerprint, steps_per_epoch, opts.save_every)
     step = saver.resume() if opts.resume else saver.start(opts.overwrite)
     callbacks = [tracker, saver, keras.callbacks.TensorBoard(os.path.join(run_dir, "logs", "fit"), update_freq="epoch")]
     start, start_step = time.perf_counter(), step
-    with Progress(total_steps, start=step, enabled=opts.progress, sequences_per_step=opts.batch_size,
-                  description=f"finetune {task.name}") as bar, StopSignals() as signals:
+    with (
+        Progress(
+            total_steps,
+            start=step,
+            enabled=opts.progress,
+            sequences_per_step=opts.batch_size,
+            description=f"finetune {task.name}",
+        ) as bar,
+        StopSignals() as signals,
+    ):
         tracker.progress, saver.signals = bar, signals
         # One fit per epoch: Keras has no way to start an epoch at a given batch.
         for epoch in range(step // steps_per_epoch, opts.epochs):
             skip = step - epoch * steps_per_epoch
-            model.fit(epoch_data(epoch, skip), initial_epoch=epoch, epochs=epoch + 1,
-                      steps_per_epoch=steps_per_epoch - skip, verbose=0, callbacks=callbacks)
+            model.fit(
+                epoch_data(epoch, skip),
+                initial_epoch=epoch,
+                epochs=epoch + 1,
+                steps_per_epoch=steps_per_epoch - skip,
+                verbose=0,
+                callbacks=callbacks,
+            )
             step = saver.step
             if saver.interrupted:
-                raise signals.interrupted(step, f"checkpoint saved in {run_dir}",
-                                          "the same kbert finetune command and --resume")
+                raise signals.interrupted(
+                    step, f"checkpoint saved in {run_dir}", "the same kbert finetune command and --resume"
+                )
             if tracker.stopped_early:
                 break
     elapsed = time.perf_counter() - start
@@ -228,10 +283,18 @@ class _BestEpoch(keras.callbacks.Callback):
 
     def state(self) -> dict:
         loss_sum, loss_batches = self._epoch_loss_so_far()
-        return {"best_value": self.best_value, "best_epoch": self.best_epoch, "best_metrics": self.best_metrics,
-                "best_predictions": self.best_predictions, "history": self.history, "epochs_run": self.epochs_run,
-                "stale": self.stale, "stopped_early": self.stopped_early, "loss_sum": loss_sum,
-                "loss_batches": loss_batches}
+        return {
+            "best_value": self.best_value,
+            "best_epoch": self.best_epoch,
+            "best_metrics": self.best_metrics,
+            "best_predictions": self.best_predictions,
+            "history": self.history,
+            "epochs_run": self.epochs_run,
+            "stale": self.stale,
+            "stopped_early": self.stopped_early,
+            "loss_sum": loss_sum,
+            "loss_batches": loss_batches,
+        }
 
     def _epoch_loss_so_far(self):
         return self.loss_sum + self.fit_mean * self.fit_batches, self.loss_batches + self.fit_batches
@@ -250,8 +313,9 @@ class _BestEpoch(keras.callbacks.Callback):
         self.step += 1
         self.fit_mean, self.fit_batches = float((logs or {}).get("loss", float("nan"))), self.fit_batches + 1
         rate = (self.step - self.rate_from) * self.opts.batch_size / max(time.perf_counter() - self.started, 1e-9)
-        self.progress.update(self.step, {"loss": float((logs or {}).get("loss", float("nan"))),
-                                         "sequences_per_second": rate})
+        self.progress.update(
+            self.step, {"loss": float((logs or {}).get("loss", float("nan"))), "sequences_per_second": rate}
+        )
 
     def on_epoch_end(self, epoch, logs=None):
         if self.interrupted:
@@ -268,8 +332,9 @@ class _BestEpoch(keras.callbacks.Callback):
         else:
             metrics, name, value = {"loss": row["loss"]}, "loss", -row["loss"]
         self.history.append(json_floats(row))
-        self.progress.log(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()
-                                                             if isinstance(v, float)))
+        self.progress.log(
+            f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if isinstance(v, float))
+        )
         if self.writer is None:
             self.writer = tf.summary.create_file_writer(os.path.join(self.logs_dir, "dev"))
         with self.writer.as_default():
@@ -282,13 +347,16 @@ class _BestEpoch(keras.callbacks.Callback):
             self.best_weights = self.model.get_weights()
             self.best_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             if self.task.name == "squad" and self.dev_data is not None:
-                self.best_predictions, _ = squad_answers(self.dev_data, outputs, options=self.opts,
-                                                         do_lower_case=self.do_lower_case)
+                self.best_predictions, _ = squad_answers(
+                    self.dev_data, outputs, options=self.opts, do_lower_case=self.do_lower_case
+                )
         else:
             self.stale += 1
             if self.opts.patience is not None and self.stale >= self.opts.patience:
-                self.progress.log(f"early stop: no better dev {name} for {self.stale} epochs "
-                                  f"(best {self.best_value:.4f} at epoch {self.best_epoch})")
+                self.progress.log(
+                    f"early stop: no better dev {name} for {self.stale} epochs "
+                    f"(best {self.best_value:.4f} at epoch {self.best_epoch})"
+                )
                 self.stopped_early = True
 
 
@@ -302,23 +370,26 @@ class _RunCheckpoints(keras.callbacks.Callback):
     the steps resumes from the previous save, which is kept until the next one is complete.
     """
 
-    def __init__(self, run_dir, model, tracker: _BestEpoch, fingerprint: dict, steps_per_epoch: int,
-                 save_every: int):
+    def __init__(self, run_dir, model, tracker: _BestEpoch, fingerprint: dict, steps_per_epoch: int, save_every: int):
         super().__init__()
         self.run_dir, self.tracker, self.fingerprint = run_dir, tracker, fingerprint
         self.steps_per_epoch, self.save_every = steps_per_epoch, save_every
-        self.checkpoint = tf.train.Checkpoint(weights=list(model.weights), optimizer=model.optimizer,
-                                              seeds=random_state_variables(model))
-        self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(run_dir, CHECKPOINTS_DIR),
-                                                  max_to_keep=2)
+        self.checkpoint = tf.train.Checkpoint(
+            weights=list(model.weights), optimizer=model.optimizer, seeds=random_state_variables(model)
+        )
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, os.path.join(run_dir, CHECKPOINTS_DIR), max_to_keep=2
+        )
         self.step, self.saved_step, self.signals, self.interrupted = 0, None, None, False
 
     def start(self, overwrite: bool) -> int:
         state = self._read_state()
         if state and not overwrite:
-            raise KbertError(f"{self.run_dir} holds an unfinished run (step {state['step']} of "
-                             f"{self.steps_per_epoch * self.fingerprint['epochs']}); pass --resume to continue it, "
-                             f"or --overwrite to start over")
+            raise KbertError(
+                f"{self.run_dir} holds an unfinished run (step {state['step']} of "
+                f"{self.steps_per_epoch * self.fingerprint['epochs']}); pass --resume to continue it, "
+                f"or --overwrite to start over"
+            )
         shutil.rmtree(self.run_dir, ignore_errors=True)
         os.makedirs(self.run_dir)
         return 0
@@ -330,8 +401,10 @@ class _RunCheckpoints(keras.callbacks.Callback):
         changed = [k for k, v in self.fingerprint.items() if state["fingerprint"].get(k) != v]
         if changed:
             k = changed[0]
-            raise KbertError(f"--resume: the run in {self.run_dir} was started with {k} {state['fingerprint'].get(k)!r}, "
-                             f"not {self.fingerprint[k]!r}; resume with the same command, or --overwrite to start over")
+            raise KbertError(
+                f"--resume: the run in {self.run_dir} was started with {k} {state['fingerprint'].get(k)!r}, "
+                f"not {self.fingerprint[k]!r}; resume with the same command, or --overwrite to start over"
+            )
         self.checkpoint.restore(os.path.join(self.run_dir, CHECKPOINTS_DIR, f"ckpt-{state['step']}")).expect_partial()
         best_weights = None
         if state["best_weights"]:
@@ -380,9 +453,17 @@ class _RunCheckpoints(keras.callbacks.Callback):
                     with open(os.path.join(self.run_dir, best + ".tmp"), "wb") as f:
                         np.savez(f, *self.tracker.best_weights)
                     os.replace(os.path.join(self.run_dir, best + ".tmp"), os.path.join(self.run_dir, best))
-            atomic_write_text(os.path.join(self.run_dir, STATE_FILE), json.dumps(
-                {"step": self.step, "fingerprint": self.fingerprint, "best_weights": best,
-                 "tracker": self.tracker.state()}))
+            atomic_write_text(
+                os.path.join(self.run_dir, STATE_FILE),
+                json.dumps(
+                    {
+                        "step": self.step,
+                        "fingerprint": self.fingerprint,
+                        "best_weights": best,
+                        "tracker": self.tracker.state(),
+                    }
+                ),
+            )
         except tf.errors.OpError as e:  # its words without tf.function's {{function_node ...}} wrapping
             raise checkpoint_write_failed(self.step, self.saved_step, RuntimeError(op_error_text(e))) from None
         except OSError as e:

@@ -22,8 +22,15 @@ import keras
 from keras import ops
 
 from kbert.config import BertConfig
-from kbert.model.layers import (BertEmbeddings, MaskedLMHead, NextSentenceHead, OutputProjection,
-                          TransformerLayer, attention_adder, dense)
+from kbert.model.layers import (
+    BertEmbeddings,
+    MaskedLMHead,
+    NextSentenceHead,
+    OutputProjection,
+    TransformerLayer,
+    attention_adder,
+    dense,
+)
 
 ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
 VOCAB_ASSET = "vocab.txt"
@@ -38,6 +45,7 @@ class Vocabulary:
     >>> Vocabulary("vocab.txt", do_lower_case=False).to_dict()
     {'file': 'vocab.txt', 'do_lower_case': False}
     """
+
     file: str
     do_lower_case: bool = True
 
@@ -81,8 +89,12 @@ class _Described:
         return self.vocabulary.do_lower_case if self.vocabulary else True
 
     def _described_config(self) -> dict:
-        return {"config": self.config.to_dict(), "name": self.name, "trainable": self.trainable,
-                "vocabulary": self.vocabulary.to_dict() if self.vocabulary else None}
+        return {
+            "config": self.config.to_dict(),
+            "name": self.name,
+            "trainable": self.trainable,
+            "vocabulary": self.vocabulary.to_dict() if self.vocabulary else None,
+        }
 
     def get_config(self):
         return self._described_config()
@@ -135,8 +147,9 @@ class BertEncoder(_Described, keras.Model):
         kwargs.setdefault("name", "bert_encoder")
         # === Layers ===
         self.embeddings = BertEmbeddings(config, name="embeddings")
-        self.transformer_layers = [TransformerLayer(config, name=f"transformer_layer_{i}")
-                                   for i in range(config.num_hidden_layers)]
+        self.transformer_layers = [
+            TransformerLayer(config, name=f"transformer_layer_{i}") for i in range(config.num_hidden_layers)
+        ]
         self.pooler = dense(config, config.hidden_size, "pooler", "tanh")
 
         # === Functional Model ===
@@ -147,8 +160,7 @@ class BertEncoder(_Described, keras.Model):
             hidden = layer(hidden, adder)
         # The pooler reads the first ([CLS]) token.
         pooled = self.pooler(hidden[:, 0, :])
-        super().__init__(inputs=inputs,
-                         outputs={"sequence_output": hidden, "pooled_output": pooled}, **kwargs)
+        super().__init__(inputs=inputs, outputs={"sequence_output": hidden, "pooled_output": pooled}, **kwargs)
 
         # === Config ===
         self._declare(config, vocabulary)
@@ -213,8 +225,12 @@ class _TaskModel(_Described, keras.Model):
         return inputs, self.encoder({name: inputs[name] for name in ENCODER_INPUTS})
 
     def get_config(self):
-        return {**self._described_config(), "num_classes": self.num_classes, "dropout": self.dropout_rate,
-                "task_info": self.task_info}
+        return {
+            **self._described_config(),
+            "num_classes": self.num_classes,
+            "dropout": self.dropout_rate,
+            "task_info": self.task_info,
+        }
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -244,8 +260,17 @@ class BertClassifier(_TaskModel):
     (1, 3)
     """
 
-    def __init__(self, config, num_classes: int, encoder: BertEncoder | None = None, dropout: float = 0.1,
-                 *, vocabulary=None, task_info=None, **kwargs):
+    def __init__(
+        self,
+        config,
+        num_classes: int,
+        encoder: BertEncoder | None = None,
+        dropout: float = 0.1,
+        *,
+        vocabulary=None,
+        task_info=None,
+        **kwargs,
+    ):
         config = _as_config(config)
         vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
         kwargs.setdefault("name", "bert_classifier")
@@ -276,8 +301,17 @@ class BertTagger(_TaskModel):
         dropout: float. 0.1, as the classifier.
     """
 
-    def __init__(self, config, num_classes: int, encoder: BertEncoder | None = None, dropout: float = 0.1,
-                 *, vocabulary=None, task_info=None, **kwargs):
+    def __init__(
+        self,
+        config,
+        num_classes: int,
+        encoder: BertEncoder | None = None,
+        dropout: float = 0.1,
+        *,
+        vocabulary=None,
+        task_info=None,
+        **kwargs,
+    ):
         config = _as_config(config)
         vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
         kwargs.setdefault("name", "bert_tagger")
@@ -372,8 +406,16 @@ class BertMultipleChoice(_TaskModel):
     (1, 4)
     """
 
-    def __init__(self, config, encoder: BertEncoder | None = None, dropout: float = 0.1, *, vocabulary=None,
-                 task_info=None, **kwargs):
+    def __init__(
+        self,
+        config,
+        encoder: BertEncoder | None = None,
+        dropout: float = 0.1,
+        *,
+        vocabulary=None,
+        task_info=None,
+        **kwargs,
+    ):
         config = _as_config(config)
         vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
         kwargs.setdefault("name", "bert_multiple_choice")
@@ -420,8 +462,10 @@ def _config_and_encoder(config_or_model):
     if isinstance(config_or_model, keras.Model):
         encoder = encoder_of(config_or_model)
         if encoder is None:
-            raise TypeError(f"cannot put a head on a {type(config_or_model).__name__}; pass a BertConfig or "
-                            f"a kbert model (kbert.load, kbert.converters.load_tf1_checkpoint)")
+            raise TypeError(
+                f"cannot put a head on a {type(config_or_model).__name__}; pass a BertConfig or "
+                f"a kbert model (kbert.load, kbert.converters.load_tf1_checkpoint)"
+            )
         return encoder.config, encoder
     return _as_config(config_or_model), None
 
@@ -431,8 +475,9 @@ def _vocabulary_of(config_or_model, vocabulary):
     return Vocabulary.of(vocabulary) or getattr(config_or_model, "vocabulary", None)
 
 
-def bert_classifier(config_or_model, num_classes: int, dropout: float = 0.1, *, vocabulary=None,
-                    task_info=None) -> BertClassifier:
+def bert_classifier(
+    config_or_model, num_classes: int, dropout: float = 0.1, *, vocabulary=None, task_info=None
+) -> BertClassifier:
     """A `BertClassifier`: untrained from a config, or sharing the encoder (and vocabulary) of a loaded model.
 
     Example:
@@ -440,31 +485,47 @@ def bert_classifier(config_or_model, num_classes: int, dropout: float = 0.1, *, 
     >>> classifier = kbert.bert_classifier(pretrained, num_classes=2)  # doctest: +SKIP
     """
     config, encoder = _config_and_encoder(config_or_model)
-    return BertClassifier(config, num_classes, encoder, dropout, vocabulary=_vocabulary_of(config_or_model, vocabulary),
-                          task_info=task_info)
+    return BertClassifier(
+        config,
+        num_classes,
+        encoder,
+        dropout,
+        vocabulary=_vocabulary_of(config_or_model, vocabulary),
+        task_info=task_info,
+    )
 
 
-def bert_tagger(config_or_model, num_classes: int, dropout: float = 0.1, *, vocabulary=None,
-                task_info=None) -> BertTagger:
+def bert_tagger(
+    config_or_model, num_classes: int, dropout: float = 0.1, *, vocabulary=None, task_info=None
+) -> BertTagger:
     """A `BertTagger`: untrained from a config, or sharing the encoder of a loaded model."""
     config, encoder = _config_and_encoder(config_or_model)
-    return BertTagger(config, num_classes, encoder, dropout, vocabulary=_vocabulary_of(config_or_model, vocabulary),
-                      task_info=task_info)
+    return BertTagger(
+        config,
+        num_classes,
+        encoder,
+        dropout,
+        vocabulary=_vocabulary_of(config_or_model, vocabulary),
+        task_info=task_info,
+    )
 
 
 def bert_span_predictor(config_or_model, *, vocabulary=None, task_info=None) -> BertSpanPredictor:
     """A `BertSpanPredictor` (SQuAD): untrained from a config, or sharing a loaded model's encoder."""
     config, encoder = _config_and_encoder(config_or_model)
-    return BertSpanPredictor(config, encoder=encoder, vocabulary=_vocabulary_of(config_or_model, vocabulary),
-                             task_info=task_info)
+    return BertSpanPredictor(
+        config, encoder=encoder, vocabulary=_vocabulary_of(config_or_model, vocabulary), task_info=task_info
+    )
 
 
-def bert_multiple_choice(config_or_model, dropout: float = 0.1, *, vocabulary=None,
-                         task_info=None) -> BertMultipleChoice:
+def bert_multiple_choice(
+    config_or_model, dropout: float = 0.1, *, vocabulary=None, task_info=None
+) -> BertMultipleChoice:
     """A `BertMultipleChoice` (SWAG): untrained from a config, or sharing a loaded model's encoder."""
     config, encoder = _config_and_encoder(config_or_model)
-    return BertMultipleChoice(config, encoder, dropout, vocabulary=_vocabulary_of(config_or_model, vocabulary),
-                              task_info=task_info)
+    return BertMultipleChoice(
+        config, encoder, dropout, vocabulary=_vocabulary_of(config_or_model, vocabulary), task_info=task_info
+    )
 
 
 def bert_encoder(config, *, vocabulary=None) -> BertEncoder:
@@ -475,4 +536,3 @@ def bert_encoder(config, *, vocabulary=None) -> BertEncoder:
 def bert_pretrainer(config, *, vocabulary=None) -> BertPretrainer:
     """An untrained `BertPretrainer` (encoder + MLM + NSP) for `config`."""
     return BertPretrainer(config, vocabulary=vocabulary)
-

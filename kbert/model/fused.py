@@ -94,7 +94,7 @@ def _unpack(noise, x):
     # 16-bit noise arrives as uint32 words, two draws per word; split them inside the fused
     # loop instead of materializing a uint16 copy.
     if noise.dtype == tf.uint32:
-        noise = tf.reshape(tf.reshape(tf.bitcast(noise, tf.uint16), [-1])[:tf.size(x)], tf.shape(x))
+        noise = tf.reshape(tf.reshape(tf.bitcast(noise, tf.uint16), [-1])[: tf.size(x)], tf.shape(x))
     return noise
 
 
@@ -108,11 +108,12 @@ def _dropout_noise(x, rate: float, seed):
     """(noise, threshold): keep an element where noise >= threshold."""
     if x.dtype == tf.float32:
         # The draw keras' Dropout makes (`stateless_dropout`), so float32 masks match it bit for bit.
-        return (tf.random.stateless_uniform(tf.shape(x), seed, dtype=tf.float32),
-                tf.constant(rate, tf.float32))
+        return (tf.random.stateless_uniform(tf.shape(x), seed, dtype=tf.float32), tf.constant(rate, tf.float32))
     words = (tf.size(x) + 1) // 2
-    return (tf.random.stateless_uniform([words], seed, minval=None, maxval=None, dtype=tf.uint32),
-            tf.constant(round(rate * 65536), tf.uint16))
+    return (
+        tf.random.stateless_uniform([words], seed, minval=None, maxval=None, dtype=tf.uint32),
+        tf.constant(round(rate * 65536), tf.uint16),
+    )
 
 
 def dropout(x, rate: float, seed):
@@ -140,8 +141,10 @@ def dropout(x, rate: float, seed):
     @tf.custom_gradient
     def apply(x):
         # The gradient is the same mask and scale, applied to the upstream gradient.
-        return (_keep_and_scale(x, noise, threshold, scale, like),
-                lambda upstream: _keep_and_scale(upstream, noise, threshold, scale, like))
+        return (
+            _keep_and_scale(x, noise, threshold, scale, like),
+            lambda upstream: _keep_and_scale(upstream, noise, threshold, scale, like),
+        )
 
     return apply(x)
 
@@ -173,8 +176,10 @@ def bias_dropout(x, bias, rate: float, seed):
 
     @tf.custom_gradient
     def apply(x, bias):
-        return (_bias_keep_and_scale(x, bias, noise, threshold, scale),
-                lambda upstream: _bias_keep_and_scale_backward(upstream, bias, noise, threshold, scale))
+        return (
+            _bias_keep_and_scale(x, bias, noise, threshold, scale),
+            lambda upstream: _bias_keep_and_scale_backward(upstream, bias, noise, threshold, scale),
+        )
 
     return apply(x, bias)
 
@@ -229,8 +234,10 @@ def attention_probs(scores, adder, scale: float, rate: float, seed):
     @tf.custom_gradient
     def probs(scores):
         p = tf.nn.softmax(_attention_logits(scores, adder, scale))
-        return (_keep_and_scale(p, noise, threshold, keep_scale, like),
-                lambda upstream: _attention_backward(upstream, p, noise, threshold, keep_scale, scale, like))
+        return (
+            _keep_and_scale(p, noise, threshold, keep_scale, like),
+            lambda upstream: _attention_backward(upstream, p, noise, threshold, keep_scale, scale, like),
+        )
 
     return probs(scores)
 
@@ -299,6 +306,7 @@ def bias_add_float32(logits, bias):
     >>> bias_add_float32(tf.constant([[1.0, 2.0]], tf.bfloat16), tf.constant([0.5, -1.0])).numpy().tolist()
     [[1.5, 1.0]]
     """
+
     @tf.custom_gradient
     def add(logits, bias):
         like = tf.zeros([], logits.dtype)  # carries logits' dtype into the compiled backward

@@ -61,8 +61,7 @@ class Unfilled(keras.initializers.Initializer):
     """Memory for a weight, left as it was (`tf.raw_ops.Empty`): for weights assigned next."""
 
     def __call__(self, shape, dtype=None):
-        return tf.raw_ops.Empty(shape=tf.constant(shape, tf.int32), dtype=tf.as_dtype(dtype or "float32"),
-                                init=False)
+        return tf.raw_ops.Empty(shape=tf.constant(shape, tf.int32), dtype=tf.as_dtype(dtype or "float32"), init=False)
 
 
 @contextlib.contextmanager

@@ -21,9 +21,11 @@ import math
 import keras
 import tensorflow as tf
 from keras import ops
-from kbert.model import fused
+
 from kbert.config import BertConfig
+from kbert.model import fused
 from kbert.model.initializers import initializer
+
 
 def activation(name: str):
     """The activation a `hidden_act` value names.
@@ -74,14 +76,24 @@ def _plain_dense(dense) -> bool:
     # without LoRA (Keras 3.15's `kernel` property adds the LoRA delta, but a later Keras may
     # apply it in `call` instead). Any other Dense keeps its own `call`, in training as at
     # inference, and gets the plain path.
-    return (type(dense) is keras.layers.Dense and dense.quantization_mode is None and not dense.lora_enabled
-            and dense.bias is not None and dense.activation in (None, keras.activations.linear))
+    return (
+        type(dense) is keras.layers.Dense
+        and dense.quantization_mode is None
+        and not dense.lora_enabled
+        and dense.bias is not None
+        and dense.activation in (None, keras.activations.linear)
+    )
 
 
 def dense(config: BertConfig, units: int, name: str, act=None, dtype=None):
-    return keras.layers.Dense(units, activation=act, kernel_initializer=initializer(config, "kernel"),
-                              bias_initializer=initializer(config, "bias"),
-                              name=name, dtype=dtype)
+    return keras.layers.Dense(
+        units,
+        activation=act,
+        kernel_initializer=initializer(config, "kernel"),
+        bias_initializer=initializer(config, "bias"),
+        name=name,
+        dtype=dtype,
+    )
 
 
 class PositionEmbedding(keras.layers.Layer):
@@ -94,8 +106,9 @@ class PositionEmbedding(keras.layers.Layer):
         self.initializer = initializer
 
     def build(self, inputs_shape):
-        self.embeddings = self.add_weight(name="embeddings", shape=(self.max_positions, inputs_shape[-1]),
-                                          initializer=self.initializer)
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=(self.max_positions, inputs_shape[-1]), initializer=self.initializer
+        )
         self.built = True
 
     def call(self, inputs):
@@ -106,8 +119,13 @@ class PositionEmbedding(keras.layers.Layer):
 def layer_norm(config: BertConfig, name: str, dtype=None):
     # tf.contrib.layers.layer_norm as modeling.py calls it: last axis, epsilon 1e-12.
     return LayerNorm(
-        axis=-1, epsilon=1e-12, gamma_initializer=initializer(config, "gamma"),
-        beta_initializer=initializer(config, "beta"), name=name, dtype=dtype)
+        axis=-1,
+        epsilon=1e-12,
+        gamma_initializer=initializer(config, "gamma"),
+        beta_initializer=initializer(config, "beta"),
+        name=name,
+        dtype=dtype,
+    )
 
 
 class LayerNorm(keras.layers.LayerNormalization):
@@ -118,8 +136,9 @@ class LayerNorm(keras.layers.LayerNormalization):
     def call(self, inputs, training=None):
         last_axis = self.axis in (-1, [-1], [len(inputs.shape) - 1]) and self.center and self.scale
         if use_fused(training) and last_axis and not self.rms_scaling:
-            return fused.layer_norm(inputs, ops.cast(self.gamma, "float32"), ops.cast(self.beta, "float32"),
-                                    self.epsilon)
+            return fused.layer_norm(
+                inputs, ops.cast(self.gamma, "float32"), ops.cast(self.beta, "float32"), self.epsilon
+            )
         return super().call(inputs)
 
 
@@ -151,14 +170,22 @@ class BertEmbeddings(keras.layers.Layer):
         super().__init__(**kwargs)
         init = initializer(config, "embeddings")
         self.word_embeddings = keras.layers.Embedding(
-            config.vocab_size, config.hidden_size, embeddings_initializer=init,
-            name="word_embeddings", dtype=self.dtype_policy)
+            config.vocab_size,
+            config.hidden_size,
+            embeddings_initializer=init,
+            name="word_embeddings",
+            dtype=self.dtype_policy,
+        )
         self.token_type_embeddings = keras.layers.Embedding(
-            config.type_vocab_size, config.hidden_size, embeddings_initializer=init,
-            name="token_type_embeddings", dtype=self.dtype_policy)
+            config.type_vocab_size,
+            config.hidden_size,
+            embeddings_initializer=init,
+            name="token_type_embeddings",
+            dtype=self.dtype_policy,
+        )
         self.position_embeddings = PositionEmbedding(
-            config.max_position_embeddings, initializer=init,
-            name="position_embeddings", dtype=self.dtype_policy)
+            config.max_position_embeddings, initializer=init, name="position_embeddings", dtype=self.dtype_policy
+        )
         self.layer_norm = layer_norm(config, "layer_norm", self.dtype_policy)
         self.dropout = Dropout(config.hidden_dropout_prob, name="dropout", dtype=self.dtype_policy)
 
@@ -176,8 +203,7 @@ class BertEmbeddings(keras.layers.Layer):
         return self.dropout(self.layer_norm(x, training=training), training=training)
 
     def compute_output_spec(self, input_ids, segment_ids, training=None):
-        return keras.KerasTensor(tuple(input_ids.shape) + (self.word_embeddings.output_dim,),
-                                 dtype=self.compute_dtype)
+        return keras.KerasTensor(tuple(input_ids.shape) + (self.word_embeddings.output_dim,), dtype=self.compute_dtype)
 
 
 class TransformerLayer(keras.layers.Layer):
@@ -204,8 +230,7 @@ class TransformerLayer(keras.layers.Layer):
         self.fused_gelu = config.hidden_act == "gelu"
         self.output_dense = dense(config, H, "output", dtype=policy)
         self.output_layer_norm = layer_norm(config, "output_layer_norm", policy)
-        self.attention_dropout = Dropout(config.attention_probs_dropout_prob, name="attention_dropout",
-                                         dtype=policy)
+        self.attention_dropout = Dropout(config.attention_probs_dropout_prob, name="attention_dropout", dtype=policy)
         self.hidden_dropout = Dropout(config.hidden_dropout_prob, name="hidden_dropout", dtype=policy)
 
     def build(self, hidden_shape, attention_adder_shape=None):
@@ -239,13 +264,15 @@ class TransformerLayer(keras.layers.Layer):
         if use_fused(training) and rate > 0:
             # The same arithmetic as below, with the scaling, casts and dropout fused around
             # the softmax, forward and backward.
-            probs = fused.attention_probs(scores, ops.cast(attention_adder, "float32"), scale, rate,
-                                          self.attention_dropout.next_seed())
+            probs = fused.attention_probs(
+                scores, ops.cast(attention_adder, "float32"), scale, rate, self.attention_dropout.next_seed()
+            )
         else:
             # Softmax in float32 even under mixed precision: bf16 loses the small probabilities.
             scores = ops.cast(scores * scale, "float32") + ops.cast(attention_adder, "float32")
-            probs = self.attention_dropout(ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype),
-                                           training=training)
+            probs = self.attention_dropout(
+                ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype), training=training
+            )
         context = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
         context = ops.reshape(context, (-1, H))
 
@@ -253,8 +280,9 @@ class TransformerLayer(keras.layers.Layer):
         attended = self.attention_layer_norm(attended + flat, training=training)
         if self.fused_gelu and use_fused(training, self.intermediate):
             # The bias add, the GELU and the bias's gradient in one fused pass each way.
-            inner = fused.gelu(ops.matmul(attended, self.intermediate.kernel),
-                               ops.cast(self.intermediate.bias, self.compute_dtype))
+            inner = fused.gelu(
+                ops.matmul(attended, self.intermediate.kernel), ops.cast(self.intermediate.bias, self.compute_dtype)
+            )
         else:
             # Inference keeps the plain ops: TF's graph optimizer fuses them into oneDNN's matmul.
             inner = self.intermediate_activation(self.intermediate(attended))
@@ -264,8 +292,12 @@ class TransformerLayer(keras.layers.Layer):
     def _dense_then_dropout(self, dense, x, training):
         if self.hidden_dropout.rate > 0 and use_fused(training, dense):
             # The bias add, the dropout and the bias's gradient in one fused pass each way.
-            return fused.bias_dropout(ops.matmul(x, dense.kernel), ops.cast(dense.bias, self.compute_dtype),
-                                      self.hidden_dropout.rate, self.hidden_dropout.next_seed())
+            return fused.bias_dropout(
+                ops.matmul(x, dense.kernel),
+                ops.cast(dense.bias, self.compute_dtype),
+                self.hidden_dropout.rate,
+                self.hidden_dropout.next_seed(),
+            )
         return self.hidden_dropout(dense(x), training=training)
 
     def compute_output_spec(self, hidden, attention_adder, training=None):
@@ -289,8 +321,9 @@ class MaskedLMHead(keras.layers.Layer):
     def __init__(self, config: BertConfig, word_embeddings: keras.layers.Embedding, **kwargs):
         super().__init__(**kwargs)
         self.word_embeddings = word_embeddings
-        self.transform = dense(config, config.hidden_size, "transform", activation(config.hidden_act),
-                               dtype=self.dtype_policy)
+        self.transform = dense(
+            config, config.hidden_size, "transform", activation(config.hidden_act), dtype=self.dtype_policy
+        )
         self.bias_initializer = initializer(config, "output_bias")
         self.layer_norm = layer_norm(config, "layer_norm", self.dtype_policy)
         self.vocab_size = config.vocab_size
@@ -298,8 +331,9 @@ class MaskedLMHead(keras.layers.Layer):
     def build(self, sequence_output_shape, masked_lm_positions_shape=None):
         self.transform.build(sequence_output_shape)
         self.layer_norm.build(sequence_output_shape)
-        self.output_bias = self.add_weight(name="output_bias", shape=(self.vocab_size,),
-                                           initializer=self.bias_initializer)
+        self.output_bias = self.add_weight(
+            name="output_bias", shape=(self.vocab_size,), initializer=self.bias_initializer
+        )
         self.built = True
 
     def call(self, sequence_output, masked_lm_positions, training=None):
@@ -319,7 +353,8 @@ class MaskedLMHead(keras.layers.Layer):
 
     def compute_output_spec(self, sequence_output, masked_lm_positions, training=None):
         return keras.KerasTensor(
-            (sequence_output.shape[0], masked_lm_positions.shape[1], self.vocab_size), dtype="float32")
+            (sequence_output.shape[0], masked_lm_positions.shape[1], self.vocab_size), dtype="float32"
+        )
 
 
 class OutputProjection(keras.layers.Layer):
@@ -338,10 +373,10 @@ class OutputProjection(keras.layers.Layer):
         self.bias_initializer = initializer(config, "output_bias")
 
     def build(self, input_shape):
-        self.output_weights = self.add_weight(name="output_weights", shape=(self.units, input_shape[-1]),
-                                              initializer=self.weights_initializer)
-        self.output_bias = self.add_weight(name="output_bias", shape=(self.units,),
-                                           initializer=self.bias_initializer)
+        self.output_weights = self.add_weight(
+            name="output_weights", shape=(self.units, input_shape[-1]), initializer=self.weights_initializer
+        )
+        self.output_bias = self.add_weight(name="output_bias", shape=(self.units,), initializer=self.bias_initializer)
         self.built = True
 
     def call(self, x):

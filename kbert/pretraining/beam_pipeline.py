@@ -46,8 +46,20 @@ import uuid
 from fractions import Fraction
 
 # apache_beam and FileSystems as kbert.beam imports them (with Beam's import-time log quiet).
-from kbert.beam import (FileSystems, beam, create_file, expand_inputs, is_url, one_task_per_element, open_file,
-                        pipeline_options, remove, remove_stale, run, write_atomically)
+from kbert.beam import (
+    FileSystems,
+    beam,
+    create_file,
+    expand_inputs,
+    is_url,
+    one_task_per_element,
+    open_file,
+    pipeline_options,
+    remove,
+    remove_stale,
+    run,
+    write_atomically,
+)
 from kbert.errors import KbertError, first_line
 from kbert.pretraining import create_data
 from kbert.pretraining.create_data import read_chunks
@@ -78,8 +90,11 @@ class BuildChunk(beam.DoFn):
     def process(self, chunk):
         index, ranges = chunk
         replaced_before = create_data._REPLACED[0]
-        documents = [d for _, chunk_documents, _, _ in read_chunks(ranges, None, None, open_file=open_file)
-                     for d in chunk_documents]
+        documents = [
+            d
+            for _, chunk_documents, _, _ in read_chunks(ranges, None, None, open_file=open_file)
+            for d in chunk_documents
+        ]
         records, counts = self.builder.chunk(index, documents)
         # A retried bundle writes a file of its own; only the path of the one that committed
         # goes on, and the staging folder goes with every other.
@@ -88,8 +103,7 @@ class BuildChunk(beam.DoFn):
             f.write(tfrecord_frames(records)[0])  # the local path's framing: the same bytes
         del records
         chunk_counts = {name: getattr(counts, name) for name in InstanceCounts.__slots__}
-        chunk_counts.update(replaced=create_data._REPLACED[0] - replaced_before, chunks=1,
-                            peak_kib=own_peak_kib())
+        chunk_counts.update(replaced=create_data._REPLACED[0] - replaced_before, chunks=1, peak_kib=own_peak_kib())
         yield index % self.shards, (index, path, chunk_counts)
 
 
@@ -162,9 +176,11 @@ def _commit(staging: str, outputs: list, chunks: int, runner: str) -> dict:
     """The job's statistics; the shards renamed from the staging folder into their final names."""
     statistics = FileSystems.join(staging, STATISTICS_FILE)
     if not FileSystems.exists(statistics):
-        raise KbertError(f"the {runner} job ended without its results in {staging}; its workers must write "
-                         f"where this machine reads: give an --output on a file system both reach (gs://, s3://, "
-                         f"a shared disk)")
+        raise KbertError(
+            f"the {runner} job ended without its results in {staging}; its workers must write "
+            f"where this machine reads: give an --output on a file system both reach (gs://, s3://, "
+            f"a shared disk)"
+        )
     with open_file(statistics) as f:
         totals = json.load(f)
     if totals["chunks"] != chunks:
@@ -177,10 +193,20 @@ def _commit(staging: str, outputs: list, chunks: int, runner: str) -> dict:
     return totals
 
 
-def run_pipeline(input_patterns, vocab_file, output, *, runner: str = "DirectRunner", flags: str = "",
-                 do_lower_case: bool = True, options: DataOptions = DataOptions(), shards: int = 1,
-                 overwrite: bool = False, chunk_docs: int = create_data.CHUNK_DOCS,
-                 chunk_bytes: int = create_data.CHUNK_BYTES) -> dict:
+def run_pipeline(
+    input_patterns,
+    vocab_file,
+    output,
+    *,
+    runner: str = "DirectRunner",
+    flags: str = "",
+    do_lower_case: bool = True,
+    options: DataOptions = DataOptions(),
+    shards: int = 1,
+    overwrite: bool = False,
+    chunk_docs: int = create_data.CHUNK_DOCS,
+    chunk_bytes: int = create_data.CHUNK_BYTES,
+) -> dict:
     """Run create-data on a Beam runner; returns the same summary as the local path.
 
     Example:
@@ -195,8 +221,9 @@ def run_pipeline(input_patterns, vocab_file, output, *, runner: str = "DirectRun
     input_files = expand_inputs(input_patterns)
     vocab_file = os.fspath(vocab_file)
     if not os.path.isfile(vocab_file):
-        raise KbertError(f"{vocab_file}: no such vocab file; pass the vocab.txt of the model (or make one with "
-                         f"`kbert vocab`)")
+        raise KbertError(
+            f"{vocab_file}: no such vocab file; pass the vocab.txt of the model (or make one with `kbert vocab`)"
+        )
     missing = [t for t in create_data.SPECIAL_TOKENS if t not in load_vocab(vocab_file)]
     if missing:
         raise KbertError(f"{vocab_file} has no {', '.join(missing)}; pass a BERT vocab.txt (kbert vocab writes one)")
@@ -212,8 +239,10 @@ def run_pipeline(input_patterns, vocab_file, output, *, runner: str = "DirectRun
 
     plan, documents = _plan(input_files, chunk_docs, chunk_bytes)
     if documents == 0:
-        raise KbertError(f"{', '.join(input_files)}: no text to make instances from; pass text with one "
-                         f"sentence per line and blank lines between documents")
+        raise KbertError(
+            f"{', '.join(input_files)}: no text to make instances from; pass text with one "
+            f"sentence per line and blank lines between documents"
+        )
     one_task_per_element(beam_options, runner, len(plan))
     with open(vocab_file, encoding="utf-8") as f:
         vocab_text = f.read()
@@ -228,13 +257,15 @@ def run_pipeline(input_patterns, vocab_file, output, *, runner: str = "DirectRun
     try:
         pipeline = beam.Pipeline(options=beam_options)
         # One chain, no branches: the DaskRunner computes only the last step (and what it needs).
-        _ = (pipeline
-             | "Chunks" >> beam.Create(plan)
-             | "Records" >> beam.ParDo(BuildChunk(vocab_text, do_lower_case, options, staging, shards))
-             | "ByShard" >> beam.GroupByKey()
-             | "Shards" >> beam.ParDo(WriteShard(staging))
-             | "Sum" >> beam.CombineGlobally(SumCounts()).without_defaults()  # with defaults: a side input
-             | "Statistics" >> beam.Map(_write_statistics, staging))
+        _ = (
+            pipeline
+            | "Chunks" >> beam.Create(plan)
+            | "Records" >> beam.ParDo(BuildChunk(vocab_text, do_lower_case, options, staging, shards))
+            | "ByShard" >> beam.GroupByKey()
+            | "Shards" >> beam.ParDo(WriteShard(staging))
+            | "Sum" >> beam.CombineGlobally(SumCounts()).without_defaults()  # with defaults: a side input
+            | "Statistics" >> beam.Map(_write_statistics, staging)
+        )
         run(pipeline, runner)
         totals = _commit(staging, final, len(plan), runner)
     finally:

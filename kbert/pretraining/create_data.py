@@ -28,18 +28,27 @@ import time
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.errors import KbertError
-from kbert.files import TEXT_CHECK_BYTES, check_text, count_control, expand_inputs, sweep_stale_temporaries, temporary_name
+from kbert.files import (
+    TEXT_CHECK_BYTES,
+    check_text,
+    count_control,
+    expand_inputs,
+    sweep_stale_temporaries,
+    temporary_name,
+)
 from kbert.outputs import claim_output
-from kbert.pretraining.instances import DataOptions, InstanceCounts
-from kbert.pretraining.worker_pool import chunk_results, peak_rss_mib
-from kbert.text.tokenizer import load_vocab
 
 # This module's names from before it was split into the modules above, importable as they were.
-from kbert.pretraining.instances import InstanceBuilder, truncate_seq_pair  # noqa: F401
+from kbert.pretraining.instances import DataOptions, InstanceBuilder, InstanceCounts, truncate_seq_pair  # noqa: F401
 from kbert.pretraining.python_random import shuffle  # noqa: F401
 from kbert.pretraining.record_encoder import FEATURES, tfrecord_frames  # noqa: F401
 from kbert.pretraining.record_statistics import compute_statistics  # noqa: F401
-from kbert.pretraining.worker_pool import own_peak_kib  # noqa: F401
+from kbert.pretraining.worker_pool import (
+    chunk_results,
+    own_peak_kib,  # noqa: F401
+    peak_rss_mib,
+)
+from kbert.text.tokenizer import load_vocab
 
 SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
 CHUNK_DOCS = 5000
@@ -106,8 +115,11 @@ def read_chunks(sources, chunk_docs: int = CHUNK_DOCS, chunk_bytes: int = CHUNK_
                 elif document:
                     documents.append(document)
                     document = []
-                if not line and (chunk_docs is not None and len(documents) >= chunk_docs or (
-                        chunk_bytes is not None and documents and size >= chunk_bytes)):
+                if not line and (
+                    chunk_docs is not None
+                    and len(documents) >= chunk_docs
+                    or (chunk_bytes is not None and documents and size >= chunk_bytes)
+                ):
                     ranges.append((path, range_start, offset))
                     yield index, documents, size, ranges
                     index, documents, size, ranges, range_start = index + 1, [], 0, [], offset
@@ -121,7 +133,6 @@ def read_chunks(sources, chunk_docs: int = CHUNK_DOCS, chunk_bytes: int = CHUNK_
             ranges.append((path, range_start, offset))
     if documents or size:
         yield index, documents, size, ranges
-
 
 
 def shard_paths(output, shards: int) -> list[str]:
@@ -139,31 +150,48 @@ def shard_paths(output, shards: int) -> list[str]:
 
 def _check_paths(input_files, vocab_file, outputs, overwrite):
     if not input_files:
-        raise KbertError("no input files; pass --input FILE (text, one sentence per line, "
-                         "blank lines between documents)")
+        raise KbertError(
+            "no input files; pass --input FILE (text, one sentence per line, blank lines between documents)"
+        )
     for path in input_files:
         if not os.path.isfile(path):
             what = "is a directory, not a text file" if os.path.isdir(path) else "no such input file"
-            raise KbertError(f"{path}: {what}; pass text files with one sentence per line and a "
-                             f"blank line between documents")
+            raise KbertError(
+                f"{path}: {what}; pass text files with one sentence per line and a blank line between documents"
+            )
     if not os.path.isfile(vocab_file):
-        raise KbertError(f"{vocab_file}: no such vocab file; pass the vocab.txt of the model "
-                         f"(or make one with `kbert vocab`)")
+        raise KbertError(
+            f"{vocab_file}: no such vocab file; pass the vocab.txt of the model (or make one with `kbert vocab`)"
+        )
     for path in outputs:
         if os.path.isdir(path):
             raise KbertError(f"{path} is a directory; give a file path for the output")
         if os.path.exists(path) and os.path.getsize(path) > 0 and not overwrite:
-            raise KbertError(f"{path} exists and is not empty; pass --overwrite to replace it, "
-                             f"or choose a new output path")
+            raise KbertError(
+                f"{path} exists and is not empty; pass --overwrite to replace it, or choose a new output path"
+            )
 
 
-def create_pretraining_data(input_files, vocab_file, output, *, do_lower_case: bool = True,
-                            max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH, max_predictions_per_seq: int = 20,
-                            masked_lm_prob: float = 0.15, dupe_factor: int = 10,
-                            short_seq_prob: float = 0.1, seed: int = 12345,
-                            whole_word_mask: bool = False, shards: int = 1, workers: int | None = None,
-                            overwrite: bool = False, chunk_docs: int = CHUNK_DOCS,
-                            chunk_bytes: int = CHUNK_BYTES, on_progress=None) -> dict:
+def create_pretraining_data(
+    input_files,
+    vocab_file,
+    output,
+    *,
+    do_lower_case: bool = True,
+    max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH,
+    max_predictions_per_seq: int = 20,
+    masked_lm_prob: float = 0.15,
+    dupe_factor: int = 10,
+    short_seq_prob: float = 0.1,
+    seed: int = 12345,
+    whole_word_mask: bool = False,
+    shards: int = 1,
+    workers: int | None = None,
+    overwrite: bool = False,
+    chunk_docs: int = CHUNK_DOCS,
+    chunk_bytes: int = CHUNK_BYTES,
+    on_progress=None,
+) -> dict:
     """Write pretraining TFRecords from text, as create_pretraining_data.py does (see the module doc).
 
     Args:
@@ -202,8 +230,15 @@ def create_pretraining_data(input_files, vocab_file, output, *, do_lower_case: b
     (23, 3, True)
     """
     started = time.perf_counter()
-    options = DataOptions(max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor,
-                          short_seq_prob, bool(whole_word_mask), seed)
+    options = DataOptions(
+        max_seq_length,
+        max_predictions_per_seq,
+        masked_lm_prob,
+        dupe_factor,
+        short_seq_prob,
+        bool(whole_word_mask),
+        seed,
+    )
     options.check()
     if shards < 1:
         raise KbertError("--shards must be at least 1")
@@ -216,17 +251,27 @@ def create_pretraining_data(input_files, vocab_file, output, *, do_lower_case: b
     outputs = shard_paths(output, shards)
     _check_paths(input_files, vocab_file, outputs, overwrite)
     with claim_output(output, inputs=[*input_files, vocab_file]):
-        return _create_pretraining_data(input_files, vocab_file, outputs, options, do_lower_case, workers,
-                                        chunk_docs, chunk_bytes, on_progress, started)
+        return _create_pretraining_data(
+            input_files,
+            vocab_file,
+            outputs,
+            options,
+            do_lower_case,
+            workers,
+            chunk_docs,
+            chunk_bytes,
+            on_progress,
+            started,
+        )
 
 
-def _create_pretraining_data(input_files, vocab_file, outputs, options, do_lower_case, workers, chunk_docs,
-                             chunk_bytes, on_progress, started) -> dict:
+def _create_pretraining_data(
+    input_files, vocab_file, outputs, options, do_lower_case, workers, chunk_docs, chunk_bytes, on_progress, started
+) -> dict:
     shards = len(outputs)
     missing = [t for t in SPECIAL_TOKENS if t not in load_vocab(vocab_file)]
     if missing:
-        raise KbertError(f"{vocab_file} has no {', '.join(missing)}; pass a BERT vocab.txt "
-                         f"(kbert vocab writes one)")
+        raise KbertError(f"{vocab_file} has no {', '.join(missing)}; pass a BERT vocab.txt (kbert vocab writes one)")
 
     total_bytes = sum(os.path.getsize(p) for p in input_files)
     for path in outputs:
@@ -237,8 +282,9 @@ def _create_pretraining_data(input_files, vocab_file, outputs, options, do_lower
     writers = [open(t, "wb") for t in temps]
     replaced_before = _REPLACED[0]
     counts, done_bytes, written, chunks, peaks = InstanceCounts(), 0, 0, 0, {}
-    results = chunk_results(read_chunks(input_files, chunk_docs, chunk_bytes), workers,
-                             (vocab_file, do_lower_case, options))
+    results = chunk_results(
+        read_chunks(input_files, chunk_docs, chunk_bytes), workers, (vocab_file, do_lower_case, options)
+    )
     try:
         for (_, _, size, _), frames, lengths, chunk_counts, (pid, peak) in results:
             peaks[pid] = max(peak, peaks.get(pid, 0))
@@ -248,7 +294,7 @@ def _create_pretraining_data(input_files, vocab_file, outputs, options, do_lower
             else:  # round-robin, record by record, as the original writes its output files
                 view, start = memoryview(frames), 0
                 for length in lengths:
-                    writers[written % shards].write(view[start:start + length])
+                    writers[written % shards].write(view[start : start + length])
                     start += length
                     written += 1
             counts.add(chunk_counts)
@@ -259,8 +305,10 @@ def _create_pretraining_data(input_files, vocab_file, outputs, options, do_lower
         for writer in writers:
             writer.close()
         if counts.instances == 0:
-            raise KbertError(f"{', '.join(input_files)}: no text to make instances from; pass "
-                             f"text with one sentence per line and blank lines between documents")
+            raise KbertError(
+                f"{', '.join(input_files)}: no text to make instances from; pass "
+                f"text with one sentence per line and blank lines between documents"
+            )
         for temp, path in zip(temps, outputs):
             os.replace(temp, path)
     except BaseException:

@@ -33,8 +33,10 @@ def find_files(pattern: str, flag: str = "--data") -> list[str]:
     files = sorted({f for part in pattern.split(",") if part for f in glob.glob(part)})
     files = [f for f in files if os.path.isfile(f)]
     if not files:
-        raise KbertError(f"{flag} {pattern!r} matches no files; make records with `kbert create-data` "
-                         f"and pass their path or a glob such as 'data/*.tfrecord'")
+        raise KbertError(
+            f"{flag} {pattern!r} matches no files; make records with `kbert create-data` "
+            f"and pass their path or a glob such as 'data/*.tfrecord'"
+        )
     return files
 
 
@@ -48,27 +50,34 @@ def check_records(files, max_seq_length: int, max_predictions_per_seq: int, flag
         try:
             first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
         except tf.errors.OpError as e:
-            raise KbertError(f"{path}: not a readable TFRecord file (TensorFlow says: {op_error_text(e)}); "
-                             f"{flag} takes the records kbert create-data (or create_pretraining_data.py) makes "
-                             f"from text: make them first") from None
+            raise KbertError(
+                f"{path}: not a readable TFRecord file (TensorFlow says: {op_error_text(e)}); "
+                f"{flag} takes the records kbert create-data (or create_pretraining_data.py) makes "
+                f"from text: make them first"
+            ) from None
         if first is None:
             raise KbertError(f"{path}: holds no records; recreate it with kbert create-data")
         try:
             example = tf.train.Example.FromString(first.numpy())
         except Exception:
-            raise KbertError(f"{path}: its records are not tf.train.Example protos; recreate it with "
-                             f"kbert create-data") from None
+            raise KbertError(
+                f"{path}: its records are not tf.train.Example protos; recreate it with kbert create-data"
+            ) from None
         features = example.features.feature
         missing = [k for k in INPUT_KEYS + LABEL_KEYS if k not in features]
         if missing:
-            raise KbertError(f"{path}: records lack {', '.join(missing)}; these are not pretraining "
-                             f"records (make them with kbert create-data)")
+            raise KbertError(
+                f"{path}: records lack {', '.join(missing)}; these are not pretraining "
+                f"records (make them with kbert create-data)"
+            )
         seq = len(features["input_ids"].int64_list.value)
         pred = len(features["masked_lm_positions"].int64_list.value)
         if (seq, pred) != (max_seq_length, max_predictions_per_seq):
-            raise KbertError(f"{path}: records have max_seq_length {seq} and max_predictions_per_seq "
-                             f"{pred}, but the flags say {max_seq_length} and {max_predictions_per_seq}; "
-                             f"pass --max-seq-length {seq} --max-predictions-per-seq {pred}")
+            raise KbertError(
+                f"{path}: records have max_seq_length {seq} and max_predictions_per_seq "
+                f"{pred}, but the flags say {max_seq_length} and {max_predictions_per_seq}; "
+                f"pass --max-seq-length {seq} --max-predictions-per-seq {pred}"
+            )
 
 
 def find_corrupt_record(files) -> str | None:
@@ -85,9 +94,16 @@ def find_corrupt_record(files) -> str | None:
     return None
 
 
-def pretraining_dataset(files, batch_size: int, max_seq_length: int, max_predictions_per_seq: int,
-                        training: bool = True, seed: int = 12345, input_context=None,
-                        skip_batches: int = 0):
+def pretraining_dataset(
+    files,
+    batch_size: int,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    training: bool = True,
+    seed: int = 12345,
+    input_context=None,
+    skip_batches: int = 0,
+):
     """(features, labels) batches of `batch_size` (per replica), from run_pretraining.py records.
 
     Training data repeats, is sharded per input pipeline (worker), interleaved over files and
@@ -102,8 +118,12 @@ def pretraining_dataset(files, batch_size: int, max_seq_length: int, max_predict
         ds = ds.shard(shards, index)
     if training:
         ds = ds.repeat().shuffle(len(files), seed=seed)
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(4, len(files)),
-                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(4, len(files)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     if not shard_files and shards > 1:
         ds = ds.shard(shards, index)  # fewer files than workers: split the records instead
     if training:

@@ -23,14 +23,19 @@ def encode_with_masks(tokenizer, text: str, max_length: int):
         tokens.extend(tokenizer.tokenize(piece))
     tokens.append("[SEP]")
     if len(tokens) > max_length:
-        raise KbertError(f"the text is {len(tokens)} tokens long, more than the model's "
-                         f"{max_length} positions; shorten it")
+        raise KbertError(
+            f"the text is {len(tokens)} tokens long, more than the model's {max_length} positions; shorten it"
+        )
     return tokens
 
 
-_KINDS = {"encoder": "an encoder (no pretraining heads)", "classifier": "a classifier",
-          "tagger": "a tagger", "span_predictor": "a SQuAD span predictor",
-          "multiple_choice": "a multiple-choice model"}
+_KINDS = {
+    "encoder": "an encoder (no pretraining heads)",
+    "classifier": "a classifier",
+    "tagger": "a tagger",
+    "span_predictor": "a SQuAD span predictor",
+    "multiple_choice": "a multiple-choice model",
+}
 
 
 def what_it_is(model) -> str:
@@ -62,27 +67,44 @@ def fill_mask(model_dir, text: str, top_k: int = 5, model=None) -> dict:
     'sky'
     """
     if MASK not in text:
-        raise KbertError(f'the text has no {MASK}; write one where a token should be predicted, e.g. '
-                         f'"the capital of france is {MASK}."')
+        raise KbertError(
+            f"the text has no {MASK}; write one where a token should be predicted, e.g. "
+            f'"the capital of france is {MASK}."'
+        )
     if top_k < 1:
         raise KbertError(f"--top-k must be at least 1, got {top_k}")
     model = model or load(model_dir)
     if not isinstance(model, BertPretrainer):
-        raise KbertError(f"{model_dir} has no masked-LM head: it is {what_it_is(model)}; fill-mask needs a "
-                         f"pretrained or converted model directory (the one it was fine-tuned from, for a head)")
+        raise KbertError(
+            f"{model_dir} has no masked-LM head: it is {what_it_is(model)}; fill-mask needs a "
+            f"pretrained or converted model directory (the one it was fine-tuned from, for a head)"
+        )
     tokenizer = Tokenizer(model.vocab_file, model.do_lower_case)
     tokens = encode_with_masks(tokenizer, text, model.config.max_position_embeddings)
     ids = np.array([tokenizer.convert_tokens_to_ids(tokens)], dtype="int32")
     positions = np.array([[i for i, t in enumerate(tokens) if t == MASK]], dtype="int32")
-    outputs = model({"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids),
-                     "masked_lm_positions": positions}, training=False)
+    outputs = model(
+        {
+            "input_ids": ids,
+            "input_mask": np.ones_like(ids),
+            "segment_ids": np.zeros_like(ids),
+            "masked_lm_positions": positions,
+        },
+        training=False,
+    )
     probabilities = np.asarray(keras.ops.softmax(outputs["mlm_logits"], axis=-1))[0]
     masks = []
     for position, probs in zip(positions[0], probabilities):
         best = np.argsort(-probs)[:top_k]
         # Every id has a token, an earlier copy of a repeated token too (tokenizer.vocab_tokens).
         tokens_of_best = tokenizer.convert_ids_to_tokens(best)
-        masks.append({"position": int(position), "predictions": [
-            {"token": token, "id": int(i), "probability": round(float(probs[i]), 6)}
-            for token, i in zip(tokens_of_best, best)]})
+        masks.append(
+            {
+                "position": int(position),
+                "predictions": [
+                    {"token": token, "id": int(i), "probability": round(float(probs[i]), 6)}
+                    for token, i in zip(tokens_of_best, best)
+                ],
+            }
+        )
     return {"text": text, "tokens": tokens, "masks": masks}

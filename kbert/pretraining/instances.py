@@ -78,8 +78,7 @@ class DataOptions:
     def check(self):
         """Raise a one-line `KbertError` for a value the algorithm cannot work with."""
         problems = [
-            (self.max_seq_length < 5, "--max-seq-length must be at least 5 ([CLS], [SEP], [SEP] "
-                                      "and two tokens)"),
+            (self.max_seq_length < 5, "--max-seq-length must be at least 5 ([CLS], [SEP], [SEP] and two tokens)"),
             (self.max_predictions_per_seq < 1, "--max-predictions-per-seq must be at least 1"),
             (not 0 < self.masked_lm_prob <= 1, "--masked-lm-prob must be in (0, 1]"),
             (self.dupe_factor < 1, "--dupe-factor must be at least 1"),
@@ -91,20 +90,28 @@ class DataOptions:
                 raise KbertError(message)
 
 
-
 class InstanceCounts:
     """How many instances, documents, tokens and masks a chunk made, summed so that the parent
     can merge chunks in order."""
 
     # Slots: the counts are updated for every instance, and slot attributes are the fastest to update.
-    __slots__ = ("instances", "documents", "empty_documents", "tokens", "masked_share_sum",
-                 "masked", "mask_token", "kept", "random_next")
+    __slots__ = (
+        "instances",
+        "documents",
+        "empty_documents",
+        "tokens",
+        "masked_share_sum",
+        "masked",
+        "mask_token",
+        "kept",
+        "random_next",
+    )
 
     def __init__(self):
         for name in self.__slots__:
             setattr(self, name, 0)
 
-    def add(self, other: "InstanceCounts"):
+    def add(self, other: InstanceCounts):
         for name in self.__slots__:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -129,8 +136,7 @@ class InstanceBuilder:
         self.tokenizer = Tokenizer(vocab_file, do_lower_case)
         vocab = self.tokenizer.vocab
         self.options = options
-        self.bytes = ExampleBytes(options.max_seq_length, options.max_predictions_per_seq,
-                                   max(vocab.values()) + 1)
+        self.bytes = ExampleBytes(options.max_seq_length, options.max_predictions_per_seq, max(vocab.values()) + 1)
         # A token is held as the varint bytes of its id, one shared object per id: a record's
         # input_ids are then one bytes.join, and equal tokens are the same object.
         self.token = {word: self.bytes.varint[index] for word, index in vocab.items()}
@@ -165,8 +171,7 @@ class InstanceBuilder:
         shuffle(records, rng)
         return records, counts
 
-    def document(self, documents: list, document_index: int, rng: random.Random, records: list,
-                 counts: InstanceCounts):
+    def document(self, documents: list, document_index: int, rng: random.Random, records: list, counts: InstanceCounts):
         """Append the records of one document's pass (create_instances_from_document)."""
         document = documents[document_index]
         max_num_tokens = self.options.max_seq_length - 3
@@ -204,8 +209,9 @@ class InstanceBuilder:
                 pending, pending_length = [], 0
             i += 1
 
-    def instance(self, tokens_a: list, tokens_b: list, is_random_next: bool, rng: random.Random,
-                 counts: InstanceCounts) -> bytes:
+    def instance(
+        self, tokens_a: list, tokens_b: list, is_random_next: bool, rng: random.Random, counts: InstanceCounts
+    ) -> bytes:
         """Mask [CLS] A [SEP] B [SEP] (create_masked_lm_predictions) and serialize it."""
         opts = self.options
         tokens = [self.cls, *tokens_a, self.sep, *tokens_b, self.sep]
@@ -305,7 +311,7 @@ def truncate_seq_pair(tokens_a: list, tokens_b: list, max_num_tokens: int, rng: 
             cuts[2 if random_draw() < 0.5 else 3] += 1
             len_b -= 1
     if cuts[0] or cuts[1]:
-        tokens_a = tokens_a[cuts[0]:cuts[0] + len_a]
+        tokens_a = tokens_a[cuts[0] : cuts[0] + len_a]
     if cuts[2] or cuts[3]:
-        tokens_b = tokens_b[cuts[2]:cuts[2] + len_b]
+        tokens_b = tokens_b[cuts[2] : cuts[2] + len_b]
     return tokens_a, tokens_b

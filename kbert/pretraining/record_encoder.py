@@ -15,12 +15,20 @@ import struct
 
 from kbert.records import masked_crc
 
-FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-            "masked_lm_weights", "next_sentence_labels")
+FEATURES = (
+    "input_ids",
+    "input_mask",
+    "segment_ids",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "masked_lm_weights",
+    "next_sentence_labels",
+)
 
 # An Example is Features{map<string, Feature>}; a map entry is {1: key, 2: Feature}; a Feature
 # holds {2: FloatList | 3: Int64List}; each list is {1: packed values}. Every field here is
 # length-delimited (wire type 2), so the tags are (field << 3) | 2.
+
 
 def _varint(value: int) -> bytes:
     out = bytearray()
@@ -45,11 +53,12 @@ class ExampleBytes:
         self.ones = [b"\x01" * n for n in range(max_seq_length + 1)]
         self._prefixes = {}
         seq, preds = max_seq_length, max_predictions_per_seq
-        self.input_mask = [self.entry("input_mask", self.ones[n] + self.zeros[seq - n])
-                           for n in range(seq + 1)]
+        self.input_mask = [self.entry("input_mask", self.ones[n] + self.zeros[seq - n]) for n in range(seq + 1)]
         one = b"\x00\x00\x80\x3f"  # 1.0 as a little-endian float32
-        self.weights = [self.entry("masked_lm_weights", one * k + self.zeros[4 * (preds - k)], float_list=True)
-                        for k in range(preds + 1)]
+        self.weights = [
+            self.entry("masked_lm_weights", one * k + self.zeros[4 * (preds - k)], float_list=True)
+            for k in range(preds + 1)
+        ]
         self.labels = [self.entry("next_sentence_labels", b"\x00"), self.entry("next_sentence_labels", b"\x01")]
         # The prefixes of the entries whose size varies, indexed by the size of their values.
         widest = len(self.varint[-1])
@@ -90,14 +99,26 @@ class ExampleBytes:
         pos = b"".join(map(self.varint.__getitem__, positions))
         lab = b"".join(labels)
         ids_pad, preds_pad = self.seq - n, self.preds - k  # padding: one 0x00 byte per zero
-        features = b"".join((
-            self.ids_prefix[len(ids) + ids_pad], ids, zeros[ids_pad],
-            self.input_mask[n],
-            self.segment_prefix, zeros[len_a + 2], self.ones[n - len_a - 2], zeros[ids_pad],
-            self.positions_prefix[len(pos) + preds_pad], pos, zeros[preds_pad],
-            self.labels_prefix[len(lab) + preds_pad], lab, zeros[preds_pad],
-            self.weights[k],
-            self.labels[is_random_next]))
+        features = b"".join(
+            (
+                self.ids_prefix[len(ids) + ids_pad],
+                ids,
+                zeros[ids_pad],
+                self.input_mask[n],
+                self.segment_prefix,
+                zeros[len_a + 2],
+                self.ones[n - len_a - 2],
+                zeros[ids_pad],
+                self.positions_prefix[len(pos) + preds_pad],
+                pos,
+                zeros[preds_pad],
+                self.labels_prefix[len(lab) + preds_pad],
+                lab,
+                zeros[preds_pad],
+                self.weights[k],
+                self.labels[is_random_next],
+            )
+        )
         return b"\x0a" + self._length(len(features)) + features
 
 

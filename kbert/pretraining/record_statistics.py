@@ -50,8 +50,7 @@ def compute_statistics(tfrecord_paths, vocab_file) -> dict:
     seq = len(example["input_ids"].int64_list.value)
     preds = len(example["masked_lm_ids"].int64_list.value)
     spec = {name: tf.io.FixedLenFeature([seq], tf.int64) for name in ("input_ids", "input_mask")}
-    spec.update({name: tf.io.FixedLenFeature([preds], tf.int64)
-                 for name in ("masked_lm_positions", "masked_lm_ids")})
+    spec.update({name: tf.io.FixedLenFeature([preds], tf.int64) for name in ("masked_lm_positions", "masked_lm_ids")})
     spec["masked_lm_weights"] = tf.io.FixedLenFeature([preds], tf.float32)
     spec["next_sentence_labels"] = tf.io.FixedLenFeature([1], tf.int64)
     data = tf.data.TFRecordDataset(paths).batch(4096).map(lambda r: tf.io.parse_example(r, spec))

@@ -27,18 +27,25 @@ import time
 import keras
 import tensorflow as tf
 
-from kbert.config import DEFAULT_MAX_SEQ_LENGTH, BertConfig
+from kbert.config import BertConfig
 from kbert.errors import KbertError, plural
 from kbert.files import atomic_write_text
-from kbert.outputs import claim_output
 from kbert.model.bert import BertPretrainer
-from kbert.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, PRETRAIN_RUN_FILE, VOCAB_FILE, check_vocab, load, write_model_files
-from kbert.pretraining.dataset import (check_records, find_corrupt_record, find_files, op_error_text,
-                                      pretraining_dataset)
+from kbert.model_dir import (
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    PRETRAIN_RUN_FILE,
+    VOCAB_FILE,
+    check_vocab,
+    load,
+    write_model_files,
+)
+from kbert.outputs import claim_output
+from kbert.pretraining.dataset import check_records, find_corrupt_record, find_files, op_error_text, pretraining_dataset
 from kbert.pretraining.losses import cross_entropy_and_hits
 from kbert.pretraining.options import PretrainOptions
-from kbert.training.optimization import make_optimizer
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
+from kbert.training.optimization import make_optimizer
 from kbert.training.progress import Progress, write_loss_plot
 from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision, writes_shared_files
 
@@ -54,8 +61,18 @@ RUN_KEYS = {"data", "data_files", "config", "vocab", "init", "lowercase", "optio
 # same records (the data position comes from the step); a new strategy or --grad-accum
 # normalizes the masked-LM loss per replica and micro-batch as the original does per TPU core,
 # so the weights then differ slightly from an unchanged run's. --steps may only grow.
-RESUME_MAY_CHANGE = ("save_every", "keep_checkpoints", "steps_per_loop", "eval_data", "eval_every", "eval_steps",
-                     "strategy", "tpu", "jit", "grad_accum")
+RESUME_MAY_CHANGE = (
+    "save_every",
+    "keep_checkpoints",
+    "steps_per_loop",
+    "eval_data",
+    "eval_every",
+    "eval_steps",
+    "strategy",
+    "tpu",
+    "jit",
+    "grad_accum",
+)
 
 
 def pretraining_losses(outputs, labels):
@@ -75,8 +92,7 @@ def pretraining_losses(outputs, labels):
     mlm_loss = tf.reduce_sum(weights * per_position) / (tf.reduce_sum(weights) + 1e-5)
     nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
     nsp_labels = labels["next_sentence_labels"]
-    nsp_loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels,
-                                                                             logits=nsp_logits))
+    nsp_loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels, logits=nsp_logits))
     nsp_hits = tf.cast(tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32)
     return {
         "loss": mlm_loss + nsp_loss,
@@ -87,8 +103,17 @@ def pretraining_losses(outputs, labels):
     }
 
 
-def pretrain(model_dir, data=None, config_file=None, vocab_file=None, init=None, do_lower_case=None,
-             options: PretrainOptions | None = None, return_model: bool = False, **overrides):
+def pretrain(
+    model_dir,
+    data=None,
+    config_file=None,
+    vocab_file=None,
+    init=None,
+    do_lower_case=None,
+    options: PretrainOptions | None = None,
+    return_model: bool = False,
+    **overrides,
+):
     """Pretrain a BERT with MLM + NSP; returns the final metrics (also printed by the CLI).
 
     A new run records its flags in MODEL_DIR/pretrain_run.json. `resume=True` continues the
@@ -119,11 +144,15 @@ def pretrain(model_dir, data=None, config_file=None, vocab_file=None, init=None,
     strategy = overrides.get("strategy", (options or PretrainOptions()).strategy)
     if overrides.get("resume", options is not None and options.resume) and "strategy" not in overrides:
         strategy = recorded_options(os.fspath(model_dir)).get("strategy", strategy)
-    claim = claim_output(model_dir, inputs=[init], in_place=True) if writes_shared_files(strategy) \
+    claim = (
+        claim_output(model_dir, inputs=[init], in_place=True)
+        if writes_shared_files(strategy)
         else contextlib.nullcontext()
+    )
     with claim:
-        return _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, options, return_model,
-                         **overrides)
+        return _pretrain(
+            model_dir, data, config_file, vocab_file, init, do_lower_case, options, return_model, **overrides
+        )
 
 
 def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, options, return_model, **overrides):
@@ -133,11 +162,14 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
     run = _read_run(model_dir) if opts.resume else None
     files = None
     if run:
-        opts, files = _continue_run(model_dir, run, opts, _given_options(options, overrides), data, starts_from,
-                                    do_lower_case)
+        opts, files = _continue_run(
+            model_dir, run, opts, _given_options(options, overrides), data, starts_from, do_lower_case
+        )
     elif data is None and not opts.resume:
-        raise KbertError("--data is required: the TFRecords to train on (made by kbert create-data), as a file, "
-                         "a glob or a comma-separated list")
+        raise KbertError(
+            "--data is required: the TFRecords to train on (made by kbert create-data), as a file, "
+            "a glob or a comma-separated list"
+        )
     _check_options(opts)
     # First, before any TensorFlow op: multi-worker collectives must be set up at start-up.
     strategy = make_strategy(opts.strategy, opts.tpu)
@@ -147,32 +179,38 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
     # --- where the model comes from ---
     if opts.resume:
         if not has_checkpoints:
-            raise KbertError(f"--resume: {ckpt_dir} has no checkpoint to resume from; drop --resume "
-                             f"to start a new run")
+            raise KbertError(f"--resume: {ckpt_dir} has no checkpoint to resume from; drop --resume to start a new run")
         if run is None and data is None:
-            raise KbertError(f"--resume: {model_dir} has no {RUN_FILE} (its run began before kbert recorded "
-                             f"a run's flags); give --data and the other flags it was started with")
+            raise KbertError(
+                f"--resume: {model_dir} has no {RUN_FILE} (its run began before kbert recorded "
+                f"a run's flags); give --data and the other flags it was started with"
+            )
         config = BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
         vocab_file = os.path.join(model_dir, VOCAB_FILE)
         init = None
     else:
         if has_checkpoints:
-            raise KbertError(f"{model_dir} already has checkpoints; pass --resume to continue that run "
-                             f"or choose a new --model-dir")
+            raise KbertError(
+                f"{model_dir} already has checkpoints; pass --resume to continue that run or choose a new --model-dir"
+            )
         if init:
             config = BertConfig.from_json_file(os.path.join(init, CONFIG_FILE))
             vocab_file = os.path.join(init, VOCAB_FILE)
         elif config_file and vocab_file:
             config = BertConfig.from_json_file(config_file)
         else:
-            raise KbertError("say where the model starts: --config bert_config.json --vocab vocab.txt "
-                             "(from scratch), --init MODEL_DIR (continue), or --resume")
+            raise KbertError(
+                "say where the model starts: --config bert_config.json --vocab vocab.txt "
+                "(from scratch), --init MODEL_DIR (continue), or --resume"
+            )
     check_vocab(vocab_file, config)
     if do_lower_case is None or opts.resume:
         do_lower_case = config.extras.get("do_lower_case", True)
     if opts.max_seq_length > config.max_position_embeddings:
-        raise KbertError(f"--max-seq-length {opts.max_seq_length} exceeds max_position_embeddings "
-                         f"{config.max_position_embeddings} of the model; lower it")
+        raise KbertError(
+            f"--max-seq-length {opts.max_seq_length} exceeds max_position_embeddings "
+            f"{config.max_position_embeddings} of the model; lower it"
+        )
 
     # Every file read to its end (framing only) before anything is written: a cut-short or
     # corrupt file fails here, not hours in, and a new run leaves no directory behind.
@@ -191,8 +229,10 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
     use_mixed_precision(opts.mixed_precision)
     replicas = strategy.num_replicas_in_sync
     if opts.batch_size % (replicas * opts.grad_accum):
-        raise KbertError(f"--batch-size {opts.batch_size} must divide evenly over {replicas} replicas x "
-                         f"{opts.grad_accum} accumulation steps; use a multiple of {replicas * opts.grad_accum}")
+        raise KbertError(
+            f"--batch-size {opts.batch_size} must divide evenly over {replicas} replicas x "
+            f"{opts.grad_accum} accumulation steps; use a multiple of {replicas * opts.grad_accum}"
+        )
     micro_batch = opts.batch_size // (replicas * opts.grad_accum)
     warmup = opts.warmup_steps if opts.warmup_steps is not None else opts.steps // 10
     chief = is_chief(strategy)
@@ -204,11 +244,13 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
         if keras.mixed_precision.global_policy().name == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-    checkpoint = tf.train.Checkpoint(weights=list(model.weights), optimizer=optimizer,
-                                     seeds=random_state_variables(model))
+    checkpoint = tf.train.Checkpoint(
+        weights=list(model.weights), optimizer=optimizer, seeds=random_state_variables(model)
+    )
     # Non-chief workers of a multi-worker run write their (identical) checkpoints aside.
-    manager = tf.train.CheckpointManager(checkpoint, ckpt_dir if chief else _worker_dir(model_dir, strategy),
-                                         max_to_keep=opts.keep_checkpoints)
+    manager = tf.train.CheckpointManager(
+        checkpoint, ckpt_dir if chief else _worker_dir(model_dir, strategy), max_to_keep=opts.keep_checkpoints
+    )
     step = 0
     if opts.resume:
         # Every worker restores the chief's checkpoint (the model directory is shared storage
@@ -217,17 +259,25 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
         step = int(optimizer.iterations.numpy())
         log.info("resumed from step %d", step)
     if step >= opts.steps:
-        raise KbertError(f"the run in {model_dir} is already at step {step} of --steps {opts.steps}; "
-                         f"raise --steps to train further")
+        raise KbertError(
+            f"the run in {model_dir} is already at step {step} of --steps {opts.steps}; raise --steps to train further"
+        )
 
     # --- data ---
     pipelines_skip = step * opts.grad_accum * replicas  # per-replica batches consumed so far
 
     def train_input(context):
         per_pipeline = pipelines_skip // context.num_input_pipelines
-        return pretraining_dataset(files, micro_batch, opts.max_seq_length, opts.max_predictions_per_seq,
-                                   training=True, seed=opts.seed, input_context=context,
-                                   skip_batches=per_pipeline)
+        return pretraining_dataset(
+            files,
+            micro_batch,
+            opts.max_seq_length,
+            opts.max_predictions_per_seq,
+            training=True,
+            seed=opts.seed,
+            input_context=context,
+            skip_batches=per_pipeline,
+        )
 
     train_iterator = iter(strategy.distribute_datasets_from_function(train_input))
 
@@ -251,35 +301,51 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
     start_step = step
     timed_steps, timed_seconds = 0, 0.0  # throughput leaves out the first call (tracing)
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-    with _removed_unless_saved(model_dir, ckpt_dir, created), \
-            Progress(total=opts.steps, start=step, enabled=opts.progress and chief,
-                     sequences_per_step=opts.batch_size) as bar, StopSignals() as signals:
+    with (
+        _removed_unless_saved(model_dir, ckpt_dir, created),
+        Progress(
+            total=opts.steps, start=step, enabled=opts.progress and chief, sequences_per_step=opts.batch_size
+        ) as bar,
+        StopSignals() as signals,
+    ):
         while step < opts.steps:
-            n = min(opts.steps_per_loop, opts.steps - step,
-                    _to_boundary(step, opts.save_every), _to_boundary(step, eval_every))
+            n = min(
+                opts.steps_per_loop,
+                opts.steps - step,
+                _to_boundary(step, opts.save_every),
+                _to_boundary(step, eval_every),
+            )
             t0 = time.perf_counter()
             try:
-                metrics = {k: float(v) for k, v in train_loop(
-                    train_iterator, tf.constant(n), tf.constant(float(signals.requested is not None))).items()}
+                metrics = {
+                    k: float(v)
+                    for k, v in train_loop(
+                        train_iterator, tf.constant(n), tf.constant(float(signals.requested is not None))
+                    ).items()
+                }
             except tf.errors.DataLossError as e:
                 raise _corrupt_records(files, e, last_saved) from None
             # Summed over every replica of every worker, so all workers stop after the same step.
             # That sum comes from the call after the signal; one process can stop after this one.
-            stop_requested = metrics.pop("stop_requested") > 0 or (
-                signals.requested is not None and not multi_worker)
+            stop_requested = metrics.pop("stop_requested") > 0 or (signals.requested is not None and not multi_worker)
             seconds = time.perf_counter() - t0
             if not all(math.isfinite(v) for v in metrics.values()):
-                kept = f"the last good checkpoint (step {last_saved}) is kept" if last_saved else \
-                    "no checkpoint was saved"
+                kept = (
+                    f"the last good checkpoint (step {last_saved}) is kept" if last_saved else "no checkpoint was saved"
+                )
                 raise KbertError(
                     f"the loss became {metrics['loss']} between steps {step} and {step + n}; stopped, {kept}: "
                     f"start a new run with a lower --learning-rate or more --warmup-steps (--resume keeps "
-                    f"the run's own)")
+                    f"the run's own)"
+                )
             if step > start_step:
                 timed_steps, timed_seconds = timed_steps + n, timed_seconds + seconds
             step += n
-            metrics.update(step=step, learning_rate=float(optimizer.learning_rate),
-                           sequences_per_second=n * opts.batch_size / seconds)
+            metrics.update(
+                step=step,
+                learning_rate=float(optimizer.learning_rate),
+                sequences_per_second=n * opts.batch_size / seconds,
+            )
             last = metrics
             bar.update(step, metrics)
             if chief:
@@ -302,20 +368,30 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
             if stop_requested and step < opts.steps:
                 if chief:
                     write_loss_plot(history_path, os.path.join(model_dir, LOSS_PLOT))
-                raise signals.interrupted(step, "checkpoint saved",
-                                          f"`kbert pretrain --model-dir {shlex.quote(model_dir)} --resume`")
+                raise signals.interrupted(
+                    step, "checkpoint saved", f"`kbert pretrain --model-dir {shlex.quote(model_dir)} --resume`"
+                )
 
     if chief:
         write_model_files(model, model_dir, vocab_file, do_lower_case, weights=True)
         write_loss_plot(history_path, os.path.join(model_dir, LOSS_PLOT))
     result = {k: last[k] for k in ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
-    result["sequences_per_second"] = round(timed_steps * opts.batch_size / timed_seconds, 2) if timed_steps \
+    result["sequences_per_second"] = (
+        round(timed_steps * opts.batch_size / timed_seconds, 2)
+        if timed_steps
         else round(last["sequences_per_second"], 2)
+    )
     result["learning_rate"] = last["learning_rate"]
     if last_eval:
         result["eval"] = last_eval
-    result.update(replicas=replicas, strategy=opts.strategy, resumed_from=start_step if opts.resume else None,
-                  model_dir=model_dir, mixed_precision=keras.mixed_precision.global_policy().name, jit=jit)
+    result.update(
+        replicas=replicas,
+        strategy=opts.strategy,
+        resumed_from=start_step if opts.resume else None,
+        model_dir=model_dir,
+        mixed_precision=keras.mixed_precision.global_policy().name,
+        jit=jit,
+    )
     return (result, model) if return_model else result
 
 
@@ -350,13 +426,16 @@ def _read_run(model_dir: str) -> dict | None:
     except ValueError:
         run = None
     if not isinstance(run, dict) or not RUN_KEYS <= run.keys():
-        raise KbertError(f"{path}: not the record of a kbert pretrain run; remove it, and give --resume the "
-                         f"flags the run was started with")
+        raise KbertError(
+            f"{path}: not the record of a kbert pretrain run; remove it, and give --resume the "
+            f"flags the run was started with"
+        )
     return run
 
 
-def _continue_run(model_dir: str, run: dict, opts: PretrainOptions, given: set[str], data, starts_from: dict,
-                  do_lower_case) -> tuple[PretrainOptions, list[str]]:
+def _continue_run(
+    model_dir: str, run: dict, opts: PretrainOptions, given: set[str], data, starts_from: dict, do_lower_case
+) -> tuple[PretrainOptions, list[str]]:
     """The recorded options with the given ones that may change, and the data files; a flag
     given with another value than the recorded one is refused, naming both."""
     fields = [f.name for f in dataclasses.fields(PretrainOptions)]
@@ -368,8 +447,10 @@ def _continue_run(model_dir: str, run: dict, opts: PretrainOptions, given: set[s
         then, now = getattr(recorded, name), getattr(opts, name)
         if name == "steps":
             if now < then:
-                raise KbertError(f"--resume: the run in {model_dir} was started with --steps {then}, not {now}; "
-                                 f"--resume continues or extends a run: leave --steps out, or give more than {then}")
+                raise KbertError(
+                    f"--resume: the run in {model_dir} was started with --steps {then}, not {now}; "
+                    f"--resume continues or extends a run: leave --steps out, or give more than {then}"
+                )
         elif name not in RESUME_MAY_CHANGE and now != then:
             _refuse_change(model_dir, "--" + name.replace("_", "-"), then, now)
     for key, path in starts_from.items():
@@ -377,8 +458,9 @@ def _continue_run(model_dir: str, run: dict, opts: PretrainOptions, given: set[s
             _refuse_change(model_dir, f"--{key}", run[key], path)
     if do_lower_case is not None and bool(do_lower_case) != run["lowercase"]:
         _refuse_change(model_dir, "--lowercase", run["lowercase"], do_lower_case)
-    opts = dataclasses.replace(recorded, resume=True, progress=opts.progress,
-                               **{name: getattr(opts, name) for name in given if name in fields})
+    opts = dataclasses.replace(
+        recorded, resume=True, progress=opts.progress, **{name: getattr(opts, name) for name in given if name in fields}
+    )
     return opts, _resumed_files(model_dir, run, data)
 
 
@@ -389,18 +471,28 @@ def _resumed_files(model_dir: str, run: dict, data) -> list[str]:
     if data is None:
         for path, size in recorded:
             if not os.path.isfile(path):
-                raise KbertError(f"{path}: no such file, and the run in {model_dir} trains on it (see {RUN_FILE}); "
-                                 f"put it back, or give --data where those files are now")
+                raise KbertError(
+                    f"{path}: no such file, and the run in {model_dir} trains on it (see {RUN_FILE}); "
+                    f"put it back, or give --data where those files are now"
+                )
             if os.path.getsize(path) != size:
-                raise KbertError(f"{path}: {os.path.getsize(path)} bytes, but {size} when the run in {model_dir} "
-                                 f"started: the data changed; put the run's files back, or start a new run")
+                raise KbertError(
+                    f"{path}: {os.path.getsize(path)} bytes, but {size} when the run in {model_dir} "
+                    f"started: the data changed; put the run's files back, or start a new run"
+                )
         return [path for path, _ in recorded]
     files = find_files(data)
     if [(os.path.basename(f), os.path.getsize(f)) for f in files] != [(os.path.basename(p), n) for p, n in recorded]:
-        _refuse_change(model_dir, "--data", f"{run['data']} ({plural(len(recorded), 'file')})",
-                       f"{data} ({plural(len(files), 'file')}, other names or sizes)")
-    run["data"], run["data_files"] = _absolute_pattern(data), [[os.path.abspath(f), n] for f, (_, n) in
-                                                               zip(files, recorded)]
+        _refuse_change(
+            model_dir,
+            "--data",
+            f"{run['data']} ({plural(len(recorded), 'file')})",
+            f"{data} ({plural(len(files), 'file')}, other names or sizes)",
+        )
+    run["data"], run["data_files"] = (
+        _absolute_pattern(data),
+        [[os.path.abspath(f), n] for f, (_, n) in zip(files, recorded)],
+    )
     return files
 
 
@@ -408,13 +500,24 @@ def _record_run(model_dir: str, run: dict, opts: PretrainOptions, warmup: int):
     """Write pretrain_run.json (atomically): on every start, as a resume may extend --steps, move
     the data or change where the run goes on."""
     if opts.resume and "options" not in run:  # a run from before kbert recorded them, resumed with flags
-        log.info("%s has no %s (its run began before kbert recorded a run's flags): continuing with the flags "
-                 "given, recorded there now", model_dir, RUN_FILE)
+        log.info(
+            "%s has no %s (its run began before kbert recorded a run's flags): continuing with the flags "
+            "given, recorded there now",
+            model_dir,
+            RUN_FILE,
+        )
     elif opts.resume and opts.steps > run["options"]["steps"]:
-        log.info("--steps %d extends the run from %d steps: the learning rate now decays to 0 at step %d",
-                 opts.steps, run["options"]["steps"], opts.steps)
-    run["options"] = {field.name: getattr(opts, field.name) for field in dataclasses.fields(opts)
-                      if field.name not in ("resume", "progress")}
+        log.info(
+            "--steps %d extends the run from %d steps: the learning rate now decays to 0 at step %d",
+            opts.steps,
+            run["options"]["steps"],
+            opts.steps,
+        )
+    run["options"] = {
+        field.name: getattr(opts, field.name)
+        for field in dataclasses.fields(opts)
+        if field.name not in ("resume", "progress")
+    }
     run["options"]["warmup_steps"] = warmup  # a number: a longer --steps must not move the warmup
     atomic_write_text(os.path.join(model_dir, RUN_FILE), json.dumps(run, indent=1) + "\n")
 
@@ -422,8 +525,11 @@ def _record_run(model_dir: str, run: dict, opts: PretrainOptions, warmup: int):
 def _refuse_change(model_dir: str, flag: str, then, now):
     def shown(value):
         return {True: "on", False: "off", None: "unset"}[value] if value is None or isinstance(value, bool) else value
-    raise KbertError(f"--resume: the run in {model_dir} was started with {flag} {shown(then)}, not {shown(now)}; "
-                     f"leave {flag} out to continue it as it was, or start another run in a new --model-dir")
+
+    raise KbertError(
+        f"--resume: the run in {model_dir} was started with {flag} {shown(then)}, not {shown(now)}; "
+        f"leave {flag} out to continue it as it was, or start another run in a new --model-dir"
+    )
 
 
 def _absolute(path) -> str | None:
@@ -451,13 +557,24 @@ def _corrupt_records(files, error, last_saved: int) -> KbertError:
     """The one line for a record whose checksum fails mid-run: its file (found by reading them all)."""
     where = find_corrupt_record(files) or f"a file of {', '.join(files)}: {op_error_text(error)}"
     kept = f"the last checkpoint (step {last_saved}) is kept" if last_saved else "no checkpoint was saved"
-    return KbertError(f"{where} (a record's checksum fails); make the file again (kbert create-data) or copy it "
-                      f"again, then run again; {kept}")
+    return KbertError(
+        f"{where} (a record's checksum fails); make the file again (kbert create-data) or copy it "
+        f"again, then run again; {kept}"
+    )
 
 
 def _check_options(opts: PretrainOptions):
-    for name in ("steps", "batch_size", "save_every", "steps_per_loop", "grad_accum", "max_seq_length",
-                 "max_predictions_per_seq", "keep_checkpoints", "eval_steps"):
+    for name in (
+        "steps",
+        "batch_size",
+        "save_every",
+        "steps_per_loop",
+        "grad_accum",
+        "max_seq_length",
+        "max_predictions_per_seq",
+        "keep_checkpoints",
+        "eval_steps",
+    ):
         value = getattr(opts, name)
         if not isinstance(value, int) or value < 1:
             raise KbertError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -530,11 +647,11 @@ def _make_train_loop(strategy, model, optimizer, grad_accum: int, replicas: int,
         for _ in tf.range(num_steps):
             micro_batches = [next(iterator) for _ in range(grad_accum)]
             per_replica = strategy.run(replica_step, args=(micro_batches,))
-            sums = {k: sums[k] + strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica[k], axis=None)
-                    for k in sums}
+            sums = {k: sums[k] + strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica[k], axis=None) for k in sums}
         means = {k: v / tf.cast(num_steps, tf.float32) for k, v in sums.items()}
         means["stop_requested"] = strategy.reduce(
-            tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(stop_requested,)), axis=None)
+            tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(stop_requested,)), axis=None
+        )
         return means
 
     return train_loop
@@ -557,8 +674,9 @@ def _evaluate(eval_step, strategy, files, opts: PretrainOptions, replicas: int) 
     batch = max(1, opts.batch_size // replicas)
 
     def eval_input(context):
-        return pretraining_dataset(files, batch, opts.max_seq_length, opts.max_predictions_per_seq,
-                                   training=False, input_context=context).repeat()
+        return pretraining_dataset(
+            files, batch, opts.max_seq_length, opts.max_predictions_per_seq, training=False, input_context=context
+        ).repeat()
 
     iterator = iter(strategy.distribute_datasets_from_function(eval_input))
     sums, n = {}, 0

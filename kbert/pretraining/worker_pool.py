@@ -74,8 +74,9 @@ def chunk_results(chunks, workers: int, start_args: tuple):
     if quiet_tracker not in sys.warnoptions:
         sys.warnoptions.append(quiet_tracker)
     others = set(multiprocessing.active_children())
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker_process,
-                             initargs=(os.getpid(), *start_args)) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_start_worker_process, initargs=(os.getpid(), *start_args)
+    ) as pool:
         pending = collections.deque()
         try:
             for chunk in chunks:
@@ -120,5 +121,8 @@ def peak_rss_mib(worker_peaks: dict) -> dict:
     """
     own = own_peak_kib() / 1024
     workers = [kib / 1024 for pid, kib in worker_peaks.items() if pid != os.getpid()]
-    return {"peak_rss_mib": round(own + sum(workers), 1), "peak_rss_mib_main": round(own, 1),
-            "peak_rss_mib_largest_worker": round(max(workers, default=0.0), 1)}
+    return {
+        "peak_rss_mib": round(own + sum(workers), 1),
+        "peak_rss_mib_main": round(own, 1),
+        "peak_rss_mib_largest_worker": round(max(workers, default=0.0), 1),
+    }

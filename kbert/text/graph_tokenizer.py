@@ -57,11 +57,17 @@ class GraphTokenizer(keras.layers.Layer):
         self._unk_id = vocab.get(UNK, -1)
         self._table = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(
-                tf.constant(tokens), tf.constant([vocab[t] for t in tokens], dtype=tf.int64)),
-            default_value=-1)
+                tf.constant(tokens), tf.constant([vocab[t] for t in tokens], dtype=tf.int64)
+            ),
+            default_value=-1,
+        )
         self._wordpiece = tf_text.WordpieceTokenizer(
-            self._table, suffix_indicator="##", max_bytes_per_word=_MAX_BYTES_PER_WORD,
-            token_out_type=tf.int64, unknown_token=UNK)
+            self._table,
+            suffix_indicator="##",
+            max_bytes_per_word=_MAX_BYTES_PER_WORD,
+            token_out_type=tf.int64,
+            unknown_token=UNK,
+        )
         self._removed = f"[{unicode_classes.re2_class(unicode_classes.removed_chars())}]"
         self._whitespace = f"[{unicode_classes.re2_class(unicode_classes.whitespace_chars())}]"
         self._cjk = "([" + "".join(f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in unicode_classes.CJK_RANGES) + "])"

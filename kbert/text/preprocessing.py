@@ -37,10 +37,12 @@ def truncated_pair_lengths(len_a, len_b, budget):
     fits = len_a + len_b <= budget
     shorter_kept_whole = 2 * shorter <= budget
     half_b = budget // 2
-    keep_a = tf.where(fits, len_a, tf.where(shorter_kept_whole,
-                                            tf.where(len_a <= len_b, len_a, budget - len_b), budget - half_b))
-    keep_b = tf.where(fits, len_b, tf.where(shorter_kept_whole,
-                                            tf.where(len_a <= len_b, budget - len_a, len_b), half_b))
+    keep_a = tf.where(
+        fits, len_a, tf.where(shorter_kept_whole, tf.where(len_a <= len_b, len_a, budget - len_b), budget - half_b)
+    )
+    keep_b = tf.where(
+        fits, len_b, tf.where(shorter_kept_whole, tf.where(len_a <= len_b, budget - len_a, len_b), half_b)
+    )
     return keep_a, keep_b
 
 
@@ -83,9 +85,11 @@ def pack_token_ids(a, b, sequence_length, cls_id: int, sep_id: int) -> dict:
         segments = _rows_where(has_b, pair_segments, tf.zeros_like(single))
     # A Python length keeps the static shape [None, length]; a tensor one is known at run time.
     shape = [None, sequence_length] if isinstance(sequence_length, int) else tf.stack([batch, sequence_length])
-    return {"input_ids": ids.to_tensor(0, shape=shape),
-            "input_mask": tf.ones_like(ids).to_tensor(0, shape=shape),
-            "segment_ids": segments.to_tensor(0, shape=shape)}
+    return {
+        "input_ids": ids.to_tensor(0, shape=shape),
+        "input_mask": tf.ones_like(ids).to_tensor(0, shape=shape),
+        "segment_ids": segments.to_tensor(0, shape=shape),
+    }
 
 
 def _rows_where(condition, x, y):
@@ -113,8 +117,13 @@ class BertPreprocessor(keras.layers.Layer):
     ([[101, 7592, 1010, 2088, 102, 9061, 1012, 102]], [[0, 0, 0, 0, 0, 1, 1, 1]])
     """
 
-    def __init__(self, vocab_file, do_lower_case: bool = True,
-                 sequence_length: int = kbert.config.DEFAULT_MAX_SEQ_LENGTH, **kwargs):
+    def __init__(
+        self,
+        vocab_file,
+        do_lower_case: bool = True,
+        sequence_length: int = kbert.config.DEFAULT_MAX_SEQ_LENGTH,
+        **kwargs,
+    ):
         kwargs.pop("trainable", None)  # nothing to train; from_config passes it back
         kwargs.setdefault("dtype", "int32")
         super().__init__(trainable=False, **kwargs)
@@ -153,11 +162,14 @@ class BertPreprocessor(keras.layers.Layer):
         if sequence_length and sequence_length > config.max_position_embeddings:
             # Refused here, where the length is chosen: the model itself would fail deep inside
             # Keras ("Dimensions must be equal") at its first batch.
-            raise ValueError(f"sequence_length {sequence_length} exceeds the model's max_position_embeddings "
-                             f"{config.max_position_embeddings}; pass sequence_length="
-                             f"{config.max_position_embeddings} or less")
-        length = sequence_length or kbert.config.sequence_length(None, config.max_position_embeddings,
-                                                                 trained=trained_length)
+            raise ValueError(
+                f"sequence_length {sequence_length} exceeds the model's max_position_embeddings "
+                f"{config.max_position_embeddings}; pass sequence_length="
+                f"{config.max_position_embeddings} or less"
+            )
+        length = sequence_length or kbert.config.sequence_length(
+            None, config.max_position_embeddings, trained=trained_length
+        )
         return cls(vocab, lower, length)
 
     def call(self, inputs):
@@ -177,6 +189,7 @@ class BertPreprocessor(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(vocab_file=self.vocab_file, do_lower_case=self.do_lower_case,
-                      sequence_length=self.sequence_length)
+        config.update(
+            vocab_file=self.vocab_file, do_lower_case=self.do_lower_case, sequence_length=self.sequence_length
+        )
         return config

@@ -16,8 +16,8 @@ import os
 import re
 import unicodedata
 
-from kbert.text import unicode_classes
 from kbert.errors import KbertError
+from kbert.text import unicode_classes
 
 UNK = "[UNK]"
 MAX_CHARS_PER_WORD = 200
@@ -66,11 +66,11 @@ class _Tables:
     """Translate tables and regexes, built once per process from `unicode_classes`."""
 
     def __init__(self):
-        clean = {cp: None for cp in unicode_classes.removed_chars()}
-        clean.update({cp: " " for cp in unicode_classes.whitespace_chars()})
+        clean = dict.fromkeys(unicode_classes.removed_chars())
+        clean.update(dict.fromkeys(unicode_classes.whitespace_chars(), " "))
         self.clean = clean
         self.ascii_clean = {cp: v for cp, v in clean.items() if cp < 128}
-        self.strip_marks = {cp: None for cp in unicode_classes.mark_chars()}
+        self.strip_marks = dict.fromkeys(unicode_classes.mark_chars())
         cjk = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in unicode_classes.CJK_RANGES)
         self.cjk = re.compile(f"([{cjk}])")
         punct = unicode_classes.python_class(unicode_classes.punctuation_chars())
@@ -115,11 +115,12 @@ class Tokenizer:
         self._cache: dict[str, list[str]] = {}
 
     @classmethod
-    def from_model_dir(cls, model_dir) -> "Tokenizer":
+    def from_model_dir(cls, model_dir) -> Tokenizer:
         """The tokenizer of a kbert model directory (its vocab.txt and do_lower_case)."""
         # Not at the top: this module must stay free of TensorFlow (create-data's worker processes
         # and the SQuAD reader import it), and kbert.model_dir is where models are rebuilt.
         from kbert.model_dir import VOCAB_FILE, load_config
+
         config = load_config(model_dir)
         return cls(os.path.join(model_dir, VOCAB_FILE), config.extras.get("do_lower_case", True))
 

@@ -25,8 +25,8 @@ import time
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from kbert.errors import KbertError
-from kbert.outputs import writes
 from kbert.files import TEXT_CHECK_BYTES, atomic_write_text, check_head_is_text
+from kbert.outputs import writes
 from kbert.text.tokenizer import UNK, Tokenizer, character_tables
 
 RESERVED_TOKENS = ["[PAD]", UNK, "[CLS]", "[SEP]", "[MASK]"]
@@ -103,10 +103,12 @@ def learn_vocab(word_counts, size: int) -> list[str]:
     chars = {t for t in vocab if len(t) == 1 or (t.startswith(JOINER) and len(t) == len(JOINER) + 1)}
     required = set(RESERVED_TOKENS) | chars
     if len(required) > size:
-        raise KbertError(f"--size {size} is too small: the text has "
-                         f"{sum(len(t) == 1 for t in chars)} distinct "
-                         f"characters, which need {len(required)} entries with the reserved tokens; "
-                         f"use --size {len(required)} or more")
+        raise KbertError(
+            f"--size {size} is too small: the text has "
+            f"{sum(len(t) == 1 for t in chars)} distinct "
+            f"characters, which need {len(required)} entries with the reserved tokens; "
+            f"use --size {len(required)} or more"
+        )
     room = size - len(required)
     kept = []
     for token in vocab:
@@ -153,8 +155,9 @@ def unk_rate_of_counts(word_counts, vocab_file, do_lower_case: bool = True) -> f
 
 
 @writes("output")
-def build_vocab(input_files, output, size: int = 30522, do_lower_case: bool = True,
-                overwrite: bool = False, word_counts=None) -> dict:
+def build_vocab(
+    input_files, output, size: int = 30522, do_lower_case: bool = True, overwrite: bool = False, word_counts=None
+) -> dict:
     """Learn a vocab.txt from text and check it on that text.
 
     Args:
@@ -189,17 +192,21 @@ def build_vocab(input_files, output, size: int = 30522, do_lower_case: bool = Tr
     if os.path.isdir(output):
         raise KbertError(f"{output} is a directory; give a file path such as {output}/vocab.txt")
     if os.path.exists(output) and os.path.getsize(output) > 0 and not overwrite:
-        raise KbertError(f"{output} exists and is not empty; pass --overwrite to replace it, or "
-                         f"choose a new output path")
+        raise KbertError(
+            f"{output} exists and is not empty; pass --overwrite to replace it, or choose a new output path"
+        )
     if size < len(RESERVED_TOKENS) + 2:
-        raise KbertError(f"--size {size} is too small; a vocabulary needs the "
-                         f"{len(RESERVED_TOKENS)} reserved tokens and the text's characters")
+        raise KbertError(
+            f"--size {size} is too small; a vocabulary needs the "
+            f"{len(RESERVED_TOKENS)} reserved tokens and the text's characters"
+        )
 
     counts = (word_counts or count_words)(input_files, do_lower_case)
     if not counts:
         raise KbertError(f"{', '.join(input_files)}: no words to learn from; pass text files")
-    log.info("%s words, %s distinct; learning %s WordPieces", f"{sum(counts.values()):,}",
-             f"{len(counts):,}", f"{size:,}")
+    log.info(
+        "%s words, %s distinct; learning %s WordPieces", f"{sum(counts.values()):,}", f"{len(counts):,}", f"{size:,}"
+    )
     vocab = learn_vocab(counts, size)
     _write_lines_atomically(output, vocab)
     return {

@@ -24,8 +24,19 @@ import tempfile
 import uuid
 import zlib
 
-from kbert.beam import (FileSystems, beam, expand_inputs, is_url, one_task_per_element, open_file, pipeline_options,
-                        remove, run, temp_location, write_atomically)
+from kbert.beam import (
+    FileSystems,
+    beam,
+    expand_inputs,
+    is_url,
+    one_task_per_element,
+    open_file,
+    pipeline_options,
+    remove,
+    run,
+    temp_location,
+    write_atomically,
+)
 from kbert.errors import KbertError
 from kbert.files import TEXT_CHECK_BYTES, check_head_is_text
 from kbert.text.vocab_builder import WordTokenizer
@@ -91,8 +102,9 @@ def _counts_folder(options):
         remove(folder)
 
 
-def beam_word_counts(input_patterns, output=None, do_lower_case: bool = True, runner: str = "DirectRunner",
-                     flags: str = "") -> collections.Counter:
+def beam_word_counts(
+    input_patterns, output=None, do_lower_case: bool = True, runner: str = "DirectRunner", flags: str = ""
+) -> collections.Counter:
     """{word: count} over the input, counted by a Beam pipeline on `runner`.
 
     Args:
@@ -117,26 +129,32 @@ def beam_word_counts(input_patterns, output=None, do_lower_case: bool = True, ru
     counts = collections.Counter()
     with _counts_folder(options) as folder:
         pipeline = beam.Pipeline(options=options)
-        written = (pipeline
-                   | "Files" >> beam.Create(input_files)
-                   | "Lines" >> beam.io.ReadAllFromText(coder=beam.coders.BytesCoder())
-                   | "Words" >> beam.ParDo(_Words(do_lower_case))
-                   | "Count" >> beam.combiners.Count.PerElement()
-                   | "ByFile" >> beam.Map(_count_file)
-                   | "Group" >> beam.GroupByKey()
-                   | "Write" >> beam.ParDo(_WriteCounts(folder)))
+        written = (
+            pipeline
+            | "Files" >> beam.Create(input_files)
+            | "Lines" >> beam.io.ReadAllFromText(coder=beam.coders.BytesCoder())
+            | "Words" >> beam.ParDo(_Words(do_lower_case))
+            | "Count" >> beam.combiners.Count.PerElement()
+            | "ByFile" >> beam.Map(_count_file)
+            | "Group" >> beam.GroupByKey()
+            | "Write" >> beam.ParDo(_WriteCounts(folder))
+        )
         # The total, 0 for text without words; without defaults, as a default is a side input.
         # One chain to the end: the DaskRunner computes only the last step (and what it needs).
-        _ = ((written, pipeline | "Zero" >> beam.Create([0]))
-             | "All" >> beam.Flatten()
-             | "Total" >> beam.CombineGlobally(sum).without_defaults()
-             | "WriteTotal" >> beam.Map(_write_total, folder))
+        _ = (
+            (written, pipeline | "Zero" >> beam.Create([0]))
+            | "All" >> beam.Flatten()
+            | "Total" >> beam.CombineGlobally(sum).without_defaults()
+            | "WriteTotal" >> beam.Map(_write_total, folder)
+        )
         run(pipeline, runner)
         total_file = FileSystems.join(folder, TOTAL_FILE)
         if not FileSystems.exists(total_file):
-            raise KbertError(f"the {runner} job wrote its word counts where this machine does not see them "
-                             f"({folder}); pass --pipeline-options \"--temp_location=DIR\" with a DIR both reach "
-                             f"(gs://..., a shared disk)")
+            raise KbertError(
+                f"the {runner} job wrote its word counts where this machine does not see them "
+                f'({folder}); pass --pipeline-options "--temp_location=DIR" with a DIR both reach '
+                f"(gs://..., a shared disk)"
+            )
         with open_file(total_file) as f:
             total = json.load(f)
         for match in FileSystems.match([FileSystems.join(folder, "counts-*.jsonl")])[0].metadata_list:

@@ -60,17 +60,22 @@ class StopSignals:
     def _handle(self, number, frame):
         if self.requested is None:
             self.requested = number
-            print(f"kbert: {signal.Signals(number).name} received: saving a checkpoint after the step in flight "
-                  f"(send it again to stop at once)", file=sys.stderr, flush=True)
+            print(
+                f"kbert: {signal.Signals(number).name} received: saving a checkpoint after the step in flight "
+                f"(send it again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
             return
-        print(f"kbert: second {signal.Signals(number).name}: {self.second_signal_message}", file=sys.stderr,
-              flush=True)
+        print(f"kbert: second {signal.Signals(number).name}: {self.second_signal_message}", file=sys.stderr, flush=True)
         os._exit(128 + number)  # not sys.exit: it would run TensorFlow's teardown mid-write
 
     def interrupted(self, step: int, what: str, resume: str) -> Interrupted:
         """The exception to raise once the checkpoint at `step` is saved."""
-        return Interrupted(f"interrupted at step {step}: {what}; continue with {resume}",
-                           exit_code=128 + int(self.requested or signal.SIGTERM))
+        return Interrupted(
+            f"interrupted at step {step}: {what}; continue with {resume}",
+            exit_code=128 + int(self.requested or signal.SIGTERM),
+        )
 
 
 def random_state_variables(model) -> list:
@@ -87,5 +92,7 @@ def checkpoint_write_failed(step: int, previous_step: int | None, error: BaseExc
     """The one line for a checkpoint that could not be written (disk full, permission denied):
     TensorFlow records a checkpoint as complete last, so the previous one is still the latest."""
     previous = f"step {previous_step}" if previous_step is not None else "none yet"
-    return KbertError(f"writing the checkpoint for step {step} failed ({op_error_text(error)}); the previous "
-                      f"checkpoint ({previous}) is intact: fix the cause, then --resume")
+    return KbertError(
+        f"writing the checkpoint for step {step} failed ({op_error_text(error)}); the previous "
+        f"checkpoint ({previous}) is intact: fix the cause, then --resume"
+    )

@@ -88,8 +88,16 @@ class BertAdamW(keras.optimizers.Optimizer):
     [0.6838, 2.3162]
     """
 
-    def __init__(self, learning_rate=1e-4, weight_decay_rate=0.01, beta_1=0.9, beta_2=0.999,
-                 epsilon=1e-6, name="bert_adamw", **kwargs):
+    def __init__(
+        self,
+        learning_rate=1e-4,
+        weight_decay_rate=0.01,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-6,
+        name="bert_adamw",
+        **kwargs,
+    ):
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         self.weight_decay_rate = weight_decay_rate
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
@@ -118,9 +126,14 @@ class BertAdamW(keras.optimizers.Optimizer):
         new = _clip_and_update_all(
             # Embedding gradients arrive as IndexedSlices; Adam's moments are dense anyway.
             [ops.cast(tf.convert_to_tensor(g), v.dtype) for g, v in zip(grads, trainable_variables)],
-            [tf.convert_to_tensor(self._m[i]) for i in indices], [tf.convert_to_tensor(self._v[i]) for i in indices],
-            [tf.convert_to_tensor(v) for v in trainable_variables], ops.cast(learning_rate, "float32"),
-            float(self.global_clipnorm or 0.0), self._hyper(), tuple(self._decay_rate(i) for i in indices))
+            [tf.convert_to_tensor(self._m[i]) for i in indices],
+            [tf.convert_to_tensor(self._v[i]) for i in indices],
+            [tf.convert_to_tensor(v) for v in trainable_variables],
+            ops.cast(learning_rate, "float32"),
+            float(self.global_clipnorm or 0.0),
+            self._hyper(),
+            tuple(self._decay_rate(i) for i in indices),
+        )
         for i, variable, (m, v, w) in zip(indices, trainable_variables, new):
             self.assign(self._m[i], m)
             self.assign(self._v[i], v)
@@ -130,25 +143,30 @@ class BertAdamW(keras.optimizers.Optimizer):
         index = self._get_variable_index(variable)
         m, v = self._m[index], self._v[index]
         new_m, new_v, new_w = _update_one(
-            ops.cast(tf.convert_to_tensor(gradient), variable.dtype), tf.convert_to_tensor(m),
-            tf.convert_to_tensor(v), tf.convert_to_tensor(variable), ops.cast(learning_rate, variable.dtype),
-            self._hyper(), self._decay_rate(index))
+            ops.cast(tf.convert_to_tensor(gradient), variable.dtype),
+            tf.convert_to_tensor(m),
+            tf.convert_to_tensor(v),
+            tf.convert_to_tensor(variable),
+            ops.cast(learning_rate, variable.dtype),
+            self._hyper(),
+            self._decay_rate(index),
+        )
         self.assign(m, new_m)
         self.assign(v, new_v)
         self.assign(variable, new_w)
 
     def _hyper(self):
         # 1 - β in Python's double precision, then float32, as the original's constants are.
-        return tf.constant([self.beta_1, 1.0 - self.beta_1, self.beta_2, 1.0 - self.beta_2, self.epsilon],
-                           "float32")
+        return tf.constant([self.beta_1, 1.0 - self.beta_1, self.beta_2, 1.0 - self.beta_2, self.epsilon], "float32")
 
     def _decay_rate(self, index: int) -> float:
         return self.weight_decay_rate if self._decay[index] else 0.0
 
     def get_config(self):
         config = super().get_config()
-        config.update(weight_decay_rate=self.weight_decay_rate, beta_1=self.beta_1,
-                      beta_2=self.beta_2, epsilon=self.epsilon)
+        config.update(
+            weight_decay_rate=self.weight_decay_rate, beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon
+        )
         return config
 
 
@@ -174,6 +192,7 @@ def _adamw(g, m, v, w, lr, hyper, decay):
 # weight, each reading and writing memory. Compiled by XLA, they read g, m, v and w once (g
 # twice with the clip) and write m, v and w once.
 
+
 @tf.function(jit_compile=True, reduce_retracing=True)
 def _clip_and_update_all(grads, ms, vs, ws, lr, clip_norm, hyper, decays):
     """The global-norm clip, then AdamW on every variable, in one launch rather than one per
@@ -189,8 +208,9 @@ def _update_one(g, m, v, w, lr, hyper, decay):
     return _adamw(g, m, v, w, lr, hyper, decay)
 
 
-def make_optimizer(name: str, learning_rate: float, total_steps: int, warmup_steps: int,
-                   weight_decay_rate: float = 0.01):
+def make_optimizer(
+    name: str, learning_rate: float, total_steps: int, warmup_steps: int, weight_decay_rate: float = 0.01
+):
     """The optimizer `kbert pretrain --optimizer NAME` uses: "adamw" (the original) or "lamb"."""
     schedule = WarmupLinearDecay(learning_rate, total_steps, warmup_steps)
     # global_clipnorm: the original's tf.clip_by_global_norm(grads, 1.0), applied to the summed gradient.

@@ -8,8 +8,8 @@ import sys
 
 from matplotlib.figure import Figure
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
 
 
 class Progress:
@@ -21,8 +21,14 @@ class Progress:
     ...     bar.update(10, {"loss": 1.0, "sequences_per_second": 5.0})
     """
 
-    def __init__(self, total: int, start: int = 0, enabled: bool = True, sequences_per_step: int = 1,
-                 description: str = "pretrain"):
+    def __init__(
+        self,
+        total: int,
+        start: int = 0,
+        enabled: bool = True,
+        sequences_per_step: int = 1,
+        description: str = "pretrain",
+    ):
         self.total, self.start, self.enabled = total, start, enabled
         self.interactive = enabled and sys.stderr.isatty()
         self.description = description
@@ -33,13 +39,21 @@ class Progress:
     def __enter__(self):
         if self.interactive:
             self._progress = RichProgress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]} seq/s"), TextColumn("loss {task.fields[loss]}"),
-                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                console=Console(stderr=True), transient=False)
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]} seq/s"),
+                TextColumn("loss {task.fields[loss]}"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
             self._progress.__enter__()
-            self._task = self._progress.add_task(self.description, total=self.total, completed=self.start,
-                                                 rate="-", loss="-")
+            self._task = self._progress.add_task(
+                self.description, total=self.total, completed=self.start, rate="-", loss="-"
+            )
         return self
 
     def update(self, step: int, metrics: dict):
@@ -50,8 +64,12 @@ class Progress:
         elif self.enabled and (step - self._last_logged >= max(1, self.total // 20) or step == self.total):
             self._last_logged = step
             eta = (self.total - step) * self.sequences_per_step / max(rate, 1e-9)
-            print(f"kbert: {self.description} step {step}/{self.total}  loss {loss:.4f}  "
-                  f"{rate:,.1f} seq/s  ETA {eta:,.0f} s", file=sys.stderr, flush=True)
+            print(
+                f"kbert: {self.description} step {step}/{self.total}  loss {loss:.4f}  "
+                f"{rate:,.1f} seq/s  ETA {eta:,.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def log(self, message: str):
         if not self.enabled:

@@ -51,9 +51,11 @@ def make_strategy(name: str = "auto", tpu: str | None = None):
     # Multi-worker and TPU set-up must come before anything initialises TensorFlow's devices.
     if name == "multi-worker":
         if not os.environ.get("TF_CONFIG"):
-            raise KbertError("--strategy multi-worker needs TF_CONFIG, e.g. "
-                             '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
-                             '"task": {"type": "worker", "index": 0}} on each worker')
+            raise KbertError(
+                "--strategy multi-worker needs TF_CONFIG, e.g. "
+                '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
+                '"task": {"type": "worker", "index": 0}} on each worker'
+            )
         try:
             json.loads(os.environ["TF_CONFIG"])
         except json.JSONDecodeError as e:
@@ -72,15 +74,15 @@ def make_strategy(name: str = "auto", tpu: str | None = None):
         return tf.distribute.OneDeviceStrategy("/cpu:0")
     if name == "gpu":
         if not gpus:
-            raise KbertError("--strategy gpu: TensorFlow sees no GPU here; install a CUDA build "
-                             "of TensorFlow or use --strategy cpu")
+            raise KbertError(
+                "--strategy gpu: TensorFlow sees no GPU here; install a CUDA build of TensorFlow or use --strategy cpu"
+            )
         return tf.distribute.OneDeviceStrategy("/gpu:0")
     # mirrored
     if gpus:
         return tf.distribute.MirroredStrategy()
     # No NCCL on CPU: reduce through one device.
-    return tf.distribute.MirroredStrategy([d.name for d in cpus],
-                                          cross_device_ops=tf.distribute.ReductionToOneDevice())
+    return tf.distribute.MirroredStrategy([d.name for d in cpus], cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
 def _tpu_strategy(tpu):
@@ -90,8 +92,10 @@ def _tpu_strategy(tpu):
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except Exception as e:  # ValueError, URLError, OpError...: all mean "no TPU here"
-        raise KbertError(f"--strategy tpu: no TPU reachable{f' at {tpu!r}' if tpu else ''} ({first_line(e)}); "
-                         f"run on a Cloud TPU VM or pass --tpu NAME") from None
+        raise KbertError(
+            f"--strategy tpu: no TPU reachable{f' at {tpu!r}' if tpu else ''} ({first_line(e)}); "
+            f"run on a Cloud TPU VM or pass --tpu NAME"
+        ) from None
     return tf.distribute.TPUStrategy(resolver)
 
 
@@ -99,7 +103,7 @@ def _probe(master: str, timeout: float = 10.0):
     """Raise ConnectionError unless the TPU worker at `master` (grpc://host:port) accepts a connection."""
     if not master.startswith("grpc://"):
         return  # a local TPU VM ("" or "local"): nothing to dial
-    host, _, port = master[len("grpc://"):].rpartition(":")
+    host, _, port = master[len("grpc://") :].rpartition(":")
     with socket.create_connection((host, int(port)), timeout=timeout):
         pass
 

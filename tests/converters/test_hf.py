@@ -16,10 +16,10 @@ import pytest
 import tensorflow as tf
 
 import kbert
-from kbert.converters.names import HF_TIED
-from kbert.converters.safetensors_file import SafetensorsFile, write_safetensors
 from conftest import FIXTURES, TINY, assert_user_error, run_kbert
 from helpers import EXPECTED, original_outputs
+from kbert.converters.names import HF_TIED
+from kbert.converters.safetensors_file import SafetensorsFile, write_safetensors
 
 HF_TINY = os.path.join(FIXTURES, "hf-tiny")
 
@@ -72,6 +72,7 @@ def hf_model_dir(tmp_path_factory):
 
 
 # --- conversions and round trips ---
+
 
 def test_from_hf_reproduces_the_original_code(hf_model_dir):
     out = original_outputs(kbert.load(hf_model_dir))
@@ -139,19 +140,25 @@ def test_encoder_to_hf_is_a_bert_model_file(tmp_path, tiny_model_dir):
     kbert.save(model.encoder, tmp_path / "encoder", vocab_file=model.vocab_file)
     run_kbert("convert", "to-hf", tmp_path / "encoder", tmp_path / "hf")
     written = _tensors(tmp_path / "hf" / "model.safetensors")
-    encoder = {n[len("bert."):]: v for n, v in HF_ORIGINAL.items() if n.startswith("bert.")}
+    encoder = {n[len("bert.") :]: v for n, v in HF_ORIGINAL.items() if n.startswith("bert.")}
     assert sorted(written) == sorted(encoder)  # BertModel's names: no "bert." prefix, no heads
     assert all(np.array_equal(written[n], v) for n, v in encoder.items())
     assert json.load(open(tmp_path / "hf" / "config.json"))["architectures"] == ["BertModel"]
     kbert.save(kbert.bert_classifier(model, 3), tmp_path / "classifier", vocab_file=model.vocab_file)
-    assert_user_error(run_kbert("convert", "to-hf", tmp_path / "classifier", tmp_path / "c", check=False),
-                      "cannot write a BertClassifier", "encoders and pretrainers")
+    assert_user_error(
+        run_kbert("convert", "to-hf", tmp_path / "classifier", tmp_path / "c", check=False),
+        "cannot write a BertClassifier",
+        "encoders and pretrainers",
+    )
 
 
 def test_encoder_file_without_prefix_and_legacy_layer_norm_names(tmp_path, tiny_model_dir):
     # A BertModel file (no "bert." prefix, no heads) as early pytorch-pretrained-bert named it.
-    tensors = {n[len("bert."):].replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-               for n, v in HF_ORIGINAL.items() if n.startswith("bert.")}
+    tensors = {
+        n[len("bert.") :].replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for n, v in HF_ORIGINAL.items()
+        if n.startswith("bert.")
+    }
     tensors["embeddings.position_ids"] = np.arange(64, dtype="float32")[None]
     folder = _hf_dir(tmp_path, tensors)
     result = run_kbert("convert", "from-hf", folder, tmp_path / "out")
@@ -185,8 +192,12 @@ def test_vocab_from_tokenizer_json_and_casing_from_tokenizer_config(tmp_path):
     # tf1-tiny's vocab.txt repeats three tokens, which a tokenizer.json cannot hold: rename them.
     lines = open(f"{TINY}/vocab.txt").read().splitlines()
     tokens = [t if t not in lines[:i] else f"[repeat{i}]" for i, t in enumerate(lines)]
-    folder = _hf_dir(tmp_path, vocab__txt=None, tokenizer__json=_tokenizer_json(tokens),
-                     tokenizer_config__json=json.dumps({"do_lower_case": False}))
+    folder = _hf_dir(
+        tmp_path,
+        vocab__txt=None,
+        tokenizer__json=_tokenizer_json(tokens),
+        tokenizer_config__json=json.dumps({"do_lower_case": False}),
+    )
     result = run_kbert("convert", "from-hf", folder, tmp_path / "out")
     report = json.loads(result.stdout)
     assert report["vocab_from"] == "tokenizer.json" and report["do_lower_case"] is False
@@ -199,8 +210,10 @@ def test_vocab_from_tokenizer_json_and_casing_from_tokenizer_config(tmp_path):
 def test_half_precision_files_are_read_as_float32(tmp_path):
     values = np.array([[1.5, -2.25, 3e-3], [65504.0, 0.0, -1e-4]], "float32")
     bf16 = (values.view("<u4") >> 16).astype("<u2")  # truncation: exact for these values' tops
-    header = {"h": {"dtype": "F16", "shape": [2, 3], "data_offsets": [0, 12]},
-              "b": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [12, 24]}}
+    header = {
+        "h": {"dtype": "F16", "shape": [2, 3], "data_offsets": [0, 12]},
+        "b": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [12, 24]},
+    }
     raw = json.dumps(header).encode()
     path = tmp_path / "half.safetensors"
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + values.astype("<f2").tobytes() + bf16.tobytes())
@@ -219,6 +232,7 @@ def test_inspect_hf_directory():
 
 
 # --- errors: one line, what is wrong and how to fix it ---
+
 
 class _Canary:
     """Unpickling this creates a file: proof that kbert never unpickles."""
@@ -239,67 +253,105 @@ def test_pickle_is_refused_and_never_opened(tmp_path):
         assert_user_error(result, "PyTorch pickle", "never loads", "safe_serialization=True")
     # A pickle renamed to model.safetensors is recognised by its first bytes.
     (folder / "model.safetensors").write_bytes(payload)
-    assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
-                      "PyTorch pickle")
+    assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False), "PyTorch pickle")
     assert not canary.exists() and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("field, value, fragments", [
-    ("model_type", "roberta", ["model_type 'roberta' is not BERT"]),
-    ("layer_norm_eps", 1e-5, ["layer_norm_eps is 1e-05", "1e-12"]),
-    ("position_embedding_type", "relative_key", ["position_embedding_type is 'relative_key'", "absolute"]),
-    ("hidden_act", "silu", ["hidden_act 'silu' is not supported", "gelu_new"]),
-])
+@pytest.mark.parametrize(
+    "field, value, fragments",
+    [
+        ("model_type", "roberta", ["model_type 'roberta' is not BERT"]),
+        ("layer_norm_eps", 1e-5, ["layer_norm_eps is 1e-05", "1e-12"]),
+        ("position_embedding_type", "relative_key", ["position_embedding_type is 'relative_key'", "absolute"]),
+        ("hidden_act", "silu", ["hidden_act 'silu' is not supported", "gelu_new"]),
+    ],
+)
 def test_config_kbert_cannot_compute_is_refused(tmp_path, field, value, fragments):
     folder = _hf_dir(tmp_path, config={field: value})
-    assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
-                      "config.json", *fragments)
+    assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False), "config.json", *fragments)
 
 
-@pytest.mark.parametrize("field, value, weight, shapes", [
-    ("intermediate_size", 256, "bert.encoder.layer.0.intermediate.dense.weight", "[128, 64] but config.json gives [256, 64]"),
-    ("max_position_embeddings", 128, "bert.embeddings.position_embeddings.weight", "[64, 64] but config.json gives [128, 64]"),
-    ("type_vocab_size", 3, "bert.embeddings.token_type_embeddings.weight", "[2, 64] but config.json gives [3, 64]"),
-])
+@pytest.mark.parametrize(
+    "field, value, weight, shapes",
+    [
+        (
+            "intermediate_size",
+            256,
+            "bert.encoder.layer.0.intermediate.dense.weight",
+            "[128, 64] but config.json gives [256, 64]",
+        ),
+        (
+            "max_position_embeddings",
+            128,
+            "bert.embeddings.position_embeddings.weight",
+            "[64, 64] but config.json gives [128, 64]",
+        ),
+        ("type_vocab_size", 3, "bert.embeddings.token_type_embeddings.weight", "[2, 64] but config.json gives [3, 64]"),
+    ],
+)
 def test_shape_mismatch_names_weight_shapes_and_field(tmp_path, field, value, weight, shapes):
     folder = _hf_dir(tmp_path, config={field: value})
-    assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
-                      weight, f"the file has shape {shapes}", f"check {field}")
+    assert_user_error(
+        run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
+        weight,
+        f"the file has shape {shapes}",
+        f"check {field}",
+    )
 
 
 def test_missing_config_json(tmp_path):
     folder = _hf_dir(tmp_path, config__json=None)
-    assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
-                      "config.json: missing")
-    assert_user_error(run_kbert("convert", "from-hf", TINY, tmp_path / "out", check=False),
-                      "google-research checkpoint", "from-tf1")
+    assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False), "config.json: missing")
+    assert_user_error(
+        run_kbert("convert", "from-hf", TINY, tmp_path / "out", check=False), "google-research checkpoint", "from-tf1"
+    )
 
 
 def test_unknown_and_missing_weights_are_listed(tmp_path):
-    tensors = dict(HF_ORIGINAL, **{"classifier.weight": np.zeros((3, 64), "float32"),
-                                   "classifier.bias": np.zeros(3, "float32")})
-    assert_user_error(run_kbert("convert", "from-hf", _hf_dir(tmp_path, tensors), tmp_path / "out", check=False),
-                      "2 unknown weights", "classifier.bias, classifier.weight", "fine-tuned task model")
+    tensors = dict(
+        HF_ORIGINAL, **{"classifier.weight": np.zeros((3, 64), "float32"), "classifier.bias": np.zeros(3, "float32")}
+    )
+    assert_user_error(
+        run_kbert("convert", "from-hf", _hf_dir(tmp_path, tensors), tmp_path / "out", check=False),
+        "2 unknown weights",
+        "classifier.bias, classifier.weight",
+        "fine-tuned task model",
+    )
     tensors = {n: v for n, v in HF_ORIGINAL.items() if "layer.1.output" not in n}
-    assert_user_error(run_kbert("convert", "from-hf", _hf_dir(tmp_path, tensors, "b"), tmp_path / "out", check=False),
-                      "4 weights missing", "bert.encoder.layer.1.output.dense.weight", "num_hidden_layers")
+    assert_user_error(
+        run_kbert("convert", "from-hf", _hf_dir(tmp_path, tensors, "b"), tmp_path / "out", check=False),
+        "4 weights missing",
+        "bert.encoder.layer.1.output.dense.weight",
+        "num_hidden_layers",
+    )
     folder = _hf_dir(tmp_path, name="c", config={"num_hidden_layers": 1})
-    assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
-                      "unknown weights", "bert.encoder.layer.1.", "num_hidden_layers")
+    assert_user_error(
+        run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
+        "unknown weights",
+        "bert.encoder.layer.1.",
+        "num_hidden_layers",
+    )
     assert not (tmp_path / "out").exists()
 
 
 def test_untied_decoder_is_refused(tmp_path):
-    tensors = dict(HF_ORIGINAL, **{"cls.predictions.decoder.weight": HF_ORIGINAL["bert.embeddings.word_embeddings.weight"] + 1})
-    assert_user_error(run_kbert("convert", "from-hf", _hf_dir(tmp_path, tensors), tmp_path / "out", check=False),
-                      "cls.predictions.decoder.weight differs from bert.embeddings.word_embeddings.weight")
+    tensors = dict(
+        HF_ORIGINAL, **{"cls.predictions.decoder.weight": HF_ORIGINAL["bert.embeddings.word_embeddings.weight"] + 1}
+    )
+    assert_user_error(
+        run_kbert("convert", "from-hf", _hf_dir(tmp_path, tensors), tmp_path / "out", check=False),
+        "cls.predictions.decoder.weight differs from bert.embeddings.word_embeddings.weight",
+    )
 
 
 def test_tokenizer_json_with_holes_needs_vocab_txt(tmp_path):
     # What transformers saved for tf1-tiny's vocabulary: its repeated tokens' ids are holes.
     folder = _hf_dir(tmp_path, vocab__txt=None)
-    assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
-                      "tokenizer.json: no token has id 16, 20, 28", "vocab.txt")
+    assert_user_error(
+        run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
+        "tokenizer.json: no token has id 16, 20, 28",
+        "vocab.txt",
+    )
 
 
 def test_damaged_files(tmp_path):
@@ -307,19 +359,28 @@ def test_damaged_files(tmp_path):
     folder = _hf_dir(tmp_path, model__safetensors=data[: len(data) // 2])
     assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False), "truncated")
     folder = _hf_dir(tmp_path, name="garbage", model__safetensors=b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
-    assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
-                      "not a safetensors file", "header is not JSON")
+    assert_user_error(
+        run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
+        "not a safetensors file",
+        "header is not JSON",
+    )
     folder = _hf_dir(tmp_path, name="vocab", vocab__txt="[PAD]\n[UNK]\n")
-    assert_user_error(run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
-                      "vocab.txt has 2 entries", "vocab_size 300")
+    assert_user_error(
+        run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False),
+        "vocab.txt has 2 entries",
+        "vocab_size 300",
+    )
     assert not (tmp_path / "out").exists()
 
 
 def test_missing_paths_and_output_dir(tmp_path, hf_model_dir):
-    assert_user_error(run_kbert("convert", "from-hf", tmp_path / "nope", tmp_path / "out", check=False),
-                      "no such file; pass a Hugging Face model")
-    assert_user_error(run_kbert("convert", "to-hf", tmp_path / "nope", tmp_path / "out", check=False),
-                      "no such model directory")
+    assert_user_error(
+        run_kbert("convert", "from-hf", tmp_path / "nope", tmp_path / "out", check=False),
+        "no such file; pass a Hugging Face model",
+    )
+    assert_user_error(
+        run_kbert("convert", "to-hf", tmp_path / "nope", tmp_path / "out", check=False), "no such model directory"
+    )
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("user data")
@@ -332,6 +393,7 @@ def test_missing_paths_and_output_dir(tmp_path, hf_model_dir):
 
 # --- optional: transformers itself loads what to-hf writes (torch is not a kbert dependency) ---
 
+
 def test_transformers_loads_to_hf_output(tiny_model_dir, tmp_path):
     torch = pytest.importorskip("torch", reason="torch is not a kbert dependency; install it to run this check")
     transformers = pytest.importorskip("transformers", reason="transformers is not a kbert dependency")
@@ -341,16 +403,25 @@ def test_transformers_loads_to_hf_output(tiny_model_dir, tmp_path):
     model.eval()
     inputs = {k: torch.tensor(EXPECTED[k].astype("int64")) for k in ("input_ids", "input_mask", "segment_ids")}
     with torch.no_grad():
-        out = model(input_ids=inputs["input_ids"], attention_mask=inputs["input_mask"],
-                    token_type_ids=inputs["segment_ids"], output_hidden_states=True)
+        out = model(
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["input_mask"],
+            token_type_ids=inputs["segment_ids"],
+            output_hidden_states=True,
+        )
     positions = torch.tensor(EXPECTED["masked_lm_positions"].astype("int64"))
     mlm = torch.gather(out.prediction_logits, 1, positions[..., None].expand(-1, -1, out.prediction_logits.shape[-1]))
-    got = {"embedding_output": out.hidden_states[0], "sequence_output": out.hidden_states[-1],
-           "mlm_log_probs": torch.log_softmax(mlm, -1), "nsp_log_probs": torch.log_softmax(out.seq_relationship_logits, -1)}
+    got = {
+        "embedding_output": out.hidden_states[0],
+        "sequence_output": out.hidden_states[-1],
+        "mlm_log_probs": torch.log_softmax(mlm, -1),
+        "nsp_log_probs": torch.log_softmax(out.seq_relationship_logits, -1),
+    }
     for name, value in got.items():
         np.testing.assert_allclose(value.numpy(), EXPECTED[name], atol=1e-4, rtol=0, err_msg=name)
     pooled = transformers.BertModel.from_pretrained(tmp_path / "hf")(
-        input_ids=inputs["input_ids"], attention_mask=inputs["input_mask"], token_type_ids=inputs["segment_ids"]).pooler_output
+        input_ids=inputs["input_ids"], attention_mask=inputs["input_mask"], token_type_ids=inputs["segment_ids"]
+    ).pooler_output
     np.testing.assert_allclose(pooled.detach().numpy(), EXPECTED["pooled_output"], atol=1e-4, rtol=0)
     encoder = kbert.load(tiny_model_dir).encoder
     kbert.save(encoder, tmp_path / "encoder", vocab_file=f"{TINY}/vocab.txt")
@@ -358,8 +429,9 @@ def test_transformers_loads_to_hf_output(tiny_model_dir, tmp_path):
     bert, info = transformers.BertModel.from_pretrained(tmp_path / "encoder-hf", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     with torch.no_grad():
-        out = bert.eval()(input_ids=inputs["input_ids"], attention_mask=inputs["input_mask"],
-                          token_type_ids=inputs["segment_ids"])
+        out = bert.eval()(
+            input_ids=inputs["input_ids"], attention_mask=inputs["input_mask"], token_type_ids=inputs["segment_ids"]
+        )
     np.testing.assert_allclose(out.last_hidden_state.numpy(), EXPECTED["sequence_output"], atol=1e-4, rtol=0)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = open(os.path.join(FIXTURES, "sample_text.txt")).read().splitlines()[0]

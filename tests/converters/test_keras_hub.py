@@ -24,8 +24,10 @@ UNIQUE_VOCAB = os.path.join(FIXTURES, "model-garden-tfhub", "vocab.txt")  # tf1-
 
 
 def _keras_hub_outputs(backbone):
-    return backbone({"token_ids": IDS["input_ids"], "segment_ids": IDS["segment_ids"],
-                     "padding_mask": IDS["input_mask"]}, training=False)
+    return backbone(
+        {"token_ids": IDS["input_ids"], "segment_ids": IDS["segment_ids"], "padding_mask": IDS["input_mask"]},
+        training=False,
+    )
 
 
 def _tanh_copy(tmp_path):
@@ -34,8 +36,9 @@ def _tanh_copy(tmp_path):
     model = kbert.load(tmp_path / "tiny")
     config = json.load(open(tmp_path / "tiny" / "bert_config.json"))
     config["hidden_act"] = "gelu_tanh"
-    tanh = kbert.BertPretrainer(kbert.BertConfig.from_dict(
-        {k: v for k, v in config.items() if k in kbert.BertConfig.field_names()}))
+    tanh = kbert.BertPretrainer(
+        kbert.BertConfig.from_dict({k: v for k, v in config.items() if k in kbert.BertConfig.field_names()})
+    )
     tanh.set_weights(model.get_weights())
     kbert.save(tanh, tmp_path / "tanh", vocab_file=os.path.join(TINY, "vocab.txt"), do_lower_case=True)
     return tmp_path / "tanh"
@@ -51,8 +54,14 @@ def tiny(tmp_path_factory):
 
 def test_keras_hub_loads_an_original_model_and_the_gelu_difference_is_reported(tiny):
     base, report = tiny
-    assert sorted(os.listdir(base / "preset")) == ["assets", "config.json", "metadata.json", "model.weights.h5",
-                                                   "preprocessor.json", "tokenizer.json"]
+    assert sorted(os.listdir(base / "preset")) == [
+        "assets",
+        "config.json",
+        "metadata.json",
+        "model.weights.h5",
+        "preprocessor.json",
+        "tokenizer.json",
+    ]
     backbone = keras_hub.models.BertBackbone.from_preset(str(base / "preset"))
     theirs = _keras_hub_outputs(backbone)
     # keras-hub's tanh GELU against the original's erf GELU: close, never exact.
@@ -99,8 +108,15 @@ def test_a_fine_tuned_classifier_keeps_its_head(tmp_path):
 
 def _keras_hub_preset(path):
     keras.utils.set_random_seed(7)
-    backbone = keras_hub.models.BertBackbone(vocabulary_size=300, num_layers=2, num_heads=4, hidden_dim=32,
-                                             intermediate_dim=64, max_sequence_length=64, num_segments=2)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=300,
+        num_layers=2,
+        num_heads=4,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=64,
+        num_segments=2,
+    )
     # Random biases and LayerNorm parameters too, so a swapped weight cannot pass unseen.
     rng = np.random.default_rng(7)
     for weight in backbone.weights:
@@ -142,8 +158,9 @@ def test_bad_input_one_line_and_nothing_written(tiny, tmp_path):
         assert_user_error(result, fragment)
         assert not os.path.exists(tmp_path / "out")
 
-    keras_hub.models.GPT2Backbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16,
-                                  max_sequence_length=16).save_to_preset(str(tmp_path / "gpt2"))
+    keras_hub.models.GPT2Backbone(
+        vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=16
+    ).save_to_preset(str(tmp_path / "gpt2"))
     (tmp_path / "gpt2" / "assets" / "tokenizer").mkdir(parents=True)
     (tmp_path / "gpt2" / "assets" / "tokenizer" / "vocabulary.txt").write_text("a\n")
     (tmp_path / "gpt2" / "tokenizer.json").write_text("{}")

@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import kbert
+from conftest import TINY, assert_user_error, run_kbert
 from kbert.converters import load_tf1_checkpoint, save_tf1_checkpoint
 from kbert.files import atomic_output_dir
-from conftest import TINY, assert_user_error, run_kbert
 
 
 def _read(prefix):
@@ -21,8 +21,12 @@ def _read(prefix):
 
 def _write(prefix, tensors):
     names = sorted(tensors)
-    tf.raw_ops.SaveV2(prefix=str(prefix), tensor_names=names, shape_and_slices=[""] * len(names),
-                      tensors=[tf.constant(tensors[n]) for n in names])
+    tf.raw_ops.SaveV2(
+        prefix=str(prefix),
+        tensor_names=names,
+        shape_and_slices=[""] * len(names),
+        tensors=[tf.constant(tensors[n]) for n in names],
+    )
 
 
 def _checkpoint_dir(tmp_path, tensors, name="ckpt", config=None):
@@ -65,8 +69,9 @@ def test_src_may_be_a_prefix_and_checkpoint_file_picks_latest(tmp_path):
     result = run_kbert("convert", "from-tf1", folder / "model.ckpt-20000", tmp_path / "a")
     assert json.loads(result.stdout)["checkpoint"].endswith("model.ckpt-20000")
     # Two *.index and no `checkpoint` file: ambiguous, the error names them.
-    assert_user_error(run_kbert("convert", "from-tf1", folder, tmp_path / "b", check=False),
-                      "2 checkpoints here", "pass one prefix")
+    assert_user_error(
+        run_kbert("convert", "from-tf1", folder, tmp_path / "b", check=False), "2 checkpoints here", "pass one prefix"
+    )
     (folder / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-20000"\n')
     model = load_tf1_checkpoint(folder)
     pooler_bias = [v for v in model.weights if v.path == "pooler/bias"][0]
@@ -93,36 +98,56 @@ def test_encoder_only_checkpoint_gets_fresh_heads(tmp_path):
     result = run_kbert("convert", "from-tf1", folder, tmp_path / "out")
     assert json.loads(result.stdout)["fresh_heads"] == ["masked_lm", "next_sentence"]
     assert "no masked_lm head" in result.stderr and "freshly initialised" in result.stderr
-    assert json.loads(run_kbert("convert", "inspect", folder).stdout)["heads"] == \
-        {"masked_lm": False, "next_sentence": False}
+    assert json.loads(run_kbert("convert", "inspect", folder).stdout)["heads"] == {
+        "masked_lm": False,
+        "next_sentence": False,
+    }
 
 
 def test_unknown_variables_are_listed(tmp_path):
-    tensors = dict(ORIGINAL, **{"bert/encoder/layer_0/attention/self/rotary/kernel": np.zeros(3, "float32"),
-                                "cls/squad/output_weights": np.zeros(3, "float32")})
+    tensors = dict(
+        ORIGINAL,
+        **{
+            "bert/encoder/layer_0/attention/self/rotary/kernel": np.zeros(3, "float32"),
+            "cls/squad/output_weights": np.zeros(3, "float32"),
+        },
+    )
     folder = _checkpoint_dir(tmp_path, tensors)
-    assert_user_error(run_kbert("convert", "from-tf1", folder, tmp_path / "out", check=False),
-                      "2 unknown variables", "bert/encoder/layer_0/attention/self/rotary/kernel",
-                      "cls/squad/output_weights")
+    assert_user_error(
+        run_kbert("convert", "from-tf1", folder, tmp_path / "out", check=False),
+        "2 unknown variables",
+        "bert/encoder/layer_0/attention/self/rotary/kernel",
+        "cls/squad/output_weights",
+    )
     assert not (tmp_path / "out").exists()
 
 
 def test_more_layers_than_config(tmp_path):
     config = json.load(open(f"{TINY}/bert_config.json"))
     folder = _checkpoint_dir(tmp_path, ORIGINAL, config=dict(config, num_hidden_layers=1))
-    assert_user_error(run_kbert("convert", "from-tf1", folder, tmp_path / "out", check=False),
-                      "bert/encoder/layer_1/", "num_hidden_layers")
+    assert_user_error(
+        run_kbert("convert", "from-tf1", folder, tmp_path / "out", check=False),
+        "bert/encoder/layer_1/",
+        "num_hidden_layers",
+    )
     folder = _checkpoint_dir(tmp_path, ORIGINAL, "three", config=dict(config, num_hidden_layers=3))
-    assert_user_error(run_kbert("convert", "from-tf1", folder, tmp_path / "out", check=False),
-                      "missing", "bert/encoder/layer_2/", "num_hidden_layers")
+    assert_user_error(
+        run_kbert("convert", "from-tf1", folder, tmp_path / "out", check=False),
+        "missing",
+        "bert/encoder/layer_2/",
+        "num_hidden_layers",
+    )
 
 
-@pytest.mark.parametrize("field, value, variable", [
-    ("hidden_size", 32, "bert/embeddings/word_embeddings"),
-    ("intermediate_size", 256, "bert/encoder/layer_0/intermediate/dense/kernel"),
-    ("max_position_embeddings", 128, "bert/embeddings/position_embeddings"),
-    ("type_vocab_size", 3, "bert/embeddings/token_type_embeddings"),
-])
+@pytest.mark.parametrize(
+    "field, value, variable",
+    [
+        ("hidden_size", 32, "bert/embeddings/word_embeddings"),
+        ("intermediate_size", 256, "bert/encoder/layer_0/intermediate/dense/kernel"),
+        ("max_position_embeddings", 128, "bert/embeddings/position_embeddings"),
+        ("type_vocab_size", 3, "bert/embeddings/token_type_embeddings"),
+    ],
+)
 def test_config_that_does_not_match_checkpoint(tmp_path, field, value, variable):
     config = dict(json.load(open(f"{TINY}/bert_config.json")), **{field: value})
     if field == "hidden_size":
@@ -135,43 +160,47 @@ def test_config_that_does_not_match_checkpoint(tmp_path, field, value, variable)
 def test_vocab_length_must_match(tmp_path, tiny_copy):
     with open(tiny_copy / "vocab.txt", "a") as f:
         f.write("extra\n")
-    assert_user_error(run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False),
-                      "has 301 entries", "vocab_size 300")
+    assert_user_error(
+        run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False), "has 301 entries", "vocab_size 300"
+    )
 
 
 def test_missing_path(tmp_path):
-    assert_user_error(run_kbert("convert", "from-tf1", tmp_path / "nope", tmp_path / "out", check=False),
-                      "no such model directory or checkpoint")
-    assert_user_error(run_kbert("convert", "to-tf1", tmp_path / "nope", tmp_path / "out", check=False),
-                      "no such model directory")
+    assert_user_error(
+        run_kbert("convert", "from-tf1", tmp_path / "nope", tmp_path / "out", check=False),
+        "no such model directory or checkpoint",
+    )
+    assert_user_error(
+        run_kbert("convert", "to-tf1", tmp_path / "nope", tmp_path / "out", check=False), "no such model directory"
+    )
     assert_user_error(run_kbert("convert", "inspect", tmp_path / "nope", check=False), "no such")
 
 
 def test_missing_config_or_vocab(tmp_path, tiny_copy):
     os.remove(tiny_copy / "vocab.txt")
-    assert_user_error(run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False),
-                      "vocab.txt: missing", "--vocab")
+    assert_user_error(
+        run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False), "vocab.txt: missing", "--vocab"
+    )
 
 
 def test_truncated_checkpoint(tmp_path, tiny_copy):
     data = tiny_copy / "bert_model.ckpt.data-00000-of-00001"
     data.write_bytes(data.read_bytes()[:1000])
-    assert_user_error(run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False),
-                      "truncated")
+    assert_user_error(run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False), "truncated")
     assert not (tmp_path / "out").exists()
 
 
 def test_garbage_checkpoint(tmp_path, tiny_copy):
     (tiny_copy / "bert_model.ckpt.index").write_bytes(b"this is not a checkpoint" * 10)
-    assert_user_error(run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False),
-                      "not a readable TF checkpoint")
+    assert_user_error(
+        run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False), "not a readable TF checkpoint"
+    )
     assert_user_error(run_kbert("convert", "inspect", tiny_copy, check=False), "not a readable TF checkpoint")
 
 
 def test_invalid_json(tmp_path, tiny_copy):
     (tiny_copy / "bert_config.json").write_text('{"vocab_size": 300,,}')
-    assert_user_error(run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False),
-                      "invalid JSON")
+    assert_user_error(run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False), "invalid JSON")
 
 
 def test_output_dir_not_empty_needs_overwrite(tmp_path, tiny_model_dir):

@@ -22,7 +22,10 @@ MG = os.path.join(FIXTURES, "model-garden-tfhub")
 MG_OUTPUTS = np.load(os.path.join(MG, "outputs.npz"))
 ENCODER_KEYS = ("input_ids", "input_mask", "segment_ids")
 # make.py's texts, which Model Garden's preprocessor tokenized into outputs.npz.
-TEXTS = ["the quick brown fox jumped over the lazy dog.", "This text is included to make sure Unicode is handled properly"]
+TEXTS = [
+    "the quick brown fox jumped over the lazy dog.",
+    "This text is included to make sure Unicode is handled properly",
+]
 
 
 def _convert(tmp_path, *args):
@@ -54,8 +57,9 @@ def test_model_garden_encoder_with_its_preprocessor(tmp_path):
     assert report["fresh_heads"] == ["masked_lm", "next_sentence"] and report["weights_loaded"] == 39
     assert report["vocab_from"] == "preprocessor" and report["do_lower_case_from"] == "preprocessor's graph"
     assert open(tmp_path / "out" / "vocab.txt").read() == open(os.path.join(MG, "vocab.txt")).read()
-    np.testing.assert_allclose(np.asarray(original_outputs(model)["pooled_output"]), MG_OUTPUTS["pooled_output"],
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(original_outputs(model)["pooled_output"]), MG_OUTPUTS["pooled_output"], atol=1e-5
+    )
     # On plain text, kbert's tokenizer (the original's) gives what Model Garden's preprocessor gave.
     packed = kbert.BertPreprocessor.for_model(tmp_path / "out", sequence_length=16)(tf.constant(TEXTS))
     np.testing.assert_array_equal(packed["input_ids"].numpy(), MG_OUTPUTS["preprocessed_input_word_ids"])
@@ -75,12 +79,18 @@ def test_round_trip_through_tfhub_keeps_every_weight_bit_for_bit(tiny_hub_export
         np.testing.assert_allclose(np.asarray(value), EXPECTED[name], atol=1e-5)
 
 
-@pytest.mark.skipif(not os.environ.get("KBERT_MODEL_GARDEN_PYTHON"),
-                    reason="needs Model Garden (tf-models-nightly) in a venv of its own: see fixtures/model-garden-tfhub/make.py")
+@pytest.mark.skipif(
+    not os.environ.get("KBERT_MODEL_GARDEN_PYTHON"),
+    reason="needs Model Garden (tf-models-nightly) in a venv of its own: see fixtures/model-garden-tfhub/make.py",
+)
 def test_model_garden_fixture_is_what_model_garden_makes(tmp_path):
     """Remakes the committed fixture with Model Garden's code and compares what its SavedModels compute."""
-    result = subprocess.run([os.environ["KBERT_MODEL_GARDEN_PYTHON"], os.path.join(MG, "make.py"), str(tmp_path / "mg")],
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [os.environ["KBERT_MODEL_GARDEN_PYTHON"], os.path.join(MG, "make.py"), str(tmp_path / "mg")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     fresh = np.load(tmp_path / "mg" / "outputs.npz")
     assert sorted(fresh) == sorted(MG_OUTPUTS)

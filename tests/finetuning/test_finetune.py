@@ -24,8 +24,9 @@ def classify_run(tmp_path_factory, tiny_model_dir):
     train = write_tsv(work / "train.tsv", sentiment_rows(256, 0))
     dev = write_tsv(work / "dev.tsv", sentiment_rows(64, 1))
     out = work / "model"
-    result = run_kbert("finetune", tiny_model_dir, "--task", "classify", "--train", train, "--dev", dev,
-                       "--output", out, *TRAIN_FLAGS)
+    result = run_kbert(
+        "finetune", tiny_model_dir, "--task", "classify", "--train", train, "--dev", dev, "--output", out, *TRAIN_FLAGS
+    )
     return work, out, result
 
 
@@ -36,8 +37,12 @@ def test_classify_learns_and_writes_a_complete_model_dir(classify_run):
     assert set(metrics) >= {"accuracy", "macro_f1", "mcc", "epoch"}
     assert sorted(os.listdir(out)) == ["bert_config.json", "eval_results.json", "logs", "model.weights.h5", "vocab.txt"]
     config = json.load(open(out / "bert_config.json"))
-    assert (config["kbert_model"], config["task"], config["labels"], config["max_seq_length"]) == \
-        ("classifier", "classify", ["neg", "pos"], 24)
+    assert (config["kbert_model"], config["task"], config["labels"], config["max_seq_length"]) == (
+        "classifier",
+        "classify",
+        ["neg", "pos"],
+        24,
+    )
     history = json.load(open(out / "eval_results.json"))["history"]
     assert len(history) == 4 and history[-1]["loss"] < history[0]["loss"]
     assert any(name.startswith("events.out.tfevents") for _, _, files in os.walk(out / "logs") for name in files)
@@ -61,8 +66,9 @@ def test_classify_predict_and_evaluate(classify_run):
 def test_evaluate_rejects_labels_never_seen_in_training(classify_run, tmp_path):
     _, out, _ = classify_run
     bad = write_tsv(tmp_path / "bad.tsv", [("gold.", "pos"), ("dead.", "maybe"), ("dust.", "unsure")])
-    assert_user_error(run_kbert("evaluate", out, "--input", bad, check=False), "'maybe'", "'unsure'",
-                      "never trained on")
+    assert_user_error(
+        run_kbert("evaluate", out, "--input", bad, check=False), "'maybe'", "'unsure'", "never trained on"
+    )
 
 
 def test_regress_sentence_pairs(tmp_path, tiny_model_dir):
@@ -76,11 +82,23 @@ def test_regress_sentence_pairs(tmp_path, tiny_model_dir):
             b = a if same else rng.choice(NEGATIVE)
             out.append((f"the {a} city.", f"a {b} camp.", 5.0 if same else 0.0))
         return out
+
     header = ("text", "text_b", "label")
     train = write_tsv(tmp_path / "train.tsv", rows(256), header)
     dev = write_tsv(tmp_path / "dev.tsv", rows(64), header)
-    result = run_kbert("finetune", tiny_model_dir, "--task", "regress", "--train", train, "--dev", dev,
-                       "--output", tmp_path / "model", *TRAIN_FLAGS)
+    result = run_kbert(
+        "finetune",
+        tiny_model_dir,
+        "--task",
+        "regress",
+        "--train",
+        train,
+        "--dev",
+        dev,
+        "--output",
+        tmp_path / "model",
+        *TRAIN_FLAGS,
+    )
     metrics = json.loads(result.stdout)
     assert metrics["pearson"] > 0.8, metrics
     assert set(metrics) >= {"pearson", "spearman", "mse"}
@@ -91,14 +109,32 @@ def test_regress_sentence_pairs(tmp_path, tiny_model_dir):
 def test_tag_conll(tmp_path, tiny_model_dir):
     train = write_conll(tmp_path / "train.conll", conll_sentences(256, 0))
     dev = write_conll(tmp_path / "dev.conll", conll_sentences(64, 1))
-    result = run_kbert("finetune", tiny_model_dir, "--task", "tag", "--train", train, "--dev", dev,
-                       "--output", tmp_path / "model", "--epochs", "8", "--batch-size", "16",
-                       "--learning-rate", "2e-3", "--max-seq-length", "32")
+    result = run_kbert(
+        "finetune",
+        tiny_model_dir,
+        "--task",
+        "tag",
+        "--train",
+        train,
+        "--dev",
+        dev,
+        "--output",
+        tmp_path / "model",
+        "--epochs",
+        "8",
+        "--batch-size",
+        "16",
+        "--learning-rate",
+        "2e-3",
+        "--max-seq-length",
+        "32",
+    )
     metrics = json.loads(result.stdout)
     assert metrics["f1"] >= 0.8, metrics
     assert set(metrics) >= {"precision", "recall", "f1"}
-    assert json.loads(run_kbert("evaluate", tmp_path / "model", "--input", dev).stdout)["f1"] == \
-        pytest.approx(metrics["f1"], abs=1e-6)
+    assert json.loads(run_kbert("evaluate", tmp_path / "model", "--input", dev).stdout)["f1"] == pytest.approx(
+        metrics["f1"], abs=1e-6
+    )
     # "cassius" is two WordPieces (cass ##ius): one tag per word all the same.
     words = ["the", "great", "city", "cassius"]
     write_conll(tmp_path / "one.conll", [(words, ["O"] * 4)])
@@ -116,8 +152,12 @@ def squad_json(n, seed, v2=False):
         filler = " ".join(rng.choice(FILLER[:10], size=int(rng.integers(2, 6))))
         context = f"{filler} he was at the {place} in the morning ."
         start = context.index(f"the {place}") + 4
-        qa = {"id": f"q{i}", "question": "where was he ?",
-              "answers": [{"text": place, "answer_start": start}], "is_impossible": False}
+        qa = {
+            "id": f"q{i}",
+            "question": "where was he ?",
+            "answers": [{"text": place, "answer_start": start}],
+            "is_impossible": False,
+        }
         if v2 and i % 3 == 0:
             qa = {"id": f"q{i}", "question": "where was the guide ?", "answers": [], "is_impossible": True}
         paragraphs.append({"context": context, "qas": [qa]})
@@ -128,10 +168,30 @@ def squad_json(n, seed, v2=False):
 def test_squad(tmp_path, tiny_model_dir, v2):
     for name, n, seed in (("train", 192, 0), ("dev", 48, 1)):
         (tmp_path / f"{name}.json").write_text(json.dumps(squad_json(n, seed, v2)))
-    result = run_kbert("finetune", tiny_model_dir, "--task", "squad", "--train", tmp_path / "train.json",
-                       "--dev", tmp_path / "dev.json", "--output", tmp_path / "model", "--epochs", "4",
-                       "--batch-size", "16", "--learning-rate", "1e-3", "--max-seq-length", "32",
-                       "--doc-stride", "16", "--max-query-length", "8")
+    result = run_kbert(
+        "finetune",
+        tiny_model_dir,
+        "--task",
+        "squad",
+        "--train",
+        tmp_path / "train.json",
+        "--dev",
+        tmp_path / "dev.json",
+        "--output",
+        tmp_path / "model",
+        "--epochs",
+        "4",
+        "--batch-size",
+        "16",
+        "--learning-rate",
+        "1e-3",
+        "--max-seq-length",
+        "32",
+        "--doc-stride",
+        "16",
+        "--max-query-length",
+        "8",
+    )
     metrics = json.loads(result.stdout)
     assert set(metrics) >= {"exact_match", "f1"}
     assert metrics["exact_match"] >= 60.0, metrics  # percent, as the official script
@@ -148,8 +208,10 @@ def test_encoder_predict_gives_pooled_and_per_layer_features(tmp_path, tiny_mode
     lines.write_text("the gold city ||| a dead camp\nglorious\n")
     pooled = [json.loads(x) for x in run_kbert("predict", tiny_model_dir, "--input", lines).stdout.splitlines()]
     assert len(pooled) == 2 and len(pooled[0]["pooled_output"]) == 64
-    rows = [json.loads(x) for x in run_kbert("predict", tiny_model_dir, "--input", lines,
-                                             "--layers", "-1,-2").stdout.splitlines()]
+    rows = [
+        json.loads(x)
+        for x in run_kbert("predict", tiny_model_dir, "--input", lines, "--layers", "-1,-2").stdout.splitlines()
+    ]
     tokens = [f["token"] for f in rows[0]["features"]]
     assert tokens == ["[CLS]", "the", "gold", "city", "[SEP]", "a", "dead", "camp", "[SEP]"]
     assert [layer["index"] for layer in rows[0]["features"][0]["layers"]] == [-1, -2]
@@ -167,11 +229,40 @@ def test_bad_rows_fail_with_line_numbers_or_are_skipped(tmp_path, tiny_model_dir
     lines[7] = "one\ttoo\tmany"
     train.write_text("\n".join(lines) + "\n")
     out = tmp_path / "model"
-    assert_user_error(run_kbert("finetune", tiny_model_dir, "--task", "classify", "--train", train, "--output", out,
-                                *TRAIN_FLAGS, check=False), "lines 4, 8", "--skip-bad-rows")
+    assert_user_error(
+        run_kbert(
+            "finetune",
+            tiny_model_dir,
+            "--task",
+            "classify",
+            "--train",
+            train,
+            "--output",
+            out,
+            *TRAIN_FLAGS,
+            check=False,
+        ),
+        "lines 4, 8",
+        "--skip-bad-rows",
+    )
     assert not out.exists()
-    result = run_kbert("finetune", tiny_model_dir, "--task", "classify", "--train", train, "--output", out,
-                       "--skip-bad-rows", "--epochs", "1", "--batch-size", "16", "--max-seq-length", "24")
+    result = run_kbert(
+        "finetune",
+        tiny_model_dir,
+        "--task",
+        "classify",
+        "--train",
+        train,
+        "--output",
+        out,
+        "--skip-bad-rows",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--max-seq-length",
+        "24",
+    )
     assert "skipped 2 bad rows (lines 4, 8)" in result.stderr
     assert json.loads(result.stdout)["epoch"] == 1
 
@@ -183,10 +274,16 @@ def test_empty_file_missing_file_and_bad_flags(tmp_path, tiny_model_dir):
     assert_user_error(run_kbert(*base, "--train", empty, check=False), "empty.tsv")
     assert_user_error(run_kbert(*base, "--train", tmp_path / "nope.tsv", check=False), "nope.tsv")
     train = write_tsv(tmp_path / "t.tsv", sentiment_rows(8, 0))
-    assert_user_error(run_kbert("finetune", tiny_model_dir, "--task", "translate", "--train", train,
-                                "--output", tmp_path / "m", check=False), "translate", "classify")
-    assert_user_error(run_kbert(*base, "--train", train, "--max-seq-length", "512", check=False),
-                      "max_position_embeddings 64")
+    assert_user_error(
+        run_kbert(
+            "finetune", tiny_model_dir, "--task", "translate", "--train", train, "--output", tmp_path / "m", check=False
+        ),
+        "translate",
+        "classify",
+    )
+    assert_user_error(
+        run_kbert(*base, "--train", train, "--max-seq-length", "512", check=False), "max_position_embeddings 64"
+    )
 
 
 def test_non_utf8_and_truncation_are_reported(tmp_path, tiny_model_dir):
@@ -195,8 +292,22 @@ def test_non_utf8_and_truncation_are_reported(tmp_path, tiny_model_dir):
     data += b"gold \xff\xfe glorious.\tpos\n" + (" ".join(["gold"] * 40) + ".\tpos\n").encode()
     train = tmp_path / "train.tsv"
     train.write_bytes(data)
-    result = run_kbert("finetune", tiny_model_dir, "--task", "classify", "--train", train,
-                       "--output", tmp_path / "m", "--epochs", "1", "--batch-size", "16", "--max-seq-length", "24")
+    result = run_kbert(
+        "finetune",
+        tiny_model_dir,
+        "--task",
+        "classify",
+        "--train",
+        train,
+        "--output",
+        tmp_path / "m",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--max-seq-length",
+        "24",
+    )
     assert "replaced 1 invalid UTF-8" in result.stderr or "replaced 2 invalid UTF-8" in result.stderr, result.stderr
     assert "1 of 34 examples longer than --max-seq-length 24 were truncated" in result.stderr, result.stderr
 
@@ -206,9 +317,28 @@ def test_early_stopping_keeps_the_best_epoch(tmp_path, tiny_model_dir):
     # Dev labels are random, so the dev score stops improving; patience 1 stops the run early.
     rng = np.random.default_rng(3)
     dev = write_tsv(tmp_path / "dev.tsv", [(t, rng.choice(["neg", "pos"])) for t, _ in sentiment_rows(32, 1)])
-    result = run_kbert("finetune", tiny_model_dir, "--task", "classify", "--train", train, "--dev", dev,
-                       "--output", tmp_path / "m", "--epochs", "12", "--patience", "1", "--batch-size", "16",
-                       "--learning-rate", "1e-3", "--max-seq-length", "24")
+    result = run_kbert(
+        "finetune",
+        tiny_model_dir,
+        "--task",
+        "classify",
+        "--train",
+        train,
+        "--dev",
+        dev,
+        "--output",
+        tmp_path / "m",
+        "--epochs",
+        "12",
+        "--patience",
+        "1",
+        "--batch-size",
+        "16",
+        "--learning-rate",
+        "1e-3",
+        "--max-seq-length",
+        "24",
+    )
     history = json.load(open(tmp_path / "m" / "eval_results.json"))["history"]
     best = json.loads(result.stdout)
     assert len(history) < 12 and "early stop" in result.stderr
@@ -219,8 +349,21 @@ def test_early_stopping_keeps_the_best_epoch(tmp_path, tiny_model_dir):
 def test_finetune_under_mirrored_strategy(tmp_path, tiny_model_dir):
     train = write_tsv(tmp_path / "train.tsv", sentiment_rows(256, 0))
     dev = write_tsv(tmp_path / "dev.tsv", sentiment_rows(64, 1))
-    result = run_kbert("finetune", tiny_model_dir, "--task", "classify", "--train", train, "--dev", dev,
-                       "--output", tmp_path / "m", "--strategy", "mirrored", *TRAIN_FLAGS,
-                       env={"KBERT_LOGICAL_CPUS": "2"})
+    result = run_kbert(
+        "finetune",
+        tiny_model_dir,
+        "--task",
+        "classify",
+        "--train",
+        train,
+        "--dev",
+        dev,
+        "--output",
+        tmp_path / "m",
+        "--strategy",
+        "mirrored",
+        *TRAIN_FLAGS,
+        env={"KBERT_LOGICAL_CPUS": "2"},
+    )
     assert json.loads(result.stdout)["accuracy"] >= 0.9
     assert "2 replicas" in result.stderr, result.stderr

@@ -21,8 +21,21 @@ pytestmark = pytest.mark.slow
 # 256 examples in batches of 16: 16 steps an epoch, 80 in all (room for a signal to land before
 # the end on a busy machine); a checkpoint every 5 steps.
 EPOCHS = 5
-FLAGS = ["--task", "classify", "--epochs", str(EPOCHS), "--batch-size", "16", "--learning-rate", "1e-3",
-         "--max-seq-length", "24", "--save-every", "5"]
+FLAGS = [
+    "--task",
+    "classify",
+    "--epochs",
+    str(EPOCHS),
+    "--batch-size",
+    "16",
+    "--learning-rate",
+    "1e-3",
+    "--max-seq-length",
+    "24",
+    "--save-every",
+    "5",
+]
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
@@ -40,8 +53,9 @@ def command(out, data, *extra, fail_at=None):
 
 def run(out, data, *extra, fail_at=None):
     env = dict(os.environ, KBERT_TEST_FAIL_AT=str(fail_at)) if fail_at else None
-    return subprocess.run(command(out, data, *extra, fail_at=fail_at), capture_output=True, text=True, timeout=600,
-                          env=env)
+    return subprocess.run(
+        command(out, data, *extra, fail_at=fail_at), capture_output=True, text=True, timeout=600, env=env
+    )
 
 
 def saved_step(out):
@@ -90,8 +104,10 @@ def test_signals_save_the_step_reached_and_resume_mid_epoch_exactly(tmp_path, da
     assert code == 143, stderr[-2000:]
     line = stderr.strip().splitlines()[-1]
     step = saved_step(out)
-    assert line == (f"kbert: interrupted at step {step}: checkpoint saved in {out}.partial; continue with the same "
-                    f"kbert finetune command and --resume"), line
+    assert line == (
+        f"kbert: interrupted at step {step}: checkpoint saved in {out}.partial; continue with the same "
+        f"kbert finetune command and --resume"
+    ), line
     assert "Traceback" not in stderr and not out.exists()
 
     code, stderr = interrupt(out, data, signal.SIGINT, step + 5, "--resume")
@@ -121,7 +137,8 @@ def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(tmp_path
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         "kbert: error: writing the checkpoint for step 15 failed ([Errno 28] No space left on device); the "
-        "previous checkpoint (step 10) is intact: fix the cause, then --resume")
+        "previous checkpoint (step 10) is intact: fix the cause, then --resume"
+    )
     assert saved_step(out) == 10 and not out.exists()
     result = run(out, data, "--resume")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -138,7 +155,8 @@ def test_resume_refusals(tmp_path, data, reference):
     result = run(out, data)  # without --resume: refused, the unfinished run is kept
     assert result.returncode == 1 and "pass --resume to continue it" in result.stderr.strip().splitlines()[-1]
     result = run(out, data, "--resume", "--epochs", str(EPOCHS + 1))
-    assert result.returncode == 1 and f"was started with epochs {EPOCHS}, not {EPOCHS + 1}" in \
-        result.stderr.strip().splitlines()[-1]
+    assert (
+        result.returncode == 1
+        and f"was started with epochs {EPOCHS}, not {EPOCHS + 1}" in result.stderr.strip().splitlines()[-1]
+    )
     assert saved_step(out) >= 5
-

@@ -9,10 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from kbert.finetuning import metrics
 from kbert.errors import KbertError
-from kbert.finetuning.metrics import (classification_metrics, entities, regression_metrics,
-                           tagging_metrics)
+from kbert.finetuning import metrics
+from kbert.finetuning.metrics import classification_metrics, entities, regression_metrics, tagging_metrics
 
 
 def assert_python_floats(scores):
@@ -76,8 +75,9 @@ def test_macro_f1_with_a_class_never_predicted():
 def test_ids_and_names_index_the_same_classes():
     names = ["neg", "pos", "neutral"]
     by_id = classification_metrics([0, 1, 2, 1], [0, 2, 2, 1], label_names=names)
-    by_name = classification_metrics(["neg", "pos", "neutral", "pos"],
-                                     ["neg", "neutral", "neutral", "pos"], label_names=names)
+    by_name = classification_metrics(
+        ["neg", "pos", "neutral", "pos"], ["neg", "neutral", "neutral", "pos"], label_names=names
+    )
     assert by_id == by_name
     assert by_id["accuracy"] == 0.75
 
@@ -88,13 +88,16 @@ def test_numpy_inputs_give_python_floats():
     assert_python_floats(m)
 
 
-@pytest.mark.parametrize("labels, predictions, names, fragment", [
-    ([0, 1], [0], None, "2 labels but 1 predictions"),
-    ([], [], None, "empty"),
-    (["a", "x"], ["a", "a"], ["a", "b"], "'x' is not one of the label names"),
-    ([0, 2], [0, 1], ["a", "b"], "2 is not a class id in 0..1"),
-    ([0, "a"], [0, 0], None, "pass label_names"),
-])
+@pytest.mark.parametrize(
+    "labels, predictions, names, fragment",
+    [
+        ([0, 1], [0], None, "2 labels but 1 predictions"),
+        ([], [], None, "empty"),
+        (["a", "x"], ["a", "a"], ["a", "b"], "'x' is not one of the label names"),
+        ([0, 2], [0, 1], ["a", "b"], "2 is not a class id in 0..1"),
+        ([0, "a"], [0, 0], None, "pass label_names"),
+    ],
+)
 def test_classification_bad_input(labels, predictions, names, fragment):
     with pytest.raises(KbertError, match=fragment):
         classification_metrics(labels, predictions, label_names=names)
@@ -120,8 +123,7 @@ def test_spearman_with_ties_uses_average_ranks():
 
 
 def test_average_ranks():
-    np.testing.assert_array_equal(metrics._average_ranks(np.array([10.0, 20, 20, 20, 5])),
-                                  [2, 4, 4, 4, 1])
+    np.testing.assert_array_equal(metrics._average_ranks(np.array([10.0, 20, 20, 20, 5])), [2, 4, 4, 4, 1])
 
 
 def test_spearman_is_one_for_any_increasing_function():
@@ -150,29 +152,31 @@ def test_regression_bad_input():
 # === Tagging: spans ===
 
 
-@pytest.mark.parametrize("tags, spans", [
-    # BIO (IOB2)
-    (["B-PER", "I-PER", "O", "B-LOC"], [("PER", 0, 1), ("LOC", 3, 3)]),
-    (["B-PER", "B-PER", "I-PER"], [("PER", 0, 0), ("PER", 1, 2)]),
-    # conlleval's lenient rule: I- after O or after another type starts an entity.
-    (["O", "I-PER", "I-PER"], [("PER", 1, 2)]),
-    (["B-PER", "I-LOC", "I-LOC"], [("PER", 0, 0), ("LOC", 1, 2)]),
-    # IOB1: B- only between two entities of one type.
-    (["I-PER", "I-PER", "B-PER", "O", "I-LOC"], [("PER", 0, 1), ("PER", 2, 2), ("LOC", 4, 4)]),
-    # IOBES
-    (["B-PER", "E-PER", "S-LOC", "B-ORG", "I-ORG", "E-ORG"],
-     [("PER", 0, 1), ("LOC", 2, 2), ("ORG", 3, 5)]),
-    (["B-PER", "E-PER", "I-PER"], [("PER", 0, 1), ("PER", 2, 2)]),  # E- closes
-    (["B-PER", "S-PER", "E-PER"], [("PER", 0, 0), ("PER", 1, 1), ("PER", 2, 2)]),
-    # BILOU
-    (["B-PER", "L-PER", "U-LOC", "O"], [("PER", 0, 1), ("LOC", 2, 2)]),
-    # IO: bare tags are I- tags.
-    (["PER", "PER", "O", "LOC"], [("PER", 0, 1), ("LOC", 3, 3)]),
-    # Types may contain "-"; a bare one keeps all of it.
-    (["B-ORG-GPE", "I-ORG-GPE", "ORG-GPE"], [("ORG-GPE", 0, 2)]),
-    (["O", "O"], []),
-    ([], []),
-])
+@pytest.mark.parametrize(
+    "tags, spans",
+    [
+        # BIO (IOB2)
+        (["B-PER", "I-PER", "O", "B-LOC"], [("PER", 0, 1), ("LOC", 3, 3)]),
+        (["B-PER", "B-PER", "I-PER"], [("PER", 0, 0), ("PER", 1, 2)]),
+        # conlleval's lenient rule: I- after O or after another type starts an entity.
+        (["O", "I-PER", "I-PER"], [("PER", 1, 2)]),
+        (["B-PER", "I-LOC", "I-LOC"], [("PER", 0, 0), ("LOC", 1, 2)]),
+        # IOB1: B- only between two entities of one type.
+        (["I-PER", "I-PER", "B-PER", "O", "I-LOC"], [("PER", 0, 1), ("PER", 2, 2), ("LOC", 4, 4)]),
+        # IOBES
+        (["B-PER", "E-PER", "S-LOC", "B-ORG", "I-ORG", "E-ORG"], [("PER", 0, 1), ("LOC", 2, 2), ("ORG", 3, 5)]),
+        (["B-PER", "E-PER", "I-PER"], [("PER", 0, 1), ("PER", 2, 2)]),  # E- closes
+        (["B-PER", "S-PER", "E-PER"], [("PER", 0, 0), ("PER", 1, 1), ("PER", 2, 2)]),
+        # BILOU
+        (["B-PER", "L-PER", "U-LOC", "O"], [("PER", 0, 1), ("LOC", 2, 2)]),
+        # IO: bare tags are I- tags.
+        (["PER", "PER", "O", "LOC"], [("PER", 0, 1), ("LOC", 3, 3)]),
+        # Types may contain "-"; a bare one keeps all of it.
+        (["B-ORG-GPE", "I-ORG-GPE", "ORG-GPE"], [("ORG-GPE", 0, 2)]),
+        (["O", "O"], []),
+        ([], []),
+    ],
+)
 def test_entities(tags, spans):
     assert entities(tags) == spans
 
@@ -188,15 +192,19 @@ def test_seqeval_readme_example():
     assert (m["precision"], m["recall"], m["f1"], m["accuracy"]) == (0.5, 0.5, 0.5, 0.8)
     assert m["per_type"] == {
         "MISC": {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1},
-        "PER": {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 1}}
+        "PER": {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 1},
+    }
     assert_python_floats(m)
 
 
-@pytest.mark.parametrize("pred", [
-    ["B-PER", "I-PER", "I-PER", "B-LOC"],  # PER one token too long
-    ["O", "B-PER", "O", "B-LOC"],  # PER starts late
-    ["B-PER", "B-PER", "O", "B-LOC"],  # PER split in two: 3 predicted, 1 right
-])
+@pytest.mark.parametrize(
+    "pred",
+    [
+        ["B-PER", "I-PER", "I-PER", "B-LOC"],  # PER one token too long
+        ["O", "B-PER", "O", "B-LOC"],  # PER starts late
+        ["B-PER", "B-PER", "O", "B-LOC"],  # PER split in two: 3 predicted, 1 right
+    ],
+)
 def test_boundary_errors_count_as_wrong(pred):
     gold = ["B-PER", "I-PER", "O", "B-LOC"]
     m = tagging_metrics([gold], [pred])
@@ -224,8 +232,7 @@ def test_micro_average_over_types():
     assert m["recall"] == pytest.approx(1 / 2)
     assert m["f1"] == pytest.approx(4 / 7)
     assert m["accuracy"] == pytest.approx(5 / 7)
-    assert m["per_type"]["PER"] == pytest.approx(
-        {"precision": 1.0, "recall": 2 / 3, "f1": 0.8, "support": 3})
+    assert m["per_type"]["PER"] == pytest.approx({"precision": 1.0, "recall": 2 / 3, "f1": 0.8, "support": 3})
     assert sorted(m["per_type"]) == ["LOC", "ORG", "PER"]
 
 
@@ -254,12 +261,15 @@ def test_no_entities_anywhere():
     assert (m["precision"], m["recall"], m["f1"], m["accuracy"]) == (0.0, 0.0, 0.0, 0.5)
 
 
-@pytest.mark.parametrize("gold, pred, fragment", [
-    ([["O"]], [["O"], ["O"]], "1 gold sentences but 2 predicted"),
-    ([["O", "O"]], [["O"]], "sentence 0 has 2 gold tags but 1 predicted"),
-    ([], [], "empty"),
-    ([[]], [[]], "empty"),
-])
+@pytest.mark.parametrize(
+    "gold, pred, fragment",
+    [
+        ([["O"]], [["O"], ["O"]], "1 gold sentences but 2 predicted"),
+        ([["O", "O"]], [["O"]], "sentence 0 has 2 gold tags but 1 predicted"),
+        ([], [], "empty"),
+        ([[]], [[]], "empty"),
+    ],
+)
 def test_tagging_bad_input(gold, pred, fragment):
     with pytest.raises(KbertError, match=fragment):
         tagging_metrics(gold, pred)
@@ -292,8 +302,9 @@ def test_against_sklearn():
         predictions = rng.integers(0, classes, 50)
         m = classification_metrics(labels, predictions, label_names=[str(c) for c in range(classes)])
         assert m["accuracy"] == pytest.approx(sklearn_metrics.accuracy_score(labels, predictions))
-        assert m["macro_f1"] == pytest.approx(sklearn_metrics.f1_score(
-            labels, predictions, labels=list(range(classes)), average="macro", zero_division=0))
+        assert m["macro_f1"] == pytest.approx(
+            sklearn_metrics.f1_score(labels, predictions, labels=list(range(classes)), average="macro", zero_division=0)
+        )
         if classes == 2:
             assert m["mcc"] == pytest.approx(sklearn_metrics.matthews_corrcoef(labels, predictions))
 

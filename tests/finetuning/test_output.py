@@ -17,6 +17,7 @@ from kbert.finetuning.output import partial_path, skip_rows, write_rows
 def numbered(n, starts=None, fail_after=None):
     """make_rows for write_rows: rows {"n": i} from the start it is given to n; records each
     start in `starts`; raises after yielding `fail_after` rows (a run that dies)."""
+
     def make_rows(start):
         if starts is not None:
             starts.append(start)
@@ -24,6 +25,7 @@ def numbered(n, starts=None, fail_after=None):
             if count == fail_after:
                 raise RuntimeError("the run died")
             yield {"n": i}
+
     return make_rows
 
 
@@ -71,12 +73,15 @@ def test_a_run_that_dies_before_any_row_leaves_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("partial, complete, flags, fragment", [
-    (True, False, {}, "pass --resume to go on from them, or --overwrite to start again"),
-    (False, True, {}, "out.jsonl exists; pass --overwrite to replace it"),
-    (False, True, {"resume": True}, "is complete, with no unfinished run to resume; pass --overwrite"),
-    (True, True, {"resume": True}, "pass --overwrite too, to replace it when the run ends"),
-])
+@pytest.mark.parametrize(
+    "partial, complete, flags, fragment",
+    [
+        (True, False, {}, "pass --resume to go on from them, or --overwrite to start again"),
+        (False, True, {}, "out.jsonl exists; pass --overwrite to replace it"),
+        (False, True, {"resume": True}, "is complete, with no unfinished run to resume; pass --overwrite"),
+        (True, True, {"resume": True}, "pass --overwrite too, to replace it when the run ends"),
+    ],
+)
 def test_refusals_name_the_flag(tmp_path, partial, complete, flags, fragment):
     out = tmp_path / "out.jsonl"
     if partial:
@@ -142,8 +147,9 @@ def test_local_predict_output_and_resume(tmp_path, tiny_model_dir):
     assert_user_error(again, f"{out} exists; pass --overwrite to replace it")
     out.unlink()
     open(partial_path(out), "w").write(printed[0] + "\n" + printed[1][:20])
-    result = run_kbert("predict", tiny_model_dir, "--input", texts, "--max-seq-length", "16", "--output", out,
-                       "--resume")
+    result = run_kbert(
+        "predict", tiny_model_dir, "--input", texts, "--max-seq-length", "16", "--output", out, "--resume"
+    )
     assert json.loads(result.stdout)["rows_kept"] == 1
     assert out.read_text().splitlines() == printed
     alone = run_kbert("predict", tiny_model_dir, "--input", texts, "--resume", check=False)
@@ -165,8 +171,10 @@ def test_resume_with_another_input_is_refused_naming_both(tmp_path):
     with pytest.raises(KbertError) as raised:
         write_rows(out, numbered(4), resume=True, source=second)
     message = str(raised.value)
-    assert message == (f"--resume: {partial_path(out)} holds the rows of {first} (23 bytes), not of --input "
-                       f"{second} (31 bytes); resume with the input it started on, or pass --overwrite to start again")
+    assert message == (
+        f"--resume: {partial_path(out)} holds the rows of {first} (23 bytes), not of --input "
+        f"{second} (31 bytes); resume with the input it started on, or pass --overwrite to start again"
+    )
     assert lines(partial_path(out)) == [{"n": 0}, {"n": 1}]  # kept, not extended
     # The same bytes under another name are the same input; the record follows the file.
     moved = tmp_path / "moved.tsv"
@@ -182,8 +190,11 @@ def test_resume_after_the_input_changed_is_refused(tmp_path):
     with pytest.raises(RuntimeError):
         write_rows(out, numbered(2, fail_after=1), source=data)
     data.write_text("text\ngold.\ndead.\nfire.\n")  # appended to
-    with pytest.raises(KbertError, match=r"holds the rows of an earlier version of it \(17 bytes\), not of --input "
-                                         r".*in\.tsv \(23 bytes, changed since\)"):
+    with pytest.raises(
+        KbertError,
+        match=r"holds the rows of an earlier version of it \(17 bytes\), not of --input "
+        r".*in\.tsv \(23 bytes, changed since\)",
+    ):
         write_rows(out, numbered(3), resume=True, source=data)
     # --overwrite starts again, recording the new input.
     assert write_rows(out, numbered(3), overwrite=True, source=data)["rows"] == 3

@@ -18,18 +18,35 @@ import pytest
 
 from conftest import assert_user_error, kbert_command, run_kbert
 from helpers import FILLER, NEGATIVE, POSITIVE, start_standin_server, swag_rows, write_conll, write_swag, write_tsv
-
 from kbert.finetuning.output import partial_path
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
+
 
 @pytest.fixture(scope="module")
 def choice_run(tmp_path_factory, tiny_model_dir):
     work = tmp_path_factory.mktemp("choice")
     train, dev = write_swag(work / "train.csv", swag_rows(256, 0)), write_swag(work / "val.csv", swag_rows(64, 1))
-    result = run_kbert("finetune", tiny_model_dir, "--task", "choice", "--train", train, "--dev", dev,
-                       "--output", work / "model", "--epochs", "4", "--batch-size", "16",
-                       "--learning-rate", "1e-3", "--max-seq-length", "16")
+    result = run_kbert(
+        "finetune",
+        tiny_model_dir,
+        "--task",
+        "choice",
+        "--train",
+        train,
+        "--dev",
+        dev,
+        "--output",
+        work / "model",
+        "--epochs",
+        "4",
+        "--batch-size",
+        "16",
+        "--learning-rate",
+        "1e-3",
+        "--max-seq-length",
+        "16",
+    )
     return work, work / "model", json.loads(result.stdout)
 
 
@@ -61,10 +78,14 @@ def served(tmp_path_factory, tiny_model_dir, choice_run):
     work = tmp_path_factory.mktemp("served")
     keras.utils.set_random_seed(2)
     base = kbert.load(tiny_model_dir)
-    heads = {"tagger": (kbert.bert_tagger(base, 3), {"task": "tag", "labels": ["B-LOC", "I-LOC", "O"]}),
-             "sentiment": (kbert.bert_classifier(base, 2), {"task": "classify", "labels": ["neg", "pos"],
-                                                             "text_pairs": False}),
-             "similarity": (kbert.bert_classifier(base, 1), {"task": "regress", "text_pairs": False})}
+    heads = {
+        "tagger": (kbert.bert_tagger(base, 3), {"task": "tag", "labels": ["B-LOC", "I-LOC", "O"]}),
+        "sentiment": (
+            kbert.bert_classifier(base, 2),
+            {"task": "classify", "labels": ["neg", "pos"], "text_pairs": False},
+        ),
+        "similarity": (kbert.bert_classifier(base, 1), {"task": "regress", "text_pairs": False}),
+    }
     models = {"choice": choice_run[1], "encoder": tiny_model_dir}
     for name, (model, info) in heads.items():
         model.task_info = dict(info, max_seq_length=16)
@@ -79,17 +100,23 @@ def served(tmp_path_factory, tiny_model_dir, choice_run):
     try:
         inputs = {
             # CoNLL words, one of them two WordPieces (cass ##ius) and one past --max-seq-length.
-            "tagger": write_conll(work / "in.conll", [(["the", "great", "city", "cassius"], ["O"] * 4),
-                                                      (["camp"] * 20, ["O"] * 20)]),
-            "sentiment": write_tsv(work / "in.tsv", [("gold glorious great.",), ("dead dust the dread.",)],
-                                   header=("text",)),
+            "tagger": write_conll(
+                work / "in.conll", [(["the", "great", "city", "cassius"], ["O"] * 4), (["camp"] * 20, ["O"] * 20)]
+            ),
+            "sentiment": write_tsv(
+                work / "in.tsv", [("gold glorious great.",), ("dead dust the dread.",)], header=("text",)
+            ),
             "similarity": write_tsv(work / "in-scores.tsv", [("gold.",), ("dead.",)], header=("text",)),
             "choice": write_swag(work / "in.csv", swag_rows(5, 3), labels=False),
             "encoder": work / "in.txt",
         }
         (work / "in.txt").write_text("gold glorious great.\ndead dust ||| the dread.\n")
-        yield {"grpc": f"127.0.0.1:{ready['grpc_port']}", "rest": f"http://127.0.0.1:{ready['rest_port']}",
-               "models": models, "inputs": inputs}
+        yield {
+            "grpc": f"127.0.0.1:{ready['grpc_port']}",
+            "rest": f"http://127.0.0.1:{ready['rest_port']}",
+            "models": models,
+            "inputs": inputs,
+        }
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -116,12 +143,14 @@ def assert_same_json(remote, local, where=""):
 
 @pytest.mark.parametrize("name", ["tagger", "sentiment", "similarity", "choice", "encoder"])
 def test_local_and_server_predict_print_the_same_json(served, name):
-    local = run_kbert("predict", served["models"][name], "--input", served["inputs"][name],
-                      "--max-seq-length", "16").stdout
+    local = run_kbert(
+        "predict", served["models"][name], "--input", served["inputs"][name], "--max-seq-length", "16"
+    ).stdout
     lines = [json.loads(line) for line in local.splitlines()]
     for protocol in ("grpc", "rest"):
-        remote = run_kbert("predict", "--server", served[protocol], "--model", name,
-                           "--input", served["inputs"][name]).stdout
+        remote = run_kbert(
+            "predict", "--server", served[protocol], "--model", name, "--input", served["inputs"][name]
+        ).stdout
         assert_same_json([json.loads(line) for line in remote.splitlines()], lines, protocol)
     if name == "tagger":
         assert lines[0]["words"] == ["the", "great", "city", "cassius"] and len(lines[0]["tags"]) == 4
@@ -168,8 +197,17 @@ def encoder_job(tmp_path_factory, tiny_model_dir):
     local = run_kbert("predict", tiny_model_dir, "--input", work / "in.txt", "--max-seq-length", "16").stdout
     server = RestartableServer(work / "exports" / "encoder" / "models.config", work / "server.log")
     try:
-        served = run_kbert("predict", "--server", server.address["grpc"], "--model", "encoder", "--input",
-                           work / "in.txt", "--batch-size", "64").stdout.splitlines()
+        served = run_kbert(
+            "predict",
+            "--server",
+            server.address["grpc"],
+            "--model",
+            "encoder",
+            "--input",
+            work / "in.txt",
+            "--batch-size",
+            "64",
+        ).stdout.splitlines()
         assert len(set(served)) == ROWS
         # Row by row the local model's (Keras here and the server's graph differ by up to 3e-6
         # once both are rounded to 6 digits).
@@ -187,11 +225,24 @@ def start_predict(job, protocol, output, *flags):
     """`kbert predict --server ... --output` in a process of its own, two rows per request (many
     requests, so a kill lands in the middle of the job); its stderr goes to a file."""
     stderr = open(f"{output}.stderr", "w")
-    args = ["predict", "--server", job["server"].address[protocol], "--model", "encoder", "--input",
-            job["input"], "--output", output, "--batch-size", "2", *flags]
+    args = [
+        "predict",
+        "--server",
+        job["server"].address[protocol],
+        "--model",
+        "encoder",
+        "--input",
+        job["input"],
+        "--output",
+        output,
+        "--batch-size",
+        "2",
+        *flags,
+    ]
     env = {k: v for k, v in os.environ.items() if k != "KBERT_DEBUG"}
-    process = subprocess.Popen(kbert_command() + [str(a) for a in args], stdout=subprocess.PIPE,
-                               stderr=stderr, text=True, env=env)
+    process = subprocess.Popen(
+        kbert_command() + [str(a) for a in args], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
+    )
     stderr.close()
     return process
 
@@ -220,9 +271,12 @@ def rows_accounted(lines, served):
     row_of = {line: i for i, line in enumerate(served)}
     matched = [row_of.get(line) for line in lines]
     found = {m for m in matched if m is not None}
-    return {"duplicated": sum(m is not None for m in matched) - len(found), "lost": len(served) - len(found),
-            "out_of_place": sum(m is not None and m != i for i, m in enumerate(matched)),
-            "unknown": matched.count(None)}
+    return {
+        "duplicated": sum(m is not None for m in matched) - len(found),
+        "lost": len(served) - len(found),
+        "out_of_place": sum(m is not None and m != i for i, m in enumerate(matched)),
+        "unknown": matched.count(None),
+    }
 
 
 EXACTLY_ONCE = {"duplicated": 0, "lost": 0, "out_of_place": 0, "unknown": 0}
@@ -250,8 +304,11 @@ def test_a_job_rides_out_a_server_restart(encoder_job, protocol, tmp_path):
     assert retried, stderr
     lines = out.read_text().splitlines()
     accounted = rows_accounted(lines, encoder_job["served"])
-    print(f"{protocol}: server killed after row {at_kill}; {len(lines)} lines: {accounted}; the waits:",
-          *retried, sep="\n  ")
+    print(
+        f"{protocol}: server killed after row {at_kill}; {len(lines)} lines: {accounted}; the waits:",
+        *retried,
+        sep="\n  ",
+    )
     assert len(lines) == ROWS and accounted == EXACTLY_ONCE
     assert not os.path.exists(partial_path(out))
 
@@ -269,13 +326,35 @@ def test_a_killed_job_resumes_without_repeating_or_skipping(encoder_job, tmp_pat
     assert not out.exists()
     written = complete_lines(partial_path(out))
     assert 200 <= written < ROWS
-    again = run_kbert("predict", "--server", encoder_job["server"].address["grpc"], "--model", "encoder",
-                      "--input", encoder_job["input"], "--output", out, check=False)
+    again = run_kbert(
+        "predict",
+        "--server",
+        encoder_job["server"].address["grpc"],
+        "--model",
+        "encoder",
+        "--input",
+        encoder_job["input"],
+        "--output",
+        out,
+        check=False,
+    )
     # The killed job's lock is taken over with a notice (kbert.locks), then the partial is refused.
     assert_user_error(again, "pass --resume to go on from them", alone=False)
     assert again.stderr.startswith(f"kbert: taking over the lock of {out} left by a process that ended")
-    result = run_kbert("predict", "--server", encoder_job["server"].address["grpc"], "--model", "encoder",
-                       "--input", encoder_job["input"], "--output", out, "--resume", "--batch-size", "64")
+    result = run_kbert(
+        "predict",
+        "--server",
+        encoder_job["server"].address["grpc"],
+        "--model",
+        "encoder",
+        "--input",
+        encoder_job["input"],
+        "--output",
+        out,
+        "--resume",
+        "--batch-size",
+        "64",
+    )
     assert json.loads(result.stdout) == {"output": str(out), "rows": ROWS, "rows_kept": written}
     lines = out.read_text().splitlines()
     accounted = rows_accounted(lines, encoder_job["served"])
@@ -283,25 +362,52 @@ def test_a_killed_job_resumes_without_repeating_or_skipping(encoder_job, tmp_pat
     assert len(lines) == ROWS and accounted == EXACTLY_ONCE
 
 
-@pytest.mark.parametrize("protocol, message", [
-    ("grpc", "NOT_FOUND: Servable not found for request: Latest(nope)"),
-    ("rest", "HTTP 404: Servable not found for request: Latest(nope)"),
-])
+@pytest.mark.parametrize(
+    "protocol, message",
+    [
+        ("grpc", "NOT_FOUND: Servable not found for request: Latest(nope)"),
+        ("rest", "HTTP 404: Servable not found for request: Latest(nope)"),
+    ],
+)
 def test_a_wrong_model_name_fails_at_once(encoder_job, protocol, message, tmp_path):
     out = tmp_path / "out.jsonl"
-    result = run_kbert("predict", "--server", encoder_job["server"].address[protocol], "--model", "nope",
-                       "--input", encoder_job["input"], "--output", out, check=False)
+    result = run_kbert(
+        "predict",
+        "--server",
+        encoder_job["server"].address[protocol],
+        "--model",
+        "nope",
+        "--input",
+        encoder_job["input"],
+        "--output",
+        out,
+        check=False,
+    )
     assert_user_error(result, message)  # one line: no retries
     assert os.listdir(tmp_path) == []
 
 
 def test_giving_up_when_nothing_listens(encoder_job, tmp_path):
     out = tmp_path / "out.jsonl"
-    args = ["predict", "--server", "127.0.0.1:1", "--model", "encoder", "--input", encoder_job["input"],
-            "--output", out]
+    args = [
+        "predict",
+        "--server",
+        "127.0.0.1:1",
+        "--model",
+        "encoder",
+        "--input",
+        encoder_job["input"],
+        "--output",
+        out,
+    ]
     by_count = run_kbert(*args, "--retries", "3", check=False)
-    assert_user_error(by_count, "cannot reach TF Serving at 127.0.0.1:1", "(after 3 retries in ",
-                      "allow more time (retries, timeout; kbert predict --retries, --timeout)", alone=False)
+    assert_user_error(
+        by_count,
+        "cannot reach TF Serving at 127.0.0.1:1",
+        "(after 3 retries in ",
+        "allow more time (retries, timeout; kbert predict --retries, --timeout)",
+        alone=False,
+    )
     waits = by_count.stderr.splitlines()[:-1]
     assert [w.rsplit("(", 1)[1] for w in waits] == ["1/3)", "2/3)", "3/3)"], by_count.stderr
     assert all(w.startswith("kbert: TF Serving at 127.0.0.1:1 unavailable (") for w in waits)
@@ -316,8 +422,23 @@ def test_resuming_the_output_of_another_input_is_refused(encoder_job, tmp_path):
     out = tmp_path / "out.jsonl"
     partial = partial_path(out)
     open(partial, "w").write("{}\n" * (ROWS + 1))
-    result = run_kbert("predict", "--server", encoder_job["server"].address["rest"], "--model", "encoder",
-                       "--input", encoder_job["input"], "--output", out, "--resume", check=False)
-    assert_user_error(result, f"already has {ROWS + 1} rows, but the input has only {ROWS} examples",
-                      "pass --overwrite to start again", alone=False)
+    result = run_kbert(
+        "predict",
+        "--server",
+        encoder_job["server"].address["rest"],
+        "--model",
+        "encoder",
+        "--input",
+        encoder_job["input"],
+        "--output",
+        out,
+        "--resume",
+        check=False,
+    )
+    assert_user_error(
+        result,
+        f"already has {ROWS + 1} rows, but the input has only {ROWS} examples",
+        "pass --overwrite to start again",
+        alone=False,
+    )
     assert open(partial).read() == "{}\n" * (ROWS + 1) and not out.exists()

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, REFERENCE, TESTS, UNCASED_VOCAB
-from kbert.finetuning import readers
 from kbert.errors import KbertError
+from kbert.finetuning import readers
 from kbert.finetuning.encoding import encode_tagged, encode_texts
 from kbert.finetuning.readers import read_tagged_examples, read_text_examples
 from kbert.text.tokenizer import Tokenizer
@@ -28,60 +28,88 @@ SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
 # Rows as the GLUE download script writes them (first rows of the real files), tab-separated.
 MRPC_HEADER = "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
 MRPC_TRAIN = MRPC_HEADER + (
-    "1\t702876\t702977\tAmrozi accused his brother , whom he called \" the witness \" , of "
-    "deliberately distorting his evidence .\tReferring to him as only \" the witness \" , Amrozi "
+    '1\t702876\t702977\tAmrozi accused his brother , whom he called " the witness " , of '
+    'deliberately distorting his evidence .\tReferring to him as only " the witness " , Amrozi '
     "accused his brother of deliberately distorting his evidence .\n"
     "0\t2108705\t2108831\tYucaipa owned Dominick 's before selling the chain to Safeway in 1998 "
     "for $ 2.5 billion .\tYucaipa bought Dominick 's in 1995 for $ 693 million and sold it to "
-    "Safeway for $ 1.8 billion in 1998 .\n")
-MRPC_TEST = ("index\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
-             "0\t1089874\t1089925\tPCCW 's chief operating officer , Mike Butcher , and Alex "
-             "Arena , the chief financial officer , will report directly to Mr So .\tCurrent "
-             "Chief Operating Officer Mike Butcher and Group Chief Financial Officer Alex Arena "
-             "will report to So .\n")
-COLA_TRAIN = ("gj04\t1\t\tOur friends won't buy this analysis, let alone the next one we propose.\n"
-              "gj04\t0\t*\tThey drank the pub.\n")
+    "Safeway for $ 1.8 billion in 1998 .\n"
+)
+MRPC_TEST = (
+    "index\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+    "0\t1089874\t1089925\tPCCW 's chief operating officer , Mike Butcher , and Alex "
+    "Arena , the chief financial officer , will report directly to Mr So .\tCurrent "
+    "Chief Operating Officer Mike Butcher and Group Chief Financial Officer Alex Arena "
+    "will report to So .\n"
+)
+COLA_TRAIN = (
+    "gj04\t1\t\tOur friends won't buy this analysis, let alone the next one we propose.\n"
+    "gj04\t0\t*\tThey drank the pub.\n"
+)
 COLA_TEST = "index\tsentence\n0\tBill whistled past the house.\n"
-SST2_TRAIN = ("sentence\tlabel\nhide new secretions from the parental units \t0\n"
-              "that loves its characters and communicates something rather beautiful about "
-              "human nature \t1\n")
+SST2_TRAIN = (
+    "sentence\tlabel\nhide new secretions from the parental units \t0\n"
+    "that loves its characters and communicates something rather beautiful about "
+    "human nature \t1\n"
+)
 SST2_TEST = "index\tsentence\n0\tuneasy mishmash of styles and genres .\n"
 STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
-STSB_TRAIN = (STSB_HEADER + "\tscore\n"
-              "0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\tA plane is taking off.\t"
-              "An air plane is taking off.\t5.000\n"
-              "1\tmain-captions\tMSRvid\t2012test\t0004\tnone\tnone\tA man is playing a large "
-              "flute.\tA man is playing a flute.\t3.800\n")
-STSB_TEST = (STSB_HEADER + "\n0\tmain-captions\tMSRvid\t2012test\t0024\tnone\tnone\tA girl is "
-             "styling her hair.\tA girl is brushing her hair.\n")
-MNLI_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
-               "sentence1_parse\tsentence2_parse\tsentence1\tsentence2")
-MNLI_TRAIN = (MNLI_HEADER + "\tlabel1\tgold_label\n"
-              "0\t31193\t31193n\tgovernment\t( ( Conceptually ( cream skimming ) ) ... )\t"
-              "( ( Product ... ) )\t(ROOT (S ...))\t(ROOT (S ...))\tConceptually cream skimming "
-              "has two basic dimensions - product and geography.\tProduct and geography are what "
-              "make cream skimming work. \tneutral\tneutral\n")
-MNLI_DEV = (MNLI_HEADER + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label\n"
-            "0\t63735\t63735n\tslate\t( ... )\t( ... )\t(ROOT ...)\t(ROOT ...)\tThe new rights "
-            "are nice enough\tEveryone really likes the newest benefits \tneutral\tentailment\t"
-            "neutral\tneutral\tneutral\tneutral\n")
-MNLI_TEST = (MNLI_HEADER + "\n0\t31493\t31493\ttravel\t( ... )\t( ... )\t(ROOT ...)\t(ROOT ...)\t"
-             "Hierbas, ans seco, ans dulce, and frigola are just a few names worth keeping a "
-             "look-out for.\tHierbas is a name worth looking out for.\n")
-QNLI_TRAIN = ("index\tquestion\tsentence\tlabel\n0\tWhen did the third Digimon series begin?\t"
-              "Unlike the two seasons before it, Digimon Tamers takes a darker approach.\t"
-              "not_entailment\n")
-QNLI_TEST = ("index\tquestion\tsentence\n0\tWhat organization is devoted to Jihad against "
-             "Israel?\tFor some decades prior to the First Palestine Intifada in 1987, ...\n")
-QQP_TRAIN = ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n133273\t213221\t213222\tHow "
-             "is the life of a math student? Could you describe your own experiences?\tWhich level "
-             "of prepration is enough for the exam jlpt5?\t0\n")
-QQP_TEST = ("id\tquestion1\tquestion2\n0\tHow does the Surface Pro himself 4 compare with iPad "
-            "Pro?\tWhy did Microsoft choose core m3 and not core i3 home Surface Pro 4?\n")
-RTE_TRAIN = ("index\tsentence1\tsentence2\tlabel\n0\tNo Weapons of Mass Destruction Found in "
-             "Iraq Yet.\tWeapons of Mass Destruction Found in Iraq.\tnot_entailment\n")
-RTE_TEST = ("index\tsentence1\tsentence2\n0\tMamma Mia! is a musical.\tMamma Mia! is a "
-            "Broadway show.\n")
+STSB_TRAIN = (
+    STSB_HEADER + "\tscore\n"
+    "0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\tA plane is taking off.\t"
+    "An air plane is taking off.\t5.000\n"
+    "1\tmain-captions\tMSRvid\t2012test\t0004\tnone\tnone\tA man is playing a large "
+    "flute.\tA man is playing a flute.\t3.800\n"
+)
+STSB_TEST = (
+    STSB_HEADER + "\n0\tmain-captions\tMSRvid\t2012test\t0024\tnone\tnone\tA girl is "
+    "styling her hair.\tA girl is brushing her hair.\n"
+)
+MNLI_HEADER = (
+    "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+    "sentence1_parse\tsentence2_parse\tsentence1\tsentence2"
+)
+MNLI_TRAIN = (
+    MNLI_HEADER + "\tlabel1\tgold_label\n"
+    "0\t31193\t31193n\tgovernment\t( ( Conceptually ( cream skimming ) ) ... )\t"
+    "( ( Product ... ) )\t(ROOT (S ...))\t(ROOT (S ...))\tConceptually cream skimming "
+    "has two basic dimensions - product and geography.\tProduct and geography are what "
+    "make cream skimming work. \tneutral\tneutral\n"
+)
+MNLI_DEV = (
+    MNLI_HEADER + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label\n"
+    "0\t63735\t63735n\tslate\t( ... )\t( ... )\t(ROOT ...)\t(ROOT ...)\tThe new rights "
+    "are nice enough\tEveryone really likes the newest benefits \tneutral\tentailment\t"
+    "neutral\tneutral\tneutral\tneutral\n"
+)
+MNLI_TEST = (
+    MNLI_HEADER + "\n0\t31493\t31493\ttravel\t( ... )\t( ... )\t(ROOT ...)\t(ROOT ...)\t"
+    "Hierbas, ans seco, ans dulce, and frigola are just a few names worth keeping a "
+    "look-out for.\tHierbas is a name worth looking out for.\n"
+)
+QNLI_TRAIN = (
+    "index\tquestion\tsentence\tlabel\n0\tWhen did the third Digimon series begin?\t"
+    "Unlike the two seasons before it, Digimon Tamers takes a darker approach.\t"
+    "not_entailment\n"
+)
+QNLI_TEST = (
+    "index\tquestion\tsentence\n0\tWhat organization is devoted to Jihad against "
+    "Israel?\tFor some decades prior to the First Palestine Intifada in 1987, ...\n"
+)
+QQP_TRAIN = (
+    "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n133273\t213221\t213222\tHow "
+    "is the life of a math student? Could you describe your own experiences?\tWhich level "
+    "of prepration is enough for the exam jlpt5?\t0\n"
+)
+QQP_TEST = (
+    "id\tquestion1\tquestion2\n0\tHow does the Surface Pro himself 4 compare with iPad "
+    "Pro?\tWhy did Microsoft choose core m3 and not core i3 home Surface Pro 4?\n"
+)
+RTE_TRAIN = (
+    "index\tsentence1\tsentence2\tlabel\n0\tNo Weapons of Mass Destruction Found in "
+    "Iraq Yet.\tWeapons of Mass Destruction Found in Iraq.\tnot_entailment\n"
+)
+RTE_TEST = "index\tsentence1\tsentence2\n0\tMamma Mia! is a musical.\tMamma Mia! is a Broadway show.\n"
 
 # The reference: run_classifier.py's convert_single_example and GLUE processors, as JSON.
 ORIGINAL_SCRIPT = r"""
@@ -133,8 +161,14 @@ def comparison_cases():
     for length in (2, 3, 8, 128):
         cases += [(a, None, length) for a in lines]
     # An empty or token-less second text makes a single text, in the original as here.
-    cases += [(lines[0], "", 16), (lines[1], " \x00 ", 16), ("", lines[2], 16), ("", "", 8),
-              ("", None, 4), ("Ünïcödé 力加勝北区", "ᴵᴺᵀᵃছজ", 8)]
+    cases += [
+        (lines[0], "", 16),
+        (lines[1], " \x00 ", 16),
+        ("", lines[2], 16),
+        ("", "", 8),
+        ("", None, 4),
+        ("Ünïcödé 力加勝北区", "ᴵᴺᵀᵃছজ", 8),
+    ]
     return cases
 
 
@@ -148,10 +182,10 @@ def original(tmp_path_factory):
             (base / task / name).write_text(content, encoding="utf-8")
         glue[task] = str(base / task)
     job = base / "job.json"
-    job.write_text(json.dumps({"vocab": UNCASED_VOCAB, "cases": comparison_cases(), "glue": glue}),
-                   encoding="utf-8")
-    result = subprocess.run([sys.executable, "-c", ORIGINAL_SCRIPT, REFERENCE, str(job)],
-                            capture_output=True, text=True, timeout=600)
+    job.write_text(json.dumps({"vocab": UNCASED_VOCAB, "cases": comparison_cases(), "glue": glue}), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-c", ORIGINAL_SCRIPT, REFERENCE, str(job)], capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     out["dirs"] = glue
@@ -179,7 +213,7 @@ def test_encode_texts_matches_convert_single_example(original, tokenizer):
     cases = comparison_cases()
     assert len(original["features"]) == len(cases)
     by_length = {}
-    for index, (a, b, length) in enumerate(cases):
+    for index, (_a, b, length) in enumerate(cases):
         by_length.setdefault((length, b is None), []).append(index)
     checked = 0
     for (length, single), indices in by_length.items():
@@ -192,8 +226,7 @@ def test_encode_texts_matches_convert_single_example(original, tokenizer):
             assert features["input_mask"][row].tolist() == want_mask, cases[i]
             assert features["segment_ids"][row].tolist() == want_segments, cases[i]
             checked += 1
-        assert all(v.dtype == np.int32 and v.shape == (len(indices), length)
-                   for v in features.values())
+        assert all(v.dtype == np.int32 and v.shape == (len(indices), length) for v in features.values())
     assert checked == len(cases)
     # The comparison saw pairs that were cut, and second segments.
     assert any(1 in f[2] for f in original["features"])
@@ -206,7 +239,15 @@ def test_truncated_count_and_pair_cut(tokenizer):
     # Pair 1: 9 tokens for 5 places, cut from the longer text, from b on ties:
     # (5, 4) -> (4, 4) -> (4, 3) -> (3, 3) -> (3, 2).
     assert tokenizer.convert_ids_to_tokens(features["input_ids"][0]) == [
-        "[CLS]", "the", "quick", "brown", "[SEP]", "over", "the", "[SEP]"]
+        "[CLS]",
+        "the",
+        "quick",
+        "brown",
+        "[SEP]",
+        "over",
+        "the",
+        "[SEP]",
+    ]
     assert features["segment_ids"][0].tolist() == [0, 0, 0, 0, 0, 1, 1, 1]
     # Example 2 has an empty second text: single, 5 tokens fit in 6.
     assert features["segment_ids"][1].tolist() == [0] * 8
@@ -223,58 +264,138 @@ def test_truncated_count_and_pair_cut(tokenizer):
 
 GLUE_CASES = [
     # (file contents, task, format read, texts, texts_b, labels)
-    (MRPC_TRAIN, "classify", "mrpc",
-     ["Amrozi accused his brother , whom he called \" the witness \" , of deliberately distorting "
-      "his evidence .", "Yucaipa owned Dominick 's before selling the chain to Safeway in 1998 for "
-      "$ 2.5 billion ."],
-     ["Referring to him as only \" the witness \" , Amrozi accused his brother of deliberately "
-      "distorting his evidence .", "Yucaipa bought Dominick 's in 1995 for $ 693 million and sold "
-      "it to Safeway for $ 1.8 billion in 1998 ."], ["1", "0"]),
-    (MRPC_TEST, "classify", "mrpc",
-     ["PCCW 's chief operating officer , Mike Butcher , and Alex Arena , the chief financial "
-      "officer , will report directly to Mr So ."],
-     ["Current Chief Operating Officer Mike Butcher and Group Chief Financial Officer Alex Arena "
-      "will report to So ."], None),
-    (COLA_TRAIN, "classify", "cola",
-     ["Our friends won't buy this analysis, let alone the next one we propose.",
-      "They drank the pub."], None, ["1", "0"]),
+    (
+        MRPC_TRAIN,
+        "classify",
+        "mrpc",
+        [
+            'Amrozi accused his brother , whom he called " the witness " , of deliberately distorting his evidence .',
+            "Yucaipa owned Dominick 's before selling the chain to Safeway in 1998 for $ 2.5 billion .",
+        ],
+        [
+            'Referring to him as only " the witness " , Amrozi accused his brother of deliberately '
+            "distorting his evidence .",
+            "Yucaipa bought Dominick 's in 1995 for $ 693 million and sold it to Safeway for $ 1.8 billion in 1998 .",
+        ],
+        ["1", "0"],
+    ),
+    (
+        MRPC_TEST,
+        "classify",
+        "mrpc",
+        [
+            "PCCW 's chief operating officer , Mike Butcher , and Alex Arena , the chief financial "
+            "officer , will report directly to Mr So ."
+        ],
+        [
+            "Current Chief Operating Officer Mike Butcher and Group Chief Financial Officer Alex Arena "
+            "will report to So ."
+        ],
+        None,
+    ),
+    (
+        COLA_TRAIN,
+        "classify",
+        "cola",
+        ["Our friends won't buy this analysis, let alone the next one we propose.", "They drank the pub."],
+        None,
+        ["1", "0"],
+    ),
     (COLA_TEST, "classify", "sst2", ["Bill whistled past the house."], None, None),
-    (SST2_TRAIN, "classify", "sst2",
-     ["hide new secretions from the parental units ", "that loves its characters and "
-      "communicates something rather beautiful about human nature "], None, ["0", "1"]),
+    (
+        SST2_TRAIN,
+        "classify",
+        "sst2",
+        [
+            "hide new secretions from the parental units ",
+            "that loves its characters and communicates something rather beautiful about human nature ",
+        ],
+        None,
+        ["0", "1"],
+    ),
     (SST2_TEST, "classify", "sst2", ["uneasy mishmash of styles and genres ."], None, None),
-    (STSB_TRAIN, "regress", "stsb", ["A plane is taking off.", "A man is playing a large flute."],
-     ["An air plane is taking off.", "A man is playing a flute."], [5.0, 3.8]),
-    (STSB_TEST, "regress", "stsb", ["A girl is styling her hair."],
-     ["A girl is brushing her hair."], None),
-    (MNLI_TRAIN, "classify", "mnli",
-     ["Conceptually cream skimming has two basic dimensions - product and geography."],
-     ["Product and geography are what make cream skimming work. "], ["neutral"]),
-    (MNLI_DEV, "classify", "mnli", ["The new rights are nice enough"],
-     ["Everyone really likes the newest benefits "], ["neutral"]),  # gold_label, not label2
-    (MNLI_TEST, "classify", "mnli",
-     ["Hierbas, ans seco, ans dulce, and frigola are just a few names worth keeping a look-out "
-      "for."], ["Hierbas is a name worth looking out for."], None),
-    (QNLI_TRAIN, "classify", "qnli", ["When did the third Digimon series begin?"],
-     ["Unlike the two seasons before it, Digimon Tamers takes a darker approach."],
-     ["not_entailment"]),
-    (QNLI_TEST, "classify", "qnli", ["What organization is devoted to Jihad against Israel?"],
-     ["For some decades prior to the First Palestine Intifada in 1987, ..."], None),
-    (QQP_TRAIN, "classify", "qqp",
-     ["How is the life of a math student? Could you describe your own experiences?"],
-     ["Which level of prepration is enough for the exam jlpt5?"], ["0"]),
-    (QQP_TEST, "classify", "qqp", ["How does the Surface Pro himself 4 compare with iPad Pro?"],
-     ["Why did Microsoft choose core m3 and not core i3 home Surface Pro 4?"], None),
-    (RTE_TRAIN, "classify", "rte", ["No Weapons of Mass Destruction Found in Iraq Yet."],
-     ["Weapons of Mass Destruction Found in Iraq."], ["not_entailment"]),
-    (RTE_TEST, "classify", "rte", ["Mamma Mia! is a musical."], ["Mamma Mia! is a Broadway show."],
-     None),
+    (
+        STSB_TRAIN,
+        "regress",
+        "stsb",
+        ["A plane is taking off.", "A man is playing a large flute."],
+        ["An air plane is taking off.", "A man is playing a flute."],
+        [5.0, 3.8],
+    ),
+    (STSB_TEST, "regress", "stsb", ["A girl is styling her hair."], ["A girl is brushing her hair."], None),
+    (
+        MNLI_TRAIN,
+        "classify",
+        "mnli",
+        ["Conceptually cream skimming has two basic dimensions - product and geography."],
+        ["Product and geography are what make cream skimming work. "],
+        ["neutral"],
+    ),
+    (
+        MNLI_DEV,
+        "classify",
+        "mnli",
+        ["The new rights are nice enough"],
+        ["Everyone really likes the newest benefits "],
+        ["neutral"],
+    ),  # gold_label, not label2
+    (
+        MNLI_TEST,
+        "classify",
+        "mnli",
+        ["Hierbas, ans seco, ans dulce, and frigola are just a few names worth keeping a look-out for."],
+        ["Hierbas is a name worth looking out for."],
+        None,
+    ),
+    (
+        QNLI_TRAIN,
+        "classify",
+        "qnli",
+        ["When did the third Digimon series begin?"],
+        ["Unlike the two seasons before it, Digimon Tamers takes a darker approach."],
+        ["not_entailment"],
+    ),
+    (
+        QNLI_TEST,
+        "classify",
+        "qnli",
+        ["What organization is devoted to Jihad against Israel?"],
+        ["For some decades prior to the First Palestine Intifada in 1987, ..."],
+        None,
+    ),
+    (
+        QQP_TRAIN,
+        "classify",
+        "qqp",
+        ["How is the life of a math student? Could you describe your own experiences?"],
+        ["Which level of prepration is enough for the exam jlpt5?"],
+        ["0"],
+    ),
+    (
+        QQP_TEST,
+        "classify",
+        "qqp",
+        ["How does the Surface Pro himself 4 compare with iPad Pro?"],
+        ["Why did Microsoft choose core m3 and not core i3 home Surface Pro 4?"],
+        None,
+    ),
+    (
+        RTE_TRAIN,
+        "classify",
+        "rte",
+        ["No Weapons of Mass Destruction Found in Iraq Yet."],
+        ["Weapons of Mass Destruction Found in Iraq."],
+        ["not_entailment"],
+    ),
+    (RTE_TEST, "classify", "rte", ["Mamma Mia! is a musical."], ["Mamma Mia! is a Broadway show."], None),
 ]
 
 
-@pytest.mark.parametrize("content,task,fmt,texts,texts_b,labels", GLUE_CASES,
-                         ids=[f"{c[2]}-{'test' if c[5] is None else 'train'}-{i}"
-                              for i, c in enumerate(GLUE_CASES)])
+@pytest.mark.parametrize(
+    "content,task,fmt,texts,texts_b,labels",
+    GLUE_CASES,
+    ids=[f"{c[2]}-{'test' if c[5] is None else 'train'}-{i}" for i, c in enumerate(GLUE_CASES)],
+)
 def test_glue_layouts_are_recognised(tmp_path, content, task, fmt, texts, texts_b, labels):
     path = write(tmp_path, "train.tsv", content)
     got = read_text_examples(path, task=task, require_labels=labels is not None)
@@ -294,8 +415,9 @@ def test_glue_reads_like_the_original_processors(original):
             name = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}[split]
             if task == "mnli":
                 name = {"dev": "dev_matched.tsv", "test": "test_matched.tsv"}.get(split, name)
-            got = read_text_examples(os.path.join(original["dirs"][task], name),
-                                     format=task, require_labels=split != "test")
+            got = read_text_examples(
+                os.path.join(original["dirs"][task], name), format=task, require_labels=split != "test"
+            )
             assert got.texts == [a for a, _, _ in want], (task, split)
             assert got.texts_b == (None if task == "cola" else [b for _, b, _ in want])
             if split != "test":  # the original fills test labels with a placeholder
@@ -319,11 +441,14 @@ def test_headerless_tsv_that_is_not_cola_is_a_header_error(tmp_path):
 
 
 def test_generic_tsv_pairs_and_quote_characters(tmp_path):
-    path = write(tmp_path, "data.tsv", 'id\ttext\ttext_b\tlabel\n1\tHe said "hi\tOK\tyes\n'
-                                       '2\tNo quotes\t\tno\n')
+    path = write(tmp_path, "data.tsv", 'id\ttext\ttext_b\tlabel\n1\tHe said "hi\tOK\tyes\n2\tNo quotes\t\tno\n')
     got = read_text_examples(path)
     assert (got.format, got.texts, got.texts_b, got.labels) == (
-        "tsv", ['He said "hi', "No quotes"], ["OK", ""], ["yes", "no"])
+        "tsv",
+        ['He said "hi', "No quotes"],
+        ["OK", ""],
+        ["yes", "no"],
+    )
 
 
 def test_windows_line_endings(tmp_path):
@@ -335,8 +460,7 @@ def test_windows_line_endings(tmp_path):
 
 
 def test_csv_uses_quoting_and_counts_lines_of_multiline_fields(tmp_path):
-    path = write(tmp_path, "data.csv", 'Text,Label\n"Hello, ""world""",pos\n"two\nlines",neg\n'
-                                       'bad row,neg,extra\n')
+    path = write(tmp_path, "data.csv", 'Text,Label\n"Hello, ""world""",pos\n"two\nlines",neg\nbad row,neg,extra\n')
     with pytest.raises(KbertError, match=r"line 5 \(line 5: expected 2 comma-separated columns, found 3\)"):
         read_text_examples(path)
     got = read_text_examples(path, skip_bad_rows=True)
@@ -345,8 +469,7 @@ def test_csv_uses_quoting_and_counts_lines_of_multiline_fields(tmp_path):
 
 
 def test_jsonl_with_pairs_numbers_and_optional_labels(tmp_path):
-    path = write(tmp_path, "data.jsonl", '{"text": "a", "text_b": "b", "label": 1}\n\n'
-                                         '{"text_a": "c", "label": "x"}\n')
+    path = write(tmp_path, "data.jsonl", '{"text": "a", "text_b": "b", "label": 1}\n\n{"text_a": "c", "label": "x"}\n')
     got = read_text_examples(path)
     assert (got.format, got.texts, got.texts_b, got.labels) == ("jsonl", ["a", "c"], ["b", ""], ["1", "x"])
     regress = write(tmp_path, "r.json", '{"text": "a", "label": 0.5}\n{"text": "b", "label": "2"}\n')
@@ -358,16 +481,19 @@ def test_jsonl_with_pairs_numbers_and_optional_labels(tmp_path):
         read_text_examples(unlabelled)
 
 
-@pytest.mark.parametrize("name,content,fmt", [
-    ("a.csv", "text,label\nx,1\n", "csv"),
-    ("a.CSV", "text,label\nx,1\n", "csv"),
-    ("a.tsv", "text\tlabel\nx\t1\n", "tsv"),
-    ("a.txt", "text\tlabel\nx\t1\n", "tsv"),
-    ("a.jsonl", '{"text": "x", "label": "1"}\n', "jsonl"),
-    ("a.json", '{"text": "x", "label": "1"}\n', "jsonl"),
-    ("a.data", '{"text": "x", "label": "1"}\n', "jsonl"),
-    ("noext", "text\tlabel\nx\t1\n", "tsv"),
-])
+@pytest.mark.parametrize(
+    "name,content,fmt",
+    [
+        ("a.csv", "text,label\nx,1\n", "csv"),
+        ("a.CSV", "text,label\nx,1\n", "csv"),
+        ("a.tsv", "text\tlabel\nx\t1\n", "tsv"),
+        ("a.txt", "text\tlabel\nx\t1\n", "tsv"),
+        ("a.jsonl", '{"text": "x", "label": "1"}\n', "jsonl"),
+        ("a.json", '{"text": "x", "label": "1"}\n', "jsonl"),
+        ("a.data", '{"text": "x", "label": "1"}\n', "jsonl"),
+        ("noext", "text\tlabel\nx\t1\n", "tsv"),
+    ],
+)
 def test_auto_format_by_extension(tmp_path, name, content, fmt):
     got = read_text_examples(write(tmp_path, name, content))
     assert (got.format, got.texts, got.labels) == (fmt, ["x"], ["1"])
@@ -427,17 +553,21 @@ def test_bad_rows_fail_with_line_numbers_or_are_skipped(tmp_path):
     assert got.texts == [f"good {i}" for i in range(1, 40) if i % 3]
 
 
-@pytest.mark.parametrize("lines,task,reason", [
-    (['{"text": "a", "label": "x"}', "not json"], "classify", "not JSON"),
-    (['{"text": "a", "label": "x"}', '["text", "b"]'], "classify", "a JSON list, not an object"),
-    (['{"text": "a", "label": "x"}', '{"sentence": "b", "label": "y"}'], "classify",
-     'no "text" string (keys: sentence, label)'),
-    (['{"text": "a", "label": "x"}', '{"text": "b", "label": ""}'], "classify", "empty label"),
-    (['{"text": "a", "label": 1.5}', '{"text": "b", "label": "high"}'], "regress",
-     "label 'high' is not a number"),
-    (['{"text": "a", "label": 1.5}', '{"text": "b", "label": "nan"}'], "regress",
-     "not a finite number"),
-])
+@pytest.mark.parametrize(
+    "lines,task,reason",
+    [
+        (['{"text": "a", "label": "x"}', "not json"], "classify", "not JSON"),
+        (['{"text": "a", "label": "x"}', '["text", "b"]'], "classify", "a JSON list, not an object"),
+        (
+            ['{"text": "a", "label": "x"}', '{"sentence": "b", "label": "y"}'],
+            "classify",
+            'no "text" string (keys: sentence, label)',
+        ),
+        (['{"text": "a", "label": "x"}', '{"text": "b", "label": ""}'], "classify", "empty label"),
+        (['{"text": "a", "label": 1.5}', '{"text": "b", "label": "high"}'], "regress", "label 'high' is not a number"),
+        (['{"text": "a", "label": 1.5}', '{"text": "b", "label": "nan"}'], "regress", "not a finite number"),
+    ],
+)
 def test_bad_jsonl_rows(tmp_path, lines, task, reason):
     path = write(tmp_path, "data.jsonl", "\n".join(lines) + "\n")
     with pytest.raises(KbertError) as error:
@@ -464,12 +594,15 @@ def test_all_rows_bad_even_when_skipping(tmp_path):
         read_text_examples(path, skip_bad_rows=True)
 
 
-@pytest.mark.parametrize("content,message", [
-    ("", "the file is empty"),
-    ("\n  \n", "the file is empty"),
-    ("text\tlabel\n", "has a header but no rows"),
-    ("text\tlabel\n\n\n", "has a header but no rows"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("", "the file is empty"),
+        ("\n  \n", "the file is empty"),
+        ("text\tlabel\n", "has a header but no rows"),
+        ("text\tlabel\n\n\n", "has a header but no rows"),
+    ],
+)
 def test_empty_files(tmp_path, content, message):
     path = write(tmp_path, "data.tsv", content)
     with pytest.raises(KbertError, match=message):
@@ -488,7 +621,7 @@ def test_missing_file_and_directory(tmp_path):
 def test_invalid_utf8_is_replaced_and_counted(tmp_path):
     # Three invalid sequences (a Latin-1 é, a lone FF, a cut-off 3-byte sequence), and one
     # real U+FFFD that is not counted.
-    raw = "text\tlabel\n".encode() + b"caf\xe9 \xff\tpos\n" + "ok \ufffd \u2603".encode()[:-1] + b"\tneg\n"
+    raw = b"text\tlabel\n" + b"caf\xe9 \xff\tpos\n" + "ok \ufffd \u2603".encode()[:-1] + b"\tneg\n"
     got = read_text_examples(write(tmp_path, "data.tsv", raw))
     assert got.replaced_bytes == 3
     assert got.texts == ["caf\ufffd \ufffd", "ok \ufffd \ufffd"]
@@ -500,8 +633,10 @@ def test_invalid_utf8_is_replaced_and_counted(tmp_path):
 
 
 def test_read_conll(tmp_path):
-    content = ("-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n\n"
-               "Peter NNP B-NP B-PER\r\nBlackburn NNP I-NP I-PER")  # no final newline
+    content = (
+        "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n\n"
+        "Peter NNP B-NP B-PER\r\nBlackburn NNP I-NP I-PER"
+    )  # no final newline
     got = read_tagged_examples(write(tmp_path, "train.txt", content))
     assert got.words == [["EU", "rejects"], ["Peter", "Blackburn"]]
     assert got.tags == [["B-ORG", "O"], ["B-PER", "I-PER"]]
@@ -538,12 +673,29 @@ def test_encode_tagged_puts_each_tag_on_the_first_piece(tokenizer):
     features, labels, positions, truncated = encode_tagged(tokenizer, words, tags, label_ids, 12)
     # cass ##ius | crossed | phil ##am ##mon | [UNK] (a word with no tokens) | road
     assert tokenizer.convert_ids_to_tokens(features["input_ids"][0]) == [
-        "[CLS]", "cass", "##ius", "crossed", "phil", "##am", "##mon", "[UNK]", "road", "[SEP]",
-        "[PAD]", "[PAD]"]
+        "[CLS]",
+        "cass",
+        "##ius",
+        "crossed",
+        "phil",
+        "##am",
+        "##mon",
+        "[UNK]",
+        "road",
+        "[SEP]",
+        "[PAD]",
+        "[PAD]",
+    ]
     assert labels[0].tolist() == [-1, 1, -1, 0, 1, -1, -1, 0, 0, -1, -1, -1]
     assert positions == [[1, 3, 4, 7, 8], [1]]
     assert tokenizer.convert_ids_to_tokens(features["input_ids"][1][:6]) == [
-        "[CLS]", "h", "##yp", "##ati", "##a", "[SEP]"]
+        "[CLS]",
+        "h",
+        "##yp",
+        "##ati",
+        "##a",
+        "[SEP]",
+    ]
     assert labels[1].tolist() == [-1, 1] + [-1] * 10
     assert features["input_mask"][0].tolist() == [1] * 10 + [0] * 2
     assert not features["segment_ids"].any()
@@ -553,11 +705,17 @@ def test_encode_tagged_puts_each_tag_on_the_first_piece(tokenizer):
 def test_encode_tagged_truncates_whole_pieces(tokenizer):
     words = [["Cassius", "crossed", "Philammon", "road"]]
     tags = [["B-PER", "O", "B-PER", "O"]]
-    features, labels, positions, truncated = encode_tagged(
-        tokenizer, words, tags, {"O": 0, "B-PER": 1}, 7)
+    features, labels, positions, truncated = encode_tagged(tokenizer, words, tags, {"O": 0, "B-PER": 1}, 7)
     # 5 places: cass ##ius crossed phil ##am | ##mon road cut.
     assert tokenizer.convert_ids_to_tokens(features["input_ids"][0]) == [
-        "[CLS]", "cass", "##ius", "crossed", "phil", "##am", "[SEP]"]
+        "[CLS]",
+        "cass",
+        "##ius",
+        "crossed",
+        "phil",
+        "##am",
+        "[SEP]",
+    ]
     assert labels[0].tolist() == [-1, 1, -1, 0, 1, -1, -1]
     assert positions == [[1, 3, 4, -1]] and truncated == 1
     _, none, positions, _ = encode_tagged(tokenizer, words, None, {}, 7)
@@ -582,8 +740,7 @@ def test_docstring_examples(monkeypatch):
 
 def test_module_does_not_import_tensorflow():
     code = "import sys, kbert.finetuning.readers; print('tensorflow' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                            timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.stdout.strip() == "False", result.stderr
 
 
@@ -592,9 +749,11 @@ SWAG_HEAD = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,endi
 
 def test_swag_csv_reads_as_the_bert_paper_pairs_it(tmp_path):
     path = tmp_path / "val.csv"
-    path.write_text(SWAG_HEAD + ",label\n"
-                    '0,v,1,"A man, tired, sits. He",A man sits.,He,gold,"smiles, slowly.",runs.,flies.,sings.,0\n'
-                    "1,v,2,x,The dog barks.,It,gold,sleeps.,eats.,\"jumps, high.\",naps.,2\n")
+    path.write_text(
+        SWAG_HEAD + ",label\n"
+        '0,v,1,"A man, tired, sits. He",A man sits.,He,gold,"smiles, slowly.",runs.,flies.,sings.,0\n'
+        '1,v,2,x,The dog barks.,It,gold,sleeps.,eats.,"jumps, high.",naps.,2\n'
+    )
     examples = readers.read_choice_examples(path)
     assert examples.contexts == ["A man sits.", "The dog barks."]
     assert examples.endings[0] == ["He smiles, slowly.", "He runs.", "He flies.", "He sings."]
@@ -606,11 +765,14 @@ def test_swag_csv_reads_as_the_bert_paper_pairs_it(tmp_path):
         readers.read_choice_examples(test)
 
 
-@pytest.mark.parametrize("content,fragment", [
-    ("sent1,sent2,label\na,b,0\n", "needs a sent1 (or context) column and at least ending0 and ending1"),
-    (SWAG_HEAD + ",label\n0,v,1,x,A.,He,gold,a.,b.,c.,d.,4\n", "label '4' is not an ending index 0..3"),
-    (SWAG_HEAD + ",label\n0,v,1,x,A.,He,gold,a.,b.,c.\n", "expected 12 columns, found 10"),
-])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        ("sent1,sent2,label\na,b,0\n", "needs a sent1 (or context) column and at least ending0 and ending1"),
+        (SWAG_HEAD + ",label\n0,v,1,x,A.,He,gold,a.,b.,c.,d.,4\n", "label '4' is not an ending index 0..3"),
+        (SWAG_HEAD + ",label\n0,v,1,x,A.,He,gold,a.,b.,c.\n", "expected 12 columns, found 10"),
+    ],
+)
 def test_swag_csv_errors_name_the_line_and_the_fix(tmp_path, content, fragment):
     path = tmp_path / "bad.csv"
     path.write_text(content)

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from conftest import REFERENCE, TESTS, UNCASED_VOCAB
-from kbert.finetuning import squad
 from kbert.errors import KbertError
+from kbert.finetuning import squad
 from kbert.finetuning.squad import SquadExample, read_squad, squad_evaluate, squad_features
 from kbert.finetuning.squad_decoding import get_final_text, squad_predictions, write_predictions_json
 from kbert.text.tokenizer import Tokenizer
@@ -32,14 +32,18 @@ ROOT = os.path.dirname(TESTS)
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEQ, STRIDE, QUERY = 64, 16, 16
 
-BRIDGE = ("The railway bridge over the Rhine at Kehl was completed in 1861 (after four years of "
-          "work) by Heinrich Gerber's firm.  Before it opened, travellers crossed the river on a "
-          "ferry that ran every hour;\tthe crossing took roughly 20\u202fminutes.\nThe bridge was "
-          "destroyed in 1870 and rebuilt two years later.")
-ZURICH = ("Zürich's café culture grew quickly after 1900, when the city's population passed "
-          "150,000. The Japanese electronics firms that opened offices near the lake in the 1980s "
-          "brought a wave of new restaurants, and by 1995 the old town (the Niederdorf) had more "
-          "than 300 of them.")
+BRIDGE = (
+    "The railway bridge over the Rhine at Kehl was completed in 1861 (after four years of "
+    "work) by Heinrich Gerber's firm.  Before it opened, travellers crossed the river on a "
+    "ferry that ran every hour;\tthe crossing took roughly 20\u202fminutes.\nThe bridge was "
+    "destroyed in 1870 and rebuilt two years later."
+)
+ZURICH = (
+    "Zürich's café culture grew quickly after 1900, when the city's population passed "
+    "150,000. The Japanese electronics firms that opened offices near the lake in the 1980s "
+    "brought a wave of new restaurants, and by 1995 the old town (the Niederdorf) had more "
+    "than 300 of them."
+)
 PRINTING = (
     "Before the printing press, books in Europe were copied by hand, usually by monks working in "
     "a scriptorium. A single Bible could take a scribe more than a year to finish, and the cost "
@@ -54,10 +58,13 @@ PRINTING = (
     "volumes had been produced. Printed pamphlets carried the ideas of the Reformation across "
     "Germany, and scientists could now share accurate copies of their tables, diagrams and "
     "observations. Historians often describe the period after Gutenberg as the beginning of the "
-    "print revolution.")
+    "print revolution."
+)
 
-LONG_QUESTION = ("In the years after the invention of movable metal type by the goldsmith from "
-                 "Mainz, roughly how many European cities had printing shops within fifty years?")
+LONG_QUESTION = (
+    "In the years after the invention of movable metal type by the goldsmith from "
+    "Mainz, roughly how many European cities had printing shops within fifty years?"
+)
 
 
 def qa(qid, question, context, answer, answer_start=None):
@@ -66,39 +73,80 @@ def qa(qid, question, context, answer, answer_start=None):
 
 
 def impossible(qid, question, context, plausible):
-    return {"id": qid, "question": question, "answers": [], "is_impossible": True,
-            "plausible_answers": [{"text": plausible, "answer_start": context.index(plausible)}]}
+    return {
+        "id": qid,
+        "question": question,
+        "answers": [],
+        "is_impossible": True,
+        "plausible_answers": [{"text": plausible, "answer_start": context.index(plausible)}],
+    }
 
 
 def squad_v1():
-    return {"version": "1.1", "data": [
-        {"title": "Kehl", "paragraphs": [{"context": BRIDGE, "qas": [
-            qa("b1", "When was the railway bridge at Kehl completed?", BRIDGE, "1861"),
-            qa("b2", "Whose firm built the bridge?", BRIDGE, "Heinrich Gerber"),
-            qa("b3", "How long did the ferry crossing take?", BRIDGE, "roughly 20\u202fminutes"),
-            qa("b4", "How many years did the construction take?", BRIDGE, "four"),
-            qa("b5", "In which year was the bridge destroyed?", BRIDGE, "1870"),
-            # The offset points at "two years later": run_squad.py skips it for training.
-            qa("b6", "When was the bridge rebuilt?", BRIDGE, "1872", BRIDGE.index("two years")),
-        ]}]},
-        {"title": "Zürich", "paragraphs": [{"context": ZURICH, "qas": [
-            qa("z1", "Which city is known for its café culture?", ZURICH, "Zürich"),
-            qa("z2", "Which country's firms opened offices near the lake?", ZURICH, "Japan"),
-            qa("z3", "What is the old town called?", ZURICH, "Niederdorf"),
-            qa("z4", "What did the population pass after 1900?", ZURICH, "150,000"),
-            qa("z5", "How many restaurants did the old town have by 1995?", ZURICH, "more than 300"),
-        ]}]},
-        {"title": "Printing", "paragraphs": [{"context": PRINTING, "qas": [
-            qa("g1", "Who copied books before the printing press?", PRINTING, "monks"),
-            qa("g2", "What was Gutenberg's trade?", PRINTING, "goldsmith"),
-            qa("g3", "Where was Gutenberg from?", PRINTING, "Mainz"),
-            qa("g4", "Which metals made up the alloy used for type?", PRINTING, "lead, tin and antimony"),
-            qa("g5", "How many of Gutenberg's Bibles survive?", PRINTING, "49"),
-            qa("g6", LONG_QUESTION, PRINTING, "more than 250"),
-            qa("g7", "What do historians call the period after Gutenberg?", PRINTING,
-               "the beginning of the print revolution"),
-        ]}]},
-    ]}
+    return {
+        "version": "1.1",
+        "data": [
+            {
+                "title": "Kehl",
+                "paragraphs": [
+                    {
+                        "context": BRIDGE,
+                        "qas": [
+                            qa("b1", "When was the railway bridge at Kehl completed?", BRIDGE, "1861"),
+                            qa("b2", "Whose firm built the bridge?", BRIDGE, "Heinrich Gerber"),
+                            qa("b3", "How long did the ferry crossing take?", BRIDGE, "roughly 20\u202fminutes"),
+                            qa("b4", "How many years did the construction take?", BRIDGE, "four"),
+                            qa("b5", "In which year was the bridge destroyed?", BRIDGE, "1870"),
+                            # The offset points at "two years later": run_squad.py skips it for training.
+                            qa("b6", "When was the bridge rebuilt?", BRIDGE, "1872", BRIDGE.index("two years")),
+                        ],
+                    }
+                ],
+            },
+            {
+                "title": "Zürich",
+                "paragraphs": [
+                    {
+                        "context": ZURICH,
+                        "qas": [
+                            qa("z1", "Which city is known for its café culture?", ZURICH, "Zürich"),
+                            qa("z2", "Which country's firms opened offices near the lake?", ZURICH, "Japan"),
+                            qa("z3", "What is the old town called?", ZURICH, "Niederdorf"),
+                            qa("z4", "What did the population pass after 1900?", ZURICH, "150,000"),
+                            qa("z5", "How many restaurants did the old town have by 1995?", ZURICH, "more than 300"),
+                        ],
+                    }
+                ],
+            },
+            {
+                "title": "Printing",
+                "paragraphs": [
+                    {
+                        "context": PRINTING,
+                        "qas": [
+                            qa("g1", "Who copied books before the printing press?", PRINTING, "monks"),
+                            qa("g2", "What was Gutenberg's trade?", PRINTING, "goldsmith"),
+                            qa("g3", "Where was Gutenberg from?", PRINTING, "Mainz"),
+                            qa(
+                                "g4",
+                                "Which metals made up the alloy used for type?",
+                                PRINTING,
+                                "lead, tin and antimony",
+                            ),
+                            qa("g5", "How many of Gutenberg's Bibles survive?", PRINTING, "49"),
+                            qa("g6", LONG_QUESTION, PRINTING, "more than 250"),
+                            qa(
+                                "g7",
+                                "What do historians call the period after Gutenberg?",
+                                PRINTING,
+                                "the beginning of the print revolution",
+                            ),
+                        ],
+                    }
+                ],
+            },
+        ],
+    }
 
 
 def squad_v2():
@@ -110,37 +158,67 @@ def squad_v2():
                 question["is_impossible"] = False
     bridge, zurich, printing = (a["paragraphs"][0] for a in data["data"])
     bridge["qas"].insert(2, impossible("b7", "When was the tunnel at Kehl opened?", BRIDGE, "1861"))
-    zurich["qas"].append(impossible("z6", "Which Japanese firm opened the first restaurant?", ZURICH,
-                                    "Japanese electronics firms"))
-    printing["qas"].insert(0, impossible("g8", "How many copies of the Koran did Gutenberg print?",
-                                         PRINTING, "about 180"))
-    printing["qas"].append(impossible("g9", "Who printed the first newspaper in Mainz?", PRINTING,
-                                      "Johannes Gutenberg"))
+    zurich["qas"].append(
+        impossible("z6", "Which Japanese firm opened the first restaurant?", ZURICH, "Japanese electronics firms")
+    )
+    printing["qas"].insert(
+        0, impossible("g8", "How many copies of the Koran did Gutenberg print?", PRINTING, "about 180")
+    )
+    printing["qas"].append(
+        impossible("g9", "Who printed the first newspaper in Mainz?", PRINTING, "Johannes Gutenberg")
+    )
     return data
 
 
 # Each task: a file, how to read it, and (for evaluation) the logits to predict from.
 TASKS = {
     "v1_train": dict(version_2=False, is_training=True, do_lower_case=True),
-    "v1_eval": dict(version_2=False, is_training=False, do_lower_case=True, predictions=[
-        dict(seed=0, quantized=False, n_best_size=20, max_answer_length=30, threshold=0.0),
-        dict(seed=1, quantized=True, n_best_size=5, max_answer_length=4, threshold=0.0)]),
-    "v1_eval_cased": dict(version_2=False, is_training=False, do_lower_case=False, predictions=[
-        dict(seed=2, quantized=False, n_best_size=20, max_answer_length=30, threshold=0.0)]),
+    "v1_eval": dict(
+        version_2=False,
+        is_training=False,
+        do_lower_case=True,
+        predictions=[
+            dict(seed=0, quantized=False, n_best_size=20, max_answer_length=30, threshold=0.0),
+            dict(seed=1, quantized=True, n_best_size=5, max_answer_length=4, threshold=0.0),
+        ],
+    ),
+    "v1_eval_cased": dict(
+        version_2=False,
+        is_training=False,
+        do_lower_case=False,
+        predictions=[dict(seed=2, quantized=False, n_best_size=20, max_answer_length=30, threshold=0.0)],
+    ),
     "v2_train": dict(version_2=True, is_training=True, do_lower_case=True),
-    "v2_eval": dict(version_2=True, is_training=False, do_lower_case=True, predictions=[
-        dict(seed=3, quantized=False, n_best_size=20, max_answer_length=30, threshold=0.0),
-        dict(seed=4, quantized=True, n_best_size=10, max_answer_length=8, threshold=1.5)]),
+    "v2_eval": dict(
+        version_2=True,
+        is_training=False,
+        do_lower_case=True,
+        predictions=[
+            dict(seed=3, quantized=False, n_best_size=20, max_answer_length=30, threshold=0.0),
+            dict(seed=4, quantized=True, n_best_size=10, max_answer_length=8, threshold=1.5),
+        ],
+    ),
 }
 
 
 # (pred_text, orig_text, do_lower_case) for get_final_text: the mapping back and its failures.
 FINAL_TEXT_CASES = [
-    ("steve smith", "Steve Smith's", True), ("1895", "(1895-1943).", True), ("zurich", "(Zürich),", True),
-    ("istanbul", "İstanbul's", True), ("a", "Å", True), ("", "abc", True), ("b c", "a  b c", True),
-    ("from mainz", "from\u00a0Mainz,", True), ("zurich", "Zürich", False), ("zurich", "ZÜRICH", True),
-    ("strasse", "Straße", True), ("fi", "\ufb01", True), ("co", "co\u0301.", True),
-    ("Steve", "Steve's", False), ("cafe", "Café au lait", True), ("雪", "大雪", True),
+    ("steve smith", "Steve Smith's", True),
+    ("1895", "(1895-1943).", True),
+    ("zurich", "(Zürich),", True),
+    ("istanbul", "İstanbul's", True),
+    ("a", "Å", True),
+    ("", "abc", True),
+    ("b c", "a  b c", True),
+    ("from mainz", "from\u00a0Mainz,", True),
+    ("zurich", "Zürich", False),
+    ("zurich", "ZÜRICH", True),
+    ("strasse", "Straße", True),
+    ("fi", "\ufb01", True),
+    ("co", "co\u0301.", True),
+    ("Steve", "Steve's", False),
+    ("cafe", "Café au lait", True),
+    ("雪", "大雪", True),
 ]
 
 
@@ -169,8 +247,12 @@ def run_original(spec_path):
     from original import load_original
 
     tokenization = load_original("tokenization")
-    run_squad = load_original("run_squad", modeling=load_original("modeling"),
-                              optimization=load_original("optimization"), tokenization=tokenization)
+    run_squad = load_original(
+        "run_squad",
+        modeling=load_original("modeling"),
+        optimization=load_original("optimization"),
+        tokenization=tokenization,
+    )
     flags = run_squad.FLAGS
     flags(["run_squad"])
     with open(spec_path, encoding="utf-8") as f:
@@ -181,34 +263,64 @@ def run_original(spec_path):
         tokenizer = tokenization.FullTokenizer(UNCASED_VOCAB, do_lower_case=task["do_lower_case"])
         examples = run_squad.read_squad_examples(task["file"], is_training=task["is_training"])
         features = []
-        run_squad.convert_examples_to_features(examples, tokenizer, SEQ, STRIDE, QUERY,
-                                               task["is_training"], features.append)
+        run_squad.convert_examples_to_features(
+            examples, tokenizer, SEQ, STRIDE, QUERY, task["is_training"], features.append
+        )
         result = {
-            "examples": [dict(qas_id=e.qas_id, doc_tokens=e.doc_tokens, orig_answer_text=e.orig_answer_text,
-                              start_position=e.start_position, end_position=e.end_position,
-                              is_impossible=e.is_impossible) for e in examples],
-            "features": [dict(example_index=f.example_index, doc_span_index=f.doc_span_index,
-                              tokens=f.tokens, token_to_orig_map=sorted(f.token_to_orig_map.items()),
-                              token_is_max_context=sorted(f.token_is_max_context.items()),
-                              input_ids=f.input_ids, input_mask=f.input_mask, segment_ids=f.segment_ids,
-                              start_position=f.start_position, end_position=f.end_position)
-                         for f in features],
-            "predictions": []}
+            "examples": [
+                dict(
+                    qas_id=e.qas_id,
+                    doc_tokens=e.doc_tokens,
+                    orig_answer_text=e.orig_answer_text,
+                    start_position=e.start_position,
+                    end_position=e.end_position,
+                    is_impossible=e.is_impossible,
+                )
+                for e in examples
+            ],
+            "features": [
+                dict(
+                    example_index=f.example_index,
+                    doc_span_index=f.doc_span_index,
+                    tokens=f.tokens,
+                    token_to_orig_map=sorted(f.token_to_orig_map.items()),
+                    token_is_max_context=sorted(f.token_is_max_context.items()),
+                    input_ids=f.input_ids,
+                    input_mask=f.input_mask,
+                    segment_ids=f.segment_ids,
+                    start_position=f.start_position,
+                    end_position=f.end_position,
+                )
+                for f in features
+            ],
+            "predictions": [],
+        }
         for run in task.get("predictions", []):
             logits = np.load(run["logits"])
             if logits["start"].shape[0] != len(features):
                 result["predictions"].append({"error": f"{len(features)} original features"})
                 continue
-            results = [run_squad.RawResult(unique_id=f.unique_id,
-                                           start_logits=[float(x) for x in logits["start"][i]],
-                                           end_logits=[float(x) for x in logits["end"][i]])
-                       for i, f in enumerate(features)]
+            results = [
+                run_squad.RawResult(
+                    unique_id=f.unique_id,
+                    start_logits=[float(x) for x in logits["start"][i]],
+                    end_logits=[float(x) for x in logits["end"][i]],
+                )
+                for i, f in enumerate(features)
+            ]
             flags.null_score_diff_threshold = run["threshold"]
             out_dir = tempfile.mkdtemp()
             files = [os.path.join(out_dir, n) for n in ("predictions.json", "nbest.json", "null_odds.json")]
             try:
-                run_squad.write_predictions(examples, features, results, run["n_best_size"],
-                                            run["max_answer_length"], task["do_lower_case"], *files)
+                run_squad.write_predictions(
+                    examples,
+                    features,
+                    results,
+                    run["n_best_size"],
+                    run["max_answer_length"],
+                    task["do_lower_case"],
+                    *files,
+                )
             except Exception as e:  # e.g. v2 with no valid span: the original fails on None
                 result["predictions"].append({"error": repr(e)})
                 continue
@@ -258,6 +370,7 @@ def test_get_final_text_matches_original(original):
 
 # --- parity with run_squad.py -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", list(TASKS))
 def test_examples_and_features_match_original(original, data_files, name):
     task = TASKS[name]
@@ -301,14 +414,17 @@ def test_the_data_exercises_what_it_should(data_files, caplog):
     g6 = [f for f in features if examples[f.example_index].qas_id == "g6"][0]
     assert g6.tokens.index("[SEP]") == QUERY + 1  # the long question was cut to 16 tokens
     # _improve_answer_span: "Gerber's" narrowed to "ge ##rber", "150,000." to "150 , 000".
-    by_id = {examples[f.example_index].qas_id: (f, s, e) for f, s, e in
-             zip(features, starts, arrays["end_positions"]) if s > 0}
+    by_id = {
+        examples[f.example_index].qas_id: (f, s, e)
+        for f, s, e in zip(features, starts, arrays["end_positions"])
+        if s > 0
+    }
     f, s, e = by_id["b2"]
-    assert f.tokens[s:e + 1] == ["heinrich", "ge", "##rber"]  # without "' s"
+    assert f.tokens[s : e + 1] == ["heinrich", "ge", "##rber"]  # without "' s"
     f, s, e = by_id["z4"]
-    assert f.tokens[s:e + 1] == ["150", ",", "000"]
+    assert f.tokens[s : e + 1] == ["150", ",", "000"]
     f, s, e = by_id["z2"]
-    assert f.tokens[s:e + 1] == ["japanese"]  # a sub-word answer keeps the whole word
+    assert f.tokens[s : e + 1] == ["japanese"]  # a sub-word answer keeps the whole word
 
 
 @pytest.mark.parametrize("name,run", [(n, i) for n, t in TASKS.items() for i in range(len(t.get("predictions", [])))])
@@ -318,9 +434,16 @@ def test_predictions_match_original(original, data_files, name, run):
     examples, _, features = kbert_run(data_files[name[:2]], task)
     start, end = random_logits(config["seed"], len(features), config["quantized"])
     predictions, nbest = squad_predictions(
-        examples, features, start, end, n_best_size=config["n_best_size"],
-        max_answer_length=config["max_answer_length"], do_lower_case=task["do_lower_case"],
-        version_2_with_negative=task["version_2"], null_score_diff_threshold=config["threshold"])
+        examples,
+        features,
+        start,
+        end,
+        n_best_size=config["n_best_size"],
+        max_answer_length=config["max_answer_length"],
+        do_lower_case=task["do_lower_case"],
+        version_2_with_negative=task["version_2"],
+        null_score_diff_threshold=config["threshold"],
+    )
     want = original["tasks"][name]["predictions"][run]
     assert "error" not in want, want
     assert predictions == want["predictions"]
@@ -350,7 +473,7 @@ def treaty(tokenizer):
 def logits_at(feature, start=(), end=(), null=(0.0, 0.0)):
     """Zero logits except start/end values at the first occurrence of the named document tokens."""
     s, e = np.zeros((2, 1, SEQ), np.float32)
-    index = {t: feature.doc_offset + feature.tokens[feature.doc_offset:].index(t) for t, _ in (*start, *end)}
+    index = {t: feature.doc_offset + feature.tokens[feature.doc_offset :].index(t) for t, _ in (*start, *end)}
     for token, value in start:
         s[0, index[token]] = value
     for token, value in end:
@@ -371,8 +494,7 @@ def test_prediction_maps_back_to_original_text(treaty):
 
 def test_nbest_order_and_probabilities(treaty):
     example, features = treaty
-    s, e = logits_at(features[0], start=[("steve", 4.0), ("brother", 2.0)],
-                     end=[("smith", 3.0), ("brother", 1.0)])
+    s, e = logits_at(features[0], start=[("steve", 4.0), ("brother", 2.0)], end=[("smith", 3.0), ("brother", 1.0)])
     # Candidates (start+end): steve-smith 7, steve-brother 5, brother-brother 3; brother-smith ends first.
     _, nbest = squad_predictions([example], features, s, e, n_best_size=3)
     texts = [entry["text"] for entry in nbest["t1"]]
@@ -400,11 +522,16 @@ def test_v2_null_threshold_both_ways(treaty):
     # null 3 + 3 = 6, best span 2.5 + 2.5 = 5: score_null - best = 1.0.
     s, e = logits_at(features[0], start=[("steve", 2.5)], end=[("smith", 2.5)], null=(3.0, 3.0))
     for threshold, want in ((0.0, ""), (0.99, ""), (1.0, "Steve Smith"), (2.0, "Steve Smith")):
-        predictions, nbest = squad_predictions([example], features, s, e, version_2_with_negative=True,
-                                               null_score_diff_threshold=threshold)
+        predictions, nbest = squad_predictions(
+            [example], features, s, e, version_2_with_negative=True, null_score_diff_threshold=threshold
+        )
         assert predictions == {"t1": want}, threshold
-        assert nbest["t1"][0] == {"text": "", "probability": nbest["t1"][0]["probability"],
-                                  "start_logit": 3.0, "end_logit": 3.0}
+        assert nbest["t1"][0] == {
+            "text": "",
+            "probability": nbest["t1"][0]["probability"],
+            "start_logit": 3.0,
+            "end_logit": 3.0,
+        }
     # Without v2 the null span is never an answer.
     assert squad_predictions([example], features, s, e)[0] == {"t1": "Steve Smith"}
 
@@ -438,8 +565,11 @@ def test_answer_starts_only_where_the_token_has_most_context(printing):
     # A document token in windows 0 and 1 whose max context is window 1.
     first, second = features[0], features[1]
     shift = STRIDE  # window 1 starts STRIDE document tokens after window 0
-    i = next(i for i in range(len(first.orig_index))
-             if not first.max_context[i] and i - shift >= 0 and second.max_context[i - shift])
+    i = next(
+        i
+        for i in range(len(first.orig_index))
+        if not first.max_context[i] and i - shift >= 0 and second.max_context[i - shift]
+    )
     s, e = np.full((2, len(features), SEQ), -10.0, np.float32)
     s[0, first.doc_offset + i] = e[0, first.doc_offset + i] = 9.0
     s[1, second.doc_offset + i - shift] = e[1, second.doc_offset + i - shift] = 2.0
@@ -455,8 +585,7 @@ def test_no_valid_span(treaty):
     assert predictions == {"t1": "empty"}  # the original's stand-in
     assert nbest["t1"] == [{"text": "empty", "probability": 1.0, "start_logit": 0.0, "end_logit": 0.0}]
     # v2: the original fails here (no non-null entry); kbert answers "no answer".
-    predictions, nbest = squad_predictions([example], features, s, e, n_best_size=1,
-                                           version_2_with_negative=True)
+    predictions, nbest = squad_predictions([example], features, s, e, n_best_size=1, version_2_with_negative=True)
     assert predictions == {"t1": ""}
     assert nbest["t1"] == [{"text": "", "probability": 1.0, "start_logit": 9.0, "end_logit": 9.0}]
 
@@ -469,44 +598,72 @@ def test_logits_shape_is_checked(treaty):
 
 # --- evaluation ---------------------------------------------------------------------------
 
+
 def gold(qid, *answers, impossible=False):
     return SquadExample(qid, "?", [], is_impossible=impossible, answers=list(answers))
 
 
 def test_evaluate_v1_hand_computed():
-    examples = [gold("e1", "Denver Broncos", "Broncos"),   # "the broncos": EM 1, F1 1 (2nd gold)
-                gold("e2", "Eiffel Tower"),                # "The Eiffel Tower!": EM 1, F1 1
-                gold("e3", "Paris"),                       # "in Paris, France": F1 2*(1/3)*1/(4/3) = 0.5
-                gold("e4", "a golden statue of Mary", "golden statue"),  # F1 max(0.75, 1/3)
-                gold("e5", "1861"),                        # no prediction: 0, 0
-                gold("e6", "The")]                         # "": v1 EM 1 ("" == ""), F1 0
-    predictions = {"e1": "the broncos", "e2": "The Eiffel Tower!", "e3": "in Paris, France",
-                   "e4": "statue of the Virgin Mary", "e6": "", "not-asked": "x"}
+    examples = [
+        gold("e1", "Denver Broncos", "Broncos"),  # "the broncos": EM 1, F1 1 (2nd gold)
+        gold("e2", "Eiffel Tower"),  # "The Eiffel Tower!": EM 1, F1 1
+        gold("e3", "Paris"),  # "in Paris, France": F1 2*(1/3)*1/(4/3) = 0.5
+        gold("e4", "a golden statue of Mary", "golden statue"),  # F1 max(0.75, 1/3)
+        gold("e5", "1861"),  # no prediction: 0, 0
+        gold("e6", "The"),
+    ]  # "": v1 EM 1 ("" == ""), F1 0
+    predictions = {
+        "e1": "the broncos",
+        "e2": "The Eiffel Tower!",
+        "e3": "in Paris, France",
+        "e4": "statue of the Virgin Mary",
+        "e6": "",
+        "not-asked": "x",
+    }
     result = squad_evaluate(examples, predictions)
     assert result == {"exact_match": pytest.approx(50.0), "f1": pytest.approx(100 * 3.25 / 6), "total": 6}
 
 
 def test_evaluate_v2_hand_computed():
-    examples = [gold("n1", impossible=True),             # "": 1, 1
-                gold("n2", impossible=True),             # "Kehl": 0, 0
-                gold("n3", "1861"),                      # "": 0, 0
-                gold("n4", "the railway bridge"),        # "railway bridge at Kehl": EM 0, F1 2/3
-                gold("n5", "The", "1870"),               # "The" normalizes to nothing and is dropped: 1, 1
-                gold("n6", "the")]                       # no gold left, so gold "": "" scores 1, 1
+    examples = [
+        gold("n1", impossible=True),  # "": 1, 1
+        gold("n2", impossible=True),  # "Kehl": 0, 0
+        gold("n3", "1861"),  # "": 0, 0
+        gold("n4", "the railway bridge"),  # "railway bridge at Kehl": EM 0, F1 2/3
+        gold("n5", "The", "1870"),  # "The" normalizes to nothing and is dropped: 1, 1
+        gold("n6", "the"),
+    ]  # no gold left, so gold "": "" scores 1, 1
     predictions = {"n1": "", "n2": "Kehl", "n3": "", "n4": "railway bridge at Kehl", "n5": "1870", "n6": ""}
     result = squad_evaluate(examples, predictions)
-    assert result == pytest.approx({
-        "exact_match": 50.0, "f1": 100 * (3 + 2 / 3) / 6, "total": 6,
-        "HasAns_exact": 50.0, "HasAns_f1": 100 * (2 + 2 / 3) / 4, "HasAns_total": 4,
-        "NoAns_exact": 50.0, "NoAns_f1": 50.0, "NoAns_total": 2})
+    assert result == pytest.approx(
+        {
+            "exact_match": 50.0,
+            "f1": 100 * (3 + 2 / 3) / 6,
+            "total": 6,
+            "HasAns_exact": 50.0,
+            "HasAns_f1": 100 * (2 + 2 / 3) / 4,
+            "HasAns_total": 4,
+            "NoAns_exact": 50.0,
+            "NoAns_f1": 50.0,
+            "NoAns_total": 2,
+        }
+    )
 
 
 def test_evaluate_reads_a_dataset_file(data_files):
     examples = read_squad(data_files["v2"], is_training=False)
     perfect = {e.qas_id: (e.answers[0] if e.answers else "") for e in examples}
     assert squad_evaluate(data_files["v2"], perfect) == {
-        "exact_match": 100.0, "f1": 100.0, "total": 22, "HasAns_exact": 100.0, "HasAns_f1": 100.0,
-        "HasAns_total": 18, "NoAns_exact": 100.0, "NoAns_f1": 100.0, "NoAns_total": 4}
+        "exact_match": 100.0,
+        "f1": 100.0,
+        "total": 22,
+        "HasAns_exact": 100.0,
+        "HasAns_f1": 100.0,
+        "HasAns_total": 18,
+        "NoAns_exact": 100.0,
+        "NoAns_f1": 100.0,
+        "NoAns_total": 4,
+    }
     wrong = dict(perfect, b1="1860", b7="1861")  # one answerable and one impossible question wrong
     result = squad_evaluate(data_files["v2"], wrong)
     assert result["exact_match"] == pytest.approx(100 * 20 / 22)
@@ -517,22 +674,33 @@ def test_evaluate_reads_a_dataset_file(data_files):
 
 # --- files ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("content,message", [
-    (None, "no such SQuAD file"),
-    ('{"data": [', "is not SQuAD JSON: Expecting value at line 1 column 11"),
-    ('{"version": "1.1"}', "is not SQuAD JSON: no 'data' list"),
-    ('[1, 2]', "is not SQuAD JSON: no 'data' list"),
-    ('{"data": [{"paragraphs": [{"qas": []}]}]}', "data[0].paragraphs[0] has no 'context' string"),
-    ('{"data": [{"title": "x"}]}', "data[0] has no 'paragraphs' list"),
-    ('{"data": [{"paragraphs": [{"context": "a b", "qas": [{"id": "q", "answers": []}]}]}]}',
-     "data[0].paragraphs[0].qas[0] has no 'question' string"),
-    ('{"data": [{"paragraphs": [{"context": "a b", "qas": []}]}]}', "has no questions"),
-    ('{"data": [{"paragraphs": [{"context": "a b", "qas": [{"id": "q", "question": "?", '
-     '"answers": [{"text": "b", "answer_start": 9}]}]}]}]}', "answer_start 9"),
-    ('{"data": [{"paragraphs": [{"context": "a b", "qas": [{"id": "q", "question": "?", '
-     '"answers": [{"text": "b", "answer_start": 2}, {"text": "a", "answer_start": 0}]}]}]}]}',
-     "has 2 answers; training needs exactly 1"),
-])
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "no such SQuAD file"),
+        ('{"data": [', "is not SQuAD JSON: Expecting value at line 1 column 11"),
+        ('{"version": "1.1"}', "is not SQuAD JSON: no 'data' list"),
+        ("[1, 2]", "is not SQuAD JSON: no 'data' list"),
+        ('{"data": [{"paragraphs": [{"qas": []}]}]}', "data[0].paragraphs[0] has no 'context' string"),
+        ('{"data": [{"title": "x"}]}', "data[0] has no 'paragraphs' list"),
+        (
+            '{"data": [{"paragraphs": [{"context": "a b", "qas": [{"id": "q", "answers": []}]}]}]}',
+            "data[0].paragraphs[0].qas[0] has no 'question' string",
+        ),
+        ('{"data": [{"paragraphs": [{"context": "a b", "qas": []}]}]}', "has no questions"),
+        (
+            '{"data": [{"paragraphs": [{"context": "a b", "qas": [{"id": "q", "question": "?", '
+            '"answers": [{"text": "b", "answer_start": 9}]}]}]}]}',
+            "answer_start 9",
+        ),
+        (
+            '{"data": [{"paragraphs": [{"context": "a b", "qas": [{"id": "q", "question": "?", '
+            '"answers": [{"text": "b", "answer_start": 2}, {"text": "a", "answer_start": 0}]}]}]}]}',
+            "has 2 answers; training needs exactly 1",
+        ),
+    ],
+)
 def test_bad_files_are_one_line_errors(tmp_path, content, message):
     path = tmp_path / "train.json"
     if content is not None:

@@ -162,8 +162,15 @@ def tokenizer():
 
 
 def _read(task, path, tokenizer, labels, *, require_labels, training):
-    return TASKS[task].read(path, tokenizer=tokenizer, max_seq_length=16, labels=labels, options=OPTS,
-                            require_labels=require_labels, training=training)
+    return TASKS[task].read(
+        path,
+        tokenizer=tokenizer,
+        max_seq_length=16,
+        labels=labels,
+        options=OPTS,
+        require_labels=require_labels,
+        training=training,
+    )
 
 
 def test_classify_reads_its_classes_from_the_training_file(tmp_path, tokenizer):

@@ -18,7 +18,6 @@ import pytest
 
 from conftest import assert_user_error, run_kbert
 from helpers import conll_sentences, sentiment_rows, write_conll, write_tsv
-
 from kbert.errors import KbertError
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.readers import read_tagged_examples, read_text_examples
@@ -61,23 +60,38 @@ def test_tag_refuses_a_classification_tsv(tmp_path, tiny_model_dir):
     (tmp_path / "spaces.conll").write_text("-DOCSTART- -X- O O\n\nEU NNP B-ORG\nrejects VBZ O\n")
     assert read_tagged_examples(tmp_path / "spaces.conll").tags == [["B-ORG", "O"]]
 
-    result = run_kbert("finetune", tiny_model_dir, "--task", "tag", "--train", tsv, "--output", tmp_path / "m",
-                       *TRAIN, check=False)
+    result = run_kbert(
+        "finetune", tiny_model_dir, "--task", "tag", "--train", tsv, "--output", tmp_path / "m", *TRAIN, check=False
+    )
     assert_user_error(result, "train.tsv: the first line is a header", "--task tag reads CoNLL: one word and its tag")
     assert not (tmp_path / "m").exists()
 
 
 def test_classify_refuses_scores_and_names_regress(tmp_path, tiny_model_dir):
     train = write_tsv(tmp_path / "train.tsv", scores_rows(32), header=("text", "text_b", "label"))
-    result = run_kbert("finetune", tiny_model_dir, "--task", "classify", "--train", train,
-                       "--output", tmp_path / "m", *TRAIN, check=False)
-    assert_user_error(result, "train.tsv: the labels are numbers with fractions (26 values from 0 to 5",
-                      "for a score per example use --task regress")
+    result = run_kbert(
+        "finetune",
+        tiny_model_dir,
+        "--task",
+        "classify",
+        "--train",
+        train,
+        "--output",
+        tmp_path / "m",
+        *TRAIN,
+        check=False,
+    )
+    assert_user_error(
+        result,
+        "train.tsv: the labels are numbers with fractions (26 values from 0 to 5",
+        "for a score per example use --task regress",
+    )
     assert not (tmp_path / "m").exists()
     # Whole numbers are classes (1..5 stars), and so are names.
     stars = write_tsv(tmp_path / "stars.tsv", [(t, str(1 + i % 5)) for i, (t, _) in enumerate(sentiment_rows(32, 0))])
-    result = run_kbert("finetune", tiny_model_dir, "--task", "classify", "--train", stars,
-                       "--output", tmp_path / "stars", *TRAIN)
+    result = run_kbert(
+        "finetune", tiny_model_dir, "--task", "classify", "--train", stars, "--output", tmp_path / "stars", *TRAIN
+    )
     assert json.load(open(tmp_path / "stars" / "bert_config.json"))["labels"] == ["1", "2", "3", "4", "5"]
 
 
@@ -85,9 +99,11 @@ def test_regress_refuses_class_names_and_classify_refuses_conll(tmp_path):
     names = write_tsv(tmp_path / "names.tsv", sentiment_rows(8, 0))
     with pytest.raises(KbertError) as raised:
         read_text_examples(names, task="regress")
-    assert re.search(r"no label is a number \(line 2: label '(pos|neg)' is not a number\); --task regress needs "
-                     r"a number per row \(a score such as 3\.8\): for class names use --task classify",
-                     one_line(raised.value)), str(raised.value)
+    assert re.search(
+        r"no label is a number \(line 2: label '(pos|neg)' is not a number\); --task regress needs "
+        r"a number per row \(a score such as 3\.8\): for class names use --task classify",
+        one_line(raised.value),
+    ), str(raised.value)
     conll = write_conll(tmp_path / "train.conll", conll_sentences(4, 0))
     with pytest.raises(KbertError, match=r"looks like CoNLL \(a word and its tag per line\), which --task tag reads"):
         read_text_examples(conll)
@@ -107,42 +123,51 @@ def tagger_dir(tmp_path_factory, tiny_model_dir):
 
 def test_predict_on_a_tagger_names_conll_for_a_classify_tsv(tmp_path, tagger_dir):
     tsv = write_tsv(tmp_path / "in.tsv", sentiment_rows(4, 0))
-    assert_user_error(run_kbert("predict", tagger_dir, "--input", tsv, check=False),
-                      "in.tsv: the first line is a header (text, label)", "--task tag reads CoNLL")
+    assert_user_error(
+        run_kbert("predict", tagger_dir, "--input", tsv, check=False),
+        "in.tsv: the first line is a header (text, label)",
+        "--task tag reads CoNLL",
+    )
     # CoNLL whose tags the model never saw: prediction reads the words and ignores the tags
     # (evaluate needs them to be the model's).
     other = write_conll(tmp_path / "other.conll", [(["the", "city"], ["DET", "NOUN"])])
     rows = [json.loads(line) for line in run_kbert("predict", tagger_dir, "--input", other).stdout.splitlines()]
     assert [row["words"] for row in rows] == [["the", "city"]] and len(rows[0]["tags"]) == 2
-    assert_user_error(run_kbert("evaluate", tagger_dir, "--input", other, check=False),
-                      "tags DET, NOUN were not in the training data", "evaluate with data tagged with")
+    assert_user_error(
+        run_kbert("evaluate", tagger_dir, "--input", other, check=False),
+        "tags DET, NOUN were not in the training data",
+        "evaluate with data tagged with",
+    )
 
 
 # === numbers out of range, from Python as from the command line ===
 
 
-@pytest.mark.parametrize("field, value, fragment", [
-    ("epochs", 0, "--epochs must be at least 1, got 0"),
-    ("batch_size", 0, "--batch-size must be at least 1, got 0"),
-    ("batch_size", -3, "--batch-size must be at least 1, got -3"),
-    ("batch_size", 2.5, "--batch-size must be a whole number, got 2.5"),
-    ("learning_rate", 0.0, "--learning-rate must be more than 0, got 0.0"),
-    ("learning_rate", -1e-5, "--learning-rate must be more than 0"),
-    ("learning_rate", math.nan, "--learning-rate must be a finite number, got nan"),
-    ("max_seq_length", 0, "--max-seq-length must be at least 3, got 0"),
-    ("max_seq_length", -5, "--max-seq-length must be at least 3, got -5"),
-    ("warmup_proportion", 1.0, "--warmup-proportion must be in [0, 1), got 1.0"),
-    ("warmup_proportion", -0.1, "--warmup-proportion must be in [0, 1)"),
-    ("seed", -1, "--seed must be at least 0, got -1"),
-    ("patience", -1, "--patience must be at least 0, got -1"),
-    ("save_every", 0, "--save-every must be at least 1, got 0"),
-    ("doc_stride", 0, "--doc-stride must be at least 1, got 0"),
-    ("max_query_length", 0, "--max-query-length must be at least 1"),
-    ("n_best_size", 0, "--n-best-size must be at least 1"),
-    ("max_answer_length", -1, "--max-answer-length must be at least 1"),
-    ("null_score_diff_threshold", math.inf, "--null-score-diff-threshold must be a finite number"),
-    ("strategy", "tpu", "--strategy 'tpu': fine-tuning runs on auto, cpu, gpu or mirrored"),
-])
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("epochs", 0, "--epochs must be at least 1, got 0"),
+        ("batch_size", 0, "--batch-size must be at least 1, got 0"),
+        ("batch_size", -3, "--batch-size must be at least 1, got -3"),
+        ("batch_size", 2.5, "--batch-size must be a whole number, got 2.5"),
+        ("learning_rate", 0.0, "--learning-rate must be more than 0, got 0.0"),
+        ("learning_rate", -1e-5, "--learning-rate must be more than 0"),
+        ("learning_rate", math.nan, "--learning-rate must be a finite number, got nan"),
+        ("max_seq_length", 0, "--max-seq-length must be at least 3, got 0"),
+        ("max_seq_length", -5, "--max-seq-length must be at least 3, got -5"),
+        ("warmup_proportion", 1.0, "--warmup-proportion must be in [0, 1), got 1.0"),
+        ("warmup_proportion", -0.1, "--warmup-proportion must be in [0, 1)"),
+        ("seed", -1, "--seed must be at least 0, got -1"),
+        ("patience", -1, "--patience must be at least 0, got -1"),
+        ("save_every", 0, "--save-every must be at least 1, got 0"),
+        ("doc_stride", 0, "--doc-stride must be at least 1, got 0"),
+        ("max_query_length", 0, "--max-query-length must be at least 1"),
+        ("n_best_size", 0, "--n-best-size must be at least 1"),
+        ("max_answer_length", -1, "--max-answer-length must be at least 1"),
+        ("null_score_diff_threshold", math.inf, "--null-score-diff-threshold must be a finite number"),
+        ("strategy", "tpu", "--strategy 'tpu': fine-tuning runs on auto, cpu, gpu or mirrored"),
+    ],
+)
 def test_options_check_every_number(field, value, fragment):
     from kbert.finetuning.options import resolve_options
 
@@ -175,12 +200,15 @@ def classifier_dir(tmp_path_factory, tiny_model_dir):
     return work / "classifier", write_tsv(work / "data.tsv", sentiment_rows(8, 0))
 
 
-@pytest.mark.parametrize("call, overrides, fragment", [
-    ("predict", {"batch_size": 0}, "--batch-size must be at least 1, got 0"),
-    ("evaluate", {"batch_size": -3}, "--batch-size must be at least 1, got -3"),
-    ("predict", {"max_seq_length": 0}, "--max-seq-length must be at least 3, got 0"),
-    ("evaluate", {"max_seq_length": -1}, "--max-seq-length must be at least 3, got -1"),
-])
+@pytest.mark.parametrize(
+    "call, overrides, fragment",
+    [
+        ("predict", {"batch_size": 0}, "--batch-size must be at least 1, got 0"),
+        ("evaluate", {"batch_size": -3}, "--batch-size must be at least 1, got -3"),
+        ("predict", {"max_seq_length": 0}, "--max-seq-length must be at least 3, got 0"),
+        ("evaluate", {"max_seq_length": -1}, "--max-seq-length must be at least 3, got -1"),
+    ],
+)
 def test_predict_and_evaluate_check_numbers_at_the_call(classifier_dir, call, overrides, fragment):
     from kbert.finetuning import predict
 
@@ -200,6 +228,7 @@ def test_encoder_features_and_served_predict_check_numbers(tiny_model_dir, tmp_p
     with pytest.raises(KbertError, match="--batch-size must be at least 1, got 0"):
         predict(tiny_model_dir, lines, batch_size=0)
     import kbert
+
     with pytest.raises(KbertError, match="--max-seq-length must be at least 3, got 0"):
         features(kbert.load(tiny_model_dir), lines, None, 0)
     # Checked before the server is asked (nothing listens at port 1).
@@ -213,10 +242,12 @@ def test_finetune_checks_numbers_before_reading(tmp_path, tiny_model_dir):
     from kbert.finetuning.train import finetune
 
     train = write_tsv(tmp_path / "train.tsv", sentiment_rows(8, 0))
-    for overrides, fragment in (({"max_seq_length": 0}, "--max-seq-length must be at least 3, got 0"),
-                                ({"max_seq_length": 4}, "--max-seq-length must be at least 8 to fine-tune, got 4"),
-                                ({"epochs": 0}, "--epochs must be at least 1, got 0"),
-                                ({"learning_rate": 0}, "--learning-rate must be more than 0")):
+    for overrides, fragment in (
+        ({"max_seq_length": 0}, "--max-seq-length must be at least 3, got 0"),
+        ({"max_seq_length": 4}, "--max-seq-length must be at least 8 to fine-tune, got 4"),
+        ({"epochs": 0}, "--epochs must be at least 1, got 0"),
+        ({"learning_rate": 0}, "--learning-rate must be more than 0"),
+    ):
         with pytest.raises(KbertError) as raised:
             finetune(tiny_model_dir, "classify", train, tmp_path / "m", **overrides)
         assert fragment in one_line(raised.value)
@@ -246,9 +277,25 @@ def failed_run(tmp_path_factory, tiny_model_dir):
 
     train_module._RunCheckpoints.start = start
     try:
-        result = run_kbert("finetune", tiny_model_dir, "--task", "classify", "--train", train, "--output", out,
-                           "--epochs", "2", "--batch-size", "16", "--max-seq-length", "16", "--save-every", "1",
-                           check=False)
+        result = run_kbert(
+            "finetune",
+            tiny_model_dir,
+            "--task",
+            "classify",
+            "--train",
+            train,
+            "--output",
+            out,
+            "--epochs",
+            "2",
+            "--batch-size",
+            "16",
+            "--max-seq-length",
+            "16",
+            "--save-every",
+            "1",
+            check=False,
+        )
     finally:
         train_module._RunCheckpoints.start = real_start
     return out, result
@@ -256,8 +303,14 @@ def failed_run(tmp_path_factory, tiny_model_dir):
 
 def test_a_failed_checkpoint_write_says_why_without_tensorflow_wrapping(failed_run):
     out, result = failed_run
-    assert_user_error(result, "writing the checkpoint for step 2 failed (", "ckpt-2_temp", "Not a directory",
-                      "the previous checkpoint (step 1) is intact: fix the cause, then --resume", alone=False)
+    assert_user_error(
+        result,
+        "writing the checkpoint for step 2 failed (",
+        "ckpt-2_temp",
+        "Not a directory",
+        "the previous checkpoint (step 1) is intact: fix the cause, then --resume",
+        alone=False,
+    )
     assert "function_node" not in result.stderr and "[Op:" not in result.stderr, result.stderr
     assert json.load(open(f"{out}.partial/state.json"))["step"] == 1 and not out.exists()
 
@@ -268,8 +321,11 @@ def test_an_unfinished_run_is_named_and_its_command_finishes_it(failed_run, tmp_
     out, _ = failed_run
     partial = f"{out}.partial"
     said = f"{partial}: an unfinished kbert finetune run (stopped at step 1 of 4), not a model; finish it with `kbert finetune"
-    for args in (("export", partial, tmp_path / "exports"), ("predict", partial, "--input", tmp_path / "x.tsv"),
-                 ("fill-mask", partial, "the [MASK].")):
+    for args in (
+        ("export", partial, tmp_path / "exports"),
+        ("predict", partial, "--input", tmp_path / "x.tsv"),
+        ("fill-mask", partial, "the [MASK]."),
+    ):
         if args[0] == "predict":
             write_tsv(tmp_path / "x.tsv", [("gold.",)], header=("text",))
         assert_user_error(run_kbert(*args, check=False), said, "--resume`, then use " + str(out))

@@ -16,7 +16,7 @@ from helpers import sentiment_texts, write_tsv
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 
-USER_CODE = r'''
+USER_CODE = r"""
 import json, os, sys
 import numpy as np
 import keras
@@ -67,7 +67,7 @@ print(json.dumps({
     "model_dir_max_diff": float(np.abs(before - after_dir).max()),
     "test_predicted_accuracy": float((before.argmax(-1) == test_labels).mean()),
 }))
-'''
+"""
 
 
 def run_user_code(tiny_model_dir, tmp_path, mirrored):
@@ -75,9 +75,17 @@ def run_user_code(tiny_model_dir, tmp_path, mirrored):
     if mirrored:
         env["KBERT_LOGICAL_CPUS"] = "2"
     script = tmp_path / "user_code.py"
-    script.write_text(("import kbert.training.strategy; kbert.training.strategy.split_cpu_if_asked()\n" if mirrored else "") + USER_CODE)
-    out = subprocess.run([sys.executable, str(script), str(tiny_model_dir), str(tmp_path), "1" if mirrored else "0"],
-                         capture_output=True, text=True, env=env, timeout=600)
+    script.write_text(
+        ("import kbert.training.strategy; kbert.training.strategy.split_cpu_if_asked()\n" if mirrored else "")
+        + USER_CODE
+    )
+    out = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir), str(tmp_path), "1" if mirrored else "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -101,9 +109,12 @@ def test_user_fits_evaluates_saves_reloads_and_predicts(tiny_model_dir, tmp_path
     test = write_tsv(tmp_path / "test.tsv", [(t, "pos" if y else "neg") for t, y in zip(texts, labels)])
     metrics = json.loads(run_kbert("evaluate", tmp_path / "model_dir", "--input", test).stdout)
     assert metrics["examples"] == 64 and metrics["accuracy"] == pytest.approx(result["test_accuracy"], abs=1e-6)
-    rows = [json.loads(line) for line in run_kbert("predict", tmp_path / "model_dir", "--input", test).stdout.splitlines()]
-    assert len(rows) == 64 and sum(row["label"] == ("pos" if y else "neg") for row, y in zip(rows, labels)) == \
-        round(64 * result["test_accuracy"])
+    rows = [
+        json.loads(line) for line in run_kbert("predict", tmp_path / "model_dir", "--input", test).stdout.splitlines()
+    ]
+    assert len(rows) == 64 and sum(row["label"] == ("pos" if y else "neg") for row, y in zip(rows, labels)) == round(
+        64 * result["test_accuracy"]
+    )
     if mirrored:
         return
     # The .keras file is the whole model too: head, labels, vocabulary (inside it) and casing.
@@ -115,6 +126,7 @@ def test_user_fits_evaluates_saves_reloads_and_predicts(tiny_model_dir, tmp_path
         assert ours["probabilities"] == pytest.approx(theirs["probabilities"], abs=1e-6)
     run_kbert("export", keras_file, tmp_path / "exports", "--max-seq-length", "24")
     import tensorflow as tf
+
     served = tf.saved_model.load(str(tmp_path / "exports" / "1")).signatures["serving_default"]
     answers = served(text=tf.constant(texts[:8]), text_b=tf.constant([""] * 8))  # pairs unless declared
     assert [label.decode() for label in answers["label"].numpy()] == [row["label"] for row in rows[:8]]
@@ -129,6 +141,7 @@ def user_classifier(tiny_model_dir):
     import keras
 
     import kbert
+
     keras.utils.set_random_seed(3)
     return kbert.bert_classifier(kbert.load(tiny_model_dir), num_classes=2)
 
@@ -138,9 +151,13 @@ def test_kbert_save_records_the_task_predict_and_evaluate_need(user_classifier, 
 
     kbert.save(user_classifier, tmp_path / "named", task="classify", labels=["neg", "pos"], max_seq_length=32)
     config = json.load(open(tmp_path / "named" / "bert_config.json"))
-    assert {k: config[k] for k in ("kbert_model", "task", "labels", "max_seq_length", "do_lower_case")} == \
-        {"kbert_model": "classifier", "task": "classify", "labels": ["neg", "pos"], "max_seq_length": 32,
-         "do_lower_case": True}
+    assert {k: config[k] for k in ("kbert_model", "task", "labels", "max_seq_length", "do_lower_case")} == {
+        "kbert_model": "classifier",
+        "task": "classify",
+        "labels": ["neg", "pos"],
+        "max_seq_length": 32,
+        "do_lower_case": True,
+    }
     data = write_tsv(tmp_path / "data.tsv", [("gold glorious great.", "pos"), ("dead dust.", "neg")])
     rows = [json.loads(line) for line in run_kbert("predict", tmp_path / "named", "--input", data).stdout.splitlines()]
     assert len(rows) == 2 and all(set(row) == {"label", "probabilities"} for row in rows)  # not pooled outputs
@@ -158,18 +175,21 @@ def test_kbert_save_records_the_task_predict_and_evaluate_need(user_classifier, 
     assert json.loads(run_kbert("evaluate", tmp_path / "ids", "--input", ids).stdout)["examples"] == 2
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"task": "tag"}, "task 'tag' does not fit a classifier (bert_classifier); its tasks are classify, regress"),
-    ({"task": "translate"}, "unknown task 'translate'; use one of classify, regress, tag, squad, choice"),
-    ({"labels": ["neg"]}, "the classifier has 2 outputs, so give 2 different label names, in output order"),
-    ({"labels": ["pos", "pos"]}, "give 2 different label names"),
-    ({"labels": "neg,pos"}, "labels must be a list of label names (str), one per output"),
-    ({"task": "regress"}, "task regress needs a classifier with one output (num_classes=1); this one has 2"),
-    ({"max_seq_length": 0}, "max_seq_length 0: give the tokens per example the model was trained with, 3 to 64"),
-    ({"max_seq_length": 65}, "3 to 64 (max_position_embeddings)"),
-    ({"text_pairs": "yes"}, "text_pairs must be True (trained on sentence pairs) or False, got 'yes'"),
-    ({"task": "classify", "text_pairs": True, "labels": ["a", "b"]}, None),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"task": "tag"}, "task 'tag' does not fit a classifier (bert_classifier); its tasks are classify, regress"),
+        ({"task": "translate"}, "unknown task 'translate'; use one of classify, regress, tag, squad, choice"),
+        ({"labels": ["neg"]}, "the classifier has 2 outputs, so give 2 different label names, in output order"),
+        ({"labels": ["pos", "pos"]}, "give 2 different label names"),
+        ({"labels": "neg,pos"}, "labels must be a list of label names (str), one per output"),
+        ({"task": "regress"}, "task regress needs a classifier with one output (num_classes=1); this one has 2"),
+        ({"max_seq_length": 0}, "max_seq_length 0: give the tokens per example the model was trained with, 3 to 64"),
+        ({"max_seq_length": 65}, "3 to 64 (max_position_embeddings)"),
+        ({"text_pairs": "yes"}, "text_pairs must be True (trained on sentence pairs) or False, got 'yes'"),
+        ({"task": "classify", "text_pairs": True, "labels": ["a", "b"]}, None),
+    ],
+)
 def test_kbert_save_refuses_metadata_that_does_not_fit_the_head(user_classifier, tmp_path, kwargs, fragment):
     import kbert
     from kbert.errors import KbertError

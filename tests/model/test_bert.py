@@ -6,17 +6,28 @@ import kbert
 from helpers import assert_round_trips
 from kbert.model.bert import BertEncoder, BertPretrainer
 
-CONFIG = kbert.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=64, max_position_embeddings=40, type_vocab_size=2)
+CONFIG = kbert.BertConfig(
+    vocab_size=120,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=40,
+    type_vocab_size=2,
+)
 
 
 def _inputs(batch=2, seq=9, predictions=3, seed=0):
     rng = np.random.default_rng(seed)
     ids = rng.integers(1, CONFIG.vocab_size, (batch, seq)).astype("int32")
     mask = np.ones_like(ids)
-    mask[-1, seq // 2:] = 0  # a padded row
-    return {"input_ids": ids, "input_mask": mask, "segment_ids": (np.arange(seq) >= seq // 2).astype("int32")[None].repeat(batch, 0),
-            "masked_lm_positions": rng.integers(0, seq // 2, (batch, predictions)).astype("int32")}
+    mask[-1, seq // 2 :] = 0  # a padded row
+    return {
+        "input_ids": ids,
+        "input_mask": mask,
+        "segment_ids": (np.arange(seq) >= seq // 2).astype("int32")[None].repeat(batch, 0),
+        "masked_lm_positions": rng.integers(0, seq // 2, (batch, predictions)).astype("int32"),
+    }
 
 
 def _encoder_inputs(inputs):
@@ -125,8 +136,9 @@ def test_save_and_load_model_dir(tmp_path):
     kbert.save(encoder, tmp_path / "encoder", vocab_file=str(vocab))
     loaded = kbert.load(tmp_path / "encoder")
     assert isinstance(loaded, BertEncoder)
-    np.testing.assert_array_equal(encoder(_encoder_inputs(inputs))["pooled_output"],
-                                  loaded(_encoder_inputs(inputs))["pooled_output"])
+    np.testing.assert_array_equal(
+        encoder(_encoder_inputs(inputs))["pooled_output"], loaded(_encoder_inputs(inputs))["pooled_output"]
+    )
 
 
 def test_load_errors(tmp_path):
@@ -144,16 +156,26 @@ def test_model_fit_runs():
     model = kbert.bert_pretrainer(CONFIG)
     inputs = dict(encoder_inputs, masked_lm_positions=np.zeros((8, 1), "int32"))
     nsp = keras.Model(model.input, model.output["nsp_logits"])
-    nsp.compile(optimizer=keras.optimizers.Adam(1e-3),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    nsp.compile(
+        optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     history = nsp.fit(inputs, np.array([0, 1] * 4), epochs=3, batch_size=4, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
 
 
-@pytest.mark.parametrize("build", [
-    kbert.bert_encoder, kbert.bert_pretrainer, lambda c: kbert.bert_classifier(c, 3), lambda c: kbert.bert_classifier(c, 1),
-    lambda c: kbert.bert_tagger(c, 4), kbert.bert_span_predictor, kbert.bert_multiple_choice,
-], ids=["encoder", "pretrainer", "classifier", "regressor", "tagger", "span_predictor", "multiple_choice"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        kbert.bert_encoder,
+        kbert.bert_pretrainer,
+        lambda c: kbert.bert_classifier(c, 3),
+        lambda c: kbert.bert_classifier(c, 1),
+        lambda c: kbert.bert_tagger(c, 4),
+        kbert.bert_span_predictor,
+        kbert.bert_multiple_choice,
+    ],
+    ids=["encoder", "pretrainer", "classifier", "regressor", "tagger", "span_predictor", "multiple_choice"],
+)
 def test_every_model_round_trips(build, tmp_path):
     model = build(CONFIG)
     inputs = _inputs() if isinstance(model, BertPretrainer) else _encoder_inputs(_inputs())

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from kbert.model import fused
+
 SEED = tf.constant([7, 11])
 
 
@@ -39,8 +40,9 @@ def test_gelu_with_bias_matches_the_formula_and_its_gradient():
     for a, b in zip(our_grads, their_grads):
         close(a, b, 1e-6)
     # bfloat16 tensors: the bias gradient is summed in float32, so it stays close to float32's.
-    _, bf16_grads = value_and_grads(fused.gelu, [tf.cast(x, tf.bfloat16), tf.cast(bias, tf.bfloat16)],
-                                    tf.cast(upstream, tf.bfloat16))
+    _, bf16_grads = value_and_grads(
+        fused.gelu, [tf.cast(x, tf.bfloat16), tf.cast(bias, tf.bfloat16)], tf.cast(upstream, tf.bfloat16)
+    )
     close(bf16_grads[1], their_grads[1], 0.02)
 
 
@@ -94,9 +96,11 @@ def test_layer_norm_matches_keras(dtype, tol):
     beta = tf.constant(rng.normal(0, 0.2, 64), tf.float32)
     upstream = tf.constant(rng.normal(0, 1, (32, 64)), tf.float32)
     theirs, their_grads = value_and_grads(
-        lambda x, g, b: keras.ops.layer_normalization(x, g, b, -1, 1e-12), [x, gamma, beta], upstream)
-    ours, our_grads = value_and_grads(lambda x, g, b: fused.layer_norm(x, g, b, 1e-12),
-                                      [tf.cast(x, dtype), gamma, beta], tf.cast(upstream, dtype))
+        lambda x, g, b: keras.ops.layer_normalization(x, g, b, -1, 1e-12), [x, gamma, beta], upstream
+    )
+    ours, our_grads = value_and_grads(
+        lambda x, g, b: fused.layer_norm(x, g, b, 1e-12), [tf.cast(x, dtype), gamma, beta], tf.cast(upstream, dtype)
+    )
     assert ours.dtype == dtype
     close(ours, theirs, tol)
     for a, b in zip(our_grads, their_grads):
@@ -120,8 +124,9 @@ def test_bias_dropout_is_dropout_of_the_biased_input_with_the_bias_gradient():
     bias = tf.constant(rng.normal(0, 1, 32), tf.float32)
     upstream = tf.constant(rng.normal(0, 1, (64, 32)), tf.float32)
     ours, (d_x, d_bias) = value_and_grads(lambda x, b: fused.bias_dropout(x, b, 0.1, SEED), [x, bias], upstream)
-    theirs, (their_d_x, their_d_bias) = value_and_grads(lambda x, b: fused.dropout(x + b, 0.1, SEED),
-                                                        [x, bias], upstream)
+    theirs, (their_d_x, their_d_bias) = value_and_grads(
+        lambda x, b: fused.dropout(x + b, 0.1, SEED), [x, bias], upstream
+    )
     close(ours, theirs, 1e-6)
     close(d_x, their_d_x, 1e-6)
     close(d_bias, their_d_bias, 1e-6)

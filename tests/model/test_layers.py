@@ -19,9 +19,18 @@ KERNELS = ("gelu", "dropout", "bias_dropout", "attention_probs", "layer_norm", "
 def tiny_config(dropout: float) -> BertConfig:
     # initializer_range 0.5 rather than 0.02: weights large enough that the attention is not
     # uniform and every gradient is far from 0.
-    return BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                      intermediate_size=32, max_position_embeddings=16, type_vocab_size=2,
-                      initializer_range=0.5, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    return BertConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        type_vocab_size=2,
+        initializer_range=0.5,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -33,11 +42,16 @@ def seeded():
 def kernels_run(monkeypatch):
     """The names of the fused kernels called since the set was last cleared."""
     ran = set()
+
+    def spy_on(name, kernel):
+        def spy(*args):
+            ran.add(name)
+            return kernel(*args)
+
+        return spy
+
     for name in KERNELS:
-        def spy(*args, _name=name, _kernel=getattr(fused, name)):
-            ran.add(_name)
-            return _kernel(*args)
-        monkeypatch.setattr(fused, name, spy)
+        monkeypatch.setattr(fused, name, spy_on(name, getattr(fused, name)))
     return ran
 
 
@@ -114,8 +128,13 @@ def test_only_a_plain_dense_takes_the_fused_path():
     lora.enable_lora(2)
     int8 = built(keras.layers.Dense(4))
     int8.quantize("int8")
-    for dense in (built(Scaled(4)), lora, int8, built(keras.layers.Dense(4, activation="relu")),
-                  built(keras.layers.Dense(4, use_bias=False))):
+    for dense in (
+        built(Scaled(4)),
+        lora,
+        int8,
+        built(keras.layers.Dense(4, activation="relu")),
+        built(keras.layers.Dense(4, use_bias=False)),
+    ):
         assert not layers.use_fused(True, dense), dense
 
 
@@ -133,7 +152,8 @@ def test_dropout_is_keras_dropout_bit_for_bit(kernels_run):
     layer = layers.Dropout(0.1)
     x = tf.random.stateless_normal([4, 8, 16], [1, 5])
     (ours, (our_grad,), ran), (theirs, (their_grad,), plain_ran) = both_paths(
-        layer, lambda: layer(x, training=True), kernels_run, inputs=[x])
+        layer, lambda: layer(x, training=True), kernels_run, inputs=[x]
+    )
     assert ran == {"dropout"} and plain_ran == set()
     np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
     np.testing.assert_array_equal(our_grad.numpy(), their_grad.numpy())
@@ -180,8 +200,9 @@ def test_transformer_layer_with_int8_dense_layers_trains_through_their_call(kern
 
 def test_masked_lm_head(kernels_run):
     config = tiny_config(0.0)
-    word_embeddings = keras.layers.Embedding(config.vocab_size, config.hidden_size,
-                                             embeddings_initializer=layers.initializer(config, "embeddings"))
+    word_embeddings = keras.layers.Embedding(
+        config.vocab_size, config.hidden_size, embeddings_initializer=layers.initializer(config, "embeddings")
+    )
     word_embeddings.build((None,))
     layer = layers.MaskedLMHead(config, word_embeddings)
     sequence_output = tf.random.stateless_normal([2, 6, 16], [3, 1])

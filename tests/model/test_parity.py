@@ -1,25 +1,27 @@
 """kbert against outputs computed by google-research/bert's own code (fixtures/tf1-tiny)."""
 
+import json
 import os
 import subprocess
 import sys
 
-import json
 import numpy as np
 import pytest
 
 import kbert
-from kbert.converters import load_tf1_checkpoint
 from conftest import REFERENCE, TINY
 from helpers import EXPECTED, original_outputs
+from kbert.converters import load_tf1_checkpoint
+
 
 @pytest.fixture(scope="module")
 def converted():
     return original_outputs(load_tf1_checkpoint(TINY))
 
 
-@pytest.mark.parametrize("name", ["embedding_output", "sequence_output", "pooled_output",
-                                  "mlm_log_probs", "nsp_log_probs"])
+@pytest.mark.parametrize(
+    "name", ["embedding_output", "sequence_output", "pooled_output", "mlm_log_probs", "nsp_log_probs"]
+)
 def test_matches_original_to_1e5(converted, name):
     got = np.asarray(converted[name])
     assert got.shape == EXPECTED[name].shape
@@ -41,9 +43,19 @@ def test_original_code_loads_to_tf1_output(tiny_model_dir, tmp_path):
     """to-tf1's checkpoint, loaded by the original code with get_assignment_map_from_checkpoint
     + tf.compat.v1.train.init_from_checkpoint, computes the original outputs."""
     from conftest import run_kbert
+
     run_kbert("convert", "to-tf1", tiny_model_dir, tmp_path / "tf1")
-    result = subprocess.run([sys.executable, os.path.join(REFERENCE, "original.py"), str(tmp_path / "tf1"),
-                             os.path.join(TINY, "expected.npz")], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REFERENCE, "original.py"),
+            str(tmp_path / "tf1"),
+            os.path.join(TINY, "expected.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["not_initialized"] == []

@@ -11,29 +11,46 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, UNCASED_VOCAB, assert_user_error, kbert_command, run_kbert
+from conftest import UNCASED_VOCAB, assert_user_error, kbert_command, run_kbert
 from kbert.errors import KbertError
-from test_create_data import (SAMPLE, compute_statistics, many_documents_corpus, original,  # noqa: F401 (fixture)
-                              original_input_fn, read_examples, write_original)
+from test_create_data import (  # noqa: F401 (fixture)
+    SAMPLE,
+    compute_statistics,
+    many_documents_corpus,
+    original,
+    original_input_fn,
+    read_examples,
+    write_original,
+)
 
 pytest.importorskip("apache_beam")
 pytestmark = pytest.mark.slow
 
 MULTI = "--direct_num_workers=2 --direct_running_mode=multi_processing"
-STATISTICS = ("instances", "documents", "skipped_empty_documents", "mean_length", "masked_share", "mask_token_share",
-              "kept_share", "random_share", "random_next_share", "replaced_invalid_utf8")
+STATISTICS = (
+    "instances",
+    "documents",
+    "skipped_empty_documents",
+    "mean_length",
+    "masked_share",
+    "mask_token_share",
+    "kept_share",
+    "random_share",
+    "random_next_share",
+    "replaced_invalid_utf8",
+)
 
 
 def records(paths):
     """The records of TFRecord files, as a sorted list of bytes (a multiset)."""
     import tensorflow as tf
+
     return sorted(r.numpy() for r in tf.data.TFRecordDataset([str(p) for p in paths]))
 
 
@@ -44,7 +61,7 @@ def corpus(tmp_path_factory):
     whole = many_documents_corpus(base / "many.txt", lines_per_document=2).read_text(encoding="utf-8")
     documents = whole.split("\n\n")
     third = len(documents) // 3
-    parts = [documents[:third], documents[third:2 * third], documents[2 * third:]]
+    parts = [documents[:third], documents[third : 2 * third], documents[2 * third :]]
     files = []
     for i, part in enumerate(parts):
         files.append(base / f"part-{i}.txt")
@@ -74,8 +91,19 @@ def create(args, corpus_files, out, *extra):
     flags = ["--dupe-factor", "3", "--max-seq-length", "64", "--max-predictions-per-seq", "10", "--chunk-docs", "3"]
     # Beam's runners start worker processes of their own: the call can run in this process
     # (the local path with --workers 2 spawns, so it gets a process of its own).
-    result = run_kbert("create-data", "--input", *corpus_files, "--vocab", UNCASED_VOCAB, "--output", out,
-                       *flags, *args, *extra, own_process="--runner" not in args)
+    result = run_kbert(
+        "create-data",
+        "--input",
+        *corpus_files,
+        "--vocab",
+        UNCASED_VOCAB,
+        "--output",
+        out,
+        *flags,
+        *args,
+        *extra,
+        own_process="--runner" not in args,
+    )
     return json.loads(result.stdout)
 
 
@@ -86,8 +114,9 @@ def test_every_runner_worker_and_shard_count_writes_the_same_records(corpus, loc
     runs = {
         "local, 2 workers, 2 shards": create(["--workers", "2", "--shards", "2"], files, tmp_path / "l2.tfrecord"),
         "DirectRunner in memory": create(["--runner", "DirectRunner"], files, tmp_path / "d.tfrecord"),
-        "DirectRunner, 2 processes, 3 shards": create(["--runner", "DirectRunner", "--pipeline-options", MULTI,
-                                                       "--shards", "3"], files, tmp_path / "mp.tfrecord"),
+        "DirectRunner, 2 processes, 3 shards": create(
+            ["--runner", "DirectRunner", "--pipeline-options", MULTI, "--shards", "3"], files, tmp_path / "mp.tfrecord"
+        ),
     }
     want = records(local["output_files"])
     assert len(want) == local["instances"] > 50
@@ -104,10 +133,10 @@ def test_every_runner_worker_and_shard_count_writes_the_same_records(corpus, loc
 
 def test_one_chunk_is_the_original_scripts_records_and_its_reader_parses_them(original, original_input_fn, tmp_path):
     theirs = tmp_path / "original.tfrecord"
-    write_original(original, SAMPLE, [theirs], dupe_factor=3, seed=5, max_seq_length=64,
-                   max_predictions_per_seq=10)
-    ours = create(["--runner", "DirectRunner", "--pipeline-options", MULTI, "--seed", "5"], [SAMPLE],
-                  tmp_path / "beam.tfrecord")
+    write_original(original, SAMPLE, [theirs], dupe_factor=3, seed=5, max_seq_length=64, max_predictions_per_seq=10)
+    ours = create(
+        ["--runner", "DirectRunner", "--pipeline-options", MULTI, "--seed", "5"], [SAMPLE], tmp_path / "beam.tfrecord"
+    )
     # Parsed, not as bytes: the original's protobuf writer orders the feature map its own way.
     parsed = sorted(json.dumps(e, sort_keys=True) for path in ours["output_files"] for e in read_examples(path))
     assert parsed == sorted(json.dumps(e, sort_keys=True) for e in read_examples(theirs))
@@ -126,10 +155,27 @@ def test_a_stopped_job_leaves_nothing_under_the_final_names(tmp_path, stop):
     big = tmp_path / "big.txt"
     big.write_text((Path(SAMPLE).read_text(encoding="utf-8") + "\n") * 400, encoding="utf-8")
     out = tmp_path / "out" / "data.tfrecord"
-    process = subprocess.Popen(kbert_command() + ["create-data", "--input", str(big), "--vocab", UNCASED_VOCAB,
-                                                  "--output", str(out), "--dupe-factor", "10", "--runner",
-                                                  "DirectRunner", "--pipeline-options", MULTI],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    process = subprocess.Popen(
+        kbert_command()
+        + [
+            "create-data",
+            "--input",
+            str(big),
+            "--vocab",
+            UNCASED_VOCAB,
+            "--output",
+            str(out),
+            "--dupe-factor",
+            "10",
+            "--runner",
+            "DirectRunner",
+            "--pipeline-options",
+            MULTI,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     # Stop it once the workers have begun writing chunk files (staged beside the output).
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("out/kbert-temp-*/*")) and process.poll() is None and time.monotonic() < deadline:
@@ -143,8 +189,20 @@ def test_a_stopped_job_leaves_nothing_under_the_final_names(tmp_path, stop):
         assert not [p for p in tmp_path.glob("out/*") if "temp" in p.name]
         return
     assert list(tmp_path.glob("out/kbert-temp-*/*"))  # it was writing
-    run_kbert("create-data", "--input", SAMPLE, "--vocab", UNCASED_VOCAB, "--output", out, "--dupe-factor", "1",
-              "--runner", "DirectRunner", own_process=False)
+    run_kbert(
+        "create-data",
+        "--input",
+        SAMPLE,
+        "--vocab",
+        UNCASED_VOCAB,
+        "--output",
+        out,
+        "--dupe-factor",
+        "1",
+        "--runner",
+        "DirectRunner",
+        own_process=False,
+    )
     assert sorted(p.name for p in out.parent.iterdir()) == ["data.tfrecord"]  # the dead run's folder is gone
 
 
@@ -166,8 +224,9 @@ def test_stale_temporaries_are_swept_and_a_failed_job_leaves_none(corpus, monkey
 
     monkeypatch.setattr(beam_pipeline.WriteShard, "process", fail)
     with pytest.raises(KbertError, match="the DirectRunner job failed: .*disk on fire"):
-        beam_pipeline.run_pipeline(files, UNCASED_VOCAB, tmp_path / "failed.tfrecord", options=options,
-                                   chunk_docs=3, shards=2)
+        beam_pipeline.run_pipeline(
+            files, UNCASED_VOCAB, tmp_path / "failed.tfrecord", options=options, chunk_docs=3, shards=2
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["data.tfrecord", *others])
     # Workers that wrote where the launcher does not look (a cluster without the output's disk).
     monkeypatch.undo()
@@ -188,8 +247,9 @@ def test_inputs_are_named_as_on_the_local_path(corpus, local_run, tmp_path):
     base, files = corpus
     want = records(local_run["output_files"])
     for name, patterns in (("glob", [str(base / "part-*.txt")]), ("commas", [f"{files[0]},{base}/part-[12].txt"])):
-        result = run_pipeline(patterns, UNCASED_VOCAB, tmp_path / f"{name}.tfrecord", options=DataOptions(**OPTIONS),
-                              chunk_docs=3)
+        result = run_pipeline(
+            patterns, UNCASED_VOCAB, tmp_path / f"{name}.tfrecord", options=DataOptions(**OPTIONS), chunk_docs=3
+        )
         assert records(result["output_files"]) == want, name
         assert beam_word_counts(patterns, tmp_path / "vocab.txt") == count_words(files), name
     with pytest.raises(KbertError, match=f"^{re.escape(str(base))}: is a directory"):
@@ -199,16 +259,28 @@ def test_inputs_are_named_as_on_the_local_path(corpus, local_run, tmp_path):
     for command in (["create-data", "--vocab", UNCASED_VOCAB], ["vocab"]):
         for runner in ("DirectRunner", "local"):
             out = tmp_path / "never"
-            result = run_kbert(*command, "--input", base, "--output", out, "--runner", runner, check=False,
-                               own_process=False)
+            result = run_kbert(
+                *command, "--input", base, "--output", out, "--runner", runner, check=False, own_process=False
+            )
             assert_user_error(result, f"{base}: is a directory", alone=False)
             assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["commas.tfrecord", "glob.tfrecord"]
 
 
 def test_beam_log_shows_only_with_debug(tmp_path):
-    args = ["create-data", "--input", SAMPLE, "--vocab", UNCASED_VOCAB, "--dupe-factor", "2", "--runner",
-            "DirectRunner", "--pipeline-options", MULTI]
+    args = [
+        "create-data",
+        "--input",
+        SAMPLE,
+        "--vocab",
+        UNCASED_VOCAB,
+        "--dupe-factor",
+        "2",
+        "--runner",
+        "DirectRunner",
+        "--pipeline-options",
+        MULTI,
+    ]
     quiet = run_kbert(*args, "--output", tmp_path / "quiet.tfrecord", own_process=True)
     assert json.loads(quiet.stdout)["instances"] == 23
     assert quiet.stderr == ""  # Beam's and its worker processes' some 45 INFO and WARNING lines: gone
@@ -226,10 +298,30 @@ def test_memory_does_not_grow_with_the_corpus(tmp_path):
         corpus = tmp_path / f"corpus{times}.txt"
         corpus.write_text(text * times, encoding="utf-8")
         # A process of its own: this one's peak is whatever earlier tests left.
-        result = run_kbert("create-data", "--input", corpus, "--vocab", UNCASED_VOCAB, "--output",
-                           tmp_path / f"out{times}.tfrecord", "--max-seq-length", "64", "--max-predictions-per-seq",
-                           "10", "--chunk-docs", "20", "--dupe-factor", "5", "--shards", "4", "--runner",
-                           "DirectRunner", "--pipeline-options", MULTI, own_process=True)
+        result = run_kbert(
+            "create-data",
+            "--input",
+            corpus,
+            "--vocab",
+            UNCASED_VOCAB,
+            "--output",
+            tmp_path / f"out{times}.tfrecord",
+            "--max-seq-length",
+            "64",
+            "--max-predictions-per-seq",
+            "10",
+            "--chunk-docs",
+            "20",
+            "--dupe-factor",
+            "5",
+            "--shards",
+            "4",
+            "--runner",
+            "DirectRunner",
+            "--pipeline-options",
+            MULTI,
+            own_process=True,
+        )
         peaks[times] = json.loads(result.stdout)
     assert peaks[4]["instances"] > 3.5 * peaks[1]["instances"] > 10_000
     for key in ("peak_rss_mib_main", "peak_rss_mib_largest_worker"):
@@ -241,8 +333,18 @@ def test_bad_input_one_line_and_nothing_written(corpus, tmp_path):
     out = tmp_path / "out.tfrecord"
 
     def fails(*args, fragment, runner="DirectRunner"):
-        result = run_kbert("create-data", "--vocab", UNCASED_VOCAB, "--output", out, "--runner", runner, *args,
-                           check=False, own_process=False)  # each fails before any worker starts
+        result = run_kbert(
+            "create-data",
+            "--vocab",
+            UNCASED_VOCAB,
+            "--output",
+            out,
+            "--runner",
+            runner,
+            *args,
+            check=False,
+            own_process=False,
+        )  # each fails before any worker starts
         assert_user_error(result, fragment, alone=False)
         assert not out.exists()
 
@@ -256,8 +358,19 @@ def test_bad_input_one_line_and_nothing_written(corpus, tmp_path):
         fails("--input", binary, fragment="random.bin: not UTF-8 text", runner=runner)
     # Remote paths reach Beam's file systems as written (not folded to s3:/bucket by a path type).
     fails("--input", "s3://kbert-test-bucket/corpus.txt", fragment="s3://kbert-test-bucket/corpus.txt: cannot list it")
-    result = run_kbert("create-data", "--vocab", UNCASED_VOCAB, "--input", files[0], "--output",
-                       "gs://kbert-test-bucket/data.tfrecord", "--runner", "DirectRunner", check=False, own_process=False)
+    result = run_kbert(
+        "create-data",
+        "--vocab",
+        UNCASED_VOCAB,
+        "--input",
+        files[0],
+        "--output",
+        "gs://kbert-test-bucket/data.tfrecord",
+        "--runner",
+        "DirectRunner",
+        check=False,
+        own_process=False,
+    )
     assert_user_error(result, "--output gs://kbert-test-bucket/data.tfrecord", "apache-beam[gcp]", alone=False)
     fails("--input", files[0], fragment="--runner", runner="SparkRunnr")
     fails("--input", files[0], "--pipeline-options", "--direct_num_wrkers=2", fragment="--direct_num_wrkers")
@@ -270,7 +383,9 @@ def test_vocab_counted_by_beam_is_the_local_vocab(corpus, tmp_path):
     results = {}
     for name, args in (("local", []), ("beam", ["--runner", "DirectRunner", "--pipeline-options", MULTI])):
         out = tmp_path / f"{name}.txt"
-        results[name] = json.loads(run_kbert("vocab", "--input", *files, "--output", out, "--size", "300", *args).stdout)
+        results[name] = json.loads(
+            run_kbert("vocab", "--input", *files, "--output", out, "--size", "300", *args).stdout
+        )
         results[name]["lines"] = out.read_text(encoding="utf-8")
     assert results["beam"]["lines"] == results["local"]["lines"]
     for key in ("size", "words", "distinct_words", "unk_rate"):
@@ -286,6 +401,7 @@ def test_vocab_counted_by_beam_is_the_local_vocab(corpus, tmp_path):
         assert not out.exists()
     # The rate from word counts is the rate of tokenizing the text (a small vocabulary, so some [UNK]).
     from kbert.text import vocab_builder
+
     tiny = tmp_path / "half-the-letters.txt"
     letters = "abcdefghijklm"
     tiny.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *("##" + c for c in letters)]))
@@ -307,13 +423,33 @@ def test_vocab_counts_stay_in_the_temp_location(corpus, monkeypatch, tmp_path):
         folder.mkdir()
     monkeypatch.chdir(work)
     monkeypatch.setattr(tempfile, "tempdir", str(system_temp))  # where mkdtemp makes the fresh folder
-    for output, flags in (("vocab.txt", ""), (os.path.join("out", "vocab.txt"), "--direct_num_workers=2"),
-                          ("temp.txt", "--temp_location=beam-temp")):  # relative, for the workers too
-        result = run_kbert("vocab", "--input", *files, "--output", output, "--size", "300", "--runner",
-                           "DirectRunner", "--pipeline-options", flags, own_process=False)
+    for output, flags in (
+        ("vocab.txt", ""),
+        (os.path.join("out", "vocab.txt"), "--direct_num_workers=2"),
+        ("temp.txt", "--temp_location=beam-temp"),
+    ):  # relative, for the workers too
+        result = run_kbert(
+            "vocab",
+            "--input",
+            *files,
+            "--output",
+            output,
+            "--size",
+            "300",
+            "--runner",
+            "DirectRunner",
+            "--pipeline-options",
+            flags,
+            own_process=False,
+        )
         assert json.loads(result.stdout)["distinct_words"] == len(want), output
     assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == [
-        "beam-temp", "out", os.path.join("out", "vocab.txt"), "temp.txt", "vocab.txt"]
+        "beam-temp",
+        "out",
+        os.path.join("out", "vocab.txt"),
+        "temp.txt",
+        "vocab.txt",
+    ]
     assert not [p for p in system_temp.iterdir() if "kbert" in p.name]  # (Beam keeps caches of its own there)
 
     monkeypatch.setattr(vocab_pipeline._Words, "process", fail)

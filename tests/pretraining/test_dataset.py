@@ -22,19 +22,38 @@ def write_records(path, n, seed=0):
 
     with tf.io.TFRecordWriter(str(path)) as writer:
         for _ in range(n):
-            features = {"input_ids": ints(rng.integers(5, 300, 32)), "input_mask": ints([1] * 32),
-                        "segment_ids": ints([0] * 16 + [1] * 16), "masked_lm_positions": ints(rng.integers(1, 32, 5)),
-                        "masked_lm_ids": ints(rng.integers(5, 300, 5)),
-                        "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * 5)),
-                        "next_sentence_labels": ints([rng.integers(0, 2)])}
+            features = {
+                "input_ids": ints(rng.integers(5, 300, 32)),
+                "input_mask": ints([1] * 32),
+                "segment_ids": ints([0] * 16 + [1] * 16),
+                "masked_lm_positions": ints(rng.integers(1, 32, 5)),
+                "masked_lm_ids": ints(rng.integers(5, 300, 5)),
+                "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * 5)),
+                "next_sentence_labels": ints([rng.integers(0, 2)]),
+            }
             writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
     return path
 
 
 def pretrain(model_dir, data, *extra):
-    return run_kbert("pretrain", "--model-dir", model_dir, "--data", data, "--config",
-                     os.path.join(TINY, "bert_config.json"), "--vocab", os.path.join(TINY, "vocab.txt"), *SHAPE,
-                     "--batch-size", "4", "--steps", "2", *extra, check=False)
+    return run_kbert(
+        "pretrain",
+        "--model-dir",
+        model_dir,
+        "--data",
+        data,
+        "--config",
+        os.path.join(TINY, "bert_config.json"),
+        "--vocab",
+        os.path.join(TINY, "vocab.txt"),
+        *SHAPE,
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+        *extra,
+        check=False,
+    )
 
 
 def test_a_binary_file_as_data_is_one_whole_line(tmp_path):
@@ -63,6 +82,7 @@ def test_a_corrupt_record_met_mid_run_is_named_and_a_new_run_leaves_nothing(tmp_
     raw[-10] ^= 0xFF  # inside the last record's data: its framing is whole, its checksum fails
     data.write_bytes(bytes(raw))
     result = pretrain(tmp_path / "bert", data)
-    assert_user_error(result, f"{data}: corrupted record at", "make the file again", "no checkpoint was saved",
-                      alone=False)
+    assert_user_error(
+        result, f"{data}: corrupted record at", "make the file again", "no checkpoint was saved", alone=False
+    )
     assert not (tmp_path / "bert").exists()

@@ -31,9 +31,23 @@ def original_records(tmp_path_factory):
     """Records written by the original script (PyPI bert-tensorflow 1.0.4) from sample_text.txt."""
     out = tmp_path_factory.mktemp("records") / "original.tfrecord"
     result = subprocess.run(
-        [sys.executable, "-m", "bert.create_pretraining_data", f"--input_file={SAMPLE}", f"--output_file={out}",
-         f"--vocab_file={VOCAB}", "--do_lower_case=True", "--max_seq_length=32", "--max_predictions_per_seq=5",
-         "--dupe_factor=5", "--random_seed=7"], capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "bert.create_pretraining_data",
+            f"--input_file={SAMPLE}",
+            f"--output_file={out}",
+            f"--vocab_file={VOCAB}",
+            "--do_lower_case=True",
+            "--max_seq_length=32",
+            "--max_predictions_per_seq=5",
+            "--dupe_factor=5",
+            "--random_seed=7",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return out
 
@@ -50,29 +64,60 @@ def no_dropout_init(tmp_path_factory, tiny_model_dir):
 
 
 def _pretrain(model_dir, records, *extra, check=True, env=None, config=None):
-    start = [] if "--resume" in extra or "--init" in extra else \
-        ["--config", config or os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB]
-    return run_kbert("pretrain", "--model-dir", model_dir, "--data", records, *start, *SHAPE,
-                     "--batch-size", "8", *extra, check=check, env=env)
+    start = (
+        []
+        if "--resume" in extra or "--init" in extra
+        else ["--config", config or os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB]
+    )
+    return run_kbert(
+        "pretrain",
+        "--model-dir",
+        model_dir,
+        "--data",
+        records,
+        *start,
+        *SHAPE,
+        "--batch-size",
+        "8",
+        *extra,
+        check=check,
+        env=env,
+    )
 
 
 def test_every_pretrain_option_is_a_flag_with_the_same_default():
     """cli/pretrain.py hands its flags to PretrainOptions by name, so the two lists must match."""
-    flags = {name: parameter.default.default
-             for name, parameter in inspect.signature(pretrain_command).parameters.items() if name != "ctx"}
+    flags = {
+        name: parameter.default.default
+        for name, parameter in inspect.signature(pretrain_command).parameters.items()
+        if name != "ctx"
+    }
     fields = {field.name: field.default for field in dataclasses.fields(PretrainOptions)}
     # Where the model and data are: pretrain()'s own arguments, not options.
     assert flags.keys() - fields.keys() == {"model_dir", "data", "config", "vocab", "init", "lowercase"}
     # For Python callers only: the command always shows progress.
     assert fields.keys() - flags.keys() == {"progress"}
-    assert {name: flags[name] for name in fields if name in flags} == \
-        {name: default for name, default in fields.items() if name in flags}
+    assert {name: flags[name] for name in fields if name in flags} == {
+        name: default for name, default in fields.items() if name in flags
+    }
 
 
 def test_pretrain_then_resume(tmp_path, original_records):
     out = tmp_path / "bert"
-    result = _pretrain(out, original_records, "--steps", "20", "--save-every", "10", "--learning-rate", "1e-3",
-                       "--eval-data", original_records, "--eval-steps", "2")
+    result = _pretrain(
+        out,
+        original_records,
+        "--steps",
+        "20",
+        "--save-every",
+        "10",
+        "--learning-rate",
+        "1e-3",
+        "--eval-data",
+        original_records,
+        "--eval-steps",
+        "2",
+    )
     metrics = json.loads(result.stdout)
     for key in ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "sequences_per_second"):
         assert key in metrics
@@ -102,30 +147,66 @@ def test_refuses_to_overwrite_a_run_and_to_resume_it_with_other_flags(tmp_path, 
     out = tmp_path / "bert"
     _pretrain(out, original_records, "--steps", "2", "--save-every", "2")
     assert_user_error(_pretrain(out, original_records, "--steps", "4", check=False), "--resume")
-    assert_user_error(_pretrain(out, original_records, "--resume", "--steps", "4", "--batch-size", "16", check=False),
-                      f"--resume: the run in {out} was started with --batch-size 8, not 16; leave --batch-size out "
-                      f"to continue it as it was, or start another run in a new --model-dir")
-    assert_user_error(_pretrain(out, original_records, "--resume", "--steps", "1", check=False),
-                      "started with --steps 2, not 1", "give more than 2")
+    assert_user_error(
+        _pretrain(out, original_records, "--resume", "--steps", "4", "--batch-size", "16", check=False),
+        f"--resume: the run in {out} was started with --batch-size 8, not 16; leave --batch-size out "
+        f"to continue it as it was, or start another run in a new --model-dir",
+    )
+    assert_user_error(
+        _pretrain(out, original_records, "--resume", "--steps", "1", check=False),
+        "started with --steps 2, not 1",
+        "give more than 2",
+    )
     other = tmp_path / "other.tfrecord"
     shutil.copyfile(original_records, other)
-    assert_user_error(_pretrain(out, other, "--resume", "--steps", "4", check=False),
-                      f"started with --data {original_records} (1 file), not {other} (1 file, other names or sizes)")
+    assert_user_error(
+        _pretrain(out, other, "--resume", "--steps", "4", check=False),
+        f"started with --data {original_records} (1 file), not {other} (1 file, other names or sizes)",
+    )
     # --data is the recorded one; a run that reached its --steps says how to go further.
-    assert_user_error(run_kbert("pretrain", "--model-dir", out, "--resume", check=False),
-                      "already at step 2 of --steps 2; raise --steps", alone=False)
-    assert_user_error(run_kbert("pretrain", "--model-dir", tmp_path / "new", "--config",
-                                os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB, check=False),
-                      "--data is required")
+    assert_user_error(
+        run_kbert("pretrain", "--model-dir", out, "--resume", check=False),
+        "already at step 2 of --steps 2; raise --steps",
+        alone=False,
+    )
+    assert_user_error(
+        run_kbert(
+            "pretrain",
+            "--model-dir",
+            tmp_path / "new",
+            "--config",
+            os.path.join(TINY, "bert_config.json"),
+            "--vocab",
+            VOCAB,
+            check=False,
+        ),
+        "--data is required",
+    )
     assert not (tmp_path / "new").exists()
 
 
 def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path, original_records):
     out = tmp_path / "bert"
-    args = kbert_command() + ["pretrain", "--model-dir", str(out), "--data", str(original_records),
-                              "--config", os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB, *SHAPE,
-                              "--batch-size", "8", "--steps", "100000", "--save-every", "5",
-                              "--steps-per-loop", "5"]
+    args = kbert_command() + [
+        "pretrain",
+        "--model-dir",
+        str(out),
+        "--data",
+        str(original_records),
+        "--config",
+        os.path.join(TINY, "bert_config.json"),
+        "--vocab",
+        VOCAB,
+        *SHAPE,
+        "--batch-size",
+        "8",
+        "--steps",
+        "100000",
+        "--save-every",
+        "5",
+        "--steps-per-loop",
+        "5",
+    ]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 180
     ckpt = out / "checkpoints"
@@ -137,10 +218,16 @@ def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path, orig
     assert saved and saved[-1] >= 15, saved
     # As a run from before kbert recorded a run's flags: it resumes with the flags given, as then.
     (out / "pretrain_run.json").unlink()
-    assert_user_error(run_kbert("fill-mask", out, "the [MASK].", check=False),
-                      f"continue it with `kbert pretrain --model-dir {out} --resume --data DATA` and the other flags")
-    assert_user_error(run_kbert("pretrain", "--model-dir", out, "--resume", check=False),  # (after the lock's notice)
-                      f"--resume: {out} has no pretrain_run.json", "give --data and the other flags", alone=False)
+    assert_user_error(
+        run_kbert("fill-mask", out, "the [MASK].", check=False),
+        f"continue it with `kbert pretrain --model-dir {out} --resume --data DATA` and the other flags",
+    )
+    assert_user_error(
+        run_kbert("pretrain", "--model-dir", out, "--resume", check=False),  # (after the lock's notice)
+        f"--resume: {out} has no pretrain_run.json",
+        "give --data and the other flags",
+        alone=False,
+    )
     result = _pretrain(out, original_records, "--steps", str(saved[-1] + 5), "--save-every", "5", "--resume")
     assert f"resumed from step {saved[-1]}" in result.stderr
     assert json.loads(result.stdout)["step"] == saved[-1] + 5
@@ -151,11 +238,20 @@ def test_mirrored_over_two_cpus_equals_one_device(tmp_path, original_records, no
     """The global batch is split over replicas and gradients summed: from the same weights and
     without dropout, the two runs must end with the same weights."""
     single, mirrored = tmp_path / "single", tmp_path / "mirrored"
-    common = ("--init", no_dropout_init, "--steps", "6", "--save-every", "6", "--learning-rate", "1e-3",
-              "--warmup-steps", "0")
+    common = (
+        "--init",
+        no_dropout_init,
+        "--steps",
+        "6",
+        "--save-every",
+        "6",
+        "--learning-rate",
+        "1e-3",
+        "--warmup-steps",
+        "0",
+    )
     first = json.loads(_pretrain(single, original_records, *common, "--strategy", "cpu").stdout)
-    result = _pretrain(mirrored, original_records, *common, "--strategy", "mirrored",
-                       env={"KBERT_LOGICAL_CPUS": "2"})
+    result = _pretrain(mirrored, original_records, *common, "--strategy", "mirrored", env={"KBERT_LOGICAL_CPUS": "2"})
     assert json.loads(result.stdout)["replicas"] == 2
     a, b = _weights(single), _weights(mirrored)
     assert a.keys() == b.keys()
@@ -197,12 +293,26 @@ def test_multi_worker_two_processes_end_identical(tmp_path, original_records):
     processes = []
     for index in range(2):
         env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
-        processes.append(subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(tmp_path / "bert"), str(original_records),
-             os.path.join(TINY, "bert_config.json"), VOCAB, str(tmp_path / f"worker{index}.npz")],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    WORKER,
+                    str(tmp_path / "bert"),
+                    str(original_records),
+                    os.path.join(TINY, "bert_config.json"),
+                    VOCAB,
+                    str(tmp_path / f"worker{index}.npz"),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outputs = [p.communicate(timeout=300) for p in processes]
-    for p, (out, err) in zip(processes, outputs):
+    for p, (_out, err) in zip(processes, outputs):
         assert p.returncode == 0, err[-3000:]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert [r["replicas"] for r in results] == [2, 2] and [r["step"] for r in results] == [6, 6]
@@ -218,14 +328,17 @@ def test_tpu_without_a_tpu_is_a_clear_error(tmp_path, original_records):
     # A TPU address on 127.0.0.1 where nothing listens: the TPUClusterResolver is built and the
     # worker probed (tests send traffic only to 127.0.0.1, so no TPU name lookup here).
     address = f"grpc://127.0.0.1:{_free_port()}"
-    result = _pretrain(tmp_path / "bert", original_records, "--steps", "2", "--strategy", "tpu",
-                       "--tpu", address, check=False)
+    result = _pretrain(
+        tmp_path / "bert", original_records, "--steps", "2", "--strategy", "tpu", "--tpu", address, check=False
+    )
     assert_user_error(result, f"no TPU reachable at '{address}'", "--tpu NAME")
 
 
 def test_missing_and_corrupt_data(tmp_path, original_records):
-    assert_user_error(_pretrain(tmp_path / "a", tmp_path / "none-*.tfrecord", "--steps", "2", check=False),
-                      "none-*.tfrecord: no file matches; pass TFRecord files")
+    assert_user_error(
+        _pretrain(tmp_path / "a", tmp_path / "none-*.tfrecord", "--steps", "2", check=False),
+        "none-*.tfrecord: no file matches; pass TFRecord files",
+    )
     bad = tmp_path / "bad.tfrecord"
     bad.write_bytes(b"\x00garbage" * 100)
     assert_user_error(_pretrain(tmp_path / "b", bad, "--steps", "2", check=False), str(bad), "not a TFRecord file")
@@ -233,19 +346,34 @@ def test_missing_and_corrupt_data(tmp_path, original_records):
 
 
 def test_lengths_that_differ_from_the_flags(tmp_path, original_records):
-    result = run_kbert("pretrain", "--model-dir", tmp_path / "c", "--data", original_records, "--config",
-                       os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB, "--max-seq-length", "64",
-                       "--steps", "2", check=False)
-    assert_user_error(result, "max_seq_length 32 and max_predictions_per_seq 5",
-                      "--max-seq-length 32 --max-predictions-per-seq 5")
+    result = run_kbert(
+        "pretrain",
+        "--model-dir",
+        tmp_path / "c",
+        "--data",
+        original_records,
+        "--config",
+        os.path.join(TINY, "bert_config.json"),
+        "--vocab",
+        VOCAB,
+        "--max-seq-length",
+        "64",
+        "--steps",
+        "2",
+        check=False,
+    )
+    assert_user_error(
+        result, "max_seq_length 32 and max_predictions_per_seq 5", "--max-seq-length 32 --max-predictions-per-seq 5"
+    )
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, original_records):
     diverging = ("--steps", "40", "--learning-rate", "1e12", "--warmup-steps", "0")
     out = tmp_path / "bert"
     result = _pretrain(out, original_records, *diverging, "--save-every", "1", check=False)
-    assert_user_error(result, "the loss became nan between steps 1 and 2", "last good checkpoint (step 1) is kept",
-                      alone=False)
+    assert_user_error(
+        result, "the loss became nan between steps 1 and 2", "last good checkpoint (step 1) is kept", alone=False
+    )
     assert sorted(p.name for p in (out / "checkpoints").glob("*.index")) == ["ckpt-1.index"]
     # Diverged before its first checkpoint: a new run leaves nothing behind.
     result = _pretrain(tmp_path / "early", original_records, *diverging, "--save-every", "4", check=False)
@@ -268,5 +396,8 @@ def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, original_recor
 def test_fill_mask_bad_input(tmp_path, tiny_model_dir):
     assert_user_error(run_kbert("fill-mask", tiny_model_dir, "no mask here", check=False), "has no [MASK]")
     assert_user_error(run_kbert("fill-mask", tmp_path / "nope", "a [MASK].", check=False), "no such model directory")
-    assert_user_error(run_kbert("fill-mask", tiny_model_dir, "a [MASK].", "--top-k", "0", check=False),
-                      "Invalid value for '--top-k'", "greater than or equal to 1")
+    assert_user_error(
+        run_kbert("fill-mask", tiny_model_dir, "a [MASK].", "--top-k", "0", check=False),
+        "Invalid value for '--top-k'",
+        "greater than or equal to 1",
+    )

@@ -28,14 +28,14 @@ RUN = [*SHAPE, "--batch-size", "8", "--steps", str(STEPS), "--steps-per-loop", "
 
 def pretrain_args(model_dir, records, *extra):
     start = [] if "--resume" in extra else ["--config", os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB]
-    return kbert_command() + ["pretrain", "--model-dir", str(model_dir), "--data", str(records), *start, *RUN,
-                              *extra]
+    return kbert_command() + ["pretrain", "--model-dir", str(model_dir), "--data", str(records), *start, *RUN, *extra]
 
 
 def start(model_dir, records, *extra, env=None, args=None):
     log = open(f"{model_dir}.{time.monotonic_ns()}.log", "w+")
-    process = subprocess.Popen(args or pretrain_args(model_dir, records, *extra), stdout=subprocess.PIPE, stderr=log,
-                               text=True, env=env)
+    process = subprocess.Popen(
+        args or pretrain_args(model_dir, records, *extra), stdout=subprocess.PIPE, stderr=log, text=True, env=env
+    )
     process.log = log
     return process
 
@@ -79,8 +79,9 @@ def interrupt(model_dir, records, number, *extra, after_step):
     return code, log, logged_steps(model_dir)[-1]
 
 
-def test_sigterm_then_sigint_save_the_step_reached_and_the_resumed_run_is_exact(tmp_path, original_records,
-                                                                               uninterrupted):
+def test_sigterm_then_sigint_save_the_step_reached_and_the_resumed_run_is_exact(
+    tmp_path, original_records, uninterrupted
+):
     out = tmp_path / "bert"
     code, log, last = interrupt(out, original_records, signal.SIGTERM, after_step=6)
     assert code == 143, log[-2000:]
@@ -91,8 +92,10 @@ def test_sigterm_then_sigint_save_the_step_reached_and_the_resumed_run_is_exact(
     # No step lost: the checkpoint is at the last step the run logged.
     assert (out / "checkpoints" / f"ckpt-{last}.index").exists() and 6 <= last < STEPS
     # The run's flags are recorded: one that would change its result is refused, naming both values.
-    assert_user_error(run_kbert("pretrain", "--model-dir", out, "--resume", "--batch-size", "16", check=False),
-                      "started with --batch-size 8, not 16; leave --batch-size out")
+    assert_user_error(
+        run_kbert("pretrain", "--model-dir", out, "--resume", "--batch-size", "16", check=False),
+        "started with --batch-size 8, not 16; leave --batch-size out",
+    )
 
     # The same flags typed again are accepted.
     code, log, second = interrupt(out, original_records, signal.SIGINT, "--resume", after_step=last + 4)
@@ -119,6 +122,7 @@ def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path, origin
     finish(process)
     # The latest complete checkpoint: ckpt-8's files may be there before it is recorded as complete.
     import tensorflow as tf
+
     latest = int(tf.train.latest_checkpoint(str(out / "checkpoints")).rsplit("-", 1)[1])
     assert latest >= 4
     # Flags that only change how it runs may differ: how often it saves, steps per compiled call.
@@ -132,6 +136,7 @@ def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path, origin
 
 def test_a_second_signal_stops_at_once_and_the_last_good_checkpoint_resumes(tmp_path, original_records):
     import tensorflow as tf
+
     out = tmp_path / "bert"
     process = start(out, original_records, "--save-every", "2", "--steps-per-loop", "1")
     wait_for(lambda: len(logged_steps(out)) >= 5, process)
@@ -157,9 +162,12 @@ def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, ori
         cluster["worker"] = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
         processes = []
         for index in range(2):
-            env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
-            processes.append(start(model_dir, original_records, "--strategy", "multi-worker", "--steps", "60", *extra,
-                                   env=env))
+            env = dict(
+                os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            )
+            processes.append(
+                start(model_dir, original_records, "--strategy", "multi-worker", "--steps", "60", *extra, env=env)
+            )
         return processes
 
     chief, other = workers()
@@ -171,7 +179,8 @@ def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, ori
         assert code == 143, log[-3000:]
         line = log.strip().splitlines()[-1]
         assert line.startswith("kbert: interrupted at step ") and line.endswith(
-            f"checkpoint saved; continue with `kbert pretrain --model-dir {out} --resume`")
+            f"checkpoint saved; continue with `kbert pretrain --model-dir {out} --resume`"
+        )
         steps.append(int(line.split("step ")[1].split(":")[0]))
     assert steps[0] == steps[1] == logged_steps(out)[-1]
     assert (out / "checkpoints" / f"ckpt-{steps[0]}.index").exists()
@@ -191,14 +200,21 @@ def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, ori
 
 def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(tmp_path, original_records, uninterrupted):
     import tensorflow as tf
+
     out = tmp_path / "bert"
-    args = pretrain_args(out, original_records, "--save-every", "4")[len(kbert_command()):]
-    result = subprocess.run(failing_checkpoint_command() + args, capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, KBERT_TEST_FAIL_AT="2"))  # step 4 saves, step 8 fails
+    args = pretrain_args(out, original_records, "--save-every", "4")[len(kbert_command()) :]
+    result = subprocess.run(
+        failing_checkpoint_command() + args,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, KBERT_TEST_FAIL_AT="2"),
+    )  # step 4 saves, step 8 fails
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         "kbert: error: writing the checkpoint for step 8 failed ([Errno 28] No space left on device); the previous "
-        "checkpoint (step 4) is intact: fix the cause, then --resume")
+        "checkpoint (step 4) is intact: fix the cause, then --resume"
+    )
     assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-4")
     code, stdout, log = finish(start(out, original_records, "--save-every", "4", "--resume"))
     assert code == 0, log[-2000:]

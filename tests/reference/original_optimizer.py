@@ -10,19 +10,26 @@ first update gets depends on op scheduling (here it saw step 1's).
 usage: python original_optimizer.py   (reads nothing; the problem is defined below and in
 tests/training/test_optimization.py, which solves the same one with kbert)
 """
+
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from original import load_original  # noqa: E402
+from original import load_original
 
 # Three variables named like the original's: one decayed kernel, a LayerNorm gamma and a bias
 # (both excluded from weight decay), with a loss whose gradient is large enough to be clipped.
-INITIAL = {"layer/dense/kernel": [[0.5, -0.3], [0.2, 0.8]], "layer/LayerNorm/gamma": [1.0, 0.9],
-           "layer/dense/bias": [0.1, -0.1]}
-TARGET = {"layer/dense/kernel": [[3.0, 1.0], [-2.0, 0.0]], "layer/LayerNorm/gamma": [0.0, 2.0],
-          "layer/dense/bias": [1.0, 1.0]}
+INITIAL = {
+    "layer/dense/kernel": [[0.5, -0.3], [0.2, 0.8]],
+    "layer/LayerNorm/gamma": [1.0, 0.9],
+    "layer/dense/bias": [0.1, -0.1],
+}
+TARGET = {
+    "layer/dense/kernel": [[3.0, 1.0], [-2.0, 0.0]],
+    "layer/LayerNorm/gamma": [0.0, 2.0],
+    "layer/dense/bias": [1.0, 1.0],
+}
 LR, STEPS, WARMUP, RUN = 0.1, 10, 3, 6
 
 
@@ -44,8 +51,13 @@ def main():
     loss = tf.add_n([tf.reduce_sum(tf.square(variables[n] - tf.constant(TARGET[n]))) for n in INITIAL])
     learning_rate = tf.placeholder(tf.float32, [])
     optimizer = optimization.AdamWeightDecayOptimizer(
-        learning_rate=learning_rate, weight_decay_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
-        exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"])
+        learning_rate=learning_rate,
+        weight_decay_rate=0.01,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-6,
+        exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"],
+    )
     tvars = tf.trainable_variables()
     grads = tf.gradients(loss, tvars)
     grads, _ = tf.clip_by_global_norm(grads, clip_norm=1.0)

@@ -60,13 +60,32 @@ CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"
 DEFAULT_SIGNATURE = "serving_default"
 # TF Serving's REST paths (model_servers/http_rest_api_util.cc).
-PREDICTION_PATH = re.compile(r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)",
-                             re.IGNORECASE)
-STATUS_PATH = re.compile(r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?",
-                         re.IGNORECASE)
+PREDICTION_PATH = re.compile(
+    r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)", re.IGNORECASE
+)
+STATUS_PATH = re.compile(
+    r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?", re.IGNORECASE
+)
 # TF error codes are gRPC's; TF Serving answers REST with these HTTP codes (http_server.cc).
-HTTP_STATUS = {0: 200, 1: 499, 2: 500, 3: 400, 4: 504, 5: 404, 6: 409, 7: 403, 8: 429, 9: 400, 10: 409,
-               11: 400, 12: 501, 13: 500, 14: 503, 15: 500, 16: 401}
+HTTP_STATUS = {
+    0: 200,
+    1: 499,
+    2: 500,
+    3: 400,
+    4: 504,
+    5: 404,
+    6: 409,
+    7: 403,
+    8: 429,
+    9: 400,
+    10: 409,
+    11: 400,
+    12: 501,
+    13: 500,
+    14: 503,
+    15: 500,
+    16: 401,
+}
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, UNIMPLEMENTED, INTERNAL = 0, 3, 5, 9, 12, 13
 GRPC_MESSAGE_LIMIT = 1024
 
@@ -105,28 +124,42 @@ class Model:
             raise ServingError(FAILED_PRECONDITION, f'Serving signature key "{name}" not found.')
         signature = self.signatures[name]
         if self.check_method_names and signature.method_name not in (PREDICT_METHOD, CLASSIFY_METHOD, REGRESS_METHOD):
-            raise ServingError(INTERNAL, f"Expected prediction signature method_name to be one of "
-                                         f"{{{PREDICT_METHOD}, {CLASSIFY_METHOD}, {REGRESS_METHOD}}}. "
-                                         f"Was: {signature.method_name}")
+            raise ServingError(
+                INTERNAL,
+                f"Expected prediction signature method_name to be one of "
+                f"{{{PREDICT_METHOD}, {CLASSIFY_METHOD}, {REGRESS_METHOD}}}. "
+                f"Was: {signature.method_name}",
+            )
         sent, expected = set(request.inputs), set(signature.inputs)
         if len(sent) != len(expected):
-            raise ServingError(INVALID_ARGUMENT, (
-                f"input size does not match signature: {len(sent)}!={len(expected)} len({{{','.join(sorted(sent))}}}) "
-                f"!= len({{{','.join(sorted(expected))}}}). Sent extra: {{{','.join(sorted(sent - expected))}}}. "
-                f"Missing but required: {{{','.join(sorted(expected - sent))}}}."))
+            raise ServingError(
+                INVALID_ARGUMENT,
+                (
+                    f"input size does not match signature: {len(sent)}!={len(expected)} len({{{','.join(sorted(sent))}}}) "
+                    f"!= len({{{','.join(sorted(expected))}}}). Sent extra: {{{','.join(sorted(sent - expected))}}}. "
+                    f"Missing but required: {{{','.join(sorted(expected - sent))}}}."
+                ),
+            )
         feeds = {}
         for alias, info in sorted(signature.inputs.items()):
             if alias not in request.inputs:
-                raise ServingError(INVALID_ARGUMENT, (
-                    f"Signature input alias: {alias}(feed name: {info.name}) not found in request and no default "
-                    f"value provided. Inputs expected to be in the request {{{','.join(sorted(sent))}}}, or "
-                    f"default input alias set: "))
+                raise ServingError(
+                    INVALID_ARGUMENT,
+                    (
+                        f"Signature input alias: {alias}(feed name: {info.name}) not found in request and no default "
+                        f"value provided. Inputs expected to be in the request {{{','.join(sorted(sent))}}}, or "
+                        f"default input alias set: "
+                    ),
+                )
             feeds[info.name] = self.tensor(alias, request.inputs[alias], info)
         aliases = list(request.output_filter) or sorted(signature.outputs)
         for alias in aliases:
             if alias not in signature.outputs:
-                raise ServingError(INVALID_ARGUMENT, f"output tensor alias not found in signature: {alias} Outputs "
-                                                     f"expected to be in the set {{{','.join(sorted(signature.outputs))}}}.")
+                raise ServingError(
+                    INVALID_ARGUMENT,
+                    f"output tensor alias not found in signature: {alias} Outputs "
+                    f"expected to be in the set {{{','.join(sorted(signature.outputs))}}}.",
+                )
         values = self.run([signature.outputs[a].name for a in aliases], feeds)
         response = predict_pb2.PredictResponse()
         response.model_spec.CopyFrom(self.response_spec(name))
@@ -146,27 +179,37 @@ class Model:
             raise ServingError(INVALID_ARGUMENT, f"No classification inputs found in SignatureDef: {signature}")
         keys = [k for k in ("classes", "scores") if k in signature.outputs]
         if not keys:
-            raise ServingError(INVALID_ARGUMENT, 'Expected classification signature outputs to contain at least '
-                                                 f'one of "classes" or "scores". Signature was: {signature}')
+            raise ServingError(
+                INVALID_ARGUMENT,
+                "Expected classification signature outputs to contain at least "
+                f'one of "classes" or "scores". Signature was: {signature}',
+            )
         examples = serialized_examples(request.input)
-        values = dict(zip(keys, self.run([signature.outputs[k].name for k in keys],
-                                         {signature.inputs["inputs"].name: examples})))
+        values = dict(
+            zip(keys, self.run([signature.outputs[k].name for k in keys], {signature.inputs["inputs"].name: examples}))
+        )
         classes, scores = values.get("classes"), values.get("scores")
         for key, value, dtype in (("classes", classes, object), ("scores", scores, np.float32)):
             if value is None:
                 continue
             if value.ndim != 2:
-                raise ServingError(INVALID_ARGUMENT, f"Expected Tensor shape: [batch_size num_classes] but got "
-                                                     f"{list(value.shape)}")
+                raise ServingError(
+                    INVALID_ARGUMENT, f"Expected Tensor shape: [batch_size num_classes] but got {list(value.shape)}"
+                )
             if value.dtype != dtype:
-                raise ServingError(INVALID_ARGUMENT, f"Expected {key} Tensor of "
-                                                     f"{'DT_STRING' if dtype is object else 'DT_FLOAT'}. Got: {value.dtype}")
+                raise ServingError(
+                    INVALID_ARGUMENT,
+                    f"Expected {key} Tensor of {'DT_STRING' if dtype is object else 'DT_FLOAT'}. Got: {value.dtype}",
+                )
             if value.shape[0] != len(examples):
-                raise ServingError(INVALID_ARGUMENT, f"Expected {key} output batch size of {len(examples)}. "
-                                                     f"Got: {value.shape[0]}")
+                raise ServingError(
+                    INVALID_ARGUMENT, f"Expected {key} output batch size of {len(examples)}. Got: {value.shape[0]}"
+                )
         if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
-            raise ServingError(INVALID_ARGUMENT, f"Tensors class and score should match in dim_size(1). Got "
-                                                 f"{classes.shape[1]} vs. {scores.shape[1]}")
+            raise ServingError(
+                INVALID_ARGUMENT,
+                f"Tensors class and score should match in dim_size(1). Got {classes.shape[1]} vs. {scores.shape[1]}",
+            )
         response = classification_pb2.ClassificationResponse()
         response.model_spec.CopyFrom(self.response_spec(name))
         for i in range(len(examples)):
@@ -194,11 +237,16 @@ class Model:
         examples = serialized_examples(request.input)
         (value,) = self.run([signature.outputs["outputs"].name], {signature.inputs["inputs"].name: examples})
         if not (value.ndim == 1 or (value.ndim == 2 and value.shape[1] == 1)):
-            raise ServingError(INVALID_ARGUMENT, f"Expected output Tensor shape to be either [batch_size] or "
-                                                 f"[batch_size, 1] but got {list(value.shape)}")
+            raise ServingError(
+                INVALID_ARGUMENT,
+                f"Expected output Tensor shape to be either [batch_size] or "
+                f"[batch_size, 1] but got {list(value.shape)}",
+            )
         if value.shape[0] != len(examples):
-            raise ServingError(INVALID_ARGUMENT, f"Input batch size did not match output batch size: "
-                                                 f"{len(examples)} vs. {value.shape[0]}")
+            raise ServingError(
+                INVALID_ARGUMENT,
+                f"Input batch size did not match output batch size: {len(examples)} vs. {value.shape[0]}",
+            )
         if value.dtype != np.float32:
             raise ServingError(INVALID_ARGUMENT, f"Expected output Tensor of DT_FLOAT.  Got: {value.dtype}")
         response = regression_pb2.RegressionResponse()
@@ -227,8 +275,10 @@ class Model:
             raise ServingError(INVALID_ARGUMENT, f"No signature was found with the name: {name}")
         signature = self.signatures[name]
         if self.check_method_names and signature.method_name != method_name:
-            raise ServingError(INVALID_ARGUMENT, f"Expected {what} signature method_name to be {method_name}. "
-                                                 f"Was: {signature.method_name}")
+            raise ServingError(
+                INVALID_ARGUMENT,
+                f"Expected {what} signature method_name to be {method_name}. Was: {signature.method_name}",
+            )
         return name, signature
 
     def tensor(self, alias: str, proto, info) -> np.ndarray:
@@ -254,6 +304,7 @@ class Model:
 
     def response_spec(self, signature_name: str):
         from tensorflow_serving.apis import model_pb2
+
         spec = model_pb2.ModelSpec(name=self.name, signature_name=signature_name)
         spec.version.value = self.version
         return spec
@@ -345,9 +396,17 @@ def as_proto_field(tf, value: np.ndarray):
 
     dtype = tf.as_dtype(value.dtype)
     proto = tensor_pb2.TensorProto(dtype=dtype.as_datatype_enum, tensor_shape=tf.TensorShape(value.shape).as_proto())
-    field = {tf.float32: "float_val", tf.float64: "double_val", tf.int32: "int_val", tf.int16: "int_val",
-             tf.int8: "int_val", tf.uint8: "int_val", tf.int64: "int64_val", tf.string: "string_val",
-             tf.bool: "bool_val"}[dtype]
+    field = {
+        tf.float32: "float_val",
+        tf.float64: "double_val",
+        tf.int32: "int_val",
+        tf.int16: "int_val",
+        tf.int8: "int_val",
+        tf.uint8: "int_val",
+        tf.int64: "int64_val",
+        tf.string: "string_val",
+        tf.bool: "bool_val",
+    }[dtype]
     getattr(proto, field).extend(value.reshape(-1).tolist())
     return proto
 
@@ -382,9 +441,13 @@ def grpc_server(servables: Servables, port: int, workers: int):
             try:
                 return method(request)
             except ServingError as e:
-                message = e.message if len(e.message) <= GRPC_MESSAGE_LIMIT else \
-                    e.message[:GRPC_MESSAGE_LIMIT] + "...TRUNCATED"
+                message = (
+                    e.message
+                    if len(e.message) <= GRPC_MESSAGE_LIMIT
+                    else e.message[:GRPC_MESSAGE_LIMIT] + "...TRUNCATED"
+                )
                 context.abort(codes.get(e.code, grpc.StatusCode.UNKNOWN), message)
+
         return call
 
     class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
@@ -396,9 +459,11 @@ def grpc_server(servables: Servables, port: int, workers: int):
     class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         GetModelStatus = staticmethod(handler(servables.status))
 
-    limit = 2 ** 31 - 1  # tensorflow_model_server's limit: INT_MAX
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=workers),
-                         options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)])
+    limit = 2**31 - 1  # tensorflow_model_server's limit: INT_MAX
+    server = grpc.server(
+        concurrent.futures.ThreadPoolExecutor(max_workers=workers),
+        options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)],
+    )
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(), server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
@@ -434,19 +499,23 @@ class RestApi:
         name = urllib.parse.unquote(name or "")
         spec = self.spec(name, version, label)
         if method == "POST":
-            return {"predict": self.predict, "classify": self.classify, "regress": self.regress}[verb.lower()](spec, body)
+            return {"predict": self.predict, "classify": self.classify, "regress": self.regress}[verb.lower()](
+                spec, body
+            )
         if not name:
             raise ServingError(INVALID_ARGUMENT, "Missing model name in request.")
         if verb:
             return self.metadata(spec)
         from google.protobuf import json_format
         from tensorflow_serving.apis import get_model_status_pb2
+
         response = self.servables.status(get_model_status_pb2.GetModelStatusRequest(model_spec=spec))
         return json_format.MessageToJson(response, always_print_fields_with_no_presence=True, indent=1)
 
     @staticmethod
     def spec(name, version, label):
         from tensorflow_serving.apis import model_pb2
+
         spec = model_pb2.ModelSpec(name=name)
         if version:
             spec.version.value = int(version)
@@ -469,8 +538,11 @@ class RestApi:
         if not infos:
             raise ServingError(INVALID_ARGUMENT, f"Failed to get input map for signature: {name}")
         if "instances" in doc and "inputs" in doc:
-            raise ServingError(INVALID_ARGUMENT, f"JSON Value: {short(doc)} Not formatted correctly expecting only "
-                                                 f"one of 'inputs' or 'instances' keys to exist ")
+            raise ServingError(
+                INVALID_ARGUMENT,
+                f"JSON Value: {short(doc)} Not formatted correctly expecting only "
+                f"one of 'inputs' or 'instances' keys to exist ",
+            )
         if "instances" in doc:
             row_format = True
             tensors = tensors_from_instances(doc, infos)
@@ -487,16 +559,24 @@ class RestApi:
 
     def classify(self, spec, body: bytes) -> str:
         from tensorflow_serving.apis import classification_pb2
+
         request = classification_pb2.ClassificationRequest(model_spec=spec)
         fill_examples(parse_json(body), request)
         result = self.servables.classify(request).result
         if not result.classifications:
             raise ServingError(INVALID_ARGUMENT, "Cannot convert empty ClassificationResults to JSON")
-        return json.dumps({"results": [[[c.label, float(np.float32(c.score))] for c in row.classes]
-                                       for row in result.classifications]}, indent=1)
+        return json.dumps(
+            {
+                "results": [
+                    [[c.label, float(np.float32(c.score))] for c in row.classes] for row in result.classifications
+                ]
+            },
+            indent=1,
+        )
 
     def regress(self, spec, body: bytes) -> str:
         from tensorflow_serving.apis import regression_pb2
+
         request = regression_pb2.RegressionRequest(model_spec=spec)
         fill_examples(parse_json(body), request)
         result = self.servables.regress(request).result
@@ -507,16 +587,21 @@ class RestApi:
     def metadata(self, spec) -> str:
         from google.protobuf import json_format
         from tensorflow_serving.apis import get_model_metadata_pb2
+
         request = get_model_metadata_pb2.GetModelMetadataRequest(model_spec=spec, metadata_field=["signature_def"])
         response = self.servables.metadata(request)
         signature_map = get_model_metadata_pb2.SignatureDefMap()
         response.metadata["signature_def"].Unpack(signature_map)
 
         def as_json(message):
-            return json_format.MessageToDict(message, always_print_fields_with_no_presence=True,
-                                             preserving_proto_field_name=True)
-        return json.dumps({"model_spec": as_json(response.model_spec),
-                           "metadata": {"signature_def": as_json(signature_map)}}, indent=1)
+            return json_format.MessageToDict(
+                message, always_print_fields_with_no_presence=True, preserving_proto_field_name=True
+            )
+
+        return json.dumps(
+            {"model_spec": as_json(response.model_spec), "metadata": {"signature_def": as_json(signature_map)}},
+            indent=1,
+        )
 
 
 def short(value) -> str:
@@ -539,8 +624,10 @@ def parse_json(body: bytes) -> dict:
 def signature_name(doc: dict) -> str:
     name = doc.get("signature_name", "")
     if not isinstance(name, str):
-        raise ServingError(INVALID_ARGUMENT, f"JSON Value: {short(doc)} not formatted correctly. 'signature_name' "
-                                             f"key must be a string value.")
+        raise ServingError(
+            INVALID_ARGUMENT,
+            f"JSON Value: {short(doc)} not formatted correctly. 'signature_name' key must be a string value.",
+        )
     return name
 
 
@@ -562,20 +649,28 @@ def json_tensor(value, info) -> np.ndarray:
     def walk(v, level):
         if isinstance(v, list):
             if level >= len(shape):
-                raise ServingError(INVALID_ARGUMENT, f"Encountered list at unexpected level: {level} expected < "
-                                                     f"{len(shape)}")
+                raise ServingError(
+                    INVALID_ARGUMENT, f"Encountered list at unexpected level: {level} expected < {len(shape)}"
+                )
             if len(v) != shape[level]:
-                raise ServingError(INVALID_ARGUMENT, f"Encountered list at unexpected size: {len(v)} at level: "
-                                                     f"{level} expected size: {shape[level]}")
+                raise ServingError(
+                    INVALID_ARGUMENT,
+                    f"Encountered list at unexpected size: {len(v)} at level: {level} expected size: {shape[level]}",
+                )
             for x in v:
                 walk(x, level + 1)
             return
         if level != len(shape):
-            raise ServingError(INVALID_ARGUMENT, f"JSON Value: {short(v)} found at incorrect level: {level + 1} in "
-                                                 f"the JSON DOM. Expected at level: {len(shape)}")
+            raise ServingError(
+                INVALID_ARGUMENT,
+                f"JSON Value: {short(v)} found at incorrect level: {level + 1} in "
+                f"the JSON DOM. Expected at level: {len(shape)}",
+            )
         leaves.append(json_leaf(v, info.dtype, types_pb2))
+
     walk(value, 0)
     import tensorflow as tf
+
     dtype = tf.as_dtype(info.dtype).as_numpy_dtype
     array = np.empty(len(leaves), dtype=dtype)
     array[:] = leaves
@@ -584,8 +679,9 @@ def json_tensor(value, info) -> np.ndarray:
 
 def json_leaf(v, dtype, types_pb2):
     name = types_pb2.DataType.Name(dtype)
-    wrong = ServingError(INVALID_ARGUMENT, f"JSON Value: {short(v)} Type: {type(v).__name__} is not of expected "
-                                           f"type: {name[3:].lower()}")
+    wrong = ServingError(
+        INVALID_ARGUMENT, f"JSON Value: {short(v)} Type: {type(v).__name__} is not of expected type: {name[3:].lower()}"
+    )
     if dtype == types_pb2.DT_STRING:
         if is_b64(v):
             try:
@@ -607,7 +703,9 @@ def json_leaf(v, dtype, types_pb2):
         return v
     if isinstance(v, bool) or not isinstance(v, int):
         raise wrong
-    info = np.iinfo(np.dtype({"DT_INT64": np.int64, "DT_UINT64": np.uint64, "DT_UINT32": np.uint32}.get(name, np.int32)))
+    info = np.iinfo(
+        np.dtype({"DT_INT64": np.int64, "DT_UINT64": np.uint64, "DT_UINT32": np.uint32}.get(name, np.int32))
+    )
     if not info.min <= v <= info.max:
         raise wrong
     return v
@@ -618,8 +716,11 @@ def tensors_from_inputs(value, infos) -> dict:
     (extra names are ignored, as TF Serving ignores them)."""
     if not isinstance(value, dict) or is_b64(value):
         if len(infos) > 1:
-            raise ServingError(INVALID_ARGUMENT, "inputs is a plain value/list, but expecting an object as multiple "
-                                                 "input tensors required as per tensorinfo_map")
+            raise ServingError(
+                INVALID_ARGUMENT,
+                "inputs is a plain value/list, but expecting an object as multiple "
+                "input tensors required as per tensorinfo_map",
+            )
         alias = next(iter(infos))
         return {alias: json_tensor(value, infos[alias])}
     tensors = {}
@@ -639,21 +740,33 @@ def tensors_from_instances(doc, infos) -> dict:
         raise ServingError(INVALID_ARGUMENT, f"JSON Value: {short(doc)} No values in 'instances' array")
     objects = isinstance(instances[0], dict) and not is_b64(instances[0])
     if not objects and len(infos) > 1:
-        raise ServingError(INVALID_ARGUMENT, "instances is a plain list, but expecting list of objects as multiple "
-                                             "input tensors required as per tensorinfo_map")
+        raise ServingError(
+            INVALID_ARGUMENT,
+            "instances is a plain list, but expecting list of objects as multiple "
+            "input tensors required as per tensorinfo_map",
+        )
     rows = {alias: [] for alias in infos}
     for i, item in enumerate(instances):
         if objects != (isinstance(item, dict) and not is_b64(item)):
-            raise ServingError(INVALID_ARGUMENT, f"Expecting {'object but got list' if objects else 'value/list but got object'}"
-                                                 f" at item {i} of input list")
+            raise ServingError(
+                INVALID_ARGUMENT,
+                f"Expecting {'object but got list' if objects else 'value/list but got object'}"
+                f" at item {i} of input list",
+            )
         if objects:
             unknown = sorted(set(item) - set(infos))
             if unknown:
-                raise ServingError(INVALID_ARGUMENT, f"Failed to process element: {i} key: {unknown[0]} of 'instances' "
-                                                     f"list. Error: JSON object: does not have named input: {unknown[0]}")
+                raise ServingError(
+                    INVALID_ARGUMENT,
+                    f"Failed to process element: {i} key: {unknown[0]} of 'instances' "
+                    f"list. Error: JSON object: does not have named input: {unknown[0]}",
+                )
             if set(item) != set(infos):
-                raise ServingError(INVALID_ARGUMENT, f"Failed to process element: {i} of 'instances' list. JSON object: "
-                                                     f"{short(item)} keys must be equal to: {','.join(sorted(infos))}")
+                raise ServingError(
+                    INVALID_ARGUMENT,
+                    f"Failed to process element: {i} of 'instances' list. JSON object: "
+                    f"{short(item)} keys must be equal to: {','.join(sorted(infos))}",
+                )
             for alias in infos:
                 rows[alias].append(json_tensor(item[alias], infos[alias]))
         else:
@@ -662,8 +775,11 @@ def tensors_from_instances(doc, infos) -> dict:
     tensors = {}
     for alias, parts in rows.items():
         if len({p.shape for p in parts}) != 1:
-            raise ServingError(INVALID_ARGUMENT, f"Expecting shape {list(parts[0].shape)} but got: "
-                                                 f"{[list(p.shape) for p in parts if p.shape != parts[0].shape][0]}")
+            raise ServingError(
+                INVALID_ARGUMENT,
+                f"Expecting shape {list(parts[0].shape)} but got: "
+                f"{[list(p.shape) for p in parts if p.shape != parts[0].shape][0]}",
+            )
         tensors[alias] = np.stack(parts)
     return tensors
 
@@ -677,6 +793,7 @@ def json_value(alias: str, value: np.ndarray):
             if isinstance(v, list):
                 return [text(x) for x in v]
             return {"b64": base64.b64encode(v).decode("ascii")} if as_bytes else v.decode("utf-8", "replace")
+
         return text(value.tolist())
     if value.dtype in (np.float32, np.float64):
         return value.astype(np.float64).tolist()  # exact: every float32 is a float64
@@ -698,7 +815,7 @@ def json_from_outputs(outputs: dict, row_format: bool) -> str:
         raise ServingError(INVALID_ARGUMENT, f"Tensor name: {sorted(outputs)[-1]} has inconsistent batch size")
     rows = []
     for i in range(sizes.pop()):
-        items = {alias: json_value(alias, v[i:i + 1])[0] for alias, v in outputs.items()}
+        items = {alias: json_value(alias, v[i : i + 1])[0] for alias, v in outputs.items()}
         rows.append(next(iter(items.values())) if len(items) == 1 else items)
     return json.dumps({"predictions": rows}, indent=1)
 
@@ -712,14 +829,17 @@ def fill_examples(doc: dict, request):
         make_example(doc["context"], request.input.example_list_with_context.context)
     examples = doc.get("examples")
     if examples is None:
-        raise ServingError(INVALID_ARGUMENT, f"JSON Value: {short(doc)} When method is classify, key 'examples' is "
-                                             f"expected and was not found")
+        raise ServingError(
+            INVALID_ARGUMENT,
+            f"JSON Value: {short(doc)} When method is classify, key 'examples' is expected and was not found",
+        )
     if not isinstance(examples, list):
         raise ServingError(INVALID_ARGUMENT, f"JSON Value: {short(doc)} Expecting 'examples' value to be an list/array")
     if not examples:
         raise ServingError(INVALID_ARGUMENT, f"JSON Value: {short(doc)} 'examples' value is an empty array")
-    target = (request.input.example_list_with_context.examples if "context" in doc
-              else request.input.example_list.examples)
+    target = (
+        request.input.example_list_with_context.examples if "context" in doc else request.input.example_list.examples
+    )
     for value in examples:
         example = example_pb2.Example()
         make_example(value, example)
@@ -735,18 +855,24 @@ def make_example(value, example):
         feature = example.features.feature[name]
         for v in content if isinstance(content, list) else [content]:
             if isinstance(v, str) or is_b64(v):
-                kind, item = "bytes_list", base64.b64decode(v["b64"]) if is_b64(v) else v.encode("utf-8", "surrogatepass")
+                kind, item = (
+                    "bytes_list",
+                    base64.b64decode(v["b64"]) if is_b64(v) else v.encode("utf-8", "surrogatepass"),
+                )
             elif isinstance(v, bool) or isinstance(v, int):
                 kind, item = "int64_list", int(v)
             elif isinstance(v, float):
                 kind, item = "float_list", v
             else:
-                raise ServingError(INVALID_ARGUMENT, f"Feature: {name} has element with unexpected JSON type: "
-                                                     f"{type(v).__name__}")
+                raise ServingError(
+                    INVALID_ARGUMENT, f"Feature: {name} has element with unexpected JSON type: {type(v).__name__}"
+                )
             current = feature.WhichOneof("kind")
             if current not in (None, kind):
-                raise ServingError(INVALID_ARGUMENT, f"Unexpected element type in feature: {name} expecting type: "
-                                                     f"{current.split('_')[0]}")
+                raise ServingError(
+                    INVALID_ARGUMENT,
+                    f"Unexpected element type in feature: {name} expecting type: {current.split('_')[0]}",
+                )
             getattr(feature, kind).value.append(item)
 
 
@@ -765,10 +891,10 @@ def rest_server(api: RestApi, port: int):
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self):  # noqa: N802 (http.server's names)
+        def do_GET(self):
             self.answer("GET")
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             self.answer("POST")
 
         def log_message(self, *args):  # quiet, as tests read stderr
@@ -795,10 +921,14 @@ def read_model_config(path: str) -> list[tuple[str, str]]:
     models.config kbert export writes); other fields are ignored."""
     with open(path, encoding="utf-8") as f:
         text = re.sub(r"#[^\n]*", "", f.read())
-    models = [(re.search(r'name:\s*"([^"]*)"', block), re.search(r'base_path:\s*"([^"]*)"', block))
-              for block in re.findall(r"config\s*\{([^{}]*)\}", text)]
+    models = [
+        (re.search(r'name:\s*"([^"]*)"', block), re.search(r'base_path:\s*"([^"]*)"', block))
+        for block in re.findall(r"config\s*\{([^{}]*)\}", text)
+    ]
     if not models or not all(name and base for name, base in models):
-        raise SystemExit(f"standin_server: {path}: expected model_config_list {{ config {{ name: ... base_path: ... }} }}")
+        raise SystemExit(
+            f"standin_server: {path}: expected model_config_list {{ config {{ name: ... base_path: ... }} }}"
+        )
     return [(name.group(1), base.group(1)) for name, base in models]
 
 
@@ -807,13 +937,20 @@ def main(argv=None):
     parser.add_argument("export_base", nargs="?", help="The model's base path: version directories 1/, 2/, ...")
     parser.add_argument("--model-name", help="Default: the base path's last name.")
     parser.add_argument("--version", type=int, help="Default: the newest version.")
-    parser.add_argument("--model_config_file", action="append", default=[],
-                        help="Serve the models of a models.config instead (newest version each); repeatable.")
+    parser.add_argument(
+        "--model_config_file",
+        action="append",
+        default=[],
+        help="Serve the models of a models.config instead (newest version each); repeatable.",
+    )
     parser.add_argument("--grpc-port", type=int, default=8500, help="0 picks a free port.")
     parser.add_argument("--rest-port", type=int, default=8501, help="0 picks a free port.")
     parser.add_argument("--workers", type=int, default=4, help="gRPC threads.")
-    parser.add_argument("--enable_signature_method_name_check", action="store_true",
-                        help="As tensorflow_model_server's flag: Classify/Regress check method names.")
+    parser.add_argument(
+        "--enable_signature_method_name_check",
+        action="store_true",
+        help="As tensorflow_model_server's flag: Classify/Regress check method names.",
+    )
     args = parser.parse_args(argv)
     if bool(args.export_base) == bool(args.model_config_file):
         parser.error("give EXPORT_BASE or --model_config_file")
@@ -830,8 +967,9 @@ def main(argv=None):
         try:
             warmed[name] = model.warm_up()
         except ServingError as e:
-            raise SystemExit(f"standin_server: {name}: a warmup request failed, so the model does not load: "
-                             f"{e.message}")
+            raise SystemExit(
+                f"standin_server: {name}: a warmup request failed, so the model does not load: {e.message}"
+            ) from None
         models[name] = model
     servables = Servables(models)
     grpc, grpc_port = grpc_server(servables, args.grpc_port, args.workers)
@@ -840,9 +978,17 @@ def main(argv=None):
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(json.dumps({"grpc_port": grpc_port, "rest_port": rest_port,
-                      "models": {name: m.version for name, m in models.items()}, "warmup_requests": warmed}),
-          flush=True)
+    print(
+        json.dumps(
+            {
+                "grpc_port": grpc_port,
+                "rest_port": rest_port,
+                "models": {name: m.version for name, m in models.items()},
+                "warmup_requests": warmed,
+            }
+        ),
+        flush=True,
+    )
     stop.wait()
     rest.shutdown()
     grpc.stop(grace=1).wait()

@@ -22,7 +22,6 @@ import pytest
 
 from conftest import assert_user_error, kbert_command, run_kbert
 from helpers import STANDIN_SERVER, write_tsv
-
 from kbert.errors import KbertError
 from kbert.serving import Client
 
@@ -34,8 +33,11 @@ LONG = " ".join(["gold"] * 5000)
 # the graph, as the original's decode("utf-8", "ignore") drops them); the last is a pair.
 TEXTS = ["gold glorious great.", "dead dust the dread.", "", LONG, b"gold\xff glorious\xfe great."]
 TEXTS_B = ["", "", "", "", "dead."]
-IDS = {"input_ids": [[2, 5, 6, 3, 0], [2, 7, 3, 8, 3]], "input_mask": [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]],
-       "segment_ids": [[0, 0, 0, 0, 0], [0, 0, 0, 1, 1]]}
+IDS = {
+    "input_ids": [[2, 5, 6, 3, 0], [2, 7, 3, 8, 3]],
+    "input_mask": [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]],
+    "segment_ids": [[0, 0, 0, 0, 0], [0, 0, 0, 1, 1]],
+}
 PROTOCOLS = ["grpc", "rest"]
 
 
@@ -55,15 +57,19 @@ def exports(tmp_path_factory, tiny_model_dir):
     work = tmp_path_factory.mktemp("serving")
     keras.utils.set_random_seed(1)
     classifier = kbert.bert_classifier(kbert.load(tiny_model_dir), 2)
-    classifier.task_info = {"task": "classify", "labels": ["neg", "pos"], "max_seq_length": LENGTH,
-                            "text_pairs": True}
+    classifier.task_info = {"task": "classify", "labels": ["neg", "pos"], "max_seq_length": LENGTH, "text_pairs": True}
     kbert.save(classifier, work / "classifier")
     regressor = kbert.bert_classifier(kbert.load(tiny_model_dir), 1)
     regressor.task_info = {"task": "regress", "max_seq_length": LENGTH, "text_pairs": False}
     kbert.save(regressor, work / "regressor")
     env = {k: v for k, v in os.environ.items() if k != "KBERT_DEBUG"}
-    cli = subprocess.Popen(kbert_command() + ["export", str(work / "regressor"), str(work / "exports" / "similarity")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    cli = subprocess.Popen(
+        kbert_command() + ["export", str(work / "regressor"), str(work / "exports" / "similarity")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     sentiment = export_model(work / "classifier", work / "exports" / "sentiment")
     out, err = cli.communicate(timeout=600)
     assert cli.returncode == 0, err
@@ -81,27 +87,50 @@ def server(exports):
     configs = [os.path.join(os.path.dirname(exports[name]), "models.config") for name in ("sentiment", "similarity")]
     log = open(exports["work"] / "server.log", "w")
     process = subprocess.Popen(
-        [sys.executable, STANDIN_SERVER, "--grpc-port", "0", "--rest-port", "0",
-         "--enable_signature_method_name_check", *[a for c in configs for a in ("--model_config_file", c)]],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        [
+            sys.executable,
+            STANDIN_SERVER,
+            "--grpc-port",
+            "0",
+            "--rest-port",
+            "0",
+            "--enable_signature_method_name_check",
+            *[a for c in configs for a in ("--model_config_file", c)],
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     try:
         signatures = {name: tf.saved_model.load(exports[name]).signatures for name in ("sentiment", "similarity")}
         default = signatures["sentiment"]["serving_default"]
         reference = {
-            "serving_default": {k: v.numpy() for k, v in default(text=tf.constant(as_bytes(TEXTS)),
-                                                                 text_b=tf.constant(as_bytes(TEXTS_B))).items()},
-            "serve_ids": {k: v.numpy() for k, v in signatures["sentiment"]["serve_ids"](
-                **{k: tf.constant(v, tf.int32) for k, v in IDS.items()}).items()},
+            "serving_default": {
+                k: v.numpy()
+                for k, v in default(text=tf.constant(as_bytes(TEXTS)), text_b=tf.constant(as_bytes(TEXTS_B))).items()
+            },
+            "serve_ids": {
+                k: v.numpy()
+                for k, v in signatures["sentiment"]["serve_ids"](
+                    **{k: tf.constant(v, tf.int32) for k, v in IDS.items()}
+                ).items()
+            },
             "score": signatures["similarity"]["serving_default"](text=tf.constant(as_bytes(TEXTS)))["score"].numpy(),
         }
         line = process.stdout.readline()
         log.flush()
         assert line, "the stand-in server did not start:\n" + (exports["work"] / "server.log").read_text()[-3000:]
         ready = json.loads(line)
-        assert ready["models"] == {"sentiment": 1, "similarity": 1} and ready["warmup_requests"] == \
-            {"sentiment": 3, "similarity": 3}
-        yield {"grpc": f"127.0.0.1:{ready['grpc_port']}", "rest": f"http://127.0.0.1:{ready['rest_port']}",
-               "reference": reference}
+        assert ready["models"] == {"sentiment": 1, "similarity": 1} and ready["warmup_requests"] == {
+            "sentiment": 3,
+            "similarity": 3,
+        }
+        yield {
+            "grpc": f"127.0.0.1:{ready['grpc_port']}",
+            "rest": f"http://127.0.0.1:{ready['rest_port']}",
+            "reference": reference,
+        }
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -165,14 +194,21 @@ def test_regress_and_a_single_text_model(server, protocol):
 def test_metadata_and_status(client):
     signatures = client.metadata()
     assert {name: s["method_name"] for name, s in signatures.items() if not name.startswith("__")} == {
-        "classify": "tensorflow/serving/classify", "serve_examples": "tensorflow/serving/predict",
-        "serve_ids": "tensorflow/serving/predict", "serving_default": "tensorflow/serving/predict"}
+        "classify": "tensorflow/serving/classify",
+        "serve_examples": "tensorflow/serving/predict",
+        "serve_ids": "tensorflow/serving/predict",
+        "serving_default": "tensorflow/serving/predict",
+    }
     default = signatures["serving_default"]
-    assert default["inputs"] == {"text": {"dtype": "DT_STRING", "shape": [-1]},
-                                 "text_b": {"dtype": "DT_STRING", "shape": [-1]}}
+    assert default["inputs"] == {
+        "text": {"dtype": "DT_STRING", "shape": [-1]},
+        "text_b": {"dtype": "DT_STRING", "shape": [-1]},
+    }
     assert default["outputs"]["probabilities"] == {"dtype": "DT_FLOAT", "shape": [-1, 2]}
-    assert signatures["classify"]["outputs"] == {"classes": {"dtype": "DT_STRING", "shape": [-1, 2]},
-                                                 "scores": {"dtype": "DT_FLOAT", "shape": [-1, 2]}}
+    assert signatures["classify"]["outputs"] == {
+        "classes": {"dtype": "DT_STRING", "shape": [-1, 2]},
+        "scores": {"dtype": "DT_FLOAT", "shape": [-1, 2]},
+    }
     assert signatures["serve_ids"]["inputs"]["input_ids"] == {"dtype": "DT_INT32", "shape": [-1, -1]}
     assert client.status() == [{"version": 1, "state": "AVAILABLE", "error_code": "OK", "error_message": ""}]
     assert Client(client.address, "sentiment", version=1).status()[0]["version"] == 1
@@ -194,37 +230,57 @@ def test_bad_texts_give_defined_outputs(client):
 # where TF Serving's REST API ignores the mistake (it reads only the signature's input names).
 IGNORED = object()
 BAD_REQUESTS = {
-    "unknown signature": (lambda c: c.predict({"text": ["x"]}, signature_name="nope"),
-                          'FAILED_PRECONDITION: Serving signature key "nope" not found.',
-                          'HTTP 400: Serving signature name: "nope" not found in signature def'),
-    "wrong input name": (lambda c: c.predict({"txt": ["x"], "text_b": [""]}),
-                         "INVALID_ARGUMENT: Signature input alias: text(feed name: serving_default_text:0) "
-                         "not found in request", "HTTP 400: Missing named input: text in 'inputs' object."),
-    "extra input": (lambda c: c.predict({"text": ["x"], "text_b": [""], "extra": ["y"]}),
-                    "INVALID_ARGUMENT: input size does not match signature: 3!=2", IGNORED),
-    "unknown model": (lambda c: Client(c.address, "nope").predict_text(["x"]),
-                      "NOT_FOUND: Servable not found for request: Latest(nope)",
-                      "HTTP 404: Servable not found for request: Latest(nope)"),
-    "unknown version": (lambda c: Client(c.address, "sentiment", version=7).status(),
-                        "NOT_FOUND: Could not find version 7 of model sentiment",
-                        "HTTP 404: Could not find version 7 of model sentiment"),
+    "unknown signature": (
+        lambda c: c.predict({"text": ["x"]}, signature_name="nope"),
+        'FAILED_PRECONDITION: Serving signature key "nope" not found.',
+        'HTTP 400: Serving signature name: "nope" not found in signature def',
+    ),
+    "wrong input name": (
+        lambda c: c.predict({"txt": ["x"], "text_b": [""]}),
+        "INVALID_ARGUMENT: Signature input alias: text(feed name: serving_default_text:0) not found in request",
+        "HTTP 400: Missing named input: text in 'inputs' object.",
+    ),
+    "extra input": (
+        lambda c: c.predict({"text": ["x"], "text_b": [""], "extra": ["y"]}),
+        "INVALID_ARGUMENT: input size does not match signature: 3!=2",
+        IGNORED,
+    ),
+    "unknown model": (
+        lambda c: Client(c.address, "nope").predict_text(["x"]),
+        "NOT_FOUND: Servable not found for request: Latest(nope)",
+        "HTTP 404: Servable not found for request: Latest(nope)",
+    ),
+    "unknown version": (
+        lambda c: Client(c.address, "sentiment", version=7).status(),
+        "NOT_FOUND: Could not find version 7 of model sentiment",
+        "HTTP 404: Could not find version 7 of model sentiment",
+    ),
     "classify on a predict signature": (
         lambda c: c.classify(["x"], signature_name="serving_default"),
         "INVALID_ARGUMENT: Expected classification signature method_name to be tensorflow/serving/classify. "
-        "Was: tensorflow/serving/predict", "HTTP 400: Expected classification signature method_name"),
+        "Was: tensorflow/serving/predict",
+        "HTTP 400: Expected classification signature method_name",
+    ),
     "regress on the classify signature": (
         lambda c: c.regress(["x"], signature_name="classify"),
-        "Expected regression signature method_name to be tensorflow/serving/regress. Was: "
-        "tensorflow/serving/classify", "HTTP 400: Expected regression signature method_name"),
-    "no such signature for classify": (lambda c: c.classify(["x"], signature_name="nope"),
-                                       "INVALID_ARGUMENT: No signature was found with the name: nope",
-                                       "HTTP 400: No signature was found with the name: nope"),
-    "pairs for a single-text model": (lambda c: Client(c.address, "similarity").predict_text(["gold."], ["dead."]),
-                                      "serving_default takes single texts (no text_b)",
-                                      "serving_default takes single texts (no text_b)"),
-    "an error in the graph": (lambda c: c.predict_ids([[2, 5, 300000]], [[1, 1, 1]], [[0, 0, 0]]),
-                              "INVALID_ARGUMENT: indices[0,2] = 300000 is not in [0, 300)",
-                              "HTTP 400: indices[0,2] = 300000 is not in [0, 300)"),
+        "Expected regression signature method_name to be tensorflow/serving/regress. Was: tensorflow/serving/classify",
+        "HTTP 400: Expected regression signature method_name",
+    ),
+    "no such signature for classify": (
+        lambda c: c.classify(["x"], signature_name="nope"),
+        "INVALID_ARGUMENT: No signature was found with the name: nope",
+        "HTTP 400: No signature was found with the name: nope",
+    ),
+    "pairs for a single-text model": (
+        lambda c: Client(c.address, "similarity").predict_text(["gold."], ["dead."]),
+        "serving_default takes single texts (no text_b)",
+        "serving_default takes single texts (no text_b)",
+    ),
+    "an error in the graph": (
+        lambda c: c.predict_ids([[2, 5, 300000]], [[1, 1, 1]], [[0, 0, 0]]),
+        "INVALID_ARGUMENT: indices[0,2] = 300000 is not in [0, 300)",
+        "HTTP 400: indices[0,2] = 300000 is not in [0, 300)",
+    ),
 }
 
 
@@ -262,27 +318,32 @@ def test_rest_row_format_and_examples_with_context(server):
         request = urllib.request.Request(url + suffix, data=json.dumps(body).encode(), method="POST")
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
+
     columnar = post(":predict", {"inputs": {"text": ["gold.", "dead."], "text_b": ["", ""]}})["outputs"]
-    rows = post(":predict", {"instances": [{"text": {"b64": "Z29sZC4="}, "text_b": ""},
-                                           {"text": "dead.", "text_b": ""}]})["predictions"]
+    rows = post(
+        ":predict", {"instances": [{"text": {"b64": "Z29sZC4="}, "text_b": ""}, {"text": "dead.", "text_b": ""}]}
+    )["predictions"]
     assert [r["label"] for r in rows] == columnar["label"]
     np.testing.assert_allclose([r["probabilities"] for r in rows], columnar["probabilities"], atol=1e-7)
-    with_context = post(":classify", {"signature_name": "classify", "context": {"text_b": ""},
-                                      "examples": [{"text": "gold."}, {"text": "dead."}]})["results"]
+    with_context = post(
+        ":classify",
+        {"signature_name": "classify", "context": {"text_b": ""}, "examples": [{"text": "gold."}, {"text": "dead."}]},
+    )["results"]
     np.testing.assert_allclose([[s for _, s in row] for row in with_context], columnar["probabilities"], atol=1e-7)
-    single = urllib.request.Request(f"{server['rest']}/v1/models/similarity:predict",
-                                    data=json.dumps({"inputs": ["gold."]}).encode(), method="POST")
+    single = urllib.request.Request(
+        f"{server['rest']}/v1/models/similarity:predict", data=json.dumps({"inputs": ["gold."]}).encode(), method="POST"
+    )
     with urllib.request.urlopen(single, timeout=30) as response:
         assert len(json.loads(response.read())["outputs"]) == 1  # one output: bare, not {"score": ...}
 
 
 def test_kbert_predict_server_end_to_end(server, exports):
     work = exports["work"]
-    rows = [("gold glorious great.", "the city.", "pos"), ("dead dust the dread.", "", "neg"),
-            ("", "", "neg")]
+    rows = [("gold glorious great.", "the city.", "pos"), ("dead dust the dread.", "", "neg"), ("", "", "neg")]
     tsv = write_tsv(work / "predict.tsv", rows, header=("text", "text_b", "label"))
-    result = run_kbert("predict", "--server", server["grpc"], "--model", "sentiment", "--input", tsv,
-                       "--batch-size", "2")
+    result = run_kbert(
+        "predict", "--server", server["grpc"], "--model", "sentiment", "--input", tsv, "--batch-size", "2"
+    )
     lines = [json.loads(line) for line in result.stdout.strip().splitlines()]
     assert len(lines) == 3
     expected = Client(server["grpc"], "sentiment").classify([r[0] for r in rows], [r[1] for r in rows])
@@ -293,14 +354,16 @@ def test_kbert_predict_server_end_to_end(server, exports):
     texts = write_tsv(work / "texts.tsv", [("gold.",), ("dead.",)], header=("text",))
     result = run_kbert("predict", "--server", server["rest"], "--model", "similarity", "--input", texts)
     scores = Client(server["rest"], "similarity").regress(["gold.", "dead."])
-    assert [json.loads(line) for line in result.stdout.strip().splitlines()] == \
-        [{"prediction": round(s, 6)} for s in scores]
+    assert [json.loads(line) for line in result.stdout.strip().splitlines()] == [
+        {"prediction": round(s, 6)} for s in scores
+    ]
 
 
 def test_kbert_predict_server_not_running(tmp_path):
     tsv = write_tsv(tmp_path / "in.tsv", [("gold.",)], header=("text",))
-    result = run_kbert("predict", "--server", "127.0.0.1:1", "--model", "sentiment", "--input", tsv,
-                       "--retries", "0", check=False)
+    result = run_kbert(
+        "predict", "--server", "127.0.0.1:1", "--model", "sentiment", "--input", tsv, "--retries", "0", check=False
+    )
     assert_user_error(result, "cannot reach TF Serving at 127.0.0.1:1", "is the server running at 127.0.0.1:1?")
 
 
@@ -343,6 +406,7 @@ def test_errors_that_would_repeat_are_not_retried(client):
 
 def test_retry_waits_double_up_to_a_cap():
     from kbert.serving.client import retry_wait
+
     assert [retry_wait(n) for n in range(10)] == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0, 10.0]
     assert retry_wait(10_000) == 10.0
     for bad in ({"retries": -1}, {"timeout": 0}):
@@ -350,16 +414,20 @@ def test_retry_waits_double_up_to_a_cap():
             Client("127.0.0.1:8500", "sentiment", **bad)
 
 
-@pytest.mark.parametrize("args, fragment", [
-    ([], "give MODEL_DIR to predict with a local model, or --server"),
-    (["MODEL", "--server", "127.0.0.1:1", "--model", "m"], "not both"),  # MODEL: a directory that exists
-    (["--server", "127.0.0.1:1"], "needs --model NAME"),
-    (["--server", "127.0.0.1:1", "--model", "m", "--max-seq-length", "8"], "--max-seq-length applies to a local"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        ([], "give MODEL_DIR to predict with a local model, or --server"),
+        (["MODEL", "--server", "127.0.0.1:1", "--model", "m"], "not both"),  # MODEL: a directory that exists
+        (["--server", "127.0.0.1:1"], "needs --model NAME"),
+        (["--server", "127.0.0.1:1", "--model", "m", "--max-seq-length", "8"], "--max-seq-length applies to a local"),
+    ],
+)
 def test_kbert_predict_flags(tmp_path, args, fragment):
     from typer.testing import CliRunner
 
     from kbert.cli.main import app
+
     tsv = write_tsv(tmp_path / "in.tsv", [("gold.",)], header=("text",))
     args = [str(tmp_path) if a == "MODEL" else a for a in args]
     result = CliRunner().invoke(app, ["predict", *args, "--input", str(tsv)])
@@ -409,8 +477,14 @@ class ScriptedRestServer:
 
 
 LOADING = (503, {"error": "Servable not available yet: model sentiment is loading"})
-STATUS = (200, {"model_version_status": [{"version": "1", "state": "AVAILABLE",
-                                          "status": {"error_code": "OK", "error_message": ""}}]})
+STATUS = (
+    200,
+    {
+        "model_version_status": [
+            {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+        ]
+    },
+)
 
 
 def test_http_503_is_retried_until_the_server_answers():
@@ -420,8 +494,13 @@ def test_http_503_is_retried_until_the_server_answers():
     assert server.requests == 4
     port = server.address.rsplit(":", 1)[1]
     assert [line.rsplit("(", 1)[1] for line in waits.lines] == ["1/5)", "2/5)", "3/5)"], waits.lines
-    assert all(line.startswith(f"TF Serving at 127.0.0.1:{port} unavailable (HTTP 503: Servable not available yet: "
-                               f"model sentiment is loading); retrying in ") for line in waits.lines), waits.lines
+    assert all(
+        line.startswith(
+            f"TF Serving at 127.0.0.1:{port} unavailable (HTTP 503: Servable not available yet: "
+            f"model sentiment is loading); retrying in "
+        )
+        for line in waits.lines
+    ), waits.lines
 
 
 def test_http_503_until_the_timeout_is_one_clear_line():
@@ -435,14 +514,21 @@ def test_http_503_until_the_timeout_is_one_clear_line():
         rf"TF Serving at 127\.0\.0\.1:{port} \(model sentiment, REST\): HTTP 503: Servable not available yet: model "
         rf"sentiment is loading \(after \d+ retr(?:y|ies) in \d+\.\d s\); the server is up but not serving the model: wait "
         rf"until it has loaded it \(its log says\), or allow more time \(retries, timeout; kbert predict --retries, "
-        rf"--timeout\)", message), message
+        rf"--timeout\)",
+        message,
+    ), message
     assert 3 <= server.requests == len(waits.lines) + 1 < 1000  # the deadline ended it, not the retries
 
 
 def test_tensorflow_wrapping_stays_out_of_server_errors():
     """A graph error as TF Serving reports it: TensorFlow's node annotations are not the user's business."""
-    error = (400, {"error": "indices[0,2] = 300000 is not in [0, 300)\n\t [[{{function_node "
-                            "__inference_serve_ids_1234}}{{node bert_encoder/word_embeddings/GatherV2}}]]"})
+    error = (
+        400,
+        {
+            "error": "indices[0,2] = 300000 is not in [0, 300)\n\t [[{{function_node "
+            "__inference_serve_ids_1234}}{{node bert_encoder/word_embeddings/GatherV2}}]]"
+        },
+    )
     with ScriptedRestServer([error]) as server, RetryLog() as waits:
         with pytest.raises(KbertError) as raised:
             Client(server.address, "sentiment").status()

@@ -29,7 +29,7 @@ TEXTS_B = [b"", b"", b"", b"", b"dead."]  # the last row is a sentence pair
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 
-SERVE = r'''
+SERVE = r"""
 import json, sys
 sys.modules["kbert"] = sys.modules["keras_hub"] = None  # importing either would now fail
 import numpy as np
@@ -81,7 +81,7 @@ for kind, path in spec["exports"].items():
 result["modules"] = sorted(m for m in set(sys.modules) - after_tensorflow
                           if m.split(".")[0] in ("kbert", "keras", "keras_hub", "tf_keras"))
 print(json.dumps(result))
-'''
+"""
 
 
 def kbert_reference(model_dir, texts, texts_b=None):
@@ -91,6 +91,7 @@ def kbert_reference(model_dir, texts, texts_b=None):
 
     import kbert
     from kbert.text.preprocessing import BertPreprocessor
+
     model = kbert.load(model_dir)
     limit = model.config.max_position_embeddings
     pre = BertPreprocessor.for_model(model, min(model.task_info.get("max_seq_length", 128), limit))
@@ -112,8 +113,24 @@ def classifier_dir(tmp_path_factory, tiny_model_dir):
     work = tmp_path_factory.mktemp("export-classifier")
     rows = [(text, "the city.", label) for text, label in sentiment_rows(64, 0)]
     train = write_tsv(work / "train.tsv", rows, header=("text", "text_b", "label"))
-    run_kbert("finetune", tiny_model_dir, "--task", "classify", "--train", train, "--output", work / "model",
-              "--epochs", "1", "--batch-size", "16", "--learning-rate", "1e-3", "--max-seq-length", str(LENGTH))
+    run_kbert(
+        "finetune",
+        tiny_model_dir,
+        "--task",
+        "classify",
+        "--train",
+        train,
+        "--output",
+        work / "model",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--learning-rate",
+        "1e-3",
+        "--max-seq-length",
+        str(LENGTH),
+    )
     return work / "model"
 
 
@@ -130,28 +147,41 @@ def exports(tmp_path_factory, tiny_model_dir, classifier_dir):
     classifier_base = work / "sentiment"
     run_kbert("export", copy, classifier_base)
     shutil.rmtree(copy)
-    return {"encoder_base": encoder_base, "runs": [first, second],
-            "encoder": encoder_base / "2", "classifier": classifier_base / "1"}
+    return {
+        "encoder_base": encoder_base,
+        "runs": [first, second],
+        "encoder": encoder_base / "2",
+        "classifier": classifier_base / "1",
+    }
 
 
 @pytest.fixture(scope="module")
 def references(exports, tiny_model_dir, classifier_dir):
-    return {"encoder": kbert_reference(tiny_model_dir, TEXTS),
-            "classifier": kbert_reference(classifier_dir, TEXTS, TEXTS_B)}
+    return {
+        "encoder": kbert_reference(tiny_model_dir, TEXTS),
+        "classifier": kbert_reference(classifier_dir, TEXTS, TEXTS_B),
+    }
 
 
 @pytest.fixture(scope="module")
 def served(exports, references, tmp_path_factory):
     """Every signature of both exports, run in a fresh Python with only tensorflow(_text)."""
     work = tmp_path_factory.mktemp("served")
-    spec = {"exports": {k: str(exports[k]) for k in ("encoder", "classifier")},
-            "texts": [t.hex() for t in TEXTS], "texts_b": [t.hex() for t in TEXTS_B],
-            "ids": {k: {name: v.tolist() for name, v in references[k][1].items()} for k in references}}
+    spec = {
+        "exports": {k: str(exports[k]) for k in ("encoder", "classifier")},
+        "texts": [t.hex() for t in TEXTS],
+        "texts_b": [t.hex() for t in TEXTS_B],
+        "ids": {k: {name: v.tolist() for name, v in references[k][1].items()} for k in references},
+    }
     (work / "spec.json").write_text(json.dumps(spec))
     (work / "serve.py").write_text(SERVE)
-    result = subprocess.run([sys.executable, str(work / "serve.py"), str(work / "spec.json")],
-                            capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    result = subprocess.run(
+        [sys.executable, str(work / "serve.py"), str(work / "spec.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -184,8 +214,11 @@ def _float_constants(saved_model_dir):
     proto = saved_model_pb2.SavedModel.FromString((Path(saved_model_dir) / "saved_model.pb").read_bytes())
     graph = proto.meta_graphs[0].graph_def
     nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
-    tensors = [n.attr["value"].tensor for n in nodes if n.op == "Const"
-               and n.attr["dtype"].type in (types_pb2.DT_FLOAT, types_pb2.DT_BFLOAT16)]
+    tensors = [
+        n.attr["value"].tensor
+        for n in nodes
+        if n.op == "Const" and n.attr["dtype"].type in (types_pb2.DT_FLOAT, types_pb2.DT_BFLOAT16)
+    ]
     shapes = [[d.size for d in t.tensor_shape.dim] for t in tensors]
     return [shape for shape in shapes if np.prod(shape) >= 8]
 
@@ -193,12 +226,17 @@ def _float_constants(saved_model_dir):
 def _saved_variables(saved_model_dir):
     """Shapes of the values in a SavedModel's variables/ checkpoint."""
     import tensorflow as tf
-    return [shape for name, shape in tf.train.list_variables(os.path.join(saved_model_dir, "variables", "variables"))
-            if "OBJECT_GRAPH" not in name]
+
+    return [
+        shape
+        for name, shape in tf.train.list_variables(os.path.join(saved_model_dir, "variables", "variables"))
+        if "OBJECT_GRAPH" not in name
+    ]
 
 
 def _export(model_dir, base, **options):
     from kbert.serving.export import export_model
+
     return Path(export_model(model_dir, base, version=1, **options))
 
 
@@ -219,6 +257,7 @@ def test_the_export_holds_each_weight_once_and_q_k_v_as_one(weights, exports, co
     are variables, or with --constant-weights constants of the graph and no variables. Keras'
     ExportArchive once saved every variable twice (a BERT-base float32 export was 839 MiB)."""
     import kbert
+
     model = kbert.load(tiny_model_dir)
     H, layers = model.config.hidden_size, model.config.num_hidden_layers
     path = exports["encoder"] if weights == "variables" else constant_export
@@ -232,8 +271,7 @@ def test_the_export_holds_each_weight_once_and_q_k_v_as_one(weights, exports, co
 
 @pytest.mark.skipif(os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0", reason="oneDNN is off")
 @pytest.mark.parametrize("weights", ["variables", "constants"])
-def test_every_dense_layer_and_layer_norm_runs_as_one_onednn_kernel(weights, exports, constant_export,
-                                                                    tiny_model_dir):
+def test_every_dense_layer_and_layer_norm_runs_as_one_onednn_kernel(weights, exports, constant_export, tiny_model_dir):
     """Run as TF Serving runs it (a session on the signature), every dense layer of the export is
     oneDNN's matmul with its bias add (and GELU) fused: each layer's Q, K and V as one, the
     attention output, the two feed-forward layers, and the pooler. With --constant-weights the
@@ -243,6 +281,7 @@ def test_every_dense_layer_and_layer_norm_runs_as_one_onednn_kernel(weights, exp
     import tensorflow as tf
 
     import kbert
+
     layers = kbert.load(tiny_model_dir).config.num_hidden_layers
     graph = tf.Graph()
     with graph.as_default():
@@ -251,14 +290,21 @@ def test_every_dense_layer_and_layer_norm_runs_as_one_onednn_kernel(weights, exp
         meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(path))
     signature = meta_graph.signature_def["serving_default"]
     metadata = tf.compat.v1.RunMetadata()
-    session.run({k: t.name for k, t in signature.outputs.items()}, {signature.inputs["text"].name: TEXTS},
-                options=tf.compat.v1.RunOptions(output_partition_graphs=True), run_metadata=metadata)
+    session.run(
+        {k: t.name for k, t in signature.outputs.items()},
+        {signature.inputs["text"].name: TEXTS},
+        options=tf.compat.v1.RunOptions(output_partition_graphs=True),
+        run_metadata=metadata,
+    )
     nodes = [n for g in metadata.partition_graphs for n in g.node]
     matmuls = [n for n in nodes if n.op.endswith("MatMul")]
     assert [n.op for n in matmuls] == ["_MklNativeFusedMatMul"] * (4 * layers + 1)
     assert [n.attr["is_filter_const"].b for n in matmuls] == [weights == "constants"] * len(matmuls)
-    assert [n.op for n in nodes if n.op.endswith(("BatchNormV3", "LayerNorm")) or n.op in ("Mean", "SquaredDifference", "Rsqrt")] == \
-        ["_MklLayerNorm"] * (2 * layers + 1)
+    assert [
+        n.op
+        for n in nodes
+        if n.op.endswith(("BatchNormV3", "LayerNorm")) or n.op in ("Mean", "SquaredDifference", "Rsqrt")
+    ] == ["_MklLayerNorm"] * (2 * layers + 1)
 
 
 def test_weights_too_large_for_constants_stay_variables(tiny_model_dir, constant_export, tmp_path, monkeypatch):
@@ -268,6 +314,7 @@ def test_weights_too_large_for_constants_stay_variables(tiny_model_dir, constant
 
     import kbert
     from kbert.serving import optimize
+
     monkeypatch.setattr(optimize, "CONSTANT_WEIGHTS_MAX_BYTES", 1000)
     path = _export(tiny_model_dir, tmp_path / "base", precision="bfloat16", constant_weights=True)
     model = kbert.load(tiny_model_dir)
@@ -314,6 +361,7 @@ def test_a_batch_runs_on_its_longest_text_rounded_up_to_8(exports, tiny_model_di
 
     import kbert
     from kbert.text.preprocessing import BertPreprocessor
+
     texts = tf.constant(["gold glorious great.", "gold glorious great. dead dust the dread. gold."])
     out = tf.saved_model.load(str(exports["encoder"])).signatures["serving_default"](text=texts)
     features = BertPreprocessor.for_model(tiny_model_dir, 64)(texts)
@@ -338,6 +386,7 @@ def test_a_large_batch_runs_in_groups_of_similar_length_in_the_request_order(exp
     import kbert
     from kbert.serving.optimize import GROUP_ROWS
     from kbert.text.preprocessing import BertPreprocessor
+
     assert GROUP_ROWS == 8
     short, long = "gold glorious great.", " ".join(["gold glorious great. dead dust the dread."] * 5)
     texts = [short] * 12 + [long] * 8
@@ -402,9 +451,11 @@ def test_classify_signature_gives_every_label_and_its_score(served, exports):
     assert classified["classes"] == [["neg", "pos"]] * len(TEXTS)
     np.testing.assert_allclose(classified["scores"], by_text["probabilities"], atol=1e-6)
     run = json.loads(exports["runs"][0].stdout)
-    assert run["signatures"] == {"serve_examples": "tensorflow/serving/predict",
-                                 "serve_ids": "tensorflow/serving/predict",
-                                 "serving_default": "tensorflow/serving/predict"}
+    assert run["signatures"] == {
+        "serve_examples": "tensorflow/serving/predict",
+        "serve_ids": "tensorflow/serving/predict",
+        "serving_default": "tensorflow/serving/predict",
+    }
 
 
 def test_bad_requests_give_defined_outputs(served, references):
@@ -415,8 +466,9 @@ def test_bad_requests_give_defined_outputs(served, references):
     _, features, _ = references["encoder"]
     # The invalid bytes are dropped: the same ids as the clean text.
     assert features["input_ids"][4].tolist() == features["input_ids"][0].tolist()
-    np.testing.assert_allclose(encoder["serving_default"]["pooled_output"][4],
-                               encoder["serving_default"]["pooled_output"][0], atol=1e-6)
+    np.testing.assert_allclose(
+        encoder["serving_default"]["pooled_output"][4], encoder["serving_default"]["pooled_output"][0], atol=1e-6
+    )
     assert np.isfinite(np.asarray(classifier["serving_default"]["probabilities"])).all()
     assert encoder["empty_batch"] == {"input_mask": [0, 64], "pooled_output": [0, 64], "sequence_output": [0, 64, 64]}
     assert classifier["empty_batch"] == {"label": [0], "label_id": [0], "probabilities": [0, 2]}
@@ -444,32 +496,58 @@ def test_warmup_requests_run_against_the_export(exports, classifier_dir):
         assert out["probabilities"].shape == (inputs["text"].shape[0], 2)
         # As the padded run (every text at max_seq_length): TF Serving's warmup runs this graph.
         features = pack((inputs["text"], inputs["text_b"]))
-        np.testing.assert_allclose(out["probabilities"], tf.nn.softmax(model(features, training=False)["logits"]),
-                                   atol=1e-5)
+        np.testing.assert_allclose(
+            out["probabilities"], tf.nn.softmax(model(features, training=False)["logits"]), atol=1e-5
+        )
 
 
 def test_saved_model_cli_lists_and_runs_the_signatures(exports):
     cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    shown = subprocess.run([cli, "show", "--dir", str(exports["classifier"]), "--all"], capture_output=True,
-                           text=True, env=env, timeout=120)
+    shown = subprocess.run(
+        [cli, "show", "--dir", str(exports["classifier"]), "--all"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     for name in ("serving_default", "serve_ids", "serve_examples"):
         assert f"signature_def['{name}']" in shown.stdout
     assert "tensorflow/serving/predict" in shown.stdout
     # The Classify API's signature has its own method name, which TF Serving checks.
-    assert "signature_def['classify']:\n  The given SavedModel SignatureDef contains the following input(s):\n" \
-           "    inputs['inputs'] tensor_info:" in shown.stdout
+    assert (
+        "signature_def['classify']:\n  The given SavedModel SignatureDef contains the following input(s):\n"
+        "    inputs['inputs'] tensor_info:" in shown.stdout
+    )
     assert "Method name is: tensorflow/serving/classify" in shown.stdout
     # `run` imports the graph, so the tf.text ops must be registered first: the plain script
     # cannot (TF Serving links them into tensorflow_model_server), so run its main after
     # importing tensorflow_text.
-    with_text_ops = [sys.executable, "-c", "import sys, tensorflow_text; from tensorflow.python.tools."
-                     "saved_model_cli import main; sys.argv[0] = 'saved_model_cli'; sys.exit(main())"]
-    run = subprocess.run([*with_text_ops, "run", "--dir", str(exports["classifier"]), "--tag_set", "serve",
-                          "--signature_def", "serve_ids", "--input_exprs",
-                          "input_ids=[[2,5,6,3]];input_mask=[[1,1,1,1]];segment_ids=[[0,0,0,0]]"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    with_text_ops = [
+        sys.executable,
+        "-c",
+        "import sys, tensorflow_text; from tensorflow.python.tools."
+        "saved_model_cli import main; sys.argv[0] = 'saved_model_cli'; sys.exit(main())",
+    ]
+    run = subprocess.run(
+        [
+            *with_text_ops,
+            "run",
+            "--dir",
+            str(exports["classifier"]),
+            "--tag_set",
+            "serve",
+            "--signature_def",
+            "serve_ids",
+            "--input_exprs",
+            "input_ids=[[2,5,6,3]];input_mask=[[1,1,1,1]];segment_ids=[[0,0,0,0]]",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "probabilities" in run.stdout and "label_id" in run.stdout
 
@@ -480,6 +558,7 @@ def test_non_finite_outputs_fail_the_request(tiny_model_dir, tmp_path):
 
     import kbert
     from kbert.serving.export import export_model
+
     model = kbert.bert_classifier(kbert.load(tiny_model_dir), 1)
     model.task_info = {"task": "regress", "max_seq_length": 8}
     model.encoder.pooler.set_weights([np.full_like(w, np.nan) for w in model.encoder.pooler.get_weights()])
@@ -490,12 +569,14 @@ def test_non_finite_outputs_fail_the_request(tiny_model_dir, tmp_path):
     signature = loaded.signatures["serving_default"]
     assert sorted(signature.structured_outputs) == ["score"]
     from kbert.serving.export import exported_signatures
+
     assert exported_signatures(path)["regress"] == "tensorflow/serving/regress"
     assert sorted(signature.structured_input_signature[1]) == ["text", "text_b"]
     with pytest.raises(tf.errors.InvalidArgumentError, match="non-finite values in output score"):
         signature(text=tf.constant(["gold."]), text_b=tf.constant([""]))
-    example = tf.train.Example(features=tf.train.Features(feature={
-        "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"gold."]))}))
+    example = tf.train.Example(
+        features=tf.train.Features(feature={"text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"gold."]))})
+    )
     with pytest.raises(tf.errors.InvalidArgumentError, match="non-finite values in output score"):
         loaded.signatures["regress"](inputs=tf.constant([example.SerializeToString()]))
 
@@ -504,8 +585,9 @@ def test_tagger_serves_a_label_per_token(tiny_model_dir, tmp_path):
     import tensorflow as tf
 
     import kbert
-    from kbert.text.preprocessing import BertPreprocessor
     from kbert.serving.export import export_model
+    from kbert.text.preprocessing import BertPreprocessor
+
     base = kbert.load(tiny_model_dir)
     model = kbert.bert_tagger(base, 3)
     model.task_info = {"task": "tag", "labels": ["B", "I", "O"], "max_seq_length": 8}
@@ -523,23 +605,31 @@ def test_tagger_serves_a_label_per_token(tiny_model_dir, tmp_path):
     # One tag per whitespace word, read at its first WordPiece ("great." is "great" "."), "" past
     # a sentence's words; serve_ids, without words, gives the per-token outputs only.
     tags = [["BIO"[i] for i in row] for row in expected]
-    assert out["word_label"].numpy().astype(str).tolist() == [[tags[0][1], tags[0][2], tags[0][3]],
-                                                             [tags[1][1], "", ""]]
-    assert sorted(signature["serve_ids"](**{k: tf.constant(v) for k, v in features.items()})) == \
-        ["input_mask", "label", "label_id"]
+    assert out["word_label"].numpy().astype(str).tolist() == [
+        [tags[0][1], tags[0][2], tags[0][3]],
+        [tags[1][1], "", ""],
+    ]
+    assert sorted(signature["serve_ids"](**{k: tf.constant(v) for k, v in features.items()})) == [
+        "input_mask",
+        "label",
+        "label_id",
+    ]
 
 
 def test_bfloat16_export_is_close_to_float32_and_half_the_size(tiny_model_dir, tmp_path):
     import tensorflow as tf
 
     from kbert.serving.export import export_model
+
     texts = tf.constant(["gold glorious great.", "dead dust the dread.", ""])
     out = {}
     for precision in ("float32", "bfloat16"):
         path = export_model(tiny_model_dir, tmp_path / precision, precision=precision)
         loaded = tf.saved_model.load(path)
         out[precision] = loaded.signatures["serving_default"](text=texts)
-        size = sum(os.path.getsize(os.path.join(path, "variables", n)) for n in os.listdir(os.path.join(path, "variables")))
+        size = sum(
+            os.path.getsize(os.path.join(path, "variables", n)) for n in os.listdir(os.path.join(path, "variables"))
+        )
         out[precision + "_size"] = size
     for name in ("pooled_output", "sequence_output"):
         assert out["bfloat16"][name].dtype == tf.float32  # served as float32 either way

@@ -25,11 +25,13 @@ def parse(text):
 
 
 def models(text):
-    return {m.name: (m.base_path, sorted(m.model_version_policy.specific.versions))
-            for m in parse(text).model_config_list.config}
+    return {
+        m.name: (m.base_path, sorted(m.model_version_policy.specific.versions))
+        for m in parse(text).model_config_list.config
+    }
 
 
-USERS = '''# our server: docker mounts the exports at /models
+USERS = """# our server: docker mounts the exports at /models
 model_config_list {
   config {
     name: "sentiment"
@@ -49,7 +51,7 @@ model_config_list {
     }
   }
 }
-'''
+"""
 
 
 def test_a_pinned_model_gets_the_new_version_and_the_rest_is_kept():
@@ -58,8 +60,12 @@ def test_a_pinned_model_gets_the_new_version_and_the_rest_is_kept():
     assert models(text) == {"sentiment": ("/models/sentiment", [1, 2]), "other": ("/models/other", [3])}
     # The user's text is edited, not rewritten: comments and layout stay, one line changes.
     changed = [(a, b) for a, b in zip(USERS.splitlines(), text.splitlines()) if a != b]
-    assert changed == [("    model_version_policy { specific { versions: 1 } }",
-                        "    model_version_policy { specific { versions: 1 versions: 2 } }")]
+    assert changed == [
+        (
+            "    model_version_policy { specific { versions: 1 } }",
+            "    model_version_policy { specific { versions: 1 versions: 2 } }",
+        )
+    ]
     assert parse(text).model_config_list.config[0].version_labels["stable"] == 1
     text, _ = _models_config_with(text, "other", BASE, 4)
     assert models(text)["other"] == ("/models/other", [3, 4]) and "# the docker path" in text
@@ -76,11 +82,14 @@ def test_a_new_model_is_added_and_latest_policies_need_nothing():
     assert models(_models_config_with(lists, "x", BASE, 5)[0]) == {"x": ("/y", [1, 2, 5])}
 
 
-@pytest.mark.parametrize("text, why", [
-    ("model_config_list { config { name: 'x' base_path: '/y' }", "not a model_config_list that TF Serving reads"),
-    ("model_config_list { config { name: 'x' } config { name: 'x' } }", "it names model 'x' 2 times"),
-    ("custom_model_config { }", "it holds a custom_model_config"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("model_config_list { config { name: 'x' base_path: '/y' }", "not a model_config_list that TF Serving reads"),
+        ("model_config_list { config { name: 'x' } config { name: 'x' } }", "it names model 'x' 2 times"),
+        ("custom_model_config { }", "it holds a custom_model_config"),
+    ],
+)
 def test_a_file_that_cannot_be_edited_safely_is_said_so(text, why):
     updated, note = _models_config_with(text, "x", BASE, 3)
     assert updated is None and note.startswith(why)
@@ -91,16 +100,22 @@ def test_a_second_export_keeps_the_users_edits(tmp_path, tiny_model_dir):
     base = tmp_path / "exports" / "tiny"
     first = json.loads(run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16").stdout)
     config_file, batching_file = base / "models.config", base / "batching_parameters.txt"
-    assert first["model_config_file"] == str(config_file) and models(config_file.read_text()) == {"tiny": (str(base), [])}
+    assert first["model_config_file"] == str(config_file) and models(config_file.read_text()) == {
+        "tiny": (str(base), [])
+    }
     kberts_batching = batching_file.read_text()
 
     # What the README tells users to do: tune the batching, and here pin the served versions.
-    users_batching = re.sub(r"num_batch_threads \{ value: \d+ \}", "# ours: the box runs two servers\n"
-                            "num_batch_threads { value: 1 }", kberts_batching)
+    users_batching = re.sub(
+        r"num_batch_threads \{ value: \d+ \}",
+        "# ours: the box runs two servers\nnum_batch_threads { value: 1 }",
+        kberts_batching,
+    )
     batching_file.write_text(users_batching)
     users_config = config_file.read_text().replace(
         '    model_platform: "tensorflow"\n',
-        '    model_platform: "tensorflow"\n    model_version_policy { specific { versions: 1 } }  # pinned\n')
+        '    model_platform: "tensorflow"\n    model_version_policy { specific { versions: 1 } }  # pinned\n',
+    )
     config_file.write_text(users_config)
 
     second = run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16")
@@ -111,8 +126,10 @@ def test_a_second_export_keeps_the_users_edits(tmp_path, tiny_model_dir):
     assert config_file.read_text() == users_config.replace("versions: 1 }", "versions: 1 versions: 2 }")
     lines = second.stderr.splitlines()
     assert f"kbert: {config_file}: added version 2 to the specific versions of model 'tiny'" in lines
-    assert (f"kbert: {batching_file} differs from what kbert writes: kept as it is; kbert's is beside it: "
-            f"{batching_file}.new") in lines
+    assert (
+        f"kbert: {batching_file} differs from what kbert writes: kept as it is; kbert's is beside it: "
+        f"{batching_file}.new"
+    ) in lines
 
     # A models.config kbert cannot edit safely is left as it is, and kbert's goes beside it.
     broken = users_config.replace("model_config_list {", "model_config_list {{", 1)
@@ -120,12 +137,21 @@ def test_a_second_export_keeps_the_users_edits(tmp_path, tiny_model_dir):
     third = run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16")
     assert config_file.read_text() == broken
     assert (base / "models.config.new").read_text() == _models_config("tiny", str(base))
-    assert any(line.startswith(f"kbert: {config_file}: not a model_config_list that TF Serving reads (")
-               and line.endswith(f"left as it is, and kbert's models.config for this export is beside it: "
-                                 f"{config_file}.new") for line in third.stderr.splitlines()), third.stderr
+    assert any(
+        line.startswith(f"kbert: {config_file}: not a model_config_list that TF Serving reads (")
+        and line.endswith(f"left as it is, and kbert's models.config for this export is beside it: {config_file}.new")
+        for line in third.stderr.splitlines()
+    ), third.stderr
     # Nothing half-written or temporary beside them.
-    assert sorted(os.listdir(base)) == ["1", "2", "3", "batching_parameters.txt", "batching_parameters.txt.new",
-                                        "models.config", "models.config.new"]
+    assert sorted(os.listdir(base)) == [
+        "1",
+        "2",
+        "3",
+        "batching_parameters.txt",
+        "batching_parameters.txt.new",
+        "models.config",
+        "models.config.new",
+    ]
 
 
 def test_a_model_renamed_in_models_config_keeps_its_entry(tmp_path, tiny_model_dir):
@@ -134,16 +160,22 @@ def test_a_model_renamed_in_models_config_keeps_its_entry(tmp_path, tiny_model_d
     base = tmp_path / "tiny"
     run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16")
     config_file = base / "models.config"
-    config_file.write_text(config_file.read_text().replace('name: "tiny"', 'name: "prod"').replace(
-        '    model_platform: "tensorflow"\n',
-        '    model_platform: "tensorflow"\n    model_version_policy { specific { versions: 1 } }\n'))
+    config_file.write_text(
+        config_file.read_text()
+        .replace('name: "tiny"', 'name: "prod"')
+        .replace(
+            '    model_platform: "tensorflow"\n',
+            '    model_platform: "tensorflow"\n    model_version_policy { specific { versions: 1 } }\n',
+        )
+    )
     second = run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16")
     assert json.loads(second.stdout)["version"] == 2
     assert models(config_file.read_text()) == {"prod": (str(base), [1, 2])}
     assert f"kbert: {config_file}: added version 2 to the specific versions of model 'prod'" in second.stderr
     # The warmup requests name the model as the server serves it.
-    from tensorflow_serving.apis import prediction_log_pb2
     import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
     record = next(iter(tf.data.TFRecordDataset(str(base / "2" / "assets.extra" / "tf_serving_warmup_requests"))))
     log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
     assert log.predict_log.request.model_spec.name == "prod"

@@ -91,6 +91,7 @@ def test_every_task_but_squad_is_served():
     assert str(error.value) == (
         "kbert export serves encoders, pretrained models and the classify, regress, tag, choice tasks; a squad "
         "model needs its question/context windows, which export does not build yet: serve its encoder or use "
-        "kbert predict")
+        "kbert predict"
+    )
     with pytest.raises(KbertError, match="unknown --task 'ner'"):
         serving_head("ner", _Logits([[0.0]]), None)

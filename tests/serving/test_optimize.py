@@ -16,9 +16,16 @@ import kbert
 from kbert.model import layers
 from kbert.serving.optimize import GROUP_ROWS, InferenceTransformerLayer, layer_norm_as_batch_norm, optimize
 
-CONFIG = kbert.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=32, max_position_embeddings=24, type_vocab_size=2,
-                          initializer_range=0.5)  # large weights: attention far from uniform
+CONFIG = kbert.BertConfig(
+    vocab_size=40,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=24,
+    type_vocab_size=2,
+    initializer_range=0.5,
+)  # large weights: attention far from uniform
 
 
 @pytest.fixture(autouse=True)
@@ -53,8 +60,11 @@ def trained_like(model, reference=None):
     model has them; or, with `reference`, the reference model's weights in this model's dtype."""
     rng = np.random.default_rng(0)
     for i, w in enumerate(model.weights):
-        value = reference.weights[i].numpy() if reference is not None else \
-            w.numpy().astype("float32") + rng.normal(0, 0.1, w.shape)
+        value = (
+            reference.weights[i].numpy()
+            if reference is not None
+            else w.numpy().astype("float32") + rng.normal(0, 0.1, w.shape)
+        )
         w.assign(tf.cast(value, w.dtype))
 
 
@@ -77,8 +87,11 @@ def padded_batch(rows=2 * GROUP_ROWS + 3, seq=20, choices=None):
     lengths.flat[0] = seq
     mask = (np.arange(seq) < lengths[..., None]).astype("int32")
     segments = (np.arange(seq) >= lengths[..., None] // 2).astype("int32") * mask
-    return {"input_ids": rng.integers(1, CONFIG.vocab_size, shape).astype("int32") * mask,
-            "input_mask": mask, "segment_ids": segments}
+    return {
+        "input_ids": rng.integers(1, CONFIG.vocab_size, shape).astype("int32") * mask,
+        "input_mask": mask,
+        "segment_ids": segments,
+    }
 
 
 def real(outputs, features):
@@ -88,8 +101,13 @@ def real(outputs, features):
     return {k: v[mask] if v.ndim == mask.ndim + 1 else v for k, v in values.items()}
 
 
-OPTIONS = [{}, {"constant_weights": True}, {"fuse_qkv": False}, {"one_kernel_layer_norm": False},
-           {"group_rows": 1 << 30}]
+OPTIONS = [
+    {},
+    {"constant_weights": True},
+    {"fuse_qkv": False},
+    {"one_kernel_layer_norm": False},
+    {"group_rows": 1 << 30},
+]
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o) or "default")
@@ -119,9 +137,15 @@ def test_optimized_encoder_in_bfloat16_is_as_close_to_float32_as_the_model():
         assert error.max() <= 2 * plain_error.max(), (key, error.max(), plain_error.max())
 
 
-@pytest.mark.parametrize("make, choices", [(lambda c: kbert.bert_classifier(c, 3), None),
-                                           (lambda c: kbert.bert_tagger(c, 5), None),
-                                           (kbert.bert_multiple_choice, 4)], ids=["classify", "tag", "choice"])
+@pytest.mark.parametrize(
+    "make, choices",
+    [
+        (lambda c: kbert.bert_classifier(c, 3), None),
+        (lambda c: kbert.bert_tagger(c, 5), None),
+        (kbert.bert_multiple_choice, 4),
+    ],
+    ids=["classify", "tag", "choice"],
+)
 def test_a_task_model_is_optimized_around_its_encoder_and_left_as_it_was(make, choices):
     model = built(make)
     weights = [id(w) for w in model.weights]
@@ -134,8 +158,9 @@ def test_a_task_model_is_optimized_around_its_encoder_and_left_as_it_was(make, c
     # the model itself gained nothing.
     assert [id(w) for w in model.weights] == weights
     assert set(weights) <= {id(w) for w in served.model.weights}
-    inference = [layer for layer in served.model.get_layer("bert_encoder").layers
-                 if isinstance(layer, InferenceTransformerLayer)]
+    inference = [
+        layer for layer in served.model.get_layer("bert_encoder").layers if isinstance(layer, InferenceTransformerLayer)
+    ]
     assert [layer.layer for layer in inference] == model.encoder.transformer_layers
 
 
@@ -143,5 +168,6 @@ def test_the_examples_in_the_docstrings_run():
     import doctest
 
     from kbert.serving import optimize as module
+
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 3 and result.failed == 0

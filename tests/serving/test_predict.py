@@ -43,11 +43,13 @@ def test_a_model_kbert_did_not_export_is_refused():
         served_task({"serving_default": {"outputs": {"logits": {}}}})
     assert str(error.value) == (
         "the served model's serving_default has outputs logits; kbert predict --server reads what kbert export "
-        "writes (the tasks classify, regress, tag, choice and encoders): use Client.predict for other models")
+        "writes (the tasks classify, regress, tag, choice and encoders): use Client.predict for other models"
+    )
 
 
 class _Server:
     """A stand-in Client: answers as an export of the task would, and records each request."""
+
     model_name = "m"
 
     def __init__(self):
@@ -63,8 +65,10 @@ class _Server:
 
     def predict_text(self, texts, texts_b=None):
         self.requests.append((list(texts), texts_b))
-        return {"word_label": np.array([["B-LOC", "O", ""]] * len(texts), dtype=object),
-                "pooled_output": np.array([[0.5, -0.25]] * len(texts), dtype=np.float32)}
+        return {
+            "word_label": np.array([["B-LOC", "O", ""]] * len(texts), dtype=object),
+            "pooled_output": np.array([[0.5, -0.25]] * len(texts), dtype=np.float32),
+        }
 
     def predict(self, inputs):
         self.requests.append(inputs)

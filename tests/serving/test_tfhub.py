@@ -26,7 +26,9 @@ from kbert.text.tokenizer import Tokenizer
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 
 VOCAB = os.path.join(TINY, "vocab.txt")
-LINES = [line.strip() for line in open(os.path.join(FIXTURES, "sample_text.txt"), encoding="utf-8") if line.strip()][:40]
+LINES = [line.strip() for line in open(os.path.join(FIXTURES, "sample_text.txt"), encoding="utf-8") if line.strip()][
+    :40
+]
 HUB_INPUTS = {"input_word_ids": "input_ids", "input_mask": "input_mask", "input_type_ids": "segment_ids"}
 IDS = {hub: EXPECTED[ours].astype("int32") for hub, ours in HUB_INPUTS.items()}
 
@@ -112,7 +114,7 @@ def test_preprocessor_packs_as_run_classifier(hub_export, length):
 
 
 # The "Classify text with BERT" tutorial's model, with tf-keras and tensorflow_hub as it runs them.
-HUB_CLASSIFIER = r'''
+HUB_CLASSIFIER = r"""
 import json, sys
 import numpy as np
 import tensorflow as tf
@@ -146,7 +148,7 @@ changed = sum(not np.array_equal(a, w.numpy()) for a, w in zip(before, encoder.t
 print(json.dumps({"pooled_diff": float(np.abs(pooled - expected["pooled_output"]).max()),
                   "loss_before": loss_before, "loss_after": loss_after, "changed": changed, "trainable": len(before),
                   "modules": sorted(m for m in ("kbert", "keras_hub") if m in sys.modules)}))
-'''
+"""
 
 
 def test_hub_keras_layer_fine_tunes_it_on_tf_keras(hub_export, tmp_path):
@@ -154,8 +156,13 @@ def test_hub_keras_layer_fine_tunes_it_on_tf_keras(hub_export, tmp_path):
     script = tmp_path / "classify.py"
     script.write_text(HUB_CLASSIFIER)
     np.savez(tmp_path / "expected.npz", pooled_output=EXPECTED["pooled_output"], texts=np.array(LINES[:16]), **IDS)
-    result = subprocess.run([sys.executable, str(script), str(base / "hub"), str(tmp_path / "expected.npz")],
-                            capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    result = subprocess.run(
+        [sys.executable, str(script), str(base / "hub"), str(tmp_path / "expected.npz")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["pooled_diff"] < 1e-5
@@ -165,7 +172,7 @@ def test_hub_keras_layer_fine_tunes_it_on_tf_keras(hub_export, tmp_path):
     assert report["modules"] == []
 
 
-FRESH = r'''
+FRESH = r"""
 import json, sys
 sys.modules["kbert"] = sys.modules["keras_hub"] = sys.modules["tensorflow_hub"] = None
 import numpy as np
@@ -176,14 +183,19 @@ preprocessor = tf.saved_model.load(export + "/preprocessor")
 encoder = tf.saved_model.load(export + "/encoder")
 out = encoder(preprocessor(tf.constant(texts)), training=False)
 np.save(sys.argv[3], out["pooled_output"].numpy())
-'''
+"""
 
 
 def test_runs_in_a_fresh_process_with_only_tensorflow_and_tf_text(hub_export, tmp_path):
     base, _ = hub_export
     texts = LINES[:5]
-    result = subprocess.run([sys.executable, "-c", FRESH, str(base / "hub"), json.dumps(texts), str(tmp_path / "p.npy")],
-                            capture_output=True, text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    result = subprocess.run(
+        [sys.executable, "-c", FRESH, str(base / "hub"), json.dumps(texts), str(tmp_path / "p.npy")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     model = kbert.load(base / "tiny")
     features, _ = encode_texts(Tokenizer(VOCAB), texts, None, 64)
@@ -210,8 +222,11 @@ def test_a_fine_tuned_model_exports_its_encoder(hub_export, tmp_path):
     base, _ = hub_export
     classifier = kbert.bert_classifier(kbert.load(base / "tiny"), num_classes=3)
     kbert.save(classifier, tmp_path / "classifier", vocab_file=VOCAB)
-    summary = json.loads(run_kbert("export", tmp_path / "classifier", tmp_path / "hub", "--format", "tfhub",
-                                   "--max-seq-length", "32").stdout)
+    summary = json.loads(
+        run_kbert(
+            "export", tmp_path / "classifier", tmp_path / "hub", "--format", "tfhub", "--max-seq-length", "32"
+        ).stdout
+    )
     assert summary["mlm"] is False and summary["seq_length"] == 32
     encoder = tf.saved_model.load(str(tmp_path / "hub" / "encoder"))
     assert not hasattr(encoder, "mlm") and not hasattr(encoder, "nsp")

@@ -61,8 +61,11 @@ def test_config_round_trip():
 
 def test_for_model_refuses_a_length_past_the_models_positions(tiny_model_dir):
     model = kbert.load(tiny_model_dir)  # 64 positions
-    with pytest.raises(ValueError, match=r"^sequence_length 128 exceeds the model's max_position_embeddings 64; "
-                                         r"pass sequence_length=64 or less$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^sequence_length 128 exceeds the model's max_position_embeddings 64; "
+        r"pass sequence_length=64 or less$",
+    ):
         BertPreprocessor.for_model(model, sequence_length=128)
     with pytest.raises(ValueError, match="max_position_embeddings 64"):
         BertPreprocessor.for_model(str(tiny_model_dir), sequence_length=65)

@@ -18,17 +18,17 @@ from kbert.text.tokenizer import load_vocab, vocab_tokens
 SAMPLE = [json.loads(line) for line in open(os.path.join(FIXTURES, "tokenizer-sample.jsonl"), encoding="utf-8")]
 
 HARD = [
-    "Ｆｕｌｌ－ｗｉｄｔｈ　ｆｏｒｍｓ！ ＡＢＣ１２３？",             # full-width letters, space, punctuation
+    "Ｆｕｌｌ－ｗｉｄｔｈ　ｆｏｒｍｓ！ ＡＢＣ１２３？",  # full-width letters, space, punctuation
     "Trade™ marks® and © signs, ½ fractions, ² superscripts",
-    "naïve café résumé Ångström Œuvre straße ﬁancé",             # accents, ligatures
-    "e\u0301 a\u0308\u0304 combining marks \u0301alone",          # combining marks, a lone mark
+    "naïve café résumé Ångström Œuvre straße ﬁancé",  # accents, ligatures
+    "e\u0301 a\u0308\u0304 combining marks \u0301alone",  # combining marks, a lone mark
     "zero\u200bwidth\u200cjoin\u200d and\ufeffbom \u2060word joiner",
     "ctrl\x00nul\x01\x1f\x7f\x85del tab\tnew\nline\r\x0bvt\x0cff",
     "line\u2028sep para\u2029sep nbsp\u00a0here thin\u2009space ideo\u3000space",
     "中文字符测试，北京欢迎你。 日本語のテキスト、カタカナ。 한국어 텍스트입니다.",
     "emoji 😀🎉👍🏽 flags 🇺🇸 zwj 👨‍👩‍👧 ♥️",
     "mojibake: CafÃ© â€™ Ã¼ber â€œquotesâ€\x9d Ã©tÃ©",
-    "ΟΔΟΣ Σίσυφος ΣΑΣ; İstanbul ǅ ﬀ ẞ",                          # sigma, dotted I, titlecase digraph
+    "ΟΔΟΣ Σίσυφος ΣΑΣ; İstanbul ǅ ﬀ ẞ",  # sigma, dotted I, titlecase digraph
     "Привет, мир! Ёжик. Ελληνικά. עברית. العربية",
     "¿Qué? ¡Sí! «guillemets» „quotes“ ‘single’ — dashes – … ellipsis",
     "math ∑ ∫ √ ≤ ≥ ≠ ± × ÷ → ⇒ ∞ ℝ",
@@ -110,9 +110,19 @@ def test_bytes_and_invalid_utf8(original, ours, graph):
 
 def _random_texts(n, seed):
     rng = random.Random(seed)
-    pools = [(0x20, 0x7E), (0xA0, 0x24F), (0x300, 0x36F), (0x370, 0x52F), (0x2000, 0x206F),
-             (0x3000, 0x30FF), (0x4E00, 0x4E80), (0xAC00, 0xAC80), (0xFF00, 0xFFEF), (0x1F300, 0x1F64F),
-             (0x0, 0x1F)]
+    pools = [
+        (0x20, 0x7E),
+        (0xA0, 0x24F),
+        (0x300, 0x36F),
+        (0x370, 0x52F),
+        (0x2000, 0x206F),
+        (0x3000, 0x30FF),
+        (0x4E00, 0x4E80),
+        (0xAC00, 0xAC80),
+        (0xFF00, 0xFFEF),
+        (0x1F300, 0x1F64F),
+        (0x0, 0x1F),
+    ]
     texts = []
     for _ in range(n):
         chars = []
@@ -134,8 +144,7 @@ def test_random_hard_text_matches_original(original, ours, graph, lower):
 
 @pytest.mark.parametrize("lower", [True, False])
 def test_every_bmp_code_point_matches_original(original, ours, lower):
-    texts = ["a" + chr(cp) + "b " + chr(cp) + " x" + chr(cp)
-             for cp in range(0x10000) if not 0xD800 <= cp <= 0xDFFF]
+    texts = ["a" + chr(cp) + "b " + chr(cp) + " x" + chr(cp) for cp in range(0x10000) if not 0xD800 <= cp <= 0xDFFF]
     mismatches = [t for t in texts if ours[lower].tokenize(t) != original[lower].tokenize(t)]
     assert mismatches == []
 
@@ -147,7 +156,7 @@ def test_graph_matches_python_on_every_code_point(ours, graph, lower):
     texts = ["a" + chr(cp) + "b " + chr(cp) + " x" + chr(cp) for cp in cps]
     mismatches = []
     for start in range(0, len(texts), 50_000):
-        chunk = texts[start:start + 50_000]
+        chunk = texts[start : start + 50_000]
         got = graph[lower](tf.constant([t.encode() for t in chunk])).to_list()
         for text, ids in zip(chunk, got):
             if ids != ours[lower].convert_tokens_to_ids(ours[lower].tokenize(text)):

@@ -11,9 +11,9 @@ from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.
 
 import kbert
 from conftest import FIXTURES, TESTS, assert_user_error, run_kbert
-from kbert.text import vocab_builder
 from kbert.errors import KbertError
 from kbert.pretraining.create_data import create_pretraining_data
+from kbert.text import vocab_builder
 from kbert.text.vocab_builder import RESERVED_TOKENS, WordTokenizer, build_vocab, count_words, learn_vocab
 
 ROOT = os.path.dirname(TESTS)
@@ -93,7 +93,7 @@ def test_cased_vocabulary_keeps_case(tmp_path):
     vocab = (tmp_path / "cased.txt").read_text(encoding="utf-8").split("\n")[:-1]
     assert "T" in vocab and "The" in vocab and result["do_lower_case"] is False
     assert result["unk_rate"] == 0.0
-    uncased = (learn_vocab(count_words([SAMPLE], do_lower_case=True), 400))
+    uncased = learn_vocab(count_words([SAMPLE], do_lower_case=True), 400)
     assert not any(c.isupper() for token in uncased for c in token if token not in RESERVED_TOKENS)
 
 
@@ -125,8 +125,9 @@ def test_cli(tmp_path):
     assert summary["size"] == 205 == len(out.read_text(encoding="utf-8").splitlines())
     assert summary["requested_size"] == 250
     assert summary["unk_rate"] == 0.0 and summary["vocab_file"] == str(out)
-    assert_user_error(run_kbert("vocab", "--input", SAMPLE, "--output", out, check=False),
-                      "exists and is not empty", "--overwrite")
+    assert_user_error(
+        run_kbert("vocab", "--input", SAMPLE, "--output", out, check=False), "exists and is not empty", "--overwrite"
+    )
 
 
 def test_docstring_examples(monkeypatch):

@@ -14,17 +14,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import REFERENCE
 from kbert.training import optimization
 from kbert.training.optimization import BertAdamW, GradientsAlreadySummed, WarmupLinearDecay, make_optimizer
-from conftest import REFERENCE
 
 sys.path.insert(0, REFERENCE)
-from original_optimizer import INITIAL, LR, RUN, STEPS, TARGET, WARMUP  # noqa: E402
+from original_optimizer import INITIAL, LR, RUN, STEPS, TARGET, WARMUP
 
 
 def test_matches_original_optimizer():
-    result = subprocess.run([sys.executable, os.path.join(REFERENCE, "original_optimizer.py")],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, os.path.join(REFERENCE, "original_optimizer.py")], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     original = json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -45,8 +46,9 @@ def test_matches_original_optimizer():
         grads = tape.gradient(loss, [variables[n] for n in ordered])
         optimizer.apply_gradients(zip(grads, [variables[n] for n in ordered]))
         for name in ordered:
-            np.testing.assert_allclose(variables[name].numpy(), original[step][name], atol=1e-6,
-                                       err_msg=f"{name} after step {step + 1}")
+            np.testing.assert_allclose(
+                variables[name].numpy(), original[step][name], atol=1e-6, err_msg=f"{name} after step {step + 1}"
+            )
     # The gradient here is large (norm > 1), so clipping was exercised, and the gamma/bias
     # were not decayed while the kernel was.
 
@@ -73,14 +75,19 @@ HOOKS = [
     ("_all_reduce_sum_gradients", "(self, grads_and_vars)", "_backend_update_step"),
     ("_get_variable_index", "(self, variable)", None),
 ]
-KBERT_OVERRIDES = {"_clip_gradients": BertAdamW, "_backend_update_step": BertAdamW,
-                   "_all_reduce_sum_gradients": GradientsAlreadySummed}
+KBERT_OVERRIDES = {
+    "_clip_gradients": BertAdamW,
+    "_backend_update_step": BertAdamW,
+    "_all_reduce_sum_gradients": GradientsAlreadySummed,
+}
 
 
 def changed(what: str) -> str:
-    return (f"keras {keras.__version__} changed {what}: kbert.training.optimization relies on it "
-            f"(GradientsAlreadySummed, BertAdamW); re-check them against this Keras, and "
-            f"tests/training/test_optimization.py's HOOKS, before widening the keras pin in pyproject.toml")
+    return (
+        f"keras {keras.__version__} changed {what}: kbert.training.optimization relies on it "
+        f"(GradientsAlreadySummed, BertAdamW); re-check them against this Keras, and "
+        f"tests/training/test_optimization.py's HOOKS, before widening the keras pin in pyproject.toml"
+    )
 
 
 @pytest.mark.parametrize("name, signature, caller", HOOKS, ids=[h[0] for h in HOOKS])
@@ -90,7 +97,8 @@ def test_keras_optimizer_hooks_are_unchanged(name, signature, caller):
     assert owners, changed(f"Optimizer.{name}: gone")
     method = getattr(base, name)
     assert str(inspect.signature(method)) == signature, changed(
-        f"{owners[0]}.{name}: signature {inspect.signature(method)}, was {signature}")
+        f"{owners[0]}.{name}: signature {inspect.signature(method)}, was {signature}"
+    )
     if caller:
         source = inspect.getsource(getattr(base, caller))
         assert f"self.{name}(" in source, changed(f"{owners[0]}.{name}: no longer called from {caller}")
@@ -109,15 +117,23 @@ def test_bert_adamw_updates_in_one_launch_through_the_hooks(monkeypatch):
     optimizer.apply_gradients(zip([tf.constant([30.0, -40.0]), tf.constant([[0.0]])], variables))
     assert launches == [1], changed("the order BaseOptimizer.apply calls its hooks in")
     # Clipped to norm 1 before the update: m = 0.1·(0.6, -0.8), v = 0.001·(0.36, 0.64).
-    np.testing.assert_allclose(variables[0].numpy(), [1.0 - 0.1 * 0.06 / (0.001**0.5 * 0.6 + 1e-6) - 0.1 * 0.01,
-                                                      2.0 + 0.1 * 0.08 / (0.001**0.5 * 0.8 + 1e-6) - 0.1 * 0.02],
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        variables[0].numpy(),
+        [
+            1.0 - 0.1 * 0.06 / (0.001**0.5 * 0.6 + 1e-6) - 0.1 * 0.01,
+            2.0 + 0.1 * 0.08 / (0.001**0.5 * 0.8 + 1e-6) - 0.1 * 0.02,
+        ],
+        rtol=1e-5,
+    )
 
 
 def test_lamb_skips_the_cross_replica_sum_through_the_hook(monkeypatch):
     calls = []
-    monkeypatch.setattr(GradientsAlreadySummed, "_all_reduce_sum_gradients",
-                        lambda self, grads_and_vars: calls.append(1) or grads_and_vars)
+    monkeypatch.setattr(
+        GradientsAlreadySummed,
+        "_all_reduce_sum_gradients",
+        lambda self, grads_and_vars: calls.append(1) or grads_and_vars,
+    )
     variable = keras.Variable([1.0, 2.0])
     make_optimizer("lamb", 0.1, total_steps=10, warmup_steps=0).apply_gradients([(tf.constant([0.5, -0.5]), variable)])
     assert calls == [1], changed("TFOptimizer._backend_update_step: no longer calls _all_reduce_sum_gradients")

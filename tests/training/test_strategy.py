@@ -10,13 +10,16 @@ WORKERS = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
 WITH_CHIEF = {"chief": ["127.0.0.1:0"], "worker": ["127.0.0.1:1", "127.0.0.1:2"]}
 
 
-@pytest.mark.parametrize("cluster, task, writes", [
-    (WORKERS, {"type": "worker", "index": 0}, True),
-    (WORKERS, {"type": "worker", "index": 1}, False),
-    (WITH_CHIEF, {"type": "chief", "index": 0}, True),
-    (WITH_CHIEF, {"type": "worker", "index": 0}, False),  # TensorFlow's rule: the chief task, if there is one
-    (WITH_CHIEF, {"type": "evaluator", "index": 0}, False),
-])
+@pytest.mark.parametrize(
+    "cluster, task, writes",
+    [
+        (WORKERS, {"type": "worker", "index": 0}, True),
+        (WORKERS, {"type": "worker", "index": 1}, False),
+        (WITH_CHIEF, {"type": "chief", "index": 0}, True),
+        (WITH_CHIEF, {"type": "worker", "index": 0}, False),  # TensorFlow's rule: the chief task, if there is one
+        (WITH_CHIEF, {"type": "evaluator", "index": 0}, False),
+    ],
+)
 def test_only_the_chief_of_a_multi_worker_run_writes_the_model_dir(monkeypatch, cluster, task, writes):
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": task}))
     assert writes_shared_files("multi-worker") is writes
