@@ -11,6 +11,7 @@ session shows it: statements in order, and the value of each bare expression pri
 tests compare with what the README's comments say.
 """
 
+import json
 import os
 import re
 import shutil
@@ -49,7 +50,7 @@ MARKERS = {
     "tfhub-tf-keras": 'hub.KerasLayer("OUT/preprocessor")',
     "tfhub-keras-3": 'keras.layers.TFSMLayer("OUT/encoder"',
     "keras-hub": 'keras_hub.models.BertBackbone.from_preset("OUT")',
-    "model-fit": "kbert.bert_classifier(pretrained, num_classes=2)",
+    "model-fit": "kbert.bert_classifier(pretrained, num_classes=2,",
     "client": "from kbert.serving import Client",
 }
 
@@ -142,7 +143,15 @@ def test_model_fit_block(tmp_path):
     small_real_vocab_bert(tmp_path / "bert-base")
     data = 'texts = ["a great movie", "a dull film", "great", "dull"] * 8\nlabels = [1, 0, 1, 0] * 8\n'
     run_block(data + block("model-fit"), tmp_path)
-    assert (tmp_path / "classifier.keras").is_file()
+    # The .keras file is the whole classifier: the CLI reads its labels, vocabulary and casing.
+    test = tmp_path / "test.tsv"
+    test.write_text("text\tlabel\na great movie\tpos\na dull film\tneg\n")
+    rows = [
+        json.loads(line)
+        for line in run_kbert("predict", tmp_path / "classifier.keras", "--input", test).stdout.splitlines()
+    ]
+    assert len(rows) == 2 and all(set(row["probabilities"]) == {"neg", "pos"} for row in rows)
+    assert (tmp_path / "out" / "clf" / "model.weights.h5").is_file()
 
 
 def test_client_block(tmp_path):
