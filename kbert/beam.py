@@ -79,6 +79,7 @@ def _quiet_stderr():
 
 
 with _quiet_logging():
+    import apache_beam as beam  # noqa: F401 (the pipelines take Beam from here, imported quietly)
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions

@@ -7,49 +7,28 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = [
-    "kbert.config",
-    "kbert.files",
-    "kbert.model.bert",
-    "kbert.text.tokenizer",
-    "kbert.text.graph_tokenizer",
-    "kbert.converters.names",
-    "kbert.converters.inspect",
-    "kbert.converters.hf",
-    "kbert.errors",
-    "kbert.model.layers",
-    "kbert.pretraining.losses",
-    "kbert.training.optimization",
-    "kbert.finetuning.metrics",
-    "kbert.finetuning.readers",
-    "kbert.finetuning.encoding",
-    "kbert.finetuning.squad",
-    "kbert.finetuning.squad_decoding",
-    "kbert.text.preprocessing",
-    "kbert.serving.client",
-    "kbert.serving.heads",
-    "kbert.serving.predict",
-    "kbert.model.fused",
-    "kbert.pretraining.create_data",
-    "kbert.pretraining.instances",
-    "kbert.pretraining.python_random",
-    "kbert.pretraining.record_encoder",
-    "kbert.pretraining.record_statistics",
-    "kbert.text.vocab_builder",
-    "kbert.finetuning.tasks",
-    "kbert.finetuning.predict",
-    "kbert.finetuning.options",
-    "kbert.finetuning.output",
-    "kbert.model_dir",
-    "kbert.converters.named",
-    "kbert.converters.safetensors_file",
-    "kbert.locks",
-    "kbert.outputs",
-    "kbert.training.interruption",
-    "kbert.pretraining.fill_mask",
-    "kbert.records",
-    "kbert.processes",
-]
+# Where each installed package's source lives (pyproject.toml's package-dir).
+PACKAGE_DIRS = {"kbert": "kbert", "kbert.cli": "cli", "kbert.converters": "converters", "kbert.serving": "serving"}
+
+
+def modules_with_examples() -> list:
+    """Every kbert module with a `>>>` example that runs here (not +SKIP): a new one is run without being listed."""
+    found = []
+    for package, folder in PACKAGE_DIRS.items():
+        for directory, _, files in os.walk(os.path.join(ROOT, folder)):
+            for name in sorted(files):
+                if not name.endswith(".py") or directory != os.path.join(ROOT, folder) and package != "kbert":
+                    continue
+                with open(os.path.join(directory, name), encoding="utf-8") as f:
+                    if not any(">>>" in line and "+SKIP" not in line for line in f):
+                        continue
+                relative = os.path.relpath(os.path.join(directory, name[:-3]), os.path.join(ROOT, folder))
+                module = ".".join([package, *relative.split(os.sep)])
+                found.append(module[: -len(".__init__")] if module.endswith(".__init__") else module)
+    return sorted(found)
+
+
+MODULES = modules_with_examples()
 
 
 @pytest.mark.parametrize("name", MODULES)
