@@ -211,7 +211,7 @@ def stored_weights(model, paths: dict, *, format_name: str, to_stored=None, unna
     ...                           num_attention_heads=2, intermediate_size=16)
     >>> values = stored_weights(kbert.bert_pretrainer(config), tf1_to_kbert_paths(1), format_name="a TF1 checkpoint")
     >>> len(values), tuple(values["cls/seq_relationship/output_weights"].shape)
-    (29, (2, 8))
+    (30, (2, 8))
     """
     name_of = {path: name for name, path in paths.items()}
     out = {}

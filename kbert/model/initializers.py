@@ -75,7 +75,7 @@ def unfilled():
     >>> with unfilled():
     ...     encoder = kbert.bert_encoder(config)
     >>> for variable in encoder.weights:
-    ...     variable.assign(tf.ones(variable.shape))
+    ...     _ = variable.assign(tf.ones(variable.shape))
     """
     previous = _UNFILLED[0]
     _UNFILLED[0] = True
