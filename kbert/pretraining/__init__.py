@@ -6,6 +6,7 @@
 - `beam_pipeline`: the same records made by an Apache Beam pipeline, on any runner;
 - `dataset`: those TFRecords -> a `tf.data` pipeline for training (the reader);
 - `losses`: the masked-LM and next-sentence losses;
-- `train`: `kbert pretrain`, the custom `strategy.run` training loop;
+- `train`: `kbert pretrain`, the custom `strategy.run` training loop, with `options` (its flags) and
+  `run_record` (pretrain_run.json: what `--resume` continues with and may change);
 - `fill_mask`: `kbert fill-mask`, the masked-LM head's top predictions.
 """

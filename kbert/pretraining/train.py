@@ -28,13 +28,11 @@ import keras
 import tensorflow as tf
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError, plural
-from kbert.files import atomic_write_text
+from kbert.errors import KbertError
 from kbert.model.bert import BertPretrainer
 from kbert.model_dir import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
-    PRETRAIN_RUN_FILE,
     VOCAB_FILE,
     check_vocab,
     load,
@@ -44,6 +42,16 @@ from kbert.outputs import claim_output
 from kbert.pretraining.dataset import check_records, find_corrupt_record, find_files, op_error_text, pretraining_dataset
 from kbert.pretraining.losses import cross_entropy_and_hits
 from kbert.pretraining.options import PretrainOptions
+from kbert.pretraining.run_record import (
+    RUN_FILE,
+    absolute,
+    absolute_pattern,
+    continue_run,
+    given_options,
+    read_run,
+    record_run,
+    recorded_options,
+)
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.optimization import make_optimizer
 from kbert.training.progress import Progress, write_loss_plot
@@ -53,26 +61,6 @@ log = logging.getLogger("kbert")
 
 METRICS_FILE = "metrics.jsonl"
 LOSS_PLOT = "loss.png"
-# The run's flags, written when it starts: what a bare `--resume` continues with.
-RUN_FILE = PRETRAIN_RUN_FILE
-RUN_KEYS = {"data", "data_files", "config", "vocab", "init", "lowercase", "options"}  # what every record holds
-# The flags a --resume may change: where the run goes on (a preempted TPU job on GPUs), how fast
-# and how often it saves and evaluates. Each step still trains on the same global batch of the
-# same records (the data position comes from the step); a new strategy or --grad-accum
-# normalizes the masked-LM loss per replica and micro-batch as the original does per TPU core,
-# so the weights then differ slightly from an unchanged run's. --steps may only grow.
-RESUME_MAY_CHANGE = (
-    "save_every",
-    "keep_checkpoints",
-    "steps_per_loop",
-    "eval_data",
-    "eval_every",
-    "eval_steps",
-    "strategy",
-    "tpu",
-    "jit",
-    "grad_accum",
-)
 
 
 def pretraining_losses(outputs, labels):
@@ -119,7 +107,7 @@ def pretrain(
     A new run records its flags in MODEL_DIR/pretrain_run.json. `resume=True` continues the
     run from its last checkpoint with those flags: the ones given (keyword arguments, and the
     fields of `options` that differ from the defaults) must agree with them, except `steps`
-    (larger: extends the run) and those in `RESUME_MAY_CHANGE`.
+    (larger: extends the run) and those in `kbert.pretraining.run_record.RESUME_MAY_CHANGE`.
 
     Args:
         model_dir: str. Becomes a kbert model directory (bert_config.json, vocab.txt,
@@ -158,12 +146,12 @@ def pretrain(
 def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, options, return_model, **overrides):
     opts = dataclasses.replace(options or PretrainOptions(), **overrides)
     model_dir = os.fspath(model_dir)
-    starts_from = {"config": _absolute(config_file), "vocab": _absolute(vocab_file), "init": _absolute(init)}
-    run = _read_run(model_dir) if opts.resume else None
+    starts_from = {"config": absolute(config_file), "vocab": absolute(vocab_file), "init": absolute(init)}
+    run = read_run(model_dir) if opts.resume else None
     files = None
     if run:
-        opts, files = _continue_run(
-            model_dir, run, opts, _given_options(options, overrides), data, starts_from, do_lower_case
+        opts, files = continue_run(
+            model_dir, run, opts, given_options(options, overrides), data, starts_from, do_lower_case
         )
     elif data is None and not opts.resume:
         raise KbertError(
@@ -216,7 +204,7 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
     # corrupt file fails here, not hours in, and a new run leaves no directory behind.
     if files is None:
         files = find_files(data)
-        run = {"data": _absolute_pattern(data), **starts_from, "lowercase": bool(do_lower_case)}
+        run = {"data": absolute_pattern(data), **starts_from, "lowercase": bool(do_lower_case)}
         run["data_files"] = [[os.path.abspath(f), os.path.getsize(f)] for f in files]
     check_records(files, opts.max_seq_length, opts.max_predictions_per_seq)
     eval_files = find_files(opts.eval_data, "--eval-data") if opts.eval_data else None
@@ -292,7 +280,7 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
             if not opts.resume:
                 os.makedirs(model_dir, exist_ok=True)
                 write_model_files(model, model_dir, vocab_file, do_lower_case, weights=False)
-            _record_run(model_dir, run, opts, warmup)
+            record_run(model_dir, run, opts, warmup)
         writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "train")) if chief else None
         eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "eval")) if chief else None
     eval_every = opts.eval_every or opts.save_every
@@ -393,152 +381,6 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
         jit=jit,
     )
     return (result, model) if return_model else result
-
-
-def _given_options(options: PretrainOptions | None, overrides: dict) -> set[str]:
-    """The fields a caller set: keyword arguments, and `options` fields that differ from the
-    defaults (what the CLI passes are the flags typed on the command line)."""
-    defaults = PretrainOptions()
-    given = set(overrides)
-    if options is not None:
-        given |= {f.name for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(defaults, f.name)}
-    return given - {"resume", "progress"}
-
-
-def recorded_options(model_dir: str) -> dict:
-    """The options recorded for the run in `model_dir` (what a bare --resume continues with), or {}."""
-    try:
-        with open(os.path.join(model_dir, RUN_FILE)) as f:
-            options = json.load(f).get("options")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return options if isinstance(options, dict) else {}
-
-
-def _read_run(model_dir: str) -> dict | None:
-    """The recorded flags of the run in `model_dir` (pretrain_run.json), or None if it has none."""
-    path = os.path.join(model_dir, RUN_FILE)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            run = json.load(f)
-    except ValueError:
-        run = None
-    if not isinstance(run, dict) or not RUN_KEYS <= run.keys():
-        raise KbertError(
-            f"{path}: not the record of a kbert pretrain run; remove it, and give --resume the "
-            f"flags the run was started with"
-        )
-    return run
-
-
-def _continue_run(
-    model_dir: str, run: dict, opts: PretrainOptions, given: set[str], data, starts_from: dict, do_lower_case
-) -> tuple[PretrainOptions, list[str]]:
-    """The recorded options with the given ones that may change, and the data files; a flag
-    given with another value than the recorded one is refused, naming both."""
-    fields = [f.name for f in dataclasses.fields(PretrainOptions)]
-    # A field the record lacks (kbert added it later) takes its default.
-    recorded = dataclasses.replace(PretrainOptions(), **{k: v for k, v in run["options"].items() if k in fields})
-    for name in fields:  # in --help's order
-        if name not in given:
-            continue
-        then, now = getattr(recorded, name), getattr(opts, name)
-        if name == "steps":
-            if now < then:
-                raise KbertError(
-                    f"--resume: the run in {model_dir} was started with --steps {then}, not {now}; "
-                    f"--resume continues or extends a run: leave --steps out, or give more than {then}"
-                )
-        elif name not in RESUME_MAY_CHANGE and now != then:
-            _refuse_change(model_dir, "--" + name.replace("_", "-"), then, now)
-    for key, path in starts_from.items():
-        if path is not None and path != run[key]:
-            _refuse_change(model_dir, f"--{key}", run[key], path)
-    if do_lower_case is not None and bool(do_lower_case) != run["lowercase"]:
-        _refuse_change(model_dir, "--lowercase", run["lowercase"], do_lower_case)
-    opts = dataclasses.replace(
-        recorded, resume=True, progress=opts.progress, **{name: getattr(opts, name) for name in given if name in fields}
-    )
-    return opts, _resumed_files(model_dir, run, data)
-
-
-def _resumed_files(model_dir: str, run: dict, data) -> list[str]:
-    """The recorded data files, or those `data` names if they are the same files (names and
-    sizes) moved elsewhere; then the record follows them."""
-    recorded = [(path, size) for path, size in run["data_files"]]
-    if data is None:
-        for path, size in recorded:
-            if not os.path.isfile(path):
-                raise KbertError(
-                    f"{path}: no such file, and the run in {model_dir} trains on it (see {RUN_FILE}); "
-                    f"put it back, or give --data where those files are now"
-                )
-            if os.path.getsize(path) != size:
-                raise KbertError(
-                    f"{path}: {os.path.getsize(path)} bytes, but {size} when the run in {model_dir} "
-                    f"started: the data changed; put the run's files back, or start a new run"
-                )
-        return [path for path, _ in recorded]
-    files = find_files(data)
-    if [(os.path.basename(f), os.path.getsize(f)) for f in files] != [(os.path.basename(p), n) for p, n in recorded]:
-        _refuse_change(
-            model_dir,
-            "--data",
-            f"{run['data']} ({plural(len(recorded), 'file')})",
-            f"{data} ({plural(len(files), 'file')}, other names or sizes)",
-        )
-    run["data"], run["data_files"] = (
-        _absolute_pattern(data),
-        [[os.path.abspath(f), n] for f, (_, n) in zip(files, recorded)],
-    )
-    return files
-
-
-def _record_run(model_dir: str, run: dict, opts: PretrainOptions, warmup: int):
-    """Write pretrain_run.json (atomically): on every start, as a resume may extend --steps, move
-    the data or change where the run goes on."""
-    if opts.resume and "options" not in run:  # a run from before kbert recorded them, resumed with flags
-        log.info(
-            "%s has no %s (its run began before kbert recorded a run's flags): continuing with the flags "
-            "given, recorded there now",
-            model_dir,
-            RUN_FILE,
-        )
-    elif opts.resume and opts.steps > run["options"]["steps"]:
-        log.info(
-            "--steps %d extends the run from %d steps: the learning rate now decays to 0 at step %d",
-            opts.steps,
-            run["options"]["steps"],
-            opts.steps,
-        )
-    run["options"] = {
-        field.name: getattr(opts, field.name)
-        for field in dataclasses.fields(opts)
-        if field.name not in ("resume", "progress")
-    }
-    run["options"]["warmup_steps"] = warmup  # a number: a longer --steps must not move the warmup
-    atomic_write_text(os.path.join(model_dir, RUN_FILE), json.dumps(run, indent=1) + "\n")
-
-
-def _refuse_change(model_dir: str, flag: str, then, now):
-    def shown(value):
-        return {True: "on", False: "off", None: "unset"}[value] if value is None or isinstance(value, bool) else value
-
-    raise KbertError(
-        f"--resume: the run in {model_dir} was started with {flag} {shown(then)}, not {shown(now)}; "
-        f"leave {flag} out to continue it as it was, or start another run in a new --model-dir"
-    )
-
-
-def _absolute(path) -> str | None:
-    return os.path.abspath(os.fspath(path)) if path else None
-
-
-def _absolute_pattern(pattern: str) -> str:
-    """A --data value with each comma-separated path or glob made absolute: the record works from any directory."""
-    return ",".join(part if "://" in part else os.path.abspath(part) for part in pattern.split(",") if part)
 
 
 @contextlib.contextmanager
