@@ -25,7 +25,6 @@ import tensorflow as tf
 
 from kbert.errors import KbertError
 from kbert.finetuning.tasks import fallback_tag, get_task
-from kbert.text.tokenizer import UNK, load_vocab
 
 # TF Serving's Classify and Regress APIs: the signature names an export adds for them, and
 # the method names TF Serving requires of them.
@@ -110,37 +109,18 @@ def _serve_tagger(model, labels):
         return {"label_id": label_id, "label": tf.gather(names, label_id), "input_mask": features["input_mask"]}
 
     def text_outputs(strings, pack, preprocessor):
-        # As encoding.encode_tagged: the words are the text's whitespace-separated pieces (a CoNLL
-        # file's words), each tokenized on its own, "[UNK]" for a word with no pieces, the pieces
-        # cut at sequence_length - 2; each word's tag is read at its first piece.
+        # The words are the text's whitespace-separated pieces (a CoNLL file's words), packed as
+        # kbert finetune packs them (BertPreprocessor.pack_words); each word's tag is read at its
+        # first piece, and a word cut off by the sequence length gets the fallback tag.
         words = tf.strings.split(strings["text"])  # [batch, (words)]
-        pieces = preprocessor.tokenizer(words.flat_values)  # [words, (pieces)]
-        count = tf.maximum(pieces.row_lengths(), 1)
-        unk = tf.fill([tf.shape(count)[0], 1], load_vocab(preprocessor.vocab_file)[UNK])
-        pieces = tf.concat([pieces, unk], axis=1)
-        pieces = tf.ragged.boolean_mask(pieces, tf.ragged.range(pieces.row_lengths()) < count[:, None])
-        tokens = tf.RaggedTensor.from_row_lengths(pieces, words.row_lengths()).merge_dims(1, 2)
-        length = preprocessor.sequence_length
-        tokens = tokens[:, : length - 2]
-        batch = tf.shape(strings["text"])[0]
-        ids = tf.concat(
-            [tf.fill([batch, 1], preprocessor.cls_id), tokens, tf.fill([batch, 1], preprocessor.sep_id)], axis=1
-        )
-        features = {
-            "input_ids": ids.to_tensor(0, shape=[None, length]),
-            "input_mask": tf.ones_like(ids).to_tensor(0, shape=[None, length]),
-            "segment_ids": tf.zeros_like(ids).to_tensor(0, shape=[None, length]),
-        }
+        features, starts, _ = preprocessor.pack_words(words)
         out = outputs(features)
-        # Each word's first piece, counted from 1 ([CLS] is 0), within its own sentence.
-        before = tf.cumsum(count, exclusive=True)
-        sentence_start = tf.gather(tf.concat([before, tf.reduce_sum(count, keepdims=True)], 0), words.row_starts())
-        first = before - tf.repeat(sentence_start, words.row_lengths()) + 1
-        kept = first < length - 1
-        rows = tf.cast(words.value_rowids(), tf.int32)
-        at = tf.stack([rows, tf.cast(tf.where(kept, first, 0), tf.int32)], axis=1)
+        first = starts.flat_values
+        kept = first >= 0
+        rows = tf.cast(starts.value_rowids(), tf.int32)
+        at = tf.stack([rows, tf.where(kept, first, 0)], axis=1)
         tags = tf.where(kept, tf.gather_nd(out["label"], at), fallback)
-        out["word_label"] = tf.RaggedTensor.from_row_lengths(tags, words.row_lengths()).to_tensor("")
+        out["word_label"] = starts.with_flat_values(tags).to_tensor("")
         return out
 
     return ServingHead(outputs, text_outputs=text_outputs)

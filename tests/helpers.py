@@ -151,6 +151,68 @@ def original_outputs(model):
     }
 
 
+# === The original's packing: run_classifier.convert_single_example, run by the original code ===
+
+_CONVERT_SINGLE_EXAMPLE = r"""
+import collections, json, sys
+sys.path.insert(0, sys.argv[1])
+from absl import flags
+from original import load_original
+tokenization = load_original("tokenization")
+modeling = load_original("modeling")
+optimization = load_original("optimization")
+run_classifier = load_original("run_classifier", modeling=modeling, optimization=optimization,
+                               tokenization=tokenization)
+flags.FLAGS(["original"])
+run_classifier.tf.logging.set_verbosity(run_classifier.tf.logging.ERROR)
+
+
+def load_vocab(vocab_file):
+    # github.com/google-research/bert's load_vocab, verbatim: PyPI 1.0.4's keeps the first copy of a
+    # repeated token and renumbers the rest (see tests/text/test_tokenizer.py's github_load_vocab).
+    vocab = collections.OrderedDict()
+    index = 0
+    with tokenization.tf.gfile.GFile(vocab_file, "r") as reader:
+        while True:
+            token = tokenization.convert_to_unicode(reader.readline())
+            if not token:
+                break
+            token = token.strip()
+            vocab[token] = index
+            index += 1
+    return vocab
+
+
+tokenization.load_vocab = load_vocab
+job = json.load(open(sys.argv[2], encoding="utf-8"))
+tokenizer = tokenization.FullTokenizer(job["vocab"], do_lower_case=job["lower"])
+features = []
+for i, (a, b, length) in enumerate(job["cases"]):
+    example = run_classifier.InputExample(guid=str(i), text_a=a, text_b=b, label="0")
+    f = run_classifier.convert_single_example(i, example, ["0"], length, tokenizer)
+    features.append([f.input_ids, f.input_mask, f.segment_ids])
+print(json.dumps(features))
+"""
+
+
+def original_packing(cases, vocab_file, tmp_dir, do_lower_case=True) -> list:
+    """[input_ids, input_mask, segment_ids] of each (text_a, text_b or None, max_seq_length) case,
+    as google-research/bert's run_classifier.convert_single_example builds them (in a subprocess:
+    its TF1 shim switches TensorFlow to graph mode), the vocabulary read as GitHub's load_vocab
+    reads it (tf1-tiny's repeats tokens)."""
+    job = os.path.join(tmp_dir, "packing.json")
+    with open(job, "w", encoding="utf-8") as f:
+        json.dump({"vocab": vocab_file, "lower": do_lower_case, "cases": list(cases)}, f)
+    result = subprocess.run(
+        [sys.executable, "-c", _CONVERT_SINGLE_EXAMPLE, os.path.join(TESTS, "reference"), job],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 # === The stand-in TF Serving (the real tensorflow_model_server cannot be installed here) ===
 
 STANDIN_SERVER = os.path.join(TESTS, "serving", "standin_server.py")

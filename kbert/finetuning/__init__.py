@@ -3,7 +3,8 @@
 - `tasks`: one record per task (reader, head, loss, metric, prediction JSON, serving outputs);
 - `readers`: the file formats (CSV/TSV/JSONL, GLUE layouts, CoNLL, SWAG) -> examples, with
   `formats` (which format a file is, and whether it has the shape its task reads);
-- `encoding`: examples -> model inputs (run_classifier.py's packing, tags on first pieces);
+- `encoding`: examples -> model inputs, packed by `kbert.text.preprocessing.BertPreprocessor`
+  (run_classifier.py's packing, tags on first pieces), the packing exports run;
 - `squad`: `run_squad.py`'s reading, windows and scoring; `squad_decoding`: its answers;
 - `metrics`: each task's scores;
 - `train`: `kbert finetune`;

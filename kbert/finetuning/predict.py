@@ -21,13 +21,15 @@ from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.tasks import get_task, json_floats, predict_outputs
 from kbert.model.bert import encoder_of
 from kbert.model_dir import model_kind, open_model
+from kbert.text.preprocessing import BertPreprocessor
 from kbert.text.tokenizer import Tokenizer
 
 log = logging.getLogger("kbert")
 
 
 def _prepare(model_dir, options, overrides):
-    """(model, task or None, options, tokenizer, sequence length) for a saved model."""
+    """(model, task or None, options, preprocessor) for a saved model; the preprocessor packs
+    to the model's sequence length."""
     opts = resolve_options(options, overrides)  # checks batch_size, max_seq_length, ...: one line each
     model = open_model(model_dir)
     info = getattr(model, "task_info", None) or {}
@@ -35,14 +37,13 @@ def _prepare(model_dir, options, overrides):
     opts = dataclasses.replace(opts, **{k: info[k] for k in ("doc_stride", "max_query_length") if k in info})
     task = get_task(info["task"]) if info.get("task") else None
     length = sequence_length(opts.max_seq_length, model.config.max_position_embeddings, info.get("max_seq_length"))
-    return model, task, opts, Tokenizer(model.vocab_file, do_lower_case=model.do_lower_case), length
+    return model, task, opts, BertPreprocessor(model.vocab_file, model.do_lower_case, length)
 
 
-def _read(task, path, tokenizer, length, labels, opts, require_labels):
+def _read(task, path, preprocessor, labels, opts, require_labels):
     data = task.read(
         path,
-        tokenizer=tokenizer,
-        max_seq_length=length,
+        preprocessor=preprocessor,
         labels=labels,
         options=opts,
         require_labels=require_labels,
@@ -60,7 +61,7 @@ def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **ov
     >>> evaluate("out/mrpc", "dev.tsv")  # doctest: +SKIP
     {'accuracy': 0.84, 'macro_f1': 0.81, 'mcc': 0.63, 'examples': 408}
     """
-    model, task, opts, tokenizer, length = _prepare(model_dir, options, overrides)
+    model, task, opts, preprocessor = _prepare(model_dir, options, overrides)
     if task is None:
         raise KbertError(
             f"{model_dir} is a{'n' if model_kind(model) == 'encoder' else ''} {model_kind(model)}, "
@@ -68,7 +69,7 @@ def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **ov
             f"finetune, or by kbert.save)"
         )
     labels = model.task_info.get("labels")
-    data = _read(task, input_path, tokenizer, length, labels, opts, require_labels=True)
+    data = _read(task, input_path, preprocessor, labels, opts, require_labels=True)
     if data.size == 0:
         raise KbertError(f"{input_path} has no usable rows to evaluate")
     result = task.score(
@@ -91,36 +92,37 @@ def predict(
     {'label': 'pos', 'probabilities': {'neg': 0.031, 'pos': 0.969}}
     """
     # Checked and loaded now, not at the first row: a bad option or path fails at the call.
-    model, task, opts, tokenizer, length = _prepare(model_dir, options, overrides)
+    model, task, opts, preprocessor = _prepare(model_dir, options, overrides)
     if task is None:
-        return features(model, input_path, tokenizer, length, layers, opts.batch_size)
-    return _task_rows(model, task, input_path, tokenizer, length, opts)
+        return _features(model, input_path, preprocessor, layers, opts.batch_size)
+    return _task_rows(model, task, input_path, preprocessor, opts)
 
 
-def _task_rows(model, task, input_path, tokenizer, length, opts) -> Iterator[dict]:
-    data = _read(task, input_path, tokenizer, length, model.task_info.get("labels"), opts, require_labels=False)
+def _task_rows(model, task, input_path, preprocessor, opts) -> Iterator[dict]:
+    data = _read(task, input_path, preprocessor, model.task_info.get("labels"), opts, require_labels=False)
     yield from task.rows(
         data, predict_outputs(model, data, opts.batch_size), options=opts, do_lower_case=model.do_lower_case
     )
 
 
-def features(model, input_path, tokenizer, max_seq_length, layers=None, batch_size=32) -> Iterator[dict]:
+def features(model, input_path, max_seq_length, layers=None, batch_size=32) -> Iterator[dict]:
     """extract_features.py's output for an encoder or pretrained model: the pooled embedding
     (`{"pooled_output": [...]}`), or with `layers` the per-token values of those layers (-1 = last)."""
     resolve_options(None, {"batch_size": batch_size, "max_seq_length": max_seq_length})  # one-line checks
-    return _features(model, input_path, tokenizer, max_seq_length, layers, batch_size)
+    preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, max_seq_length)
+    return _features(model, input_path, preprocessor, layers, batch_size)
 
 
-def _features(model, input_path, tokenizer, max_seq_length, layers, batch_size) -> Iterator[dict]:
+def _features(model, input_path, preprocessor, layers, batch_size) -> Iterator[dict]:
     texts, texts_b = readers.read_lines(input_path)
-    inputs, truncated = encoding.encode_texts(tokenizer, texts, texts_b, max_seq_length)
+    inputs, truncated = encoding.encode_texts(preprocessor, texts, texts_b)
     if truncated:
         log.warning(
             "%s: %d of %d lines were truncated to --max-seq-length %d",
             input_path,
             truncated,
             len(texts),
-            max_seq_length,
+            preprocessor.sequence_length,
         )
     encoder = encoder_of(model)
     if not layers:
@@ -137,7 +139,7 @@ def _features(model, input_path, tokenizer, max_seq_length, layers, batch_size) 
     outputs = [encoder.transformer_layers[i].output for i in layers]
     values = keras.Model(encoder.input, outputs).predict(inputs, batch_size=batch_size, verbose=0)
     values = values if isinstance(values, list) else [values]
-    ids = inputs["input_ids"]
+    ids, tokenizer = inputs["input_ids"], Tokenizer(preprocessor.vocab_file, preprocessor.do_lower_case)
     for row in range(len(texts)):
         length = int(inputs["input_mask"][row].sum())
         tokens = tokenizer.convert_ids_to_tokens(ids[row, :length].tolist())

@@ -50,7 +50,6 @@ import os
 from collections import Counter
 
 from kbert.errors import KbertError
-from kbert.finetuning.encoding import encode_texts  # noqa: F401 (tests/text and tests/serving import it here)
 from kbert.finetuning.formats import (
     COLA_LABEL,
     COLA_TEXT,

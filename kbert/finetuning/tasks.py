@@ -37,6 +37,7 @@ from kbert.errors import KbertError
 from kbert.finetuning import encoding, metrics, readers, squad, squad_decoding
 from kbert.finetuning.options import FinetuneOptions
 from kbert.model import bert
+from kbert.text.tokenizer import Tokenizer
 
 log = logging.getLogger("kbert")
 
@@ -59,8 +60,9 @@ class Task:
     """Everything about one fine-tuning task. See the module docstring."""
 
     name: str
-    # read(path, *, tokenizer, max_seq_length, labels, options, require_labels, training) -> TaskData;
-    # labels: the names to score against (None: the file's, when training).
+    # read(path, *, preprocessor, labels, options, require_labels, training) -> TaskData;
+    # preprocessor: the BertPreprocessor that packs the text (its vocabulary, casing and sequence
+    # length); labels: the names to score against (None: the file's, when training).
     read: Callable
     build: Callable  # build(base_model, *, labels, task_info) -> the task's keras.Model, declaring task_info
     losses: Callable  # losses() -> (loss per output, loss weights or None), for model.compile
@@ -111,12 +113,12 @@ def classify_row(labels, probabilities) -> dict:
 
 
 def _read_texts(task):
-    def read(path, *, tokenizer, max_seq_length, labels, options, require_labels, training):
+    def read(path, *, preprocessor, labels, options, require_labels, training):
         examples = readers.read_text_examples(
             path, task=task, format=options.format, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels
         )
         readers.report_skipped(path, examples)
-        features, truncated = encoding.encode_texts(tokenizer, examples.texts, examples.texts_b, max_seq_length)
+        features, truncated = encoding.encode_texts(preprocessor, examples.texts, examples.texts_b)
         targets = None
         if examples.labels is not None:
             if task == "regress":
@@ -212,7 +214,7 @@ REGRESS = Task(
 # === tag: one label per word, on its first WordPiece ===
 
 
-def _read_tagged(path, *, tokenizer, max_seq_length, labels, options, require_labels, training):
+def _read_tagged(path, *, preprocessor, labels, options, require_labels, training):
     examples = readers.read_tagged_examples(path, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels)
     readers.report_skipped(path, examples)
     tags = examples.tags
@@ -221,9 +223,7 @@ def _read_tagged(path, *, tokenizer, max_seq_length, labels, options, require_la
     if tags is not None and not require_labels and not {t for sentence in tags for t in sentence} <= set(labels):
         tags = None  # prediction: tags the model does not know are no reason to refuse the words
     label_ids = {label: i for i, label in enumerate(labels or [])}
-    features, targets, word_starts, truncated = encoding.encode_tagged(
-        tokenizer, examples.words, tags, label_ids, max_seq_length
-    )
+    features, targets, word_starts, truncated = encoding.encode_tagged(preprocessor, examples.words, tags, label_ids)
     return TaskData(
         features,
         {"logits": targets} if tags is not None else None,
@@ -277,12 +277,19 @@ TAG = Task(
 # === squad: run_squad.py ===
 
 
-def _read_squad(path, *, tokenizer, max_seq_length, labels, options, require_labels, training):
+def _read_squad(path, *, preprocessor, labels, options, require_labels, training):
     examples = squad.read_squad(path, is_training=training)
     if not examples:
         raise KbertError(f"{path} holds no SQuAD questions; pass a SQuAD v1.1 or v2.0 JSON file")
+    # run_squad.py's windows stay in Python: they map answers between characters and pieces.
+    tokenizer = Tokenizer(preprocessor.vocab_file, do_lower_case=preprocessor.do_lower_case)
     arrays, features = squad.squad_features(
-        examples, tokenizer, max_seq_length, options.doc_stride, options.max_query_length, is_training=training
+        examples,
+        tokenizer,
+        preprocessor.sequence_length,
+        options.doc_stride,
+        options.max_query_length,
+        is_training=training,
     )
     inputs = {k: arrays[k] for k in ("input_ids", "input_mask", "segment_ids")}
     targets = {"start_logits": arrays["start_positions"], "end_logits": arrays["end_positions"]} if training else None
@@ -355,10 +362,10 @@ def choice_row(probabilities) -> dict:
     return {"label": int(np.argmax(probabilities)), "probabilities": [round(float(p), 6) for p in probabilities]}
 
 
-def _read_choices(path, *, tokenizer, max_seq_length, labels, options, require_labels, training):
+def _read_choices(path, *, preprocessor, labels, options, require_labels, training):
     examples = readers.read_choice_examples(path, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels)
     readers.report_skipped(path, examples)
-    features, truncated = encoding.encode_choices(tokenizer, examples.contexts, examples.endings, max_seq_length)
+    features, truncated = encoding.encode_choices(preprocessor, examples.contexts, examples.endings)
     targets = None if examples.labels is None else {"logits": np.asarray(examples.labels, dtype=np.int32)}
     return TaskData(features, targets, None, len(examples.contexts), truncated, examples)
 

@@ -43,7 +43,7 @@ from kbert.finetuning.tasks import Task, TaskData, best_metric, get_task, json_f
 from kbert.model_dir import CHECKPOINTS_DIR, FINETUNE_STATE_FILE, open_model, save
 from kbert.outputs import writes
 from kbert.pretraining.dataset import op_error_text
-from kbert.text.tokenizer import Tokenizer
+from kbert.text.preprocessing import BertPreprocessor
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.optimization import BertAdamW, WarmupLinearDecay
 from kbert.training.progress import Progress
@@ -113,11 +113,11 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     max_seq_length = sequence_length(
         opts.max_seq_length, base.config.max_position_embeddings, default=task.max_seq_length
     )
-    tokenizer = Tokenizer(base.vocab_file, do_lower_case=base.do_lower_case)
+    # The packing every export runs in its SavedModel packs the training data too.
+    preprocessor = BertPreprocessor(base.vocab_file, base.do_lower_case, max_seq_length)
     train_data = task.read(
         train,
-        tokenizer=tokenizer,
-        max_seq_length=max_seq_length,
+        preprocessor=preprocessor,
         labels=None,
         options=opts,
         require_labels=True,
@@ -133,8 +133,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     if dev:
         dev_data = task.read(
             dev,
-            tokenizer=tokenizer,
-            max_seq_length=max_seq_length,
+            preprocessor=preprocessor,
             labels=labels,
             options=opts,
             require_labels=True,

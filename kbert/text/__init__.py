@@ -3,6 +3,7 @@
 - `tokenizer`: `Tokenizer`, the same tokens as google-research/bert's `FullTokenizer`;
 - `unicode_classes`: the character classes both tokenizers share;
 - `graph_tokenizer`: `GraphTokenizer`, the same ids as TensorFlow ops (for SavedModels and tf.data);
-- `preprocessing`: `BertPreprocessor`, strings -> the encoder's three inputs, in the graph;
+- `preprocessing`: `BertPreprocessor`, strings (or words to tag) -> the encoder's three inputs, in the
+  graph: the one packing fine-tuning data and exports share;
 - `vocab_builder`: `kbert vocab`, a WordPiece vocabulary from text.
 """

@@ -1,11 +1,18 @@
-"""`BertPreprocessor`: strings (or sentence pairs) -> the model's three inputs, inside the graph.
+"""`BertPreprocessor`: strings (or sentence pairs, or tagged words) -> the model's three inputs, inside the graph.
 
-It packs exactly as google-research/bert's `run_classifier.convert_single_example`:
+This is kbert's one packing of text: `kbert finetune`, `predict` and `evaluate` run it over
+their files (`kbert.finetuning.encoding`), and every export runs it in its SavedModel.
+
+Texts are packed exactly as google-research/bert's `run_classifier.convert_single_example`:
 `[CLS] a [SEP]` or `[CLS] a [SEP] b [SEP]`, segment 0 up to the first [SEP] and 1 after,
 mask 1 on real tokens, zero padding to `sequence_length`. A pair that is too long is cut
 as `_truncate_seq_pair` cuts it, one token at a time from the end of the longer text
 (from the second when they are equal), written here in closed form so it runs batched.
-Tokens are `GraphTokenizer`'s, which are the original tokenizer's.
+
+Words to tag (CoNLL's) are kbert's own rule (`pack_word_pieces`): each word tokenized on its
+own, "[UNK]" for a word with no pieces, the pieces cut at `sequence_length - 2`, and each
+word's tag read at its first piece. Tokens are `GraphTokenizer`'s, which are the original
+tokenizer's.
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ import keras
 import tensorflow as tf
 
 import kbert.config
+from kbert.errors import KbertError
 from kbert.model_dir import VOCAB_FILE, load_config
 from kbert.text.graph_tokenizer import GraphTokenizer
-from kbert.text.tokenizer import load_vocab
+from kbert.text.tokenizer import UNK, load_vocab
 
 
 def truncated_pair_lengths(len_a, len_b, budget):
@@ -92,11 +100,71 @@ def pack_token_ids(a, b, sequence_length, cls_id: int, sep_id: int) -> dict:
     }
 
 
+def truncated_rows(a, b, sequence_length):
+    """Whether `pack_token_ids` cuts each row: a single text (or a pair whose `b` is empty)
+    longer than sequence_length - 2 tokens, a pair longer than sequence_length - 3.
+
+    Example:
+    >>> truncated_rows(tf.ragged.constant([[7, 8, 9], [7, 8, 9, 9]]), tf.ragged.constant([[5, 6], []]), 6).numpy()
+    array([ True, False])
+    """
+    len_a = a.row_lengths()
+    if b is None:
+        return len_a > tf.cast(sequence_length - 2, len_a.dtype)
+    len_b = b.row_lengths()
+    specials = tf.where(len_b > 0, tf.constant(3, len_a.dtype), 2)  # an empty b packs as a single text
+    return len_a + len_b > tf.cast(sequence_length, len_a.dtype) - specials
+
+
+def pack_word_pieces(pieces, sequence_length, cls_id: int, sep_id: int, unk_id: int):
+    """Each sentence's words, as WordPiece ids -> the model's three inputs, each word's first
+    piece, and which sentences were cut.
+
+    "[CLS] pieces [SEP]" with segment 0, mask 1 on real tokens, zero padding. A word with no
+    pieces (only control characters, say) becomes "[UNK]", so every word has a first piece. A
+    sentence of more than sequence_length - 2 pieces keeps its first sequence_length - 2; a
+    word whose first piece is cut off gets position -1.
+
+    Args:
+        pieces: int32 RaggedTensor [batch, (words), (pieces)].
+        sequence_length: int. Output length.
+        cls_id, sep_id, unk_id: ids of [CLS], [SEP] and [UNK].
+
+    Returns:
+        (features, word_starts, truncated): the three inputs, int32 [batch, sequence_length];
+        each word's first-piece position ([CLS] is 0), an int32 RaggedTensor [batch, (words)];
+        and a bool [batch], True where pieces were cut.
+
+    Example:
+    >>> features, starts, cut = pack_word_pieces(tf.ragged.constant([[[7, 8], [], [9]]]), 5, 1, 2, 3)
+    >>> features["input_ids"].numpy().tolist(), starts.to_list(), cut.numpy().tolist()
+    ([[1, 7, 8, 3, 2]], [[1, 3, -1]], [True])
+    """
+    words = pieces.values  # [words, (pieces)]
+    count = tf.maximum(words.row_lengths(), 1)  # a word with no pieces gets one: [UNK]
+    unk = tf.fill([tf.shape(count)[0], 1], tf.constant(unk_id, words.dtype))
+    words = _head(tf.concat([words, unk], axis=1), count)
+    tokens = pieces.with_values(words).merge_dims(1, 2)  # [batch, (pieces)]
+    packed = pack_token_ids(tokens, None, sequence_length, cls_id, sep_id)
+    # Each word's first piece, counted from 1 ([CLS] is 0), within its own sentence.
+    before = tf.cumsum(count, exclusive=True)
+    sentence_start = tf.gather(tf.concat([before, tf.reduce_sum(count, keepdims=True)], 0), pieces.row_starts())
+    first = before - tf.repeat(sentence_start, pieces.row_lengths()) + 1
+    first = tf.cast(tf.where(first <= sequence_length - 2, first, -1), tf.int32)
+    return packed, pieces.with_values(first), tokens.row_lengths() > sequence_length - 2
+
+
 def _rows_where(condition, x, y):
     """Row i of RaggedTensor `x` where condition[i], else row i of `y`."""
     x_rows, y_rows = tf.where(condition)[:, 0], tf.where(~condition)[:, 0]
     order = tf.argsort(tf.concat([x_rows, y_rows], axis=0))
     return tf.gather(tf.concat([tf.gather(x, x_rows), tf.gather(y, y_rows)], axis=0), order)
+
+
+def _require_tokens(vocab_file, vocab, *tokens):
+    missing = [token for token in tokens if token not in vocab]
+    if missing:
+        raise KbertError(f"{vocab_file} has no {', '.join(missing)}; use the vocab.txt the model was trained with")
 
 
 @keras.saving.register_keras_serializable(package="kbert")
@@ -131,9 +199,10 @@ class BertPreprocessor(keras.layers.Layer):
         self.sequence_length = int(sequence_length)
         if self.sequence_length < 3:
             raise ValueError(f"sequence_length must be at least 3 ([CLS] x [SEP]), got {sequence_length}")
-        self.tokenizer = GraphTokenizer(self.vocab_file, self.do_lower_case)
         vocab = load_vocab(self.vocab_file)
-        self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
+        _require_tokens(self.vocab_file, vocab, "[CLS]", "[SEP]")
+        self.tokenizer = GraphTokenizer(self.vocab_file, self.do_lower_case)
+        self.cls_id, self.sep_id, self.unk_id = vocab["[CLS]"], vocab["[SEP]"], vocab.get(UNK)
 
     @classmethod
     def for_model(cls, model_or_dir, sequence_length: int | None = None):
@@ -182,10 +251,37 @@ class BertPreprocessor(keras.layers.Layer):
         if scalar:
             texts = texts[None]
             texts_b = None if texts_b is None else tf.convert_to_tensor(texts_b, tf.string)[None]
-        a = self.tokenizer(texts)
-        b = None if texts_b is None else self.tokenizer(tf.convert_to_tensor(texts_b, tf.string))
-        out = pack_token_ids(a, b, self.sequence_length, self.cls_id, self.sep_id)
+        out, _ = self.pack(texts, texts_b)
         return {k: v[0] for k, v in out.items()} if scalar else out
+
+    def pack(self, texts, texts_b=None):
+        """Texts [batch] (and second texts [batch], "" for none) -> (the three inputs, truncated),
+        `truncated` a bool [batch]: True where the original's packing cut tokens.
+
+        >>> pre = BertPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=5)
+        >>> features, truncated = pre.pack(tf.constant(["Is it?", "Yes."]))
+        >>> features["input_ids"].numpy().tolist(), truncated.numpy().tolist()
+        ([[101, 2003, 2009, 1029, 102], [101, 2748, 1012, 102, 0]], [False, False])
+        """
+        a = self.tokenizer(tf.convert_to_tensor(texts, tf.string))
+        b = None if texts_b is None else self.tokenizer(tf.convert_to_tensor(texts_b, tf.string))
+        features = pack_token_ids(a, b, self.sequence_length, self.cls_id, self.sep_id)
+        return features, truncated_rows(a, b, self.sequence_length)
+
+    def pack_words(self, words):
+        """Words to tag, a string RaggedTensor [batch, (words)] -> (the three inputs, each word's
+        first-piece position, truncated), as `pack_word_pieces` packs them: each word is
+        tokenized on its own.
+
+        >>> pre = BertPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=8)
+        >>> features, starts, truncated = pre.pack_words(tf.ragged.constant([["Peter", "is", "unaffable"]]))
+        >>> features["input_ids"].numpy().tolist(), starts.to_list(), truncated.numpy().tolist()
+        ([[101, 2848, 2003, 14477, 20961, 3468, 102, 0]], [[1, 2, 3]], [False])
+        """
+        if self.unk_id is None:  # the packing needs it for a word with no pieces
+            _require_tokens(self.vocab_file, {}, UNK)
+        pieces = tf.RaggedTensor.from_row_lengths(self.tokenizer(words.flat_values), words.row_lengths())
+        return pack_word_pieces(pieces, self.sequence_length, self.cls_id, self.sep_id, self.unk_id)
 
     def get_config(self):
         config = super().get_config()

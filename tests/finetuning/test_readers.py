@@ -1,9 +1,11 @@
 """kbert.finetuning.readers and .encoding: reading fine-tuning files and building features.
 
-Features and GLUE reading are compared with google-research/bert's own run_classifier.py
-(PyPI bert-tensorflow 1.0.4), run in a subprocess because its TF1 shim switches TensorFlow
-to graph mode: its `convert_single_example` on real text with the real uncased vocab, and
-its MRPC, CoLA and MNLI processors on files in the GLUE layouts.
+Features (packed in the graph by BertPreprocessor, as exports pack them) and GLUE reading are
+compared with google-research/bert's own run_classifier.py (PyPI bert-tensorflow 1.0.4), run
+in a subprocess because its TF1 shim switches TensorFlow to graph mode: its
+`convert_single_example` on real text with the real uncased vocab, and its MRPC, CoLA and
+MNLI processors on files in the GLUE layouts. Tagging's packing is kbert's own rule, checked
+against hand-worked expectations.
 """
 
 import doctest
@@ -20,6 +22,7 @@ from kbert.errors import KbertError
 from kbert.finetuning import readers
 from kbert.finetuning.encoding import encode_tagged, encode_texts
 from kbert.finetuning.readers import read_tagged_examples, read_text_examples
+from kbert.text.preprocessing import BertPreprocessor
 from kbert.text.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(TESTS)
@@ -158,7 +161,7 @@ def comparison_cases():
     for length in (3, 4, 5, 8, 16, 40, 128):
         cases += [(a, b, length) for a, b in zip(lines, lines[1:])]
         cases += [(b, a[:30], length) for a, b in zip(lines[::3], lines[1::3])]  # a long, b short
-    for length in (2, 3, 8, 128):
+    for length in (3, 8, 128):  # 3: [CLS] x [SEP], the least BertPreprocessor packs
         cases += [(a, None, length) for a in lines]
     # An empty or token-less second text makes a single text, in the original as here.
     cases += [
@@ -206,10 +209,14 @@ def write(tmp_path, name, content):
     return path
 
 
-# === encode_texts against run_classifier.convert_single_example ===
+def packer(length, vocab=UNCASED_VOCAB):
+    return BertPreprocessor(vocab, do_lower_case=True, sequence_length=length)
 
 
-def test_encode_texts_matches_convert_single_example(original, tokenizer):
+# === encode_texts (BertPreprocessor's packing) against run_classifier.convert_single_example ===
+
+
+def test_encode_texts_matches_convert_single_example(original):
     cases = comparison_cases()
     assert len(original["features"]) == len(cases)
     by_length = {}
@@ -219,7 +226,7 @@ def test_encode_texts_matches_convert_single_example(original, tokenizer):
     for (length, single), indices in by_length.items():
         texts = [cases[i][0] for i in indices]
         texts_b = None if single else [cases[i][1] for i in indices]
-        features, _ = encode_texts(tokenizer, texts, texts_b, length)
+        features, _ = encode_texts(packer(length), texts, texts_b)
         for row, i in enumerate(indices):
             want_ids, want_mask, want_segments = original["features"][i]
             assert features["input_ids"][row].tolist() == want_ids, cases[i]
@@ -235,7 +242,7 @@ def test_encode_texts_matches_convert_single_example(original, tokenizer):
 def test_truncated_count_and_pair_cut(tokenizer):
     a = "the quick brown fox jumps"  # 5 tokens
     b = "over the lazy dog"  # 4 tokens
-    features, truncated = encode_texts(tokenizer, [a, a, "hi"], [b, "", "there"], 8)
+    features, truncated = encode_texts(packer(8), [a, a, "hi"], [b, "", "there"])
     # Pair 1: 9 tokens for 5 places, cut from the longer text, from b on ties:
     # (5, 4) -> (4, 4) -> (4, 3) -> (3, 3) -> (3, 2).
     assert tokenizer.convert_ids_to_tokens(features["input_ids"][0]) == [
@@ -253,10 +260,13 @@ def test_truncated_count_and_pair_cut(tokenizer):
     assert features["segment_ids"][1].tolist() == [0] * 8
     assert features["input_mask"][1].tolist() == [1] * 7 + [0]
     assert truncated == 1
-    _, truncated = encode_texts(tokenizer, [a, a, "hi"], None, 6)
+    _, truncated = encode_texts(packer(6), [a, a, "hi"], None)
     assert truncated == 2
-    with pytest.raises(KbertError, match="at least 3"):
-        encode_texts(tokenizer, [a], [b], 2)
+    # A pair cut exactly to fit, and one a token over: only the second is counted.
+    _, truncated = encode_texts(packer(12), [a, a + " again"], [b, b])
+    assert truncated == 1
+    with pytest.raises(ValueError, match="at least 3"):
+        packer(2)
 
 
 # === GLUE layouts ===
@@ -670,7 +680,7 @@ def test_encode_tagged_puts_each_tag_on_the_first_piece(tokenizer):
     words = [["Cassius", "crossed", "Philammon", "\x00", "road"], ["Hypatia"]]
     tags = [["B-PER", "O", "B-PER", "O", "O"], ["B-PER"]]
     label_ids = {"O": 0, "B-PER": 1, "I-PER": 2}
-    features, labels, positions, truncated = encode_tagged(tokenizer, words, tags, label_ids, 12)
+    features, labels, positions, truncated = encode_tagged(packer(12), words, tags, label_ids)
     # cass ##ius | crossed | phil ##am ##mon | [UNK] (a word with no tokens) | road
     assert tokenizer.convert_ids_to_tokens(features["input_ids"][0]) == [
         "[CLS]",
@@ -705,7 +715,7 @@ def test_encode_tagged_puts_each_tag_on_the_first_piece(tokenizer):
 def test_encode_tagged_truncates_whole_pieces(tokenizer):
     words = [["Cassius", "crossed", "Philammon", "road"]]
     tags = [["B-PER", "O", "B-PER", "O"]]
-    features, labels, positions, truncated = encode_tagged(tokenizer, words, tags, {"O": 0, "B-PER": 1}, 7)
+    features, labels, positions, truncated = encode_tagged(packer(7), words, tags, {"O": 0, "B-PER": 1})
     # 5 places: cass ##ius crossed phil ##am | ##mon road cut.
     assert tokenizer.convert_ids_to_tokens(features["input_ids"][0]) == [
         "[CLS]",
@@ -718,15 +728,15 @@ def test_encode_tagged_truncates_whole_pieces(tokenizer):
     ]
     assert labels[0].tolist() == [-1, 1, -1, 0, 1, -1, -1]
     assert positions == [[1, 3, 4, -1]] and truncated == 1
-    _, none, positions, _ = encode_tagged(tokenizer, words, None, {}, 7)
+    _, none, positions, _ = encode_tagged(packer(7), words, None, {})
     assert (none == -1).all() and positions == [[1, 3, 4, -1]]
 
 
-def test_unseen_tags_are_an_error(tokenizer):
+def test_unseen_tags_are_an_error():
     tags = [[f"T{i:02d}" for i in range(12, 0, -1)] + ["O"]]
     words = [["w"] * len(tags[0])]
     with pytest.raises(KbertError) as error:
-        encode_tagged(tokenizer, words, tags, {"O": 0}, 32)
+        encode_tagged(packer(32), words, tags, {"O": 0})
     message = str(error.value)
     assert "tags T01, T02, T03, T04, T05, T06, T07, T08, T09, T10 and 2 more were not in the training" in message
     assert "\n" not in message

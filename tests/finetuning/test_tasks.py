@@ -11,7 +11,7 @@ from conftest import TINY
 from kbert.errors import KbertError
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.tasks import TASKS, TaskData, best_metric, get_task, json_floats
-from kbert.text.tokenizer import Tokenizer
+from kbert.text.preprocessing import BertPreprocessor
 
 OPTS = FinetuneOptions()
 LN2, LN3 = math.log(2), math.log(3)
@@ -157,15 +157,14 @@ def test_classify_and_regress_losses():
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return Tokenizer(f"{TINY}/vocab.txt", do_lower_case=True)
+def preprocessor():
+    return BertPreprocessor(f"{TINY}/vocab.txt", do_lower_case=True, sequence_length=16)
 
 
-def _read(task, path, tokenizer, labels, *, require_labels, training):
+def _read(task, path, preprocessor, labels, *, require_labels, training):
     return TASKS[task].read(
         path,
-        tokenizer=tokenizer,
-        max_seq_length=16,
+        preprocessor=preprocessor,
         labels=labels,
         options=OPTS,
         require_labels=require_labels,
@@ -173,48 +172,48 @@ def _read(task, path, tokenizer, labels, *, require_labels, training):
     )
 
 
-def test_classify_reads_its_classes_from_the_training_file(tmp_path, tokenizer):
+def test_classify_reads_its_classes_from_the_training_file(tmp_path, preprocessor):
     path = tmp_path / "train.tsv"
     path.write_text("text\tlabel\nthe city\tpos\na camp\tneg\nthe fire\tpos\n")
-    data = _read("classify", path, tokenizer, None, require_labels=True, training=True)
+    data = _read("classify", path, preprocessor, None, require_labels=True, training=True)
     assert data.labels == ["neg", "pos"] and data.size == 3
     assert data.targets["logits"].tolist() == [1, 0, 1]
     # Dev data is scored with the training file's classes, in their order.
-    data = _read("classify", path, tokenizer, ["pos", "neg"], require_labels=True, training=False)
+    data = _read("classify", path, preprocessor, ["pos", "neg"], require_labels=True, training=False)
     assert data.targets["logits"].tolist() == [0, 1, 0]
     with pytest.raises(KbertError, match="never trained on: 'neg'"):
-        _read("classify", path, tokenizer, ["pos", "other"], require_labels=True, training=False)
+        _read("classify", path, preprocessor, ["pos", "other"], require_labels=True, training=False)
 
 
-def test_regress_reads_scores(tmp_path, tokenizer):
+def test_regress_reads_scores(tmp_path, preprocessor):
     path = tmp_path / "train.tsv"
     path.write_text("text\tlabel\nthe city\t3.800\na camp\t0.5\n")
-    data = _read("regress", path, tokenizer, None, require_labels=True, training=True)
+    data = _read("regress", path, preprocessor, None, require_labels=True, training=True)
     assert data.labels is None and data.targets["logits"].dtype == np.float32
     assert data.targets["logits"].tolist() == pytest.approx([3.8, 0.5])
 
 
-def test_tag_prediction_ignores_tags_the_model_does_not_know(tmp_path, tokenizer):
+def test_tag_prediction_ignores_tags_the_model_does_not_know(tmp_path, preprocessor):
     path = tmp_path / "test.conll"
     path.write_text("the O\ncity B-LOC\n\na B-MISC\ncamp O\n")
-    trained = _read("tag", path, tokenizer, None, require_labels=True, training=True)
+    trained = _read("tag", path, preprocessor, None, require_labels=True, training=True)
     assert trained.labels == ["B-LOC", "B-MISC", "O"] and trained.targets is not None
-    predicted = _read("tag", path, tokenizer, ["B-LOC", "O"], require_labels=False, training=False)
+    predicted = _read("tag", path, preprocessor, ["B-LOC", "O"], require_labels=False, training=False)
     assert predicted.targets is None and predicted.labels == ["B-LOC", "O"] and predicted.size == 2
 
 
 # === Each task's functions take their settings by name ===
 
 
-def test_a_tasks_functions_refuse_settings_by_position(tmp_path, tokenizer):
-    # task.read(path, tokenizer, 16, None, OPTS, True, True) could not be read: which True is which?
+def test_a_tasks_functions_refuse_settings_by_position(tmp_path, preprocessor):
+    # task.read(path, preprocessor, None, OPTS, True, True) could not be read: which True is which?
     path = tmp_path / "train.tsv"
     path.write_text("text\tlabel\nthe city\tpos\na camp\tneg\n")
-    data = _read("classify", path, tokenizer, None, require_labels=True, training=True)
+    data = _read("classify", path, preprocessor, None, require_labels=True, training=True)
     logits = {"logits": np.zeros((2, 2), dtype=np.float32)}
     for task in TASKS.values():
         with pytest.raises(TypeError):
-            task.read(path, tokenizer, 16, None, OPTS, True, True)
+            task.read(path, preprocessor, None, OPTS, True, True)
         with pytest.raises(TypeError):
             task.build(None, ["neg", "pos"])
         with pytest.raises(TypeError):

@@ -230,7 +230,7 @@ def test_encoder_features_and_served_predict_check_numbers(tiny_model_dir, tmp_p
     import kbert
 
     with pytest.raises(KbertError, match="--max-seq-length must be at least 3, got 0"):
-        features(kbert.load(tiny_model_dir), lines, None, 0)
+        features(kbert.load(tiny_model_dir), lines, 0)
     # Checked before the server is asked (nothing listens at port 1).
     with pytest.raises(KbertError, match="--batch-size must be at least 1, got 0"):
         predict_served(Client("127.0.0.1:1", "m", retries=0), lines, batch_size=0)

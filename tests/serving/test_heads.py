@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import UNCASED_VOCAB
 from kbert.errors import KbertError
 from kbert.finetuning.tasks import TASKS
 from kbert.serving.heads import SERVED_TASKS, require_served, serve_encoder, serving_head
+from kbert.text.preprocessing import BertPreprocessor
+from kbert.text.tokenizer import Tokenizer
 
 LN2, LN3 = math.log(2), math.log(3)
 
@@ -60,6 +63,33 @@ def test_a_tagger_serves_a_label_per_piece():
     assert out["label"].numpy().tolist() == [[b"O", b"B-LOC", b"O"]]
     assert out["input_mask"].numpy().tolist() == [[1, 1, 0]]
     assert head.text_outputs is not None and head.api is None  # word_label comes from text
+
+
+def test_a_tagger_reads_each_words_tag_at_its_first_piece_of_the_packed_text():
+    # Hand-worked, sequence length 7 (5 pieces): "cass ##ius crossed phil ##am" and "##mon road"
+    # cut off; "\x00" has no pieces and becomes [UNK]. Logits pick B-PER (0) or O (1) per position.
+    picks = [[1, 0, 0, 1, 0, 0, 0], [1, 0, 1, 1, 1, 1, 1]]
+    logits = np.where(np.array(picks)[..., None] == np.arange(2), 1.0, -1.0)
+    seen = {}
+
+    class Tagger(_Logits):
+        def __call__(self, features, training):
+            seen.update(features)
+            return super().__call__(features, training)
+
+    head = serving_head("tag", Tagger(logits), ["B-PER", "O"])
+    out = head.text_outputs(
+        {"text": tf.constant(["Cassius crossed Philammon road", "\x00  road"])},
+        None,
+        BertPreprocessor(UNCASED_VOCAB, sequence_length=7),
+    )
+    tokens = Tokenizer(UNCASED_VOCAB).convert_ids_to_tokens
+    assert [tokens(row) for row in seen["input_ids"].numpy()] == [
+        ["[CLS]", "cass", "##ius", "crossed", "phil", "##am", "[SEP]"],
+        ["[CLS]", "[UNK]", "road", "[SEP]", "[PAD]", "[PAD]", "[PAD]"],
+    ]
+    # Words start at 1, 3, 4 (and "road" is cut: "O", the fallback); at 1 and 2.
+    assert out["word_label"].numpy().astype(str).tolist() == [["B-PER", "O", "B-PER", "O"], ["B-PER", "O", "", ""]]
 
 
 def test_a_multiple_choice_model_serves_probabilities_over_endings():

@@ -3,7 +3,8 @@
 The consumers are real: `tensorflow_hub.KerasLayer` on tf-keras (as TensorFlow's "Classify
 text with BERT" tutorial runs it), Keras 3's `TFSMLayer`, and a fresh Python with only
 tensorflow and tensorflow_text. The reference is the original code's outputs on the tiny
-checkpoint (fixtures/tf1-tiny/expected.npz) and run_classifier's packing (`encode_texts`).
+checkpoint (fixtures/tf1-tiny/expected.npz) and run_classifier's packing (`convert_single_example`,
+run by the original code).
 """
 
 import json
@@ -19,8 +20,7 @@ import tensorflow_text  # noqa: F401  (the preprocessor's ops, as TF Hub's users
 
 import kbert
 from conftest import FIXTURES, TINY, assert_user_error, run_kbert
-from helpers import EXPECTED, original_outputs
-from kbert.finetuning.readers import encode_texts
+from helpers import EXPECTED, original_outputs, original_packing
 from kbert.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
@@ -31,6 +31,25 @@ LINES = [line.strip() for line in open(os.path.join(FIXTURES, "sample_text.txt")
 ]
 HUB_INPUTS = {"input_word_ids": "input_ids", "input_mask": "input_mask", "input_type_ids": "segment_ids"}
 IDS = {hub: EXPECTED[ours].astype("int32") for hub, ours in HUB_INPUTS.items()}
+
+
+PACK_LENGTHS = (3, 5, 16, 64)
+TEXTS, TEXTS_B = LINES[:-1], LINES[1:]
+TEXTS_B[3] = ""  # a pair whose second text is empty is packed as a single text
+
+
+@pytest.fixture(scope="module")
+def run_classifier(tmp_path_factory):
+    """convert_single_example's features of TEXTS alone and paired with TEXTS_B, at each length:
+    {(length, paired): {"input_ids": [examples, length], "input_mask": ..., "segment_ids": ...}}."""
+    keys = [(n, paired) for n in PACK_LENGTHS for paired in (False, True)]
+    cases = [(a, b if paired else None, n) for n, paired in keys for a, b in zip(TEXTS, TEXTS_B)]
+    packed = iter(original_packing(cases, VOCAB, tmp_path_factory.mktemp("original")))
+    out = {}
+    for key in keys:
+        rows = np.array([next(packed) for _ in TEXTS], np.int32)  # [examples, 3, length]
+        out[key] = {name: rows[:, k] for k, name in enumerate(("input_ids", "input_mask", "segment_ids"))}
+    return out
 
 
 @pytest.fixture
@@ -75,7 +94,7 @@ def test_encoder_gives_the_original_outputs(hub_export):
     assert np.abs(first - second).max() > 1e-3 and np.abs(first - out["pooled_output"].numpy()).max() > 1e-3
 
 
-def test_keras_3_loads_both_with_tfsmlayer(hub_export):
+def test_keras_3_loads_both_with_tfsmlayer(hub_export, run_classifier):
     base, _ = hub_export
     preprocessor = keras.layers.TFSMLayer(str(base / "hub" / "preprocessor"), call_endpoint="serve")
     encoder = keras.layers.TFSMLayer(str(base / "hub" / "encoder"), call_endpoint="serve")
@@ -83,31 +102,30 @@ def test_keras_3_loads_both_with_tfsmlayer(hub_export):
     np.testing.assert_allclose(np.asarray(out["pooled_output"]), EXPECTED["pooled_output"], atol=1e-5)
     np.testing.assert_array_equal(np.asarray(out["encoder_outputs_1"]), np.asarray(out["sequence_output"]))
     packed = preprocessor(tf.constant(LINES[:3]))
-    expected, _ = encode_texts(Tokenizer(VOCAB), LINES[:3], None, 64)
+    expected = run_classifier[64, False]
     for hub, ours in HUB_INPUTS.items():
-        np.testing.assert_array_equal(np.asarray(packed[hub]), expected[ours])
+        np.testing.assert_array_equal(np.asarray(packed[hub]), expected[ours][:3])
 
 
-@pytest.mark.parametrize("length", [3, 5, 16, 64])
-def test_preprocessor_packs_as_run_classifier(hub_export, length):
+@pytest.mark.parametrize("length", PACK_LENGTHS)
+def test_preprocessor_packs_as_run_classifier(hub_export, run_classifier, length):
     base, _ = hub_export
     preprocessor = tf.saved_model.load(str(base / "hub" / "preprocessor"))
     tokenizer = Tokenizer(VOCAB)
-    texts, texts_b = LINES[:-1], LINES[1:]
-    texts_b[3] = ""  # a pair whose second text is empty is packed as a single text
+    texts, texts_b = TEXTS, TEXTS_B
     tokens = preprocessor.tokenize(tf.constant(texts))
     assert tokens.shape.rank == 3 and tokens.dtype == tf.int32  # [batch, words, wordpieces]
     assert tokens.merge_dims(1, 2).to_list() == [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(t)) for t in texts]
     tokens_b = preprocessor.tokenize(tf.constant(texts_b))
     for segments, b in (([tokens], None), ([tokens, tokens_b], texts_b), ([tokens.merge_dims(1, 2)], None)):
         packed = preprocessor.bert_pack_inputs(segments, seq_length=length)
-        expected, _ = encode_texts(tokenizer, texts, b, length)
+        expected = run_classifier[length, b is not None]
         for hub, ours in HUB_INPUTS.items():
             np.testing.assert_array_equal(packed[hub].numpy(), expected[ours], err_msg=f"{hub} pair={b is not None}")
     if length == 64:  # the default seq_length, and the root call
         default = preprocessor.bert_pack_inputs([tokens])
         assert default["input_word_ids"].shape == (len(texts), 64)
-        expected, _ = encode_texts(tokenizer, texts, None, 64)
+        expected = run_classifier[64, False]
         np.testing.assert_array_equal(preprocessor(tf.constant(texts))["input_word_ids"].numpy(), expected["input_ids"])
         special = {k: int(v) for k, v in preprocessor.tokenize.get_special_tokens_dict().items()}
         assert special["vocab_size"] == 300 and special["start_of_sequence_id"] == tokenizer.vocab["[CLS]"]
@@ -186,7 +204,7 @@ np.save(sys.argv[3], out["pooled_output"].numpy())
 """
 
 
-def test_runs_in_a_fresh_process_with_only_tensorflow_and_tf_text(hub_export, tmp_path):
+def test_runs_in_a_fresh_process_with_only_tensorflow_and_tf_text(hub_export, run_classifier, tmp_path):
     base, _ = hub_export
     texts = LINES[:5]
     result = subprocess.run(
@@ -198,7 +216,7 @@ def test_runs_in_a_fresh_process_with_only_tensorflow_and_tf_text(hub_export, tm
     )
     assert result.returncode == 0, result.stderr[-3000:]
     model = kbert.load(base / "tiny")
-    features, _ = encode_texts(Tokenizer(VOCAB), texts, None, 64)
+    features = {name: values[:5] for name, values in run_classifier[64, False].items()}
     ours = model.encoder(features, training=False)["pooled_output"]
     np.testing.assert_allclose(np.load(tmp_path / "p.npy"), np.asarray(ours), atol=1e-5)
 
