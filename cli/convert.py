@@ -43,9 +43,7 @@ def from_tf1(
     model, report = convert_tf1_checkpoint(
         src, config_file=config and str(config), vocab_file=vocab and str(vocab), do_lower_case=lowercase
     )
-    kbert.save(
-        model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case, overwrite=overwrite
-    )
+    kbert.save(model, out_model_dir, overwrite=overwrite)  # the model declares its vocabulary and casing
     print_result(
         {
             "model_dir": str(out_model_dir),
@@ -95,9 +93,7 @@ def from_hf(
     from kbert.converters.hf import convert_hf_model
 
     model, report = convert_hf_model(src, do_lower_case=lowercase)
-    kbert.save(
-        model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case, overwrite=overwrite
-    )
+    kbert.save(model, out_model_dir, overwrite=overwrite)  # the model declares its vocabulary and casing
     print_result(
         {
             "model_dir": str(out_model_dir),
@@ -155,9 +151,7 @@ def from_tfhub(
     model, report = convert_tfhub_encoder(
         src, preprocessor=preprocessor, do_lower_case=lowercase, hidden_act=hidden_act
     )
-    kbert.save(
-        model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case, overwrite=overwrite
-    )
+    kbert.save(model, out_model_dir, overwrite=overwrite)  # the model declares its vocabulary and casing
     print_result(
         {
             "model_dir": str(out_model_dir),
@@ -203,9 +197,7 @@ def from_keras_hub(
     from kbert.converters.keras_hub import convert_keras_hub_preset
 
     model, report = convert_keras_hub_preset(src, do_lower_case=lowercase)
-    kbert.save(
-        model, out_model_dir, vocab_file=model.vocab_file, do_lower_case=model.do_lower_case, overwrite=overwrite
-    )
+    kbert.save(model, out_model_dir, overwrite=overwrite)  # the model declares its vocabulary and casing
     print_result(
         {
             "model_dir": str(out_model_dir),
