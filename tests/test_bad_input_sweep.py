@@ -103,6 +103,7 @@ def tree(root: Path):
     (root / "empty.txt").write_bytes(b"")
     (root / "empty-dir").mkdir()
     (root / "binary.bin").write_bytes(_elf_head())
+    (root / "broken.keras").write_bytes(_elf_head())  # a model input may be a .keras file: this is not one
     (root / "truncated.json").write_text(open(os.path.join(TINY, "bert_config.json")).read()[:60])
     import tensorflow as tf
 
@@ -174,6 +175,8 @@ def bad_values(name, callback):
         elif declared.kind in ("dir", "model"):
             yield f"{parameter}-a-file", parameter, "T/plain.txt"
             yield f"{parameter}-empty-dir", parameter, "T/empty-dir"
+            if declared.kind == "model":
+                yield f"{parameter}-broken-keras-file", parameter, "T/broken.keras"
     for parameter, declared in callback.outputs.items():
         if given_value(name, callback, parameter) is None:
             continue
