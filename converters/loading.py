@@ -30,9 +30,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 from typing import NamedTuple
+
+import tensorflow as tf
 
 from kbert.config import BertConfig
 from kbert.converters.names import suspect_field, tf1_to_kbert_paths
@@ -139,17 +142,44 @@ def load_pretrainer(config: BertConfig, stored: Stored, vocabulary: Vocabulary |
     for variable in _unique(model.weights):
         name = name_of.get(variable.path)
         if name in stored.shapes:
-            variable.assign(stored.read(name, tuple(variable.shape)))
+            _fill(variable, stored.read, name, tuple(variable.shape))
             assigned.add(name)
         elif variable.path.startswith(skipped_prefixes or ("\0",)):
             leaf = variable.path.rsplit("/", 1)[-1]
-            variable.assign(original_initializer(config, leaf)(variable.shape, variable.dtype))
+            _fill(variable, original_initializer(config, leaf), variable.shape, variable.dtype)
         else:  # a guard on the loader itself: an unfilled weight would hold garbage
             raise RuntimeError(f"kbert bug: {variable.path} has no value in {stored.where}")
     not_loaded = sorted(set(stored.shapes) - assigned)
     if not_loaded:
         raise RuntimeError(f"kbert bug: weights not loaded from {stored.where}: {listing(not_loaded)}")
     return model, absent
+
+
+def _fill(variable, value_of: Callable, *args):
+    """Give a weight built unfilled the value `value_of(*args)` returns, without a second copy.
+
+    The placeholder goes back to TensorFlow's allocator *before* the value is made, so the
+    value's buffer can take its place, and the variable then adopts that buffer (TensorFlow's
+    assign takes over a tensor nothing else holds). Made first, the value would need memory
+    beside every placeholder: the allocator would grow by the largest weight and keep the
+    growth's bookkeeping resident (measured in `benchmarks/convert_bench.py`).
+    """
+    # variable.value is the backend's tf.Variable; Keras' own assign checks the shape against
+    # what the variable holds, which is the empty placeholder in between.
+    handle, dtype = variable.value.handle, variable.value.dtype
+    tf.raw_ops.AssignVariableOp(resource=handle, value=_nothing(dtype), validate_shape=False)
+    value = tf.cast(value_of(*args), dtype)
+    if tuple(value.shape) != tuple(variable.shape):  # a guard on the format's read()
+        raise RuntimeError(
+            f"kbert bug: {variable.path} read with shape {tuple(value.shape)}, not {tuple(variable.shape)}"
+        )
+    tf.raw_ops.AssignVariableOp(resource=handle, value=value, validate_shape=False)
+
+
+@functools.cache
+def _nothing(dtype):
+    """An empty tensor of `dtype`, made once."""
+    return tf.zeros([0], dtype)
 
 
 def _check_shapes(model, stored: Stored, name_of: dict):
