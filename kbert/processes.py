@@ -133,6 +133,11 @@ def stop_cleanly(command: str):
     finally:
         if deadline:
             deadline[0].cancel()
+            # The unwinding is over and the caller prints the message; but the interpreter's
+            # own shutdown (joining a broken process pool's threads) can still hang: exit then.
+            guard = threading.Timer(STOP_SECONDS, os._exit, (deadline[0].args[0] + 128,))
+            guard.daemon = True
+            guard.start()
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
         started = child_processes() - before

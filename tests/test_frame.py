@@ -288,3 +288,30 @@ def test_a_stop_that_hangs_while_unwinding_still_exits_in_time():
     assert stderr.strip() == (
         "kbert: kbert create-data stopped by SIGTERM; its partial outputs were removed, nothing was written"
     )
+
+
+def test_a_stop_whose_interpreter_shutdown_hangs_still_exits_in_time():
+    """After the unwinding, the interpreter's own shutdown can hang (joining a broken process
+    pool's threads): STOP_SECONDS later the process exits with the signal's status, without a
+    second message."""
+    code = (
+        "import atexit, sys, time, kbert.processes as p\n"
+        "p.STOP_SECONDS = 1.0\n"
+        "atexit.register(time.sleep, 60)\n"  # a shutdown that would hang
+        "try:\n"
+        "    with p.stop_cleanly('kbert create-data'):\n"
+        "        print('ready', flush=True)\n"
+        "        time.sleep(60)\n"
+        "except BaseException as e:\n"
+        "    print(f'kbert: {e}', file=sys.stderr, flush=True)\n"  # as the CLI frame prints it
+        "    sys.exit(143)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "ready\n"
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 143 and time.monotonic() - started < 10
+    assert stderr.strip().splitlines() == [
+        "kbert: kbert create-data stopped by SIGTERM; its partial outputs were removed, nothing was written"
+    ]

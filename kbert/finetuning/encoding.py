@@ -17,7 +17,11 @@ import tensorflow as tf
 
 from kbert.errors import KbertError
 
-_BATCH = 4096  # examples per call of the packer
+# Examples per call of the packer: at most _BATCH, and the file split evenly between the two
+# threads below. Larger calls are faster per example (each distinct word is tokenized once
+# per call) up to about this size (benchmarked in docs/performance.md, "Fine-tuning inputs").
+_BATCH = 25_000
+_THREADS = 2
 _MAX_LISTED = 10  # tags named in an error message
 
 
@@ -31,12 +35,14 @@ def _strings(values) -> tf.Tensor:
 
 
 def _pack_batches(pack, columns, n: int) -> list:
-    """`pack` over batches of _BATCH rows of `columns`, two at a time (TF's kernels run without
+    """`pack` over batches of rows of `columns`, two at a time (TF's kernels run without
     holding the GIL), results in order. Eagerly: a tf.function would be traced first, and
     tracing the tokenizer's graph costs more than packing a file of ten thousand examples,
-    while at this batch size the ops' own work is nearly all of the time."""
-    with ThreadPoolExecutor(min(2, os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda i: pack(*(c[i : i + _BATCH] for c in columns)), range(0, n, _BATCH)))
+    while at these batch sizes the ops' own work is nearly all of the time."""
+    threads = min(_THREADS, os.cpu_count() or 1)
+    batch = max(1, min(_BATCH, -(-n // threads)))
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda i: pack(*(c[i : i + batch] for c in columns)), range(0, n, batch)))
 
 
 def _features(batches, n: int, length: int) -> dict[str, np.ndarray]:

@@ -69,7 +69,8 @@ class GraphTokenizer(keras.layers.Layer):
             unknown_token=UNK,
         )
         self._removed = f"[{unicode_classes.re2_class(unicode_classes.removed_chars())}]"
-        self._whitespace = f"[{unicode_classes.re2_class(unicode_classes.whitespace_chars())}]"
+        breaks = sorted(set(unicode_classes.whitespace_chars()) | set(unicode_classes.split_chars()))
+        self._chunk_break = f"[{unicode_classes.re2_class(breaks)}]+"
         self._cjk = "([" + "".join(f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in unicode_classes.CJK_RANGES) + "])"
         self._marks = f"[{unicode_classes.re2_class(unicode_classes.mark_chars())}]"
         punct = f"[{unicode_classes.re2_class(unicode_classes.punctuation_chars())}]"
@@ -82,20 +83,14 @@ class GraphTokenizer(keras.layers.Layer):
         return self._table
 
     def words(self, texts):
-        """The basic tokens (before WordPiece) as a string RaggedTensor [batch, (words)]."""
-        texts = tf.convert_to_tensor(texts, dtype=tf.string)
-        texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="ignore")
-        texts = tf.strings.regex_replace(texts, self._removed, "")
-        texts = tf.strings.regex_replace(texts, self._whitespace, " ")
-        texts = tf.strings.regex_replace(texts, self._cjk, " \\1 ")
-        if self.do_lower_case:
-            texts = tf.strings.lower(texts, encoding="utf-8")
-            texts = tf_text.normalize_utf8(texts, "NFD")
-            texts = tf.strings.regex_replace(texts, self._marks, "")
-        words = tf_text.regex_split(texts, self._split, self._keep)
-        # The original makes a word of more than 200 characters a single [UNK].
-        too_long = tf.strings.length(words.flat_values, unit="UTF8_CHAR") > MAX_CHARS_PER_WORD
-        return words.with_flat_values(tf.where(too_long, UNK, words.flat_values))
+        """The basic tokens (before WordPiece) as a string RaggedTensor [batch, (words)].
+
+        >>> GraphTokenizer("tests/fixtures/vocab-uncased.txt").words(tf.constant(["Héllo, wörld!"])).to_list()
+        [[b'hello', b',', b'world', b'!']]
+        """
+        chunks, distinct, index = self._distinct_chunks(texts)
+        words = tf.gather(self._basic_tokens(distinct), index)  # [chunks, (words)]
+        return chunks.with_flat_values(words).merge_dims(1, 2)
 
     def word_pieces(self, texts):
         """The ids word by word: an int32 RaggedTensor [batch, (words), (pieces)], the shape
@@ -104,11 +99,43 @@ class GraphTokenizer(keras.layers.Layer):
         >>> GraphTokenizer("tests/fixtures/vocab-uncased.txt").word_pieces(tf.constant(["Hello, worldly"])).to_list()
         [[[7592], [1010], [2088, 2135]]]
         """
-        words = self.words(texts)
-        # WordPiece each distinct word once: text repeats its words, and WordPiece is most of the cost.
-        distinct, index = tf.unique(words.flat_values)
-        pieces = tf.gather(self._wordpiece.tokenize(distinct), index)  # [words, (pieces)]
-        return tf.cast(words.with_flat_values(pieces), tf.int32)
+        chunks, distinct, index = self._distinct_chunks(texts)
+        words = self._basic_tokens(distinct)  # [distinct chunks, (words)]
+        pieces = words.with_flat_values(self._wordpiece.tokenize(words.flat_values))  # [.., (words), (pieces)]
+        pieces = tf.gather(pieces, index)  # [chunks, (words), (pieces)]
+        return tf.cast(chunks.with_flat_values(pieces).merge_dims(1, 2), tf.int32)
+
+    def _distinct_chunks(self, texts):
+        """(texts split at whitespace [batch, (chunks)], the distinct chunks, each chunk's index
+        among them).
+
+        Every later step (cleaning, lower-casing, accents, punctuation, WordPiece) acts within a
+        whitespace-separated chunk, as the original's BasicTokenizer acts token by token, so
+        each distinct chunk goes through them once: text repeats its words, and those steps
+        are nearly all of the cost. Control and format characters are dropped first, so
+        "a\\x00b" is one chunk "ab" as in the original (and the split never sees a NUL); the
+        split is at the characters that end a token after `_clean_text`: whitespace, and
+        U+2028/U+2029.
+        """
+        texts = tf.convert_to_tensor(texts, dtype=tf.string)
+        texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="ignore")
+        texts = tf.strings.regex_replace(texts, self._removed, "")
+        chunks = tf_text.regex_split(texts, self._chunk_break, "")
+        distinct, index = tf.unique(chunks.flat_values)
+        return chunks, distinct, index
+
+    def _basic_tokens(self, chunks):
+        """Chunks without whitespace or control characters [n] -> the original's basic tokens,
+        a string RaggedTensor [n, (words)]."""
+        chunks = tf.strings.regex_replace(chunks, self._cjk, " \\1 ")
+        if self.do_lower_case:
+            chunks = tf.strings.lower(chunks, encoding="utf-8")
+            chunks = tf_text.normalize_utf8(chunks, "NFD")
+            chunks = tf.strings.regex_replace(chunks, self._marks, "")
+        words = tf_text.regex_split(chunks, self._split, self._keep)
+        # The original makes a word of more than 200 characters a single [UNK].
+        too_long = tf.strings.length(words.flat_values, unit="UTF8_CHAR") > MAX_CHARS_PER_WORD
+        return words.with_flat_values(tf.where(too_long, UNK, words.flat_values))
 
     def call(self, texts):
         return self.word_pieces(texts).merge_dims(1, 2)

@@ -68,7 +68,7 @@ def pack_token_ids(a, b, sequence_length, cls_id: int, sep_id: int) -> dict:
     nothing gets no [SEP] of its own.
 
     Args:
-        a, b: int32 RaggedTensors [batch, (tokens)]; `b` None for single texts.
+        a, b: int RaggedTensors [batch, (tokens)]; `b` None for single texts.
         sequence_length: int or int32 scalar tensor. Output length.
         cls_id, sep_id: ids of [CLS] and [SEP].
 
@@ -77,27 +77,40 @@ def pack_token_ids(a, b, sequence_length, cls_id: int, sep_id: int) -> dict:
     >>> out["input_ids"].numpy().tolist(), out["segment_ids"].numpy().tolist()
     ([[1, 7, 8, 2, 5, 2], [1, 7, 2, 0, 0, 0]], [[0, 0, 0, 0, 1, 1], [0, 0, 0, 0, 0, 0]])
     """
-    batch = a.nrows(out_type=tf.int32)
-    cls = tf.fill([batch, 1], tf.constant(cls_id, a.dtype))
-    sep = tf.fill([batch, 1], tf.constant(sep_id, a.dtype))
-    single = tf.concat([cls, _head(a, tf.fill([batch], sequence_length - 2)), sep], axis=1)
-    if b is None:
-        ids, segments = single, tf.zeros_like(single)
-    else:
-        keep_a, keep_b = truncated_pair_lengths(a.row_lengths(), b.row_lengths(), sequence_length - 3)
-        first = tf.concat([cls, _head(a, keep_a), sep], axis=1)
-        second = _head(tf.concat([_head(b, keep_b), sep], axis=1), keep_b + tf.cast(keep_b > 0, keep_b.dtype))
-        has_b = b.row_lengths() > 0
-        pair_segments = tf.concat([tf.zeros_like(first), tf.ones_like(second)], axis=1)
-        ids = _rows_where(has_b, tf.concat([first, second], axis=1), single)
-        segments = _rows_where(has_b, pair_segments, tf.zeros_like(single))
-    # A Python length keeps the static shape [None, length]; a tensor one is known at run time.
-    shape = [None, sequence_length] if isinstance(sequence_length, int) else tf.stack([batch, sequence_length])
+    # Written as one [batch, sequence_length] grid of positions: which part each position
+    # holds ([CLS], a, [SEP], b, [SEP] or padding) follows from the kept lengths alone.
+    len_a = tf.cast(a.row_lengths(), tf.int32)
+    keep_a = tf.minimum(len_a, sequence_length - 2)
+    keep_b = tf.zeros_like(keep_a)
+    if b is not None:
+        len_b = tf.cast(b.row_lengths(), tf.int32)
+        pair_a, pair_b = truncated_pair_lengths(len_a, len_b, sequence_length - 3)
+        keep_a = tf.where(len_b > 0, pair_a, keep_a)
+        keep_b = tf.where(len_b > 0, pair_b, keep_b)
+    position = tf.range(sequence_length)[None, :]
+    ka, kb = keep_a[:, None], keep_b[:, None]
+    in_a = (position >= 1) & (position <= ka)
+    b_from = ka + 2
+    in_b = (position >= b_from) & (position < b_from + kb)
+    length = b_from + tf.where(kb > 0, kb + 1, 0)
+    ids = tf.where(in_a, _take(a, in_a, position - 1), 0)
+    if b is not None:
+        ids = tf.where(in_b, _take(b, in_b, position - b_from), ids)
+    specials = tf.where(position == 0, cls_id, tf.where((position == ka + 1) | (position == length - 1), sep_id, 0))
+    ids = tf.where(in_a | in_b, ids, tf.cast(specials, ids.dtype))
+    real = position < length
     return {
-        "input_ids": ids.to_tensor(0, shape=shape),
-        "input_mask": tf.ones_like(ids).to_tensor(0, shape=shape),
-        "segment_ids": segments.to_tensor(0, shape=shape),
+        "input_ids": tf.where(real, ids, tf.zeros_like(ids)),
+        "input_mask": tf.cast(real, ids.dtype),
+        "segment_ids": tf.cast((position >= b_from) & real, ids.dtype),
     }
+
+
+def _take(ragged, inside, offset):
+    """[batch, length] grid: row i's token at `offset[i, j]` where `inside`, 0 elsewhere."""
+    values = tf.concat([ragged.flat_values, tf.zeros([1], ragged.flat_values.dtype)], 0)  # [..., a 0 to point at]
+    starts = tf.cast(ragged.row_starts(), tf.int32)[:, None]
+    return tf.gather(values, tf.where(inside, starts + offset, tf.shape(values)[0] - 1))
 
 
 def truncated_rows(a, b, sequence_length):
@@ -152,13 +165,6 @@ def pack_word_pieces(pieces, sequence_length, cls_id: int, sep_id: int, unk_id: 
     first = before - tf.repeat(sentence_start, pieces.row_lengths()) + 1
     first = tf.cast(tf.where(first <= sequence_length - 2, first, -1), tf.int32)
     return packed, pieces.with_values(first), tokens.row_lengths() > sequence_length - 2
-
-
-def _rows_where(condition, x, y):
-    """Row i of RaggedTensor `x` where condition[i], else row i of `y`."""
-    x_rows, y_rows = tf.where(condition)[:, 0], tf.where(~condition)[:, 0]
-    order = tf.argsort(tf.concat([x_rows, y_rows], axis=0))
-    return tf.gather(tf.concat([tf.gather(x, x_rows), tf.gather(y, y_rows)], axis=0), order)
 
 
 def _require_tokens(vocab_file, vocab, *tokens):

@@ -9,6 +9,7 @@ Unicode versions) is what makes the two agree with the original on every code po
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import unicodedata
 
@@ -27,16 +28,19 @@ CJK_RANGES = (
 
 @functools.cache
 def _categories() -> dict[str, tuple[int, ...]]:
-    """Code points of the categories the tokenizer asks about: one pass over all of Unicode, so
-    cached, once per process (its time: docs/performance.md, "Tokenizer")."""
+    """Code points of the categories the tokenizer asks about, and of `str.isspace()` ("space"):
+    one pass over all of Unicode, so cached, once per process (its time: docs/performance.md,
+    "Tokenizer")."""
     wanted = {"Cc": [], "Cf": [], "Zs": [], "Mn": [], "P": []}
-    category = unicodedata.category
-    for cp in range(sys.maxunicode + 1):
-        cat = category(chr(cp))
-        if cat in wanted:
-            wanted[cat].append(cp)
+    every_char = "".join(map(chr, range(sys.maxunicode + 1)))
+    for cp, cat in enumerate(map(unicodedata.category, every_char)):
+        bucket = wanted.get(cat)
+        if bucket is not None:
+            bucket.append(cp)
         elif cat[0] == "P":
             wanted["P"].append(cp)
+    # A str pattern's \s is str.isspace(), and the regex scan is C-speed.
+    wanted["space"] = [match.start() for match in re.finditer(r"\s", every_char)]
     return {k: tuple(v) for k, v in wanted.items()}
 
 
@@ -59,11 +63,7 @@ def split_chars() -> tuple[int, ...]:
     """Characters that `str.split()` (the original's whitespace_tokenize) splits on and that
     survive _clean_text: a space, and U+2028/U+2029 (categories Zl/Zp, not Zs)."""
     removed, spaces = set(removed_chars()), set(whitespace_chars())
-    return tuple(
-        cp
-        for cp in range(sys.maxunicode + 1)
-        if chr(cp).isspace() and cp not in removed and (cp not in spaces or cp == 0x20)
-    )
+    return tuple(cp for cp in _categories()["space"] if cp not in removed and (cp not in spaces or cp == 0x20))
 
 
 @functools.cache
