@@ -35,7 +35,9 @@ def export(
     ),
     precision: str = typer.Option(
         "float32",
-        help="float32 (exact) or bfloat16 (faster on CPUs with AVX512-BF16 or AMX; outputs slightly off float32's, measured in docs/serving.md; speed in docs/performance.md).",
+        help="float32 (exact), bfloat16 (faster on CPUs with AVX512-BF16 or AMX) or int8 (the encoder's matmuls in int8, "
+        "faster on CPUs with VNNI or AMX); both slightly off float32's outputs, measured in docs/serving.md; speed in "
+        "docs/performance.md.",
     ),
     export_format: str = typer.Option(
         "serving",
@@ -70,7 +72,9 @@ def export(
                     f"{flag} is for TF Serving exports; --format tfhub takes --max-seq-length and --overwrite"
                 )
         if precision != "float32":
-            raise KbertError("--format tfhub writes float32 (TF Hub encoders are fine-tuned); leave out --precision")
+            raise KbertError(
+                "--format tfhub writes float32 (TF Hub encoders are fine-tuned, not served); leave out --precision"
+            )
         check_apart(export_base, [model_dir])  # replaced whole
         result = export_tfhub(str(model_dir), str(export_base), max_seq_length=max_seq_length, overwrite=overwrite)
         print_result(result)

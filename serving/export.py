@@ -33,6 +33,7 @@ and `label_id`. Floats are float32 and pass through
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 
@@ -47,6 +48,7 @@ from kbert.model.bert import BertEncoder, BertMultipleChoice, BertPretrainer, Be
 from kbert.model_dir import open_model
 from kbert.outputs import writes
 from kbert.serving.heads import API_METHODS, ServingHead, require_served, serve_encoder, serving_head
+from kbert.serving.int8 import VNNI_FLAGS, cpu_int8_instructions, require_int8_matmul
 
 # Names of this module from before their code moved, which `kbert export` imports from here.
 from kbert.serving.models_config import (  # noqa: F401
@@ -63,8 +65,10 @@ from kbert.serving.signatures import (
 )
 from kbert.text.preprocessing import BertPreprocessor
 
+log = logging.getLogger("kbert")
+
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
-PRECISIONS = ("float32", "bfloat16")
+PRECISIONS = ("float32", "bfloat16", "int8")
 # Representative warmup requests: TF Serving runs them at load so that the first real request
 # does not pay for graph set-up; one per batch shape that a client typically sends.
 WARMUP_TEXTS = (
@@ -83,14 +87,14 @@ def _next_version(export_base: str) -> int:
     return max(versions, default=0) + 1
 
 
-def _serving_head(model, task_info, text_pairs, constant_weights=False) -> ServingHead:
+def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=False) -> ServingHead:
     """How to serve `model`: encoders serve their outputs, fine-tuned models their task's head
     (`kbert.serving.heads`). Either way the model runs as `kbert.serving.optimize` rewrites it
     (on each batch's longest text, Q, K and V as one matmul, LayerNorms as one kernel), with its
-    weights as graph constants if `constant_weights`."""
+    weights as graph constants if `constant_weights` and its dense layers in int8 if `int8`."""
 
     def serving(m):
-        return optimize(m, constant_weights=constant_weights)
+        return optimize(m, constant_weights=constant_weights, int8=int8)
 
     if isinstance(model, (BertEncoder, BertPretrainer)):
         return serve_encoder(serving(encoder_of(model)), bool(text_pairs))
@@ -158,10 +162,12 @@ def export_model(
             and regressors (a request with an empty `text_b` is a single text, as in
             run_classifier.py), no otherwise. bert_config.json does not record whether a model
             was fine-tuned on pairs, so a single-text classifier's clients send `text_b` "".
-        precision: str. "float32" (the trained model's numbers) or "bfloat16": weights and
+        precision: str. "float32" (the trained model's numbers); "bfloat16": weights and
             matmuls in bfloat16: faster on CPUs with AVX512-BF16 or AMX, with outputs slightly off
-            float32's (softmax and LayerNorm statistics stay in float32; the outputs are float32).
-            Speed and differences measured in docs/performance.md and docs/serving.md.
+            float32's (softmax and LayerNorm statistics stay in float32; the outputs are float32);
+            or "int8": the encoder's dense layers as oneDNN int8 matmuls (`kbert.serving.int8`),
+            fast on CPUs with VNNI (AVX512-VNNI, AVX-VNNI or AMX), the rest float32. Speed and
+            differences measured in docs/performance.md and docs/serving.md.
         constant_weights: bool. Put the weights in the graph as constants instead of variables
             (up to `kbert.serving.optimize.CONSTANT_WEIGHTS_MAX_BYTES`): oneDNN then keeps their
             reordered layout, faster for a bfloat16 export at batch 1, but the serving process
@@ -175,7 +181,7 @@ def export_model(
     """
     model_dir, export_base = os.fspath(model_dir), os.path.abspath(os.fspath(export_base))
     if precision not in PRECISIONS:
-        raise KbertError(f"--precision {precision!r}: choose {' or '.join(PRECISIONS)}")
+        raise KbertError(f"--precision {precision!r}: choose {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
     if os.path.isfile(export_base):
         raise KbertError(f"{export_base} is a file; EXPORT_BASE must be a directory (TF Serving's --model_base_path)")
     if version is None:
@@ -192,8 +198,18 @@ def export_model(
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise KbertError(f"model name {name!r} must be letters, digits, '_', '-' or '.'; pass --name")
 
+    int8 = precision == "int8"
+    if int8:
+        require_int8_matmul()
+        if not cpu_int8_instructions():
+            log.warning(
+                "this CPU has no int8 dot-product instructions (%s): int8 matmuls run slowly here; "
+                "the export is made for CPUs that have them",
+                ", ".join(VNNI_FLAGS),
+            )
     previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(precision)  # the variables' dtype as well as the compute's
+    # The variables' dtype as well as the compute's; int8 quantizes the float32 model.
+    keras.mixed_precision.set_global_policy("float32" if int8 else precision)
     try:
         model = open_model(model_dir)  # opened once: its vocabulary, casing and task come with it
     finally:
@@ -202,7 +218,7 @@ def export_model(
     length = sequence_length(max_seq_length, model.config.max_position_embeddings, task_info.get("max_seq_length"))
     if length < 3:
         raise KbertError(f"--max-seq-length {length} must be at least 3 ([CLS] x [SEP])")
-    head = _serving_head(model, task_info, text_pairs, constant_weights)
+    head = _serving_head(model, task_info, text_pairs, constant_weights, int8)
     outputs = head.outputs
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)
     preprocessor((tf.constant(["warm up"]), tf.constant(["b"])))  # builds it, so ExportArchive may track it

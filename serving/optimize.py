@@ -52,10 +52,13 @@ import logging
 import math
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from kbert.model.bert import encoder_of
 from kbert.model.layers import BertEmbeddings, TransformerLayer
+from kbert.serving.int8 import GELU_FLOOR, int8_matmul, quantize_kernel, require_int8_matmul, shifted_bias
 
 log = logging.getLogger("kbert")
 
@@ -74,6 +77,7 @@ def optimize(
     model,
     constant_weights: bool = False,
     *,
+    int8: bool = False,
     fuse_qkv: bool = True,
     one_kernel_layer_norm: bool = True,
     group_rows: int = GROUP_ROWS,
@@ -85,6 +89,9 @@ def optimize(
             `BertEmbeddings` and `TransformerLayer`s runs through its inference layer.
         constant_weights: bool. Trace the model with its weights as graph constants, if they fit
             (CONSTANT_WEIGHTS_MAX_BYTES; otherwise a warning, and variables).
+        int8: bool. Run the encoder's dense layers (Q/K/V, attention output, both feed-forward
+            matmuls, the pooler) as oneDNN int8 matmuls (`kbert.serving.int8`); the model must
+            be float32. Outputs then differ from float32's by the quantization.
         fuse_qkv: bool. Q, K and V as one matmul.
         one_kernel_layer_norm: bool. Each LayerNorm as one oneDNN kernel.
         group_rows: int. Texts per group of similar length (a large number: one group).
@@ -105,11 +112,18 @@ def optimize(
     ((1, 6, 32), 32)
     """
 
+    if int8:
+        require_int8_matmul()
+    encoder = encoder_of(model)
+    pooler = encoder.pooler if encoder is not None else None
+
     def inference_layer(layer):
         if isinstance(layer, TransformerLayer):
-            return InferenceTransformerLayer(layer, fuse_qkv, one_kernel_layer_norm)
+            return InferenceTransformerLayer(layer, fuse_qkv, one_kernel_layer_norm, int8=int8)
         if isinstance(layer, BertEmbeddings):
             return InferenceEmbeddings(layer, one_kernel_layer_norm)
+        if int8 and layer is pooler:
+            return Int8Dense(layer)
         return layer  # the same layer or op, and so the same weights: the pooler, the heads, the mask's arithmetic
 
     rewritten = keras.models.clone_model(model, clone_function=inference_layer, recursive=True)
@@ -205,15 +219,30 @@ class InferenceTransformerLayer(keras.layers.Layer):
     [(32, 96), (96,)]
     """
 
-    def __init__(self, layer: TransformerLayer, fuse_qkv: bool = True, one_kernel_layer_norm: bool = True):
+    def __init__(
+        self, layer: TransformerLayer, fuse_qkv: bool = True, one_kernel_layer_norm: bool = True, *, int8: bool = False
+    ):
         super().__init__(name=layer.name, dtype=layer.dtype_policy)
         self.layer = layer
         self.norm = _one_kernel if one_kernel_layer_norm else _keras_ops
         self.qkv_kernel = self.qkv_bias = None
-        if fuse_qkv:
-            denses = (layer.query, layer.key, layer.value)
-            kernel = ops.concatenate([ops.convert_to_tensor(d.kernel) for d in denses], axis=-1)
-            bias = ops.concatenate([ops.convert_to_tensor(d.bias) for d in denses], axis=-1)
+        self.int8 = None
+        denses = (layer.query, layer.key, layer.value)
+        if int8:
+            if layer.compute_dtype != "float32":
+                raise ValueError(f"int8 serving quantizes a float32 model, not {layer.compute_dtype}")
+            # Q, K and V as one int8 matmul, and the three other dense layers each as one.
+            qkv = _Int8Weights(self, "qkv", _concatenated(denses, "kernel"), _concatenated(denses, "bias"))
+            shift = -GELU_FLOOR if _gelu(layer.intermediate_activation) else 0.0
+            self.int8 = {
+                "qkv": qkv,
+                "attention_output": _Int8Weights.of(self, layer.attention_output),
+                "intermediate": _Int8Weights.of(self, layer.intermediate),
+                # The input of the second feed-forward matmul is a GELU's output: never below GELU_FLOOR.
+                "output": _Int8Weights.of(self, layer.output_dense, shift=shift),
+            }
+        elif fuse_qkv:
+            kernel, bias = _concatenated(denses, "kernel"), _concatenated(denses, "bias")
             self.qkv_kernel = self.add_weight(
                 name="qkv_kernel", shape=kernel.shape, dtype=kernel.dtype, trainable=False, initializer="zeros"
             )
@@ -230,19 +259,34 @@ class InferenceTransformerLayer(keras.layers.Layer):
         batch, seq = ops.shape(hidden)[0], ops.shape(hidden)[1]
         H = layer.num_heads * layer.head_size
         flat = ops.reshape(hidden, (-1, H))
+        dense = self._dense
         q, k, v = self._query_key_value(flat, batch, seq)
         scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
         scores = ops.cast(scores * (1.0 / math.sqrt(layer.head_size)), "float32") + ops.cast(attention_adder, "float32")
         probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
         context = ops.reshape(ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3)), (-1, H))
-        attended = self.norm(layer.attention_layer_norm, layer.attention_output(context) + flat)
-        inner = layer.intermediate_activation(layer.intermediate(attended))
-        out = self.norm(layer.output_layer_norm, layer.output_dense(inner) + attended)
+        attended = self.norm(layer.attention_layer_norm, dense("attention_output", context) + flat)
+        inner = layer.intermediate_activation(dense("intermediate", attended))
+        out = self.norm(layer.output_layer_norm, dense("output", inner) + attended)
         return ops.reshape(out, (batch, seq, H))
+
+    def _dense(self, name, x):
+        """The layer's dense layer `name` applied to x [rows, in]: its own, or its int8 matmul."""
+        if self.int8 is not None:
+            return self.int8[name](x)
+        return {
+            "attention_output": self.layer.attention_output,
+            "intermediate": self.layer.intermediate,
+            "output": self.layer.output_dense,
+        }[name](x)
 
     def _query_key_value(self, flat, batch, seq):
         """Q, K and V, each [batch, heads, seq, head_size], from `flat` [batch·seq, H]."""
         heads, size = self.layer.num_heads, self.layer.head_size
+        if self.int8 is not None:
+            projected = self.int8["qkv"](flat)
+            projected = ops.reshape(projected, (batch, seq, 3, heads, size))
+            return ops.unstack(ops.transpose(projected, (2, 0, 3, 1, 4)), 3, axis=0)
         if self.qkv_kernel is None:  # three matmuls, as the checkpoint stores them
             return [
                 ops.transpose(ops.reshape(dense(flat), (batch, seq, heads, size)), (0, 2, 1, 3))
@@ -257,6 +301,64 @@ class InferenceTransformerLayer(keras.layers.Layer):
 
     def compute_output_spec(self, hidden, attention_adder):
         return self.layer.compute_output_spec(hidden, attention_adder)
+
+
+def _concatenated(denses, name):
+    return ops.concatenate([ops.convert_to_tensor(getattr(d, name)) for d in denses], axis=-1)
+
+
+def _gelu(activation) -> bool:
+    """Whether `activation` (a transformer layer's) is a GELU, erf or tanh form."""
+    x = tf.constant([-0.75, 0.0, 1.0])
+    return bool(np.allclose(activation(x).numpy(), [-0.16997, 0.0, 0.84134], atol=2e-4))
+
+
+class _Int8Weights:
+    """One dense layer's weights as `int8_matmul` takes them: an int8 kernel, its scale per
+    output column and the bias (shifted when the input is), as non-trainable weights of `owner`."""
+
+    def __init__(self, owner, name, kernel, bias, shift: float = 0.0):
+        kernel_q, scale = quantize_kernel(ops.convert_to_numpy(kernel))
+        bias = ops.convert_to_numpy(bias).astype(np.float32)
+        if shift:
+            bias = shifted_bias(bias, kernel_q, scale, shift)
+        self.shift = shift
+        self.kernel, self.scale, self.bias = (
+            _constant_weight(owner, f"{name}_{part}", value)
+            for part, value in (("int8_kernel", kernel_q), ("int8_scale", scale), ("int8_bias", bias))
+        )
+
+    @classmethod
+    def of(cls, owner, dense, shift: float = 0.0):
+        return cls(owner, dense.name, dense.kernel, dense.bias, shift)
+
+    def __call__(self, x):
+        return int8_matmul(x, self.kernel, self.scale, self.bias, shift=self.shift)
+
+
+def _constant_weight(owner, name, value):
+    weight = owner.add_weight(
+        name=name, shape=value.shape, dtype=str(value.dtype), trainable=False, initializer="zeros"
+    )
+    weight.assign(value)
+    return weight
+
+
+class Int8Dense(keras.layers.Layer):
+    """`dense` (a float32 Dense with a bias) as one int8 matmul, then its activation: the pooler
+    of an int8 export."""
+
+    def __init__(self, dense: keras.layers.Dense):
+        super().__init__(name=dense.name, dtype=dense.dtype_policy)
+        self.dense = dense
+        self.weights_int8 = _Int8Weights.of(self, dense)
+        self.built = True
+
+    def call(self, x):
+        return self.dense.activation(self.weights_int8(x))
+
+    def compute_output_spec(self, x):
+        return self.dense.compute_output_spec(x)
 
 
 class _WeightsAsConstants(keras.StatelessScope):

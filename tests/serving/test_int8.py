@@ -1,0 +1,196 @@
+"""`kbert export --precision int8`: the encoder's matmuls as oneDNN int8 kernels (`kbert.serving.int8`).
+
+The matmul is checked against its formula computed in numpy from the quantized inputs (what the
+kernel must compute), and against the float product; the export is run as TF Serving runs it,
+in a fresh process with only TensorFlow and TF Text, and its kernels listed; each task's model
+rewritten in int8 stays close to its float32 outputs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kbert
+from conftest import FIXTURES, assert_user_error, run_kbert
+from kbert.serving.int8 import GELU_FLOOR, int8_matmul, quantize_kernel, shifted_bias
+from kbert.serving.optimize import optimize
+
+pytestmark = pytest.mark.skipif(os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0", reason="oneDNN is off")
+
+
+def cosine(a, b):
+    a, b = np.asarray(a, np.float64).reshape(len(a), -1), np.asarray(b, np.float64).reshape(len(b), -1)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def gelu(x):
+    return 0.5 * x * (1.0 + tf.math.erf(x / np.sqrt(2.0)))
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("inputs", ["signed", "gelu"])
+def test_int8_matmul_is_the_dequantized_product(graph, inputs):
+    """out = x_scale · w_scale[j] · (x_q @ w_q) + bias, as the quantization defines it: qint8
+    activations scaled by max|x| / 127; a GELU's output shifted by -GELU_FLOOR as quint8 scaled
+    by max / 255, its shift taken out of the bias. In a graph TF's optimizer runs oneDNN's
+    kernels (and its own quantize), eagerly the op's registered kernel: both give the formula."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 64)).astype(np.float32)
+    if inputs == "gelu":
+        x = gelu(tf.constant(x)).numpy()
+    w = (rng.normal(size=(64, 48)) * 0.05).astype(np.float32)
+    b = (rng.normal(size=48) * 0.05).astype(np.float32)
+    w_q, scale = quantize_kernel(w)
+    shift = -GELU_FLOOR if inputs == "gelu" else 0.0
+    bias = shifted_bias(b, w_q, scale, shift) if shift else b
+
+    def run(x):
+        return int8_matmul(x, tf.constant(w_q), tf.constant(scale), tf.constant(bias), shift=shift)
+
+    got = (tf.function(run) if graph else run)(tf.constant(x)).numpy()
+    if shift:
+        top = (x + shift).max()
+        x_q, x_scale = np.rint(np.clip(x + shift, 0, None) * 255 / top), top / 255
+    else:
+        top = np.abs(x).max()
+        x_q, x_scale = np.rint(x * 127 / top), top / 127
+    formula = x_scale * scale * (x_q.astype(np.int64) @ w_q.astype(np.int64)) + bias
+    np.testing.assert_allclose(got, formula, rtol=1e-5, atol=1e-5 * np.abs(formula).max())
+    exact = x @ w + b
+    assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 0.03
+
+
+CONFIG = kbert.BertConfig(
+    vocab_size=40,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=24,
+    type_vocab_size=2,
+)
+
+
+@pytest.mark.parametrize("task", ["encoder", "classify", "regress", "tag", "choice"])
+def test_each_model_kind_in_int8_stays_close_to_its_float32_outputs(task):
+    """Every kind an export serves, rewritten with every encoder matmul in int8, gives nearly the
+    float32 model's outputs; the task heads stay float32."""
+    keras.utils.set_random_seed(0)
+    encoder = kbert.bert_encoder(CONFIG)
+    model = {
+        "encoder": lambda: encoder,
+        "classify": lambda: kbert.bert_classifier(encoder, 3),
+        "regress": lambda: kbert.bert_classifier(encoder, 1),
+        "tag": lambda: kbert.bert_tagger(encoder, 4),
+        "choice": lambda: kbert.bert_multiple_choice(encoder),
+    }[task]()
+    rng = np.random.default_rng(1)
+    shape = (6, 3, 16) if task == "choice" else (6, 16)
+    lengths = rng.integers(4, 17, size=shape[:-1])
+    mask = (np.arange(16) < lengths[..., None]).astype(np.int32)
+    features = {
+        "input_ids": (rng.integers(1, 40, size=shape) * mask).astype(np.int32),
+        "input_mask": mask,
+        "segment_ids": np.zeros(shape, np.int32),
+    }
+    want = model(features, training=False)
+    got = optimize(model, int8=True)(features)
+    for name, value in want.items():
+        value, other = np.asarray(value), np.asarray(got[name])
+        if value.ndim == mask.ndim + 1:  # per token: the real tokens only
+            value, other = value[mask == 1], other[mask == 1]
+        if value.shape[-1] == 1:  # a regressor's one score per row
+            np.testing.assert_allclose(other, value, atol=0.05 * np.abs(value).max())
+        else:
+            assert np.median(cosine(other, value)) >= 0.995, name
+
+
+SERVE = r"""
+import json, sys
+from collections import Counter
+sys.modules["kbert"] = None  # importing it would now fail
+import numpy as np
+import tensorflow as tf
+# TensorFlow 2.21 imports keras itself; anything more must not come from reading the export.
+after_tensorflow = set(sys.modules)
+import tensorflow_text  # noqa: F401  (the tokenizer's ops, as TF Serving's build registers them)
+
+spec = json.load(open(sys.argv[1]))
+out = {}
+for name, path in spec["exports"].items():
+    graph = tf.Graph()
+    with graph.as_default():
+        session = tf.compat.v1.Session(graph=graph)  # TF Serving's default session options
+        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+    signature = meta_graph.signature_def["serving_default"]
+    metadata = tf.compat.v1.RunMetadata()
+    result = session.run(
+        {k: t.name for k, t in signature.outputs.items()},
+        {signature.inputs["text"].name: spec["texts"]},
+        options=tf.compat.v1.RunOptions(output_partition_graphs=True),
+        run_metadata=metadata,
+    )
+    kernels = Counter(n.op for g in metadata.partition_graphs for n in g.node if n.op.endswith("MatMul"))
+    out[name] = {"kernels": dict(kernels), **{k: np.asarray(v).tolist() for k, v in result.items()}}
+modules = sorted(m for m in set(sys.modules) - after_tensorflow if m.split(".")[0] in ("kbert", "keras", "tf_keras"))
+print(json.dumps({"modules": modules, **out}))
+"""
+
+
+@pytest.fixture(scope="module")
+def served_int8(tmp_path_factory, tiny_model_dir):
+    """The tiny encoder exported in int8 and in float32, both run in a fresh process."""
+    work = tmp_path_factory.mktemp("int8")
+    for precision in ("int8", "float32"):
+        result = run_kbert("export", tiny_model_dir, work / precision, "--precision", precision)
+        assert json.loads(result.stdout)["precision"] == precision
+    with open(os.path.join(FIXTURES, "sample_text.txt"), encoding="utf-8") as f:
+        texts = [line.strip() for line in f if line.strip()][:40]
+    (work / "spec.json").write_text(
+        json.dumps({"exports": {p: str(work / p / "1") for p in ("int8", "float32")}, "texts": texts})
+    )
+    (work / "serve.py").write_text(SERVE)
+    result = subprocess.run(
+        [sys.executable, str(work / "serve.py"), str(work / "spec.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_an_int8_export_runs_every_encoder_matmul_as_a_onednn_int8_kernel(served_int8, tiny_model_dir):
+    """As TF Serving runs it (a TF1 session on the MetaGraph, in a process without Keras or
+    kbert), every dense layer of the encoder is `_QuantizedMatMul`: each layer's Q, K and V as
+    one, the attention output, the two feed-forward layers, and the pooler. No float matmul is
+    left; the float32 export runs the same count as oneDNN's float kernel."""
+    layers = kbert.load(tiny_model_dir).config.num_hidden_layers
+    assert served_int8["modules"] == []
+    int8, float32 = served_int8["int8"]["kernels"], served_int8["float32"]["kernels"]
+    assert int8.pop("_QuantizedMatMul") == 4 * layers + 1 == float32.pop("_MklNativeFusedMatMul")
+    # What is left is attention's batched matmuls (scores and context), the same in both.
+    assert int8 == float32 and all("Batch" in op for op in int8)
+
+
+def test_an_int8_export_gives_nearly_the_float32_exports_outputs(served_int8):
+    int8, float32 = served_int8["int8"], served_int8["float32"]
+    assert np.median(cosine(int8["pooled_output"], float32["pooled_output"])) >= 0.995
+    mask = np.asarray(float32["input_mask"]) == 1
+    tokens = cosine(np.asarray(int8["sequence_output"])[mask], np.asarray(float32["sequence_output"])[mask])
+    assert np.median(tokens) >= 0.995
+
+
+def test_int8_is_for_tf_serving_exports_not_tf_hub(tmp_path, tiny_model_dir):
+    result = run_kbert(
+        "export", tiny_model_dir, tmp_path / "hub", "--format", "tfhub", "--precision", "int8", check=False
+    )
+    assert_user_error(result, "--format tfhub writes float32")
+    assert not (tmp_path / "hub").exists()
