@@ -1,10 +1,11 @@
 """Serving speed on the CPU: kbert's export, as TF Serving runs it, against every usual CPU peer.
 
-One run, one table: a BERT-base-size model (L=12, H=768, A=12, I=3072, V=30522; random
+One run, one table: a BERT-base-size model (L=12, H=768, A=12, I=3072, V=30522; or with
+--model minilm L=6, H=384, A=12, I=1536; random
 weights with no zero biases, as a trained model has them: see `trained_like`), each contender in a
 fresh process, one after another (never two at once), text in and its own tokenizer inside the timed call:
 
-- kbert: `kbert export` (float32, bfloat16), run the way tensorflow_model_server runs a
+- kbert: `kbert export` (float32, bfloat16, int8), run the way tensorflow_model_server runs a
   SavedModel: a TF1 session on the `serve` MetaGraph, fed and fetched by the `serving_default`
   signature_def's tensor names (as TF Serving's SavedModelBundle does), raw strings in.
   "kbert padded" is the export as it was before issue 18: every batch on all 128 positions,
@@ -12,7 +13,8 @@ fresh process, one after another (never two at once), text in and its own tokeni
 - keras-hub: `BertBackbone` behind its own `BertTextClassifierPreprocessor` (tf.text's
   WordPiece, packed to 128), both in one `tf.function`; float32 and the bfloat16 policy.
 - Hugging Face: transformers' `BertModel` on PyTorch under `torch.inference_mode()`, float32
-  and bfloat16, behind `BertTokenizerFast` padding to the batch's longest text (its usual call).
+  and bfloat16, and int8 through `torch.ao.quantization.quantize_dynamic`, behind
+  `BertTokenizerFast` padding to the batch's longest text (its usual call).
 - ONNX Runtime: the same `BertModel` exported by `torch.onnx.export` with dynamic batch and
   sequence axes, optimised by `onnxruntime.transformers.optimizer` (model_type "bert": fused
   attention, LayerNorm and GELU), float32, and int8 by `quantize_dynamic`; the same fast
@@ -37,8 +39,11 @@ the peak).
 Ratios: kbert's best way at each precision against the best peer (torch, keras-hub) at the
 same precision, and against ONNX Runtime float32 and int8.
 
-usage: .venv/bin/python benchmarks/serving_bench.py [--requests 200] [--batches 4] [--quick]
-       [--only kbert keras_hub hf ort] [--precisions float32 bfloat16] [--work DIR]
+usage: .venv/bin/python benchmarks/serving_bench.py [--model base|minilm] [--requests 200] [--batches 4]
+       [--quick] [--only kbert keras-hub torch onnxruntime] [--work DIR] [--rounds N]
+--model minilm times a 6-layer, 384-wide model (all-MiniLM-L6-v2's size) instead of BERT-base.
+int8: kbert's `export --precision int8` against PyTorch's `quantize_dynamic` and ONNX Runtime's
+`quantize_dynamic`, each on its float32 model; the int8 limit is oneDNN's int8 matmul peak.
 Needs the bench extra (`pip install -e ".[bench]"`, which brings transformers, onnx,
 onnxruntime) and PyTorch (`pip install torch`); a contender whose library is missing is
 reported as failed. Progress on stderr, one JSON object on stdout.
@@ -58,7 +63,12 @@ import time
 
 import numpy as np
 
-L, H, A, I, V, SEQ, BIG_BATCH = 12, 768, 12, 3072, 30522, 128, 32
+# The model's size: BERT-base, or (KBERT_BENCH_MODEL=minilm, set by --model) all-MiniLM-L6-v2's
+# 6 layers of 384. Read from the environment so that every child process builds the same model.
+MODELS = {"base": (12, 768, 12, 3072), "minilm": (6, 384, 12, 1536)}
+MODEL = os.environ.get("KBERT_BENCH_MODEL", "base")
+L, H, A, I = MODELS[MODEL]
+V, SEQ, BIG_BATCH = 30522, 128, 32
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VOCAB = os.path.join(ROOT, "tests", "fixtures", "vocab-uncased.txt")
@@ -71,7 +81,7 @@ WARMUP_REQUESTS, WARMUP_BATCHES = 30, 2
 
 
 def flops(length: int) -> float:
-    """Multiply-adds x 2 of one sequence of `length` tokens through BERT-base's 12 layers."""
+    """Multiply-adds x 2 of one sequence of `length` tokens through the model's layers."""
     dense = 2 * length * (4 * H * H + 2 * H * I)  # Q, K, V, output; the two feed-forward layers
     attention = 2 * 2 * length * length * H  # Q.K^T and probabilities.V
     return L * (dense + attention)
@@ -154,9 +164,15 @@ def child_kbert(work, precision, work_dir, variant=""):
         variant if variant in ("padded", "one-group", "separate-qkv", "constant-weights", "keras-layer-norm") else ""
     )
     # Exports are kept in work_dir between runs, under the hash of the code that built them.
-    sources = ("serving/export.py", "serving/optimize.py", "kbert/model/layers.py", "kbert/model/bert.py")
+    sources = (
+        "serving/export.py",
+        "serving/optimize.py",
+        "serving/int8.py",
+        "kbert/model/layers.py",
+        "kbert/model/bert.py",
+    )
     code = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in sources)).hexdigest()[:10]
-    path = os.path.join(work_dir, f"kbert-{code}-trained-like-{precision}{'-' + built if built else ''}", "1")
+    path = os.path.join(work_dir, f"kbert-{code}-{MODEL}-trained-like-{precision}{'-' + built if built else ''}", "1")
     if not os.path.isdir(path):
         # Each variant undoes one of kbert.serving.optimize's rewrites (a keyword argument of
         # `optimize`); "padded" undoes them all: the export serves the model itself.
@@ -248,10 +264,16 @@ def _hf_model(precision, attention="sdpa"):
 
 
 def child_hf(work, precision, work_dir):
+    """precision: "float32", "bfloat16", or "int8": the float32 model through PyTorch's
+    dynamic quantization (`quantize_dynamic`: every Linear with int8 weights, activations
+    quantized per call), what PyTorch users serve int8 BERT with on a CPU."""
     import torch
     import transformers
 
-    model = _hf_model(precision)
+    if precision == "int8":
+        model = torch.ao.quantization.quantize_dynamic(_hf_model("float32"), {torch.nn.Linear}, dtype=torch.qint8)
+    else:
+        model = _hf_model(precision)
     tokenizer = transformers.BertTokenizerFast(VOCAB, do_lower_case=True)
 
     def call(texts):
@@ -272,10 +294,10 @@ def child_ort(work, precision, work_dir):
     from onnxruntime.transformers import optimizer
 
     plain, optimised = (
-        os.path.join(work_dir, "bert-trained-like.onnx"),
-        os.path.join(work_dir, "bert-trained-like-opt.onnx"),
+        os.path.join(work_dir, f"bert-{MODEL}-trained-like.onnx"),
+        os.path.join(work_dir, f"bert-{MODEL}-trained-like-opt.onnx"),
     )
-    int8 = os.path.join(work_dir, "bert-trained-like-opt-int8.onnx")
+    int8 = os.path.join(work_dir, f"bert-{MODEL}-trained-like-opt-int8.onnx")
     tokenizer = transformers.BertTokenizerFast(VOCAB, do_lower_case=True)
     if not os.path.exists(optimised):
         model = _hf_model("float32", attention="eager")
@@ -342,8 +364,12 @@ def _onnx_op_counts(path):
 
 
 def child_peak(work, precision, work_dir):
-    """GFLOP/s of a 2048^3 matmul in TensorFlow, float32 and bfloat16 (best of 5 after warm-up)."""
+    """GFLOP/s of a 2048^3 matmul in TensorFlow, float32 and bfloat16, and GOP/s of the same in
+    int8 (oneDNN's `_QuantizedMatMul` on already quantized inputs, float output: the VNNI
+    limit); best of 5 after warm-up."""
     import tensorflow as tf
+
+    from kbert.serving import int8
 
     n, result = 2048, {}
     for dtype in ("float32", "bfloat16"):
@@ -353,6 +379,12 @@ def child_peak(work, precision, work_dir):
         matmul(a).numpy()
         best = min(_timed(lambda matmul=matmul, a=a: matmul(a).numpy()) for _ in range(5))
         result[dtype] = 2 * n**3 / best / 1e9
+    q = tf.bitcast(tf.constant(np.random.default_rng(0).integers(-127, 128, (n, n)), tf.int8), tf.qint8)
+    one, bias = tf.constant(1.0), tf.zeros([n])
+    matmul = tf.function(lambda x: int8._quantized_matmul(x, q, bias, -one, one, -tf.ones([n]), tf.ones([n])))
+    matmul(q).numpy()
+    best = min(_timed(lambda: matmul(q).numpy()) for _ in range(5))
+    result["int8"] = 2 * n**3 / best / 1e9
     return result
 
 
@@ -403,12 +435,14 @@ def debian_texts(work_dir):
 CONTENDERS = {  # name: (child, precision, extra arguments)
     "kbert float32": ("kbert", "float32", ""),
     "kbert bfloat16": ("kbert", "bfloat16", ""),
+    "kbert int8": ("kbert", "int8", ""),
     "kbert padded float32": ("kbert", "float32", ", 'padded'"),
     "kbert padded bfloat16": ("kbert", "bfloat16", ", 'padded'"),
     "keras-hub float32": ("keras_hub", "float32", ""),
     "keras-hub bfloat16": ("keras_hub", "bfloat16", ""),
     "torch float32": ("hf", "float32", ""),
     "torch bfloat16": ("hf", "bfloat16", ""),
+    "torch int8": ("hf", "int8", ""),
     "onnxruntime float32": ("ort", "float32", ""),
     "onnxruntime int8": ("ort", "int8", ""),
 }
@@ -433,6 +467,8 @@ def best_of(measured):
 
 # Issue 18's targets: kbert's speed over the faster of torch and keras-hub, per input and batch size.
 TARGETS = {("full", "batch1"): 1.2, ("full", "batch32"): 1.2, ("debian", "batch1"): 1.5, ("debian", "batch32"): 1.2}
+# Issue 27's: kbert int8 at least level with the faster int8 peer (torch, ONNX Runtime).
+INT8_TARGETS = dict.fromkeys(TARGETS, 1.0)
 
 
 def machine_peak(before, after):
@@ -451,14 +487,12 @@ def ratios(results, peak, lengths):
     debian = [flops(min(n, SEQ)) for n in lengths]
     work_flops = {"full": (full_flops, full_flops), "debian": (float(np.median(debian)), float(np.mean(debian)))}
     summary = {}
-    for precision in ("float32", "bfloat16"):
+    for precision in ("float32", "bfloat16", "int8"):
         ours = results.get(f"kbert {precision}", {})
         padded = results.get(f"kbert padded {precision}", {})
-        peers = {
-            name: r
-            for name, r in results.items()
-            if name.endswith(precision) and name.split()[0] in ("keras-hub", "torch")
-        }
+        # In int8 the peers are PyTorch's and ONNX Runtime's dynamic int8 (keras-hub has none).
+        peer_kinds = ("torch", "onnxruntime") if precision == "int8" else ("keras-hub", "torch")
+        peers = {name: r for name, r in results.items() if name.endswith(precision) and name.split()[0] in peer_kinds}
         for work, (one_flops, mean_flops) in work_flops.items():
             if work not in ours:
                 continue
@@ -492,19 +526,20 @@ def ratios(results, peak, lengths):
             if work in padded:
                 row["batch1_p50_vs_padded_export"] = padded[work]["p50_ms"] / ours[work]["p50_ms"]
                 row["batch32_vs_padded_export"] = ours[work]["batch32_seq_per_s"] / padded[work]["batch32_seq_per_s"]
-            if peak:
+            if peak and precision in peak:
                 limit_one = one_flops / (peak[precision] * 1e9) * 1000
                 limit_big = peak[precision] * 1e9 / mean_flops
                 row["batch1_limit_ms"] = limit_one
                 row["batch1_p50_of_limit"] = limit_one / ours[work]["p50_ms"]
                 row["batch32_limit_seq_per_s"] = limit_big
                 row["batch32_of_limit"] = ours[work]["batch32_seq_per_s"] / limit_big
+                targets = INT8_TARGETS if precision == "int8" else TARGETS
                 if ok:
                     row["batch1_target_needs_of_limit"] = (
-                        TARGETS[work, "batch1"] * limit_one / ok[row["batch1_best_peer"]]["p50_ms"]
+                        targets[work, "batch1"] * limit_one / ok[row["batch1_best_peer"]]["p50_ms"]
                     )
                     row["batch32_target_needs_of_limit"] = (
-                        TARGETS[work, "batch32"] * ok[row["batch32_best_peer"]]["batch32_seq_per_s"] / limit_big
+                        targets[work, "batch32"] * ok[row["batch32_best_peer"]]["batch32_seq_per_s"] / limit_big
                     )
             summary.setdefault(precision, {})[work] = {
                 k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()
@@ -526,6 +561,9 @@ def main():
     parser.add_argument("--only", nargs="*", default=list(CONTENDERS), help="contenders, by name or first word")
     parser.add_argument("--work", help="a directory to keep the exports and texts in between runs")
     parser.add_argument(
+        "--model", choices=list(MODELS), default="base", help="base: BERT-base; minilm: 6 layers of 384 (MiniLM-L6)"
+    )
+    parser.add_argument(
         "--variants",
         nargs="*",
         default=[],
@@ -533,6 +571,9 @@ def main():
         help="also time these kbert export variants (each transformation undone alone)",
     )
     args = parser.parse_args()
+    if args.model != MODEL:  # every child reads the size from the environment
+        os.environ["KBERT_BENCH_MODEL"] = args.model
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     if args.quick:
         args.requests, args.batches = 40, 1
     work_dir = os.path.abspath(args.work or tempfile.mkdtemp(prefix="serving-bench-"))
@@ -559,7 +600,7 @@ def main():
     results = {name: best_of(measured) for name, measured in rounds.items()}
     peak_after = spawn("peak", "", args, work_dir)
     report = {
-        "model": {"layers": L, "hidden": H, "heads": A, "intermediate": I, "vocab": V, "max_seq": SEQ},
+        "model": {"name": MODEL, "layers": L, "hidden": H, "heads": A, "intermediate": I, "vocab": V, "max_seq": SEQ},
         "machine": {"cpus": os.cpu_count(), "matmul_gflops_before": peak, "matmul_gflops_after": peak_after},
         "debian_texts": {
             "count": len(texts),

@@ -11,14 +11,19 @@ numpy emulation of the kernel, to float32 rounding):
 
 - **Weights**: int8, symmetric, one scale per output column: w_q = round(W · 127 / max|W[:, j]|),
   w_scale[j] = max|W[:, j]| / 127. Made once, at export.
-- **Activations**: one scale per call and matmul, from the tensor's own largest magnitude:
-  qint8 with x_scale = max|x| / 127, so no calibration data is needed. (The kernel reads one
-  scale for the whole input: a vector of per-row scales is silently cut to its first element.)
-  The input of the second feed-forward matmul is a GELU's output, never below GELU_FLOOR: it
+- **Activations**: quantized on every call, each row (token) with its own scale, from its own
+  largest magnitude: qint8 with x_scale[i] = max|x[i]| / 127, so no calibration data is
+  needed. BERT's activations have a few large channels, and one scale for a whole batch let
+  them crush every other token's resolution (measured in docs/performance.md, "int8"). The
+  kernel itself reads one scale for its whole input (a vector is silently cut to its first
+  element), so QuantizeV2 quantizes per row (`axis=0`), the kernel gets a range of scale 1
+  and a zero bias, and each output row is multiplied by its scale before the bias is added:
+  out[i, j] = x_scale[i] · w_scale[j] · Σ_k x_q[i, k] · w_q[k, j] + bias[j].
+- The input of the second feed-forward matmul is a GELU's output, never below GELU_FLOOR: it
   is shifted by -GELU_FLOOR and quantized as quint8 (twice the resolution of a symmetric
   int8), and the shift's product with the weights is taken out of the bias, once, at export.
-- `QuantizeV2` runs with `narrow_range=True`: oneDNN's own quantize kernel (used otherwise)
-  quantizes qint8 with 127.5/max but reports ±max, which makes every product 0.39% too large.
+- `QuantizeV2` runs with `narrow_range=True` for qint8: oneDNN's own quantize kernel quantizes
+  qint8 with 127.5/max but reports ±max, which would make every product 0.39% too large.
 
 Why not the others: `QuantizedMatMulWithBiasAndDequantize` adds `min_a / x_scale · colsum(W)`
 to the bias in MIN_FIRST mode, where the offset is `min_a · w_scale · colsum(W)` (its output
@@ -90,9 +95,9 @@ def shifted_bias(bias, kernel_q, scale, shift: float) -> np.ndarray:
 def int8_matmul(x, kernel_q, scale, bias, shift: float = 0.0):
     """x [rows, in] float32 @ the int8 kernel [in, out] + bias [out] -> float32 [rows, out].
 
-    `kernel_q` is int8 (a tensor or Keras weight) and `scale` its float32 scale per column. With
-    `shift` (for inputs never below -shift, e.g. GELU_FLOOR's negation), x + shift is quantized
-    as quint8 and `bias` must come from `shifted_bias`.
+    `kernel_q` is int8 (a tensor or Keras weight) and `scale` its float32 scale per column. Each
+    row of x gets its own scale. With `shift` (for inputs never below -shift, e.g. GELU_FLOOR's
+    negation), x + shift is quantized as quint8 and `bias` must come from `shifted_bias`.
 
     >>> x = np.random.default_rng(0).normal(size=(4, 16)).astype("float32")
     >>> w = np.random.default_rng(1).normal(size=(16, 8)).astype("float32")
@@ -103,33 +108,38 @@ def int8_matmul(x, kernel_q, scale, bias, shift: float = 0.0):
     """
     x = tf.convert_to_tensor(x, tf.float32)
     if shift:
-        x = x + shift
-        top = tf.maximum(tf.reduce_max(x), 1e-12)
-        quantized = tf.raw_ops.QuantizeV2(
-            input=x, min_range=tf.zeros([]), max_range=top, T=tf.quint8, mode="SCALED", round_mode="HALF_TO_EVEN"
-        )
+        x = tf.maximum(x + shift, 0.0)
+        top = tf.maximum(tf.reduce_max(x, axis=1), 1e-12)  # [rows]
+        bottom, levels, dtype = tf.zeros_like(top), 255.0, tf.quint8
     else:
-        top = tf.maximum(tf.reduce_max(tf.abs(x)), 1e-12)
-        quantized = tf.raw_ops.QuantizeV2(
-            input=x,
-            min_range=-top,
-            max_range=top,
-            T=tf.qint8,
-            mode="SCALED",
-            round_mode="HALF_TO_EVEN",
-            narrow_range=True,
-        )
+        top = tf.maximum(tf.reduce_max(tf.abs(x), axis=1), 1e-12)
+        bottom, levels, dtype = -top, 127.0, tf.qint8
+    # One range per row (axis 0): QuantizeV2's own per-slice quantization. The matmul takes one
+    # scale for its whole input, so it is given a range whose scale is 1 (its integer product
+    # times the weights' scales), and each row's scale is applied to its output here.
+    quantized = tf.raw_ops.QuantizeV2(
+        input=x,
+        min_range=bottom,
+        max_range=top,
+        T=dtype,
+        mode="SCALED",
+        round_mode="HALF_TO_EVEN",
+        narrow_range=not shift,
+        axis=0,
+    )
     scale = tf.convert_to_tensor(scale, tf.float32)
     largest = scale * 127.0
-    return _quantized_matmul(
+    unit = tf.constant(levels)
+    product = _quantized_matmul(
         quantized.output,
         tf.bitcast(tf.convert_to_tensor(kernel_q), tf.qint8),
-        tf.convert_to_tensor(bias, tf.float32),
-        quantized.output_min,
-        quantized.output_max,
+        tf.zeros_like(scale),
+        -unit if not shift else tf.zeros([]),
+        unit,
         -largest,
         largest,
     )
+    return product * (top / levels)[:, None] + tf.convert_to_tensor(bias, tf.float32)
 
 
 def _quantized_matmul(x_q, kernel_q, bias, x_min, x_max, w_min, w_max):

@@ -1,0 +1,122 @@
+"""What `kbert export --precision int8` costs in accuracy, on real texts and a real task.
+
+Exports twice, float32 and int8, and runs every export the way TF Serving does (a TF1 session on
+the `serve` MetaGraph, fed and fetched by the `serving_default` signature's tensor names):
+
+- ENCODER_DIR (a kbert encoder, e.g. all-MiniLM-L6-v2 converted by `kbert convert from-hf`):
+  sentence embeddings of the texts of DATA_DIR/test.tsv, int8 against float32: the cosine of
+  each text's mean-pooled `sequence_output` (how sentence-transformers pools MiniLM) and of its
+  `pooled_output`; median, 1st percentile and minimum.
+- CLASSIFIER_DIR (the same encoder fine-tuned by `kbert finetune --task classify`): accuracy on
+  DATA_DIR/test.tsv of each export, and how many predictions differ.
+
+usage: .venv/bin/python scripts/int8_accuracy.py ENCODER_DIR CLASSIFIER_DIR DATA_DIR [--work DIR]
+DATA_DIR holds test.tsv (text, label), as `scripts/debian_sections.py` writes it.
+Progress on stderr, one JSON object on stdout.
+"""
+
+import argparse
+import csv
+import json
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np
+import tensorflow as tf
+
+from kbert.serving.export import export_model
+
+BATCH = 32
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def serve(path, texts, fetch):
+    """`fetch`'s outputs of the export at `path` for `texts`, in batches, as TF Serving runs it."""
+    graph = tf.Graph()
+    with graph.as_default():
+        session = tf.compat.v1.Session(graph=graph)
+        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+    signature = meta_graph.signature_def["serving_default"]
+    names = {k: signature.outputs[k].name for k in fetch}
+    inputs = {signature.inputs["text"].name: None}
+    if "text_b" in signature.inputs:
+        inputs[signature.inputs["text_b"].name] = None
+    parts = {k: [] for k in fetch}
+    for start in range(0, len(texts), BATCH):
+        batch = texts[start : start + BATCH]
+        feed = {name: batch if i == 0 else [""] * len(batch) for i, name in enumerate(inputs)}
+        out = session.run(names, feed)
+        for k in fetch:
+            parts[k].append(np.asarray(out[k]))
+    session.close()
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def cosines(a, b):
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def summary(values):
+    return {
+        "median": round(float(np.median(values)), 5),
+        "p1": round(float(np.percentile(values, 1)), 5),
+        "min": round(float(values.min()), 5),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("encoder_dir")
+    parser.add_argument("classifier_dir")
+    parser.add_argument("data_dir")
+    parser.add_argument("--work", help="where the exports go (default: a temporary directory)")
+    args = parser.parse_args()
+    with open(os.path.join(args.data_dir, "test.tsv"), encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    texts, labels = [r["text"] for r in rows], [r["label"] for r in rows]
+    work = args.work or tempfile.mkdtemp(prefix="kbert-int8-accuracy-")
+    report = {"texts": len(texts), "data": os.path.abspath(args.data_dir)}
+
+    exported = {}
+    for kind, model_dir in (("encoder", args.encoder_dir), ("classifier", args.classifier_dir)):
+        for precision in ("float32", "int8"):
+            log(f"exporting the {kind} in {precision} ...")
+            exported[kind, precision] = export_model(
+                model_dir, os.path.join(work, f"{kind}-{precision}"), version=1, overwrite=True, precision=precision
+            )
+
+    log("sentence embeddings ...")
+    runs = {
+        p: serve(exported["encoder", p], texts, ["sequence_output", "pooled_output", "input_mask"])
+        for p in ("float32", "int8")
+    }
+    mask = runs["float32"]["input_mask"][..., None].astype(np.float64)
+    mean = {p: (r["sequence_output"] * mask).sum(1) / mask.sum(1) for p, r in runs.items()}
+    report["embeddings"] = {
+        "mean_pooled_cosine": summary(cosines(mean["int8"], mean["float32"])),
+        "pooled_output_cosine": summary(cosines(runs["int8"]["pooled_output"], runs["float32"]["pooled_output"])),
+    }
+    log(f"  {report['embeddings']}")
+
+    log("classification ...")
+    predicted = {p: serve(exported["classifier", p], texts, ["label"])["label"] for p in ("float32", "int8")}
+    predicted = {p: [v.decode() for v in values] for p, values in predicted.items()}
+    accuracy = {p: float(np.mean([a == b for a, b in zip(values, labels)])) for p, values in predicted.items()}
+    report["classification"] = {
+        "float32_accuracy": round(accuracy["float32"], 4),
+        "int8_accuracy": round(accuracy["int8"], 4),
+        "int8_minus_float32_points": round(100 * (accuracy["int8"] - accuracy["float32"]), 2),
+        "predictions_that_differ": int(sum(a != b for a, b in zip(predicted["int8"], predicted["float32"]))),
+    }
+    log(f"  {report['classification']}")
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
