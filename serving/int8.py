@@ -92,11 +92,13 @@ def shifted_bias(bias, kernel_q, scale, shift: float) -> np.ndarray:
     return (np.asarray(bias, np.float64) - shift * scale.astype(np.float64) * column_sums).astype(np.float32)
 
 
-def int8_matmul(x, kernel_q, scale, bias, shift: float = 0.0):
+def int8_matmul(x, kernel_q, scale, bias, shift: float = 0.0, per_row: bool = True):
     """x [rows, in] float32 @ the int8 kernel [in, out] + bias [out] -> float32 [rows, out].
 
-    `kernel_q` is int8 (a tensor or Keras weight) and `scale` its float32 scale per column. Each
-    row of x gets its own scale. With `shift` (for inputs never below -shift, e.g. GELU_FLOOR's
+    `kernel_q` is int8 (a tensor or Keras weight) and `scale` its float32 scale per column. With
+    `per_row`, each row of x gets its own scale (for inputs with a few large channels, such as
+    a LayerNorm's output); otherwise one scale for all of x, and the kernel adds the bias
+    itself (fewer ops). With `shift` (for inputs never below -shift, e.g. GELU_FLOOR's
     negation), x + shift is quantized as quint8 and `bias` must come from `shifted_bias`.
 
     >>> x = np.random.default_rng(0).normal(size=(4, 16)).astype("float32")
@@ -109,14 +111,16 @@ def int8_matmul(x, kernel_q, scale, bias, shift: float = 0.0):
     x = tf.convert_to_tensor(x, tf.float32)
     if shift:
         x = tf.maximum(x + shift, 0.0)
-        top = tf.maximum(tf.reduce_max(x, axis=1), 1e-12)  # [rows]
+        top = tf.reduce_max(x, axis=1) if per_row else tf.reduce_max(x)
+        top = tf.maximum(top, 1e-12)
         bottom, levels, dtype = tf.zeros_like(top), 255.0, tf.quint8
     else:
-        top = tf.maximum(tf.reduce_max(tf.abs(x), axis=1), 1e-12)
+        top = tf.reduce_max(tf.abs(x), axis=1) if per_row else tf.reduce_max(tf.abs(x))
+        top = tf.maximum(top, 1e-12)
         bottom, levels, dtype = -top, 127.0, tf.qint8
-    # One range per row (axis 0): QuantizeV2's own per-slice quantization. The matmul takes one
-    # scale for its whole input, so it is given a range whose scale is 1 (its integer product
-    # times the weights' scales), and each row's scale is applied to its output here.
+    # Per row: one range per row (axis 0), QuantizeV2's own per-slice quantization. The matmul
+    # takes one scale for its whole input, so it is given a range whose scale is 1 (its integer
+    # product times the weights' scales), and each row's scale is applied to its output here.
     quantized = tf.raw_ops.QuantizeV2(
         input=x,
         min_range=bottom,
@@ -125,21 +129,20 @@ def int8_matmul(x, kernel_q, scale, bias, shift: float = 0.0):
         mode="SCALED",
         round_mode="HALF_TO_EVEN",
         narrow_range=not shift,
-        axis=0,
+        axis=0 if per_row else -1,
     )
     scale = tf.convert_to_tensor(scale, tf.float32)
     largest = scale * 127.0
+    kernel = tf.bitcast(tf.convert_to_tensor(kernel_q), tf.qint8)
+    bias = tf.convert_to_tensor(bias, tf.float32)
+    if not per_row:
+        return _quantized_matmul(
+            quantized.output, kernel, bias, quantized.output_min, quantized.output_max, -largest, largest
+        )
     unit = tf.constant(levels)
-    product = _quantized_matmul(
-        quantized.output,
-        tf.bitcast(tf.convert_to_tensor(kernel_q), tf.qint8),
-        tf.zeros_like(scale),
-        -unit if not shift else tf.zeros([]),
-        unit,
-        -largest,
-        largest,
-    )
-    return product * (top / levels)[:, None] + tf.convert_to_tensor(bias, tf.float32)
+    low = tf.zeros([]) if shift else -unit
+    product = _quantized_matmul(quantized.output, kernel, tf.zeros_like(scale), low, unit, -largest, largest)
+    return product * (top / levels)[:, None] + bias
 
 
 def _quantized_matmul(x_q, kernel_q, bias, x_min, x_max, w_min, w_max):

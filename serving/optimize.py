@@ -234,9 +234,13 @@ class InferenceTransformerLayer(keras.layers.Layer):
             # Q, K and V as one int8 matmul, and the three other dense layers each as one.
             qkv = _Int8Weights(self, "qkv", _concatenated(denses, "kernel"), _concatenated(denses, "bias"))
             shift = -GELU_FLOOR if _gelu(layer.intermediate_activation) else 0.0
+            # Activations with a few large channels (a LayerNorm's output, the input of Q/K/V and
+            # of the first feed-forward matmul; the GELU's output) get one scale per row.
+            # Attention's context does not need it: one scale, the bias added in the kernel
+            # (measured on all-MiniLM-L6-v2 in docs/performance.md, "int8 serving").
             self.int8 = {
                 "qkv": qkv,
-                "attention_output": _Int8Weights.of(self, layer.attention_output),
+                "attention_output": _Int8Weights.of(self, layer.attention_output, per_row=False),
                 "intermediate": _Int8Weights.of(self, layer.intermediate),
                 # The input of the second feed-forward matmul is a GELU's output: never below GELU_FLOOR.
                 "output": _Int8Weights.of(self, layer.output_dense, shift=shift),
@@ -317,7 +321,8 @@ class _Int8Weights:
     """One dense layer's weights as `int8_matmul` takes them: an int8 kernel, its scale per
     output column and the bias (shifted when the input is), as non-trainable weights of `owner`."""
 
-    def __init__(self, owner, name, kernel, bias, shift: float = 0.0):
+    def __init__(self, owner, name, kernel, bias, shift: float = 0.0, per_row: bool = True):
+        self.per_row = per_row
         kernel_q, scale = quantize_kernel(ops.convert_to_numpy(kernel))
         bias = ops.convert_to_numpy(bias).astype(np.float32)
         if shift:
@@ -329,11 +334,11 @@ class _Int8Weights:
         )
 
     @classmethod
-    def of(cls, owner, dense, shift: float = 0.0):
-        return cls(owner, dense.name, dense.kernel, dense.bias, shift)
+    def of(cls, owner, dense, shift: float = 0.0, per_row: bool = True):
+        return cls(owner, dense.name, dense.kernel, dense.bias, shift, per_row)
 
     def __call__(self, x):
-        return int8_matmul(x, self.kernel, self.scale, self.bias, shift=self.shift)
+        return int8_matmul(x, self.kernel, self.scale, self.bias, shift=self.shift, per_row=self.per_row)
 
 
 def _constant_weight(owner, name, value):

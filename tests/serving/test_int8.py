@@ -35,10 +35,12 @@ def gelu(x):
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("inputs", ["signed", "gelu"])
-def test_int8_matmul_is_the_dequantized_product(graph, inputs):
+@pytest.mark.parametrize("per_row", [True, False], ids=["per-row", "per-tensor"])
+def test_int8_matmul_is_the_dequantized_product(graph, inputs, per_row):
     """out = x_scale[i] · w_scale[j] · (x_q @ w_q) + bias, as the quantization defines it: qint8
-    activations, each row scaled by its max|x| / 127; a GELU's output shifted by -GELU_FLOOR as
-    quint8, each row scaled by its max / 255, the shift taken out of the bias. In a graph TF's optimizer runs oneDNN's
+    activations scaled by max|x| / 127; a GELU's output shifted by -GELU_FLOOR as quint8 scaled
+    by its max / 255, the shift taken out of the bias; the maximum taken per row, or over all
+    of x (where the kernel adds the bias itself). In a graph TF's optimizer runs oneDNN's
     kernels (and its own quantize), eagerly the op's registered kernel: both give the formula."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(40, 64)).astype(np.float32)
@@ -51,14 +53,15 @@ def test_int8_matmul_is_the_dequantized_product(graph, inputs):
     bias = shifted_bias(b, w_q, scale, shift) if shift else b
 
     def run(x):
-        return int8_matmul(x, tf.constant(w_q), tf.constant(scale), tf.constant(bias), shift=shift)
+        return int8_matmul(x, tf.constant(w_q), tf.constant(scale), tf.constant(bias), shift=shift, per_row=per_row)
 
     got = (tf.function(run) if graph else run)(tf.constant(x)).numpy()
-    if shift:  # each row its own scale
-        top = np.clip(x + shift, 0, None).max(axis=1, keepdims=True)
+    axis = 1 if per_row else None
+    if shift:
+        top = np.clip(x + shift, 0, None).max(axis=axis, keepdims=True)
         x_q, x_scale = np.rint(np.clip(x + shift, 0, None) * 255 / top), top / 255
     else:
-        top = np.abs(x).max(axis=1, keepdims=True)
+        top = np.abs(x).max(axis=axis, keepdims=True)
         x_q, x_scale = np.rint(x * 127 / top), top / 127
     formula = x_scale * scale * (x_q.astype(np.int64) @ w_q.astype(np.int64)) + bias
     np.testing.assert_allclose(got, formula, rtol=1e-5, atol=1e-5 * np.abs(formula).max())
