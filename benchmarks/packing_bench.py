@@ -85,6 +85,17 @@ def python_tagged(words, tags, label_ids, length):
     return ids_out, labels
 
 
+def compared(graph_s, python_s, examples, identical) -> dict:
+    return {
+        "graph_seconds": round(graph_s, 3),
+        "python_seconds": round(python_s, 3),
+        "graph_examples_per_s": round(examples / graph_s),
+        "python_examples_per_s": round(examples / python_s),
+        "graph_over_python_seconds": round(graph_s / python_s, 2),
+        "identical": bool(identical),
+    }
+
+
 def timed(fn):
     start = time.perf_counter()
     result = fn()
@@ -117,14 +128,7 @@ def main():
     graph_s, (features, _) = timed(lambda: encode_texts(BertPreprocessor(VOCAB, True, args.length), a, b))
     python_s, anchor = timed(lambda: python_pairs(a, b, args.length))
     graph = np.stack([features[k] for k in ("input_ids", "input_mask", "segment_ids")])
-    report["pairs"] = {
-        "graph_seconds": round(graph_s, 3),
-        "python_seconds": round(python_s, 3),
-        "graph_examples_per_s": round(args.examples / graph_s),
-        "python_examples_per_s": round(args.examples / python_s),
-        "graph_over_python_seconds": round(graph_s / python_s, 2),
-        "identical": bool(np.array_equal(graph, anchor)),
-    }
+    report["pairs"] = compared(graph_s, python_s, args.examples, np.array_equal(graph, anchor))
     log(f"  {report['pairs']}")
 
     log(f"tagged sentences: {args.examples:,} ...")
@@ -132,14 +136,8 @@ def main():
         lambda: encode_tagged(BertPreprocessor(VOCAB, True, args.length), words, tags, label_ids)
     )
     python_s, (anchor_ids, anchor_labels) = timed(lambda: python_tagged(words, tags, label_ids, args.length))
-    report["tagged"] = {
-        "graph_seconds": round(graph_s, 3),
-        "python_seconds": round(python_s, 3),
-        "graph_examples_per_s": round(args.examples / graph_s),
-        "python_examples_per_s": round(args.examples / python_s),
-        "graph_over_python_seconds": round(graph_s / python_s, 2),
-        "identical": bool(np.array_equal(features["input_ids"], anchor_ids) and np.array_equal(labels, anchor_labels)),
-    }
+    identical = np.array_equal(features["input_ids"], anchor_ids) and np.array_equal(labels, anchor_labels)
+    report["tagged"] = compared(graph_s, python_s, args.examples, identical)
     log(f"  {report['tagged']}")
     print(json.dumps(report))
 
