@@ -1,7 +1,7 @@
-"""`optimize`: a built kbert model rewritten for serving, computing the same numbers faster on a CPU.
+"""`optimize`: a built kbert model rewritten for serving, faster on a CPU (with the same numbers, but for int8).
 
 `kbert.model.layers` holds google-research/bert's numerics and the switch to the training
-kernels, nothing else. Everything an export does differently lives here, in four rewrites:
+kernels, nothing else. Everything an export does differently lives here, in five rewrites:
 
 - **Grouping by length** (`OnLongestText`, LENGTH_MULTIPLE, GROUP_ROWS). The export packs
   every text to max_seq_length, as the original does, so a six-word query would pay for all
@@ -16,6 +16,9 @@ kernels, nothing else. Everything an export does differently lives here, in four
 - **LayerNorm as one kernel** (`layer_norm_as_batch_norm`). Keras' LayerNormalization is about
   twenty element-wise ops and reductions; written as a training-mode batch norm over rows,
   TF's graph optimizer turns each LayerNorm into one oneDNN kernel.
+- **int8 matmuls** (`optimize(..., int8=True)`, `kbert export --precision int8`). Each dense
+  layer of the encoder runs as oneDNN's int8 matmul from int8 copies of its weights, made
+  here (`kbert.serving.int8`, `Int8Dense`); the numbers then differ by the quantization.
 - **Weights as graph constants** (`optimize(..., constant_weights=True)`, `kbert export
   --constant-weights`, up to CONSTANT_WEIGHTS_MAX_BYTES). oneDNN keeps a constant weight in
   its reordered layout between calls, where it reorders a variable's on every call. But the
