@@ -170,6 +170,7 @@ def served_int8(tmp_path_factory, tiny_model_dir):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two exports: `make test` runs it, `make test-fast` leaves it out
 def test_an_int8_export_runs_every_encoder_matmul_as_a_onednn_int8_kernel(served_int8, tiny_model_dir):
     """As TF Serving runs it (a TF1 session on the MetaGraph, in a process without Keras or
     kbert), every dense layer of the encoder is `_QuantizedMatMul`: each layer's Q, K and V as
@@ -183,6 +184,7 @@ def test_an_int8_export_runs_every_encoder_matmul_as_a_onednn_int8_kernel(served
     assert int8 == float32 and all("Batch" in op for op in int8)
 
 
+@pytest.mark.slow
 def test_an_int8_export_gives_nearly_the_float32_exports_outputs(served_int8):
     int8, float32 = served_int8["int8"], served_int8["float32"]
     assert np.median(cosine(int8["pooled_output"], float32["pooled_output"])) >= 0.995
