@@ -14,7 +14,7 @@ try:  # typer 0.2x carries its own copy of click; earlier ones use click itself
 except ImportError:  # pragma: no cover
     from click.exceptions import NoArgsIsHelpError, UsageError
 
-from kbert.cli import convert, create_data, export, fill_mask, finetune, pretrain, vocab
+from kbert.cli import convert, create_data, export, extend, fill_mask, finetune, pretrain, vocab
 from kbert.cli.common import quiet_tensorflow, setup_logging
 from kbert.errors import Interrupted, KbertError, first_line
 
@@ -35,6 +35,7 @@ app.command("finetune")(finetune.finetune)
 app.command("predict")(finetune.predict)
 app.command("evaluate")(finetune.evaluate)
 app.command("export")(export.export)
+app.command("extend")(extend.extend)
 
 
 @app.callback()

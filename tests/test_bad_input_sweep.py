@@ -35,6 +35,7 @@ VALID = {
     "predict": "T/model --input T/train.tsv --output T/out/predictions.jsonl",
     "evaluate": "T/model --input T/train.tsv",
     "export": "T/model T/out/export",
+    "extend": "T/model T/out/extended --max-position-embeddings 128",
     "convert from-tf1": "T/model T/out/converted --config T/model/bert_config.json --vocab T/model/vocab.txt",
     "convert to-tf1": "T/model T/out/tf1",
     "convert from-hf": "T/hf T/out/from-hf",
@@ -213,12 +214,19 @@ def with_value(name, callback, parameter, value):
     return name.split() + positional + flags
 
 
+# Bad invocations a command's declarations cannot derive, each a whole argv: (command, case, argv).
+WHOLE_CASES = [
+    ("extend", "no-growth-option", "extend T/model T/out/extended"),
+    ("extend", "positions-the-model's", "extend T/model T/out/extended --max-position-embeddings 64"),
+    ("extend", "positions-below-the-model's", "extend T/model T/out/extended --max-position-embeddings 32"),
+]
+
 CASES = [
     (name, case, parameter, value)
     for name, callback in commands().items()
     if hasattr(callback, "inputs")
     for case, parameter, value in bad_values(name, callback)
-]
+] + [(name, case, None, argv) for name, case, argv in WHOLE_CASES]
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +249,8 @@ def snapshot(root: Path) -> dict:
 
 @pytest.mark.parametrize("name,case,parameter,value", CASES, ids=[f"{c[0]}:{c[1]}" for c in CASES])
 def test_bad_value_gets_one_line_and_leaves_nothing(root, name, case, parameter, value):
-    args = [a.replace("T/", f"{root}/") for a in with_value(name, commands()[name], parameter, value)]
+    argv = value.split() if parameter is None else with_value(name, commands()[name], parameter, value)
+    args = [a.replace("T/", f"{root}/") for a in argv]
     before = snapshot(root)
     if case.endswith("-unwritable"):
         # As root, a mode-555 directory does not stop a writer: drop the capability that lets it.
