@@ -9,8 +9,15 @@ numpy emulation of the kernel, to float32 rounding):
 
     out[i, j] = x_scale · w_scale[j] · Σ_k x_q[i, k] · w_q[k, j] + bias[j]
 
-- **Weights**: int8, symmetric, one scale per output column: w_q = round(W · 127 / max|W[:, j]|),
-  w_scale[j] = max|W[:, j]| / 127. Made once, at export.
+- **Weights**: int8, symmetric, one scale per output column, on 7 bits (WEIGHT_LEVELS):
+  w_q = round(W · 63 / max|W[:, j]|), w_scale[j] = max|W[:, j]| / 63. Made once, at export.
+  7 bits, not 8, so that the export computes the same numbers on every x86 CPU: without VNNI
+  (AVX2, AVX-512 before Cascade Lake) oneDNN multiplies with `vpmaddubsw`, which adds each
+  pair of u8·s8 products into a saturating int16, and a signed input is shifted by 128 into
+  u8 first, so pairs reach 2·255·127 = 64770 and were cut at 32767: up to 23% off on AVX2
+  (tests/serving/test_int8.py). With |w_q| ≤ 63 a pair is at most 2·255·63 = 32130. PyTorch's
+  x86 int8 (`reduce_range`) and ONNX Runtime's (`reduce_range` for AVX2) give up a bit for the
+  same reason; the accuracy measured with 7 bits is in docs/serving.md.
 - **Activations**: quantized on every call, each row (token) with its own scale, from its own
   largest magnitude: qint8 with x_scale[i] = max|x[i]| / 127, so no calibration data is
   needed. BERT's activations have a few large channels, and one scale for a whole batch let
@@ -46,6 +53,9 @@ from kbert.errors import KbertError
 GELU_FLOOR = -0.171
 # The CPU flags of an int8 dot product instruction oneDNN uses (VNNI, or AMX's int8 tiles).
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+# The weights' largest integer: 7 bits, so that no pair of u8·s8 products passes int16 on CPUs
+# without VNNI (2·255·63 ≤ 32767; the module docstring says why).
+WEIGHT_LEVELS = 63
 _OP = "_QuantizedMatMul"
 
 
@@ -73,16 +83,16 @@ def cpu_int8_instructions(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
 
 
 def quantize_kernel(kernel) -> tuple[np.ndarray, np.ndarray]:
-    """A float kernel [in, out] -> (int8 kernel, float32 scale per output column).
+    """A float kernel [in, out] -> (int8 kernel within ±WEIGHT_LEVELS, float32 scale per output column).
 
     >>> q, scale = quantize_kernel(np.array([[1.0, -0.5], [-2.0, 0.25]]))
     >>> q.tolist(), scale.tolist()
-    ([[64, -127], [-127, 64]], [0.015748031437397003, 0.003937007859349251])
+    ([[31, -63], [-63, 31]], [0.0317460335791111, 0.007936508394777775])
     """
     kernel = np.asarray(kernel, np.float32)
     largest = np.maximum(np.abs(kernel).max(axis=0), np.float32(1e-12))
-    scale = (largest / np.float32(127)).astype(np.float32)
-    return np.clip(np.rint(kernel / scale), -127, 127).astype(np.int8), scale
+    scale = (largest / np.float32(WEIGHT_LEVELS)).astype(np.float32)
+    return np.clip(np.rint(kernel / scale), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8), scale
 
 
 def shifted_bias(bias, kernel_q, scale, shift: float) -> np.ndarray:
@@ -132,7 +142,7 @@ def int8_matmul(x, kernel_q, scale, bias, shift: float = 0.0, per_row: bool = Tr
         axis=0 if per_row else -1,
     )
     scale = tf.convert_to_tensor(scale, tf.float32)
-    largest = scale * 127.0
+    largest = scale * 127.0  # the float value of qint8's 127: the kernel's range, whatever the weights' levels
     kernel = tf.bitcast(tf.convert_to_tensor(kernel_q), tf.qint8)
     bias = tf.convert_to_tensor(bias, tf.float32)
     if not per_row:

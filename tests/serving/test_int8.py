@@ -34,7 +34,7 @@ def gelu(x):
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("inputs", ["signed", "gelu"])
+@pytest.mark.parametrize("inputs", ["signed", "gelu", "largest"])
 @pytest.mark.parametrize("per_row", [True, False], ids=["per-row", "per-tensor"])
 def test_int8_matmul_is_the_dequantized_product(graph, inputs, per_row):
     """out = x_scale[i] · w_scale[j] · (x_q @ w_q) + bias, as the quantization defines it: qint8
@@ -67,6 +67,16 @@ def test_int8_matmul_is_the_dequantized_product(graph, inputs, per_row):
     np.testing.assert_allclose(got, formula, rtol=1e-5, atol=1e-5 * np.abs(formula).max())
     exact = x @ w + b
     assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 0.03
+
+
+def test_weights_are_quantized_to_7_bits_so_no_cpu_saturates_their_products():
+    """|w_q| <= 63 with the largest magnitude of each column at exactly ±63 (its scale is that
+    magnitude / 63): a u8 input times such a weight, added in pairs, fits an int16."""
+    w = np.random.default_rng(2).normal(size=(64, 48)).astype(np.float32)
+    w_q, scale = quantize_kernel(w)
+    assert np.abs(w_q).max(axis=0).tolist() == [63] * 48
+    np.testing.assert_allclose(scale, np.abs(w).max(axis=0) / 63, rtol=1e-6)
+    assert 2 * 255 * 63 <= 2**15 - 1
 
 
 CONFIG = kbert.BertConfig(
@@ -175,11 +185,13 @@ def test_an_int8_export_runs_every_encoder_matmul_as_a_onednn_int8_kernel(served
     """As TF Serving runs it (a TF1 session on the MetaGraph, in a process without Keras or
     kbert), every dense layer of the encoder is `_QuantizedMatMul`: each layer's Q, K and V as
     one, the attention output, the two feed-forward layers, and the pooler. No float matmul is
-    left; the float32 export runs the same count as oneDNN's float kernel."""
+    left; the float32 export runs as many float matmuls (oneDNN's, or Eigen's where TensorFlow
+    leaves oneDNN off, as it does on CPUs without AVX-512)."""
     layers = kbert.load(tiny_model_dir).config.num_hidden_layers
     assert served_int8["modules"] == []
     int8, float32 = served_int8["int8"]["kernels"], served_int8["float32"]["kernels"]
-    assert int8.pop("_QuantizedMatMul") == 4 * layers + 1 == float32.pop("_MklNativeFusedMatMul")
+    dense = [op for op in float32 if op.endswith(("FusedMatMul", "MatMul")) and "Batch" not in op]
+    assert int8.pop("_QuantizedMatMul") == 4 * layers + 1 == sum(float32.pop(op) for op in dense)
     # What is left is attention's batched matmuls (scores and context), the same in both.
     assert int8 == float32 and all("Batch" in op for op in int8)
 
