@@ -5,8 +5,8 @@ sends each the same texts at batch 1, A then B, text by text, so that the host's
 from minute to minute here) falls on both alike. Then, in a fresh process each, the memory and
 load time of each export: peak and final RSS of a process that loads it and serves 20 requests.
 
-usage: .venv/bin/python benchmarks/export_ab.py EXPORT_A EXPORT_B [--texts texts.json] [--requests 150]
-`--texts`: a JSON list of strings (serving_bench.py --work DIR writes DIR/texts.json, the Debian
+usage: .venv/bin/python benchmarks/export_ab.py EXPORT_A EXPORT_B [--texts texts.json] [--requests 150] [--batch 1]
+`--batch N`: each request N consecutive texts (p50 and sequences/s reported). `--texts`: a JSON list of strings (serving_bench.py --work DIR writes DIR/texts.json, the Debian
 descriptions); default: sentences of 8 to 120 words. One JSON object on stdout.
 """
 
@@ -51,37 +51,43 @@ def main():
     parser.add_argument("exports", nargs=2)
     parser.add_argument("--texts")
     parser.add_argument("--requests", type=int, default=150)
+    parser.add_argument("--batch", type=int, default=1, help="texts per request")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory and load-time children")
     args = parser.parse_args()
     if args.texts:
         with open(args.texts, encoding="utf-8") as f:
             texts = json.load(f)
     else:
         texts = [" ".join(["word"] * (8 + (i * 37) % 113)) for i in range(args.requests)]
-    texts = (texts * (args.requests // len(texts) + 1))[: args.requests]
+    wanted = args.requests * args.batch
+    texts = (texts * (wanted // len(texts) + 1))[:wanted]
+    requests = [texts[i : i + args.batch] for i in range(0, wanted, args.batch)]
     serves = [session_call(path) for path in args.exports]
     for serve in serves:  # warm-up
-        for text in texts[:20]:
-            serve([text])
+        for request in requests[:20]:
+            serve(request)
     times = [[], []]
-    for text in texts:
+    for request in requests:
         for serve, spent in zip(serves, times):
             start = time.perf_counter()
-            serve([text])
+            serve(request)
             spent.append((time.perf_counter() - start) * 1000)
     report = {}
     for path, spent in zip(args.exports, times):
-        child = subprocess.run(
-            [sys.executable, __file__, "--memory", path],
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-            check=True,
-        )
         report[path] = dict(
             p50_ms=round(float(np.median(spent)), 1),
             mean_ms=round(float(np.mean(spent)), 1),
-            **json.loads(child.stdout.strip().splitlines()[-1]),
+            seq_per_s=round(args.batch * 1000 / float(np.mean(spent)), 2),
         )
+        if not args.no_memory:
+            child = subprocess.run(
+                [sys.executable, __file__, "--memory", path],
+                capture_output=True,
+                text=True,
+                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                check=True,
+            )
+            report[path].update(json.loads(child.stdout.strip().splitlines()[-1]))
     a, b = (report[p]["p50_ms"] for p in args.exports)
     report["b_p50_over_a_p50"] = round(b / a, 3)
     print(json.dumps(report, indent=1))

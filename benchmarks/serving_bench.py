@@ -134,13 +134,18 @@ VARIANTS = {
     "one-group": "a batch on its longest text, not sorted into groups of similar length",
     "separate-qkv": "query, key and value as three matmuls, as the checkpoint stores them",
     "constant-weights": "kbert export --constant-weights: the weights as graph constants, not variables",
-    "keras-layer-norm": "each LayerNorm as keras' element-wise ops, not one oneDNN kernel",
+    "keras-layer-norm": "each LayerNorm as keras' element-wise ops, not the export's few ops",
+    "one-kernel-layer-norm": "each LayerNorm as a batch norm over rows: one oneDNN kernel where TF turns oneDNN on",
     "inter-op-1": "a session with one inter-op thread (tensorflow_model_server --tensorflow_inter_op_parallelism=1)",
 }
 
 
 # The precisions each variant is timed at (float32 only if not named).
-VARIANT_PRECISIONS = {"constant-weights": ("float32", "bfloat16"), "keras-layer-norm": ("float32", "bfloat16")}
+VARIANT_PRECISIONS = {
+    "constant-weights": ("float32", "bfloat16"),
+    "keras-layer-norm": ("float32", "bfloat16"),
+    "one-kernel-layer-norm": ("float32", "bfloat16"),
+}
 
 
 def trained_like(weights):
@@ -161,7 +166,10 @@ def child_kbert(work, precision, work_dir, variant=""):
     from kbert.serving import optimize as serving_optimize
 
     built = (
-        variant if variant in ("padded", "one-group", "separate-qkv", "constant-weights", "keras-layer-norm") else ""
+        variant
+        if variant
+        in ("padded", "one-group", "separate-qkv", "constant-weights", "keras-layer-norm", "one-kernel-layer-norm")
+        else ""
     )
     # Exports are kept in work_dir between runs, under the hash of the code that built them.
     sources = (
@@ -179,7 +187,8 @@ def child_kbert(work, precision, work_dir, variant=""):
         undone = {
             "one-group": {"group_rows": 1 << 30},
             "separate-qkv": {"fuse_qkv": False},
-            "keras-layer-norm": {"one_kernel_layer_norm": False},
+            "keras-layer-norm": {"layer_norm": "keras"},
+            "one-kernel-layer-norm": {"layer_norm": "one-kernel"},
         }
         if variant == "padded":
             serving_export.optimize = lambda model, **_: model

@@ -90,7 +90,7 @@ def _next_version(export_base: str) -> int:
 def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=False) -> ServingHead:
     """How to serve `model`: encoders serve their outputs, fine-tuned models their task's head
     (`kbert.serving.heads`). Either way the model runs as `kbert.serving.optimize` rewrites it
-    (on each batch's longest text, Q, K and V as one matmul, LayerNorms as one kernel), with its
+    (on each batch's longest text, Q, K and V as one matmul, LayerNorms in few ops), with its
     weights as graph constants if `constant_weights` and its dense layers in int8 if `int8`."""
 
     def serving(m):

@@ -13,9 +13,13 @@ kernels, nothing else. Everything an export does differently lives here, in five
   kernels and biases are concatenated once, into an [H, 3H] kernel and a [3H] bias, so each
   layer runs one matmul where the checkpoint's layout asks for three; the model keeps the
   checkpoint's weights as they are.
-- **LayerNorm as one kernel** (`layer_norm_as_batch_norm`). Keras' LayerNormalization is about
-  twenty element-wise ops and reductions; written as a training-mode batch norm over rows,
-  TF's graph optimizer turns each LayerNorm into one oneDNN kernel.
+- **LayerNorm in few ops** (`layer_norm_in_few_ops`, LAYER_NORMS). Keras' LayerNormalization
+  is about twenty element-wise ops and reductions; the export's is seven (mean, subtract,
+  square, mean, rsqrt, two multiplies and an add), each a fast Eigen kernel. The other form,
+  a training-mode batch norm over rows (`layer_norm_as_batch_norm`), is one oneDNN kernel
+  where TensorFlow turns oneDNN on (CPUs with AVX-512 and up), but several times slower where
+  it does not (AVX2 CPUs, where TensorFlow's CPU batch norm transposes its input): a served
+  model should not depend on which CPU runs it, so the few ops are the default.
 - **int8 matmuls** (`optimize(..., int8=True)`, `kbert export --precision int8`). Each dense
   layer of the encoder runs as oneDNN's int8 matmul from int8 copies of its weights, made
   here (`kbert.serving.int8`, `Int8Dense`); the numbers then differ by the quantization.
@@ -24,8 +28,8 @@ kernels, nothing else. Everything an export does differently lives here, in five
   its reordered layout between calls, where it reorders a variable's on every call. But the
   serving process holds several times the memory and loads slower, so it is not the default.
 
-What each gains and costs on this project's CPU is measured in docs/performance.md ("LayerNorm
-as one kernel", "constant weights", the serving runs): `benchmarks/export_ab.py` runs two
+What each gains and costs is measured in docs/performance.md ("LayerNorm in few ops",
+"LayerNorm as one kernel", "constant weights", the serving runs): `benchmarks/export_ab.py` runs two
 exports alternately, request by request, and `benchmarks/serving_bench.py --variants` times the
 export with each rewrite undone alone (the keyword arguments of `optimize`).
 
@@ -82,7 +86,7 @@ def optimize(
     *,
     int8: bool = False,
     fuse_qkv: bool = True,
-    one_kernel_layer_norm: bool = True,
+    layer_norm: str = "few-ops",
     group_rows: int = GROUP_ROWS,
 ) -> OnLongestText:
     """`model` as the export runs it: every rewrite of this module's docstring, same numbers.
@@ -96,7 +100,8 @@ def optimize(
             matmuls, the pooler) as oneDNN int8 matmuls (`kbert.serving.int8`); the model must
             be float32. Outputs then differ from float32's by the quantization.
         fuse_qkv: bool. Q, K and V as one matmul.
-        one_kernel_layer_norm: bool. Each LayerNorm as one oneDNN kernel.
+        layer_norm: str. How each LayerNorm is written, a key of LAYER_NORMS: "few-ops"
+            (`layer_norm_in_few_ops`), "one-kernel" (`layer_norm_as_batch_norm`) or "keras".
         group_rows: int. Texts per group of similar length (a large number: one group).
 
     Returns:
@@ -115,6 +120,8 @@ def optimize(
     ((1, 6, 32), 32)
     """
 
+    if layer_norm not in LAYER_NORMS:
+        raise ValueError(f"layer_norm {layer_norm!r}: one of {', '.join(LAYER_NORMS)}")
     if int8:
         require_int8_matmul()
     encoder = encoder_of(model)
@@ -122,9 +129,9 @@ def optimize(
 
     def inference_layer(layer):
         if isinstance(layer, TransformerLayer):
-            return InferenceTransformerLayer(layer, fuse_qkv, one_kernel_layer_norm, int8=int8)
+            return InferenceTransformerLayer(layer, fuse_qkv, layer_norm, int8=int8)
         if isinstance(layer, BertEmbeddings):
-            return InferenceEmbeddings(layer, one_kernel_layer_norm)
+            return InferenceEmbeddings(layer, layer_norm)
         if int8 and layer is pooler:
             return Int8Dense(layer)
         return layer  # the same layer or op, and so the same weights: the pooler, the heads, the mask's arithmetic
@@ -175,9 +182,39 @@ def layer_norm_as_batch_norm(x, gamma, beta, epsilon: float):
     return tf.reshape(normalized, shape) * gamma + beta
 
 
+def layer_norm_in_few_ops(x, gamma, beta, epsilon: float):
+    """LayerNorm over the last axis of `x` in seven ops, statistics and gamma and beta in float32
+    whatever x's dtype (the result is cast back to it): fast on every CPU build of TensorFlow,
+    with or without oneDNN (docs/performance.md, "LayerNorm").
+
+    >>> x = tf.constant([[1.0, 2.0, 3.0], [2.0, 2.0, 5.0]])
+    >>> y = layer_norm_in_few_ops(x, tf.ones([3]), tf.zeros([3]), 1e-12)
+    >>> [round(float(v), 4) for v in y[0]]
+    [-1.2247, 0.0, 1.2247]
+    """
+    dtype = x.dtype
+    x = tf.cast(x, tf.float32)
+    mean = tf.reduce_mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+    gamma, beta = tf.cast(gamma, tf.float32), tf.cast(beta, tf.float32)
+    return tf.cast(beta + centered * (tf.math.rsqrt(variance + epsilon) * gamma), dtype)
+
+
+def _last_axis_with_gamma_and_beta(norm) -> bool:
+    return norm.axis in (-1, [-1]) and norm.center and norm.scale and not norm.rms_scaling
+
+
+def _few_ops(norm, x):
+    """`norm` (a kbert LayerNorm) applied to `x` as `layer_norm_in_few_ops`."""
+    if not _last_axis_with_gamma_and_beta(norm):
+        return norm(x)
+    return layer_norm_in_few_ops(x, norm.gamma, norm.beta, norm.epsilon)
+
+
 def _one_kernel(norm, x):
     """`norm` (a kbert LayerNorm) applied to `x` as `layer_norm_as_batch_norm`."""
-    if not (norm.axis in (-1, [-1]) and norm.center and norm.scale and not norm.rms_scaling):
+    if not _last_axis_with_gamma_and_beta(norm):
         return norm(x)  # not the last axis with gamma and beta: not a form the optimizer fuses
     return layer_norm_as_batch_norm(x, ops.cast(norm.gamma, x.dtype), ops.cast(norm.beta, x.dtype), norm.epsilon)
 
@@ -186,14 +223,19 @@ def _keras_ops(norm, x):
     return norm(x)
 
 
+# The ways the export may write a LayerNorm (`optimize(..., layer_norm=...)`); the benchmarks
+# time each (benchmarks/serving_bench.py --variants).
+LAYER_NORMS = {"few-ops": _few_ops, "one-kernel": _one_kernel, "keras": _keras_ops}
+
+
 class InferenceEmbeddings(keras.layers.Layer):
     """`embeddings` (a `BertEmbeddings`) at inference: the same sum of embeddings, its LayerNorm
-    as one kernel if `one_kernel_layer_norm`, and no dropout."""
+    written as `layer_norm` says (a key of LAYER_NORMS), and no dropout."""
 
-    def __init__(self, embeddings: BertEmbeddings, one_kernel_layer_norm: bool = True):
+    def __init__(self, embeddings: BertEmbeddings, layer_norm: str = "few-ops"):
         super().__init__(name=embeddings.name, dtype=embeddings.dtype_policy)
         self.embeddings = embeddings
-        self.norm = _one_kernel if one_kernel_layer_norm else _keras_ops
+        self.norm = LAYER_NORMS[layer_norm]
         self.built = True
 
     def call(self, input_ids, segment_ids):
@@ -208,7 +250,7 @@ class InferenceEmbeddings(keras.layers.Layer):
 
 class InferenceTransformerLayer(keras.layers.Layer):
     """`layer` (a `TransformerLayer`) at inference, from its weights: Q, K and V as one matmul if
-    `fuse_qkv`, each LayerNorm as one kernel if `one_kernel_layer_norm`, no dropout.
+    `fuse_qkv`, each LayerNorm written as `layer_norm` says (a key of LAYER_NORMS), no dropout.
 
     The concatenated kernel and bias are two non-trainable weights of this layer, copied from
     `layer`'s when it is made: they do not follow later training of `layer`.
@@ -223,11 +265,11 @@ class InferenceTransformerLayer(keras.layers.Layer):
     """
 
     def __init__(
-        self, layer: TransformerLayer, fuse_qkv: bool = True, one_kernel_layer_norm: bool = True, *, int8: bool = False
+        self, layer: TransformerLayer, fuse_qkv: bool = True, layer_norm: str = "few-ops", *, int8: bool = False
     ):
         super().__init__(name=layer.name, dtype=layer.dtype_policy)
         self.layer = layer
-        self.norm = _one_kernel if one_kernel_layer_norm else _keras_ops
+        self.norm = LAYER_NORMS[layer_norm]
         self.qkv_kernel = self.qkv_bias = None
         self.int8 = None
         denses = (layer.query, layer.key, layer.value)

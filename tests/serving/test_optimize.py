@@ -14,7 +14,13 @@ import tensorflow as tf
 
 import kbert
 from kbert.model import layers
-from kbert.serving.optimize import GROUP_ROWS, InferenceTransformerLayer, layer_norm_as_batch_norm, optimize
+from kbert.serving.optimize import (
+    GROUP_ROWS,
+    InferenceTransformerLayer,
+    layer_norm_as_batch_norm,
+    layer_norm_in_few_ops,
+    optimize,
+)
 
 CONFIG = kbert.BertConfig(
     vocab_size=40,
@@ -33,11 +39,13 @@ def seeded():
     keras.utils.set_random_seed(0)  # the same initial weights each run
 
 
+@pytest.mark.parametrize("form", [layer_norm_as_batch_norm, layer_norm_in_few_ops], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("dtype, tol", [("float32", 2e-6), ("bfloat16", 0.05)])
 @pytest.mark.parametrize("shape", [[3, 5, 16], [7, 16]])
-def test_layer_norm_as_one_kernel_is_keras_layer_norm(shape, dtype, tol):
-    """`layer_norm_as_batch_norm` gives keras' LayerNorm's numbers, run eagerly (TF's
-    FusedBatchNormV3 kernel) and in a graph (where TF's optimizer makes it _MklLayerNorm)."""
+def test_each_layer_norm_form_is_keras_layer_norm(shape, dtype, tol, form):
+    """The export's LayerNorms give keras' LayerNorm's numbers, run eagerly and in a graph:
+    `layer_norm_as_batch_norm` (TF's FusedBatchNormV3 kernel eagerly, _MklLayerNorm in a graph
+    where oneDNN is on) and `layer_norm_in_few_ops`."""
     norm = layers.layer_norm(CONFIG, "keras_norm", dtype=dtype)
     x = tf.random.stateless_normal(shape, [1, 2], mean=1.0, stddev=3.0)
     norm.build(x.shape)
@@ -46,10 +54,10 @@ def test_layer_norm_as_one_kernel_is_keras_layer_norm(shape, dtype, tol):
     x = tf.cast(x, dtype)
     expected = norm(x)
 
-    def one_kernel(x):
-        return layer_norm_as_batch_norm(x, tf.cast(norm.gamma, dtype), tf.cast(norm.beta, dtype), norm.epsilon)
+    def layer_norm(x):
+        return form(x, tf.cast(norm.gamma, dtype), tf.cast(norm.beta, dtype), norm.epsilon)
 
-    for run in (one_kernel, tf.function(one_kernel)):
+    for run in (layer_norm, tf.function(layer_norm)):
         got = run(x)
         assert got.dtype == expected.dtype and got.shape == expected.shape
         np.testing.assert_allclose(tf.cast(got, "float32"), tf.cast(expected, "float32"), rtol=0, atol=tol)
@@ -105,7 +113,8 @@ OPTIONS = [
     {},
     {"constant_weights": True},
     {"fuse_qkv": False},
-    {"one_kernel_layer_norm": False},
+    {"layer_norm": "one-kernel"},
+    {"layer_norm": "keras"},
     {"group_rows": 1 << 30},
 ]
 
@@ -121,8 +130,8 @@ def test_optimized_encoder_gives_the_models_outputs_in_float32(options):
 
 
 def test_optimized_encoder_in_bfloat16_is_as_close_to_float32_as_the_model():
-    """bfloat16 rounds differently in the rewritten form (one [H, 3H] matmul; the one-kernel
-    LayerNorm applies gamma and beta in bfloat16), so its outputs are not the bfloat16 model's
+    """bfloat16 rounds differently in the rewritten form (one [H, 3H] matmul; the LayerNorms
+    rounded to bfloat16 once, after gamma and beta in float32), so its outputs are not the bfloat16 model's
     bit for bit: they must be no further from the float32 model than the bfloat16 model is."""
     reference = built(kbert.bert_encoder)
     encoder = built(kbert.bert_encoder, "bfloat16", reference)
