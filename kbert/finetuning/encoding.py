@@ -5,6 +5,10 @@ SavedModel: `encode_texts` packs as run_classifier.py's `convert_single_example`
 `encode_tagged` packs CoNLL words with each word's tag on its first WordPiece, and
 `encode_choices` packs one sentence pair per (context, ending). A file is packed once, in
 batches run in parallel, and kept as numpy arrays for `model.fit` and `predict`.
+
+With `--long-text windows`, `encode_text_windows` and `encode_tagged_windows` pack each
+document whole, as overlapping windows (`BertPreprocessor.pack_windows`, in the graph like the
+rest), and say which window is which document's (`kbert.finetuning.windows.Windows`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbert.errors import KbertError
+from kbert.finetuning.windows import Windows, containing_windows, max_context_windows
 
 # Examples per call of the packer: at most _BATCH, and the file split evenly between the two
 # threads below. Larger calls are faster per example (each distinct word is tokenized once
@@ -93,6 +98,58 @@ def encode_texts(preprocessor, texts, texts_b=None) -> tuple[dict[str, np.ndarra
     return _features([features for features, _ in batches], n, preprocessor.sequence_length), truncated
 
 
+def _windows(batches) -> tuple[dict[str, np.ndarray], Windows]:
+    """The windows of every batch of documents (each a packer's (features, starts, ...)) as
+    one file's: features and `Windows`. A window's length is its mask less [CLS] and [SEP],
+    and a document ends where its last window does."""
+    names = ("input_ids", "input_mask", "segment_ids")
+    features = {name: np.concatenate([b[0][name].numpy() for b in batches]) for name in names}
+    counts = np.concatenate([b[1].row_lengths().numpy() for b in batches])
+    start = np.concatenate([b[1].flat_values.numpy() for b in batches]).astype(np.int32)
+    length = (features["input_mask"].sum(1) - 2).astype(np.int32)
+    document = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    last = np.cumsum(counts) - 1
+    return features, Windows(document, start, length, (start[last] + length[last]).astype(np.int32))
+
+
+def encode_text_windows(preprocessor, texts, doc_stride: int) -> tuple[dict[str, np.ndarray], Windows]:
+    """Model inputs for single texts of any length: each text whole, in overlapping windows.
+
+    Each window is packed as a single text, "[CLS] window [SEP]", its windows of
+    sequence_length - 2 tokens starting every `doc_stride` tokens, the last ending at the
+    text's end (`kbert.text.preprocessing.window_starts`). A text that fits is one window,
+    packed exactly as `encode_texts` packs it.
+
+    Args:
+        preprocessor: kbert.text.preprocessing.BertPreprocessor.
+        texts: list of str. One document each.
+        doc_stride: int. Tokens between two windows' starts, less than sequence_length - 2
+            (`kbert.finetuning.options.window_stride`).
+
+    Returns:
+        (features, windows): int32 [windows, sequence_length] arrays "input_ids",
+        "input_mask" and "segment_ids", each document's windows together and in order; and
+        which document each window is, where it starts and how long it is.
+
+    Example:
+    >>> from kbert.text.preprocessing import BertPreprocessor
+    >>> from kbert.text.tokenizer import Tokenizer
+    >>> vocab = "tests/fixtures/vocab-uncased.txt"
+    >>> features, windows = encode_text_windows(BertPreprocessor(vocab, sequence_length=6),
+    ...                                         ["One, two, three.", "Yes."], doc_stride=2)
+    >>> [Tokenizer(vocab).convert_ids_to_tokens(ids) for ids in features["input_ids"]]  # doctest: +NORMALIZE_WHITESPACE
+    [['[CLS]', 'one', ',', 'two', ',', '[SEP]'], ['[CLS]', 'two', ',', 'three', '.', '[SEP]'],
+     ['[CLS]', 'yes', '.', '[SEP]', '[PAD]', '[PAD]']]
+    >>> windows.document.tolist(), windows.start.tolist(), windows.length.tolist()
+    ([0, 0, 1], [0, 2, 0], [4, 4, 2])
+    """
+
+    batches = _pack_batches(lambda t: preprocessor.pack_windows(t, doc_stride), [_strings(texts)], len(texts))
+    if not batches:
+        return _features([], 0, preprocessor.sequence_length), Windows.from_starts([], [], 0)
+    return _windows(batches)
+
+
 def _check_tags(words, tags, label_ids):
     if len(tags) != len(words):
         raise ValueError(f"{len(words)} sentences but {len(tags)} tag lists")
@@ -165,6 +222,64 @@ def encode_tagged(preprocessor, words, tags, label_ids: dict[str, int]):
         kept = flat >= 0
         labels[rows[kept], flat[kept]] = ids[kept]
     return features, labels, positions, truncated
+
+
+def encode_tagged_windows(preprocessor, words, tags, label_ids: dict[str, int], doc_stride: int):
+    """Model inputs and per-token labels for tagging documents of any length, in overlapping windows.
+
+    The pieces are `encode_tagged`'s (each word tokenized on its own, "[UNK]" for a word with
+    none), in windows as `encode_text_windows` makes them. In training, a word's tag sits on
+    its first piece in every window that holds that piece; a window without it has no label
+    for the word. For prediction, each word is read in the one window where its first piece
+    has the most context (`kbert.finetuning.windows.max_context_windows`), so every word is
+    tagged exactly once.
+
+    Args:
+        preprocessor: kbert.text.preprocessing.BertPreprocessor.
+        words: list of list of str. The words of each document.
+        tags: list of list of str, or None. One tag per word; None for prediction.
+        label_ids: dict of str to int. The tags the model was trained on, and their ids.
+        doc_stride: int. Tokens between two windows' starts, less than sequence_length - 2.
+
+    Returns:
+        (features, labels, windows, (window, position)): features as `encode_text_windows`
+        returns them; labels, int32 [windows, sequence_length], -1 where there is none;
+        the windows; and for each word of the file, documents in order, the window it is read
+        from and its first piece's position there.
+
+    Raises:
+        KbertError: a tag is not in `label_ids`.
+
+    Example (windows of 3 pieces, stride 2: "peter is una", "una ##ffa ##ble"; "una" ends the
+    first window and starts the second, a tie of contexts the first window wins):
+    >>> from kbert.text.preprocessing import BertPreprocessor
+    >>> vocab = "tests/fixtures/vocab-uncased.txt"
+    >>> features, labels, windows, (window, position) = encode_tagged_windows(
+    ...     BertPreprocessor(vocab, sequence_length=5), [["Peter", "is", "unaffable"]], [["B-PER", "O", "B-MISC"]],
+    ...     {"O": 0, "B-PER": 1, "B-MISC": 2}, doc_stride=2)
+    >>> labels.tolist()
+    [[-1, 1, 0, 2, -1], [-1, 2, -1, -1, -1]]
+    >>> window.tolist(), position.tolist()
+    ([0, 0, 0], [1, 2, 3])
+    """
+    if tags is not None:
+        _check_tags(words, tags, label_ids)
+    n, length = len(words), preprocessor.sequence_length
+    sizes = np.asarray([len(sentence) for sentence in words], np.int64)
+    sentences = tf.RaggedTensor.from_row_lengths(_strings([word for sentence in words for word in sentence]), sizes)
+    batches = _pack_batches(lambda s: preprocessor.pack_word_windows(s, doc_stride), [sentences], n)
+    if not batches:
+        empty = np.zeros(0, np.int64)
+        return _features([], 0, length), np.zeros((0, length), np.int32), Windows.from_starts([], [], 0), (empty, empty)
+    features, windows = _windows(batches)
+    first = np.concatenate([b[2].flat_values.numpy() for b in batches]).astype(np.int64)
+    document = np.repeat(np.arange(n), sizes)
+    labels = np.full((len(windows.document), length), -1, np.int32)
+    if tags is not None:
+        ids = np.asarray([label_ids[tag] for sentence in tags for tag in sentence], np.int32)
+        which, window = containing_windows(windows, document, first)
+        labels[window, first[which] - windows.start[window] + 1] = ids[which]
+    return features, labels, windows, max_context_windows(windows, document, first)
 
 
 def encode_choices(preprocessor, contexts, endings) -> tuple[dict[str, np.ndarray], int]:

@@ -13,6 +13,10 @@ Words to tag (CoNLL's) are kbert's own rule (`pack_word_pieces`): each word toke
 own, "[UNK]" for a word with no pieces, the pieces cut at `sequence_length - 2`, and each
 word's tag read at its first piece. Tokens are `GraphTokenizer`'s, which are the original
 tokenizer's.
+
+Documents longer than the window (`kbert finetune --long-text windows`) are packed whole, as
+overlapping windows (`window_starts`, `pack_token_windows`, `pack_word_windows`): SQuAD's doc
+spans over the document's tokens, each window packed as a single text of its own.
 """
 
 from __future__ import annotations
@@ -129,6 +133,115 @@ def truncated_rows(a, b, sequence_length):
     return len_a + len_b > tf.cast(sequence_length, len_a.dtype) - specials
 
 
+def window_starts(num_tokens, room, stride):
+    """Where each document's windows start, and how many tokens each holds: SQuAD's doc spans.
+
+    A document of n tokens becomes windows of `room` tokens starting at 0, stride, 2 x stride,
+    ..., up to the first window that reaches the document's end, which is the last and may be
+    shorter: run_squad.py's `doc_spans` loop (`kbert.finetuning.squad._doc_spans`), in closed
+    form so that it runs batched, in the graph: 1 + ceil((n - room) / stride) windows. Every
+    token is in at least one window. A document that fits (n <= room) is one window of all of
+    it, and an empty one is one empty window, as truncation packs them.
+
+    Args:
+        num_tokens: int tensor [batch]. Each document's length in tokens.
+        room: int or int32 scalar tensor. Tokens per window (sequence_length - 2: [CLS], [SEP]).
+        stride: int or int32 scalar tensor. Tokens between the starts of two windows,
+            1 <= stride < room (`kbert.finetuning.options.window_stride` checks it).
+
+    Returns:
+        (starts, lengths): int32 RaggedTensors [batch, (windows)]: the index of each window's
+        first token in its document, and its number of tokens.
+
+    Example (10 tokens, windows of 6, stride 3: tokens 0-5, 3-8 and 6-9):
+    >>> starts, lengths = window_starts(tf.constant([3, 10, 0]), room=6, stride=3)
+    >>> starts.to_list(), lengths.to_list()
+    ([[0], [0, 3, 6], [0]], [[3], [6, 6, 4], [0]])
+    """
+    n = tf.cast(num_tokens, tf.int32)
+    count = 1 + tf.maximum(n - room + stride - 1, 0) // stride
+    starts = tf.ragged.range(count) * stride
+    lengths = tf.minimum(room, tf.repeat(n, count) - starts.flat_values)
+    return starts, starts.with_values(lengths)
+
+
+def _windows_of(tokens, starts, lengths):
+    """The tokens of each window: a RaggedTensor [windows, (tokens)] over `tokens` [batch, (tokens)]."""
+    first = tf.gather(tokens.row_starts(), starts.value_rowids()) + tf.cast(starts.flat_values, tf.int64)
+    index = tf.ragged.range(first, first + tf.cast(lengths.flat_values, tf.int64))
+    return index.with_values(tf.gather(tokens.flat_values, index.flat_values))
+
+
+def pack_token_windows(tokens, sequence_length, stride, cls_id: int, sep_id: int):
+    """Token ids of documents -> the three inputs of each of their windows (`window_starts`),
+    each window packed as a single text: "[CLS] window [SEP]", segment 0, zero padding.
+
+    Windows are made here, in the graph, from the ragged token ids the tokenizer gives, with
+    the same gathers `pack_token_ids` uses: no Python loop over documents, so packing a file
+    in windows costs about what truncating it costs, and an export can run the same ops.
+
+    Args:
+        tokens: int RaggedTensor [batch, (tokens)].
+        sequence_length: int or int32 scalar tensor. Output length; each window holds
+            sequence_length - 2 tokens.
+        stride: int or int32 scalar tensor. Tokens between two windows' starts.
+        cls_id, sep_id: ids of [CLS] and [SEP].
+
+    Returns:
+        (features, starts): the three inputs, int32 [windows, sequence_length], the windows
+        of the first document first, each document's in order; and `window_starts`' starts,
+        [batch, (windows)] (`starts.value_rowids()`: each window's document).
+
+    Example:
+    >>> features, starts = pack_token_windows(tf.ragged.constant([[7, 8, 9, 10, 11], [12]]), 5, 2, 1, 2)
+    >>> features["input_ids"].numpy().tolist(), starts.to_list()
+    ([[1, 7, 8, 9, 2], [1, 9, 10, 11, 2], [1, 12, 2, 0, 0]], [[0, 2], [0]])
+    """
+    starts, lengths = window_starts(tokens.row_lengths(), sequence_length - 2, stride)
+    return pack_token_ids(_windows_of(tokens, starts, lengths), None, sequence_length, cls_id, sep_id), starts
+
+
+def _word_tokens(pieces, unk_id: int):
+    """(tokens [batch, (pieces)], first [batch, (words)]): each sentence's pieces, "[UNK]" for a
+    word with none, and each word's first piece counted from 0 in its sentence."""
+    words = pieces.values  # [words, (pieces)]
+    count = tf.maximum(words.row_lengths(), 1)  # a word with no pieces gets one: [UNK]
+    unk = tf.fill([tf.shape(count)[0], 1], tf.constant(unk_id, words.dtype))
+    words = _head(tf.concat([words, unk], axis=1), count)
+    tokens = pieces.with_values(words).merge_dims(1, 2)  # [batch, (pieces)]
+    before = tf.cumsum(count, exclusive=True)
+    sentence_start = tf.gather(tf.concat([before, tf.reduce_sum(count, keepdims=True)], 0), pieces.row_starts())
+    return tokens, pieces.with_values(before - tf.repeat(sentence_start, pieces.row_lengths()))
+
+
+def pack_word_windows(pieces, sequence_length, stride, cls_id: int, sep_id: int, unk_id: int):
+    """Each sentence's words, as WordPiece ids -> the three inputs of each of its windows,
+    the windows' starts, and each word's first piece in its sentence.
+
+    The pieces are `pack_word_pieces`' ("[UNK]" for a word with none), in windows as
+    `pack_token_windows` makes them; nothing is cut. A word's first piece `f` sits at position
+    `f - start + 1` of each window that holds it.
+
+    Args:
+        pieces: int32 RaggedTensor [batch, (words), (pieces)].
+        sequence_length, stride: as `pack_token_windows`.
+        cls_id, sep_id, unk_id: ids of [CLS], [SEP] and [UNK].
+
+    Returns:
+        (features, starts, first): the three inputs, int32 [windows, sequence_length]; the
+        windows' starts, int32 RaggedTensor [batch, (windows)]; each word's first piece
+        counted from 0 in its sentence, an int32 RaggedTensor [batch, (words)].
+
+    Example:
+    >>> features, starts, first = pack_word_windows(tf.ragged.constant([[[7, 8], [], [9], [10]]]), 5, 2, 1, 2, 3)
+    >>> features["input_ids"].numpy().tolist(), starts.to_list(), first.to_list()
+    ([[1, 7, 8, 3, 2], [1, 3, 9, 10, 2]], [[0, 2]], [[0, 2, 3, 4]])
+    """
+    tokens, first = _word_tokens(pieces, unk_id)
+    features, starts = pack_token_windows(tokens, sequence_length, stride, cls_id, sep_id)
+    return features, starts, first.with_values(tf.cast(first.flat_values, tf.int32))
+
+
 def pack_word_pieces(pieces, sequence_length, cls_id: int, sep_id: int, unk_id: int):
     """Each sentence's words, as WordPiece ids -> the model's three inputs, each word's first
     piece, and which sentences were cut.
@@ -153,16 +266,10 @@ def pack_word_pieces(pieces, sequence_length, cls_id: int, sep_id: int, unk_id: 
     >>> features["input_ids"].numpy().tolist(), starts.to_list(), cut.numpy().tolist()
     ([[1, 7, 8, 3, 2]], [[1, 3, -1]], [True])
     """
-    words = pieces.values  # [words, (pieces)]
-    count = tf.maximum(words.row_lengths(), 1)  # a word with no pieces gets one: [UNK]
-    unk = tf.fill([tf.shape(count)[0], 1], tf.constant(unk_id, words.dtype))
-    words = _head(tf.concat([words, unk], axis=1), count)
-    tokens = pieces.with_values(words).merge_dims(1, 2)  # [batch, (pieces)]
+    tokens, first = _word_tokens(pieces, unk_id)
     packed = pack_token_ids(tokens, None, sequence_length, cls_id, sep_id)
     # Each word's first piece, counted from 1 ([CLS] is 0), within its own sentence.
-    before = tf.cumsum(count, exclusive=True)
-    sentence_start = tf.gather(tf.concat([before, tf.reduce_sum(count, keepdims=True)], 0), pieces.row_starts())
-    first = before - tf.repeat(sentence_start, pieces.row_lengths()) + 1
+    first = first.flat_values + 1
     first = tf.cast(tf.where(first <= sequence_length - 2, first, -1), tf.int32)
     return packed, pieces.with_values(first), tokens.row_lengths() > sequence_length - 2
 
@@ -288,6 +395,33 @@ class BertPreprocessor(keras.layers.Layer):
             _require_tokens(self.vocab_file, {}, UNK)
         pieces = tf.RaggedTensor.from_row_lengths(self.tokenizer(words.flat_values), words.row_lengths())
         return pack_word_pieces(pieces, self.sequence_length, self.cls_id, self.sep_id, self.unk_id)
+
+    def pack_windows(self, texts, stride):
+        """Texts [batch] -> (the three inputs of each window, the windows' starts), as
+        `pack_token_windows` packs documents longer than the window.
+
+        >>> pre = BertPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=5)
+        >>> features, starts = pre.pack_windows(tf.constant(["Is it here?", "Yes."]), stride=2)
+        >>> features["input_ids"].numpy().tolist(), starts.to_list()
+        ([[101, 2003, 2009, 2182, 102], [101, 2182, 1029, 102, 0], [101, 2748, 1012, 102, 0]], [[0, 2], [0]])
+        """
+        tokens = self.tokenizer(tf.convert_to_tensor(texts, tf.string))
+        return pack_token_windows(tokens, self.sequence_length, stride, self.cls_id, self.sep_id)
+
+    def pack_word_windows(self, words, stride):
+        """Words to tag, a string RaggedTensor [batch, (words)] -> (the three inputs of each
+        window, the windows' starts, each word's first piece in its sentence), as
+        `pack_word_windows` packs them.
+
+        >>> pre = BertPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=5)
+        >>> features, starts, first = pre.pack_word_windows(tf.ragged.constant([["Peter", "is", "unaffable"]]), 2)
+        >>> starts.to_list(), first.to_list()
+        ([[0, 2]], [[0, 1, 2]])
+        """
+        if self.unk_id is None:
+            _require_tokens(self.vocab_file, {}, UNK)
+        pieces = tf.RaggedTensor.from_row_lengths(self.tokenizer(words.flat_values), words.row_lengths())
+        return pack_word_windows(pieces, self.sequence_length, stride, self.cls_id, self.sep_id, self.unk_id)
 
     def get_config(self):
         config = super().get_config()
