@@ -63,8 +63,18 @@ def finetune(
     skip_bad_rows: bool = typer.Option(
         DEFAULTS.skip_bad_rows, "--skip-bad-rows", help="Skip rows with missing or extra columns instead of failing."
     ),
-    doc_stride: int = typer.Option(
-        DEFAULTS.doc_stride, min=1, help="squad: stride between windows over long contexts."
+    long_text: str = typer.Option(
+        DEFAULTS.long_text,
+        "--long-text",
+        help="classify, regress, tag: truncate texts past --max-seq-length (the original's way), or windows: read "
+        "each document whole in overlapping windows, each trained with its document's label (its words' tags); "
+        "predict and evaluate then answer once per document (recorded in the model). Single texts only.",
+    ),
+    doc_stride: int | None = typer.Option(
+        DEFAULTS.doc_stride,
+        min=1,
+        help="Tokens between the starts of two windows. squad: over long contexts (default 128, run_squad.py's); "
+        "--long-text windows: less than --max-seq-length - 2 (default half of that, 63 at 128).",
     ),
     max_query_length: int = typer.Option(DEFAULTS.max_query_length, min=1, help="squad: question tokens kept."),
     n_best_size: int = typer.Option(
@@ -108,6 +118,7 @@ def finetune(
         patience=patience,
         format=format,
         skip_bad_rows=skip_bad_rows,
+        long_text=long_text,
         doc_stride=doc_stride,
         max_query_length=max_query_length,
         n_best_size=n_best_size,

@@ -38,8 +38,10 @@ VOCAB_FILE = "vocab.txt"
 WEIGHTS_FILE = "model.weights.h5"
 # Where `kbert pretrain` keeps its checkpoints inside --model-dir, and `kbert finetune` inside OUTPUT.partial/.
 CHECKPOINTS_DIR = "checkpoints"
-# What fine-tuning records in bert_config.json besides the original keys.
-TASK_KEYS = ("task", "labels", "max_seq_length", "text_pairs", "doc_stride", "max_query_length")
+# What fine-tuning records in bert_config.json besides the original keys. long_text (classify,
+# regress, tag): "truncate" (also when absent) or "windows", documents read whole in windows of
+# max_seq_length tokens starting doc_stride tokens apart; doc_stride is also squad's.
+TASK_KEYS = ("task", "labels", "max_seq_length", "text_pairs", "long_text", "doc_stride", "max_query_length")
 # The tasks each head serves (the first is the default of a head saved without one).
 HEAD_TASKS = {
     "classifier": ("classify", "regress"),
@@ -182,7 +184,27 @@ def head_task_info(
             raise KbertError(
                 f"text_pairs must be True (trained on sentence pairs) or False, got {info['text_pairs']!r}"
             )
+    _check_long_text(info, task)
     return {k: info[k] for k in TASK_KEYS if k in info}
+
+
+def _check_long_text(info: dict, task: str):
+    """long_text and its doc_stride, as kbert.finetuning.options.window_stride takes them."""
+    if "long_text" not in info:
+        return
+    if task not in ("classify", "regress", "tag"):
+        raise KbertError(f"long_text applies to classify, regress and tag; a {task} model has none")
+    if info["long_text"] not in ("truncate", "windows"):
+        raise KbertError(f"long_text {info['long_text']!r}: give 'truncate' or 'windows'")
+    if info["long_text"] == "windows":
+        stride, room = info.get("doc_stride"), info["max_seq_length"] - 2
+        if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or not 1 <= stride < room:
+            raise KbertError(
+                f"doc_stride {stride!r}: a model that reads long texts in windows needs the stride between "
+                f"them, 1 to {room - 1} (less than max_seq_length - 2)"
+            )
+        if info.get("text_pairs"):
+            raise KbertError("text_pairs: a model that reads long texts in windows reads single texts")
 
 
 def _describe(model, config: BertConfig, do_lower_case: bool, task_info: dict):

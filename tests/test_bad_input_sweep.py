@@ -97,9 +97,11 @@ def tree(root: Path):
     shutil.copytree(os.path.join(FIXTURES, "hf-tiny"), root / "hf")
     shutil.copytree(os.path.join(FIXTURES, "model-garden-tfhub"), root / "hub")
     run_kbert("convert", "to-keras-hub", root / "model", root / "keras-hub")
+    run_kbert("convert", "from-tf1", root / "model", root / "kbert")  # opens without a casing note
     shutil.copy(os.path.join(FIXTURES, "sample_text.txt"), root / "text.txt")
     shutil.copy(UNCASED_VOCAB, root / "vocab.txt")
     (root / "train.tsv").write_text("text\tlabel\ngold fresh.\tpos\ndead dust.\tneg\n")
+    (root / "pairs.tsv").write_text("text\ttext_b\tlabel\ngold.\tfresh.\tpos\ndead.\tdust.\tneg\n")
     (root / "plain.txt").write_text("a file where a directory belongs\n")
     (root / "empty.txt").write_bytes(b"")
     (root / "empty-dir").mkdir()
@@ -215,10 +217,18 @@ def with_value(name, callback, parameter, value):
 
 
 # Bad invocations a command's declarations cannot derive, each a whole argv: (command, case, argv).
+_FINETUNE = "finetune T/kbert --task classify --train T/train.tsv --output T/out/ft"
 WHOLE_CASES = [
     ("extend", "no-growth-option", "extend T/model T/out/extended"),
     ("extend", "positions-the-model's", "extend T/model T/out/extended --max-position-embeddings 64"),
     ("extend", "positions-below-the-model's", "extend T/model T/out/extended --max-position-embeddings 32"),
+    # --long-text windows: a stride the window (64 - 2 tokens by default, here) cannot take, tasks and pairs it does not read.
+    ("finetune", "doc-stride-the-window's", f"{_FINETUNE} --long-text windows --doc-stride 62"),
+    ("finetune", "doc-stride-past-the-window", f"{_FINETUNE} --long-text windows --max-seq-length 16 --doc-stride 20"),
+    ("finetune", "long-text-unknown", f"{_FINETUNE} --long-text chunks"),
+    ("finetune", "windows-for-squad", f"{_FINETUNE.replace('classify', 'squad')} --long-text windows"),
+    ("finetune", "windows-for-choice", f"{_FINETUNE.replace('classify', 'choice')} --long-text windows"),
+    ("finetune", "windows-with-pairs", f"{_FINETUNE.replace('train.tsv', 'pairs.tsv')} --long-text windows"),
 ]
 
 CASES = [

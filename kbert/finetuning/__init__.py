@@ -6,6 +6,8 @@
 - `encoding`: examples -> model inputs, packed by `kbert.text.preprocessing.BertPreprocessor`
   (run_classifier.py's packing, tags on first pieces), the packing exports run;
 - `squad`: `run_squad.py`'s reading, windows and scoring; `squad_decoding`: its answers;
+- `windows`: documents longer than the window (`--long-text windows`): whose each window is,
+  each word's window, and one answer per document;
 - `metrics`: each task's scores;
 - `train`: `kbert finetune`;
 - `predict`: `kbert predict`, `kbert evaluate` and feature extraction, shared with `kbert predict --server`.

@@ -9,6 +9,9 @@ import numbers
 from kbert.errors import KbertError
 
 STRATEGIES = ("auto", "cpu", "gpu", "mirrored")
+# --long-text: what classify, regress and tag do with a text longer than the window.
+LONG_TEXT = ("truncate", "windows")
+SQUAD_DOC_STRIDE = 128  # run_squad.py's --doc_stride
 
 
 @dataclasses.dataclass
@@ -39,7 +42,10 @@ class FinetuneOptions:
     patience: int | None = None  # stop after this many epochs without a better dev score
     skip_bad_rows: bool = False
     format: str = "auto"
-    doc_stride: int = 128  # squad: run_squad.py's defaults from here on
+    long_text: str = "truncate"  # truncate | windows: classify, regress and tag
+    # Tokens between two windows' starts. None: squad 128 (run_squad.py's), windows
+    # `window_stride`'s half the window.
+    doc_stride: int | None = None
     max_query_length: int = 64
     n_best_size: int = 20
     max_answer_length: int = 30
@@ -54,12 +60,13 @@ class FinetuneOptions:
             "epochs",
             "batch_size",
             "save_every",
-            "doc_stride",
             "max_query_length",
             "n_best_size",
             "max_answer_length",
         ):
             _check_int(name, getattr(self, name), least=1)
+        if self.doc_stride is not None:  # None: the default; 0 is not
+            _check_int("doc_stride", self.doc_stride, least=1)
         if self.max_seq_length is not None:  # None: unset; 0 is not
             _check_int("max_seq_length", self.max_seq_length, least=3)  # [CLS], a token, [SEP]
         if self.patience is not None:
@@ -76,6 +83,10 @@ class FinetuneOptions:
             raise KbertError(
                 f"--strategy {self.strategy!r}: fine-tuning runs on {', '.join(STRATEGIES[:-1])} or {STRATEGIES[-1]}"
             )
+        if self.long_text not in LONG_TEXT:
+            raise KbertError(f"--long-text {self.long_text!r}: use truncate (the default) or windows")
+        if self.long_text == "windows" and self.max_seq_length is not None:
+            window_stride(self.doc_stride, self.max_seq_length)  # a stride the window cannot take: now
 
 
 def resolve_options(options: FinetuneOptions | None, overrides: dict) -> FinetuneOptions:
@@ -87,7 +98,7 @@ def resolve_options(options: FinetuneOptions | None, overrides: dict) -> Finetun
     >>> resolve_options(None, {"batch": 8})
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, strategy, patience, skip_bad_rows, format, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress
+    kbert.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress
     """
     if options is not None and not isinstance(options, FinetuneOptions):
         raise KbertError(f"options must be a FinetuneOptions, not {type(options).__name__}")
@@ -96,6 +107,37 @@ def resolve_options(options: FinetuneOptions | None, overrides: dict) -> Finetun
     if unknown:
         raise KbertError(f"unknown option {unknown[0]!r}; the options are FinetuneOptions' fields: {', '.join(fields)}")
     return dataclasses.replace(options or FinetuneOptions(), **overrides)
+
+
+def window_stride(doc_stride: int | None, sequence_length: int) -> int:
+    """The stride of --long-text windows: `doc_stride`, or by default half the window's room
+    for tokens ((sequence_length - 2) // 2, so each token is in two windows and has at least a
+    quarter of a window of context on each side in one of them, as far as its document allows).
+
+    The windows must overlap: a stride of the whole room or more is refused.
+
+    >>> window_stride(None, 128), window_stride(100, 128)
+    (63, 100)
+    >>> window_stride(126, 128)
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: --doc-stride 126 must be less than the 126 tokens a window holds (--max-seq-length 128 less [CLS] and [SEP]), so that windows overlap; use --doc-stride 63 (the default) or less, or a larger --max-seq-length
+    """
+    room = sequence_length - 2
+    if room < 2:
+        raise KbertError(
+            f"--long-text windows needs windows of at least 2 tokens; --max-seq-length {sequence_length} "
+            f"leaves {room} beside [CLS] and [SEP]: use --max-seq-length 4 or more"
+        )
+    if doc_stride is None:
+        return room // 2
+    if doc_stride >= room:
+        raise KbertError(
+            f"--doc-stride {doc_stride} must be less than the {room} tokens a window holds (--max-seq-length "
+            f"{sequence_length} less [CLS] and [SEP]), so that windows overlap; use --doc-stride {room // 2} "
+            f"(the default) or less, or a larger --max-seq-length"
+        )
+    return int(doc_stride)
 
 
 def _flag(name: str) -> str:

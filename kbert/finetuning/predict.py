@@ -33,8 +33,10 @@ def _prepare(model_dir, options, overrides):
     opts = resolve_options(options, overrides)  # checks batch_size, max_seq_length, ...: one line each
     model = open_model(model_dir)
     info = getattr(model, "task_info", None) or {}
-    # SQuAD windows as at fine-tuning time (stride, question length), recorded in the model dir.
-    opts = dataclasses.replace(opts, **{k: info[k] for k in ("doc_stride", "max_query_length") if k in info})
+    # Windows as at fine-tuning time, recorded in the model dir: SQuAD's (stride, question length),
+    # and --long-text windows' (absent: truncate) for classify, regress and tag.
+    recorded = {k: info[k] for k in ("long_text", "doc_stride", "max_query_length") if k in info}
+    opts = dataclasses.replace(opts, **recorded)
     task = get_task(info["task"]) if info.get("task") else None
     length = sequence_length(opts.max_seq_length, model.config.max_position_embeddings, info.get("max_seq_length"))
     return model, task, opts, BertPreprocessor(model.vocab_file, model.do_lower_case, length)
@@ -75,7 +77,7 @@ def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **ov
     result = task.score(
         data, predict_outputs(model, data, opts.batch_size), options=opts, do_lower_case=model.do_lower_case
     )
-    result["examples"] = len(data.raw) if task.name == "squad" else data.size
+    result["examples"] = len(data.raw) if task.name == "squad" else data.documents  # documents, not windows
     return json_floats({k: v for k, v in result.items() if not isinstance(v, dict)})
 
 

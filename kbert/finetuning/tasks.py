@@ -15,6 +15,12 @@ The tasks:
 - squad: run_squad.py's start/end span head, SQuAD v1.1 and v2.0;
 - choice: multiple choice as the BERT paper ran SWAG (one score per [CLS], softmax over N endings).
 
+classify, regress and tag also read documents longer than the window (`--long-text windows`):
+the model runs on overlapping windows (`TaskData.windows` says whose each is), trains on each
+window with its document's label (its words' tags), and `score` and `rows` answer once per
+document: the mean of the windows' logits (classify, then the softmax) or values (regress),
+each word's tag from the window where it has the most context (tag).
+
 Example:
 >>> TASKS["choice"].metric, TASKS["squad"].max_seq_length
 ('accuracy', 384)
@@ -35,7 +41,8 @@ import numpy as np
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.errors import KbertError
 from kbert.finetuning import encoding, metrics, readers, squad, squad_decoding
-from kbert.finetuning.options import FinetuneOptions
+from kbert.finetuning.options import SQUAD_DOC_STRIDE, FinetuneOptions, window_stride
+from kbert.finetuning.windows import document_mean
 from kbert.model import bert
 from kbert.text.tokenizer import Tokenizer
 
@@ -49,10 +56,16 @@ class TaskData:
     features: dict  # input name -> np.int32 array
     targets: dict | None  # output name -> np array, as model.fit takes them; None without labels
     labels: list | None  # the label names (classify, tag); None for the others
-    size: int  # examples the model runs on (SQuAD: windows)
+    size: int  # examples the model runs on (SQuAD and --long-text windows: windows)
     truncated: int = 0
     raw: object = None  # the examples as read (for scoring and printing)
-    extra: object = None  # task-specific (tag: word starts; squad: features)
+    extra: object = None  # task-specific (tag: word starts, or each word's window and position; squad: features)
+    windows: object = None  # --long-text windows: kbert.finetuning.windows.Windows, each row's document
+
+    @property
+    def documents(self) -> int:
+        """The examples of the file (documents, however many windows they took)."""
+        return self.size if self.windows is None else self.windows.num_documents
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +83,7 @@ class Task:
     score: Callable  # score(data, outputs, *, options, do_lower_case) -> metrics dict
     rows: Callable  # rows(data, outputs, *, options, do_lower_case) -> one JSON-ready dict per example
     max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
+    windows: bool = False  # reads --long-text windows
 
 
 def _softmax(logits):
@@ -112,13 +126,43 @@ def classify_row(labels, probabilities) -> dict:
     }
 
 
+def _refuse_pairs(path, examples):
+    if examples.texts_b is not None:
+        raise KbertError(
+            f"{path} holds sentence pairs (text_b), and --long-text windows reads one text per row: "
+            f"join the two texts into the text column, or use --long-text truncate"
+        )
+
+
+def _log_windows(path, windows, preprocessor, stride):
+    longer = int((windows.counts > 1).sum())
+    log.info(
+        "%s: %d of %d documents longer than %d tokens became %d windows (stride %d); %d windows in all",
+        path,
+        longer,
+        windows.num_documents,
+        preprocessor.sequence_length - 2,
+        int(windows.counts[windows.counts > 1].sum()),
+        stride,
+        len(windows.document),
+    )
+
+
 def _read_texts(task):
     def read(path, *, preprocessor, labels, options, require_labels, training):
         examples = readers.read_text_examples(
             path, task=task, format=options.format, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels
         )
         readers.report_skipped(path, examples)
-        features, truncated = encoding.encode_texts(preprocessor, examples.texts, examples.texts_b)
+        windows = None
+        if options.long_text == "windows":
+            _refuse_pairs(path, examples)
+            stride = window_stride(options.doc_stride, preprocessor.sequence_length)
+            features, windows = encoding.encode_text_windows(preprocessor, examples.texts, stride)
+            truncated = 0
+            _log_windows(path, windows, preprocessor, stride)
+        else:
+            features, truncated = encoding.encode_texts(preprocessor, examples.texts, examples.texts_b)
         targets = None
         if examples.labels is not None:
             if task == "regress":
@@ -130,9 +174,24 @@ def _read_texts(task):
                 _check_known(path, examples.labels, labels)
                 index = {label: i for i, label in enumerate(labels)}
                 targets = {"logits": np.asarray([index[label] for label in examples.labels], dtype=np.int32)}
-        return TaskData(features, targets, labels, len(examples.texts), truncated, examples)
+        if windows is not None and targets is not None:  # each window trains on its document's label
+            targets = {name: values[windows.document] for name, values in targets.items()}
+        size = len(features["input_ids"])
+        return TaskData(features, targets, labels, size, truncated, examples, windows=windows)
 
     return read
+
+
+def _document_gold(data: TaskData):
+    """The labels (values) to score against: one per document."""
+    gold = data.targets["logits"]
+    return gold if data.windows is None else gold[data.windows.first_window]
+
+
+def _document_logits(data: TaskData, outputs):
+    """The model's logits (values) per document: the mean over its windows, with windows."""
+    logits = outputs["logits"]
+    return logits if data.windows is None else document_mean(logits, data.windows)
 
 
 def _refuse_scores(path, labels):
@@ -167,14 +226,14 @@ def _build_classifier(base, *, labels, task_info=None):
 
 def _classify_score(data, outputs, *, options, do_lower_case):
     return metrics.classification_metrics(
-        data.targets["logits"].tolist(),
-        outputs["logits"].argmax(-1).tolist(),
+        _document_gold(data).tolist(),
+        _document_logits(data, outputs).argmax(-1).tolist(),
         label_names=list(range(len(data.labels))),
     )
 
 
 def _classify_rows(data, outputs, *, options, do_lower_case):
-    return (classify_row(data.labels, row) for row in _softmax(outputs["logits"]))
+    return (classify_row(data.labels, row) for row in _softmax(_document_logits(data, outputs)))
 
 
 CLASSIFY = Task(
@@ -185,6 +244,7 @@ CLASSIFY = Task(
     metric="accuracy",
     score=_classify_score,
     rows=_classify_rows,
+    windows=True,
 )
 
 
@@ -193,11 +253,11 @@ def _build_regressor(base, *, labels, task_info=None):
 
 
 def _regress_score(data, outputs, *, options, do_lower_case):
-    return metrics.regression_metrics(data.targets["logits"].tolist(), outputs["logits"][:, 0].tolist())
+    return metrics.regression_metrics(_document_gold(data).tolist(), _document_logits(data, outputs)[:, 0].tolist())
 
 
 def _regress_rows(data, outputs, *, options, do_lower_case):
-    return ({"prediction": round(float(v), 6)} for v in outputs["logits"][:, 0])
+    return ({"prediction": round(float(v), 6)} for v in _document_logits(data, outputs)[:, 0])
 
 
 REGRESS = Task(
@@ -208,6 +268,7 @@ REGRESS = Task(
     metric="pearson",
     score=_regress_score,
     rows=_regress_rows,
+    windows=True,
 )
 
 
@@ -223,15 +284,25 @@ def _read_tagged(path, *, preprocessor, labels, options, require_labels, trainin
     if tags is not None and not require_labels and not {t for sentence in tags for t in sentence} <= set(labels):
         tags = None  # prediction: tags the model does not know are no reason to refuse the words
     label_ids = {label: i for i, label in enumerate(labels or [])}
-    features, targets, word_starts, truncated = encoding.encode_tagged(preprocessor, examples.words, tags, label_ids)
+    windows = None
+    if options.long_text == "windows":
+        stride = window_stride(options.doc_stride, preprocessor.sequence_length)
+        features, targets, windows, places = encoding.encode_tagged_windows(
+            preprocessor, examples.words, tags, label_ids, stride
+        )
+        truncated = 0
+        _log_windows(path, windows, preprocessor, stride)
+    else:
+        features, targets, places, truncated = encoding.encode_tagged(preprocessor, examples.words, tags, label_ids)
     return TaskData(
         features,
         {"logits": targets} if tags is not None else None,
         labels,
-        len(examples.words),
+        len(features["input_ids"]),
         truncated,
         examples,
-        word_starts,
+        places,
+        windows,
     )
 
 
@@ -245,8 +316,14 @@ def fallback_tag(labels):
 
 
 def _word_tags(data: TaskData, outputs):
-    """One predicted tag per word: the argmax at the word's first WordPiece."""
+    """One predicted tag per word: the argmax at the word's first WordPiece (with windows, in
+    the window where that piece has the most context)."""
     best, fallback = outputs["logits"].argmax(-1), fallback_tag(data.labels)
+    if data.windows is not None:
+        window, position = data.extra
+        names = [data.labels[i] for i in best[window, position]]
+        ends = np.cumsum([len(words) for words in data.raw.words])
+        return [names[end - len(words) : end] for end, words in zip(ends, data.raw.words)]
     return [[data.labels[best[i, p]] if p >= 0 else fallback for p in starts] for i, starts in enumerate(data.extra)]
 
 
@@ -271,6 +348,7 @@ TAG = Task(
     metric="f1",
     score=_tag_score,
     rows=_tag_rows,
+    windows=True,
 )
 
 
@@ -287,7 +365,7 @@ def _read_squad(path, *, preprocessor, labels, options, require_labels, training
         examples,
         tokenizer,
         preprocessor.sequence_length,
-        options.doc_stride,
+        options.doc_stride or SQUAD_DOC_STRIDE,
         options.max_query_length,
         is_training=training,
     )

@@ -23,6 +23,7 @@ Fine-tuning runs on one device or under MirroredStrategy, where Keras' `model.fi
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import logging
@@ -37,7 +38,7 @@ import tensorflow as tf
 from kbert.config import sequence_length
 from kbert.errors import KbertError
 from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir
-from kbert.finetuning.options import FinetuneOptions, resolve_options
+from kbert.finetuning.options import SQUAD_DOC_STRIDE, FinetuneOptions, resolve_options, window_stride
 from kbert.finetuning.squad_decoding import write_predictions_json
 from kbert.finetuning.tasks import Task, TaskData, best_metric, get_task, json_floats, predict_outputs, squad_answers
 from kbert.model_dir import CHECKPOINTS_DIR, FINETUNE_STATE_FILE, open_model, save
@@ -101,7 +102,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     """
     opts = resolve_options(options, overrides)  # checks every number: one line each
     task = get_task(task)
-    _check_options(opts)
+    _check_options(opts, task)
     strategy = make_strategy(opts.strategy)
     check_output_dir(os.fspath(output), opts.overwrite)
     # --- the pretrained model, opened once: its config, vocabulary and casing say how to read the data ---
@@ -113,6 +114,8 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     max_seq_length = sequence_length(
         opts.max_seq_length, base.config.max_position_embeddings, default=task.max_seq_length
     )
+    if opts.long_text == "windows":  # the stride, now that the window's length is known (the default's half of it)
+        opts = dataclasses.replace(opts, doc_stride=window_stride(opts.doc_stride, max_seq_length))
     # The packing every export runs in its SavedModel packs the training data too.
     preprocessor = BertPreprocessor(base.vocab_file, base.do_lower_case, max_seq_length)
     train_data = task.read(
@@ -143,9 +146,10 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
 
     replicas = strategy.num_replicas_in_sync
     log.info(
-        "%s: %d training examples%s, %d replica%s",
+        "%s: %d training examples%s%s, %d replica%s",
         task.name,
         train_data.size,
+        "" if train_data.windows is None else f" (windows of {train_data.documents} documents)",
         f", {len(labels)} labels" if labels else "",
         replicas,
         "s" if replicas > 1 else "",
@@ -162,7 +166,13 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     if labels is not None:
         task_info["labels"] = labels
     if task.name == "squad":
-        task_info.update(doc_stride=opts.doc_stride, max_query_length=opts.max_query_length)
+        task_info.update(doc_stride=opts.doc_stride or SQUAD_DOC_STRIDE, max_query_length=opts.max_query_length)
+    if task.windows:
+        # What predict, evaluate and export do with a text longer than max_seq_length: truncate
+        # it, or read it whole in windows that start doc_stride tokens apart (absent: truncate).
+        task_info["long_text"] = opts.long_text
+        if opts.long_text == "windows":
+            task_info["doc_stride"] = opts.doc_stride
     if task.name in ("classify", "regress"):
         # Whether inputs are sentence pairs: the export's serving signature takes text_b only then.
         task_info["text_pairs"] = train_data.raw.texts_b is not None
@@ -177,12 +187,20 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
 
     # As run_classifier.py: shuffle, and drop the last partial batch so every step has the same shape.
     # Each epoch's order is its own seed's, so a resumed run replays the rest of an epoch exactly.
-    examples = tf.data.Dataset.from_tensor_slices((train_data.features, train_data.targets))
+    # With --long-text windows, the documents are shuffled and each one's windows batched in order.
+    if train_data.windows is None:
+        examples = tf.data.Dataset.from_tensor_slices((train_data.features, train_data.targets))
 
     def epoch_data(epoch: int, skip_batches: int):
-        batches = examples.shuffle(
-            min(train_data.size, 100_000), seed=opts.seed + epoch, reshuffle_each_iteration=False
-        )
+        if train_data.windows is None:
+            batches = examples.shuffle(
+                min(train_data.size, 100_000), seed=opts.seed + epoch, reshuffle_each_iteration=False
+            )
+        else:
+            order = window_order(train_data.windows, opts.seed + epoch)
+            batches = tf.data.Dataset.from_tensor_slices(
+                tuple({k: v[order] for k, v in part.items()} for part in (train_data.features, train_data.targets))
+            )
         batches = batches.batch(opts.batch_size, drop_remainder=train_data.size >= opts.batch_size)
         return batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
 
@@ -198,7 +216,10 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         "learning_rate": opts.learning_rate,
         "seed": opts.seed,
         "max_seq_length": max_seq_length,
+        "long_text": opts.long_text,  # a run started before --long-text existed truncated (_RunCheckpoints.resume)
     }
+    if opts.long_text == "windows":
+        fingerprint["doc_stride"] = opts.doc_stride
     tracker = _BestEpoch(task, dev_data, opts, model.do_lower_case, os.path.join(run_dir, "logs"))
     saver = _RunCheckpoints(run_dir, model, tracker, fingerprint, steps_per_epoch, opts.save_every)
     step = saver.resume() if opts.resume else saver.start(opts.overwrite)
@@ -255,10 +276,51 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     return json_floats(result)
 
 
-def _check_options(opts: FinetuneOptions):
+def _check_options(opts: FinetuneOptions, task: Task):
     """What training asks beyond `FinetuneOptions`' own checks."""
     if opts.max_seq_length is not None and opts.max_seq_length < 8:
         raise KbertError(f"--max-seq-length must be at least 8 to fine-tune, got {opts.max_seq_length}")
+    if opts.long_text == "windows" and not task.windows:
+        why = (
+            "squad reads long contexts in windows already (--doc-stride)"
+            if task.name == "squad"
+            else f"{task.name} packs each context with each ending as a pair"
+        )
+        raise KbertError(
+            f"--long-text windows applies to classify, regress and tag; {why}: drop --long-text windows for --task {task.name}"
+        )
+    if opts.doc_stride is not None and opts.long_text != "windows" and task.name != "squad":
+        log.warning("--doc-stride applies to --task squad and to --long-text windows; --task %s ignores it", task.name)
+
+
+def window_order(windows, seed: int) -> np.ndarray:
+    """One epoch's order of the training windows: the documents shuffled, each document's
+    windows together and in order.
+
+    The documents are shuffled exactly as truncation shuffles its examples (tf.data's shuffle,
+    with the same buffer and seed), so a file whose documents all fit in one window trains in
+    the same order, bit for bit, with either --long-text.
+
+    Args:
+        windows: kbert.finetuning.windows.Windows.
+        seed: int. The epoch's seed (--seed + epoch).
+
+    Returns:
+        int64 [windows]: the windows' indexes in training order.
+
+    Example:
+    >>> from kbert.finetuning.windows import Windows
+    >>> windows = Windows.from_starts([[0, 2], [0], [0, 2, 4]], num_tokens=[5, 2, 7], room=3)
+    >>> order = window_order(windows, seed=1)
+    >>> sorted(order.tolist()), [int(windows.start[i]) for i in order if windows.document[i] == 2]
+    ([0, 1, 2, 3, 4, 5], [0, 2, 4])
+    """
+    n = windows.num_documents
+    documents = tf.data.Dataset.range(n).shuffle(min(n, 100_000), seed=seed, reshuffle_each_iteration=False)
+    documents = next(iter(documents.batch(max(n, 1)))).numpy() if n else np.zeros(0, np.int64)
+    counts = windows.counts[documents]
+    firsts = windows.first_window[documents]
+    return np.repeat(firsts - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
 
 
 class _BestEpoch(keras.callbacks.Callback):
@@ -397,11 +459,12 @@ class _RunCheckpoints(keras.callbacks.Callback):
         state = self._read_state()
         if state is None:
             raise KbertError(f"--resume: no unfinished run at {self.run_dir} to continue; drop --resume to start one")
-        changed = [k for k, v in self.fingerprint.items() if state["fingerprint"].get(k) != v]
+        before = {"long_text": "truncate", **state["fingerprint"]}  # runs from before --long-text truncated
+        changed = [k for k, v in self.fingerprint.items() if before.get(k) != v]
         if changed:
             k = changed[0]
             raise KbertError(
-                f"--resume: the run in {self.run_dir} was started with {k} {state['fingerprint'].get(k)!r}, "
+                f"--resume: the run in {self.run_dir} was started with {k} {before.get(k)!r}, "
                 f"not {self.fingerprint[k]!r}; resume with the same command, or --overwrite to start over"
             )
         self.checkpoint.restore(os.path.join(self.run_dir, CHECKPOINTS_DIR, f"ckpt-{state['step']}")).expect_partial()
