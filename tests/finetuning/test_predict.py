@@ -123,9 +123,11 @@ def served(tmp_path_factory, tiny_model_dir, choice_run):
 
 
 def assert_same_json(remote, local, where=""):
-    """Equal keys, strings, ints and list lengths; floats equal to 5e-6: the server's graph and
-    Keras' predict differ in float32's last bits, and each side rounds to 6 digits (over the
-    2,000 encoder rows of `encoder_job`, the largest difference printed was 3e-6)."""
+    """Equal keys, strings, ints and list lengths; floats equal to 1e-5, the agreement the docs
+    promise: the server's graph and Keras' predict differ in float32's last bits, and each side
+    rounds to 6 digits. Over the 2,000 encoder rows of `encoder_job` the export's pooled outputs
+    differ from Keras' by up to 4.6e-6 before rounding (the one-kernel LayerNorm form: 5.8e-6),
+    so 5e-6 after rounding was hit by rounding alone."""
     assert type(remote) is type(local), (where, remote, local)
     if isinstance(local, dict):
         assert list(remote) == list(local), (where, remote, local)
@@ -136,7 +138,7 @@ def assert_same_json(remote, local, where=""):
         for i, (r, v) in enumerate(zip(remote, local)):
             assert_same_json(r, v, f"{where}[{i}]")
     elif isinstance(local, float):
-        assert abs(remote - local) <= 5e-6, (where, remote, local)
+        assert abs(remote - local) <= 1e-5, (where, remote, local)
     else:
         assert remote == local, (where, remote, local)
 
@@ -209,9 +211,8 @@ def encoder_job(tmp_path_factory, tiny_model_dir):
             "64",
         ).stdout.splitlines()
         assert len(set(served)) == ROWS
-        # Row by row the local model's (Keras here and the server's graph differ by up to 3e-6
-        # once both are rounded to 6 digits).
-        assert np.abs(pooled(served) - pooled(local.splitlines())).max() <= 5e-6
+        # Row by row the local model's, to 1e-5 (see assert_same_json).
+        assert np.abs(pooled(served) - pooled(local.splitlines())).max() <= 1e-5
         yield {"work": work, "input": work / "in.txt", "served": served, "server": server}
     finally:
         server.stop()
@@ -267,9 +268,29 @@ def wait_for_rows(process, partial, rows, limit=300):
 
 def rows_accounted(lines, served):
     """How the lines of a job that was interrupted compare with an uninterrupted job's: rows
-    duplicated, lost, out of place, and lines that are no row's."""
-    row_of = {line: i for i, line in enumerate(served)}
-    matched = [row_of.get(line) for line in lines]
+    duplicated, lost, out of place, and lines that are no row's.
+
+    A line is a row's if its values are that row's to 1e-5 (the agreement of assert_same_json),
+    not character for character: the jobs send different batches (two rows a request here, 64
+    there), and where TensorFlow runs Eigen's matmuls (CPUs without AVX-512) a row's last float32
+    bits depend on the shapes it was computed in. The 2,000 rows are far apart (distinct texts),
+    so no line is within 1e-5 of two rows."""
+    reference = pooled(served)
+
+    def values(line):  # a line that is no JSON row (half-written, say) matches nothing
+        try:
+            row = np.asarray(json.loads(line)["pooled_output"], np.float64)
+        except (ValueError, KeyError, TypeError):
+            return np.full(reference.shape[1], np.inf)
+        return row if row.shape == reference.shape[1:] else np.full(reference.shape[1], np.inf)
+
+    matched = []
+    for start in range(0, len(lines), 100):  # [100, rows, H] differences at a time
+        part = np.stack([values(line) for line in lines[start : start + 100]])
+        distance = np.abs(part[:, None, :] - reference[None, :, :]).max(axis=-1)
+        nearest = distance.argmin(axis=1)
+        close = distance[np.arange(len(part)), nearest] <= 1e-5
+        matched += [int(row) if ok else None for row, ok in zip(nearest, close)]
     found = {m for m in matched if m is not None}
     return {
         "duplicated": sum(m is not None for m in matched) - len(found),
