@@ -14,8 +14,8 @@ kernels, nothing else. Everything an export does differently lives here, in five
   layer runs one matmul where the checkpoint's layout asks for three; the model keeps the
   checkpoint's weights as they are.
 - **LayerNorm in few ops** (`layer_norm_in_few_ops`, LAYER_NORMS). Keras' LayerNormalization
-  calls about twenty ops (casts, reshapes, moments' bookkeeping); the export writes the same
-  arithmetic in ten plain ops, each a fast Eigen kernel. The other form,
+  calls about twenty ops (casts, reshapes, moments' bookkeeping); the export writes LayerNorm in
+  eight plain ops, each a fast Eigen kernel. The other form,
   a training-mode batch norm over rows (`layer_norm_as_batch_norm`), is one oneDNN kernel
   where TensorFlow turns oneDNN on (CPUs with AVX-512 and up), but several times slower where
   it does not (AVX2 CPUs, where TensorFlow's CPU batch norm transposes its input): a served
@@ -183,12 +183,11 @@ def layer_norm_as_batch_norm(x, gamma, beta, epsilon: float):
 
 
 def layer_norm_in_few_ops(x, gamma, beta, epsilon: float):
-    """LayerNorm over the last axis of `x` in ten plain ops, keras' own arithmetic in keras' order
-    (`ops.layer_normalization`: mean, the mean squared difference, inv = rsqrt(var + epsilon) ·
-    gamma, then x · inv + (beta - mean · inv)), so a served model's numbers stay those of the
-    Keras model; statistics, gamma and beta in float32 whatever x's dtype (the result is cast
-    back to it). Fast on every CPU build of TensorFlow, with or without oneDNN (docs/performance.md,
-    "LayerNorm in few ops").
+    """LayerNorm over the last axis of `x` in eight plain ops: the mean, x centred, the mean of
+    its squares, rsqrt(variance + epsilon) · gamma, then beta + centred · that. Statistics, gamma
+    and beta in float32 whatever x's dtype (the result is cast back to it). Fast on every CPU
+    build of TensorFlow, with or without oneDNN (docs/performance.md, "LayerNorm in few ops"),
+    and as close to Keras' LayerNorm as the one-kernel form (tests/finetuning/test_predict.py).
 
     >>> x = tf.constant([[1.0, 2.0, 3.0], [2.0, 2.0, 5.0]])
     >>> y = layer_norm_in_few_ops(x, tf.ones([3]), tf.zeros([3]), 1e-12)
@@ -199,9 +198,9 @@ def layer_norm_in_few_ops(x, gamma, beta, epsilon: float):
     x = tf.cast(x, tf.float32)
     gamma, beta = tf.cast(gamma, tf.float32), tf.cast(beta, tf.float32)
     mean = tf.reduce_mean(x, axis=-1, keepdims=True)
-    variance = tf.reduce_mean(tf.math.squared_difference(x, mean), axis=-1, keepdims=True)
-    inv = tf.math.rsqrt(variance + epsilon) * gamma
-    return tf.cast(x * inv + (beta - mean * inv), dtype)
+    centered = x - mean
+    variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+    return tf.cast(beta + centered * (tf.math.rsqrt(variance + epsilon) * gamma), dtype)
 
 
 def _last_axis_with_gamma_and_beta(norm) -> bool:
