@@ -51,6 +51,13 @@ def export(
         help="Weights as graph constants, not variables: faster for bfloat16 at batch 1, but the server holds "
         "several times the memory and loads several times slower (measured in docs/performance.md).",
     ),
+    max_windows: int | None = typer.Option(
+        None,
+        "--max-windows",
+        min=1,
+        help="For a model fine-tuned with --long-text windows (served whole, in windows): the most windows a "
+        "request may take in all; a request that needs more fails with an error saying so (default: 64).",
+    ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing version (tfhub: an existing EXPORT_BASE)."
     ),
@@ -66,6 +73,7 @@ def export(
             ("--name", name),
             ("--text-pairs/--single-text", text_pairs),
             ("--constant-weights", constant_weights or None),
+            ("--max-windows", max_windows),
         ):
             if value is not None:
                 raise KbertError(
@@ -93,6 +101,7 @@ def export(
         text_pairs=text_pairs,
         precision=precision,
         constant_weights=constant_weights,
+        max_windows=max_windows,
     )
     base = os.path.dirname(path)
     print_result(
@@ -102,10 +111,25 @@ def export(
             "precision": precision,
             "constant_weights": _holds_no_variables(path),
             "signatures": exported_signatures(path),
+            **_windows_info(path),
             "model_config_file": os.path.join(base, MODELS_CONFIG),
             "batching_parameters_file": os.path.join(base, BATCHING_PARAMETERS),
         }
     )
+
+
+def _windows_info(path) -> dict:
+    """A windows export's long_text, doc_stride and max_windows (nothing for other exports)."""
+    import json
+
+    from kbert.serving.export import WINDOWS_INFO
+
+    info_file = os.path.join(path, WINDOWS_INFO)
+    if not os.path.exists(info_file):
+        return {}
+    with open(info_file) as f:
+        info = json.load(f)
+    return {k: info[k] for k in ("long_text", "doc_stride", "max_windows")}
 
 
 def _holds_no_variables(path) -> bool:

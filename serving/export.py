@@ -33,6 +33,7 @@ and `label_id`. Floats are float32 and pass through
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -44,10 +45,19 @@ from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 from kbert.config import sequence_length
 from kbert.errors import KbertError
 from kbert.files import atomic_output_dir
+from kbert.finetuning.options import window_stride
 from kbert.model.bert import BertEncoder, BertMultipleChoice, BertPretrainer, BertTagger, encoder_of
 from kbert.model_dir import open_model
 from kbert.outputs import writes
-from kbert.serving.heads import API_METHODS, ServingHead, require_served, serve_encoder, serving_head
+from kbert.serving.heads import (
+    API_METHODS,
+    MAX_WINDOWS,
+    ServingHead,
+    require_served,
+    serve_encoder,
+    serve_windows,
+    serving_head,
+)
 from kbert.serving.int8 import VNNI_FLAGS, cpu_int8_instructions, require_int8_matmul
 
 # Names of this module from before their code moved, which `kbert export` imports from here.
@@ -87,9 +97,10 @@ def _next_version(export_base: str) -> int:
     return max(versions, default=0) + 1
 
 
-def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=False) -> ServingHead:
+def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=False, windows=None) -> ServingHead:
     """How to serve `model`: encoders serve their outputs, fine-tuned models their task's head
-    (`kbert.serving.heads`). Either way the model runs as `kbert.serving.optimize` rewrites it
+    (`kbert.serving.heads`), whole documents in windows if `windows` is (stride, max_windows)
+    (`serve_windows`). Either way the model runs as `kbert.serving.optimize` rewrites it
     (on each batch's longest text, Q, K and V as one matmul, LayerNorms in few ops), with its
     weights as graph constants if `constant_weights` and its dense layers in int8 if `int8`."""
 
@@ -104,7 +115,15 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=Fal
             "regress" if getattr(model, "num_classes", 0) == 1 else "classify"
         )
     require_served(task)  # before the model is rewritten for serving
-    head = serving_head(task, serving(model), task_info.get("labels"))
+    served = serving(model)
+    head = serving_head(task, served, task_info.get("labels"))
+    if windows is not None:
+        if text_pairs:
+            raise KbertError(
+                "this model reads long documents in windows, one text each (long_text windows): leave out "
+                "--text-pairs; join a pair into one text"
+            )
+        return serve_windows(task, head, served, task_info.get("labels"), *windows)
     if task in ("classify", "regress"):
         # finetune records "text_pairs"; directories from before it did may get pairs.
         pairs = bool(task_info.get("text_pairs", True)) if text_pairs is None else text_pairs
@@ -112,11 +131,12 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=Fal
     return head
 
 
-def _warmup_requests(path: str, name: str, text_inputs: dict):
-    """A TFRecord of PredictionLog protos: `serving_default` requests TF Serving replays at load."""
+def _warmup_requests(path: str, name: str, text_inputs: dict, fits=lambda texts: True):
+    """A TFRecord of PredictionLog protos: `serving_default` requests TF Serving replays at load
+    (those that `fits`: a warmup request the model refuses would stop it from loading)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:
-        for texts in WARMUP_TEXTS:
+        for texts in filter(fits, WARMUP_TEXTS):
             request = predict_pb2.PredictRequest(
                 model_spec=model_pb2.ModelSpec(name=name, signature_name="serving_default")
             )
@@ -132,6 +152,28 @@ def _warmup_requests(path: str, name: str, text_inputs: dict):
             writer.write(log.SerializeToString())
 
 
+WINDOWS_INFO = os.path.join("assets.extra", "kbert_windows.json")
+
+
+def _fits_windows(preprocessor, stride, max_windows):
+    """Whether a warmup request's texts take at most `max_windows` windows."""
+
+    def fits(texts):
+        _, starts = preprocessor.pack_windows(tf.constant(texts), stride)
+        return int(tf.size(starts.flat_values)) <= max_windows
+
+    return fits
+
+
+def _write_windows_info(path, length, stride, max_windows):
+    """What a windows export serves, for whoever reads the export: windows of `length` tokens
+    `stride` apart, at most `max_windows` per request (TF Serving ignores the file)."""
+    info = {"long_text": "windows", "max_seq_length": length, "doc_stride": stride, "max_windows": max_windows}
+    with open(os.path.join(path, WINDOWS_INFO), "w") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
+
+
 @writes("export_base", inputs=("model_dir",), in_place=True)
 def export_model(
     model_dir,
@@ -143,6 +185,7 @@ def export_model(
     text_pairs: bool | None = None,
     precision: str = "float32",
     constant_weights: bool = False,
+    max_windows: int | None = None,
 ) -> str:
     """Export a kbert model directory for TF Serving; returns the path of `EXPORT_BASE/<version>`.
 
@@ -173,6 +216,10 @@ def export_model(
             reordered layout, faster for a bfloat16 export at batch 1, but the serving process
             holds several times the memory and loads slower; a float32 export got slower on
             texts of varied lengths. Measured in docs/performance.md; see docs/serving.md.
+        max_windows: int. For a model fine-tuned with `--long-text windows`, which the export
+            serves whole documents in windows: the most windows a request may take in all
+            (default MAX_WINDOWS); a request that needs more fails with an error that says so.
+            Ignored, with a warning, for other models.
 
     Example:
     >>> path = export_model("out/classifier", "exports/sentiment")  # doctest: +SKIP
@@ -198,6 +245,9 @@ def export_model(
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise KbertError(f"model name {name!r} must be letters, digits, '_', '-' or '.'; pass --name")
 
+    if max_windows is not None and max_windows < 1:
+        raise KbertError(f"--max-windows {max_windows}: a request needs at least 1 window; give 1 or more")
+
     int8 = precision == "int8"
     if int8:
         require_int8_matmul()
@@ -218,7 +268,13 @@ def export_model(
     length = sequence_length(max_seq_length, model.config.max_position_embeddings, task_info.get("max_seq_length"))
     if length < 3:
         raise KbertError(f"--max-seq-length {length} must be at least 3 ([CLS] x [SEP])")
-    head = _serving_head(model, task_info, text_pairs, constant_weights, int8)
+    windows = None
+    if task_info.get("long_text") == "windows":
+        # Whole documents, in the windows the model was fine-tuned on (kbert.serving.heads.serve_windows).
+        windows = (window_stride(task_info.get("doc_stride"), length), max_windows or MAX_WINDOWS)
+    elif max_windows is not None:
+        log.warning("--max-windows is for models fine-tuned with --long-text windows; this one truncates: ignored")
+    head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows)
     outputs = head.outputs
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)
     preprocessor((tf.constant(["warm up"]), tf.constant(["b"])))  # builds it, so ExportArchive may track it
@@ -300,6 +356,8 @@ def export_model(
 
     def serve_api(inputs):
         strings = parse_examples(inputs)
+        if head.api_text_outputs is not None:
+            return head.api_text_outputs(strings, pack, preprocessor)
         return head.api_outputs(pack(strings["text"], strings.get("text_b")))
 
     archive.add_endpoint("serving_default", serve_text, text_signature)
@@ -317,7 +375,10 @@ def export_model(
         archive.write_out(tmp, verbose=False)
         if head.api:
             set_method_name(tmp, head.api, API_METHODS[head.api])
-        _warmup_requests(os.path.join(tmp, WARMUP_FILE), name, head.text_inputs)
+        fits = (lambda texts: True) if windows is None else _fits_windows(preprocessor, *windows)
+        _warmup_requests(os.path.join(tmp, WARMUP_FILE), name, head.text_inputs, fits)
+        if windows is not None:
+            _write_windows_info(tmp, length, *windows)
     write_models_config(export_base, name, version)
     write_batching_parameters(export_base)
     return path

@@ -1,0 +1,288 @@
+"""`kbert export` of a model fine-tuned with `--long-text windows`: whole documents served in windows.
+
+The exports are run as TF Serving runs them (a TF1 session on the MetaGraph, in a fresh process
+with only TensorFlow and TF Text) and compared with local `kbert predict` on the same documents,
+most of them several windows long: one answer per document, to 1e-5 (classify, regress), the
+same tag for every word (tag). Also: a request over `--max-windows` fails with an error that
+says so, a document that fits one window gets the truncating export's answer, and bfloat16 and
+int8 export the same windows.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import run_kbert
+from helpers import FILLER, NEGATIVE, POSITIVE, write_conll, write_tsv
+
+pytestmark = pytest.mark.slow  # several exports: `make test` runs them, `make test-fast` leaves them out
+
+LENGTH, STRIDE, MAX_WINDOWS = 16, 5, 200
+LABELS = {"classify": ["a", "b", "c"], "tag": ["B-LOC", "B-PER", "O"]}
+
+SERVE = r"""
+import json, sys
+sys.modules["kbert"] = sys.modules["keras_hub"] = None  # importing either would now fail
+import numpy as np
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (the tokenizer's ops, as TF Serving's build registers them)
+
+spec = json.load(open(sys.argv[1]))
+
+
+def examples(texts):
+    return [tf.train.Example(features=tf.train.Features(feature={
+        "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[t.encode()]))})).SerializeToString()
+        for t in texts]
+
+
+def plain(result):
+    return {k: (np.char.decode(np.asarray(v).astype(bytes), "utf-8").tolist() if np.asarray(v).dtype == object
+                else np.asarray(v).tolist()) for k, v in result.items()}
+
+
+out = {}
+for name, job in spec.items():
+    graph = tf.Graph()
+    with graph.as_default():
+        session = tf.compat.v1.Session(graph=graph)  # as TF Serving loads a model
+        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], job["path"])
+
+    def run(signature, feeds):
+        sig = meta_graph.signature_def[signature]
+        return plain(session.run({k: t.name for k, t in sig.outputs.items()},
+                                 {sig.inputs[k].name: v for k, v in feeds.items()}))
+
+    result = {"signatures": sorted(k for k in meta_graph.signature_def if not k.startswith("__"))}
+    pairs = "text_b" in meta_graph.signature_def["serving_default"].inputs  # a truncating classifier's
+    for key in ("texts", "short"):  # documents of many windows; a request of documents that fit one
+        texts = job[key]
+        result[key] = run("serving_default", {"text": texts, **({"text_b": [""] * len(texts)} if pairs else {})})
+    result["serving_default"] = result.pop("texts")
+    result["serve_examples"] = run("serve_examples", {"examples": examples(job["texts"])})
+    for api in ("classify", "regress"):
+        if api in meta_graph.signature_def:
+            result[api] = run(api, {"inputs": examples(job["texts"])})
+    if job.get("ids"):
+        result["serve_ids"] = run("serve_ids", job["ids"])
+    if job.get("too_many"):
+        try:
+            run("serving_default", {"text": job["too_many"]})
+            result["too_many"] = None
+        except tf.errors.InvalidArgumentError as e:
+            result["too_many"] = e.message
+    out[name] = result
+print(json.dumps(out))
+"""
+
+
+def _documents(n, seed):
+    """Texts over the tiny vocabulary, from a few words to several windows of 14 tokens."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        words = [str(w) for w in rng.choice(FILLER, size=int(rng.integers(0, 60)))]
+        for _ in range(4):
+            words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(POSITIVE if i % 2 else NEGATIVE)))
+        rows.append(words)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_model_dir):
+    """An untrained classifier, regressor and tagger on tf1-tiny, saved reading long texts in
+    windows of 16 tokens (stride 5), and by truncation."""
+    import keras
+
+    import kbert
+
+    keras.utils.set_random_seed(5)
+    work = tmp_path_factory.mktemp("windows-models")
+    base = kbert.load(tiny_model_dir)
+    heads = {
+        "classify": kbert.bert_classifier(base, 3),
+        "regress": kbert.bert_classifier(base, 1),
+        "tag": kbert.bert_tagger(base, 3),
+    }
+    for task, model in heads.items():
+        info = {"task": task, "max_seq_length": LENGTH, **({"labels": LABELS[task]} if task in LABELS else {})}
+        model.task_info = {**info, "long_text": "windows", "doc_stride": STRIDE}
+        kbert.save(model, work / f"{task}-windows")
+        model.task_info = info
+        kbert.save(model, work / f"{task}-truncate")
+    return work
+
+
+@pytest.fixture(scope="module")
+def served(models, tmp_path_factory):
+    """Each model exported (windows: float32, and classify in bfloat16, tag in int8; truncate:
+    float32), then every export run in one fresh process: (the exports' JSON, the answers,
+    the documents)."""
+    work = tmp_path_factory.mktemp("windows-exports")
+    documents = _documents(24, 0)
+    short = [FILLER[i : i + 9] for i in range(6)]  # each fits one window of 14 tokens
+    texts = [" ".join(words) for words in documents]
+    exported, spec = {}, {}
+    runs = [(task, "windows", "float32") for task in ("classify", "regress", "tag")]
+    runs += [(task, "truncate", "float32") for task in ("classify", "regress", "tag")]
+    runs += [("classify", "windows", "bfloat16"), ("tag", "windows", "int8")]
+    for task, long_text, precision in runs:
+        name = f"{task}-{long_text}-{precision}"
+        flags = ["--max-windows", str(MAX_WINDOWS)] if long_text == "windows" else []
+        result = run_kbert("export", models / f"{task}-{long_text}", work / name, "--precision", precision, *flags)
+        exported[name] = json.loads(result.stdout)
+        job = {"path": exported[name]["export"], "texts": texts, "short": [" ".join(words) for words in short]}
+        if name == "classify-windows-float32":
+            job["too_many"] = [" ".join(["city"] * 1000)] * 2  # 2 x 199 windows of 14 tokens, stride 5
+            job["ids"] = {"input_ids": [[101, 7, 8, 102]], "input_mask": [[1] * 4], "segment_ids": [[0] * 4]}
+        spec[name] = job
+    (work / "spec.json").write_text(json.dumps(spec))
+    (work / "serve.py").write_text(SERVE)
+    result = subprocess.run(
+        [sys.executable, str(work / "serve.py"), str(work / "spec.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return exported, json.loads(result.stdout.strip().splitlines()[-1]), documents, short
+
+
+def _local(models, task, documents, tmp_path):
+    """Local `kbert predict` on the windows model, one row per document."""
+    from kbert.finetuning.predict import predict
+
+    if task == "tag":
+        path = write_conll(tmp_path / "docs.conll", [(words, ["O"] * len(words)) for words in documents if words])
+    else:
+        path = write_tsv(tmp_path / "docs.tsv", [(" ".join(words),) for words in documents], header=("text",))
+    return list(predict(models / f"{task}-windows", path))
+
+
+def test_the_export_records_its_windows(served):
+    exported, answers, _, _ = served
+    for task in ("classify", "regress", "tag"):
+        info = exported[f"{task}-windows-float32"]
+        assert (info["long_text"], info["doc_stride"], info["max_windows"]) == ("windows", STRIDE, MAX_WINDOWS)
+        with open(os.path.join(info["export"], "assets.extra", "kbert_windows.json")) as f:
+            assert json.load(f) == {
+                "long_text": "windows", "max_seq_length": LENGTH, "doc_stride": STRIDE, "max_windows": MAX_WINDOWS,
+            }  # fmt: skip
+        assert "long_text" not in exported[f"{task}-truncate-float32"]
+    assert answers["classify-windows-float32"]["signatures"] == [
+        "classify", "serve_examples", "serve_ids", "serving_default",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("task", ["classify", "regress"])
+def test_served_documents_are_local_predicts_answers(served, models, task, tmp_path):
+    _, answers, documents, _ = served
+    local = _local(models, task, documents, tmp_path)
+    assert len(local) == len(documents)
+    got = answers[f"{task}-windows-float32"]
+    n = len(documents)
+    if task == "classify":
+        want = np.array([list(row["probabilities"].values()) for row in local])
+        for signature, key in (("serving_default", "probabilities"), ("serve_examples", "probabilities")):
+            diff = np.abs(np.array(got[signature][key][:n]) - want).max()
+            print(f"{task} {signature}: max |served - local| {diff:.2e}")
+            assert diff <= 1e-5, (signature, diff)
+            assert got[signature]["label"][:n] == [row["label"] for row in local]
+        np.testing.assert_allclose(np.array(got["classify"]["scores"][:n]), want, atol=1e-5)
+        assert got["classify"]["classes"][0] == LABELS["classify"]
+    else:
+        want = np.array([row["prediction"] for row in local])
+        for signature, key in (("serving_default", "score"), ("serve_examples", "score"), ("regress", "outputs")):
+            diff = np.abs(np.array(got[signature][key][:n]) - want).max()
+            print(f"{task} {signature}: max |served - local| {diff:.2e}")
+            assert diff <= 1e-5, (signature, diff)
+
+
+def test_served_tags_are_local_predicts_every_word_once(served, models, tmp_path):
+    _, answers, documents, _ = served
+    local = iter(_local(models, "tag", documents, tmp_path))
+    got = answers["tag-windows-float32"]
+    for i, words in enumerate(documents):
+        tags = next(local)["tags"] if words else []
+        for signature in ("serving_default", "serve_examples"):
+            row = got[signature]["word_label"][i]
+            assert row[: len(words)] == tags and not any(row[len(words) :]), (i, signature)
+    # Per token: each document's first window, which is what the truncating export gives.
+    assert np.array(got["serving_default"]["input_mask"]).shape == (len(documents), LENGTH)
+    truncate = answers["tag-truncate-float32"]["serving_default"]
+    assert got["serving_default"]["input_mask"] == truncate["input_mask"]
+    real = np.array(truncate["input_mask"]) == 1  # past a text's tokens, per-token outputs mean nothing
+    assert (np.array(got["serving_default"]["label"])[real] == np.array(truncate["label"])[real]).all()
+
+
+def test_a_request_over_the_window_limit_fails_saying_so(served):
+    _, answers, _, _ = served
+    message = answers["classify-windows-float32"]["too_many"]
+    assert message is not None
+    assert "the request needs 398 windows and this export allows 200 (kbert export --max-windows)" in message
+    assert "split the request, or export again with a larger --max-windows" in message
+
+
+def test_serve_ids_runs_one_window_per_row(served):
+    _, answers, _, _ = served
+    out = answers["classify-windows-float32"]["serve_ids"]
+    assert np.array(out["probabilities"]).shape == (1, 3)
+
+
+def test_a_document_of_one_window_gets_the_truncating_exports_answer(served):
+    _, answers, _, _ = served
+    for task, keys in (
+        ("classify", ("probabilities", "label")), ("regress", ("score",)), ("tag", ("word_label", "label_id")),
+    ):  # fmt: skip
+        windows, truncate = answers[f"{task}-windows-float32"]["short"], answers[f"{task}-truncate-float32"]["short"]
+        for key in keys:
+            assert windows[key] == truncate[key], (task, key)  # bit for bit
+
+
+def test_bfloat16_and_int8_export_the_same_windows(served):
+    _, answers, documents, _ = served
+    n = len(documents)
+    float32 = answers["classify-windows-float32"]["serving_default"]["probabilities"][:n]
+    bfloat16 = answers["classify-windows-bfloat16"]["serving_default"]["probabilities"][:n]
+    assert np.abs(np.array(bfloat16) - np.array(float32)).max() < 0.05
+    tags = answers["tag-windows-float32"]["serving_default"]["word_label"][:n]
+    int8 = answers["tag-windows-int8"]["serving_default"]["word_label"][:n]
+    assert [len([t for t in row if t]) for row in int8] == [len([t for t in row if t]) for row in tags]
+    same = np.mean([a == b for x, y in zip(int8, tags) for a, b in zip(x, y) if b])
+    assert same >= 0.9, same
+
+
+def test_text_pairs_are_refused_for_a_windows_model(models, tmp_path):
+    from conftest import assert_user_error
+
+    result = run_kbert("export", models / "classify-windows", tmp_path / "e", "--text-pairs", check=False)
+    assert_user_error(result, "reads long documents in windows, one text each")
+    assert not (tmp_path / "e" / "1").exists()
+
+
+def test_the_graphs_max_context_window_is_kbert_predicts():
+    """Every token of documents of 0 to 60 tokens, over windows of every room and stride up to 9:
+    the export's choice (in the graph) equals `kbert.finetuning.windows.max_context_windows`."""
+    import tensorflow as tf
+
+    from kbert.finetuning.windows import Windows
+    from kbert.finetuning.windows import max_context_windows as numpy_max_context
+    from kbert.serving.heads import max_context_windows
+    from kbert.text.preprocessing import window_starts
+
+    sizes = np.arange(0, 61)
+    for room in range(2, 10):
+        for stride in range(1, room):
+            starts, lengths = window_starts(tf.constant(sizes), room, stride)
+            tokens = tf.ragged.range(sizes)  # every token, as if each were a word's first piece
+            window, position = max_context_windows(starts, lengths.flat_values, tokens, stride, room)
+            windows = Windows.from_starts(starts.to_list(), sizes, room)
+            document = np.repeat(np.arange(len(sizes)), sizes)
+            want_window, want_position = numpy_max_context(windows, document, tokens.flat_values.numpy())
+            assert window.numpy().tolist() == want_window.tolist(), (room, stride)
+            assert position.numpy().tolist() == want_position.tolist(), (room, stride)
