@@ -52,10 +52,10 @@ for name, job in spec.items():
         session = tf.compat.v1.Session(graph=graph)  # as TF Serving loads a model
         meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], job["path"])
 
-    def run(signature, feeds):
+    def run(signature, feeds, shapes=False):
         sig = meta_graph.signature_def[signature]
-        return plain(session.run({k: t.name for k, t in sig.outputs.items()},
-                                 {sig.inputs[k].name: v for k, v in feeds.items()}))
+        out = session.run({k: t.name for k, t in sig.outputs.items()}, {sig.inputs[k].name: v for k, v in feeds.items()})
+        return {k: list(np.shape(v)) for k, v in out.items()} if shapes else plain(out)
 
     result = {"signatures": sorted(k for k in meta_graph.signature_def if not k.startswith("__"))}
     pairs = "text_b" in meta_graph.signature_def["serving_default"].inputs  # a truncating classifier's
@@ -67,6 +67,7 @@ for name, job in spec.items():
     for api in ("classify", "regress"):
         if api in meta_graph.signature_def:
             result[api] = run(api, {"inputs": examples(job["texts"])})
+    result["empty"] = {} if pairs else run("serving_default", {"text": []}, shapes=True)
     if job.get("ids"):
         result["serve_ids"] = run("serve_ids", job["ids"])
     if job.get("too_many"):
@@ -226,6 +227,23 @@ def test_a_request_over_the_window_limit_fails_saying_so(served):
     assert message is not None
     assert "the request needs 398 windows and this export allows 200 (kbert export --max-windows)" in message
     assert "split the request, or export again with a larger --max-windows" in message
+
+
+def test_an_empty_request_gets_empty_answers(served):
+    _, answers, _, _ = served
+    assert answers["classify-windows-float32"]["empty"] == {"probabilities": [0, 3], "label_id": [0], "label": [0]}
+    assert answers["regress-windows-float32"]["empty"] == {"score": [0]}
+    tag = answers["tag-windows-float32"]["empty"]
+    assert tag["word_label"][0] == tag["label"][0] == 0
+
+
+def test_warmup_requests_over_the_limit_are_left_out(models, tmp_path):
+    import tensorflow as tf
+
+    result = json.loads(run_kbert("export", models / "classify-windows", tmp_path / "e", "--max-windows", "1").stdout)
+    assert result["max_windows"] == 1
+    warmup = os.path.join(result["export"], "assets.extra", "tf_serving_warmup_requests")
+    assert sum(1 for _ in tf.data.TFRecordDataset(warmup)) == 1  # ["Hello, world!"]: one window
 
 
 def test_serve_ids_runs_one_window_per_row(served):
