@@ -304,3 +304,40 @@ def test_the_graphs_max_context_window_is_kbert_predicts():
             want_window, want_position = numpy_max_context(windows, document, tokens.flat_values.numpy())
             assert window.numpy().tolist() == want_window.tolist(), (room, stride)
             assert position.numpy().tolist() == want_position.tolist(), (room, stride)
+
+
+def test_predict_server_on_a_windows_export_is_local_predict(served, models, tmp_path):
+    """`kbert predict --server` against the stand-in TF Serving (tests/serving/standin_server.py):
+    the same documents' lines as local `kbert predict`; a batch over the limit: one line."""
+    from conftest import assert_user_error
+    from helpers import start_standin_server
+
+    exported, _, documents, _ = served
+    configs = [os.path.join(os.path.dirname(exported[f"{t}-windows-float32"]["export"]), "models.config") for t in
+               ("classify", "tag")]  # fmt: skip
+    process, ready = start_standin_server(configs, tmp_path / "server.log")
+    try:
+        address = f"127.0.0.1:{ready['grpc_port']}"
+        for task in ("classify", "tag"):
+            name = f"{task}-windows-float32"
+            local = _local(models, task, documents, tmp_path)
+            path = tmp_path / ("docs.conll" if task == "tag" else "docs.tsv")  # written by _local
+            result = run_kbert("predict", "--server", address, "--model", name, "--input", path)
+            remote = [json.loads(line) for line in result.stdout.splitlines()]
+            assert len(remote) == len(local)
+            for mine, theirs in zip(remote, local):
+                if task == "tag":
+                    assert mine == theirs
+                else:
+                    assert mine["label"] == theirs["label"]
+                    diff = np.abs(
+                        np.subtract(list(mine["probabilities"].values()), list(theirs["probabilities"].values()))
+                    )
+                    assert diff.max() <= 1e-5
+        big = write_tsv(tmp_path / "big.tsv", [(" ".join(["city"] * 1000),)] * 2, header=("text",))
+        result = run_kbert("predict", "--server", address, "--model", "classify-windows-float32", "--input", big,
+                           check=False)  # fmt: skip
+        assert_user_error(result, "the request needs 398 windows and this export allows 200", alone=False)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
