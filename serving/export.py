@@ -29,6 +29,11 @@ tags CoNLL words; "" past a sentence's words). Multiple-choice models take `text
 a bytes feature `endings` with one value per ending) and give `probabilities` [batch, choices]
 and `label_id`. Floats are float32 and pass through
 `tf.debugging.check_numerics`, so a NaN fails the request instead of being served.
+
+A model fine-tuned with `--long-text windows` is served whole: the text signatures cut each
+document into its windows in the graph and answer once per document, with the same keys
+(`kbert.serving.heads.serve_windows`), at most `max_windows` windows per request; `serve_ids`
+answers per window.
 """
 
 from __future__ import annotations
