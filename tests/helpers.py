@@ -292,3 +292,19 @@ def embedding_model(encoder) -> keras.Model:
     """A model from the encoder's inputs to `embedding_output` (after embeddings + LayerNorm),
     the original's `get_embedding_output`, which the parity tests compare."""
     return keras.Model(encoder.input, encoder.embeddings.output)
+
+
+def run_in_fresh_process(work, script: str, spec, timeout: int = 300):
+    """Run `script` (Python source) in a fresh interpreter on `work`/spec.json (`spec` as JSON),
+    as the export tests run SavedModels the way TF Serving does; returns its last stdout line as JSON."""
+    (work / "spec.json").write_text(json.dumps(spec))
+    (work / "serve.py").write_text(script)
+    result = subprocess.run(
+        [sys.executable, str(work / "serve.py"), str(work / "spec.json")],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])

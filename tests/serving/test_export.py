@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_user_error, run_kbert
-from helpers import sentiment_rows, write_tsv
+from helpers import run_in_fresh_process, sentiment_rows, write_tsv
 
 LENGTH = 24  # the classifier's max_seq_length; the tiny encoder's default is its 64 positions
 LONG = " ".join(["gold"] * 5000)
@@ -173,17 +173,7 @@ def served(exports, references, tmp_path_factory):
         "texts_b": [t.hex() for t in TEXTS_B],
         "ids": {k: {name: v.tolist() for name, v in references[k][1].items()} for k in references},
     }
-    (work / "spec.json").write_text(json.dumps(spec))
-    (work / "serve.py").write_text(SERVE)
-    result = subprocess.run(
-        [sys.executable, str(work / "serve.py"), str(work / "spec.json")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_in_fresh_process(work, SERVE, spec)
 
 
 def test_export_writes_the_tf_serving_layout(exports):

@@ -10,14 +10,12 @@ int8 export the same windows.
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from conftest import run_kbert
-from helpers import FILLER, NEGATIVE, POSITIVE, write_conll, write_tsv
+from helpers import FILLER, NEGATIVE, POSITIVE, run_in_fresh_process, write_conll, write_tsv
 
 pytestmark = pytest.mark.slow  # several exports: `make test` runs them, `make test-fast` leaves them out
 
@@ -141,17 +139,7 @@ def served(models, tmp_path_factory):
             job["too_many"] = [" ".join(["city"] * 1000)] * 2  # 2 x 199 windows of 14 tokens, stride 5
             job["ids"] = {"input_ids": [[101, 7, 8, 102]], "input_mask": [[1] * 4], "segment_ids": [[0] * 4]}
         spec[name] = job
-    (work / "spec.json").write_text(json.dumps(spec))
-    (work / "serve.py").write_text(SERVE)
-    result = subprocess.run(
-        [sys.executable, str(work / "serve.py"), str(work / "spec.json")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return exported, json.loads(result.stdout.strip().splitlines()[-1]), documents, short
+    return exported, run_in_fresh_process(work, SERVE, spec, timeout=600), documents, short
 
 
 def _local(models, task, documents, tmp_path):

@@ -8,8 +8,6 @@ rewritten in int8 stays close to its float32 outputs.
 
 import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -18,6 +16,7 @@ import tensorflow as tf
 
 import kbert
 from conftest import FIXTURES, assert_user_error, run_kbert
+from helpers import run_in_fresh_process
 from kbert.serving.int8 import GELU_FLOOR, int8_matmul, quantize_kernel, shifted_bias
 from kbert.serving.optimize import optimize
 
@@ -165,19 +164,8 @@ def served_int8(tmp_path_factory, tiny_model_dir):
         assert json.loads(result.stdout)["precision"] == precision
     with open(os.path.join(FIXTURES, "sample_text.txt"), encoding="utf-8") as f:
         texts = [line.strip() for line in f if line.strip()][:40]
-    (work / "spec.json").write_text(
-        json.dumps({"exports": {p: str(work / p / "1") for p in ("int8", "float32")}, "texts": texts})
-    )
-    (work / "serve.py").write_text(SERVE)
-    result = subprocess.run(
-        [sys.executable, str(work / "serve.py"), str(work / "spec.json")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    spec = {"exports": {p: str(work / p / "1") for p in ("int8", "float32")}, "texts": texts}
+    return run_in_fresh_process(work, SERVE, spec)
 
 
 @pytest.mark.slow  # two exports: `make test` runs it, `make test-fast` leaves it out
