@@ -1,4 +1,4 @@
-"""`kbert extend MODEL_DIR OUT`: a new model directory, grown from a model (more positions)."""
+"""`kbert extend MODEL_DIR OUT`: a new model directory, grown from a model (more positions, more words)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ from pathlib import Path
 import typer
 
 from kbert.cli.common import print_result
-from kbert.cli.frame import DIR, MODEL, command
+from kbert.cli.frame import DIR, MODEL, TEXT, TEXT_FILES, command
+
+# Not imported from kbert.extend: `kbert extend --help` would pay for TensorFlow.
+DEFAULT_MIN_COUNT = 5
 
 
-@command(inputs={"model_dir": MODEL}, outputs={"out": DIR})
+@command(inputs={"model_dir": MODEL, "words": TEXT, "corpus": TEXT_FILES}, outputs={"out": DIR})
 def extend(
     model_dir: Path = typer.Argument(
         ...,
@@ -25,6 +28,26 @@ def extend(
         "(Longformer's recipe), so texts that fit the old positions give the same outputs. Then continue "
         "pretraining: kbert pretrain --init OUT --max-seq-length N.",
     ),
+    words: Path | None = typer.Option(
+        None,
+        "--words",
+        help="Words to add, one a line, each one word to the model's tokenizer (no spaces or punctuation) and "
+        "not in its vocabulary. They take the [unusedN] slots first, then new ids; each new row starts as the "
+        "mean of the pieces the word was split into.",
+    ),
+    corpus: list[str] | None = typer.Option(
+        None,
+        "--corpus",
+        help="Text files or globs (comma-separated or repeated): add the --max-new words that save the most "
+        "tokens in them (occurrences × pieces saved, under the model's own tokenizer).",
+    ),
+    max_new: int | None = typer.Option(None, "--max-new", min=1, help="With --corpus: words to add at most."),
+    min_count: int = typer.Option(
+        DEFAULT_MIN_COUNT, "--min-count", min=1, help="With --corpus: occurrences a word needs to be chosen."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the words --words/--corpus would add and the tokens they save; write nothing."
+    ),
     lowercase: bool | None = typer.Option(
         None,
         "--lowercase/--no-lowercase",
@@ -32,10 +55,25 @@ def extend(
     ),
     overwrite: bool = typer.Option(False, help="Replace OUT if it exists and is not empty."),
 ):
-    """Grow a model into a new model directory: more positions with --max-position-embeddings; prints JSON."""
+    """Grow a model into a new model directory: more positions, more words, or both; prints JSON."""
+    from kbert.errors import KbertError
+    from kbert.extend import choose_words
     from kbert.extend import extend as extend_model
 
+    if dry_run:
+        if not words and not corpus:
+            raise KbertError("--dry-run shows the words that --words FILE or --corpus FILES --max-new N would add: pass one")
+        print_result(choose_words(model_dir, words, corpus or (), max_new, min_count, lowercase))
+        return
     result = extend_model(
-        model_dir, out, max_position_embeddings=max_position_embeddings, do_lower_case=lowercase, overwrite=overwrite
+        model_dir,
+        out,
+        max_position_embeddings=max_position_embeddings,
+        words_file=words,
+        corpus=corpus or (),
+        max_new=max_new,
+        min_count=min_count,
+        do_lower_case=lowercase,
+        overwrite=overwrite,
     )
     print_result(result)
