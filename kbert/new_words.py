@@ -116,8 +116,10 @@ def candidates(word_counts, tokenizer: Tokenizer, min_count: int = 1, exclude=()
 
     Example:
     >>> tokenizer = Tokenizer("tests/fixtures/vocab-uncased.txt", do_lower_case=True)
-    >>> [c.to_dict() for c in candidates({"systemd": 3, "the": 9, "dpkg": 2}, tokenizer)]
-    [{'word': 'systemd', 'count': 3, 'pieces': ['systemd'], 'saves': 0}]
+    >>> for c in candidates({"systemd": 3, "the": 9, "dpkg": 2}, tokenizer):
+    ...     print(c.to_dict())
+    {'word': 'dpkg', 'count': 2, 'pieces': ['d', '##p', '##k', '##g'], 'saves': 6}
+    {'word': 'systemd', 'count': 3, 'pieces': ['system', '##d'], 'saves': 3}
     """
     exclude, found = set(exclude), []
     for word, count in word_counts.items():

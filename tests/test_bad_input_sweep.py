@@ -35,7 +35,7 @@ VALID = {
     "predict": "T/model --input T/train.tsv --output T/out/predictions.jsonl",
     "evaluate": "T/model --input T/train.tsv",
     "export": "T/model T/out/export",
-    "extend": "T/model T/out/extended --max-position-embeddings 128",
+    "extend": "T/model T/out/extended --max-position-embeddings 128 --words T/words.txt --corpus T/text.txt --max-new 2",
     "convert from-tf1": "T/model T/out/converted --config T/model/bert_config.json --vocab T/model/vocab.txt",
     "convert to-tf1": "T/model T/out/tf1",
     "convert from-hf": "T/hf T/out/from-hf",
@@ -52,7 +52,7 @@ ANY_NUMBER = {
 }
 
 # str options that hold paths (typer has no Path type for globs and gs:// URLs).
-PATH_NAMES = {"input", "more_inputs", "output", "data", "eval_data"}
+PATH_NAMES = {"input", "more_inputs", "output", "data", "eval_data", "corpus"}
 
 
 def commands():
@@ -103,6 +103,11 @@ def tree(root: Path):
     (root / "train.tsv").write_text("text\tlabel\ngold fresh.\tpos\ndead dust.\tneg\n")
     (root / "pairs.tsv").write_text("text\ttext_b\tlabel\ngold.\tfresh.\tpos\ndead.\tdust.\tneg\n")
     (root / "plain.txt").write_text("a file where a directory belongs\n")
+    (root / "words.txt").write_text("philammon\n")  # a word of text.txt the tiny vocabulary splits
+    (root / "known-word.txt").write_text("philammon\nthe\n")
+    (root / "punctuated-word.txt").write_text("e-mail\n")
+    (root / "spaced-word.txt").write_text("gold dust\n")
+    (root / "blank-lines.txt").write_text("\n  \n\n")
     (root / "empty.txt").write_bytes(b"")
     (root / "empty-dir").mkdir()
     (root / "binary.bin").write_bytes(_elf_head())
@@ -222,6 +227,14 @@ WHOLE_CASES = [
     ("extend", "no-growth-option", "extend T/model T/out/extended"),
     ("extend", "positions-the-model's", "extend T/model T/out/extended --max-position-embeddings 64"),
     ("extend", "positions-below-the-model's", "extend T/model T/out/extended --max-position-embeddings 32"),
+    ("extend", "word-in-the-vocabulary", "extend T/kbert T/out/extended --words T/known-word.txt"),
+    ("extend", "word-with-punctuation", "extend T/kbert T/out/extended --words T/punctuated-word.txt"),
+    ("extend", "word-with-a-space", "extend T/kbert T/out/extended --words T/spaced-word.txt"),
+    ("extend", "words-file-of-blank-lines", "extend T/kbert T/out/extended --words T/blank-lines.txt"),
+    ("extend", "corpus-without-max-new", "extend T/kbert T/out/extended --corpus T/text.txt"),
+    ("extend", "max-new-without-corpus", "extend T/kbert T/out/extended --max-new 3"),
+    ("extend", "corpus-with-no-word-that-often", "extend T/kbert T/out/extended --corpus T/text.txt --max-new 3 --min-count 1000"),
+    ("extend", "dry-run-without-words", "extend T/kbert T/out/extended --dry-run --max-position-embeddings 128"),
     # --long-text windows: a stride the window (64 - 2 tokens by default, here) cannot take, tasks and pairs it does not read.
     ("finetune", "doc-stride-the-window's", f"{_FINETUNE} --long-text windows --doc-stride 62"),
     ("finetune", "doc-stride-past-the-window", f"{_FINETUNE} --long-text windows --max-seq-length 16 --doc-stride 20"),
