@@ -138,9 +138,11 @@ EXPECTED = np.load(os.path.join(TINY, "expected.npz"))
 ENCODER_KEYS = ("input_ids", "input_mask", "segment_ids")
 
 
-def original_outputs(model):
-    """The outputs expected.npz holds, computed by `model` on the same inputs."""
-    inputs = {k: EXPECTED[k].astype("int32") for k in ENCODER_KEYS + ("masked_lm_positions",)}
+def original_outputs(model, inputs=None):
+    """The outputs expected.npz holds, computed by `model` on the same inputs (or on `inputs`:
+    the encoder's three and masked_lm_positions, as expected.npz holds them)."""
+    if inputs is None:
+        inputs = {k: EXPECTED[k].astype("int32") for k in ENCODER_KEYS + ("masked_lm_positions",)}
     out = model(inputs, training=False)
     return {
         "embedding_output": embedding_model(model.encoder)({k: inputs[k] for k in ENCODER_KEYS}),
@@ -149,6 +151,21 @@ def original_outputs(model):
         "mlm_log_probs": keras.ops.log_softmax(out["mlm_logits"], axis=-1),
         "nsp_log_probs": keras.ops.log_softmax(out["nsp_logits"], axis=-1),
     }
+
+
+def original_code_report(checkpoint_dir, case) -> dict:
+    """google-research/bert's own code (tests/reference/original.py, in a process of its own: its
+    TF1 shim switches TensorFlow to graph mode) on the checkpoint in `checkpoint_dir`, fed the
+    inputs of the .npz `case` and compared with the outputs it holds: the script's JSON report
+    ("trainable_variables", "initialized_from_checkpoint", "not_initialized", "max_abs_diff")."""
+    result = subprocess.run(
+        [sys.executable, os.path.join(TESTS, "reference", "original.py"), str(checkpoint_dir), str(case)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 # === The original's packing: run_classifier.convert_single_example, run by the original code ===

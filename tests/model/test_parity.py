@@ -1,16 +1,13 @@
 """kbert against outputs computed by google-research/bert's own code (fixtures/tf1-tiny)."""
 
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import kbert
-from conftest import REFERENCE, TINY
-from helpers import EXPECTED, original_outputs
+from conftest import TINY
+from helpers import EXPECTED, original_code_report, original_outputs
 from kbert.converters import load_tf1_checkpoint
 
 
@@ -45,19 +42,7 @@ def test_original_code_loads_to_tf1_output(tiny_model_dir, tmp_path):
     from conftest import run_kbert
 
     run_kbert("convert", "to-tf1", tiny_model_dir, tmp_path / "tf1")
-    result = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(REFERENCE, "original.py"),
-            str(tmp_path / "tf1"),
-            os.path.join(TINY, "expected.npz"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = original_code_report(tmp_path / "tf1", os.path.join(TINY, "expected.npz"))
     assert report["not_initialized"] == []
     assert report["initialized_from_checkpoint"] == report["trainable_variables"] == 46
     for name, diff in report["max_abs_diff"].items():
