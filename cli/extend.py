@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import typer
@@ -60,20 +61,44 @@ def extend(
     from kbert.extend import choose_words
     from kbert.extend import extend as extend_model
 
-    if dry_run:
-        if not words and not corpus:
-            raise KbertError("--dry-run shows the words that --words FILE or --corpus FILES --max-new N would add: pass one")
-        print_result(choose_words(model_dir, words, corpus or (), max_new, min_count, lowercase))
-        return
-    result = extend_model(
-        model_dir,
-        out,
-        max_position_embeddings=max_position_embeddings,
-        words_file=words,
-        corpus=corpus or (),
-        max_new=max_new,
-        min_count=min_count,
-        do_lower_case=lowercase,
-        overwrite=overwrite,
-    )
+    if dry_run and not words and not corpus:
+        raise KbertError("--dry-run shows the words that --words FILE or --corpus FILES --max-new N would add: pass one")
+    with corpus_progress() as on_progress:
+        if dry_run:
+            result = choose_words(model_dir, words, corpus or (), max_new, min_count, lowercase, on_progress)
+        else:
+            result = extend_model(
+                model_dir,
+                out,
+                max_position_embeddings=max_position_embeddings,
+                words_file=words,
+                corpus=corpus or (),
+                max_new=max_new,
+                min_count=min_count,
+                do_lower_case=lowercase,
+                overwrite=overwrite,
+                on_progress=on_progress,
+            )
     print_result(result)
+
+
+@contextlib.contextmanager
+def corpus_progress():
+    """A callback that shows the corpus count's bytes, rate and time left on a terminal's stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    console = Console(stderr=True)
+    # Only on a terminal, as create-data's: in a log file a progress bar is noise.
+    progress = Progress(
+        TextColumn("counting words"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
+    with progress:
+        task = progress.add_task("corpus", total=None)
+        yield lambda done, total: progress.update(task, completed=done, total=total)

@@ -224,7 +224,13 @@ def corpus_tokens(word_counts, tokenizer: Tokenizer) -> int:
 
 
 def choose_words(
-    source, words_file=None, corpus=(), max_new: int | None = None, min_count: int = DEFAULT_MIN_COUNT, do_lower_case=None
+    source,
+    words_file=None,
+    corpus=(),
+    max_new: int | None = None,
+    min_count: int = DEFAULT_MIN_COUNT,
+    do_lower_case=None,
+    on_progress=None,
 ) -> dict:
     """The words `kbert extend` would add to the model at `source`, and what they save; no
     weight is read and nothing is written (`kbert extend --dry-run` prints this).
@@ -237,6 +243,7 @@ def choose_words(
         max_new: int. With `corpus`: words to choose at most.
         min_count: int. With `corpus`: occurrences a word needs.
         do_lower_case: bool. The vocabulary's casing; default: what the source records.
+        on_progress: callable(bytes_read, bytes_in_all), called as the corpus is counted.
 
     Returns: {"words": [{"word", "pieces", and with a corpus "count", "saves"}], "slots",
         "appended", "vocab_size": {"from", "to"}, and with a corpus "corpus_tokens": {"before",
@@ -259,7 +266,7 @@ def choose_words(
     if corpus:
         from kbert.text.vocab_builder import count_words
 
-        counts = count_words(list(corpus), casing)
+        counts = count_words(list(corpus), casing, on_progress)
         picked = new_words.candidates(counts, tokenizer, min_count, exclude=named)[:max_new]
         if not picked:
             raise KbertError(
@@ -299,6 +306,7 @@ def extend(
     min_count: int = DEFAULT_MIN_COUNT,
     do_lower_case=None,
     overwrite=False,
+    on_progress=None,
 ) -> dict:
     """Grow the model at `source` and save it as the kbert model directory `out`, atomically.
 
@@ -309,7 +317,7 @@ def extend(
             pretrainer, or fine-tuned with its head and task), with its vocab.txt and casing.
         max_position_embeddings: int. The new number of positions, more than the model has
             (`extend_positions`).
-        words_file, corpus, max_new, min_count: the words to add (`choose_words`,
+        words_file, corpus, max_new, min_count, on_progress: the words to add (`choose_words`,
             `extend_vocabulary`).
         do_lower_case: bool. The vocabulary's casing; default: what the source records (a
             google-research checkpoint's is guessed from its folder name, `lower_case_for`).
@@ -334,7 +342,7 @@ def extend(
         check_positions(positions, max_position_embeddings)
     chosen = None
     if words_file or corpus:
-        chosen = choose_words(source, words_file, corpus, max_new, min_count, do_lower_case)
+        chosen = choose_words(source, words_file, corpus, max_new, min_count, do_lower_case, on_progress)
     grown = open_model(source, do_lower_case)
     result = {}
     with tempfile.TemporaryDirectory(prefix="kbert-vocab-") as folder:

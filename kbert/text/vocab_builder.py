@@ -56,27 +56,39 @@ class WordTokenizer(Tokenizer):
         return [token]
 
 
-def _lines(input_files):
+_PROGRESS_BYTES = 1 << 20  # bytes read between two calls of a progress callback
+
+
+def _lines(input_files, on_progress=None):
+    total = sum(os.path.getsize(path) for path in input_files) if on_progress else 0
+    done = reported = 0
     for path in input_files:
         with open(path, "rb") as f:
             for raw in f:
                 # Invalid UTF-8 becomes U+FFFD, which the tokenizer's cleaning drops.
                 yield raw.decode("utf-8", "replace")
+                done += len(raw)
+                if on_progress and done - reported >= _PROGRESS_BYTES:
+                    on_progress(done, total)
+                    reported = done
+    if on_progress:
+        on_progress(done, total)
 
 
-def count_words(input_files, do_lower_case: bool = True) -> collections.Counter:
+def count_words(input_files, do_lower_case: bool = True, on_progress=None) -> collections.Counter:
     """How often each word (as kbert.Tokenizer splits text before WordPiece) occurs.
 
     Args:
         input_files: list of str. Text files.
         do_lower_case: bool. Lower-case and strip accents.
+        on_progress: callable(bytes_read, bytes_in_all) or None: called every MiB read, and at the end.
 
     Example:
     >>> count_words(["tests/fixtures/sample_text.txt"]).most_common(3)
     [(',', 73), ('the', 59), ('of', 34)]
     """
     words, counts = WordTokenizer(do_lower_case), collections.Counter()
-    for line in _lines(input_files):
+    for line in _lines(input_files, on_progress):
         counts.update(words.tokenize(line))
     return counts
 
