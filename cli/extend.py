@@ -62,7 +62,9 @@ def extend(
     from kbert.extend import extend as extend_model
 
     if dry_run and not words and not corpus:
-        raise KbertError("--dry-run shows the words that --words FILE or --corpus FILES --max-new N would add: pass one")
+        raise KbertError(
+            "--dry-run shows the words that --words FILE or --corpus FILES --max-new N would add: pass one"
+        )
     with corpus_progress() as on_progress:
         if dry_run:
             result = choose_words(model_dir, words, corpus or (), max_new, min_count, lowercase, on_progress)

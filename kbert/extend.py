@@ -30,10 +30,10 @@ import numpy as np
 
 from kbert import new_words
 from kbert.errors import KbertError
+from kbert.files import atomic_write_text
 from kbert.model.bert import Vocabulary, encoder_of
 from kbert.model.initializers import unfilled
 from kbert.model_dir import describe_source, model_kind, open_model, save
-from kbert.files import atomic_write_text
 from kbert.outputs import writes
 from kbert.text.tokenizer import Tokenizer, vocab_tokens
 
@@ -274,7 +274,10 @@ def choose_words(
                 "or pass more text"
             )
         for entry in chosen:
-            entry.update(count=int(counts.get(entry["word"], 0)), saves=int(counts.get(entry["word"], 0)) * (len(entry["pieces"]) - 1))
+            entry.update(
+                count=int(counts.get(entry["word"], 0)),
+                saves=int(counts.get(entry["word"], 0)) * (len(entry["pieces"]) - 1),
+            )
         chosen += [candidate.to_dict() for candidate in picked]
         grown_tokens, _, _ = new_words.place_words(vocab_tokens(info.vocab_file), [c["word"] for c in chosen])
         with tempfile.TemporaryDirectory(prefix="kbert-vocab-") as folder:
@@ -349,7 +352,9 @@ def extend(
         if chosen is not None:
             if not new_words.unused_slots(vocab_tokens(grown.vocab_file)):
                 log.info("the vocabulary has no [unusedN] slots: the %d new words are appended", len(chosen["words"]))
-            grown, placement = extend_vocabulary(grown, [c["word"] for c in chosen["words"]], os.path.join(folder, "vocab.txt"))
+            grown, placement = extend_vocabulary(
+                grown, [c["word"] for c in chosen["words"]], os.path.join(folder, "vocab.txt")
+            )
             result["new_words"] = {
                 "added": len(placement["words"]),
                 "slots": placement["slots"],

@@ -160,4 +160,3 @@ def place_words(tokens, words) -> tuple[list[str], list[int], int]:
 def old_piece_ids(words, tokenizer: Tokenizer) -> list[list[int]]:
     """The ids each word was split into by the model's WordPiece (its new row starts as their mean)."""
     return [tokenizer.convert_tokens_to_ids(tokenizer.wordpiece(word)) for word in words]
-

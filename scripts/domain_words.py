@@ -83,8 +83,12 @@ def split_text(args):
     heldout = task_texts(args.task, "test")
     with open(paths["heldout"], "w", encoding="utf-8") as f:
         f.write("\n\n".join(as_sentences(t) for t in heldout) + "\n")
-    return paths, {"corpus_documents": len(docs), "held_out_documents_dropped": len(docs) - len(kept),
-                   "pretraining_documents": len(sample), "heldout_texts": len(heldout)}
+    return paths, {
+        "corpus_documents": len(docs),
+        "held_out_documents_dropped": len(docs) - len(kept),
+        "pretraining_documents": len(sample),
+        "heldout_texts": len(heldout),
+    }
 
 
 def count_tokens(model_dir, texts):
@@ -115,8 +119,18 @@ def main():
 
     models = {"base": args.model, "words": os.path.join(work, "words")}
     results["extend"], results["extend_s"] = kbert(
-        work, "extend", "extend", args.model, models["words"], "--corpus", paths["pretrain"],
-        "--max-new", args.max_new, "--min-count", args.min_count, "--overwrite",
+        work,
+        "extend",
+        "extend",
+        args.model,
+        models["words"],
+        "--corpus",
+        paths["pretrain"],
+        "--max-new",
+        args.max_new,
+        "--min-count",
+        args.min_count,
+        "--overwrite",
     )
     results["extend"]["new_words"]["words"] = results["extend"]["new_words"]["words"][:40]  # the first, for the README
     heldout = task_texts(args.task, "test")
@@ -126,31 +140,110 @@ def main():
         vocab = os.path.join(model, "vocab.txt")
         run = os.path.join(work, name)
         os.makedirs(run, exist_ok=True)
-        common = ["--vocab", vocab, "--max-seq-length", 128, "--max-predictions-per-seq", 20, "--dupe-factor", 1,
-                  "--seed", 1, "--overwrite"]
-        made, _ = kbert(work, f"{name}-data", "create-data", "--input", paths["sample"], "--output",
-                        os.path.join(run, "train.tfrecord"), *common)
-        held, _ = kbert(work, f"{name}-heldout-data", "create-data", "--input", paths["heldout"], "--output",
-                        os.path.join(run, "heldout.tfrecord"), *common)
+        common = [
+            "--vocab",
+            vocab,
+            "--max-seq-length",
+            128,
+            "--max-predictions-per-seq",
+            20,
+            "--dupe-factor",
+            1,
+            "--seed",
+            1,
+            "--overwrite",
+        ]
+        made, _ = kbert(
+            work,
+            f"{name}-data",
+            "create-data",
+            "--input",
+            paths["sample"],
+            "--output",
+            os.path.join(run, "train.tfrecord"),
+            *common,
+        )
+        held, _ = kbert(
+            work,
+            f"{name}-heldout-data",
+            "create-data",
+            "--input",
+            paths["heldout"],
+            "--output",
+            os.path.join(run, "heldout.tfrecord"),
+            *common,
+        )
         instances = held["instances"]
-        shutil.rmtree(os.path.join(run, "pretrained"), ignore_errors=True)  # a fresh run (pretrain resumes only on --resume)
+        shutil.rmtree(
+            os.path.join(run, "pretrained"), ignore_errors=True
+        )  # a fresh run (pretrain resumes only on --resume)
         pretrained, seconds = kbert(
-            work, f"{name}-pretrain", "pretrain", "--init", model, "--model-dir", os.path.join(run, "pretrained"),
-            "--data", os.path.join(run, "train.tfrecord"), "--steps", args.steps, "--batch-size", args.batch_size,
-            "--learning-rate", args.learning_rate, "--save-every", args.steps, "--eval-data",
-            os.path.join(run, "heldout.tfrecord"), "--eval-every", args.steps,
-            "--eval-steps", max(1, int(instances) // args.batch_size), "--seed", 1,
+            work,
+            f"{name}-pretrain",
+            "pretrain",
+            "--init",
+            model,
+            "--model-dir",
+            os.path.join(run, "pretrained"),
+            "--data",
+            os.path.join(run, "train.tfrecord"),
+            "--steps",
+            args.steps,
+            "--batch-size",
+            args.batch_size,
+            "--learning-rate",
+            args.learning_rate,
+            "--save-every",
+            args.steps,
+            "--eval-data",
+            os.path.join(run, "heldout.tfrecord"),
+            "--eval-every",
+            args.steps,
+            "--eval-steps",
+            max(1, int(instances) // args.batch_size),
+            "--seed",
+            1,
         )
         tuned, tune_s = kbert(
-            work, f"{name}-finetune", "finetune", os.path.join(run, "pretrained"), "--task", "classify",
-            "--train", os.path.join(args.task, "train.tsv"), "--output", os.path.join(run, "finetuned"),
-            "--epochs", args.epochs, "--batch-size", 32, "--learning-rate", 1e-4, "--seed", 1,
-            "--max-seq-length", args.finetune_seq_length, "--overwrite",
+            work,
+            f"{name}-finetune",
+            "finetune",
+            os.path.join(run, "pretrained"),
+            "--task",
+            "classify",
+            "--train",
+            os.path.join(args.task, "train.tsv"),
+            "--output",
+            os.path.join(run, "finetuned"),
+            "--epochs",
+            args.epochs,
+            "--batch-size",
+            32,
+            "--learning-rate",
+            1e-4,
+            "--seed",
+            1,
+            "--max-seq-length",
+            args.finetune_seq_length,
+            "--overwrite",
         )
-        tested, _ = kbert(work, f"{name}-test", "evaluate", os.path.join(run, "finetuned"), "--input",
-                          os.path.join(args.task, "test.tsv"))
-        results[name] = {"train_data": made, "heldout_data": held, "pretrain": pretrained, "pretrain_s": seconds,
-                         "finetune": tuned, "finetune_s": tune_s, "test": tested}
+        tested, _ = kbert(
+            work,
+            f"{name}-test",
+            "evaluate",
+            os.path.join(run, "finetuned"),
+            "--input",
+            os.path.join(args.task, "test.tsv"),
+        )
+        results[name] = {
+            "train_data": made,
+            "heldout_data": held,
+            "pretrain": pretrained,
+            "pretrain_s": seconds,
+            "finetune": tuned,
+            "finetune_s": tune_s,
+            "test": tested,
+        }
         print(json.dumps({name: results[name]}), file=sys.stderr, flush=True)
     with open(os.path.join(work, "results.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -233,7 +233,11 @@ WHOLE_CASES = [
     ("extend", "words-file-of-blank-lines", "extend T/kbert T/out/extended --words T/blank-lines.txt"),
     ("extend", "corpus-without-max-new", "extend T/kbert T/out/extended --corpus T/text.txt"),
     ("extend", "max-new-without-corpus", "extend T/kbert T/out/extended --max-new 3"),
-    ("extend", "corpus-with-no-word-that-often", "extend T/kbert T/out/extended --corpus T/text.txt --max-new 3 --min-count 1000"),
+    (
+        "extend",
+        "corpus-with-no-word-that-often",
+        "extend T/kbert T/out/extended --corpus T/text.txt --max-new 3 --min-count 1000",
+    ),
     ("extend", "dry-run-without-words", "extend T/kbert T/out/extended --dry-run --max-position-embeddings 128"),
     # --long-text windows: a stride the window (64 - 2 tokens by default, here) cannot take, tasks and pairs it does not read.
     ("finetune", "doc-stride-the-window's", f"{_FINETUNE} --long-text windows --doc-stride 62"),

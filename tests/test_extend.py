@@ -4,8 +4,6 @@ more, checked against the original code's outputs, the checkpoint's own tables, 
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -13,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 import kbert
-from conftest import FIXTURES, REFERENCE, TINY, assert_user_error, run_kbert
-from helpers import ENCODER_KEYS, EXPECTED, embedding_model, original_outputs, saved_weights
+from conftest import FIXTURES, TINY, assert_user_error, run_kbert
+from helpers import ENCODER_KEYS, EXPECTED, embedding_model, original_code_report, original_outputs, saved_weights
 from kbert.extend import extend_positions
 
 OLD, NEW = 64, 150  # 150 = 64 + 64 + 22: the last copy of the table is cut short
@@ -216,14 +214,7 @@ def test_the_original_code_loads_to_tf1_output_and_reads_past_64(extended, tmp_p
     }
     np.savez(tmp_path / "long.npz", **long_case)
     for case in (os.path.join(TINY, "expected.npz"), str(tmp_path / "long.npz")):
-        result = subprocess.run(
-            [sys.executable, os.path.join(REFERENCE, "original.py"), str(tmp_path / "tf1"), case],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        report = json.loads(result.stdout.strip().splitlines()[-1])
+        report = original_code_report(tmp_path / "tf1", case)
         assert report["not_initialized"] == []
         assert report["initialized_from_checkpoint"] == report["trainable_variables"] == 46
         for name, diff in report["max_abs_diff"].items():

@@ -136,7 +136,9 @@ def test_the_corpus_chooses_by_occurrences_times_pieces_saved(tmp_path):
     """--dry-run over the sample text, against the score computed here with the tokenizer;
     and the corpus's token count after, against tokenizing it with the model the command writes."""
     result = json.loads(
-        run_kbert("extend", TINY, tmp_path / "out", "--corpus", SAMPLE, "--max-new", 4, "--min-count", 2, "--dry-run").stdout
+        run_kbert(
+            "extend", TINY, tmp_path / "out", "--corpus", SAMPLE, "--max-new", 4, "--min-count", 2, "--dry-run"
+        ).stdout
     )
     assert not (tmp_path / "out").exists()
     tokenizer = kbert.Tokenizer(TINY_VOCAB, do_lower_case=True)
@@ -150,7 +152,9 @@ def test_the_corpus_chooses_by_occurrences_times_pieces_saved(tmp_path):
     assert [w["saves"] for w in result["words"]] == [-s for s, _, _ in scored[:4]]
     assert (result["slots"], result["appended"], result["vocab_size"]) == (3, 1, {"from": 300, "to": 301})
 
-    made = json.loads(run_kbert("extend", TINY, tmp_path / "out", "--corpus", SAMPLE, "--max-new", 4, "--min-count", 2).stdout)
+    made = json.loads(
+        run_kbert("extend", TINY, tmp_path / "out", "--corpus", SAMPLE, "--max-new", 4, "--min-count", 2).stdout
+    )
     assert made["new_words"]["words"] == [w["word"] for w in result["words"]]
     text = open(SAMPLE, encoding="utf-8").read()
     before = len(tokenizer.tokenize(text))
@@ -163,8 +167,19 @@ def test_words_and_corpus_together_with_more_positions(tmp_path):
     (tmp_path / "words.txt").write_text("hermit\n")
     result = json.loads(
         run_kbert(
-            "extend", TINY, tmp_path / "out", "--words", tmp_path / "words.txt", "--corpus", SAMPLE,
-            "--max-new", 2, "--min-count", 2, "--max-position-embeddings", 100,
+            "extend",
+            TINY,
+            tmp_path / "out",
+            "--words",
+            tmp_path / "words.txt",
+            "--corpus",
+            SAMPLE,
+            "--max-new",
+            2,
+            "--min-count",
+            2,
+            "--max-position-embeddings",
+            100,
         ).stdout
     )
     assert result["new_words"]["words"][0] == "hermit" and result["new_words"]["added"] == 3
