@@ -187,7 +187,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
 
     # As run_classifier.py: shuffle, and drop the last partial batch so every step has the same shape.
     # Each epoch's order is its own seed's, so a resumed run replays the rest of an epoch exactly.
-    # With --long-text windows, the documents are shuffled and each one's windows batched in order.
+    # With --long-text windows, the windows of all documents are shuffled together (window_order).
     if train_data.windows is None:
         examples = tf.data.Dataset.from_tensor_slices((train_data.features, train_data.targets))
 
@@ -294,12 +294,14 @@ def _check_options(opts: FinetuneOptions, task: Task):
 
 
 def window_order(windows, seed: int) -> np.ndarray:
-    """One epoch's order of the training windows: the documents shuffled, each document's
-    windows together and in order.
+    """One epoch's order of the training windows: every window of every document shuffled
+    together, as run_squad.py shuffles its doc spans.
 
-    The documents are shuffled exactly as truncation shuffles its examples (tf.data's shuffle,
-    with the same buffer and seed), so a file whose documents all fit in one window trains in
-    the same order, bit for bit, with either --long-text.
+    Windows of one document share a label: kept together, a long document fills whole batches
+    with one label and training stalls (docs/real-data.md measured it). They are shuffled
+    exactly as truncation shuffles its examples (tf.data's shuffle, with the same buffer and
+    seed), so a file whose documents all fit in one window trains in the same order, bit for
+    bit, with either --long-text.
 
     Args:
         windows: kbert.finetuning.windows.Windows.
@@ -311,16 +313,12 @@ def window_order(windows, seed: int) -> np.ndarray:
     Example:
     >>> from kbert.finetuning.windows import Windows
     >>> windows = Windows.from_starts([[0, 2], [0], [0, 2, 4]], num_tokens=[5, 2, 7], room=3)
-    >>> order = window_order(windows, seed=1)
-    >>> sorted(order.tolist()), [int(windows.start[i]) for i in order if windows.document[i] == 2]
-    ([0, 1, 2, 3, 4, 5], [0, 2, 4])
+    >>> sorted(window_order(windows, seed=1).tolist())
+    [0, 1, 2, 3, 4, 5]
     """
-    n = windows.num_documents
-    documents = tf.data.Dataset.range(n).shuffle(min(n, 100_000), seed=seed, reshuffle_each_iteration=False)
-    documents = next(iter(documents.batch(max(n, 1)))).numpy() if n else np.zeros(0, np.int64)
-    counts = windows.counts[documents]
-    firsts = windows.first_window[documents]
-    return np.repeat(firsts - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
+    n = len(windows.document)
+    order = tf.data.Dataset.range(n).shuffle(min(n, 100_000), seed=seed, reshuffle_each_iteration=False)
+    return next(iter(order.batch(max(n, 1)))).numpy() if n else np.zeros(0, np.int64)
 
 
 class _BestEpoch(keras.callbacks.Callback):

@@ -419,7 +419,7 @@ def test_windows_refuse_pairs_and_a_stride_the_window_cannot_take(saved_heads, t
         list(predict(work / "classify-windows", single, max_seq_length=7))
 
 
-def test_the_epochs_order_keeps_each_documents_windows_together():
+def test_the_epochs_order_shuffles_every_window_as_truncation_shuffles_examples():
     import tensorflow as tf
 
     from kbert.finetuning.train import window_order
@@ -427,16 +427,18 @@ def test_the_epochs_order_keeps_each_documents_windows_together():
     lengths = np.random.default_rng(4).integers(0, 30, size=50)
     starts, _ = window_starts(lengths, 8, 3)
     windows = Windows.from_starts(starts.to_list(), lengths, 8)
+    n = len(windows.document)
+    assert n > 100
     order = window_order(windows, seed=7)
-    assert sorted(order.tolist()) == list(range(len(windows.document)))
+    assert sorted(order.tolist()) == list(range(n))
+    # The windows in the order truncation shuffles its examples, with the same seed: a file
+    # whose documents are one window each trains as with --long-text truncate.
+    shuffled = tf.data.Dataset.range(n).shuffle(n, seed=7, reshuffle_each_iteration=False)
+    assert order.tolist() == [int(i) for i in shuffled]
+    # Long documents' windows are spread over the epoch, not left in runs of one label.
     documents = windows.document[order]
-    runs = [documents[0]] + [d for previous, d in zip(documents, documents[1:]) if d != previous]
-    assert sorted(runs) == list(range(50))  # each document once: its windows are together
-    for d in range(50):
-        assert windows.start[order[documents == d]].tolist() == sorted(windows.start[windows.document == d].tolist())
-    # The documents in the order truncation shuffles its examples, with the same seed.
-    shuffled = tf.data.Dataset.range(50).shuffle(50, seed=7, reshuffle_each_iteration=False)
-    assert runs == [int(i) for i in shuffled]
+    runs = 1 + int(np.sum(documents[1:] != documents[:-1]))
+    assert runs > n * 0.8
     assert window_order(windows, seed=7).tolist() == order.tolist()
     assert window_order(windows, seed=8).tolist() != order.tolist()
 
