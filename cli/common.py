@@ -61,3 +61,22 @@ def print_result(result: dict):
     """The command's result: one JSON object on stdout."""
     sys.stdout.write(json.dumps(result, sort_keys=False) + "\n")
     sys.stdout.flush()
+
+
+def bytes_progress(label: str, *more_columns):
+    """A rich progress bar over bytes read (bar, bytes, rate, time left) on stderr, shown only on
+    a terminal: in a log file a progress bar is noise, and the JSON result says it all."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        *more_columns,
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )

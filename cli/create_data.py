@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from kbert.cli.common import print_result
+from kbert.cli.common import bytes_progress, print_result
 from kbert.cli.frame import TEXT, TEXT_FILES, Output, command
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 
@@ -69,8 +69,7 @@ def create_data(
     """Make MLM + NSP pretraining records from text; prints a JSON summary with their statistics."""
     # Here, not at the top: every kbert command, `kbert --help` and create-data's spawned workers
     # (which import the kbert script again) would otherwise pay for them.
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import TextColumn
 
     from kbert.errors import KbertError
     from kbert.pretraining.create_data import DataOptions, create_pretraining_data
@@ -108,18 +107,7 @@ def create_data(
     if pipeline_options:
         raise KbertError("--pipeline-options are Beam's; pass --runner DirectRunner (or another Beam runner) too")
 
-    console = Console(stderr=True)
-    # Only on a terminal: in a log file a progress bar is noise, and the JSON says it all.
-    progress = Progress(
-        TextColumn("create-data"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TextColumn("{task.fields[instances]:,} instances"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not console.is_terminal,
-    )
+    progress = bytes_progress("create-data", TextColumn("{task.fields[instances]:,} instances"))
     with progress:
         task = progress.add_task("text", total=None, instances=0)
 

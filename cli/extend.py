@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from kbert.cli.common import print_result
+from kbert.cli.common import bytes_progress, print_result
 from kbert.cli.frame import DIR, MODEL, TEXT, TEXT_FILES, command
 
 # Not imported from kbert.extend: `kbert extend --help` would pay for TensorFlow.
@@ -87,20 +87,7 @@ def extend(
 @contextlib.contextmanager
 def corpus_progress():
     """A callback that shows the corpus count's bytes, rate and time left on a terminal's stderr."""
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
-    console = Console(stderr=True)
-    # Only on a terminal, as create-data's: in a log file a progress bar is noise.
-    progress = Progress(
-        TextColumn("counting words"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not console.is_terminal,
-    )
+    progress = bytes_progress("counting words")
     with progress:
         task = progress.add_task("corpus", total=None)
         yield lambda done, total: progress.update(task, completed=done, total=total)
