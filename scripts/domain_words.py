@@ -112,12 +112,13 @@ def main():
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--finetune-seq-length", type=int, default=64)
+    parser.add_argument("--runs", default="base,words", help="which runs to make; the others' WORK/NAME.json are reused")
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     work = args.work
     paths, results = split_text(args)
 
-    models = {"base": args.model, "words": os.path.join(work, "words")}
+    models = {"base": args.model, "words": os.path.join(work, "model-words")}
     results["extend"], results["extend_s"] = kbert(
         work,
         "extend",
@@ -137,6 +138,10 @@ def main():
     results["heldout_tokens"] = {name: count_tokens(m, heldout) for name, m in models.items()}
 
     for name, model in models.items():
+        if name not in args.runs.split(","):
+            with open(os.path.join(work, f"{name}.json")) as f:
+                results[name] = json.load(f)
+            continue
         vocab = os.path.join(model, "vocab.txt")
         run = os.path.join(work, name)
         os.makedirs(run, exist_ok=True)
@@ -244,7 +249,8 @@ def main():
             "finetune_s": tune_s,
             "test": tested,
         }
-        print(json.dumps({name: results[name]}), file=sys.stderr, flush=True)
+        with open(os.path.join(work, f"{name}.json"), "w") as f:
+            json.dump(results[name], f, indent=1)
     with open(os.path.join(work, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(json.dumps(results))
