@@ -112,7 +112,9 @@ def main():
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--finetune-seq-length", type=int, default=64)
-    parser.add_argument("--runs", default="base,words", help="which runs to make; the others' WORK/NAME.json are reused")
+    parser.add_argument(
+        "--runs", default="base,words", help="which runs to make; the others' WORK/NAME.json are reused"
+    )
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     work = args.work
