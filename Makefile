@@ -24,7 +24,7 @@ lint: $(STAMP)
 # Two pytest workers, one test file each at a time (module fixtures are made once): the tests
 # spend much of their time in single-threaded Python (imports, tiny models, subprocesses).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # The inner loop: everything but the tests marked slow (training runs, exports, servers,
 # packaging), in under 3 minutes. CI runs the whole `make test`.

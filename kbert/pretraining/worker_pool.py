@@ -89,9 +89,11 @@ def chunk_results(chunks, workers: int, start_args: tuple):
                 yield (chunk_done, *future.result())
         except BaseException:  # an error, Ctrl-C, or the caller stopped reading
             # Do not make chunks nobody will write: without this, leaving the `with` waits
-            # for every chunk already handed to a worker.
-            for _, future in pending:
-                future.cancel()
+            # for every chunk already handed to a worker. The stopped workers break the pool,
+            # and its manager thread fails every pending future. They are not cancelled first:
+            # CPython 3.11's manager thread then dies setting an exception on a cancelled
+            # future (InvalidStateError, checked for from 3.12 on), its clean-up never runs,
+            # and the resource tracker prints KeyErrors for the queues' semaphores.
             for process in set(multiprocessing.active_children()) - others:
                 process.terminate()
             raise
