@@ -298,6 +298,9 @@ def export_model(
     def pack(text, text_b=None):
         return pack_single(text) if text_b is None else pack_pair(text, text_b)
 
+    # The same for documents packed in windows: every text signature of a windows model calls these.
+    packer = _WindowPackingTracedOnce(preprocessor) if windows else preprocessor
+
     archive = keras.export.ExportArchive()
     # The model's variables are not tracked here: add_endpoint saves every variable the signatures
     # use, and tracking the model as well saved each weight a second time (Keras' own variables
@@ -323,7 +326,7 @@ def export_model(
 
     def text_outputs(strings):
         if head.text_outputs is not None:
-            return head.text_outputs(strings, pack, preprocessor)
+            return head.text_outputs(strings, pack, packer)
         return outputs(pack(strings["text"], strings.get("text_b")))
 
     # serving_default takes the head's string inputs, in order; their names are the TensorSpecs'.
@@ -362,7 +365,7 @@ def export_model(
     def serve_api(inputs):
         strings = parse_examples(inputs)
         if head.api_text_outputs is not None:
-            return head.api_text_outputs(strings, pack, preprocessor)
+            return head.api_text_outputs(strings, pack, packer)
         return head.api_outputs(pack(strings["text"], strings.get("text_b")))
 
     archive.add_endpoint("serving_default", serve_text, text_signature)
@@ -387,3 +390,19 @@ def export_model(
     write_models_config(export_base, name, version)
     write_batching_parameters(export_base)
     return path
+
+
+class _WindowPackingTracedOnce:
+    """`preprocessor` with its window packing as tf.functions: traced once for all the signatures
+    that call them, instead of once each.
+
+    Every other attribute is the preprocessor's own.
+    """
+
+    def __init__(self, preprocessor):
+        self._preprocessor = preprocessor
+        self.pack_windows = tf.function(preprocessor.pack_windows)
+        self.pack_word_windows = tf.function(preprocessor.pack_word_windows)
+
+    def __getattr__(self, name):
+        return getattr(self._preprocessor, name)
