@@ -267,11 +267,20 @@ def choose_words(
         from kbert.text.vocab_builder import count_words
 
         counts = count_words(list(corpus), casing, on_progress)
-        picked = new_words.candidates(counts, tokenizer, min_count, exclude=named)[:max_new]
+        qualified = new_words.candidates(counts, tokenizer, min_count, exclude=named)
+        picked = qualified[:max_new]
         if not picked:
             raise KbertError(
                 f"--corpus: no word seen {min_count} times or more is split by the vocabulary; lower --min-count "
                 "or pass more text"
+            )
+        if len(picked) < max_new:  # said, not refused: the words that qualify are still worth adding
+            log.warning(
+                "--max-new %d: only %d words are seen %d times or more and split by the vocabulary; adding those "
+                "(lower --min-count or pass more text for more)",
+                max_new,
+                len(picked),
+                min_count,
             )
         for entry in chosen:
             entry.update(

@@ -163,6 +163,15 @@ def test_the_corpus_chooses_by_occurrences_times_pieces_saved(tmp_path):
     assert after < before - sum(w["saves"] for w in result["words"]) / 2
 
 
+def test_more_new_words_asked_than_the_corpus_has_adds_those_it_has_and_says_so(tmp_path):
+    tokenizer = kbert.Tokenizer(TINY_VOCAB, do_lower_case=True)
+    qualified = [w for w, n in count_words([SAMPLE]).items() if n >= 2 and len(tokenizer.wordpiece(w)) > 1]
+    qualified = [w for w in qualified if w not in tokenizer.vocab]
+    ran = run_kbert("extend", TINY, tmp_path / "out", "--corpus", SAMPLE, "--max-new", 10_000, "--min-count", 2)
+    assert json.loads(ran.stdout)["new_words"]["added"] == len(qualified) < 10_000
+    assert f"--max-new 10000: only {len(qualified)} words are seen 2 times or more" in ran.stderr
+
+
 def test_words_and_corpus_together_with_more_positions(tmp_path):
     (tmp_path / "words.txt").write_text("hermit\n")
     result = json.loads(
