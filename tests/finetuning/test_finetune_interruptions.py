@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import TINY, failing_checkpoint_command, kbert_command
+from conftest import TINY, failing_checkpoint_command, kbert_command, run_kbert
 from helpers import largest_difference, saved_weights, sentiment_rows, write_tsv
 
 pytestmark = pytest.mark.slow
@@ -146,15 +146,22 @@ def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(tmp_path
     assert_same_run(out, reference)
 
 
-def test_resume_refusals(tmp_path, data, reference):
+def refused(out, data, *extra):
+    """`kbert finetune` with `extra`, run in this process: a refusal needs no process of its own."""
+    train, dev = data
+    args = [TINY, "--train", train, "--dev", dev, "--output", out, *FLAGS, *extra]
+    return run_kbert("finetune", *args, check=False)
+
+
+def test_resume_refusals(tmp_path, data):
     out = tmp_path / "model"
-    result = run(out, data, "--resume")
+    result = refused(out, data, "--resume")
     assert result.returncode == 1 and "no unfinished run" in result.stderr.strip().splitlines()[-1]
     code, _ = interrupt(out, data, signal.SIGTERM, 5)
     assert code == 143
-    result = run(out, data)  # without --resume: refused, the unfinished run is kept
+    result = refused(out, data)  # without --resume: refused, the unfinished run is kept
     assert result.returncode == 1 and "pass --resume to continue it" in result.stderr.strip().splitlines()[-1]
-    result = run(out, data, "--resume", "--epochs", str(EPOCHS + 1))
+    result = refused(out, data, "--resume", "--epochs", str(EPOCHS + 1))
     assert (
         result.returncode == 1
         and f"was started with epochs {EPOCHS}, not {EPOCHS + 1}" in result.stderr.strip().splitlines()[-1]
