@@ -267,8 +267,7 @@ def choose_words(
         from kbert.text.vocab_builder import count_words
 
         counts = count_words(list(corpus), casing, on_progress)
-        qualified = new_words.candidates(counts, tokenizer, min_count, exclude=named)
-        picked = qualified[:max_new]
+        picked = new_words.candidates(counts, tokenizer, min_count, exclude=named)[:max_new]
         if not picked:
             raise KbertError(
                 f"--corpus: no word seen {min_count} times or more is split by the vocabulary; lower --min-count "

@@ -43,9 +43,13 @@ def data(tmp_path_factory):
     return (write_tsv(work / "train.tsv", sentiment_rows(256, 0)), write_tsv(work / "dev.tsv", sentiment_rows(64, 1)))
 
 
-def command(out, data, *extra, fail_at=None):
+def finetune_args(out, data, *extra):
     train, dev = data
-    args = [str(TINY), "--train", str(train), "--dev", str(dev), "--output", str(out), *FLAGS, *extra]
+    return [str(TINY), "--train", str(train), "--dev", str(dev), "--output", str(out), *FLAGS, *extra]
+
+
+def command(out, data, *extra, fail_at=None):
+    args = finetune_args(out, data, *extra)
     if fail_at is None:
         return kbert_command() + ["finetune", *args]
     return failing_checkpoint_command() + ["finetune", *args]
@@ -148,9 +152,7 @@ def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(tmp_path
 
 def refused(out, data, *extra):
     """`kbert finetune` with `extra`, run in this process: a refusal needs no process of its own."""
-    train, dev = data
-    args = [TINY, "--train", train, "--dev", dev, "--output", out, *FLAGS, *extra]
-    return run_kbert("finetune", *args, check=False)
+    return run_kbert("finetune", *finetune_args(out, data, *extra), check=False)
 
 
 def test_resume_refusals(tmp_path, data):
