@@ -142,7 +142,7 @@ VARIANTS = {
 
 # The precisions each variant is timed at (float32 only if not named).
 VARIANT_PRECISIONS = {
-    "constant-weights": ("float32", "bfloat16"),
+    "constant-weights": ("float32", "bfloat16", "int8"),
     "keras-layer-norm": ("float32", "bfloat16"),
     "one-kernel-layer-norm": ("float32", "bfloat16"),
 }

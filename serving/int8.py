@@ -5,9 +5,10 @@ both feed-forward matmuls, the pooler) as one `_QuantizedMatMul`: TensorFlow's o
 matmul (`QuantizedFusedMatMulOp`, tensorflow/core/kernels/mkl/mkl_matmul_op_fused.cc), the op
 Intel Neural Compressor emits, which every x86 TensorFlow wheel registers. What it computes,
 with `fused_ops = [BiasAdd, Dequantize]` and `input_quant_mode = SCALED` (verified against a
-numpy emulation of the kernel, to float32 rounding):
+numpy emulation of the kernel, to float32 rounding; `range` is max(|min|, |max|) of the
+ranges it is given, 255 for quint8 and 127 for qint8):
 
-    out[i, j] = x_scale · w_scale[j] · Σ_k x_q[i, k] · w_q[k, j] + bias[j]
+    out[i, j] = (x_range / 255) · (w_range[j] / 127) · Σ_k x_q[i, k] · w_q[k, j] + bias[j]
 
 - **Weights**: int8, symmetric, one scale per output column, on 7 bits (WEIGHT_LEVELS):
   w_q = round(W · 63 / max|W[:, j]|), w_scale[j] = max|W[:, j]| / 63. Made once, at export.
@@ -19,18 +20,16 @@ numpy emulation of the kernel, to float32 rounding):
   x86 int8 (`reduce_range`) and ONNX Runtime's (`reduce_range` for AVX2) give up a bit for the
   same reason; the accuracy measured with 7 bits is in docs/serving.md.
 - **Activations**: quantized on every call, each row (token) with its own scale, from its own
-  largest magnitude: qint8 with x_scale[i] = max|x[i]| / 127, so no calibration data is
-  needed. BERT's activations have a few large channels, and one scale for a whole batch let
-  them crush every other token's resolution (measured in docs/performance.md, "int8"). The
-  kernel itself reads one scale for its whole input (a vector is silently cut to its first
-  element), so QuantizeV2 quantizes per row (`axis=0`), the kernel gets a range of scale 1
-  and a zero bias, and each output row is multiplied by its scale before the bias is added:
-  out[i, j] = x_scale[i] · w_scale[j] · Σ_k x_q[i, k] · w_q[k, j] + bias[j].
-- The input of the second feed-forward matmul is a GELU's output, never below GELU_FLOOR: it
-  is shifted by -GELU_FLOOR and quantized as quint8 (twice the resolution of a symmetric
-  int8), and the shift's product with the weights is taken out of the bias, once, at export.
-- `QuantizeV2` runs with `narrow_range=True` for qint8: oneDNN's own quantize kernel quantizes
-  qint8 with 127.5/max but reports ±max, which would make every product 0.39% too large.
+  largest value, so no calibration data is needed. BERT's activations have a few large
+  channels, and one scale for a whole batch let them crush every other token's resolution
+  (measured in docs/performance.md, "int8"). Every input is made non-negative and quantized
+  as quint8, what the int8 instructions multiply (u8 · s8): a signed row by its own largest
+  magnitude, the GELU's output (never below GELU_FLOOR) by -GELU_FLOOR, both taken out again
+  through a bias made at export (`Int8Kernel`, `int8_matmul` gives the formula).
+- The kernel reads one input scale for its whole input (a vector is silently cut to its first
+  element), and keys its cached oneDNN primitive by the ranges' values. So it gets fixed
+  ranges (scale 1 for the input, the weights' own), QuantizeV2 quantizes per row (`axis=0`),
+  and each output row is multiplied by its scale before the bias is added.
 
 Why not the others: `QuantizedMatMulWithBiasAndDequantize` adds `min_a / x_scale · colsum(W)`
 to the bias in MIN_FIRST mode, where the offset is `min_a · w_scale · colsum(W)` (its output
@@ -40,6 +39,8 @@ than float32 (docs/performance.md, "int8").
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import tensorflow as tf
@@ -102,57 +103,94 @@ def shifted_bias(bias, kernel_q, scale, shift: float) -> np.ndarray:
     return (np.asarray(bias, np.float64) - shift * scale.astype(np.float64) * column_sums).astype(np.float32)
 
 
-def int8_matmul(x, kernel_q, scale, bias, shift: float = 0.0, per_row: bool = True):
+@dataclasses.dataclass(frozen=True)
+class Int8Kernel:
+    """One dense layer as `int8_matmul` runs it, made once at export (`Int8Kernel.of`). The
+    fields are numpy arrays, or tensors or Keras weights holding them (`dataclasses.replace`).
+
+    kernel: int8 [in, out], within ±WEIGHT_LEVELS.
+    weight_range: float32 [out], what qint8's 127 stands for in each column (its scale · 127):
+        the kernel's weight range, passed as its min and max alike, so no op runs on it per call.
+    kernel_bias: float32 [out], what the kernel adds to each row's integer product (times the
+        weights' scales): the input's offset taken out, for a signed input; zeros otherwise.
+    bias: float32 [out], added after the rows are rescaled (shifted for a GELU's input).
+    shift: 0.0 for a signed input (each row offset by its own largest magnitude), or how far
+        the input is shifted up to be non-negative (-GELU_FLOOR for a GELU's output).
+    """
+
+    kernel: object
+    weight_range: object
+    kernel_bias: object
+    bias: object
+    shift: float = 0.0
+
+    @classmethod
+    def of(cls, kernel, bias, shift: float = 0.0) -> Int8Kernel:
+        """A float kernel [in, out] and bias [out] -> their int8 form, for inputs as `shift` says."""
+        kernel_q, scale = quantize_kernel(kernel)
+        bias = np.asarray(bias, np.float32)
+        if shift:
+            kernel_bias = np.zeros_like(scale)
+            bias = shifted_bias(bias, kernel_q, scale, shift)
+        else:
+            # A signed row x, offset by its largest magnitude t, is quantized as u8 over
+            # [0, 2t]: u_q ≈ (x + t) · 255 / 2t. Its product with W is then x @ W plus
+            # t · colsum(W) = (2t / 255) · 127.5 · colsum(W): the kernel takes the last
+            # factor out before the row is rescaled.
+            kernel_bias = shifted_bias(np.zeros_like(scale), kernel_q, scale, 127.5)
+        return cls(kernel_q, (scale * np.float32(127.0)).astype(np.float32), kernel_bias, bias, shift)
+
+
+def int8_matmul(x, weights: Int8Kernel):
     """x [rows, in] float32 @ the int8 kernel [in, out] + bias [out] -> float32 [rows, out].
 
-    `kernel_q` is int8 (a tensor or Keras weight) and `scale` its float32 scale per column. With
-    `per_row`, each row of x gets its own scale (for inputs with a few large channels, such as
-    a LayerNorm's output); otherwise one scale for all of x, and the kernel adds the bias
-    itself (fewer ops). With `shift` (for inputs never below -shift, e.g. GELU_FLOOR's
-    negation), x + shift is quantized as quint8 and `bias` must come from `shifted_bias`.
+    Each row of x gets its own scale, from its own largest magnitude (BERT's activations have a
+    few large channels: one scale for a batch would crush every other token's resolution). The
+    row is made non-negative and quantized as quint8: a signed row x is offset by its largest
+    magnitude t (x + t over [0, 2t], the resolution of a symmetric int8), a GELU's output by
+    the constant shift (over [0, its largest], twice that). Unsigned inputs are what the int8
+    instructions multiply (u8 · s8): a signed int8 input costs oneDNN a shift and a
+    compensation on every call, measured at twice the time on AVX2 (docs/performance.md,
+    "int8 serving").
+
+    The kernel gets fixed ranges, [0, 255] for the input and `weight_range` for the weights,
+    so that its oneDNN primitive is made once per shape: its cache is keyed by the ranges'
+    values, and a range that changes on every call made it build a new primitive on every
+    call. It returns each row's integer product times the weights' scales plus
+    `kernel_bias`, and each row is then rescaled by its own scale, and the bias added:
+
+        out[i, j] = (top[i] / 255) · (w_scale[j] · Σ_k u_q[i, k] · w_q[k, j] + kernel_bias[j]) + bias[j]
+
+    with top[i] = 2 · max|x[i]| (signed) or max(x[i] + shift) (shifted).
 
     >>> x = np.random.default_rng(0).normal(size=(4, 16)).astype("float32")
     >>> w = np.random.default_rng(1).normal(size=(16, 8)).astype("float32")
-    >>> q, s = quantize_kernel(w)
-    >>> y = int8_matmul(tf.constant(x), tf.constant(q), tf.constant(s), tf.zeros([8]))
+    >>> y = int8_matmul(tf.constant(x), Int8Kernel.of(w, np.zeros(8)))
     >>> bool(np.abs(y.numpy() - x @ w).max() < 0.05 * np.abs(x @ w).max())
     True
     """
     x = tf.convert_to_tensor(x, tf.float32)
-    if shift:
-        x = tf.maximum(x + shift, 0.0)
-        top = tf.reduce_max(x, axis=1) if per_row else tf.reduce_max(x)
-        top = tf.maximum(top, 1e-12)
-        bottom, levels, dtype = tf.zeros_like(top), 255.0, tf.quint8
+    if weights.shift:  # x + shift > 0 (GELU_FLOOR is below the GELU's minimum)
+        top = tf.maximum(tf.reduce_max(x, axis=1) + weights.shift, 1e-12)
+        levels = (x + weights.shift) * (255.0 / top)[:, None]
     else:
-        top = tf.reduce_max(tf.abs(x), axis=1) if per_row else tf.reduce_max(tf.abs(x))
-        top = tf.maximum(top, 1e-12)
-        bottom, levels, dtype = -top, 127.0, tf.qint8
-    # Per row: one range per row (axis 0), QuantizeV2's own per-slice quantization. The matmul
-    # takes one scale for its whole input, so it is given a range whose scale is 1 (its integer
-    # product times the weights' scales), and each row's scale is applied to its output here.
-    quantized = tf.raw_ops.QuantizeV2(
-        input=x,
-        min_range=bottom,
-        max_range=top,
-        T=dtype,
-        mode="SCALED",
-        round_mode="HALF_TO_EVEN",
-        narrow_range=not shift,
-        axis=0 if per_row else -1,
+        largest = tf.maximum(tf.reduce_max(tf.abs(x), axis=1), 1e-12)
+        top = 2.0 * largest
+        levels = x * (127.5 / largest)[:, None] + 127.5  # (x + largest) · 255 / top
+    # Each row on its own scale, rounded half to even as QuantizeV2 does (whose per-row form
+    # is several times slower: docs/performance.md, "int8 serving"); within [0, 255] by construction.
+    quantized = tf.bitcast(tf.cast(tf.round(levels), tf.uint8), tf.quint8)
+    weight_range = tf.convert_to_tensor(weights.weight_range, tf.float32)
+    product = _quantized_matmul(
+        quantized,
+        tf.bitcast(tf.convert_to_tensor(weights.kernel), tf.qint8),
+        tf.convert_to_tensor(weights.kernel_bias, tf.float32),
+        tf.constant(0.0),
+        tf.constant(255.0),
+        weight_range,
+        weight_range,
     )
-    scale = tf.convert_to_tensor(scale, tf.float32)
-    largest = scale * 127.0  # the float value of qint8's 127: the kernel's range, whatever the weights' levels
-    kernel = tf.bitcast(tf.convert_to_tensor(kernel_q), tf.qint8)
-    bias = tf.convert_to_tensor(bias, tf.float32)
-    if not per_row:
-        return _quantized_matmul(
-            quantized.output, kernel, bias, quantized.output_min, quantized.output_max, -largest, largest
-        )
-    unit = tf.constant(levels)
-    low = tf.zeros([]) if shift else -unit
-    product = _quantized_matmul(quantized.output, kernel, tf.zeros_like(scale), low, unit, -largest, largest)
-    return product * (top / levels)[:, None] + bias
+    return product * (top / 255.0)[:, None] + tf.convert_to_tensor(weights.bias, tf.float32)
 
 
 def _quantized_matmul(x_q, kernel_q, bias, x_min, x_max, w_min, w_max):

@@ -55,6 +55,7 @@ wherever nothing changes. Why this way:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 
@@ -65,7 +66,7 @@ from keras import ops
 
 from kbert.model.bert import encoder_of
 from kbert.model.layers import BertEmbeddings, TransformerLayer
-from kbert.serving.int8 import GELU_FLOOR, int8_matmul, quantize_kernel, require_int8_matmul, shifted_bias
+from kbert.serving.int8 import GELU_FLOOR, Int8Kernel, int8_matmul, require_int8_matmul
 
 log = logging.getLogger("kbert")
 
@@ -281,13 +282,9 @@ class InferenceTransformerLayer(keras.layers.Layer):
             # Q, K and V as one int8 matmul, and the three other dense layers each as one.
             qkv = _Int8Weights(self, "qkv", _concatenated(denses, "kernel"), _concatenated(denses, "bias"))
             shift = -GELU_FLOOR if _gelu(layer.intermediate_activation) else 0.0
-            # Activations with a few large channels (a LayerNorm's output, the input of Q/K/V and
-            # of the first feed-forward matmul; the GELU's output) get one scale per row.
-            # Attention's context does not need it: one scale, the bias added in the kernel
-            # (measured on all-MiniLM-L6-v2 in docs/performance.md, "int8 serving").
             self.int8 = {
                 "qkv": qkv,
-                "attention_output": _Int8Weights.of(self, layer.attention_output, per_row=False),
+                "attention_output": _Int8Weights.of(self, layer.attention_output),
                 "intermediate": _Int8Weights.of(self, layer.intermediate),
                 # The input of the second feed-forward matmul is a GELU's output: never below GELU_FLOOR.
                 "output": _Int8Weights.of(self, layer.output_dense, shift=shift),
@@ -365,27 +362,24 @@ def _gelu(activation) -> bool:
 
 
 class _Int8Weights:
-    """One dense layer's weights as `int8_matmul` takes them: an int8 kernel, its scale per
-    output column and the bias (shifted when the input is), as non-trainable weights of `owner`."""
+    """One dense layer's `Int8Kernel`, its arrays held as non-trainable weights of `owner`."""
 
-    def __init__(self, owner, name, kernel, bias, shift: float = 0.0, per_row: bool = True):
-        self.per_row = per_row
-        kernel_q, scale = quantize_kernel(ops.convert_to_numpy(kernel))
-        bias = ops.convert_to_numpy(bias).astype(np.float32)
-        if shift:
-            bias = shifted_bias(bias, kernel_q, scale, shift)
-        self.shift = shift
-        self.kernel, self.scale, self.bias = (
-            _constant_weight(owner, f"{name}_{part}", value)
-            for part, value in (("int8_kernel", kernel_q), ("int8_scale", scale), ("int8_bias", bias))
+    def __init__(self, owner, name, kernel, bias, shift: float = 0.0):
+        made = Int8Kernel.of(ops.convert_to_numpy(kernel), ops.convert_to_numpy(bias), shift)
+        self.weights = dataclasses.replace(
+            made,
+            **{
+                field: _constant_weight(owner, f"{name}_int8_{field}", getattr(made, field))
+                for field in ("kernel", "weight_range", "kernel_bias", "bias")
+            },
         )
 
     @classmethod
-    def of(cls, owner, dense, shift: float = 0.0, per_row: bool = True):
-        return cls(owner, dense.name, dense.kernel, dense.bias, shift, per_row)
+    def of(cls, owner, dense, shift: float = 0.0):
+        return cls(owner, dense.name, dense.kernel, dense.bias, shift)
 
     def __call__(self, x):
-        return int8_matmul(x, self.kernel, self.scale, self.bias, shift=self.shift, per_row=self.per_row)
+        return int8_matmul(x, self.weights)
 
 
 def _constant_weight(owner, name, value):

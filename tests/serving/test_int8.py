@@ -17,7 +17,7 @@ import tensorflow as tf
 import kbert
 from conftest import FIXTURES, assert_user_error, run_kbert
 from helpers import run_in_fresh_process
-from kbert.serving.int8 import GELU_FLOOR, int8_matmul, quantize_kernel, shifted_bias
+from kbert.serving.int8 import GELU_FLOOR, Int8Kernel, int8_matmul, quantize_kernel, shifted_bias
 from kbert.serving.optimize import optimize
 
 pytestmark = pytest.mark.skipif(os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0", reason="oneDNN is off")
@@ -33,36 +33,41 @@ def gelu(x):
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("inputs", ["signed", "gelu", "largest"])
-@pytest.mark.parametrize("per_row", [True, False], ids=["per-row", "per-tensor"])
-def test_int8_matmul_is_the_dequantized_product(graph, inputs, per_row):
-    """out = x_scale[i] · w_scale[j] · (x_q @ w_q) + bias, as the quantization defines it: qint8
-    activations scaled by max|x| / 127; a GELU's output shifted by -GELU_FLOOR as quint8 scaled
-    by its max / 255, the shift taken out of the bias; the maximum taken per row, or over all
-    of x (where the kernel adds the bias itself). In a graph TF's optimizer runs oneDNN's
-    kernels (and its own quantize), eagerly the op's registered kernel: both give the formula."""
+@pytest.mark.parametrize("inputs", ["signed", "gelu", "largest", "zero-row"])
+def test_int8_matmul_is_the_dequantized_product(graph, inputs):
+    """out = x_scale[i] · w_scale[j] · (x_q @ w_q) + bias, as the quantization defines it, with
+    each row's own scale: a signed row offset by its largest magnitude t and quantized as
+    quint8 over [0, 2t], the offset's product taken out; a GELU's output shifted by
+    -GELU_FLOOR, quantized as quint8 over [0, its largest], the shift taken out of the bias.
+    In a graph TF's optimizer runs oneDNN's kernels (and its own quantize), eagerly the op's
+    registered kernel: both give the formula."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(40, 64)).astype(np.float32)
     if inputs == "gelu":
         x = gelu(tf.constant(x)).numpy()
     w = (rng.normal(size=(64, 48)) * 0.05).astype(np.float32)
     b = (rng.normal(size=48) * 0.05).astype(np.float32)
-    w_q, scale = quantize_kernel(w)
+    if inputs == "largest":  # every product at its largest: nothing may saturate
+        x, w = np.abs(x).max() * np.ones_like(x), np.abs(w).max() * np.ones_like(w)
+    if inputs == "zero-row":
+        x[3] = 0.0
     shift = -GELU_FLOOR if inputs == "gelu" else 0.0
-    bias = shifted_bias(b, w_q, scale, shift) if shift else b
+    weights = Int8Kernel.of(w, b, shift)
+    w_q, scale = quantize_kernel(w)
 
     def run(x):
-        return int8_matmul(x, tf.constant(w_q), tf.constant(scale), tf.constant(bias), shift=shift, per_row=per_row)
+        return int8_matmul(x, weights)
 
     got = (tf.function(run) if graph else run)(tf.constant(x)).numpy()
-    axis = 1 if per_row else None
     if shift:
-        top = np.clip(x + shift, 0, None).max(axis=axis, keepdims=True)
-        x_q, x_scale = np.rint(np.clip(x + shift, 0, None) * 255 / top), top / 255
+        top = np.maximum(x.max(axis=1, keepdims=True) + shift, 1e-12)
+        x_q = np.rint((x + shift) * (255 / top))
+        formula = top / 255 * scale * (x_q.astype(np.int64) @ w_q.astype(np.int64)) + shifted_bias(b, w_q, scale, shift)
     else:
-        top = np.abs(x).max(axis=axis, keepdims=True)
-        x_q, x_scale = np.rint(x * 127 / top), top / 127
-    formula = x_scale * scale * (x_q.astype(np.int64) @ w_q.astype(np.int64)) + bias
+        t = np.maximum(np.abs(x).max(axis=1, keepdims=True), 1e-12)
+        x_q = np.rint(x * (127.5 / t) + 127.5)
+        offset = t * scale * w_q.astype(np.int64).sum(axis=0)
+        formula = 2 * t / 255 * scale * (x_q.astype(np.int64) @ w_q.astype(np.int64)) - offset + b
     np.testing.assert_allclose(got, formula, rtol=1e-5, atol=1e-5 * np.abs(formula).max())
     exact = x @ w + b
     assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 0.03
