@@ -170,13 +170,15 @@ def int8_matmul(x, weights: Int8Kernel):
     True
     """
     x = tf.convert_to_tensor(x, tf.float32)
+    # Each row's largest value, kept as a column [rows, 1] (no op to reshape it).
     if weights.shift:  # x + shift > 0 (GELU_FLOOR is below the GELU's minimum)
-        top = tf.maximum(tf.reduce_max(x, axis=1) + weights.shift, 1e-12)
-        levels = (x + weights.shift) * (255.0 / top)[:, None]
+        top = tf.maximum(tf.reduce_max(x, axis=1, keepdims=True) + weights.shift, 1e-12)
+        levels = (x + weights.shift) * (255.0 / top)
+        row_scale = top * (1.0 / 255.0)
     else:
-        largest = tf.maximum(tf.reduce_max(tf.abs(x), axis=1), 1e-12)
-        top = 2.0 * largest
-        levels = x * (127.5 / largest)[:, None] + 127.5  # (x + largest) · 255 / top
+        largest = tf.maximum(tf.reduce_max(tf.abs(x), axis=1, keepdims=True), 1e-12)
+        levels = x * (127.5 / largest) + 127.5  # (x + largest) · 255 / (2 · largest)
+        row_scale = largest * (2.0 / 255.0)
     # Each row on its own scale, rounded half to even as QuantizeV2 does (whose per-row form
     # is several times slower: docs/performance.md, "int8 serving"); within [0, 255] by construction.
     quantized = tf.bitcast(tf.cast(tf.round(levels), tf.uint8), tf.quint8)
@@ -190,7 +192,7 @@ def int8_matmul(x, weights: Int8Kernel):
         weight_range,
         weight_range,
     )
-    return product * (top / 255.0)[:, None] + tf.convert_to_tensor(weights.bias, tf.float32)
+    return product * row_scale + tf.convert_to_tensor(weights.bias, tf.float32)
 
 
 def _quantized_matmul(x_q, kernel_q, bias, x_min, x_max, w_min, w_max):
