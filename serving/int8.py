@@ -28,8 +28,8 @@ ranges it is given, 255 for quint8 and 127 for qint8):
   through a bias made at export (`Int8Kernel`, `int8_matmul` gives the formula).
 - The kernel reads one input scale for its whole input (a vector is silently cut to its first
   element), and keys its cached oneDNN primitive by the ranges' values. So it gets fixed
-  ranges (scale 1 for the input, the weights' own), QuantizeV2 quantizes per row (`axis=0`),
-  and each output row is multiplied by its scale before the bias is added.
+  ranges (scale 1 for the input, the weights' own), each row is quantized on its own scale
+  (Mul, Round, Cast), and each output row is multiplied by that scale before the bias is added.
 
 Why not the others: `QuantizedMatMulWithBiasAndDequantize` adds `min_a / x_scale · colsum(W)`
 to the bias in MIN_FIRST mode, where the offset is `min_a · w_scale · colsum(W)` (its output
