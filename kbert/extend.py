@@ -39,6 +39,9 @@ from kbert.text.tokenizer import Tokenizer, vocab_tokens
 
 # Occurrences a corpus word needs before `--corpus` considers it (--min-count).
 DEFAULT_MIN_COUNT = 5
+# The most positions extend grows a model to. BERT's attention is full: at N tokens each layer
+# holds N² scores a head, 4 GiB a head at this length, so no longer text could run on it.
+MAX_POSITIONS = 32768
 # The growth options, named when none is given.
 log = logging.getLogger("kbert")
 GROWTH_OPTIONS = "--max-position-embeddings N, --words FILE, or --corpus FILES --max-new N"
@@ -61,6 +64,9 @@ def check_positions(current: int, requested) -> int:
 
     >>> check_positions(512, 1024)
     1024
+    >>> check_positions(512, 10**9)
+    Traceback (most recent call last):
+    kbert.errors.KbertError: --max-position-embeddings 1000000000: at most 32768 (full attention at N tokens holds N² scores a head, 4 GiB each at 32768); for longer texts, fine-tune with --long-text windows
     >>> check_positions(512, 512)
     Traceback (most recent call last):
     kbert.errors.KbertError: --max-position-embeddings 512: the model has 512 positions already; give more than 512 (extend only grows a model)
@@ -73,6 +79,11 @@ def check_positions(current: int, requested) -> int:
         raise KbertError(
             f"--max-position-embeddings {requested}: the model has {current} positions already; give more than "
             f"{current} (extend only grows a model)"
+        )
+    if requested > MAX_POSITIONS:
+        raise KbertError(
+            f"--max-position-embeddings {requested}: at most {MAX_POSITIONS} (full attention at N tokens holds N² "
+            f"scores a head, 4 GiB each at {MAX_POSITIONS}); for longer texts, fine-tune with --long-text windows"
         )
     return int(requested)
 

@@ -227,6 +227,7 @@ WHOLE_CASES = [
     ("extend", "no-growth-option", "extend T/model T/out/extended"),
     ("extend", "positions-the-model's", "extend T/model T/out/extended --max-position-embeddings 64"),
     ("extend", "positions-below-the-model's", "extend T/model T/out/extended --max-position-embeddings 32"),
+    ("extend", "positions-past-the-most", "extend T/model T/out/extended --max-position-embeddings 1000000000"),
     ("extend", "word-in-the-vocabulary", "extend T/kbert T/out/extended --words T/known-word.txt"),
     ("extend", "word-with-punctuation", "extend T/kbert T/out/extended --words T/punctuated-word.txt"),
     ("extend", "word-with-a-space", "extend T/kbert T/out/extended --words T/spaced-word.txt"),
