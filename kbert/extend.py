@@ -37,13 +37,14 @@ from kbert.model_dir import describe_source, model_kind, open_model, save
 from kbert.outputs import writes
 from kbert.text.tokenizer import Tokenizer, vocab_tokens
 
+log = logging.getLogger("kbert")
+
 # Occurrences a corpus word needs before `--corpus` considers it (--min-count).
 DEFAULT_MIN_COUNT = 5
 # The most positions extend grows a model to. BERT's attention is full: at N tokens each layer
 # holds N² scores a head, 4 GiB a head at this length, so no longer text could run on it.
 MAX_POSITIONS = 32768
 # The growth options, named when none is given.
-log = logging.getLogger("kbert")
 GROWTH_OPTIONS = "--max-position-embeddings N, --words FILE, or --corpus FILES --max-new N"
 
 
