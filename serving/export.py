@@ -258,8 +258,9 @@ def export_model(
         require_int8_matmul()
         if not cpu_int8_instructions():
             log.warning(
-                "this CPU has no int8 dot-product instructions (%s): int8 matmuls run slowly here; "
-                "the export is made for CPUs that have them",
+                "this CPU has no int8 dot-product instructions (%s): int8 matmuls run at a fraction of their "
+                "speed here; the export is made for CPUs that have them (to serve on one without, start the "
+                "server with TF_ENABLE_ONEDNN_OPTS=1: docs/serving.md)",
                 ", ".join(VNNI_FLAGS),
             )
     previous = keras.mixed_precision.global_policy()

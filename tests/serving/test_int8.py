@@ -17,7 +17,14 @@ import tensorflow as tf
 import kbert
 from conftest import FIXTURES, assert_user_error, run_kbert
 from helpers import run_in_fresh_process
-from kbert.serving.int8 import GELU_FLOOR, Int8Kernel, int8_matmul, quantize_kernel, shifted_bias
+from kbert.serving.int8 import (
+    GELU_FLOOR,
+    Int8Kernel,
+    cpu_int8_instructions,
+    int8_matmul,
+    quantize_kernel,
+    shifted_bias,
+)
 from kbert.serving.optimize import optimize
 
 pytestmark = pytest.mark.skipif(os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0", reason="oneDNN is off")
@@ -164,13 +171,15 @@ print(json.dumps({"modules": modules, **out}))
 def served_int8(tmp_path_factory, tiny_model_dir):
     """The tiny encoder exported in int8 and in float32, both run in a fresh process."""
     work = tmp_path_factory.mktemp("int8")
+    stderr = {}
     for precision in ("int8", "float32"):
         result = run_kbert("export", tiny_model_dir, work / precision, "--precision", precision)
         assert json.loads(result.stdout)["precision"] == precision
+        stderr[precision] = result.stderr
     with open(os.path.join(FIXTURES, "sample_text.txt"), encoding="utf-8") as f:
         texts = [line.strip() for line in f if line.strip()][:40]
     spec = {"exports": {p: str(work / p / "1") for p in ("int8", "float32")}, "texts": texts}
-    return run_in_fresh_process(work, SERVE, spec)
+    return {**run_in_fresh_process(work, SERVE, spec), "export_stderr": stderr}
 
 
 @pytest.mark.slow  # two exports: `make test` runs it, `make test-fast` leaves it out
@@ -187,6 +196,37 @@ def test_an_int8_export_runs_every_encoder_matmul_as_a_onednn_int8_kernel(served
     assert int8.pop("_QuantizedMatMul") == 4 * layers + 1 == sum(float32.pop(op) for op in dense)
     # What is left is attention's batched matmuls (scores and context), the same in both.
     assert int8 == float32 and all("Batch" in op for op in int8)
+
+
+@pytest.mark.slow
+def test_an_int8_export_says_in_one_line_when_this_cpu_lacks_int8_dot_products(served_int8):
+    """On a CPU without VNNI or AMX (this one, or not: /proc/cpuinfo decides) the int8 export
+    says so in one line, and the float32 export says nothing of it."""
+    said = {
+        p: [line for line in err.splitlines() if "int8 dot-product" in line]
+        for p, err in served_int8["export_stderr"].items()
+    }
+    assert said["float32"] == []
+    if cpu_int8_instructions():
+        assert said["int8"] == []
+    else:
+        assert len(said["int8"]) == 1 and "TF_ENABLE_ONEDNN_OPTS=1" in said["int8"][0]
+
+
+@pytest.mark.parametrize(
+    "flags, found",
+    [
+        ("fpu avx2 fma avx512f avx512_vnni avx512_bf16", ["avx512_vnni"]),
+        ("fpu avx2 fma avx_vnni amx_tile amx_int8", ["avx_vnni", "amx_int8"]),
+        ("fpu avx2 fma", []),
+    ],
+    ids=["avx512-vnni", "avx-vnni-and-amx", "avx2-only"],
+)
+def test_cpu_int8_instructions_reads_the_flags_line(tmp_path, flags, found):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+    assert cpu_int8_instructions(str(cpuinfo)) == found
+    assert cpu_int8_instructions(str(tmp_path / "missing")) == []
 
 
 @pytest.mark.slow
