@@ -18,7 +18,7 @@ import sys
 import time
 
 import numpy as np
-from int8_probe import session_call  # a SavedModel's serving_default as TF Serving runs it
+from tf_serving_session import session_call
 
 
 def memory(path):

@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_text  # noqa: F401  (the tokenizer's ops, as TF Serving's build registers them)
 from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2 as quant
+from tf_serving_session import session_call
 
 
 def quantize(src: str, dst: str) -> float:
@@ -37,18 +37,6 @@ def quantize(src: str, dst: str) -> float:
         src, dst, quantization_options=options, overwrite_output_directory=True
     )
     return time.perf_counter() - start
-
-
-def session_call(path: str):
-    """serving_default of the SavedModel at `path`, as TF Serving runs it: (strings) -> outputs."""
-    graph = tf.Graph()
-    with graph.as_default():
-        session = tf.compat.v1.Session(graph=graph)
-        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-    signature = meta_graph.signature_def["serving_default"]
-    fetches = {key: t.name for key, t in signature.outputs.items()}
-    feed = signature.inputs["text"].name
-    return lambda texts: session.run(fetches, {feed: texts})
 
 
 def size_mb(path: str) -> float:

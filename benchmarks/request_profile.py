@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_text  # noqa: F401  (registers the tokenizer's ops)
+import tf_serving_session
 
 
 def part_of(node_name: str) -> str:
@@ -28,16 +28,6 @@ def part_of(node_name: str) -> str:
     if any(word in node_name for word in ("transformer_layer", "embeddings", "pooler", "int8")):
         return "model"
     return "grouping loop and the rest"
-
-
-def traced_session(path):
-    """(session, fetches, feed name) for serving_default of the SavedModel at `path`."""
-    graph = tf.Graph()
-    with graph.as_default():
-        session = tf.compat.v1.Session(graph=graph)
-        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-    signature = meta_graph.signature_def["serving_default"]
-    return session, {k: t.name for k, t in signature.outputs.items()}, signature.inputs["text"].name
 
 
 def main():
@@ -53,7 +43,7 @@ def main():
             texts = json.load(f)
     else:
         texts = [" ".join(["words"] * (8 + (n * 7) % 113)) for n in range(args.warmup + args.requests)]
-    session, fetches, feed = traced_session(args.export)
+    session, fetches, feed = tf_serving_session.load(args.export)
     warm, timed = texts[: args.warmup], texts[args.warmup : args.warmup + args.requests]
     for text in warm:
         session.run(fetches, {feed: [text]})

@@ -160,6 +160,7 @@ def trained_like(weights):
 
 def child_kbert(work, precision, work_dir, variant=""):
     import tensorflow as tf
+    import tf_serving_session
 
     import kbert
     from kbert.serving import export as serving_export
@@ -215,16 +216,9 @@ def child_kbert(work, precision, work_dir, variant=""):
                 precision=precision,
                 constant_weights=variant == "constant-weights",
             )
-    graph = tf.Graph()
-    with graph.as_default():
-        session = tf.compat.v1.Session(
-            graph=graph,
-            config=tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1 if variant == "inter-op-1" else 0),
-        )
-        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-    signature = meta_graph.signature_def["serving_default"]
-    fetches = {key: t.name for key, t in signature.outputs.items()}
-    feed = signature.inputs["text"].name
+    session, fetches, feed = tf_serving_session.load(
+        path, tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1 if variant == "inter-op-1" else 0)
+    )
     assert int(session.run(fetches, {feed: [FULL_TEXT]})["input_mask"].sum()) == SEQ
     return measure(lambda texts: session.run(fetches, {feed: texts}), work)
 
