@@ -76,11 +76,29 @@ def per_call_ms(run, runs: int) -> float:
     return float(np.median(times)) * 1e3 / COPIES
 
 
+def kernel_alone(x_u8, k):
+    """`_QuantizedMatMul` on already quantized uint8 rows, with `int8_matmul`'s fixed ranges (TF graph mode)."""
+    import tensorflow as tf
+
+    from serving.int8 import _quantized_matmul
+
+    weight_range = tf.constant(k.weight_range)
+    return _quantized_matmul(
+        tf.bitcast(x_u8, tf.quint8),
+        tf.bitcast(tf.constant(k.kernel), tf.qint8),
+        tf.constant(k.kernel_bias),
+        tf.constant(0.0),
+        tf.constant(255.0),
+        weight_range,
+        weight_range,
+    )
+
+
 def child_tf(shapes, rows_list, runs):
     import tensorflow as tf
 
     sys.path.insert(0, ROOT)
-    from serving.int8 import Int8Kernel, _quantized_matmul, int8_matmul
+    from serving.int8 import Int8Kernel, int8_matmul
 
     out = {}
     for name, (n_in, n_out) in shapes.items():
@@ -92,18 +110,7 @@ def child_tf(shapes, rows_list, runs):
             made = [Int8Kernel.of(w, np.zeros(n_out, np.float32)) for w in kernels]
             fetches = {
                 "kbert int8": [int8_matmul(x, k) for k in made],
-                "kbert int8 kernel": [
-                    _quantized_matmul(
-                        tf.bitcast(x_u8, tf.quint8),
-                        tf.bitcast(tf.constant(k.kernel), tf.qint8),
-                        tf.constant(k.kernel_bias),
-                        tf.constant(0.0),
-                        tf.constant(255.0),
-                        tf.constant(k.weight_range),
-                        tf.constant(k.weight_range),
-                    )
-                    for k in made
-                ],
+                "kbert int8 kernel": [kernel_alone(x_u8, k) for k in made],
                 "tf float32": [tf.matmul(x, tf.constant(w)) for w in kernels],
             }
             session = tf.compat.v1.Session(graph=graph)
@@ -191,22 +198,14 @@ def child_onednn(shapes, rows_list, runs):
     import tensorflow as tf
 
     sys.path.insert(0, ROOT)
-    from serving.int8 import Int8Kernel, _quantized_matmul
+    from serving.int8 import Int8Kernel
 
     for n_in, n_out in shapes.values():
         k = Int8Kernel.of(weights(n_in, n_out)[0], np.zeros(n_out, np.float32))
         graph = tf.Graph()
         with graph.as_default():
             x_u8 = tf.compat.v1.placeholder(tf.uint8, [None, n_in])
-            y = _quantized_matmul(
-                tf.bitcast(x_u8, tf.quint8),
-                tf.bitcast(tf.constant(k.kernel), tf.qint8),
-                tf.constant(k.kernel_bias),
-                tf.constant(0.0),
-                tf.constant(255.0),
-                tf.constant(k.weight_range),
-                tf.constant(k.weight_range),
-            )
+            y = kernel_alone(x_u8, k)
             session = tf.compat.v1.Session(graph=graph)
         for rows in rows_list:
             session.run(y, {x_u8: np.zeros((rows, n_in), np.uint8)})
