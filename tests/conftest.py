@@ -114,6 +114,27 @@ def _run_in_this_process(args, env):
     return subprocess.CompletedProcess(["kbert"] + args, code, stdout.getvalue(), stderr.getvalue())
 
 
+def sigint_state(pid: int) -> str:
+    """How process `pid` treats SIGINT (ignored, blocked, caught), from /proc: said when a Ctrl-C
+    test's process ran on as if it never got the signal.
+
+    >>> sigint_state(os.getpid())
+    'SIGINT: ignored no, blocked no, caught yes'
+    """
+    bit = 1 << (2 - 1)
+    masks = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("SigIgn", "SigBlk", "SigCgt"):
+                masks[name] = int(value, 16)
+    said = {
+        name: "yes" if masks.get(key, 0) & bit else "no"
+        for name, key in (("ignored", "SigIgn"), ("blocked", "SigBlk"), ("caught", "SigCgt"))
+    }
+    return "SIGINT: " + ", ".join(f"{name} {value}" for name, value in said.items())
+
+
 def assert_user_error(result, *fragments, alone=True):
     """Exit non-zero, one line on stderr that names the problem, and no traceback.
 

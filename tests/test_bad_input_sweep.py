@@ -31,7 +31,7 @@ VALID = {
     "vocab": "--input T/text.txt --output T/out/vocab.txt",
     "pretrain": "--model-dir T/out/run --data T/data.tfrecord --config T/model/bert_config.json --vocab T/model/vocab.txt",
     "fill-mask": "T/model the_[MASK]",
-    "finetune": "T/model --task classify --train T/train.tsv --dev T/train.tsv --output T/out/ft",
+    "finetune": "T/model --task classify --train T/train.tsv --dev T/dev.tsv --output T/out/ft",
     "predict": "T/model --input T/train.tsv --output T/out/predictions.jsonl",
     "evaluate": "T/model --input T/train.tsv",
     "export": "T/model T/out/export",
@@ -101,6 +101,8 @@ def tree(root: Path):
     shutil.copy(os.path.join(FIXTURES, "sample_text.txt"), root / "text.txt")
     shutil.copy(UNCASED_VOCAB, root / "vocab.txt")
     (root / "train.tsv").write_text("text\tlabel\ngold fresh.\tpos\ndead dust.\tneg\n")
+    # Its own file, so that "--output is the dev file" is a case apart from "--output is the train file".
+    shutil.copy(root / "train.tsv", root / "dev.tsv")
     (root / "pairs.tsv").write_text("text\ttext_b\tlabel\ngold.\tfresh.\tpos\ndead.\tdust.\tneg\n")
     (root / "plain.txt").write_text("a file where a directory belongs\n")
     (root / "words.txt").write_text("philammon\n")  # a word of text.txt the tiny vocabulary splits

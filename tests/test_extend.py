@@ -123,11 +123,13 @@ def test_every_kind_of_model_keeps_its_short_text_outputs(tiny_model_dir, kind):
     inputs = {k: EXPECTED[k].astype("int32") for k in ENCODER_KEYS}
     if kind == "multiple_choice":  # the fixture's two rows as two choices of one example
         inputs = {k: v[None] for k, v in inputs.items()}
+    before = model(inputs, training=False)
     grown = extend_positions(model, 100)
     assert type(grown) is type(model) and grown.config.max_position_embeddings == 100
+    assert model.config.max_position_embeddings != 100  # a new model: the one given is left as it was
     assert grown.vocabulary == model.vocabulary and grown.task_info == model.task_info
     assert grown.get_config()["config"] == {**model.get_config()["config"], "max_position_embeddings": 100}
-    before, after = model(inputs, training=False), grown(inputs, training=False)
+    after = grown(inputs, training=False)
     assert before.keys() == after.keys()
     for name in before:
         np.testing.assert_allclose(np.asarray(after[name]), np.asarray(before[name]), atol=1e-5, rtol=0, err_msg=name)

@@ -311,7 +311,6 @@ GLUE_CASES = [
         None,
         ["1", "0"],
     ),
-    (COLA_TEST, "classify", "sst2", ["Bill whistled past the house."], None, None),
     (
         SST2_TRAIN,
         "classify",
@@ -496,8 +495,9 @@ def test_jsonl_with_pairs_numbers_and_optional_labels(tmp_path):
     [
         ("a.csv", "text,label\nx,1\n", "csv"),
         ("a.CSV", "text,label\nx,1\n", "csv"),
-        ("a.tsv", "text\tlabel\nx\t1\n", "tsv"),
-        ("a.txt", "text\tlabel\nx\t1\n", "tsv"),
+        # A TSV whose first column's name starts with "{": read as TSV for its extension alone.
+        ("a.tsv", "{id}\ttext\tlabel\n7\tx\t1\n", "tsv"),
+        ("a.txt", "{id}\ttext\tlabel\n7\tx\t1\n", "tsv"),
         ("a.jsonl", '{"text": "x", "label": "1"}\n', "jsonl"),
         ("a.json", '{"text": "x", "label": "1"}\n', "jsonl"),
         ("a.data", '{"text": "x", "label": "1"}\n', "jsonl"),
@@ -507,6 +507,13 @@ def test_jsonl_with_pairs_numbers_and_optional_labels(tmp_path):
 def test_auto_format_by_extension(tmp_path, name, content, fmt):
     got = read_text_examples(write(tmp_path, name, content))
     assert (got.format, got.texts, got.labels) == (fmt, ["x"], ["1"])
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "a.json"])
+def test_a_json_extension_reads_json_lines_whatever_the_first_line(tmp_path, name):
+    # A first line that does not start with "{" would be read as TSV but for the extension.
+    with pytest.raises(KbertError, match="holds a JSON array; write JSON Lines instead"):
+        read_text_examples(write(tmp_path, name, '["x", "1"]\n'))
 
 
 def test_explicit_format_overrides_detection(tmp_path):
