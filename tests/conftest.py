@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import traceback
@@ -112,6 +113,22 @@ def _run_in_this_process(args, env):
         keras.mixed_precision.set_global_policy(policy)
         kbert_log.handlers[:] = saved_handlers
     return subprocess.CompletedProcess(["kbert"] + args, code, stdout.getvalue(), stderr.getvalue())
+
+
+def popen_interruptible(args, **kwargs) -> subprocess.Popen:
+    """subprocess.Popen(args, **kwargs) with SIGINT at its default in the new process, as a shell
+    starts a command in the foreground, whatever this process inherited.
+
+    A test run started in the background (`make test &`, nohup) ignores SIGINT, and every process
+    it starts inherits that: a Ctrl-C test's command would run on as if no key was pressed. A
+    Python handler, unlike "ignore", is reset to the default by exec, so one is set for the
+    moment of the start (from the main thread, where pytest runs the tests).
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(args, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def sigint_state(pid: int) -> str:

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, TINY, UNCASED_VOCAB, assert_user_error, kbert_command, run_kbert, sigint_state
+from conftest import (
+    FIXTURES,
+    TINY,
+    UNCASED_VOCAB,
+    assert_user_error,
+    kbert_command,
+    popen_interruptible,
+    run_kbert,
+    sigint_state,
+)
 from kbert.processes import child_processes
 
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
@@ -214,34 +223,23 @@ def test_outputs_are_readable_by_another_user_as_the_umask_says(tiny_model_dir):
 
 @pytest.mark.slow
 def test_ctrl_c_during_export_leaves_no_export_base(tmp_path, tiny_model_dir):
-    # The export base appears a few seconds before the export ends. On a loaded machine the
-    # signal can land after the export has finished its work: then it exits 0 with the export
-    # whole, and the test tries again (a Ctrl-C that never stops it fails all three).
-    states = []
-    for attempt in range(3):
-        work = tmp_path / f"attempt-{attempt}"
-        work.mkdir()
-        base = work / "exports"
-        process = subprocess.Popen(
-            kbert_command() + ["export", str(tiny_model_dir), str(base), "--max-seq-length", "16"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 120
-        while not base.exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert process.poll() is None, "the export ended before the test could interrupt it"
-        states.append(sigint_state(process.pid))
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=60)
-        if process.returncode == 0 and (base / "1" / "saved_model.pb").exists():
-            continue  # too late: it had finished
-        assert process.returncode == 130, stderr
-        assert stdout == ""
-        assert sorted(os.listdir(work)) == []
-        return
-    pytest.fail(f"three exports finished before Ctrl-C reached them; before each: {states}")
+    base = tmp_path / "exports"
+    process = popen_interruptible(
+        kbert_command() + ["export", str(tiny_model_dir), str(base), "--max-seq-length", "16"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not base.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None, "the export ended before the test could interrupt it"
+    state = sigint_state(process.pid)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, (state, stderr)
+    assert stdout == ""
+    assert sorted(os.listdir(tmp_path)) == []
 
 
 def test_a_next_run_sweeps_what_a_killed_one_left(tmp_path):

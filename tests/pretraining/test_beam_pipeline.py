@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import UNCASED_VOCAB, assert_user_error, kbert_command, run_kbert, sigint_state
+from conftest import UNCASED_VOCAB, assert_user_error, kbert_command, popen_interruptible, run_kbert, sigint_state
 from kbert.errors import KbertError
 from test_create_data import (  # noqa: F401 (fixture)
     SAMPLE,
@@ -154,51 +154,42 @@ def test_a_stopped_job_leaves_nothing_under_the_final_names(tmp_path, stop):
     same output removes it; Ctrl-C (to the process group, as a terminal sends it) leaves nothing."""
     big = tmp_path / "big.txt"
     big.write_text((Path(SAMPLE).read_text(encoding="utf-8") + "\n") * 400, encoding="utf-8")
-    # On a loaded machine the signal can land after the job has finished its work: then it exits
-    # 0 with the output whole, and the test tries again in a new folder (a signal that never
-    # stops the job fails all three).
-    states = []
-    for attempt in range(3):
-        out = tmp_path / f"out-{attempt}" / "data.tfrecord"
-        process = subprocess.Popen(
-            kbert_command()
-            + [
-                "create-data",
-                "--input",
-                str(big),
-                "--vocab",
-                UNCASED_VOCAB,
-                "--output",
-                str(out),
-                "--dupe-factor",
-                "10",
-                "--runner",
-                "DirectRunner",
-                "--pipeline-options",
-                MULTI,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        # Stop it once the workers have begun writing chunk files (staged beside the output).
-        deadline = time.monotonic() + 120
-        while not list(out.parent.glob("kbert-temp-*/*")) and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert process.poll() is None, "the job ended before it could be stopped; make the corpus bigger"
-        states.append(sigint_state(process.pid))
-        os.killpg(process.pid, stop)
-        _, stderr = process.communicate(timeout=120)
-        if not (process.returncode == 0 and out.exists()):
-            break
-    else:
-        pytest.fail(f"three jobs finished before the signal reached them; before each: {states}")
-    assert not out.exists() and not list(out.parent.glob("data.tfrecord*"))
+    out = tmp_path / "out" / "data.tfrecord"
+    process = popen_interruptible(
+        kbert_command()
+        + [
+            "create-data",
+            "--input",
+            str(big),
+            "--vocab",
+            UNCASED_VOCAB,
+            "--output",
+            str(out),
+            "--dupe-factor",
+            "10",
+            "--runner",
+            "DirectRunner",
+            "--pipeline-options",
+            MULTI,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    # Stop it once the workers have begun writing chunk files (staged beside the output).
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("out/kbert-temp-*/*")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None, "the job ended before it could be stopped; make the corpus bigger"
+    state = sigint_state(process.pid)
+    os.killpg(process.pid, stop)
+    _, stderr = process.communicate(timeout=120)
+    assert not out.exists() and not list(tmp_path.glob("out/data.tfrecord*")), state
     if stop == signal.SIGINT:
-        assert process.returncode == 130 and stderr.decode().splitlines() == ["kbert: interrupted"]
-        assert not [p for p in out.parent.glob("*") if "temp" in p.name]
+        assert process.returncode == 130 and stderr.decode().splitlines() == ["kbert: interrupted"], state
+        assert not [p for p in tmp_path.glob("out/*") if "temp" in p.name]
         return
-    assert list(out.parent.glob("kbert-temp-*/*"))  # it was writing
+    assert list(tmp_path.glob("out/kbert-temp-*/*"))  # it was writing
     run_kbert(
         "create-data",
         "--input",
