@@ -210,12 +210,15 @@ def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path, orig
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 180
     ckpt = out / "checkpoints"
-    while time.time() < deadline and not (ckpt / "ckpt-15.index").exists():
+    # A checkpoint counts once it is recorded as complete (the `checkpoint` file, written after
+    # its data and index): a kill between the two leaves ckpt-N.index, and the run resumes from
+    # the one before.
+    while time.time() < deadline and _last_complete_checkpoint(ckpt) < 15:
         time.sleep(0.2)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    saved = sorted(int(p.name[5:-6]) for p in ckpt.glob("ckpt-*.index"))
-    assert saved and saved[-1] >= 15, saved
+    last = _last_complete_checkpoint(ckpt)
+    assert last >= 15, sorted(p.name for p in ckpt.iterdir())
     # As a run from before kbert recorded a run's flags: it resumes with the flags given, as then.
     (out / "pretrain_run.json").unlink()
     assert_user_error(
@@ -228,10 +231,22 @@ def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path, orig
         "give --data and the other flags",
         alone=False,
     )
-    result = _pretrain(out, original_records, "--steps", str(saved[-1] + 5), "--save-every", "5", "--resume")
-    assert f"resumed from step {saved[-1]}" in result.stderr
-    assert json.loads(result.stdout)["step"] == saved[-1] + 5
-    assert json.load(open(out / "pretrain_run.json"))["options"]["steps"] == saved[-1] + 5  # recorded now
+    result = _pretrain(out, original_records, "--steps", str(last + 5), "--save-every", "5", "--resume")
+    assert f"resumed from step {last}" in result.stderr
+    assert json.loads(result.stdout)["step"] == last + 5
+    assert json.load(open(out / "pretrain_run.json"))["options"]["steps"] == last + 5  # recorded now
+
+
+def _last_complete_checkpoint(folder) -> int:
+    """The step of the newest checkpoint TensorFlow's `checkpoint` file records in `folder`, or -1."""
+    try:
+        text = (folder / "checkpoint").read_text()
+    except FileNotFoundError:
+        return -1
+    for line in text.splitlines():
+        if line.startswith("model_checkpoint_path:"):
+            return int(line.split('"')[1].rsplit("-", 1)[1])
+    return -1
 
 
 def test_mirrored_over_two_cpus_equals_one_device(tmp_path, original_records, no_dropout_init):
