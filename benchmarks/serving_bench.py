@@ -45,7 +45,7 @@ usage: .venv/bin/python benchmarks/serving_bench.py [--model base|minilm] [--req
 int8: kbert's `export --precision int8` against PyTorch's `quantize_dynamic` and ONNX Runtime's
 `quantize_dynamic`, each on its float32 model; the int8 limit is oneDNN's int8 matmul peak.
 Needs the bench extra (`pip install -e ".[bench]"`, which brings transformers, onnx,
-onnxruntime) and PyTorch (`pip install torch`); a contender whose library is missing is
+onnxruntime) and PyTorch (the test extra's torch==2.13.0); a contender whose library is missing is
 reported as failed. Progress on stderr, one JSON object on stdout.
 """
 

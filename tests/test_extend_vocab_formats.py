@@ -280,8 +280,9 @@ def test_to_tf1_runs_in_the_original_code_and_converts_back_bit_for_bit(extended
 
 
 def test_transformers_loads_to_hf_output_with_the_new_vocabulary(extended, local, tmp_path):
-    torch = pytest.importorskip("torch", reason="torch is not a kbert dependency; install it to run this check")
-    transformers = pytest.importorskip("transformers", reason="transformers is not a kbert dependency")
+    import torch  # the test extra's: the consumers of to-hf's output
+    import transformers
+
     run_kbert("convert", "to-hf", extended, tmp_path / "hf")
     hf, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info

@@ -391,12 +391,13 @@ def test_missing_paths_and_output_dir(tmp_path, hf_model_dir):
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer_config.json", "vocab.txt"]
 
 
-# --- optional: transformers itself loads what to-hf writes (torch is not a kbert dependency) ---
+# --- transformers itself loads what to-hf writes (torch and transformers: the test extra's) ---
 
 
 def test_transformers_loads_to_hf_output(tiny_model_dir, tmp_path):
-    torch = pytest.importorskip("torch", reason="torch is not a kbert dependency; install it to run this check")
-    transformers = pytest.importorskip("transformers", reason="transformers is not a kbert dependency")
+    import torch  # the test extra's: the consumers of to-hf's output
+    import transformers
+
     run_kbert("convert", "to-hf", tiny_model_dir, tmp_path / "hf")
     model, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
