@@ -138,7 +138,7 @@ def sigint_state(pid: int) -> str:
     >>> sigint_state(os.getpid())
     'SIGINT: ignored no, blocked no, caught yes'
     """
-    bit = 1 << (2 - 1)
+    bit = 1 << (signal.SIGINT - 1)  # signal N is bit N - 1 of the masks
     masks = {}
     with open(f"/proc/{pid}/status") as status:
         for line in status:
