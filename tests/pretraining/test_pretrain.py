@@ -14,6 +14,7 @@ import time
 import h5py
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from conftest import TINY, assert_user_error, kbert_command, run_kbert
 from kbert.cli.pretrain import pretrain_command
@@ -239,14 +240,8 @@ def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path, orig
 
 def _last_complete_checkpoint(folder) -> int:
     """The step of the newest checkpoint TensorFlow's `checkpoint` file records in `folder`, or -1."""
-    try:
-        text = (folder / "checkpoint").read_text()
-    except FileNotFoundError:
-        return -1
-    for line in text.splitlines():
-        if line.startswith("model_checkpoint_path:"):
-            return int(line.split('"')[1].rsplit("-", 1)[1])
-    return -1
+    prefix = tf.train.latest_checkpoint(str(folder))
+    return -1 if prefix is None else int(prefix.rsplit("-", 1)[1])
 
 
 def test_mirrored_over_two_cpus_equals_one_device(tmp_path, original_records, no_dropout_init):
