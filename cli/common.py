@@ -8,6 +8,8 @@ import os
 import sys
 import warnings
 
+from typer.core import TyperCommand
+
 
 def quiet_tensorflow():
     """Keep TensorFlow's C++ start-up chatter (oneDNN, CUDA probes) off the user's terminal."""
@@ -80,3 +82,62 @@ def bytes_progress(label: str, *more_columns):
         console=console,
         disable=not console.is_terminal,
     )
+
+
+# Value names in --help, by a parameter's declared kind: what a user types there, not typer's
+# internals (`<int range>`, `<list[str]>`, `{model_dir}`).
+_PATH_NAMES = {"file": "FILE", "shards": "FILE", "dir": "DIR", "dir-in-place": "DIR", "model": "DIR", "any": "PATH"}
+
+
+def value_name(param, callback) -> str:
+    """What --help shows for a parameter's value: FILE, DIR, N, NUMBER, TEXT (FILE... for a list)."""
+    declared = {**getattr(callback, "inputs", {}), **getattr(callback, "outputs", {})}.get(param.name)
+    annotation = param.type_descriptor.annotation
+    if param.metavar:
+        name = param.metavar
+    elif declared is not None:
+        name = "GLOB" if getattr(declared, "globs", False) and annotation is str else _PATH_NAMES[declared.kind]
+    elif param.type_descriptor.is_path:
+        name = "PATH"
+    elif annotation is int or param.type_descriptor.is_ranged and "int" in param.type_descriptor.ranged_type_name:
+        name = "N"
+    elif annotation is float or param.type_descriptor.is_ranged:
+        name = "NUMBER"
+    else:
+        name = "TEXT"
+    return name + "..." if param.type_descriptor.is_list and not name.endswith("...") else name
+
+
+def _argument_name(param) -> str:
+    name = param.metavar or param.name.upper()
+    return name + "..." if param.nargs != 1 else name
+
+
+class HelpCommand(TyperCommand):
+    """A typer command whose --help names values as value_name() does (typer's own rendering
+    shows its internal type names)."""
+
+    def collect_usage_pieces(self, ctx):
+        pieces = [self.options_metavar]
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                pieces.append(_argument_name(param) if param.required else f"[{_argument_name(param)}]")
+        return pieces
+
+    def format_options(self, ctx, formatter):
+        sections = {"argument": [], "option": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None or param.param_type_name not in sections:
+                continue
+            if param.param_type_name == "argument":
+                name = _argument_name(param)
+            elif param.is_flag or param.count:
+                name = record[0]  # no value to name: `--overwrite / --no-overwrite`
+            else:
+                name = " / ".join(param.opts) + " " + value_name(param, self.callback)
+            sections[param.param_type_name].append((name, record[1]))
+        for title, key in (("Arguments", "argument"), ("Options", "option")):
+            if sections[key]:
+                with formatter.section(title):
+                    formatter.write_dl(sections[key])

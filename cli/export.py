@@ -11,15 +11,14 @@ from kbert.cli.common import print_result
 from kbert.cli.frame import DIR_IN_PLACE, MODEL, command
 from kbert.errors import KbertError
 from kbert.outputs import check_apart
+from kbert.sources import ACCEPTED
 
 
 # The serving export writes EXPORT_BASE in place (a new version beside the others); --format tfhub
 # replaces it whole, so that branch also refuses a base that holds the model.
 @command(inputs={"model_dir": MODEL}, outputs={"export_base": DIR_IN_PLACE})
 def export(
-    model_dir: Path = typer.Argument(
-        ..., help="A kbert model directory (converted, pretrained or fine-tuned), or a google-research checkpoint."
-    ),
+    model_dir: Path = typer.Argument(..., help=f"The model (converted, pretrained or fine-tuned): {ACCEPTED}."),
     export_base: Path = typer.Argument(
         ..., help="The directory TF Serving watches (--model_base_path); the export goes to EXPORT_BASE/VERSION."
     ),
@@ -36,8 +35,7 @@ def export(
     precision: str = typer.Option(
         "float32",
         help="float32 (exact), bfloat16 (faster on CPUs with AVX512-BF16 or AMX) or int8 (the encoder's matmuls in int8, "
-        "faster on CPUs with VNNI or AMX); both slightly off float32's outputs, measured in docs/serving.md; speed in "
-        "docs/performance.md.",
+        "faster on CPUs with VNNI or AMX); both slightly off float32's outputs (the README's Results section).",
     ),
     export_format: str = typer.Option(
         "serving",
@@ -49,7 +47,7 @@ def export(
         False,
         "--constant-weights",
         help="Weights as graph constants, not variables: faster for bfloat16 at batch 1, but the server holds "
-        "several times the memory and loads several times slower (measured in docs/performance.md).",
+        "several times the memory and loads several times slower.",
     ),
     max_windows: int | None = typer.Option(
         None,
@@ -85,7 +83,8 @@ def export(
             )
         check_apart(export_base, [model_dir])  # replaced whole
         result = export_tfhub(str(model_dir), str(export_base), max_seq_length=max_seq_length, overwrite=overwrite)
-        print_result(result)
+        # The preprocessor's tokenizer is tensorflow_text's ops: loading it without them fails.
+        print_result({**result, "load_with": _load_with(result["preprocessor"])})
         return
     if export_format != "serving":
         raise KbertError(f"--format {export_format!r}: choose serving or tfhub")
@@ -114,8 +113,16 @@ def export(
             **_windows_info(path),
             "model_config_file": os.path.join(base, MODELS_CONFIG),
             "batching_parameters_file": os.path.join(base, BATCHING_PARAMETERS),
+            # Its tokenizer is tensorflow_text's ops (TF Serving links them in): plain TensorFlow
+            # loads the export only once they are registered.
+            "load_with": _load_with(path),
         }
     )
+
+
+def _load_with(path) -> str:
+    """How plain Python loads a SavedModel whose graph holds tensorflow_text's ops."""
+    return f"import tensorflow as tf, tensorflow_text; tf.saved_model.load({str(path)!r})"
 
 
 def _windows_info(path) -> dict:

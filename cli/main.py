@@ -15,8 +15,8 @@ except ImportError:  # pragma: no cover
     from click.exceptions import NoArgsIsHelpError, UsageError
 
 from kbert.cli import convert, create_data, export, extend, fill_mask, finetune, pretrain, vocab
-from kbert.cli.common import quiet_tensorflow, setup_logging
-from kbert.errors import Interrupted, KbertError, first_line
+from kbert.cli.common import HelpCommand, quiet_tensorflow, setup_logging
+from kbert.errors import Interrupted, KbertError, command_line_names, first_line, os_error_line
 
 app = typer.Typer(
     name="kbert",
@@ -36,10 +36,35 @@ app.command("predict")(finetune.predict)
 app.command("evaluate")(finetune.evaluate)
 app.command("export")(export.export)
 app.command("extend")(extend.extend)
+for _info in app.registered_commands + [c for g in app.registered_groups for c in g.typer_instance.registered_commands]:
+    _info.cls = HelpCommand  # --help names values FILE, DIR, N, not by typer's internal type names
+
+
+def _print_version(value: bool):
+    if value:
+        from importlib.metadata import version
+
+        print(f"kbert {version('kbert')}")
+        raise typer.Exit()
+
+
+def _flags_of(argv) -> set:
+    """The --flags of the command that argv runs (`kbert convert from-tf1 ...`: from-tf1's)."""
+    command = typer.main.get_command(app)
+    for word in argv:
+        if word not in getattr(command, "commands", {}):
+            break
+        command = command.commands[word]
+    return {flag for param in command.params for flag in param.opts + param.secondary_opts if flag.startswith("--")}
 
 
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks (or set KBERT_DEBUG=1).")):
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks (or set KBERT_DEBUG=1)."),
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the installed version and exit."
+    ),
+):
     """Results print as JSON on stdout; progress and logs go to stderr."""
 
 
@@ -55,7 +80,8 @@ def main(argv=None):
     # TensorFlow is imported by the frame (kbert.cli.frame), once a command's inputs and outputs
     # are checked: a mistake is answered at once, and create-data never imports it.
     try:
-        code = app(args=argv, prog_name="kbert", standalone_mode=False)
+        with command_line_names(_flags_of(argv)):  # messages name options as the user types them
+            code = app(args=argv, prog_name="kbert", standalone_mode=False)
     except UsageError as e:
         if isinstance(e, NoArgsIsHelpError):  # `kbert convert` alone: its help, as before
             e.show()
@@ -82,6 +108,9 @@ def main(argv=None):
     except Exception as e:  # a bug, not a user error: still one line unless --debug
         if debug:
             raise
+        if os_error_line(e):  # a full disk, a permission: the path and the cause, which the user can fix
+            print(f"kbert: error: {os_error_line(e)}", file=sys.stderr)
+            sys.exit(1)
         first = first_line(e, 300) if str(e).strip() else ""
         print(
             f"kbert: unexpected error: {type(e).__name__}: {first} (rerun with --debug for the traceback)",

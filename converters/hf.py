@@ -22,7 +22,15 @@ import weakref
 import numpy as np
 
 from kbert.config import BertConfig
-from kbert.converters.loading import HEAD_PATHS, POOLER_PATH, Converted, Stored, load_pretrainer, stored_weights
+from kbert.converters.loading import (
+    HEAD_PATHS,
+    POOLER_PATH,
+    Converted,
+    Stored,
+    heads_left_out,
+    load_pretrainer,
+    stored_weights,
+)
 from kbert.converters.names import (
     HF_BUFFERS,
     HF_OPTIONAL,
@@ -33,11 +41,19 @@ from kbert.converters.names import (
     tf1_to_kbert_paths,
 )
 from kbert.converters.safetensors_file import RESAVE, SafetensorsFile, write_safetensors
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.errors import listing as _listing
 from kbert.files import atomic_output_dir, count_lines
-from kbert.model.bert import BertEncoder, BertPretrainer, Vocabulary
-from kbert.model_dir import VOCAB_FILE, check_vocab
+from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary
+from kbert.model_dir import (
+    HEADS,
+    VOCAB_FILE,
+    check_vocab,
+    fresh_heads_of,
+    head_task_info,
+    lower_case_for,
+    stored_head_provenance,
+)
 from kbert.outputs import writes
 from kbert.text.tokenizer import load_vocab
 
@@ -207,6 +223,18 @@ def config_from_hf(values: dict, path: str = HF_CONFIG_FILE) -> BertConfig:
         raise KbertError(f"{path}: {e}") from None
 
 
+# The key kbert adds to a config.json it writes with fresh heads in it (to-hf --include-fresh-heads),
+# so that reading it back does not take their random weights for trained ones.
+FRESH_HEADS_KEY = "kbert_fresh_heads"
+
+
+def _recorded_fresh_heads(values, path) -> tuple:
+    fresh = values.get(FRESH_HEADS_KEY, []) if isinstance(values, dict) else []
+    if not isinstance(fresh, list) or not all(isinstance(h, str) for h in fresh) or set(fresh) - set(HEADS):
+        raise KbertError(f"{path}: {FRESH_HEADS_KEY} must list heads among {', '.join(HEADS)}, got {fresh!r}"[:300])
+    return tuple(h for h in HEADS if h in fresh)
+
+
 def _read_json(path, what):
     try:
         with open(path, encoding="utf-8") as f:
@@ -355,7 +383,7 @@ def load_hf_model(src, do_lower_case=None):
         src: str. A Hugging Face model directory (config.json, model.safetensors, vocab.txt or
             tokenizer.json), or its .safetensors file.
         do_lower_case: bool. Whether the vocabulary is uncased; read from tokenizer_config.json
-            (or tokenizer.json) when None, else True.
+            (or tokenizer.json) when None, else decided by the folder name (`lower_case_for`).
 
     Returns the model, declaring its vocabulary (`model.vocabulary`); `convert_hf_model` also
     returns what was loaded, skipped and freshly initialised.
@@ -369,7 +397,9 @@ def load_hf_model(src, do_lower_case=None):
 def convert_hf_model(src, do_lower_case=None) -> Converted:
     """`load_hf_model`'s model (same arguments) and its report."""
     source = find_hf_model(src)
-    config = config_from_hf(_read_json(source.config_file, "config"), source.config_file)
+    values = _read_json(source.config_file, "config")
+    config = config_from_hf(values, source.config_file)
+    recorded_fresh = _recorded_fresh_heads(values, source.config_file)
     vocab_file, vocab_origin = _vocab_file(source.folder, config, source.config_file)
     keys = _open_weights(source)
     hf_to_tf1 = hf_to_tf1_names(config.num_hidden_layers)
@@ -389,7 +419,7 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
     if do_lower_case is None:
         do_lower_case, _ = hf_lower_case(source.folder)
         unsaid = do_lower_case is None
-        do_lower_case = True if unsaid else do_lower_case
+        do_lower_case = lower_case_for(source.folder) if unsaid else do_lower_case
     model, absent = load_pretrainer(
         config,
         Stored(
@@ -410,11 +440,17 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
     )
     loaded = set(weights)
     _check_tied(source, keys)
+    # Heads kbert wrote out though fresh (to-hf --include-fresh-heads) stay fresh.
+    for part in recorded_fresh:
+        if part not in absent:
+            log.info("%s records the %s as fresh (random weights written out by kbert)", HF_CONFIG_FILE, part)
+    missing, absent = absent, [h for h in HEADS if h in absent or h in recorded_fresh]
+    model.fresh_heads = tuple(absent)
 
     skipped = sorted(name for canonical, (_, name) in keys.items() if canonical in HF_BUFFERS)
     if skipped:
         log.info("skipped %s (buffers of indices, not weights)", _listing(skipped))
-    for part in absent:
+    for part in missing:
         what = "pooler" if part == "pooler" else f"{part} head"
         log.info("the checkpoint has no %s (%s*): it is freshly initialised", what, HF_OPTIONAL[part])
     dtypes = sorted({f.dtypes[name] for hf, (f, name) in keys.items() if hf in loaded})
@@ -422,7 +458,9 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
         log.info("converted %s weights to float32", "/".join(d for d in dtypes if d != "F32"))
     if unsaid:
         log.info(
-            "do_lower_case=True: no tokenizer_config.json says otherwise; pass --lowercase/--no-lowercase to set it"
+            "do_lower_case=%s, from the folder name (no tokenizer_config.json or tokenizer.json says); pass %s to set it",
+            do_lower_case,
+            option("do_lower_case", flag="--lowercase/--no-lowercase", command="convert from-hf"),
         )
     if vocab_origin != VOCAB_FILE:  # the temporary vocab.txt lives as long as the model
         weakref.finalize(model, shutil.rmtree, os.path.dirname(vocab_file), True)
@@ -442,44 +480,103 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
 # === Writing ===
 
 
-def hf_tensors(model) -> tuple:
-    """({HF name: float32 array}, architecture) for a kbert encoder or pretrainer: kernels
-    transposed to torch's [out, in], the tied decoder written out as transformers names it."""
-    if type(model) not in (BertEncoder, BertPretrainer):
+# The transformers class of a kbert model, by the pretraining heads written (masked-LM, next-sentence).
+HF_PRETRAINING_ARCHITECTURES = {
+    (True, True): "BertForPreTraining",
+    (True, False): "BertForMaskedLM",
+    (False, True): "BertForNextSentencePrediction",
+    (False, False): "BertModel",
+}
+
+
+def hf_tensors(model, left_out=()) -> tuple:
+    """({HF name: float32 array}, architecture) for a kbert encoder, pretrainer or classifier:
+    kernels transposed to torch's [out, in], the tied decoder written out as transformers names
+    it, the heads in `left_out` (of "masked_lm", "next_sentence", "pooler") not written. The
+    architecture is the transformers class that holds what is written: a pretrainer without its
+    pretraining heads is a `BertModel`, a classifier a `BertForSequenceClassification`."""
+    if type(model) not in (BertEncoder, BertPretrainer, BertClassifier):
         raise KbertError(
-            f"cannot write a {type(model).__name__} as a Hugging Face model; to-hf "
-            f"writes kbert encoders and pretrainers (task heads have no HF layout here)"
+            f"cannot write a {type(model).__name__} as a Hugging Face model; to-hf writes kbert encoders, "
+            f"pretrainers and classifiers (other task heads have no HF layout here)"
         )
     tf1_to_kbert = tf1_to_kbert_paths(model.config.num_hidden_layers)
     hf_paths = {hf_name(tf1)[0]: path for tf1, path in tf1_to_kbert.items()}
     transposed = {path: hf_name(tf1)[1] for tf1, path in tf1_to_kbert.items()}
+    if type(model) is BertClassifier:
+        # BertForSequenceClassification's classifier Linear: weight [num_labels, H], as output_weights is.
+        hf_paths.update(
+            {"classifier.weight": "classifier_head/output_weights", "classifier.bias": "classifier_head/output_bias"}
+        )
 
     def to_stored(path, value):
         value = np.asarray(value, dtype="float32")
-        return value.T if transposed[path] else value
+        return value.T if transposed.get(path) else value
 
-    tensors = stored_weights(model, hf_paths, format_name="a Hugging Face model", to_stored=to_stored)
-    if type(model) is BertEncoder:
+    tensors = stored_weights(
+        model,
+        hf_paths,
+        format_name="a Hugging Face model",
+        to_stored=to_stored,
+        left_out=left_out,
+        unnamed_hint="encoders, pretrainers and classifiers",
+    )
+    if type(model) is BertClassifier:
+        return tensors, "BertForSequenceClassification"
+    architecture = HF_PRETRAINING_ARCHITECTURES[
+        (
+            any(name.startswith("cls.predictions.") for name in tensors),
+            any(name.startswith("cls.seq_relationship.") for name in tensors),
+        )
+    ]
+    if architecture == "BertModel":
         # BertModel's own files carry no "bert." prefix (it is BertForPreTraining's attribute).
-        return {name[len("bert.") :]: value for name, value in tensors.items()}, "BertModel"
-    for tied, target in HF_TIED.items():  # so that any loader, tying or not, finds them
-        tensors[tied] = tensors[target]
-    return tensors, "BertForPreTraining"
+        return {name[len("bert.") :]: value for name, value in tensors.items()}, architecture
+    if "cls.predictions.bias" in tensors:
+        for tied, target in HF_TIED.items():  # so that any loader, tying or not, finds them
+            tensors[tied] = tensors[target]
+    return tensors, architecture
+
+
+def _task_config(model) -> dict:
+    """A classifier's labels and loss as BertForSequenceClassification's config reads them."""
+    if type(model) is not BertClassifier:
+        return {}
+    info = head_task_info(model)
+    if info["task"] == "regress":
+        return {"num_labels": 1, "problem_type": "regression", "classifier_dropout": model.dropout_rate}
+    labels = info["labels"]
+    return {
+        "id2label": {str(i): label for i, label in enumerate(labels)},
+        "label2id": {label: i for i, label in enumerate(labels)},
+        "problem_type": "single_label_classification",
+        "classifier_dropout": model.dropout_rate,
+    }
 
 
 @writes("out_dir")
-def save_hf_model(model, out_dir, vocab_file=None, do_lower_case=None, overwrite: bool = False):
-    """Write `model` as a Hugging Face BERT directory, atomically.
+def save_hf_model(
+    model, out_dir, vocab_file=None, do_lower_case=None, overwrite: bool = False, *, include_fresh_heads=False
+) -> dict:
+    """Write `model` as a Hugging Face BERT directory, atomically; returns what was written.
 
-    Writes config.json, model.safetensors (float32), vocab.txt and tokenizer_config.json;
-    `transformers.BertForPreTraining.from_pretrained(out_dir)` (BertModel for an encoder)
-    loads it with no missing or unexpected keys.
+    Writes config.json, model.safetensors (float32), vocab.txt and tokenizer_config.json, for the
+    transformers class that holds what is written (the returned `architecture`):
+    `BertForPreTraining` for a pretrainer, `BertModel` for an encoder,
+    `BertForSequenceClassification` (with its labels as id2label/label2id) for a classifier;
+    `from_pretrained` loads it with no missing or unexpected keys. Heads a converter created
+    (`model.fresh_heads`: random weights) are left out unless `include_fresh_heads`: a pretrainer
+    whose pretraining heads are both fresh is written as its encoder alone, a `BertModel`.
 
     Args:
-        model: a kbert `BertEncoder` or `BertPretrainer`.
+        model: a kbert `BertEncoder`, `BertPretrainer` or `BertClassifier`.
         out_dir: str. Output directory (must not exist or be empty unless `overwrite`).
         vocab_file: str. Defaults to `model.vocab_file` (set by `kbert.load` and the converters).
         do_lower_case: bool. Defaults to `model.do_lower_case`, else True.
+        include_fresh_heads: bool. Write fresh heads' random weights too (config.json then
+            records them in `kbert_fresh_heads`, so that `from-hf` keeps them fresh).
+
+    Returns {"architecture": str, "left_out": [heads], "parameters": int}.
 
     Example:
     >>> kbert.converters.save_hf_model(kbert.load("out/tiny"), "out/tiny-hf")  # doctest: +SKIP
@@ -491,10 +588,24 @@ def save_hf_model(model, out_dir, vocab_file=None, do_lower_case=None, overwrite
         do_lower_case = getattr(model, "do_lower_case", True)
     config = BertConfig.from_dict({k: v for k, v in model.config.to_dict().items() if k in BertConfig.field_names()})
     check_vocab(vocab_file, config)
-    tensors, architecture = hf_tensors(model)
+    left_out = heads_left_out(model, include_fresh_heads)
+    tensors, architecture = hf_tensors(model, left_out)
+    for head in left_out:
+        log.info(
+            "left out the %s (%s*): a converter created it, so its weights are random; pass %s to write it",
+            "pooler" if head == "pooler" else f"{head} head",
+            HF_OPTIONAL[head],
+            option("include_fresh_heads", True),
+        )
+    written_fresh = [h for h in fresh_heads_of(model) if h not in left_out]
     # transformers' BertTokenizer reads vocab.txt as the original's load_vocab does: a repeated
     # token gets its last id, so that is the [PAD] id the config must name.
     pad_token_id = load_vocab(vocab_file).get("[PAD]", 0)
+    hf_values = {
+        **hf_config(config, architecture, pad_token_id),
+        **_task_config(model),
+        **({FRESH_HEADS_KEY: written_fresh} if written_fresh else {}),
+    }
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": bool(do_lower_case),
@@ -502,10 +613,15 @@ def save_hf_model(model, out_dir, vocab_file=None, do_lower_case=None, overwrite
     }
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:
         write_safetensors(os.path.join(tmp, WEIGHTS_FILE), tensors)
-        _write_json(os.path.join(tmp, HF_CONFIG_FILE), hf_config(config, architecture, pad_token_id))
+        _write_json(os.path.join(tmp, HF_CONFIG_FILE), hf_values)
         _write_json(os.path.join(tmp, TOKENIZER_CONFIG_FILE), tokenizer_config)
         shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_FILE))
-    return out_dir
+    tied = set(HF_TIED) & set(tensors)
+    return {
+        "architecture": architecture,
+        "left_out": list(left_out),
+        "parameters": int(sum(np.size(v) for name, v in tensors.items() if name not in tied)),
+    }
 
 
 def _write_json(path, value):
@@ -534,7 +650,10 @@ def describe_hf(src) -> dict:
         "vocab_entries": count_lines(vocab) if os.path.isfile(vocab) else None,
         "parameters": int(sum(np.prod(f.shapes[n]) for f, n in weights.values())),
         "layers_in_file": len(layers),
-        "heads": {part: any(c.startswith(prefix) for c in keys) for part, prefix in HF_OPTIONAL.items()},
+        "heads": stored_head_provenance(
+            {part: any(c.startswith(prefix) for c in keys) for part, prefix in HF_OPTIONAL.items()},
+            _recorded_fresh_heads(values, source.config_file),
+        ),
         "dtypes": sorted({f.dtypes[n] for f, n in weights.values()}),
         "do_lower_case": hf_lower_case(folder)[0],
     }

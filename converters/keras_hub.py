@@ -28,10 +28,11 @@ from kbert.converters.loading import Converted
 from kbert.converters.named import named_arrays, pretrainer_from_named
 from kbert.converters.names import KERAS_HUB_CLASSIFIER_HEAD
 from kbert.errors import KbertError, first_line, listing
-from kbert.files import atomic_output_dir
+from kbert.files import atomic_output_dir, check_free_space, weights_file_bytes
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary, encoder_of
-from kbert.model_dir import check_vocab, open_model
+from kbert.model_dir import check_vocab, fresh_heads_of, lower_case_for
 from kbert.outputs import writes
+from kbert.sources import open_model
 from kbert.text.preprocessing import BertPreprocessor
 from kbert.text.tokenizer import load_vocab, vocab_tokens
 
@@ -113,6 +114,37 @@ def _max_difference(encoder: BertEncoder, backbone, vocab_file: str, do_lower_ca
     }
 
 
+# keras-hub's BertMaskedLM computes its head's LayerNorm with this epsilon (MaskedLMHead's default),
+# where google-research/bert's, and kbert's, is 1e-12.
+KERAS_HUB_MLM_EPSILON = 1e-5
+
+
+def _masked_lm(backbone, mlm_arrays: dict, preprocessor=None):
+    """keras-hub's BertMaskedLM on `backbone`, its head holding `mlm_arrays` (keras-hub paths)."""
+    task = keras_hub.models.BertMaskedLM(backbone, preprocessor=preprocessor)
+    tied = {w.path: w.numpy() for w in backbone.token_embedding.weights}  # the head's tied word embeddings
+    _set_weights(task.masked_lm_head, {**mlm_arrays, **tied}, "masked-LM head")
+    return task
+
+
+def _mlm_difference(pretrainer, task, vocab_file: str, do_lower_case: bool) -> float:
+    """Max |kbert - keras-hub| of the masked-LM logits on MEASURE_TEXTS, at three real tokens each."""
+    length = min(64, pretrainer.config.max_position_embeddings)
+    packed = BertPreprocessor(vocab_file, do_lower_case, length)(np.array(MEASURE_TEXTS))
+    positions = keras.ops.convert_to_tensor(np.tile(np.array([[1, 2, 3]], dtype="int32"), (len(MEASURE_TEXTS), 1)))
+    ours = pretrainer({**packed, "masked_lm_positions": positions}, training=False)["mlm_logits"]
+    theirs = task(
+        {
+            "token_ids": packed["input_ids"],
+            "segment_ids": packed["segment_ids"],
+            "padding_mask": packed["input_mask"],
+            "mask_positions": positions,
+        },
+        training=False,
+    )
+    return float(np.abs(np.asarray(ours) - np.asarray(theirs)).max())
+
+
 @writes("out_dir", inputs=("model_dir",))
 def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
     """Write a kbert model as a keras-hub BERT preset directory; returns a JSON-ready report.
@@ -120,7 +152,9 @@ def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
     `keras_hub.models.BertBackbone.from_preset(out_dir)`, `BertTokenizer.from_preset` and
     `BertTextClassifier.from_preset(out_dir, num_classes=N)` load it. A fine-tuned kbert
     classifier also writes keras-hub's task files, so `BertTextClassifier.from_preset(out_dir)`
-    gets the trained head.
+    gets the trained head; a pretraining model with a trained masked-LM head writes it as a
+    `BertMaskedLM` task, which `BertMaskedLM.from_preset(out_dir)` and `from-keras-hub` read (a
+    fresh one, random weights, is left out). keras-hub has no next-sentence head.
 
     Args:
         model_dir: str. A kbert model directory or a google-research checkpoint directory.
@@ -136,8 +170,8 @@ def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
     else:
         raise KbertError(
             f"{model_dir}: keras-hub has no preset for a {type(model).__name__}; convert an encoder, a "
-            f"pretraining model or a classifier (the encoder of any fine-tuned model: kbert export "
-            f"--format tfhub)"
+            f"pretraining model or a classifier (the encoder of any fine-tuned model: `kbert export "
+            f"--format tfhub`)"
         )
     config = encoder.config
     if config.hidden_act not in ("gelu",) + GELU_TANH:
@@ -148,6 +182,15 @@ def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
     backbone = _backbone(config)
     _set_weights(backbone, named_arrays(encoder, "keras_hub"), "encoder")
     difference = _max_difference(encoder, backbone, model.vocab_file, model.do_lower_case)
+    fresh = fresh_heads_of(model)
+    mlm_arrays = None
+    if isinstance(model, BertPretrainer) and "masked_lm" not in fresh:
+        mlm_arrays = {k: v for k, v in named_arrays(model, "keras_hub").items() if k.startswith("mlm_head/")}
+        difference["mlm_logits"] = _mlm_difference(
+            model, _masked_lm(backbone, mlm_arrays), model.vocab_file, model.do_lower_case
+        )
+    elif isinstance(model, BertPretrainer):
+        log.info("left out the masked_lm head: a converter created it, so its weights are random")
 
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp, tempfile.TemporaryDirectory() as scratch:
         vocab = os.path.join(scratch, "vocab.txt")
@@ -172,15 +215,32 @@ def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
                 },
                 "classifier",
             )
+            # h5py crashes on a disk that fills as it writes: see kbert.files.save_weights.
+            check_free_space(tmp, weights_file_bytes(task), "the preset's weights")
             task.save_to_preset(tmp)  # backbone, preprocessor (with the tokenizer), task
+        elif mlm_arrays is not None:
+            task = _masked_lm(
+                backbone,
+                mlm_arrays,
+                keras_hub.models.BertMaskedLMPreprocessor(
+                    tokenizer, sequence_length=min(DEFAULT_SEQUENCE_LENGTH, config.max_position_embeddings)
+                ),
+            )
+            check_free_space(tmp, weights_file_bytes(task), "the preset's weights")
+            task.save_to_preset(tmp)  # backbone, preprocessor (with the tokenizer), task with the head
         else:
+            check_free_space(tmp, weights_file_bytes(backbone), "the preset's weights")
             backbone.save_to_preset(tmp)
             preprocessor.save_to_preset(tmp)  # the tokenizer too, and the sequence length
     exact = config.hidden_act in GELU_TANH
     return {
         "preset": os.path.abspath(os.fspath(out_dir)),
         "parameters": int(backbone.count_params()),
-        "task": "BertTextClassifier" if isinstance(model, BertClassifier) else None,
+        "task": "BertTextClassifier"
+        if isinstance(model, BertClassifier)
+        else "BertMaskedLM"
+        if mlm_arrays is not None
+        else None,
         "hidden_act": config.hidden_act,
         "max_abs_difference": difference,
         "note": (
@@ -188,7 +248,15 @@ def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
             if exact
             else "keras-hub's BertBackbone computes GELU with tanh; this model was trained with the exact erf "
             "GELU, so keras-hub's outputs differ from kbert's by max_abs_difference on real text"
+        )
+        + (
+            f"; keras-hub's masked-LM head computes its LayerNorm with epsilon {KERAS_HUB_MLM_EPSILON} (kbert "
+            f"1e-12) and the erf GELU, so its logits differ from kbert's by max_abs_difference.mlm_logits"
+            if mlm_arrays is not None
+            else ""
         ),
+        "left_out": (["next_sentence"] if isinstance(model, BertPretrainer) else [])
+        + (["masked_lm"] if isinstance(model, BertPretrainer) and mlm_arrays is None else []),
         "renamed_repeated_tokens": renamed,
         "do_lower_case": model.do_lower_case,
     }
@@ -205,11 +273,14 @@ def _read_json(path: str, what: str) -> dict:
 def load_keras_hub_preset(src, do_lower_case: bool | None = None):
     """A `BertPretrainer` holding a keras-hub BertBackbone preset's weights, exactly.
 
-    The next-sentence and masked-LM heads, which a BertBackbone does not have, are fresh.
+    The next-sentence head, which keras-hub does not have, is fresh; so is the masked-LM head
+    unless the preset is a `BertMaskedLM` task (what `to-keras-hub` writes for a pretraining
+    model), whose head is read.
 
     Args:
         src: str. A local keras-hub preset directory (`save_to_preset`'s output).
-        do_lower_case: bool. Default: the preset tokenizer's `lowercase`.
+        do_lower_case: bool. Default: the preset tokenizer's `lowercase`, else decided by the
+            folder name (`lower_case_for`).
 
     Returns the model, declaring its vocabulary; `convert_keras_hub_preset` also returns its report.
 
@@ -237,8 +308,15 @@ def convert_keras_hub_preset(src, do_lower_case: bool | None = None) -> Converte
     kind = saved.get("class_name") if isinstance(saved, dict) else None
     if kind != "BertBackbone":
         raise KbertError(f"{src}: a {kind or 'non-Keras'} preset; kbert converts BERT presets (BertBackbone)")
+    task_file = os.path.join(src, TASK_FILE)
+    task_kind = _read_json(task_file, "task config").get("class_name") if os.path.isfile(task_file) else None
+    masked_lm = None
     try:
-        backbone = keras_hub.models.BertBackbone.from_preset(src)
+        if task_kind == "BertMaskedLM":  # the backbone and its masked-LM head
+            masked_lm = keras_hub.models.BertMaskedLM.from_preset(src, preprocessor=None)
+            backbone = masked_lm.backbone
+        else:
+            backbone = keras_hub.models.BertBackbone.from_preset(src)
     except Exception as e:  # keras-hub raises ValueError, OSError, h5py errors, ...
         raise KbertError(f"{src}: keras-hub cannot load this preset ({first_line(e)})") from None
     values = saved["config"]
@@ -257,19 +335,34 @@ def convert_keras_hub_preset(src, do_lower_case: bool | None = None) -> Converte
     vocab_file = os.path.join(src, VOCABULARY_FILE)
     check_vocab(vocab_file, config)
     arrays = {w.path: keras.ops.convert_to_numpy(w.value) for w in backbone.weights}
+    if masked_lm is not None:
+        arrays.update(
+            {
+                w.path: keras.ops.convert_to_numpy(w.value)
+                for w in masked_lm.masked_lm_head.weights
+                if w.path.startswith("mlm_head/")
+            }
+        )
     if do_lower_case is None:
         tokenizer = _read_json(os.path.join(src, TOKENIZER_FILE), "tokenizer config")
-        do_lower_case = bool(tokenizer.get("config", {}).get("lowercase", True))
+        do_lower_case = tokenizer.get("config", {}).get("lowercase")
+        if not isinstance(do_lower_case, bool):
+            do_lower_case = lower_case_for(src)
+            log.info("do_lower_case=%s, from the folder name; pass --lowercase/--no-lowercase to set it", do_lower_case)
     model, fresh_heads = pretrainer_from_named(
         config, arrays, "keras_hub", src, Vocabulary(vocab_file, bool(do_lower_case))
     )
-    task = os.path.join(src, TASK_FILE)
-    if os.path.isfile(task):
+    report = {"source": src, "loaded": len(arrays), "fresh_heads": fresh_heads, "hidden_act": "gelu_tanh"}
+    if masked_lm is not None:
+        # Its weights are the trained ones, read exactly; keras-hub computes the head a little
+        # differently (LayerNorm epsilon, GELU form), so the difference is measured and said.
+        report["mlm_max_abs_difference"] = _mlm_difference(model, masked_lm, vocab_file, bool(do_lower_case))
         log.info(
-            "%s holds a %s task; its head is not converted (kbert converts the backbone)",
-            src,
-            _read_json(task, "task config").get("class_name"),
+            "read the masked-LM head of the BertMaskedLM task; keras-hub computes it with LayerNorm epsilon %s and "
+            "the erf GELU, kbert with 1e-12 and hidden_act gelu_tanh: their logits differ by up to %.2g on real text",
+            KERAS_HUB_MLM_EPSILON,
+            report["mlm_max_abs_difference"],
         )
-    return Converted(
-        model, {"source": src, "loaded": len(arrays), "fresh_heads": fresh_heads, "hidden_act": "gelu_tanh"}
-    )
+    elif task_kind:
+        log.info("%s holds a %s task; its head is not converted (kbert converts the backbone)", src, task_kind)
+    return Converted(model, report)

@@ -12,19 +12,30 @@ import dataclasses
 import glob
 import logging
 import os
+import re
 import shutil
 
+import numpy as np
 import tensorflow as tf
 
 from kbert.config import BertConfig
-from kbert.converters.loading import Converted, Stored, load_pretrainer, stored_weights
-from kbert.converters.names import HEADS, tf1_to_kbert_paths
-from kbert.errors import KbertError, first_line
+from kbert.converters.loading import (
+    HEAD_PATHS,
+    POOLER_PATH,
+    Converted,
+    Stored,
+    heads_left_out,
+    load_pretrainer,
+    stored_weights,
+)
+from kbert.converters.names import HEADS, TF1_CLASSIFIER_HEAD, tf1_to_kbert_paths
+from kbert.errors import KbertError, first_line, option, os_error_or, plural
 from kbert.errors import listing as _listing
 from kbert.errors import plural as _plural
 from kbert.files import atomic_output_dir
-from kbert.model.bert import Vocabulary
-from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, lower_case_for
+from kbert.model.bert import BertClassifier, Vocabulary
+from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, fresh_heads_of, lower_case_for, recorded_fresh_heads
+from kbert.model_dir import HEADS as HEADS_IN_ORDER
 from kbert.outputs import writes
 
 log = logging.getLogger("kbert")
@@ -32,6 +43,8 @@ log = logging.getLogger("kbert")
 CKPT_PREFIX = "bert_model.ckpt"
 OPTIMIZER_SLOT_SUFFIXES = ("/adam_m", "/adam_v", "/Adam", "/Adam_1", "/lamb_m", "/lamb_v")
 SKIPPED_NAMES = ("global_step", "_CHECKPOINTABLE_OBJECT_GRAPH")
+# Where each head's variables are in a checkpoint.
+TF1_HEAD_PREFIXES = {**HEADS, "pooler": "bert/pooler/"}
 
 
 @dataclasses.dataclass
@@ -62,11 +75,14 @@ def find_checkpoint(src, config_file=None, vocab_file=None) -> Tf1Source:
         )
     config_file = config_file or os.path.join(folder, CONFIG_FILE)
     vocab_file = vocab_file or os.path.join(folder, VOCAB_FILE)
-    for path, what in ((config_file, "bert_config.json"), (vocab_file, "vocab.txt")):
+    for path, what, argument, flag in (
+        (config_file, "bert_config.json", "config_file", "--config"),
+        (vocab_file, "vocab.txt", "vocab_file", "--vocab"),
+    ):
         if not os.path.isfile(path):
             raise KbertError(
                 f"{path}: missing; put the checkpoint's {what} there or pass "
-                f"--{'config' if what.startswith('bert') else 'vocab'} PATH"
+                f"{option(argument, flag=flag, command='convert from-tf1')}"
             )
     return Tf1Source(prefix, config_file, vocab_file)
 
@@ -99,6 +115,27 @@ def open_reader(prefix: str):
             f"{prefix}: not a readable TF checkpoint ({first_line(e)}); the files are "
             f"truncated or not a checkpoint: download or export them again"
         ) from None
+
+
+def data_problems(prefix: str, shapes: dict, dtypes: dict) -> list:
+    """Data files missing or shorter than the tensors the index lists (a copy cut short)."""
+    shards = sorted(glob.glob(glob.escape(prefix) + ".data-*-of-*"))
+    wanted = int(re.search(r"-of-(\d+)$", shards[0]).group(1)) if shards else 1
+    if len(shards) != wanted:
+        return [
+            f"{plural(wanted - len(shards), 'data file')} of {wanted} missing ({prefix}.data-NNNNN-of-{wanted:05d})"
+        ]
+    if any(dtypes[n].name == "string" for n in shapes):
+        return []  # string tensors have no fixed size; the sum below would not hold
+    # The data files are the tensors' bytes back to back, so together they are exactly this long.
+    expected = sum(int(np.prod(shape)) * dtypes[name].size for name, shape in shapes.items())
+    found = sum(os.path.getsize(p) for p in shards)
+    if found < expected:
+        return [
+            f"the data file{'s hold' if len(shards) > 1 else ' holds'} {found:,} bytes of the {expected:,} "
+            f"the index lists: truncated (a copy or download cut short)"
+        ]
+    return []
 
 
 def is_optimizer_state(name: str) -> bool:
@@ -134,6 +171,10 @@ def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case
     reader = open_reader(source.prefix)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
+    # Checked before any tensor is read: a cut-short file would fail in the middle of reading.
+    problems = data_problems(source.prefix, shapes, dtypes)
+    if problems:
+        raise KbertError(f"{source.prefix}: {problems[0]}; download or copy the checkpoint again")
 
     skipped = sorted(n for n in shapes if is_optimizer_state(n))
     ours = {n: tuple(shapes[n]) for n in shapes if n.startswith(("bert/", "cls/")) and not is_optimizer_state(n)}
@@ -147,14 +188,13 @@ def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case
                 prefix=source.prefix, tensor_names=[name], shape_and_slices=[""], dtypes=[dtypes[name]]
             )[0]
         except Exception as e:  # tf raises DataLossError, OutOfRange... for damaged data files
-            raise KbertError(
+            raise os_error_or(
+                e,
                 f"{source.prefix}: cannot read {name} ({first_line(e)}); the data "
-                f"file is truncated or damaged: download it again"
+                f"file is truncated or damaged: download it again",
             ) from None
 
-    guessed = do_lower_case is None
-    if guessed:
-        do_lower_case = lower_case_for(source.prefix)
+    do_lower_case, lower_origin = _casing(source.prefix, config, do_lower_case)
     model, fresh_heads = load_pretrainer(
         config,
         Stored(
@@ -165,21 +205,37 @@ def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case
             thing="checkpoint",
             config_name=CONFIG_FILE,
             config_file=source.config_file,
+            optional={**HEAD_PATHS, "pooler": POOLER_PATH},
             noun="variable",
             unknown_hint=lambda names: "; is this a BERT checkpoint?",
             missing_hint=lambda names: "",
         ),
         Vocabulary(source.vocab_file, bool(do_lower_case)),
     )
+    # Heads kbert wrote out though fresh (to-tf1 --include-fresh-heads) stay fresh.
+    fresh_heads = [
+        h for h in HEADS_IN_ORDER if h in fresh_heads or h in recorded_fresh_heads(config, source.config_file)
+    ]
+    model.fresh_heads = tuple(fresh_heads)
 
     if skipped:
         log.info("skipped %s of optimizer state (global_step, adam_m/adam_v slots)", _plural(len(skipped), "variable"))
     if other:
         log.info("ignored %s outside bert/ and cls/: %s", _plural(len(other), "variable"), _listing(other))
     for head in fresh_heads:
-        log.info("the checkpoint has no %s head (%s*): it is freshly initialised", head, HEADS[head])
-    if guessed:
-        log.info("do_lower_case=%s, from the folder name; pass --lowercase/--no-lowercase to set it", do_lower_case)
+        if not any(n.startswith(TF1_HEAD_PREFIXES[head]) for n in ours):
+            log.info(
+                "the checkpoint has no %s (%s*): it is freshly initialised", _head_name(head), TF1_HEAD_PREFIXES[head]
+            )
+        else:
+            log.info("%s records the %s as fresh (random weights written out by kbert)", CONFIG_FILE, _head_name(head))
+    if lower_origin.startswith(("folder name", "default")):
+        log.info(
+            "do_lower_case=%s, from the %s; pass %s to set it",
+            do_lower_case,
+            lower_origin,
+            option("do_lower_case", flag="--lowercase/--no-lowercase", command="convert from-tf1"),
+        )
     return Converted(
         model,
         {
@@ -189,22 +245,51 @@ def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case
             "ignored": other,
             "fresh_heads": fresh_heads,
             "global_step": int(reader.get_tensor("global_step")) if "global_step" in shapes else None,
+            "do_lower_case_from": lower_origin,
         },
     )
 
 
+def _head_name(head: str) -> str:
+    return "pooler" if head == "pooler" else f"{head} head"
+
+
+def _casing(prefix: str, config: BertConfig, given) -> tuple:
+    """(do_lower_case, where it came from): the argument; else what bert_config.json records
+    (kbert's to-tf1 writes it there); else the folder name, if it says cased or uncased; else
+    uncased, as most released models are."""
+    if given is not None:
+        return bool(given), option("do_lower_case", flag="--lowercase/--no-lowercase")
+    recorded = config.extras.get("do_lower_case")
+    if isinstance(recorded, bool):
+        return recorded, CONFIG_FILE
+    folder = os.path.basename(os.path.dirname(os.path.abspath(prefix))).lower()
+    if "cased" in folder:
+        return lower_case_for(prefix), "folder name"
+    return True, "default (the folder name says neither cased nor uncased)"
+
+
 @writes("out_dir")
-def save_tf1_checkpoint(model, out_dir, vocab_file=None, overwrite: bool = False):
+def save_tf1_checkpoint(
+    model, out_dir, vocab_file=None, overwrite: bool = False, *, do_lower_case=None, include_fresh_heads=False
+):
     """Write `model` as a google-research/bert checkpoint directory, atomically.
 
-    Writes `bert_config.json` (the original keys only), `vocab.txt`, `checkpoint` and
+    Writes `bert_config.json`, `vocab.txt`, `checkpoint` and
     `bert_model.ckpt.{index,data-00000-of-00001}` with the original variable names. Heads the
-    model does not have (an encoder has neither) are left out, as in an encoder-only release.
+    model does not have (an encoder has neither) are left out, as in an encoder-only release; so
+    are heads a converter created (`model.fresh_heads`: random weights) unless
+    `include_fresh_heads`. A classifier's head is written as run_classifier.py names it
+    (`output_weights` [num_labels, H], `output_bias`). bert_config.json holds the original keys
+    plus `do_lower_case` (the original's `BertConfig.from_dict` takes extra keys; `from-tf1`
+    reads it back), and `fresh_heads` when fresh heads are written.
 
     Args:
-        model: a kbert `BertEncoder` or `BertPretrainer`.
+        model: a kbert `BertEncoder`, `BertPretrainer` or `BertClassifier`.
         out_dir: str. Output directory (must not exist or be empty unless `overwrite`).
         vocab_file: str. Defaults to `model.vocab_file` (set by `kbert.load` and the converters).
+        do_lower_case: bool. Defaults to `model.do_lower_case`.
+        include_fresh_heads: bool. Write fresh heads' random weights too.
 
     Example:
     >>> kbert.converters.save_tf1_checkpoint(kbert.load("out/tiny"), "out/tiny-tf1")  # doctest: +SKIP
@@ -212,10 +297,32 @@ def save_tf1_checkpoint(model, out_dir, vocab_file=None, overwrite: bool = False
     vocab_file = vocab_file or getattr(model, "vocab_file", None)
     if not vocab_file:
         raise KbertError("save_tf1_checkpoint needs the vocabulary: pass vocab_file=PATH/vocab.txt")
-    config = BertConfig.from_dict({k: v for k, v in model.config.to_dict().items() if k in BertConfig.field_names()})
+    if do_lower_case is None:
+        do_lower_case = getattr(model, "do_lower_case", True)
+    original = {k: v for k, v in model.config.to_dict().items() if k in BertConfig.field_names()}
+    config = BertConfig.from_dict(original)
     check_vocab(vocab_file, config)
+    left_out = heads_left_out(model, include_fresh_heads)
+    paths = tf1_to_kbert_paths(config.num_hidden_layers)
+    if isinstance(model, BertClassifier):
+        paths = {**paths, **TF1_CLASSIFIER_HEAD}
     values = stored_weights(
-        model, tf1_to_kbert_paths(config.num_hidden_layers), format_name="a google-research checkpoint"
+        model,
+        paths,
+        format_name="a google-research checkpoint",
+        left_out=left_out,
+        unnamed_hint="encoders, pretrainers and classifiers (run_classifier.py's output_weights, output_bias)",
+    )
+    for head in left_out:
+        log.info(
+            "left out the %s (%s*): a converter created it, so its weights are random; pass %s to write it",
+            _head_name(head),
+            TF1_HEAD_PREFIXES[head],
+            option("include_fresh_heads", True),
+        )
+    written_fresh = [h for h in fresh_heads_of(model) if h not in left_out]
+    config = BertConfig.from_dict(
+        {**original, "do_lower_case": bool(do_lower_case), **({"fresh_heads": written_fresh} if written_fresh else {})}
     )
     names, tensors = list(values), [tf.convert_to_tensor(v) for v in values.values()]
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:

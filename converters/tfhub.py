@@ -27,7 +27,7 @@ from tensorflow.core.protobuf import saved_model_pb2, trackable_object_graph_pb2
 from kbert.config import BertConfig
 from kbert.converters.loading import Converted
 from kbert.converters.named import pretrainer_from_named
-from kbert.errors import KbertError, first_line, listing
+from kbert.errors import KbertError, first_line, listing, option, os_error_or
 from kbert.model.bert import Vocabulary
 from kbert.model_dir import CONFIG_FILE, check_vocab, lower_case_for
 
@@ -76,8 +76,8 @@ class SavedModelFiles:
                 graph = trackable_object_graph_pb2.TrackableObjectGraph()
                 graph.ParseFromString(self._reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
             except Exception as e:
-                raise KbertError(
-                    f"{prefix}: unreadable ({first_line(e)}); the files are truncated or damaged"
+                raise os_error_or(
+                    e, f"{prefix}: unreadable ({first_line(e)}); the files are truncated or damaged"
                 ) from None
             self._keys = {
                 i: a.checkpoint_key
@@ -145,8 +145,8 @@ def _model_garden_config(arrays: dict, files: SavedModelFiles, hidden_act: str |
         recorded = re.findall(r'"inner_activation": "([^"]+)"', files.keras_metadata)
         if not recorded:
             raise KbertError(
-                f"{files.path}: the SavedModel does not record its activation; pass --hidden-act "
-                f"gelu_tanh (Model Garden's gelu) or gelu (the exact erf form)"
+                f"{files.path}: the SavedModel does not record its activation; pass {option('hidden_act', 'gelu_tanh')} "
+                f"(Model Garden's gelu) or gelu (the exact erf form)"
             )
         if recorded[0] not in MODEL_GARDEN_ACTIVATIONS:
             raise KbertError(
@@ -175,7 +175,7 @@ def _kbert_config(files: SavedModelFiles, hidden_act: str | None) -> BertConfig:
     if config_file is None:
         raise KbertError(
             f"{files.path}: kbert-named weights but no assets/{CONFIG_FILE}; export it again with "
-            f"kbert export --format tfhub"
+            f"`kbert export --format tfhub`"
         )
     values = json.load(open(config_file, encoding="utf-8"))
     if hidden_act:
@@ -201,7 +201,7 @@ def _vocabulary(encoder: SavedModelFiles, preprocessor: SavedModelFiles | None) 
         return theirs, "preprocessor"
     if ours is None:
         raise KbertError(
-            f"{encoder.path}: no vocabulary in the encoder's assets; pass --preprocessor DIR, the "
+            f"{encoder.path}: no vocabulary in the encoder's assets; pass {option('preprocessor')}, the "
             f"preprocessor SavedModel published with it"
         )
     return ours, "encoder"
@@ -266,7 +266,7 @@ def convert_tfhub_encoder(
     if column == "kbert" and any(n.startswith(("classifier/", "tagger/", "span_", "choice")) for n in names):
         raise KbertError(
             f"{src}: a kbert TF Serving export, not a TF Hub encoder; convert the model directory "
-            f"it came from, or export it with --format tfhub"
+            f"it came from, or export it with `kbert export --format tfhub`"
         )
     arrays = {name: files.read(i) for name, i in names.items()}
     config = (
@@ -276,14 +276,18 @@ def convert_tfhub_encoder(
     )
     vocab_file, vocab_origin = _vocabulary(files, pre)
     check_vocab(vocab_file, config)
-    lower_origin = "--lowercase/--no-lowercase"
+    lower_origin = option("do_lower_case", flag="--lowercase/--no-lowercase")
     if do_lower_case is None:
         do_lower_case, lower_origin = _lower_case(files, pre)
     if do_lower_case is None:
         do_lower_case, lower_origin = lower_case_for(src), "folder name"
     model, fresh_heads = pretrainer_from_named(config, arrays, column, src, Vocabulary(vocab_file, bool(do_lower_case)))
     if lower_origin == "folder name":
-        log.info("do_lower_case=%s, from the folder name; pass --lowercase/--no-lowercase to set it", do_lower_case)
+        log.info(
+            "do_lower_case=%s, from the folder name; pass %s to set it",
+            do_lower_case,
+            option("do_lower_case", flag="--lowercase/--no-lowercase", command="convert from-tfhub"),
+        )
     return Converted(
         model,
         {

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 
 # hidden_act values and the activation each one means (DESIGN.md, "Numerics").
 # "gelu" is the exact erf form: the released checkpoints were trained with it.
@@ -27,18 +27,18 @@ def sequence_length(
     >>> sequence_length(600, 512)
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: --max-seq-length 600 exceeds the model's max_position_embeddings 512; lower it
+    kbert.errors.KbertError: max_seq_length=600 exceeds the model's max_position_embeddings 512; lower it
     >>> sequence_length(0, 512)
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: --max-seq-length 0: give at least 3 ([CLS], a token, [SEP])
+    kbert.errors.KbertError: max_seq_length=0: give at least 3 ([CLS], a token, [SEP])
     """
     if requested is not None:  # 0 is a mistake to name, not "unset"
         if requested < 3:
-            raise KbertError(f"--max-seq-length {requested}: give at least 3 ([CLS], a token, [SEP])")
+            raise KbertError(f"{option('max_seq_length', requested)}: give at least 3 ([CLS], a token, [SEP])")
         if requested > limit:
             raise KbertError(
-                f"--max-seq-length {requested} exceeds the model's max_position_embeddings {limit}; lower it"
+                f"{option('max_seq_length', requested)} exceeds the model's max_position_embeddings {limit}; lower it"
             )
         return int(requested)
     return min(int(trained or default), limit)

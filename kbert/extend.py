@@ -29,12 +29,13 @@ import tempfile
 import numpy as np
 
 from kbert import new_words
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.files import atomic_write_text
 from kbert.model.bert import Vocabulary, encoder_of
 from kbert.model.initializers import unfilled
-from kbert.model_dir import describe_source, model_kind, open_model, save
+from kbert.model_dir import model_kind, save
 from kbert.outputs import writes
+from kbert.sources import describe_source, open_model
 from kbert.text.tokenizer import Tokenizer, vocab_tokens
 
 log = logging.getLogger("kbert")
@@ -67,24 +68,24 @@ def check_positions(current: int, requested) -> int:
     1024
     >>> check_positions(512, 10**9)
     Traceback (most recent call last):
-    kbert.errors.KbertError: --max-position-embeddings 1000000000: at most 32768 (full attention at N tokens holds N² scores a head, 4 GiB each at 32768); for longer texts, fine-tune with --long-text windows
+    kbert.errors.KbertError: max_position_embeddings=1000000000: at most 32768 (full attention at N tokens holds N² scores a head, 4 GiB each at 32768); for longer texts, fine-tune with `kbert finetune --long-text windows`
     >>> check_positions(512, 512)
     Traceback (most recent call last):
-    kbert.errors.KbertError: --max-position-embeddings 512: the model has 512 positions already; give more than 512 (extend only grows a model)
+    kbert.errors.KbertError: max_position_embeddings=512: the model has 512 positions already; give more than 512 (extend only grows a model)
     """
     if isinstance(requested, bool) or not isinstance(requested, numbers.Integral):
         raise KbertError(
-            f"--max-position-embeddings {requested!r}: give a whole number of positions, more than {current}"
+            f"{option('max_position_embeddings', requested)}: give a whole number of positions, more than {current}"
         )
     if requested <= current:
         raise KbertError(
-            f"--max-position-embeddings {requested}: the model has {current} positions already; give more than "
+            f"{option('max_position_embeddings', requested)}: the model has {current} positions already; give more than "
             f"{current} (extend only grows a model)"
         )
     if requested > MAX_POSITIONS:
         raise KbertError(
-            f"--max-position-embeddings {requested}: at most {MAX_POSITIONS} (full attention at N tokens holds N² "
-            f"scores a head, 4 GiB each at {MAX_POSITIONS}); for longer texts, fine-tune with --long-text windows"
+            f"{option('max_position_embeddings', requested)}: at most {MAX_POSITIONS} (full attention at N tokens holds N² "
+            f"scores a head, 4 GiB each at {MAX_POSITIONS}); for longer texts, fine-tune with `kbert finetune --long-text windows`"
         )
     return int(requested)
 
@@ -221,13 +222,13 @@ def extend_vocabulary(model, words, vocab_file):
 
 def _check_word_options(corpus, max_new, min_count):
     if corpus and max_new is None:
-        raise KbertError("--corpus needs --max-new N: the most words to choose from it")
+        raise KbertError(f"{option('corpus')} needs {option('max_new')}: the most words to choose from it")
     if max_new is not None and not corpus:
-        raise KbertError(f"--max-new {max_new} chooses words from a corpus: pass --corpus FILES")
+        raise KbertError(f"{option('max_new', max_new)} chooses words from a corpus: pass {option('corpus')}")
     if max_new is not None and (isinstance(max_new, bool) or not isinstance(max_new, numbers.Integral) or max_new < 1):
-        raise KbertError(f"--max-new {max_new!r}: give how many words to add, 1 or more")
+        raise KbertError(f"{option('max_new', max_new)}: give how many words to add, 1 or more")
     if isinstance(min_count, bool) or not isinstance(min_count, numbers.Integral) or min_count < 1:
-        raise KbertError(f"--min-count {min_count!r}: give the occurrences a word needs, 1 or more")
+        raise KbertError(f"{option('min_count', min_count)}: give the occurrences a word needs, 1 or more")
 
 
 def corpus_tokens(word_counts, tokenizer: Tokenizer) -> int:
@@ -282,16 +283,17 @@ def choose_words(
         picked = new_words.candidates(counts, tokenizer, min_count, exclude=named)[:max_new]
         if not picked:
             raise KbertError(
-                f"--corpus: no word seen {min_count} times or more is split by the vocabulary; lower --min-count "
+                f"{option('corpus')}: no word seen {min_count} times or more is split by the vocabulary; lower {option('min_count')} "
                 "or pass more text"
             )
         if len(picked) < max_new:  # said, not refused: the words that qualify are still worth adding
             log.warning(
-                "--max-new %d: only %d words are seen %d times or more and split by the vocabulary; adding those "
-                "(lower --min-count or pass more text for more)",
-                max_new,
+                "%s: only %d words are seen %d times or more and split by the vocabulary; adding those "
+                "(lower %s or pass more text for more)",
+                option("max_new", max_new),
                 len(picked),
                 min_count,
+                option("min_count"),
             )
         for entry in chosen:
             entry.update(

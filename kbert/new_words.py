@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.text.tokenizer import MAX_CHARS_PER_WORD, Tokenizer
 from kbert.text.vocab_builder import WordTokenizer
 
@@ -41,11 +41,11 @@ def read_words(path) -> list[str]:
     with open(path, encoding="utf-8", errors="replace") as f:
         words = [line.strip() for line in f if line.strip()]
     if not words:
-        raise KbertError(f"--words {path}: the file has no words; write one word a line")
+        raise KbertError(f"{option('words_file', flag='--words')} {path}: the file has no words; write one word a line")
     return words
 
 
-def check_words(words, tokenizer: Tokenizer, flag: str = "--words") -> list[str]:
+def check_words(words, tokenizer: Tokenizer, flag: str | None = None) -> list[str]:
     """`words` as the tokenizer will see them in text (lower-cased and accents stripped for an
     uncased model), duplicates dropped; a one-line error naming every word that cannot be added.
 
@@ -58,8 +58,9 @@ def check_words(words, tokenizer: Tokenizer, flag: str = "--words") -> list[str]
     ['kubernetes', 'systemd']
     >>> check_words(["e-mail", "the"], tokenizer)
     Traceback (most recent call last):
-    kbert.errors.KbertError: --words: 'e-mail' is not one word to the tokenizer (it reads 'e', '-', 'mail'): give words without spaces or punctuation
+    kbert.errors.KbertError: words_file: 'e-mail' is not one word to the tokenizer (it reads 'e', '-', 'mail'): give words without spaces or punctuation
     """
+    flag = flag or option("words_file", flag="--words")
     basic = WordTokenizer(tokenizer.do_lower_case)
     split, known, too_long, kept = [], [], [], {}
     for word in words:

@@ -48,11 +48,10 @@ import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 from kbert.config import sequence_length
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.files import atomic_output_dir
 from kbert.finetuning.options import window_stride
 from kbert.model.bert import BertEncoder, BertMultipleChoice, BertPretrainer, BertTagger, encoder_of
-from kbert.model_dir import open_model
 from kbert.outputs import writes
 from kbert.serving.heads import (
     API_METHODS,
@@ -78,6 +77,7 @@ from kbert.serving.signatures import (
     exported_signatures,  # noqa: F401
     set_method_name,
 )
+from kbert.sources import open_model
 from kbert.text.preprocessing import BertPreprocessor
 
 log = logging.getLogger("kbert")
@@ -126,7 +126,7 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=Fal
         if text_pairs:
             raise KbertError(
                 "this model reads long documents in windows, one text each (long_text windows): leave out "
-                "--text-pairs; join a pair into one text"
+                f"{option('text_pairs', True, flag='--text-pairs')}; join a pair into one text"
             )
         return serve_windows(task, head, served, task_info.get("labels"), *windows)
     if task in ("classify", "regress"):
@@ -233,25 +233,25 @@ def export_model(
     """
     model_dir, export_base = os.fspath(model_dir), os.path.abspath(os.fspath(export_base))
     if precision not in PRECISIONS:
-        raise KbertError(f"--precision {precision!r}: choose {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
+        raise KbertError(f"{option('precision', precision)}: choose {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
     if os.path.isfile(export_base):
         raise KbertError(f"{export_base} is a file; EXPORT_BASE must be a directory (TF Serving's --model_base_path)")
     if version is None:
         version = _next_version(export_base)
     if version < 0:
-        raise KbertError(f"--version {version}: TF Serving versions are non-negative integers")
+        raise KbertError(f"{option('version', version)}: TF Serving versions are non-negative integers")
     path = os.path.join(export_base, str(version))
     if os.path.exists(path) and not overwrite:
         raise KbertError(
-            f"{path} already exists; pass --version with a new number, leave --version out for "
-            f"the next free one ({_next_version(export_base)}), or pass --overwrite"
+            f"{path} already exists; pass {option('version')} with a new number, leave it out for "
+            f"the next free one ({_next_version(export_base)}), or pass {option('overwrite', True)}"
         )
     name = name or configured_name(export_base) or os.path.basename(export_base)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise KbertError(f"model name {name!r} must be letters, digits, '_', '-' or '.'; pass --name")
+        raise KbertError(f"model name {name!r} must be letters, digits, '_', '-' or '.'; pass {option('name')}")
 
     if max_windows is not None and max_windows < 1:
-        raise KbertError(f"--max-windows {max_windows}: a request needs at least 1 window; give 1 or more")
+        raise KbertError(f"{option('max_windows', max_windows)}: a request needs at least 1 window; give 1 or more")
 
     int8 = precision == "int8"
     if int8:
@@ -260,7 +260,7 @@ def export_model(
             log.warning(
                 "this CPU has no int8 dot-product instructions (%s): int8 matmuls run at a fraction of their "
                 "speed here; the export is made for CPUs that have them (to serve on one without, start the "
-                "server with TF_ENABLE_ONEDNN_OPTS=1: docs/serving.md)",
+                "server with TF_ENABLE_ONEDNN_OPTS=1, as the README's Serving section says)",
                 ", ".join(VNNI_FLAGS),
             )
     previous = keras.mixed_precision.global_policy()
@@ -273,13 +273,16 @@ def export_model(
     task_info = getattr(model, "task_info", None) or {}
     length = sequence_length(max_seq_length, model.config.max_position_embeddings, task_info.get("max_seq_length"))
     if length < 3:
-        raise KbertError(f"--max-seq-length {length} must be at least 3 ([CLS] x [SEP])")
+        raise KbertError(f"{option('max_seq_length', length)} must be at least 3 ([CLS] x [SEP])")
     windows = None
     if task_info.get("long_text") == "windows":
         # Whole documents, in the windows the model was fine-tuned on (kbert.serving.heads.serve_windows).
         windows = (window_stride(task_info.get("doc_stride"), length), max_windows or MAX_WINDOWS)
     elif max_windows is not None:
-        log.warning("--max-windows is for models fine-tuned with --long-text windows; this one truncates: ignored")
+        log.warning(
+            "%s is for models fine-tuned with `kbert finetune --long-text windows`; this one truncates: ignored",
+            option("max_windows"),
+        )
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows)
     outputs = head.outputs
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)

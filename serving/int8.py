@@ -47,7 +47,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context, execute
 from tensorflow.python.framework import op_def_library, op_def_registry
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 
 # GELU's smallest value is about -0.16997 (erf form) and -0.17004 (tanh form): a GELU output
 # shifted up by this much is never negative.
@@ -65,7 +65,7 @@ def require_int8_matmul():
     if op_def_registry.get(_OP) is None:
         raise KbertError(
             f"this TensorFlow ({tf.__version__}) has no oneDNN int8 matmul ({_OP}); use an x86 "
-            "TensorFlow wheel, or export with --precision float32 or bfloat16"
+            f"TensorFlow wheel, or export with {option('precision', 'float32')} (or bfloat16)"
         )
 
 

@@ -32,22 +32,26 @@ GraphTokenizer, not tf.text's BertTokenizer), packed and truncated as run_classi
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import keras
 import tensorflow as tf
 
 from kbert.config import sequence_length
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.files import atomic_output_dir, count_lines
 from kbert.model import fused
 from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
 from kbert.model.layers import attention_adder
-from kbert.model_dir import CONFIG_FILE, open_model
+from kbert.model_dir import CONFIG_FILE
 from kbert.outputs import writes
+from kbert.sources import open_model
 from kbert.text.graph_tokenizer import GraphTokenizer
 from kbert.text.preprocessing import pack_token_ids
 from kbert.text.tokenizer import load_vocab
+
+log = logging.getLogger("kbert")
 
 ENCODER_DIR, PREPROCESSOR_DIR = "encoder", "preprocessor"
 # TF Hub's input names -> kbert's.
@@ -86,7 +90,9 @@ def _callable(function):
     return holder
 
 
-def _encoder_module(encoder: BertEncoder, pretrainer, vocab_file: str, do_lower_case: bool, config_file: str):
+def _encoder_module(
+    encoder: BertEncoder, pretrainer, vocab_file: str, do_lower_case: bool, config_file: str, with_nsp: bool = True
+):
     specs = {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in HUB_INPUTS}
 
     @tf.function
@@ -135,6 +141,7 @@ def _encoder_module(encoder: BertEncoder, pretrainer, vocab_file: str, do_lower_
         mlm.regularization_losses = []
         root.mlm = mlm
 
+    if pretrainer is not None and with_nsp:
         # Not part of TF Hub's interface (Model Garden's encoders have no next-sentence head):
         # kbert's addition, so that a pretraining model comes back whole from its export.
         @tf.function
@@ -213,6 +220,25 @@ def _preprocessor_module(vocab_file: str, do_lower_case: bool, length: int):
     return root, {"serving_default": preprocess.get_concrete_function()}
 
 
+def _left_out(model) -> list:
+    """What of `model` a TF Hub export does not carry, one phrase each: a task head (TF Hub's
+    encoders have none), and heads a converter created (random weights)."""
+    said = []
+    if not isinstance(model, (BertEncoder, BertPretrainer)):
+        kind = type(model).__name__
+        task = (getattr(model, "task_info", None) or {}).get("task")
+        said.append(f"the {kind}'s task head{f' ({task})' if task else ''}: TF Hub encoders carry none")
+    fresh = getattr(model, "fresh_heads", ())
+    if isinstance(model, BertPretrainer):
+        for head, what in (
+            ("masked_lm", "the masked-LM head (mlm)"),
+            ("next_sentence", "the next-sentence head (nsp)"),
+        ):
+            if head in fresh:
+                said.append(f"{what}: a converter created it, so its weights are random")
+    return said
+
+
 @writes("out", inputs=("model_dir",))
 def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: bool = False) -> dict:
     """Export a kbert model as TF Hub's BERT encoder and preprocessor: `out/encoder`, `out/preprocessor`.
@@ -240,12 +266,17 @@ def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: b
     finally:
         keras.mixed_precision.set_global_policy(previous)
     encoder = encoder_of(model)
-    pretrainer = model if isinstance(model, BertPretrainer) else None
     if encoder is None:
         raise KbertError(f"{model_dir}: a {type(model).__name__} has no BERT encoder to export")
+    left_out = _left_out(model)
+    for part in left_out:
+        log.info("%s: the export leaves out %s", model_dir, part)
+    # A head a converter created (random weights) is not exported, so that nothing reads it back as trained.
+    fresh = getattr(model, "fresh_heads", ())
+    pretrainer = model if isinstance(model, BertPretrainer) and "masked_lm" not in fresh else None
     length = sequence_length(max_seq_length, encoder.config.max_position_embeddings)
     if length < 3:
-        raise KbertError(f"--max-seq-length {length} must be at least 3 ([CLS] x [SEP])")
+        raise KbertError(f"{option('max_seq_length', length)} must be at least 3 ([CLS] x [SEP])")
 
     with atomic_output_dir(out, overwrite=overwrite) as tmp:
         config_file = os.path.join(tmp, CONFIG_FILE)  # copied into the encoder's assets, then removed
@@ -253,7 +284,14 @@ def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: b
             f.write(json.dumps(encoder.config.to_dict(), indent=2) + "\n")
         # Traced without the fused training kernels: plain ops, whose gradients every loader has.
         with fused.disabled():
-            root, signatures = _encoder_module(encoder, pretrainer, model.vocab_file, model.do_lower_case, config_file)
+            root, signatures = _encoder_module(
+                encoder,
+                pretrainer,
+                model.vocab_file,
+                model.do_lower_case,
+                config_file,
+                with_nsp="next_sentence" not in fresh,
+            )
             tf.saved_model.save(root, os.path.join(tmp, ENCODER_DIR), signatures=signatures)
         os.remove(config_file)
         root, signatures = _preprocessor_module(model.vocab_file, model.do_lower_case, length)
@@ -263,6 +301,7 @@ def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: b
         "encoder": os.path.join(out, ENCODER_DIR),
         "preprocessor": os.path.join(out, PREPROCESSOR_DIR),
         "mlm": pretrainer is not None,
+        "left_out": left_out,
         "seq_length": length,
         "do_lower_case": model.do_lower_case,
         "parameters": int(encoder.count_params()),

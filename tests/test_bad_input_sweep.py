@@ -5,8 +5,9 @@ The cases are derived from the typer app itself: each command's declared inputs 
 valid invocation below, a path parameter not declared to the frame, or a number option with
 neither a range nor a reason to take any value, fails `test_the_sweep_covers_every_command`.
 
-Each case asserts: exit status 1, one line on stderr that starts `kbert: error:`, no
-traceback, nothing on stdout, and not one file or directory added or changed anywhere under
+Each case asserts: exit status 1, one line on stderr that starts `kbert: error:` and names
+no option its command lacks, no traceback, nothing on stdout, and not one file or directory
+added or changed anywhere under
 the test's tree. The frame checks run before TensorFlow does any work, so each case takes a
 fraction of a second in-process.
 """
@@ -23,6 +24,7 @@ import pytest
 from conftest import FIXTURES, TINY, UNCASED_VOCAB, kbert_command, run_kbert
 from kbert.cli.frame import option_name
 from kbert.cli.main import app
+from test_help import foreign_flags
 
 # A valid invocation of each command over the tree `tree()` makes (T is its root). The sweep
 # changes one parameter of it at a time.
@@ -115,6 +117,9 @@ def tree(root: Path):
     (root / "binary.bin").write_bytes(_elf_head())
     (root / "broken.keras").write_bytes(_elf_head())  # a model input may be a .keras file: this is not one
     (root / "truncated.json").write_text(open(os.path.join(TINY, "bert_config.json")).read()[:60])
+    (root / "notes").mkdir()  # a folder, but of no model
+    (root / "notes" / "notes.txt").write_text("not a model\n")
+    truncated_sources(root)
     import tensorflow as tf
 
     with tf.io.TFRecordWriter(str(root / "data.tfrecord")) as writer:
@@ -124,6 +129,34 @@ def tree(root: Path):
     (root / "truncated.tfrecord").write_bytes(data[: len(data) - 7])
     (root / "read-only").mkdir()
     (root / "read-only").chmod(0o555)
+
+
+# Each kind of model source (kbert.sources.KINDS) with one of its weight files cut in half.
+TRUNCATED_SOURCES = {
+    "tf1": ("T/model", "bert_model.ckpt.data-00000-of-00001"),
+    "hf": ("T/hf", "model.safetensors"),
+    "kbert": ("T/kbert", "model.weights.h5"),
+    "keras": ("T/tiny.keras", ""),
+    "tfhub": ("T/hub/encoder", "variables/variables.data-00000-of-00001"),
+    "keras_hub": ("T/keras-hub", "model.weights.h5"),
+}
+
+
+def truncated_sources(root: Path):
+    """T/truncated/KIND: a copy of the tree's source of that kind, with a weight file cut in half."""
+    import kbert
+
+    kbert.load(root / "kbert").save(root / "tiny.keras")
+    for kind, (source, weights) in TRUNCATED_SOURCES.items():
+        source = root / source[2:]
+        copy = root / "truncated" / (kind + (".keras" if kind == "keras" else ""))
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, copy)
+        cut = copy / weights if weights else copy
+        cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+
+
+def truncated_path(kind: str) -> str:
+    return f"T/truncated/{kind}" + (".keras" if kind == "keras" else "")
 
 
 _FLAGS_WITHOUT_VALUE = {"--overwrite", "--resume", "--whole-word-mask"}
@@ -187,6 +220,13 @@ def bad_values(name, callback):
             yield f"{parameter}-empty-dir", parameter, "T/empty-dir"
             if declared.kind == "model":
                 yield f"{parameter}-broken-keras-file", parameter, "T/broken.keras"
+                yield f"{parameter}-a-folder-of-no-model", parameter, "T/notes"
+                accepted = declared.accepts or TRUNCATED_SOURCES
+                for kind in TRUNCATED_SOURCES:
+                    if kind in accepted:
+                        yield f"{parameter}-truncated-{kind}", parameter, truncated_path(kind)
+                    elif kind != "keras":  # a model of another kind, for a converter of one kind
+                        yield f"{parameter}-a-{kind}-source", parameter, TRUNCATED_SOURCES[kind][0]
     for parameter, declared in callback.outputs.items():
         if given_value(name, callback, parameter) is None:
             continue
@@ -225,7 +265,13 @@ def with_value(name, callback, parameter, value):
 
 # Bad invocations a command's declarations cannot derive, each a whole argv: (command, case, argv).
 _FINETUNE = "finetune T/kbert --task classify --train T/train.tsv --output T/out/ft"
+_PRETRAIN_INIT = "pretrain --model-dir T/out/run --data T/data.tfrecord --init"
 WHOLE_CASES = [
+    # --init is not in pretrain's valid invocation (it starts from --config): its model sources here.
+    ("pretrain", "init-missing", f"{_PRETRAIN_INIT} T/nowhere/missing"),
+    ("pretrain", "init-empty-dir", f"{_PRETRAIN_INIT} T/empty-dir"),
+    ("pretrain", "init-a-folder-of-no-model", f"{_PRETRAIN_INIT} T/notes"),
+    *[("pretrain", f"init-truncated-{kind}", f"{_PRETRAIN_INIT} {truncated_path(kind)}") for kind in TRUNCATED_SOURCES],
     ("extend", "no-growth-option", "extend T/model T/out/extended"),
     ("extend", "positions-the-model's", "extend T/model T/out/extended --max-position-embeddings 64"),
     ("extend", "positions-below-the-model's", "extend T/model T/out/extended --max-position-embeddings 32"),
@@ -295,6 +341,7 @@ def test_bad_value_gets_one_line_and_leaves_nothing(root, name, case, parameter,
     assert result.returncode == 1, (args, result.returncode, result.stderr)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("kbert: error: "), (args, result.stderr)
+    assert not foreign_flags(lines[0], name), f"{name} has no such option: {lines[0]}"
     assert "Traceback" not in result.stderr and "unexpected error" not in result.stderr
     assert result.stdout == ""
     assert snapshot(root) == before, (args, set(snapshot(root)) ^ set(before))
