@@ -12,8 +12,9 @@ from pathlib import Path
 import typer
 
 from kbert.cli.common import print_result
-from kbert.cli.frame import DIR, FILE, MODEL, TEXT, command
+from kbert.cli.frame import DIR, FILE_OR_STREAM, MODEL, TEXT, command
 from kbert.finetuning.options import FinetuneOptions
+from kbert.outputs import is_stream
 
 # Each fine-tuning flag's default is the FinetuneOptions field's.
 DEFAULTS = FinetuneOptions()
@@ -132,7 +133,7 @@ def finetune(
     print_result(result)
 
 
-@command(inputs={"model_dir": MODEL, "input": TEXT}, outputs={"output": FILE}, above_zero=("timeout",))
+@command(inputs={"model_dir": MODEL, "input": TEXT}, outputs={"output": FILE_OR_STREAM}, above_zero=("timeout",))
 def predict(
     model_dir: Path | None = typer.Argument(
         None,
@@ -159,7 +160,7 @@ def predict(
     output: Path | None = typer.Option(
         None,
         "--output",
-        help="Write the JSON lines to this file instead of stdout: atomically (FILE.partial, renamed at the end), resumable with --resume.",
+        help="Write the JSON lines to this file instead of stdout: batch by batch to FILE.partial, renamed to FILE at the end; resumable with --resume. - (or /dev/stdout) is stdout.",
     ),
     resume: bool = typer.Option(
         False, "--resume", help="With --output: go on from the rows FILE.partial has from a run that did not finish."
@@ -179,7 +180,6 @@ def predict(
     ),
 ):
     """Predict; prints one JSON object per input example (with --output, writes them to FILE and prints a summary)."""
-    import json
 
     from kbert.errors import KbertError
 
@@ -217,7 +217,6 @@ def predict(
     else:
         if model:
             raise KbertError(f"--model {model} names a served model; use it with --server, or drop it")
-        from kbert.finetuning.output import skip_rows
         from kbert.finetuning.predict import predict as predict_rows
 
         wanted = None
@@ -228,28 +227,50 @@ def predict(
                 raise KbertError(f"--layers {layers!r}: give comma-separated layer indexes, e.g. -1,-2") from None
 
         def rows(start):
-            # A local model predicts the whole file at once; resuming only skips writing again.
-            return skip_rows(
-                predict_rows(
-                    str(model_dir),
-                    str(input),
-                    layers=wanted,
-                    batch_size=batch_size,
-                    max_seq_length=max_seq_length,
-                    format=format,
-                    skip_bad_rows=skip_bad_rows,
-                ),
-                start,
+            return predict_rows(
+                str(model_dir),
+                str(input),
+                layers=wanted,
+                batch_size=batch_size,
+                max_seq_length=max_seq_length,
+                format=format,
+                skip_bad_rows=skip_bad_rows,
+                start=start,
             )
 
-    if output is not None:
+    if output is not None and not is_stream(output):
         from kbert.finetuning.output import write_rows
 
         print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=input))
         return
-    for row in rows(0):
-        sys.stdout.write(json.dumps(row) + "\n")
-    sys.stdout.flush()
+    if output is not None and (resume or overwrite):
+        raise KbertError(
+            f"--output {output} is a stream, which has no rows to resume or replace; drop "
+            f"{'--resume' if resume else '--overwrite'}, or give a file path"
+        )
+    _print_rows(rows(0), output)
+
+
+def _print_rows(rows, output):
+    """Each row as a JSON line on stdout (or the stream --output names), as it is predicted."""
+    import json
+
+    from kbert.errors import Interrupted
+
+    stream = sys.stdout if output is None or str(output) == "-" else open(output, "w", encoding="utf-8")
+    printed = 0
+    try:
+        for row in rows:
+            stream.write(json.dumps(row) + "\n")
+            printed += 1
+        stream.flush()
+    except (Interrupted, KeyboardInterrupt) as stop:
+        how = str(stop).split(";")[0] if isinstance(stop, Interrupted) else "interrupted"
+        code = stop.exit_code if isinstance(stop, Interrupted) else 130
+        raise Interrupted(f"{how} after printing {printed} rows", code) from None
+    finally:
+        if stream is not sys.stdout:
+            stream.close()
 
 
 @command(inputs={"model_dir": MODEL, "input": TEXT})

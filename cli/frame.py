@@ -28,30 +28,35 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import os
 import shutil
 
 from kbert.cli.common import import_tensorflow_quietly
-from kbert.errors import KbertError
+from kbert.errors import KbertError, os_error_parts
 from kbert.files import TEXT_CHECK_BYTES, check_head_is_text, expand_inputs, sweep_stale_temporaries
-from kbert.outputs import check_apart, check_writable, claim_output, is_url
+from kbert.outputs import check_apart, check_writable, claim_output, is_stream, is_url
 from kbert.processes import stop_cleanly
+from kbert.sources import KINDS, check_source, source_kind
 
 
 @dataclasses.dataclass(frozen=True)
 class Input:
     """What an input parameter must be.
 
-    kind: "file", "dir", "model" (a directory, or a checkpoint prefix with .index), or "any".
+    kind: "file", "dir", "model" (a model source: `kbert.sources.source_kind` names its kind), or "any".
     content: "text", "json", "records" (TFRecords) or None (not looked into).
     globs: the value is a list of paths and globs, comma-separated lists too (expand_inputs).
     what: what the user should pass, in words, for the message when it is missing.
+    accepts: for a model, the source kinds taken (`kbert.sources.KINDS`, and "run" for an
+        unfinished training run's folder); None: every kind of model.
     """
 
     kind: str
     content: str | None = None
     globs: bool = False
     what: str | None = None
+    accepts: tuple | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,23 +68,29 @@ class Output:
     the command's `shards_from` parameter).
     lock: False where the body takes the lock itself (a multi-worker pretrain's non-chief
     workers do not lock).
+    streams: a file output that may also be a stream (`-`, /dev/stdout, a pipe), which the
+    command writes as it goes: nothing to check or lock then.
     """
 
     kind: str
     shards_from: str | None = None
     lock: bool = True
+    streams: bool = False
 
 
 TEXT = Input("file", "text")
 TEXT_FILES = Input("file", "text", globs=True)
 JSON = Input("file", "json")
 RECORDS = Input("file", "records", globs=True)
-MODEL = Input("model")
-HF_MODEL = Input("any", what="Hugging Face model directory, or its model.safetensors")
-TFHUB_MODEL = Input("dir", what="TF Hub SavedModel directory")
-KERAS_HUB_PRESET = Input("dir", what="keras-hub preset directory")
+MODEL = Input("model")  # any model source kbert reads (kbert.sources.open_model)
+MODEL_OR_RUN = Input("model", accepts=(*KINDS, "run"))  # convert inspect: unfinished runs too
+TF1_CHECKPOINT = Input("model", accepts=("tf1",))
+HF_MODEL = Input("model", accepts=("hf",))
+TFHUB_MODEL = Input("model", accepts=("tfhub",))
+KERAS_HUB_PRESET = Input("model", accepts=("keras_hub",))
 
 FILE = Output("file")
+FILE_OR_STREAM = Output("file", streams=True)
 DIR = Output("dir")
 DIR_IN_PLACE = Output("dir-in-place")
 
@@ -114,17 +125,26 @@ def command(inputs: dict | None = None, outputs: dict | None = None, above_zero:
                 # the outputs are apart from them, of theirs, and writable; then the inputs'
                 # content (a binary given as text); then the locks.
                 given = _find_inputs(signature, values, inputs)
-                for parameter, output in outputs.items():
-                    if values.get(parameter) is not None:
-                        _check_output(signature, parameter, values, output, [path for path, _, _ in given])
+                written = {
+                    parameter: output
+                    for parameter, output in outputs.items()
+                    if values.get(parameter) is not None and not (output.streams and is_stream(values[parameter]))
+                }
+                for parameter, output in written.items():
+                    _check_output(signature, parameter, values, output, [path for path, _, _ in given])
                 for path, declared, flag in given:
                     check_content(path, declared, flag)
-                for parameter, output in outputs.items():
-                    if values.get(parameter) is not None:
+                try:
+                    for parameter, output in written.items():
                         stack.enter_context(_claim(values[parameter], output, values))
-                if tensorflow:
-                    import_tensorflow_quietly()
-                return function(**values)
+                    if tensorflow:
+                        import_tensorflow_quietly()
+                    return function(**values)
+                except Exception as e:  # a full disk whose error names no file: name the output
+                    parts = os_error_parts(e, writing=", ".join(str(values[p]) for p in written))
+                    if parts is None:
+                        raise
+                    raise KbertError("{}: {}; {}".format(*parts)) from None
 
         run.inputs, run.outputs, run.above_zero = inputs, outputs, tuple(above_zero)
         return run
@@ -159,6 +179,7 @@ def _find_inputs(signature, values: dict, inputs: dict) -> list:
                 files = expand_inputs([str(v) for v in given], what=what)
             except KbertError as e:
                 raise KbertError(f"{flag} {e}") from None
+            files = skip_empty_files(files, flag)
             if isinstance(value, (list, tuple)):
                 values[parameter] = files  # the same files on every runner
         else:
@@ -169,22 +190,29 @@ def _find_inputs(signature, values: dict, inputs: dict) -> list:
     return found
 
 
+def skip_empty_files(files: list, flag: str) -> list:
+    """`files` without the empty ones, each named in a warning, as create_pretraining_data.py
+    skips empty input; all of them empty, they stay, for check_content to refuse."""
+    empty = [p for p in files if not is_url(p) and os.path.isfile(p) and os.path.getsize(p) == 0]
+    if not empty or len(empty) == len(files):
+        return files
+    for path in empty:
+        logging.getLogger("kbert").warning(f"{flag} {path}: the file is empty; skipped")
+    return [p for p in files if p not in empty]
+
+
 def check_input(path: str, declared: Input, flag: str):
     """Raise a one-line `KbertError` naming `flag` unless `path` exists and is of the kind `declared` says."""
+    if declared.kind == "model":
+        try:
+            if source_kind(path) == "run" and "run" not in (declared.accepts or ()):
+                import_tensorflow_quietly()  # the run's last checkpoint, named in the message, is TensorFlow's to find
+            check_source(path, declared.accepts)
+        except KbertError as e:
+            raise KbertError(f"{flag} {e}") from None
+        return
     if is_url(path):
         return  # a remote file system's (gs://, ...): its runner checks it
-    if declared.kind == "model":
-        if os.path.isdir(path) or os.path.exists(f"{path}.index"):
-            if os.path.isdir(path) and not os.listdir(path):
-                raise KbertError(
-                    f"{flag} {path}: the directory is empty; pass a model directory (or a google-research checkpoint)"
-                )
-            return
-        if os.path.isfile(path) and path.endswith(".keras"):
-            return  # a Keras archive of a kbert model (kbert.model_dir.load_keras_file)
-        if os.path.isfile(path):
-            raise KbertError(f"{flag} {path}: is a file; pass the model directory that holds it (or a .keras file)")
-        raise KbertError(f"{flag} {path}: no such model directory or checkpoint; check the path")
     if not os.path.exists(path):
         kind = "directory" if declared.kind == "dir" else "file"
         fix = f"pass a {declared.what}" if declared.what else "check the path"

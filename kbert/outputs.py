@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 
 from kbert.errors import KbertError
 from kbert.locks import output_lock
@@ -65,6 +66,24 @@ def is_url(path) -> bool:
     (True, False)
     """
     return "://" in os.fspath(path)
+
+
+def is_stream(path) -> bool:
+    """Whether an output path names a stream rather than a file: `-` (stdout), or an existing
+    character device or pipe (`/dev/stdout`, a named pipe). A stream is written as it goes,
+    with no temporary file, rename or lock.
+
+    >>> is_stream("-"), is_stream("/dev/stdout"), is_stream("out/predictions.jsonl")
+    (True, True, False)
+    """
+    path = os.fspath(path)
+    if path == "-":
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
 def _is_inside(path: str, folder: str) -> bool:

@@ -18,25 +18,10 @@ from kbert.errors import KbertError, listing
 from kbert.files import require_path
 from kbert.finetuning import readers
 from kbert.finetuning.options import FinetuneOptions, resolve_options
-from kbert.finetuning.predict import pooled_row
-from kbert.finetuning.tasks import choice_row, classify_row
+from kbert.finetuning.predict import check_start, pooled_row, stream_rows
+from kbert.finetuning.tasks import choice_row, classify_row, get_task
 from kbert.serving.client import Client
 from kbert.serving.heads import API_METHODS, CLASSIFY_API, REGRESS_API, SERVED_TASKS
-
-
-def row_batches(n: int, batch_size: int, start: int = 0):
-    """(start, stop) of each batch of `n` examples, from example `start` on (where a resumed
-    `kbert predict --output` goes on); an error if `start` is past the end.
-
-    >>> list(row_batches(5, 2)), list(row_batches(5, 2, start=3)), list(row_batches(5, 2, start=5))
-    ([(0, 2), (2, 4), (4, 5)], [(3, 5)], [])
-    """
-    if start > n:
-        raise KbertError(
-            f"the output to resume already has {start} rows, but the input has only {n} "
-            f"examples: it is not this input's output; pass --overwrite to start again"
-        )
-    return ((i, min(i + batch_size, n)) for i in range(start, n, batch_size))
 
 
 def served_texts_b(path, texts_b, signatures, client):
@@ -101,60 +86,52 @@ def served_task(signatures: dict) -> str | None:
 # === Each task's rows, from the server's answers ===
 
 
-def _served_texts(task, client, signatures, path, opts, start):
-    examples = readers.read_text_examples(
-        path, task=task, format=opts.format, skip_bad_rows=opts.skip_bad_rows, require_labels=False
-    )
-    readers.report_skipped(path, examples)
-    texts_b = served_texts_b(path, examples.texts_b, signatures, client)
-    for first, stop in row_batches(len(examples.texts), opts.batch_size, start):
-        batch_b = texts_b[first:stop] if texts_b is not None else None
+def _text_answers(task, client, texts_b_allowed):
+    def answer(part, first):
+        texts_b = part.texts_b if texts_b_allowed else None
         if task == "regress":
-            for value in client.regress(examples.texts[first:stop], batch_b):
-                yield {"prediction": round(float(value), 6)}
-        else:
-            for row in client.classify(examples.texts[first:stop], batch_b):
-                yield classify_row([label for label, _ in row], [score for _, score in row])
+            return [{"prediction": round(float(value), 6)} for value in client.regress(part.texts, texts_b)]
+        rows = client.classify(part.texts, texts_b)
+        return [classify_row([label for label, _ in row], [score for _, score in row]) for row in rows]
+
+    return answer
 
 
-def _served_tags(client, signatures, path, opts, start):
-    examples = readers.read_tagged_examples(path, skip_bad_rows=opts.skip_bad_rows, require_labels=False)
-    readers.report_skipped(path, examples)
-    for first, stop in row_batches(len(examples.words), opts.batch_size, start):
-        words = examples.words[first:stop]
-        out = client.predict_text([" ".join(w) for w in words])
-        for sentence, tags in zip(words, out["word_label"]):
-            yield {"words": sentence, "tags": [str(tag) for tag in tags[: len(sentence)]]}
+def _tag_answers(client):
+    def answer(part, first):
+        out = client.predict_text([" ".join(words) for words in part.words])
+        return [
+            {"words": words, "tags": [str(tag) for tag in tags[: len(words)]]}
+            for words, tags in zip(part.words, out["word_label"])
+        ]
+
+    return answer
 
 
-def _served_choices(client, signatures, path, opts, start):
-    examples = readers.read_choice_examples(path, skip_bad_rows=opts.skip_bad_rows, require_labels=False)
-    readers.report_skipped(path, examples)
-    for first, stop in row_batches(len(examples.contexts), opts.batch_size, start):
+def _choice_answers(client):
+    def answer(part, first):
         out = client.predict(
-            {
-                "text": np.asarray(examples.contexts[first:stop], dtype=object),
-                "endings": np.asarray(examples.endings[first:stop], dtype=object),
-            }
+            {"text": np.asarray(part.contexts, dtype=object), "endings": np.asarray(part.endings, dtype=object)}
         )
-        for row in out["probabilities"]:
-            yield choice_row(row)
+        return [choice_row(row) for row in out["probabilities"]]
+
+    return answer
 
 
-def _served_features(client, signatures, path, opts, start):
-    texts, texts_b = readers.read_lines(path)
-    texts_b = served_texts_b(path, texts_b, signatures, client)
-    for first, stop in row_batches(len(texts), opts.batch_size, start):
-        out = client.predict_text(texts[first:stop], texts_b[first:stop] if texts_b is not None else None)
-        for row in out["pooled_output"]:
-            yield pooled_row(row)
+def _feature_answers(client, texts_b_allowed):
+    def answer(part, first):
+        out = client.predict_text(part.texts, part.texts_b if texts_b_allowed else None)
+        return [pooled_row(row) for row in out["pooled_output"]]
+
+    return answer
 
 
 def served_rows(
     task: str | None, client: Client, signatures: dict, path, *, options: FinetuneOptions, start: int = 0
 ) -> Iterator[dict]:
     """The dicts local `kbert predict` prints for `task` (None: an encoder's features), from
-    example `start` of `path` on, as the served model answers them.
+    example `start` of `path` on, as the served model answers them: the file is read as local
+    prediction reads it, and goes through the same batch loop (`stream_rows`).
 
     Args:
         task: str or None. What `served_task(signatures)` says.
@@ -164,15 +141,23 @@ def served_rows(
         options: `FinetuneOptions`. batch_size (examples per request), format, skip_bad_rows.
         start: int. The first example to predict.
     """
+    if task is not None and task not in SERVED_TASKS:
+        raise KbertError(f"kbert predict --server reads the tasks {', '.join(SERVED_TASKS)} and encoders, not {task!r}")
     if task is None:
-        return _served_features(client, signatures, path, options, start)
-    if task in ("classify", "regress"):
-        return _served_texts(task, client, signatures, path, options, start)
-    if task == "tag":
-        return _served_tags(client, signatures, path, options, start)
-    if task == "choice":
-        return _served_choices(client, signatures, path, options, start)
-    raise KbertError(f"kbert predict --server reads the tasks {', '.join(SERVED_TASKS)} and encoders, not {task!r}")
+        examples = readers.read_feature_texts(path, format=options.format, skip_bad_rows=options.skip_bad_rows)
+        readers.report_skipped(path, examples)
+    else:
+        examples = get_task(task).read_examples(path, options=options, require_labels=False, training=False)
+    if task in (None, "classify", "regress"):
+        texts_b_allowed = served_texts_b(path, examples.texts_b, signatures, client) is not None
+        answer = (
+            _feature_answers(client, texts_b_allowed) if task is None else _text_answers(task, client, texts_b_allowed)
+        )
+    elif task == "tag":
+        answer = _tag_answers(client)
+    else:
+        answer = _choice_answers(client)
+    return stream_rows(examples, answer, options.batch_size, start, with_lines=options.skip_bad_rows)
 
 
 def predict_served(
@@ -196,8 +181,7 @@ def predict_served(
     {'label': 'pos', 'probabilities': {'neg': 0.031, 'pos': 0.969}}
     """
     opts = resolve_options(options, overrides)  # checks batch_size: one line
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise KbertError(f"start {start!r}: give the number of examples to skip, 0 or more")
+    check_start(start)
     # The file's layout depends on the served model's task, which the server tells; a missing or
     # empty file is wrong whatever the task, so say so (at the call) before asking a server that may be down.
     require_path(input_path, "input file", "pass --input with the file to predict on")

@@ -9,6 +9,9 @@ the middle, and goes on from the next example, so every example comes out exactl
 order. One process writes a partial file at a time (it holds a lock on it, which the kernel
 drops if the process dies).
 
+An `--output` that is a symbolic link is written through: the file it points to is replaced,
+the link stays. SIGTERM or Ctrl-C keeps the rows written so far, and says how many.
+
 Beside the partial file, `FILE.partial.input` records which input the rows are of (its path,
 size and a hash of its first and last MiB): `--resume` with another input is refused, naming
 both, where it would append another file's predictions to these.
@@ -23,7 +26,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 
-from kbert.errors import KbertError
+from kbert.errors import Interrupted, KbertError, os_error_or
 from kbert.files import PARTIAL_SUFFIX, atomic_write_text
 from kbert.outputs import writes
 
@@ -100,7 +103,8 @@ def write_rows(
     >>> open(path).read()
     '{"n": 0}\\n{"n": 1}\\n{"n": 2}\\n'
     """
-    path = os.fspath(path)
+    # Through a symbolic link: the file it names is the output, and the link stays a link.
+    path = os.path.realpath(os.fspath(path)) if os.path.islink(os.fspath(path)) else os.fspath(path)
     partial = partial_path(path)
     _check_output(path, partial, resume, overwrite)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -147,6 +151,8 @@ def _write_locked(fd: int, path: str, partial: str, make_rows, resume: bool, sou
             written += 1
         os.fsync(fd)
         os.replace(partial, path)
+    except (Interrupted, KeyboardInterrupt) as stop:
+        raise _interrupted(stop, partial, kept, written) from None
     except BaseException:
         _after_failure(partial, kept, written)
         raise
@@ -168,10 +174,11 @@ def _record_input(partial: str, source, resume: bool):
                 recorded = json.load(f)
         except FileNotFoundError:
             recorded = None  # rows written before inputs were recorded: nothing to compare
-        except (OSError, ValueError):
-            raise KbertError(
+        except (OSError, ValueError) as e:
+            raise os_error_or(
+                e,
                 f"{record} is damaged, so the input of the rows in {partial} is unknown; pass "
-                f"--overwrite to start again"
+                f"--overwrite to start again",
             ) from None
         if recorded and (recorded.get("size"), recorded.get("sha256")) != (identity["size"], identity["sha256"]):
             same_path = recorded.get("path") == identity["path"]
@@ -251,14 +258,31 @@ def _write_all(fd: int, data: bytes):
         view = view[os.write(fd, view) :]
 
 
-def _after_failure(partial: str, kept: int, written: int):
+def _interrupted(stop, partial: str, kept: int, written: int) -> Interrupted:
+    """The one line a stopped run ends with: what it kept, and how to go on."""
+    _after_failure(partial, kept, written, quiet=True)
+    if isinstance(stop, Interrupted):
+        how, code = str(stop).split(";")[0], stop.exit_code  # "kbert predict stopped by SIGTERM"
+    else:
+        how, code = "interrupted", 130
+    if kept + written:
+        return Interrupted(
+            f"{how}; {partial} keeps the {kept + written} rows written so far ({written} by this run): "
+            f"run the same command with --resume to go on from there",
+            code,
+        )
+    return Interrupted(f"{how} before the first row; nothing was written", code)
+
+
+def _after_failure(partial: str, kept: int, written: int, quiet: bool = False):
     """Keep the partial file for --resume if it has rows, else leave nothing behind."""
     if written:
-        log.info(
-            "%s keeps the %d rows written so far; run the same command with --resume to go on from there",
-            partial,
-            kept + written,
-        )
+        if not quiet:
+            log.info(
+                "%s keeps the %d rows written so far; run the same command with --resume to go on from there",
+                partial,
+                kept + written,
+            )
     elif not kept and os.path.exists(partial):
         os.remove(partial)
         _remove(partial + INPUT_SUFFIX)

@@ -13,14 +13,16 @@ import logging
 from collections.abc import Iterator
 
 import keras
+import numpy as np
 
 from kbert.config import sequence_length
 from kbert.errors import KbertError
 from kbert.finetuning import encoding, readers
 from kbert.finetuning.options import FinetuneOptions, resolve_options
-from kbert.finetuning.tasks import get_task, json_floats, predict_outputs
+from kbert.finetuning.tasks import example_lines, get_task, json_floats, predict_outputs, select_examples
 from kbert.model.bert import encoder_of
-from kbert.model_dir import model_kind, open_model
+from kbert.model_dir import model_kind
+from kbert.sources import open_model
 from kbert.text.preprocessing import BertPreprocessor
 from kbert.text.tokenizer import Tokenizer
 
@@ -82,29 +84,177 @@ def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **ov
 
 
 def predict(
-    model_dir, input_path, layers: list[int] | None = None, options: FinetuneOptions | None = None, **overrides
+    model_dir,
+    input_path,
+    layers: list[int] | None = None,
+    options: FinetuneOptions | None = None,
+    start: int = 0,
+    **overrides,
 ) -> Iterator[dict]:
-    """One JSON-ready dict per input example (see `kbert predict --help`).
+    """One JSON-ready dict per input example (see `kbert predict --help`), a batch at a time.
 
     Fine-tuned models give their task's predictions; encoders and pretrained models give
-    features (`layers`: per-token values of those layers, as extract_features.py).
+    features (`layers`: per-token values of those layers, as extract_features.py). The file is
+    read once; each batch of `batch_size` examples (documents, with `--long-text windows`) is
+    then tokenized, run and yielded before the next, so memory holds one batch's outputs and a
+    consumer (`kbert predict --output`) keeps every finished row.
+
+    Args:
+        model_dir: str or PathLike. Any model source `kbert predict` opens.
+        input_path: str or PathLike. The file, in the task's format.
+        layers: list of int, or None. Encoders: the layers whose per-token values to give.
+        options: `FinetuneOptions` (batch_size, max_seq_length, format, skip_bad_rows);
+            keyword arguments override single fields.
+        start: int. The first example to predict: the ones before it are read, not run (a
+            resumed `kbert predict --output` starts after the rows it has).
 
     Example:
     >>> next(predict("out/sentiment", "test.tsv"))  # doctest: +SKIP
     {'label': 'pos', 'probabilities': {'neg': 0.031, 'pos': 0.969}}
     """
     # Checked and loaded now, not at the first row: a bad option or path fails at the call.
+    check_start(start)
     model, task, opts, preprocessor = _prepare(model_dir, options, overrides)
+    tally = _Tally()
     if task is None:
-        return _features(model, input_path, preprocessor, layers, opts.batch_size)
-    return _task_rows(model, task, input_path, preprocessor, opts)
+        examples = readers.read_feature_texts(input_path, format=opts.format, skip_bad_rows=opts.skip_bad_rows)
+        readers.report_skipped(input_path, examples)
+        answer = _feature_answers(model, preprocessor, layers, tally, opts.batch_size)
+    else:
+        examples = task.read_examples(input_path, options=opts, require_labels=False, training=False)
+        answer = _task_answers(model, task, input_path, preprocessor, opts, tally)
+    rows = stream_rows(examples, answer, _chunk(opts.batch_size, layers), start, with_lines=opts.skip_bad_rows)
+    return tally.report_after(rows, input_path, preprocessor, opts)
 
 
-def _task_rows(model, task, input_path, preprocessor, opts) -> Iterator[dict]:
-    data = _read(task, input_path, preprocessor, model.task_info.get("labels"), opts, require_labels=False)
-    yield from task.rows(
-        data, predict_outputs(model, data, opts.batch_size), options=opts, do_lower_case=model.do_lower_case
-    )
+# Examples tokenized, run and written together: a few batches, as tokenizing costs about as much
+# for one batch as for several, and a kill loses at most one chunk's work. Per-token features
+# (`layers`) are large, so they go a batch at a time.
+_CHUNK_EXAMPLES = 256
+
+
+def _chunk(batch_size: int, layers=None) -> int:
+    return batch_size if layers else max(batch_size, _CHUNK_EXAMPLES)
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What a file's batches had in common to report, once, when the last is done."""
+
+    examples: int = 0
+    truncated: int = 0
+    windows: list = dataclasses.field(default_factory=list)  # each batch's document window counts
+
+    def add(self, data):
+        self.examples += data.documents
+        self.truncated += data.truncated
+        if data.windows is not None:
+            self.windows.append(data.windows.counts)
+
+    def report_after(self, rows, path, preprocessor, opts) -> Iterator[dict]:
+        yield from rows
+        if self.truncated:
+            log.warning(
+                "%s: %d of %d examples longer than --max-seq-length %d were truncated",
+                path,
+                self.truncated,
+                self.examples,
+                preprocessor.sequence_length,
+            )
+        if self.windows:
+            counts = np.concatenate(self.windows)
+            log.info(
+                "%s: %d of %d documents longer than %d tokens became %d windows; %d windows in all",
+                path,
+                int((counts > 1).sum()),
+                len(counts),
+                preprocessor.sequence_length - 2,
+                int(counts[counts > 1].sum()),
+                int(counts.sum()),
+            )
+
+
+def check_start(start):
+    """A one-line error unless `start` (examples to skip) is a whole number, 0 or more."""
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise KbertError(f"start {start!r}: give the number of examples to skip, 0 or more")
+
+
+def stream_rows(examples, answer, batch_size: int, start: int = 0, with_lines: bool = False) -> Iterator[dict]:
+    """The rows of a file's `examples` from example `start` on, `batch_size` examples at a
+    time: the one loop of local and served prediction.
+
+    Args:
+        examples: a file's examples (`Task.read_examples`, `readers.read_feature_texts`).
+        answer: callable. Given a batch of examples (`select_examples`) and the index of its
+            first, returns one JSON-ready dict per example, in order.
+        batch_size: int. Examples per batch.
+        start: int. The first example to answer (resuming); an error if past the end.
+        with_lines: bool. Add each row's input line (`"line"`, 1-based), where rows of the
+            input may have been skipped (`--skip-bad-rows`).
+
+    Example:
+    >>> from kbert.finetuning.readers import TextExamples
+    >>> examples = TextExamples(["a", "b", "c"], None, None, "tsv", [2], 0, lines=[1, 3, 4])
+    >>> list(stream_rows(examples, lambda part, first: [{"text": t} for t in part.texts], 2, start=1, with_lines=True))
+    [{'line': 3, 'text': 'b'}, {'line': 4, 'text': 'c'}]
+    """
+    n = len(examples)
+    if start > n:
+        raise KbertError(
+            f"the output to resume already has {start} rows, but the input has only {n} "
+            f"examples: it is not this input's output; pass --overwrite to start again"
+        )
+    return _stream(examples, answer, batch_size, start, with_lines)
+
+
+def _stream(examples, answer, batch_size, start, with_lines):
+    n = len(examples)
+    for first in range(start, n, batch_size):
+        part = select_examples(examples, first, min(first + batch_size, n))
+        lines = example_lines(part) if with_lines else None
+        rows = answer(part, first)
+        if lines is None:
+            yield from rows
+        else:
+            for line, row in zip(lines, rows, strict=True):
+                yield {"line": line, **row}
+
+
+def predict_batches(model, features: dict, batch_size: int) -> dict:
+    """A model's outputs over `features` (numpy, float32), `batch_size` rows per call: a dict
+    by output name ("output" for a model of one unnamed output; "output_0", ... for several)."""
+    n = len(next(iter(features.values())))
+    parts = []
+    for first in range(0, n, batch_size):
+        outputs = model.predict_on_batch({k: v[first : first + batch_size] for k, v in features.items()})
+        if isinstance(outputs, (list, tuple)):  # a model of several unnamed outputs: output_0, output_1, ...
+            outputs = {f"output_{k}": v for k, v in enumerate(outputs)}
+        outputs = outputs if isinstance(outputs, dict) else {"output": outputs}
+        parts.append({k: np.asarray(v, dtype=np.float32) for k, v in outputs.items()})
+    if not parts:
+        return {}
+    return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+
+
+def _task_answers(model, task, input_path, preprocessor, opts, tally):
+    labels = model.task_info.get("labels")
+
+    def answer(part, first):
+        data = task.encode(
+            part,
+            path=input_path,
+            preprocessor=preprocessor,
+            labels=labels,
+            options=opts,
+            require_labels=False,
+            training=False,
+        )
+        tally.add(data)
+        outputs = predict_batches(model, data.features, opts.batch_size)
+        return list(task.rows(data, outputs, options=opts, do_lower_case=model.do_lower_case))
+
+    return answer
 
 
 def features(model, input_path, max_seq_length, layers=None, batch_size=32) -> Iterator[dict]:
@@ -112,52 +262,56 @@ def features(model, input_path, max_seq_length, layers=None, batch_size=32) -> I
     (`{"pooled_output": [...]}`), or with `layers` the per-token values of those layers (-1 = last)."""
     resolve_options(None, {"batch_size": batch_size, "max_seq_length": max_seq_length})  # one-line checks
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, max_seq_length)
-    return _features(model, input_path, preprocessor, layers, batch_size)
+    examples = readers.read_feature_texts(input_path)
+    tally = _Tally()
+    rows = stream_rows(
+        examples, _feature_answers(model, preprocessor, layers, tally, batch_size), _chunk(batch_size, layers)
+    )
+    return tally.report_after(rows, input_path, preprocessor, None)
 
 
-def _features(model, input_path, preprocessor, layers, batch_size) -> Iterator[dict]:
-    texts, texts_b = readers.read_lines(input_path)
-    inputs, truncated = encoding.encode_texts(preprocessor, texts, texts_b)
-    if truncated:
-        log.warning(
-            "%s: %d of %d lines were truncated to --max-seq-length %d",
-            input_path,
-            truncated,
-            len(texts),
-            preprocessor.sequence_length,
-        )
+def _feature_answers(model, preprocessor, layers, tally, batch_size):
     encoder = encoder_of(model)
-    if not layers:
-        pooled = keras.Model(encoder.input, encoder.output["pooled_output"]).predict(
-            inputs, batch_size=batch_size, verbose=0
-        )
-        for row in pooled:
-            yield pooled_row(row)
-        return
-    n = len(encoder.transformer_layers)
-    for index in layers:
-        if not -n <= index < n:
-            raise KbertError(f"--layers {index}: the model has {n} layers; use -{n}..{n - 1} (-1 = last)")
-    outputs = [encoder.transformer_layers[i].output for i in layers]
-    values = keras.Model(encoder.input, outputs).predict(inputs, batch_size=batch_size, verbose=0)
-    values = values if isinstance(values, list) else [values]
-    ids, tokenizer = inputs["input_ids"], Tokenizer(preprocessor.vocab_file, preprocessor.do_lower_case)
-    for row in range(len(texts)):
-        length = int(inputs["input_mask"][row].sum())
-        tokens = tokenizer.convert_ids_to_tokens(ids[row, :length].tolist())
-        yield {
-            "linex_index": row,
-            "features": [
-                {
-                    "token": token,
-                    "layers": [
-                        {"index": index, "values": [round(float(v), 6) for v in values[k][row, t]]}
-                        for k, index in enumerate(layers)
-                    ],
-                }
-                for t, token in enumerate(tokens)
-            ],
-        }
+    if layers:
+        n = len(encoder.transformer_layers)
+        for index in layers:
+            if not -n <= index < n:
+                raise KbertError(f"--layers {index}: the model has {n} layers; use -{n}..{n - 1} (-1 = last)")
+        outputs = [encoder.transformer_layers[i].output for i in layers]
+    else:
+        outputs = encoder.output["pooled_output"]
+    extractor = keras.Model(encoder.input, outputs)
+    tokenizer = Tokenizer(preprocessor.vocab_file, preprocessor.do_lower_case)
+
+    def answer(part, first):
+        inputs, truncated = encoding.encode_texts(preprocessor, part.texts, part.texts_b)
+        tally.examples += len(part.texts)
+        tally.truncated += truncated
+        values = predict_batches(extractor, inputs, batch_size)
+        if not layers:
+            return [pooled_row(row) for row in values["output"]]
+        values = [values["output"]] if len(values) == 1 else [values[f"output_{k}"] for k in range(len(layers))]
+        return [_token_features(inputs, values, layers, tokenizer, row, first) for row in range(len(part.texts))]
+
+    return answer
+
+
+def _token_features(inputs, values, layers, tokenizer, row, first) -> dict:
+    length = int(inputs["input_mask"][row].sum())
+    tokens = tokenizer.convert_ids_to_tokens(inputs["input_ids"][row, :length].tolist())
+    return {
+        "linex_index": first + row,  # the example's index in the file, as extract_features.py's unique_id
+        "features": [
+            {
+                "token": token,
+                "layers": [
+                    {"index": index, "values": [round(float(v), 6) for v in np.asarray(values[k])[row, t]]}
+                    for k, index in enumerate(layers)
+                ],
+            }
+            for t, token in enumerate(tokens)
+        ],
+    }
 
 
 def pooled_row(values) -> dict:

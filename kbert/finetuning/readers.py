@@ -69,8 +69,25 @@ log = logging.getLogger("kbert")
 _MAX_LISTED = 10  # bad rows and JSON keys named in an error message
 
 
+class _Rows:
+    """What every file's examples share: their count, the line each starts on, and a slice of
+    them (prediction runs over a file a batch at a time)."""
+
+    _PER_EXAMPLE: tuple = ()  # the fields that hold one entry per example
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def select(self, first: int, stop: int):
+        """The examples `first` to `stop` (exclusive), as the same kind of object."""
+        return dataclasses.replace(
+            self,
+            **{name: getattr(self, name)[first:stop] for name in self._PER_EXAMPLE if getattr(self, name) is not None},
+        )
+
+
 @dataclasses.dataclass
-class TextExamples:
+class TextExamples(_Rows):
     """Examples for `--task classify` or `regress`, as read from one file.
 
     Args:
@@ -82,6 +99,7 @@ class TextExamples:
         format: str. The format that was read: one of `TEXT_FORMATS`.
         skipped_rows: list of int. 1-based line numbers of the rows skipped as bad.
         replaced_bytes: int. Invalid UTF-8 sequences replaced with U+FFFD.
+        lines: list of int. The 1-based line each example starts on.
     """
 
     texts: list[str]
@@ -90,10 +108,13 @@ class TextExamples:
     format: str
     skipped_rows: list[int]
     replaced_bytes: int
+    lines: list[int] = dataclasses.field(default_factory=list)
+
+    _PER_EXAMPLE = ("texts", "texts_b", "labels", "lines")
 
 
 @dataclasses.dataclass
-class TaggedExamples:
+class TaggedExamples(_Rows):
     """Sentences for `--task tag`, as read from one CoNLL file.
 
     Args:
@@ -102,16 +123,20 @@ class TaggedExamples:
         skipped_rows: list of int. 1-based line numbers of the bad lines whose sentences were
             skipped.
         replaced_bytes: int. Invalid UTF-8 sequences replaced with U+FFFD.
+        lines: list of int. The 1-based line of each sentence's first word.
     """
 
     words: list[list[str]]
     tags: list[list[str]] | None
     skipped_rows: list[int]
     replaced_bytes: int
+    lines: list[int] = dataclasses.field(default_factory=list)
+
+    _PER_EXAMPLE = ("words", "tags", "lines")
 
 
 @dataclasses.dataclass
-class ChoiceExamples:
+class ChoiceExamples(_Rows):
     """Questions for `--task choice` (SWAG), as read from one CSV file.
 
     Args:
@@ -121,6 +146,7 @@ class ChoiceExamples:
         labels: list of int, or None. The index of the right ending; None without labels.
         skipped_rows: list of int. 1-based line numbers of the rows skipped as bad.
         replaced_bytes: int. Invalid UTF-8 sequences replaced with U+FFFD.
+        lines: list of int. The 1-based line each question's row starts on.
     """
 
     contexts: list[str]
@@ -128,6 +154,9 @@ class ChoiceExamples:
     labels: list[int] | None
     skipped_rows: list[int]
     replaced_bytes: int
+    lines: list[int] = dataclasses.field(default_factory=list)
+
+    _PER_EXAMPLE = ("contexts", "endings", "labels", "lines")
 
 
 # === Reading ===
@@ -248,7 +277,7 @@ def read_tagged_examples(path, skip_bad_rows: bool = False, require_labels: bool
         raise KbertError(
             f'{path}: no tag column; each line needs a word and its tag ("EU B-ORG"), separated by a tab or space'
         )
-    bad, words, tags = [], [], []
+    bad, words, tags, starts = [], [], [], []
     for sentence in sentences:
         wrong = [
             (n, f"expected {width} columns like most lines, found {len(fields)}")
@@ -260,9 +289,14 @@ def read_tagged_examples(path, skip_bad_rows: bool = False, require_labels: bool
             continue
         words.append([fields[0] for _, fields in sentence])
         tags.append([fields[-1] for _, fields in sentence])
+        starts.append(sentence[0][0])
     _check_bad_rows(path, bad, skip_bad_rows, len(words))
     return TaggedExamples(
-        words=words, tags=tags if width > 1 else None, skipped_rows=[n for n, _ in bad], replaced_bytes=replaced
+        words=words,
+        tags=tags if width > 1 else None,
+        skipped_rows=[n for n, _ in bad],
+        replaced_bytes=replaced,
+        lines=starts,
     )
 
 
@@ -316,7 +350,7 @@ def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool
         raise KbertError(
             f"{path}: no label column; training and evaluation need the right ending's index in a column named label"
         )
-    contexts, choices, labels, bad = [], [], [], []
+    contexts, choices, labels, bad, lines = [], [], [], [], []
     for line_no, fields, complaint in rows[1:]:
         if fields is None or len(fields) != len(header):
             bad.append((line_no, complaint or f"expected {len(header)} columns, found {len(fields or [])}"))
@@ -333,11 +367,17 @@ def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool
         contexts.append(fields[column[context]].strip())
         choices.append([f"{start} {fields[i].strip()}".strip() for i in endings])
         labels.append(label)
+        lines.append(line_no)
     _check_bad_rows(path, bad, skip_bad_rows, len(contexts))
     if not has_label or any(label is None for label in labels):
         labels = None
     return ChoiceExamples(
-        contexts=contexts, endings=choices, labels=labels, skipped_rows=[n for n, _ in bad], replaced_bytes=replaced
+        contexts=contexts,
+        endings=choices,
+        labels=labels,
+        skipped_rows=[n for n, _ in bad],
+        replaced_bytes=replaced,
+        lines=lines,
     )
 
 
@@ -351,17 +391,55 @@ def report_skipped(path, examples):
         log.warning("%s: replaced %d invalid UTF-8 byte sequences with U+FFFD", path, examples.replaced_bytes)
 
 
-def read_lines(path) -> tuple[list[str], list[str] | None]:
-    """extract_features.py's input: one text per line, `text_a ||| text_b` for pairs.
+def read_feature_texts(path, format: str = "auto", skip_bad_rows: bool = False) -> TextExamples:
+    """The texts an encoder embeds: a table's text column(s), or one text per line.
 
-    Returns (texts, texts_b), texts_b None when no line has a pair.
+    A CSV or JSON Lines file, a TSV whose first row is a header naming a text column (`text`,
+    `text_a`, a GLUE layout's), or any file with an explicit `format`, is read as
+    `read_text_examples` reads it, labels optional, so a header is never embedded as a text.
+    Any other file is extract_features.py's input: one text per line, `text_a ||| text_b` for pairs.
+
+    Example:
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "test.tsv")
+    >>> _ = open(path, "w").write("text\\tlabel\\nA gripping film.\\tpos\\n")
+    >>> examples = read_feature_texts(path)
+    >>> examples.texts, examples.lines
+    (['A gripping film.'], [2])
+    >>> _ = open(path, "w").write("A gripping film.\\nDull. ||| Very.\\n")
+    >>> examples = read_feature_texts(path)
+    >>> examples.texts, examples.texts_b, examples.lines
+    (['A gripping film.', 'Dull.'], ['', 'Very.'], [1, 2])
     """
-    text, _ = _read_file(os.fspath(path))
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    pairs = [line.split(" ||| ", 1) for line in lines]
-    texts = [p[0] for p in pairs]
-    texts_b = [p[1] if len(p) > 1 else "" for p in pairs] if any(len(p) > 1 for p in pairs) else None
-    return texts, texts_b
+    path = os.fspath(path)
+    if format != "auto" and format not in TEXT_FORMATS:
+        raise KbertError(f"unknown data format {format!r}; use auto or one of {', '.join(TEXT_FORMATS)}")
+    text, _ = _read_file(path)
+    detected = format_from_extension(path, text) if format == "auto" else format
+    first = text.lstrip("\ufeff").split("\n", 1)[0].rstrip("\r").split("\t")
+    header = {name.strip().lower() for name in first} & {n.lower() for n in TEXT_NAMES}
+    if (
+        format != "auto"
+        or detected != "tsv"
+        or header
+        or glue_layout([f.strip() for f in first]) not in ("tsv", "cola")
+    ):
+        return read_text_examples(
+            path, task="classify", format=format, skip_bad_rows=skip_bad_rows, require_labels=False
+        )
+    return _read_plain_lines(path)
+
+
+def _read_plain_lines(path: str) -> TextExamples:
+    text, replaced = _read_file(path)
+    texts, texts_b, lines = [], [], []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            pair = line.strip().split(" ||| ", 1)
+            texts.append(pair[0])
+            texts_b.append(pair[1] if len(pair) > 1 else "")
+            lines.append(line_no)
+    return TextExamples(texts, texts_b if any(texts_b) else None, None, "lines", [], replaced, lines)
 
 
 def _read_file(path: str) -> tuple[str, int]:
@@ -392,7 +470,7 @@ class _TextExampleCollector:
     def __init__(self, path, task, skip_bad_rows, require_labels):
         self.path, self.task = path, task
         self.skip_bad_rows, self.require_labels = skip_bad_rows, require_labels
-        self.texts, self.texts_b, self.labels, self.bad = [], [], [], []
+        self.texts, self.texts_b, self.labels, self.bad, self.lines = [], [], [], [], []
         self.has_b = False
         self.has_label_column = False
         self.format = None
@@ -437,6 +515,7 @@ class _TextExampleCollector:
         self.texts.append(text)
         self.texts_b.append(text_b or "")
         self.labels.append(label)
+        self.lines.append(line_no)
 
     def examples(self, replaced) -> TextExamples:
         self.bad.sort()
@@ -462,6 +541,7 @@ class _TextExampleCollector:
             format=self.format,
             skipped_rows=[n for n, _ in self.bad],
             replaced_bytes=replaced,
+            lines=self.lines,
         )
 
 

@@ -73,10 +73,14 @@ class Task:
     """Everything about one fine-tuning task. See the module docstring."""
 
     name: str
-    # read(path, *, preprocessor, labels, options, require_labels, training) -> TaskData;
+    # read_examples(path, *, options, require_labels, training) -> the file's examples
+    # (kbert.finetuning.readers' TextExamples, TaggedExamples, ChoiceExamples; SQuAD's list of
+    # questions): the rows as read, before any tokenizing, with `len` and `select(first, stop)`.
+    read_examples: Callable
+    # encode(examples, *, path, preprocessor, labels, options, require_labels, training) -> TaskData;
     # preprocessor: the BertPreprocessor that packs the text (its vocabulary, casing and sequence
     # length); labels: the names to score against (None: the file's, when training).
-    read: Callable
+    encode: Callable
     build: Callable  # build(base_model, *, labels, task_info) -> the task's keras.Model, declaring task_info
     losses: Callable  # losses() -> (loss per output, loss weights or None), for model.compile
     metric: str  # the dev score that picks the best epoch; higher is better
@@ -84,6 +88,36 @@ class Task:
     rows: Callable  # rows(data, outputs, *, options, do_lower_case) -> one JSON-ready dict per example
     max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
     windows: bool = False  # reads --long-text windows
+
+    def read(self, path, *, preprocessor, labels, options, require_labels, training) -> TaskData:
+        """A whole file, read and encoded (training and scoring; prediction encodes a batch of
+        examples at a time, `kbert.finetuning.predict`)."""
+        examples = self.read_examples(path, options=options, require_labels=require_labels, training=training)
+        data = self.encode(
+            examples,
+            path=path,
+            preprocessor=preprocessor,
+            labels=labels,
+            options=options,
+            require_labels=require_labels,
+            training=training,
+        )
+        log_windows(path, data.windows, preprocessor, options)
+        return data
+
+
+def select_examples(examples, first: int, stop: int):
+    """Examples `first` to `stop` of a file's (a readers' examples object, or SQuAD's list).
+
+    >>> select_examples(["q1", "q2", "q3"], 1, 3)
+    ['q2', 'q3']
+    """
+    return examples[first:stop] if isinstance(examples, list) else examples.select(first, stop)
+
+
+def example_lines(examples) -> list | None:
+    """The line each example starts on, or None where the file has no lines (SQuAD's JSON)."""
+    return None if isinstance(examples, list) else examples.lines
 
 
 def _softmax(logits):
@@ -134,7 +168,10 @@ def _refuse_pairs(path, examples):
         )
 
 
-def _log_windows(path, windows, preprocessor, stride):
+def log_windows(path, windows, preprocessor, options):
+    """Say how the file's documents became windows (nothing without `--long-text windows`)."""
+    if windows is None:
+        return
     longer = int((windows.counts > 1).sum())
     log.info(
         "%s: %d of %d documents longer than %d tokens became %d windows (stride %d); %d windows in all",
@@ -143,24 +180,30 @@ def _log_windows(path, windows, preprocessor, stride):
         windows.num_documents,
         preprocessor.sequence_length - 2,
         int(windows.counts[windows.counts > 1].sum()),
-        stride,
+        window_stride(options.doc_stride, preprocessor.sequence_length),
         len(windows.document),
     )
 
 
 def _read_texts(task):
-    def read(path, *, preprocessor, labels, options, require_labels, training):
+    def read_examples(path, *, options, require_labels, training):
         examples = readers.read_text_examples(
             path, task=task, format=options.format, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels
         )
         readers.report_skipped(path, examples)
+        return examples
+
+    return read_examples
+
+
+def _encode_texts(task):
+    def encode(examples, *, path, preprocessor, labels, options, require_labels, training):
         windows = None
         if options.long_text == "windows":
             _refuse_pairs(path, examples)
             stride = window_stride(options.doc_stride, preprocessor.sequence_length)
             features, windows = encoding.encode_text_windows(preprocessor, examples.texts, stride)
             truncated = 0
-            _log_windows(path, windows, preprocessor, stride)
         else:
             features, truncated = encoding.encode_texts(preprocessor, examples.texts, examples.texts_b)
         targets = None
@@ -171,15 +214,17 @@ def _read_texts(task):
                 if labels is None:  # training: the file's labels become the classes
                     _refuse_scores(path, examples.labels)
                 labels = labels or sorted(set(examples.labels))
-                _check_known(path, examples.labels, labels)
-                index = {label: i for i, label in enumerate(labels)}
-                targets = {"logits": np.asarray([index[label] for label in examples.labels], dtype=np.int32)}
+                if require_labels:
+                    _check_known(path, examples.labels, labels)
+                if set(examples.labels) <= set(labels):  # prediction: unknown labels are no reason to refuse
+                    index = {label: i for i, label in enumerate(labels)}
+                    targets = {"logits": np.asarray([index[label] for label in examples.labels], dtype=np.int32)}
         if windows is not None and targets is not None:  # each window trains on its document's label
             targets = {name: values[windows.document] for name, values in targets.items()}
         size = len(features["input_ids"])
         return TaskData(features, targets, labels, size, truncated, examples, windows=windows)
 
-    return read
+    return encode
 
 
 def _document_gold(data: TaskData):
@@ -238,7 +283,8 @@ def _classify_rows(data, outputs, *, options, do_lower_case):
 
 CLASSIFY = Task(
     name="classify",
-    read=_read_texts("classify"),
+    read_examples=_read_texts("classify"),
+    encode=_encode_texts("classify"),
     build=_build_classifier,
     losses=lambda: ({"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, None),
     metric="accuracy",
@@ -262,7 +308,8 @@ def _regress_rows(data, outputs, *, options, do_lower_case):
 
 REGRESS = Task(
     name="regress",
-    read=_read_texts("regress"),
+    read_examples=_read_texts("regress"),
+    encode=_encode_texts("regress"),
     build=_build_regressor,
     losses=lambda: ({"logits": keras.losses.MeanSquaredError()}, None),
     metric="pearson",
@@ -275,9 +322,13 @@ REGRESS = Task(
 # === tag: one label per word, on its first WordPiece ===
 
 
-def _read_tagged(path, *, preprocessor, labels, options, require_labels, training):
+def _read_tagged(path, *, options, require_labels, training):
     examples = readers.read_tagged_examples(path, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels)
     readers.report_skipped(path, examples)
+    return examples
+
+
+def _encode_tagged(examples, *, path, preprocessor, labels, options, require_labels, training):
     tags = examples.tags
     if tags is not None and labels is None:
         labels = sorted({tag for sentence in tags for tag in sentence})
@@ -291,7 +342,6 @@ def _read_tagged(path, *, preprocessor, labels, options, require_labels, trainin
             preprocessor, examples.words, tags, label_ids, stride
         )
         truncated = 0
-        _log_windows(path, windows, preprocessor, stride)
     else:
         features, targets, places, truncated = encoding.encode_tagged(preprocessor, examples.words, tags, label_ids)
     return TaskData(
@@ -341,7 +391,8 @@ def _tag_rows(data, outputs, *, options, do_lower_case):
 
 TAG = Task(
     name="tag",
-    read=_read_tagged,
+    read_examples=_read_tagged,
+    encode=_encode_tagged,
     build=_build_tagger,
     # -1 marks positions with no label: [CLS], [SEP], padding, and non-first WordPieces.
     losses=lambda: ({"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)}, None),
@@ -355,10 +406,14 @@ TAG = Task(
 # === squad: run_squad.py ===
 
 
-def _read_squad(path, *, preprocessor, labels, options, require_labels, training):
+def _read_squad(path, *, options, require_labels, training):
     examples = squad.read_squad(path, is_training=training)
     if not examples:
         raise KbertError(f"{path} holds no SQuAD questions; pass a SQuAD v1.1 or v2.0 JSON file")
+    return examples
+
+
+def _encode_squad(examples, *, path, preprocessor, labels, options, require_labels, training):
     # run_squad.py's windows stay in Python: they map answers between characters and pieces.
     tokenizer = Tokenizer(preprocessor.vocab_file, do_lower_case=preprocessor.do_lower_case)
     arrays, features = squad.squad_features(
@@ -418,7 +473,8 @@ def _squad_losses():
 
 SQUAD = Task(
     name="squad",
-    read=_read_squad,
+    read_examples=_read_squad,
+    encode=_encode_squad,
     build=_build_span_predictor,
     losses=_squad_losses,
     metric="f1",
@@ -440,9 +496,13 @@ def choice_row(probabilities) -> dict:
     return {"label": int(np.argmax(probabilities)), "probabilities": [round(float(p), 6) for p in probabilities]}
 
 
-def _read_choices(path, *, preprocessor, labels, options, require_labels, training):
+def _read_choices(path, *, options, require_labels, training):
     examples = readers.read_choice_examples(path, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels)
     readers.report_skipped(path, examples)
+    return examples
+
+
+def _encode_choices(examples, *, path, preprocessor, labels, options, require_labels, training):
     features, truncated = encoding.encode_choices(preprocessor, examples.contexts, examples.endings)
     targets = None if examples.labels is None else {"logits": np.asarray(examples.labels, dtype=np.int32)}
     return TaskData(features, targets, None, len(examples.contexts), truncated, examples)
@@ -462,7 +522,8 @@ def _choice_rows(data, outputs, *, options, do_lower_case):
 
 CHOICE = Task(
     name="choice",
-    read=_read_choices,
+    read_examples=_read_choices,
+    encode=_encode_choices,
     build=_build_multiple_choice,
     losses=lambda: ({"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, None),
     metric="accuracy",

@@ -383,6 +383,25 @@ def test_a_killed_job_resumes_without_repeating_or_skipping(encoder_job, tmp_pat
     assert len(lines) == ROWS and accounted == EXACTLY_ONCE
 
 
+def test_a_stopped_job_says_once_what_it_kept(encoder_job, tmp_path):
+    out = tmp_path / "out.jsonl"
+    job = start_predict(encoder_job, "grpc", out)
+    try:
+        wait_for_rows(job, partial_path(out), 200)
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=60)
+    finally:
+        job.kill()
+        job.wait()
+    stderr = open(f"{out}.stderr").read()
+    written = complete_lines(partial_path(out))
+    assert job.returncode == 143 and 200 <= written < ROWS, stderr
+    assert [line for line in stderr.splitlines() if "rows" in line or "removed" in line] == [
+        f"kbert: kbert predict stopped by SIGTERM; {partial_path(out)} keeps the {written} rows written so far "
+        f"({written} by this run): run the same command with --resume to go on from there"
+    ]
+
+
 @pytest.mark.parametrize(
     "protocol, message",
     [

@@ -9,8 +9,9 @@ import pytest
 
 from kbert.errors import KbertError
 from kbert.finetuning.options import FinetuneOptions
+from kbert.finetuning.predict import stream_rows
 from kbert.serving.heads import SERVED_TASKS
-from kbert.serving.predict import row_batches, served_by, served_rows, served_task, served_texts_b
+from kbert.serving.predict import served_by, served_rows, served_task, served_texts_b
 
 # Signatures as kbert.serving.export writes them, one export per task.
 SIGNATURES = {
@@ -115,6 +116,12 @@ def test_served_pairs_need_a_model_that_takes_them():
 
 
 def test_resuming_past_the_end_is_refused():
-    assert list(row_batches(4, 3, start=4)) == []
+    examples = ["a", "b", "c", "d"]  # four SQuAD-like examples: a list
+
+    def answer(part, first):
+        return [{"n": first + i} for i in range(len(part))]
+
+    assert list(stream_rows(examples, answer, 3, start=4)) == []
+    assert list(stream_rows(examples, answer, 3, start=2)) == [{"n": 2}, {"n": 3}]
     with pytest.raises(KbertError, match="already has 5 rows, but the input has only 4 examples"):
-        row_batches(4, 3, start=5)
+        stream_rows(examples, answer, 3, start=5)
