@@ -9,10 +9,27 @@ import typer
 
 import kbert
 from kbert.cli.common import print_result
-from kbert.cli.frame import DIR, HF_MODEL, JSON, KERAS_HUB_PRESET, MODEL, TEXT, TFHUB_MODEL, command
+from kbert.cli.frame import (
+    DIR,
+    HF_MODEL,
+    JSON,
+    KERAS_HUB_PRESET,
+    MODEL,
+    MODEL_OR_RUN,
+    TEXT,
+    TF1_CHECKPOINT,
+    TFHUB_MODEL,
+    command,
+)
+from kbert.sources import ACCEPTED as SOURCES
 
 # The converters are imported inside each command, not here: they import TensorFlow, which
 # `kbert --help` should not wait for.
+
+FRESH_HEADS_HELP = (
+    "Also write heads a converter created (random weights, listed in the model's fresh_heads); "
+    "by default only trained weights are written."
+)
 
 app = typer.Typer(
     help="Move checkpoints between google-research/bert's TF1 format, Hugging Face "
@@ -22,7 +39,7 @@ app = typer.Typer(
 
 
 @app.command("from-tf1")
-@command(inputs={"src": MODEL, "config": JSON, "vocab": TEXT}, outputs={"out_model_dir": DIR})
+@command(inputs={"src": TF1_CHECKPOINT, "config": JSON, "vocab": TEXT}, outputs={"out_model_dir": DIR})
 def from_tf1(
     src: Path = typer.Argument(
         ..., help="Checkpoint directory (bert_config.json, vocab.txt, *.ckpt) or prefix like DIR/model.ckpt-20000."
@@ -54,6 +71,7 @@ def from_tf1(
             "skipped_optimizer_state": report["skipped_optimizer_state"],
             "global_step": report["global_step"],
             "do_lower_case": model.do_lower_case,
+            "do_lower_case_from": report["do_lower_case_from"],
         }
     )
 
@@ -61,17 +79,29 @@ def from_tf1(
 @app.command("to-tf1")
 @command(inputs={"model_dir": MODEL}, outputs={"out_dir": DIR})
 def to_tf1(
-    model_dir: Path = typer.Argument(..., help="kbert model directory."),
+    model_dir: Path = typer.Argument(..., help=f"The model: {SOURCES}."),
     out_dir: Path = typer.Argument(..., help="Directory for bert_config.json, vocab.txt and bert_model.ckpt.*"),
     overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists and is not empty."),
+    include_fresh_heads: bool = typer.Option(False, "--include-fresh-heads", help=FRESH_HEADS_HELP),
 ):
-    """Write a kbert model as a checkpoint the original google-research/bert code loads."""
+    """Write a kbert model as a checkpoint the original google-research/bert code loads (a classifier
+    with run_classifier.py's output_weights and output_bias); heads a converter created are left out."""
     from kbert.converters import save_tf1_checkpoint
+    from kbert.converters.loading import heads_left_out, parameters_of
     from kbert.converters.tf1 import CKPT_PREFIX
+    from kbert.sources import open_model
 
-    model = kbert.load(model_dir)
-    save_tf1_checkpoint(model, out_dir, overwrite=overwrite)
-    print_result({"checkpoint": str(out_dir / CKPT_PREFIX), "parameters": int(model.count_params())})
+    model = open_model(model_dir)
+    left_out = heads_left_out(model, include_fresh_heads)
+    save_tf1_checkpoint(model, out_dir, overwrite=overwrite, include_fresh_heads=include_fresh_heads)
+    print_result(
+        {
+            "checkpoint": str(out_dir / CKPT_PREFIX),
+            "parameters": parameters_of(model, left_out),
+            "left_out_fresh_heads": list(left_out),
+            "do_lower_case": model.do_lower_case,
+        }
+    )
 
 
 @app.command("from-hf")
@@ -112,18 +142,29 @@ def from_hf(
 @app.command("to-hf")
 @command(inputs={"model_dir": MODEL}, outputs={"out_dir": DIR})
 def to_hf(
-    model_dir: Path = typer.Argument(..., help="kbert model directory (a pretrainer or an encoder)."),
+    model_dir: Path = typer.Argument(..., help=f"The model (a pretrainer or an encoder): {SOURCES}."),
     out_dir: Path = typer.Argument(
         ..., help="Directory for config.json, model.safetensors, vocab.txt, tokenizer_config.json."
     ),
     overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists and is not empty."),
+    include_fresh_heads: bool = typer.Option(False, "--include-fresh-heads", help=FRESH_HEADS_HELP),
 ):
-    """Write a kbert model as a Hugging Face BERT that transformers' from_pretrained loads."""
+    """Write a kbert model as a Hugging Face BERT that transformers' from_pretrained loads (a classifier
+    as BertForSequenceClassification with its labels); heads a converter created are left out."""
     from kbert.converters.hf import WEIGHTS_FILE, save_hf_model
+    from kbert.sources import open_model
 
-    model = kbert.load(model_dir)
-    save_hf_model(model, out_dir, overwrite=overwrite)
-    print_result({"model": str(out_dir / WEIGHTS_FILE), "parameters": int(model.count_params())})
+    model = open_model(model_dir)
+    written = save_hf_model(model, out_dir, overwrite=overwrite, include_fresh_heads=include_fresh_heads)
+    print_result(
+        {
+            "model": str(out_dir / WEIGHTS_FILE),
+            "architecture": written["architecture"],
+            "parameters": written["parameters"],
+            "left_out_fresh_heads": written["left_out"],
+            "do_lower_case": model.do_lower_case,
+        }
+    )
 
 
 @app.command("from-tfhub")
@@ -172,7 +213,7 @@ def from_tfhub(
 @app.command("to-keras-hub")
 @command(inputs={"model_dir": MODEL}, outputs={"out": DIR})
 def to_keras_hub(
-    model_dir: Path = typer.Argument(..., help="kbert model directory (encoder, pretraining model or classifier)."),
+    model_dir: Path = typer.Argument(..., help=f"The model (encoder, pretraining model or classifier): {SOURCES}."),
     out: Path = typer.Argument(..., help="keras-hub preset directory to write."),
     overwrite: bool = typer.Option(False, help="Replace OUT if it exists and is not empty."),
 ):
@@ -206,20 +247,20 @@ def from_keras_hub(
             "weights_loaded": report["loaded"],
             "fresh_heads": report["fresh_heads"],
             "hidden_act": report["hidden_act"],
+            **{k: report[k] for k in ("mlm_max_abs_difference",) if k in report},
             "do_lower_case": model.do_lower_case,
         }
     )
 
 
 @app.command("inspect")
-@command(inputs={"src": MODEL})
+@command(inputs={"src": MODEL_OR_RUN})
 def inspect_(
     src: Path = typer.Argument(
-        ..., help="Checkpoint directory or prefix, kbert model directory, or Hugging Face model directory."
+        ..., help=f"Any model kbert reads ({SOURCES}), or the folder of an unfinished pretrain or finetune run."
     ),
 ):
     """Show what a checkpoint or model directory holds: config, parameters, heads, optimizer slots, step."""
-    from kbert.converters.hf import describe_hf, is_hf_model
     from kbert.converters.inspect import describe
 
-    print_result(describe_hf(src) if is_hf_model(src) else describe(src))
+    print_result(describe(src))

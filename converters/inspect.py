@@ -1,5 +1,7 @@
 """`describe(src)`: what a google-research checkpoint or a kbert model directory holds, without
-building a model: config, parameter count, heads, optimizer slots, step.
+building a model (a `.keras` file is loaded): config, parameter count, heads, optimizer slots, step.
+Each head (masked_lm, next_sentence, pooler) is "trained", "fresh" (created by a converter: random
+weights) or "absent".
 
 It also checks what it reads, so that a damaged source is not reported as healthy: the data
 files must hold every byte the index lists (a download cut short), and every weight's shape must
@@ -9,7 +11,6 @@ the file or variable, what was expected and what was found.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 
@@ -17,8 +18,9 @@ import h5py
 import numpy as np
 
 from kbert.config import BertConfig
+from kbert.converters.hf import describe_hf
 from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
-from kbert.converters.tf1 import find_checkpoint, is_optimizer_state, open_reader
+from kbert.converters.tf1 import data_problems, find_checkpoint, is_optimizer_state, open_reader
 from kbert.errors import KbertError, plural
 from kbert.files import count_lines
 from kbert.model_dir import (
@@ -26,31 +28,49 @@ from kbert.model_dir import (
     TASK_KEYS,
     VOCAB_FILE,
     WEIGHTS_FILE,
+    head_provenance,
     interrupted_finetuning,
     interrupted_finetuning_message,
     interrupted_pretraining,
     interrupted_pretraining_message,
-    is_model_dir,
+    load_keras_file,
+    model_kind,
+    recorded_fresh_heads,
+    stored_head_provenance,
 )
+from kbert.sources import KINDS, open_model, refuse_run, source_kind
+
+# Where each head's variables live in a google-research checkpoint.
+TF1_HEADS = {**HEADS, "pooler": "bert/pooler/"}
 
 
 def describe(src) -> dict:
-    """A JSON-ready summary of SRC (checkpoint dir/prefix or kbert model directory).
+    """A JSON-ready summary of SRC: any model source (`kbert.sources.source_kind`), or the
+    folder of an unfinished pretrain or finetune run.
 
     Example:
     >>> describe("tests/fixtures/tf1-tiny")["parameters"]
     99374
     """
     src = os.fspath(src)
-    if os.path.isdir(src) and is_model_dir(src):
+    kind = source_kind(src)
+    if kind == "kbert":
         return _describe_model_dir(src)
-    prefix = interrupted_pretraining(src)
-    if prefix:
-        return _describe_interrupted_run(src, prefix)
-    state = interrupted_finetuning(src)
-    if state:
-        return _describe_unfinished_finetuning(src, state)
-    return _describe_checkpoint(src)
+    if kind == "keras":
+        return _describe_keras_file(src)
+    if kind == "tf1":
+        return _describe_checkpoint(src)
+    if kind == "hf":
+        return describe_hf(src)
+    if kind == "run":
+        prefix = interrupted_pretraining(src)
+        if prefix:
+            return _describe_interrupted_run(src, prefix)
+        state = interrupted_finetuning(src)
+        if state:
+            return _describe_unfinished_finetuning(src, state)
+        refuse_run(src)
+    return _describe_converted(src, kind)
 
 
 def tf1_shapes(config: BertConfig) -> dict:
@@ -99,27 +119,6 @@ def _config_problems(config: BertConfig, config_file: str, shapes: dict) -> list
     return problems
 
 
-def _data_problems(prefix: str, shapes: dict, dtypes: dict) -> list:
-    """Data files missing or shorter than the tensors the index lists (a copy cut short)."""
-    shards = sorted(glob.glob(glob.escape(prefix) + ".data-*-of-*"))
-    wanted = int(re.search(r"-of-(\d+)$", shards[0]).group(1)) if shards else 1
-    if len(shards) != wanted:
-        return [
-            f"{plural(wanted - len(shards), 'data file')} of {wanted} missing ({prefix}.data-NNNNN-of-{wanted:05d})"
-        ]
-    if any(dtypes[n].name == "string" for n in shapes):
-        return []  # string tensors have no fixed size; the sum below would not hold
-    # The data files are the tensors' bytes back to back, so together they are exactly this long.
-    expected = sum(int(np.prod(shape)) * dtypes[name].size for name, shape in shapes.items())
-    found = sum(os.path.getsize(p) for p in shards)
-    if found < expected:
-        return [
-            f"the data file{'s hold' if len(shards) > 1 else ' holds'} {found:,} bytes of the {expected:,} "
-            f"the index lists: truncated (a copy or download cut short)"
-        ]
-    return []
-
-
 def _raise_problems(where: str, problems: list, fix: str):
     if problems:
         more = f" (and {plural(len(problems) - 1, 'more problem')})" if len(problems) > 1 else ""
@@ -145,7 +144,7 @@ def _describe_checkpoint(src) -> dict:
     reader = open_reader(prefix)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
-    _raise_problems(prefix, _data_problems(prefix, shapes, dtypes), "download or copy the checkpoint again")
+    _raise_problems(prefix, data_problems(prefix, shapes, dtypes), "download or copy the checkpoint again")
     weights = {n: s for n, s in shapes.items() if n.startswith(("bert/", "cls/")) and not is_optimizer_state(n)}
     if config_file:
         config = BertConfig.from_json_file(config_file)
@@ -165,7 +164,10 @@ def _describe_checkpoint(src) -> dict:
         "vocab_entries": count_lines(vocab_file) if vocab_file and os.path.isfile(vocab_file) else None,
         "parameters": int(sum(np.prod(s) for s in weights.values())),
         "layers_in_checkpoint": len(layers),
-        "heads": {head: any(n.startswith(p) for n in weights) for head, p in HEADS.items()},
+        "heads": stored_head_provenance(
+            {head: any(n.startswith(p) for n in weights) for head, p in TF1_HEADS.items()},
+            recorded_fresh_heads(config, config_file) if config_file else (),
+        ),
         "optimizer_slots": len(slots),
         "optimizer_slot_kinds": sorted({n.rsplit("/", 1)[1] for n in slots}),
         "global_step": int(reader.get_tensor("global_step")) if "global_step" in shapes else None,
@@ -247,8 +249,9 @@ def _weights_file_shapes(weights_path: str) -> dict:
     except OSError as e:
         cut = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(e))
         if cut:
+            # The size on disk, not HDF5's own idea of the end of file, and the size the file records.
             raise KbertError(
-                f"{weights_path}: holds {int(cut.group(1)):,} bytes of the {int(cut.group(2)):,} it "
+                f"{weights_path}: holds {os.path.getsize(weights_path):,} bytes of the {int(cut.group(2)):,} it "
                 f"should: truncated (a copy cut short); copy it again, or convert or train again"
             ) from None
         raise KbertError(f"{weights_path}: not a readable weights file ({e}); convert or train again") from None
@@ -298,8 +301,40 @@ def _describe_model_dir(src) -> dict:
         "config": config.to_dict(),
         "vocab_entries": count_lines(vocab) if os.path.isfile(vocab) else None,
         "parameters": total,
-        "heads": {"masked_lm": kind == "pretrainer", "next_sentence": kind == "pretrainer"},
+        # trained, fresh (created by a converter, random until trained) or absent
+        "heads": head_provenance(kind, recorded_fresh_heads(config, os.path.join(src, CONFIG_FILE))),
         "do_lower_case": config.extras.get("do_lower_case"),
         # What predict, evaluate and export read (kbert finetune and kbert.save record it).
         **{k: config.extras[k] for k in TASK_KEYS if k in config.extras},
+    }
+
+
+def _describe_keras_file(src) -> dict:
+    """A `.keras` file (`model.save`), loaded: its model, config and where each head came from."""
+    model = load_keras_file(src)
+    kind = model_kind(model)
+    return {
+        "kind": f"Keras file ({kind})",
+        "model": src,
+        "config": {k: v for k, v in model.config.to_dict().items() if k in BertConfig.field_names()},
+        "vocab_entries": count_lines(model.vocab_file) if model.vocab_file else None,
+        "parameters": int(model.count_params()),
+        "heads": head_provenance(kind, model.fresh_heads),
+        "do_lower_case": model.do_lower_case,
+        **dict(getattr(model, "task_info", None) or {}),
+    }
+
+
+def _describe_converted(src: str, kind: str) -> dict:
+    """A TF Hub encoder or a keras-hub preset, converted in memory: the model kbert reads from it,
+    with the heads the source lacks reported fresh."""
+    model = open_model(src)
+    return {
+        "kind": KINDS[kind].split(" ", 1)[1],  # without its article: "TF Hub encoder SavedModel"
+        "model": src,
+        "config": {k: v for k, v in model.config.to_dict().items() if k in BertConfig.field_names()},
+        "vocab_entries": count_lines(model.vocab_file),
+        "parameters": int(model.count_params()),
+        "heads": head_provenance(model_kind(model), model.fresh_heads),
+        "do_lower_case": model.do_lower_case,
     }

@@ -219,15 +219,12 @@ def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
             check_free_space(tmp, weights_file_bytes(task), "the preset's weights")
             task.save_to_preset(tmp)  # backbone, preprocessor (with the tokenizer), task
         elif mlm_arrays is not None:
-            task = _masked_lm(
-                backbone,
-                mlm_arrays,
-                keras_hub.models.BertMaskedLMPreprocessor(
-                    tokenizer, sequence_length=min(DEFAULT_SEQUENCE_LENGTH, config.max_position_embeddings)
-                ),
-            )
+            task = _masked_lm(backbone, mlm_arrays)
             check_free_space(tmp, weights_file_bytes(task), "the preset's weights")
-            task.save_to_preset(tmp)  # backbone, preprocessor (with the tokenizer), task with the head
+            task.save_to_preset(tmp)  # backbone, task with the head
+            # The classifier's preprocessor, as for a backbone alone, so that BertTextClassifier.from_preset
+            # keeps working; BertMaskedLM.from_preset(out_dir, preprocessor=None) reads the head.
+            preprocessor.save_to_preset(tmp)  # the tokenizer too, and the sequence length
         else:
             check_free_space(tmp, weights_file_bytes(backbone), "the preset's weights")
             backbone.save_to_preset(tmp)

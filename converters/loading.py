@@ -7,7 +7,8 @@ read one weight in kbert's layout. `load_pretrainer` then does every check once,
 
 1. unknown names are an error (with a hint when the source has more layers than its config);
 2. a head (masked-LM, next-sentence, pooler) may be absent as a whole: it is freshly
-   initialised and reported;
+   initialised, reported, and recorded on the model (`model.fresh_heads`, which `kbert.save`
+   writes to bert_config.json);
 3. any other missing weight is an error;
 4. every shape is checked before anything is read; a mismatch names both shapes, in the
    source's layout, and the config field that most likely set it;
@@ -23,8 +24,8 @@ Example:
 >>> stored = Stored(where="arrays", shapes={n: a.shape for n, a in arrays.items()},
 ...                 paths={p: p for p in arrays}, read=lambda name, shape: arrays[name])
 >>> model, fresh = load_pretrainer(config, stored)
->>> fresh
-['masked_lm', 'next_sentence']
+>>> fresh, model.fresh_heads
+(['masked_lm', 'next_sentence'], ('masked_lm', 'next_sentence'))
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from kbert.config import BertConfig
@@ -42,6 +44,7 @@ from kbert.converters.names import suspect_field, tf1_to_kbert_paths
 from kbert.errors import KbertError, listing, plural
 from kbert.model.bert import BertPretrainer, Vocabulary
 from kbert.model.initializers import original_initializer, unfilled
+from kbert.model_dir import fresh_heads_of
 
 # The parts a source may lack as a whole, by their kbert path prefix. Listed in this order in
 # reports. The pooler is optional only where a format says so (Hugging Face's BertModel files
@@ -50,7 +53,18 @@ HEAD_PATHS = {"masked_lm": "mlm_head/", "next_sentence": "nsp_head/"}
 POOLER_PATH = "pooler/"
 
 # A name with a layer number in any format's spelling: "layer_3", "layer.3", "transformer_layer_3".
-_LAYER_NAME = re.compile(r"layer[._]?\d")
+_LAYER_NAME = re.compile(r"layer[._]?(\d+)")
+
+
+def _whole_layers(names, other_names) -> bool:
+    """Whether `names` are whole layers that `other_names` lack: each has a layer number, and no
+    layer of theirs appears among `other_names` (a weight missing from a layer that is there is
+    just missing, not a sign of another layer count)."""
+    layers = [_LAYER_NAME.search(n) for n in names]
+    if not all(layers):
+        return False
+    others = {int(m.group(1)) for n in other_names for m in [_LAYER_NAME.search(n)] if m}
+    return bool(others) and not {int(m.group(1)) for m in layers} & others
 
 
 @dataclasses.dataclass
@@ -108,7 +122,7 @@ def load_pretrainer(config: BertConfig, stored: Stored, vocabulary: Vocabulary |
     if unknown:
         hint = (
             f"; the {stored.thing} has more layers than num_hidden_layers in {stored.config_name}"
-            if all(_LAYER_NAME.search(n) for n in unknown)
+            if _whole_layers(unknown, stored.paths)
             else stored.unknown_hint(unknown)
         )
         raise KbertError(f"{stored.where}: {plural(len(unknown), 'unknown ' + stored.noun)} ({listing(unknown)}){hint}")
@@ -126,7 +140,7 @@ def load_pretrainer(config: BertConfig, stored: Stored, vocabulary: Vocabulary |
     if missing:
         hint = (
             f"; {stored.config_name} has more layers (num_hidden_layers) than the {stored.thing}"
-            if all(_LAYER_NAME.search(n) for n in missing) and any(_LAYER_NAME.search(n) for n in stored.shapes)
+            if _whole_layers(missing, stored.shapes)
             else stored.missing_hint(missing)
         )
         raise KbertError(
@@ -152,6 +166,8 @@ def load_pretrainer(config: BertConfig, stored: Stored, vocabulary: Vocabulary |
     not_loaded = sorted(set(stored.shapes) - assigned)
     if not_loaded:
         raise RuntimeError(f"kbert bug: weights not loaded from {stored.where}: {listing(not_loaded)}")
+    # Recorded on the model, so that kbert.save keeps it and nothing takes these heads for trained ones.
+    model.fresh_heads = tuple(absent)
     return model, absent
 
 
@@ -221,7 +237,42 @@ def _unique(weights):
             yield variable
 
 
-def stored_weights(model, paths: dict, *, format_name: str, to_stored=None, unnamed: str = "error") -> dict:
+# Each head's weights, by kbert path prefix (what a writer leaves out of a fresh head).
+HEAD_PREFIXES = {**HEAD_PATHS, "pooler": POOLER_PATH}
+
+
+def heads_left_out(model, include_fresh_heads: bool = False) -> tuple:
+    """The heads a writer leaves out of `model`: its fresh ones (random weights a converter made,
+    `model.fresh_heads`), unless `include_fresh_heads`. What is written is then only what was
+    read from a trained model or trained by kbert.
+
+    >>> import kbert
+    >>> config = kbert.BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1,
+    ...                           num_attention_heads=2, intermediate_size=16)
+    >>> model = kbert.bert_pretrainer(config)
+    >>> model.fresh_heads = ("next_sentence", "masked_lm")
+    >>> heads_left_out(model), heads_left_out(model, include_fresh_heads=True)
+    (('masked_lm', 'next_sentence'), ())
+    """
+    return () if include_fresh_heads else fresh_heads_of(model)
+
+
+def parameters_of(model, left_out=()) -> int:
+    """How many numbers `model` holds, less the heads in `left_out` (what a writer writes)."""
+    skipped = tuple(HEAD_PREFIXES[head] for head in left_out) or ("\0",)
+    return int(sum(int(np.prod(v.shape)) for v in _unique(model.weights) if not v.path.startswith(skipped)))
+
+
+def stored_weights(
+    model,
+    paths: dict,
+    *,
+    format_name: str,
+    to_stored=None,
+    unnamed: str = "error",
+    left_out=(),
+    unnamed_hint: str = "encoders and pretrainers",
+) -> dict:
     """{name: value} of `model`'s weights for writing, the inverse of `load_pretrainer`.
 
     Args:
@@ -232,6 +283,8 @@ def stored_weights(model, paths: dict, *, format_name: str, to_stored=None, unna
             variable's tensor as it is (no copy).
         unnamed: "error" (a task head cannot be written in an encoder format) or "skip"
             (keras-hub has no next-sentence head).
+        left_out: heads (of "masked_lm", "next_sentence", "pooler") not to write.
+        unnamed_hint: str. The kbert models the format holds, for the error on a weight it cannot name.
 
     A weight shared by two layers (the tied word embeddings) appears once.
 
@@ -244,15 +297,17 @@ def stored_weights(model, paths: dict, *, format_name: str, to_stored=None, unna
     (30, (2, 8))
     """
     name_of = {path: name for name, path in paths.items()}
+    skipped = tuple(HEAD_PREFIXES[head] for head in left_out)
     out = {}
     for variable in _unique(model.weights):
+        if skipped and variable.path.startswith(skipped):
+            continue
         name = name_of.get(variable.path)
         if name is None:
             if unnamed == "skip":
                 continue
             raise KbertError(
-                f"weight {variable.path} has no name in {format_name}; only kbert encoder and "
-                f"pretrainer weights can be written as {format_name}"
+                f"weight {variable.path} has no name in {format_name}; {format_name} holds kbert {unnamed_hint}"
             )
         # .value, not the keras.Variable: TF savers otherwise see Keras' own names.
         value = variable.value

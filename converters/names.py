@@ -15,7 +15,7 @@ import re
 # One row per weight: (kbert weight path, google-research/bert name, Model Garden name, keras-hub
 # path). Model Garden's is the variable name in its TF Hub encoders (`official.nlp` BertEncoder
 # and BertPretrainerV2's MaskedLM, as `export_tfhub_lib` saves them); keras-hub's is the weight
-# path in a BertBackbone. None: that format has no such weight. "{i}" is the layer index.
+# path in a BertBackbone, or in a BertMaskedLM for the masked-LM head. None: that format has no such weight. "{i}" is the layer index.
 # fmt: off
 WEIGHT_NAMES = (
     # --- encoder: modeling.BertModel ---
@@ -43,11 +43,11 @@ WEIGHT_NAMES = (
     ("pooler/kernel", "bert/pooler/dense/kernel", "pooler_transform/kernel", "pooled_dense/kernel"),
     ("pooler/bias", "bert/pooler/dense/bias", "pooler_transform/bias", "pooled_dense/bias"),
     # --- masked-LM head: run_pretraining.get_masked_lm_output ---
-    ("mlm_head/transform/kernel", "cls/predictions/transform/dense/kernel", "bert/cls/predictions/transform/dense/kernel", None),
-    ("mlm_head/transform/bias", "cls/predictions/transform/dense/bias", "bert/cls/predictions/transform/dense/bias", None),
-    ("mlm_head/layer_norm/gamma", "cls/predictions/transform/LayerNorm/gamma", "bert/cls/predictions/transform/LayerNorm/gamma", None),
-    ("mlm_head/layer_norm/beta", "cls/predictions/transform/LayerNorm/beta", "bert/cls/predictions/transform/LayerNorm/beta", None),
-    ("mlm_head/output_bias", "cls/predictions/output_bias", "bert/cls/predictions/output_bias/bias", None),
+    ("mlm_head/transform/kernel", "cls/predictions/transform/dense/kernel", "bert/cls/predictions/transform/dense/kernel", "mlm_head/intermediate_dense/kernel"),
+    ("mlm_head/transform/bias", "cls/predictions/transform/dense/bias", "bert/cls/predictions/transform/dense/bias", "mlm_head/intermediate_dense/bias"),
+    ("mlm_head/layer_norm/gamma", "cls/predictions/transform/LayerNorm/gamma", "bert/cls/predictions/transform/LayerNorm/gamma", "mlm_head/intermediate_layer_norm/gamma"),
+    ("mlm_head/layer_norm/beta", "cls/predictions/transform/LayerNorm/beta", "bert/cls/predictions/transform/LayerNorm/beta", "mlm_head/intermediate_layer_norm/beta"),
+    ("mlm_head/output_bias", "cls/predictions/output_bias", "bert/cls/predictions/output_bias/bias", "mlm_head/output_bias"),
     # --- next-sentence head: run_pretraining.get_next_sentence_output ---
     ("nsp_head/output_weights", "cls/seq_relationship/output_weights", None, None),
     ("nsp_head/output_bias", "cls/seq_relationship/output_bias", None, None),
@@ -205,6 +205,10 @@ def suspect_field(tf1_name: str, expected: tuple, found: tuple) -> str:
         return "hidden_size"
     return "none (shapes agree)"
 
+
+# A fine-tuned classifier's head as run_classifier.py's create_model names it in its checkpoints:
+# {TF1 name: kbert path}; output_weights is [num_labels, H] in both.
+TF1_CLASSIFIER_HEAD = {"output_weights": "classifier_head/output_weights", "output_bias": "classifier_head/output_bias"}
 
 # A fine-tuned classifier's head (run_classifier.py's output_weights [num_labels, H] and
 # output_bias) in keras-hub's BertTextClassifier: its "logits" Dense, kernel [H, num_labels].

@@ -1,8 +1,7 @@
-"""Model sources: kbert model directories, and the one opener of every model source.
+"""kbert model directories: `bert_config.json` + `vocab.txt` + `model.weights.h5`.
 
-A kbert model directory is `bert_config.json` + `vocab.txt` + `model.weights.h5`.
-`open_model` opens any source a command takes (a kbert model directory, or a google-research
-checkpoint converted on the fly), and `lower_case_for` is the one rule for a source's casing.
+`save` writes one, `load` reads one (or a `.keras` file), and `lower_case_for` is the one rule
+for a source's casing. Every other kind of model source is opened by `kbert.sources.open_model`.
 
 `bert_config.json` keeps the original keys, plus kbert's own: `kbert_model` (which model
 class the weights belong to) and `do_lower_case`. `kbert.load` rebuilds the model from the
@@ -13,7 +12,6 @@ google-research/bert's config.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import numbers
@@ -24,8 +22,8 @@ import shutil
 import tensorflow as tf
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError, first_line
-from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, count_lines, require_path
+from kbert.errors import KbertError, first_line, os_error_or
+from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, count_lines, require_path, save_weights
 from kbert.finetuning.options import FinetuneOptions
 from kbert.model import bert
 from kbert.model.initializers import unfilled
@@ -49,6 +47,10 @@ HEAD_TASKS = {
     "span_predictor": ("squad",),
     "multiple_choice": ("choice",),
 }
+# The parts of a model a converter may create rather than read, in report order: a format
+# without them (a TF Hub or keras-hub encoder, an HF BertForMaskedLM) gets random ones. A model
+# records those in `fresh_heads` (bert_config.json, `model.fresh_heads`) until training trains them.
+HEADS = ("masked_lm", "next_sentence", "pooler")
 # An unfinished `kbert finetune` run (OUTPUT.partial/) holds this file (kbert.finetuning.train).
 FINETUNE_STATE_FILE = "state.json"
 # A Keras archive (`model.save`), which `kbert.load` and every command taking a model also read.
@@ -207,11 +209,66 @@ def _check_long_text(info: dict, task: str):
             raise KbertError("text_pairs: a model that reads long texts in windows reads single texts")
 
 
+def heads_of(kind: str) -> tuple:
+    """The heads of `HEADS` a model of this kind has: a pretrainer all three, any other the pooler.
+
+    >>> heads_of("pretrainer"), heads_of("classifier")
+    (('masked_lm', 'next_sentence', 'pooler'), ('pooler',))
+    """
+    return HEADS if kind == "pretrainer" else ("pooler",)
+
+
+def fresh_heads_of(model) -> tuple:
+    """`model.fresh_heads`, checked and in `HEADS` order, keeping only heads the model has."""
+    fresh = getattr(model, "fresh_heads", None) or ()
+    if isinstance(fresh, str) or not all(isinstance(h, str) for h in fresh) or set(fresh) - set(HEADS):
+        raise KbertError(f"fresh_heads must list heads among {', '.join(HEADS)}; got {fresh!r}"[:300])
+    return tuple(h for h in heads_of(model_kind(model)) if h in fresh)
+
+
+def head_provenance(kind: str, fresh_heads) -> dict:
+    """{head: "trained", "fresh" (created by a converter, random) or "absent"} for a model of `kind`.
+
+    >>> head_provenance("pretrainer", ["next_sentence"])
+    {'masked_lm': 'trained', 'next_sentence': 'fresh', 'pooler': 'trained'}
+    >>> head_provenance("encoder", ())
+    {'masked_lm': 'absent', 'next_sentence': 'absent', 'pooler': 'trained'}
+    """
+    has = heads_of(kind)
+    return {h: ("fresh" if h in fresh_heads else "trained") if h in has else "absent" for h in HEADS}
+
+
+def stored_head_provenance(present: dict, recorded=()) -> dict:
+    """{head: "trained", "fresh" or "absent"} for a file format: a head it holds is trained unless
+    the file records it as fresh (kbert writes fresh heads out only when asked, and says so).
+
+    >>> stored_head_provenance({"masked_lm": True, "next_sentence": False, "pooler": True}, ["pooler"])
+    {'masked_lm': 'trained', 'next_sentence': 'absent', 'pooler': 'fresh'}
+    """
+    return {h: ("fresh" if h in recorded else "trained") if present.get(h) else "absent" for h in HEADS}
+
+
+def recorded_fresh_heads(config: BertConfig, where) -> tuple:
+    """The `fresh_heads` a bert_config.json records (none in files from before kbert recorded
+    them: those heads count as trained, as they were taken to be)."""
+    fresh = config.extras.get("fresh_heads", [])
+    if not isinstance(fresh, list) or not all(isinstance(h, str) for h in fresh) or set(fresh) - set(HEADS):
+        raise KbertError(
+            f"{where}: fresh_heads must be a list of heads among {', '.join(HEADS)}, got {fresh!r}; "
+            f"fix bert_config.json or convert the model again"[:400]
+        )
+    return tuple(h for h in HEADS if h in fresh)
+
+
 def _describe(model, config: BertConfig, do_lower_case: bool, task_info: dict):
-    """Record in the config what rebuilds `model`: its class, head size, casing and task metadata."""
-    for key in TASK_KEYS + ("num_classes",):  # a head's metadata must not outlive the head
+    """Record in the config what rebuilds `model`: its class, head size, casing, task metadata and
+    which heads a converter created (`fresh_heads`, left out when every head was read or trained)."""
+    for key in TASK_KEYS + ("num_classes", "fresh_heads"):  # a head's metadata must not outlive the head
         config.extras.pop(key, None)
     config.extras.update(kbert_model=model_kind(model), do_lower_case=bool(do_lower_case))
+    fresh = fresh_heads_of(model)
+    if fresh:
+        config.extras["fresh_heads"] = list(fresh)
     if hasattr(model, "num_classes"):
         config.extras["num_classes"] = model.num_classes
     # So that predict/evaluate/export need no flags: task, labels, max_seq_length (head_task_info).
@@ -271,7 +328,7 @@ def save(
     with atomic_output_dir(model_dir, overwrite=overwrite) as tmp:
         config.to_json_file(os.path.join(tmp, CONFIG_FILE))
         shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_FILE))
-        model.save_weights(os.path.join(tmp, WEIGHTS_FILE))
+        save_weights(model, os.path.join(tmp, WEIGHTS_FILE))
     return model_dir
 
 
@@ -435,29 +492,22 @@ def load(model_dir):
     if kind in HEAD_TASKS:
         head["task_info"] = {k: config.extras[k] for k in TASK_KEYS if k in config.extras}
     vocabulary = bert.Vocabulary(os.path.join(model_dir, VOCAB_FILE), bool(config.extras.get("do_lower_case", True)))
+    fresh_heads = recorded_fresh_heads(config, os.path.join(model_dir, CONFIG_FILE))
     # Unfilled weights, every one assigned by load_weights next (it fails on any it lacks).
     with unfilled():
         model = builders[kind](config, **head, vocabulary=vocabulary)
+    model.fresh_heads = tuple(h for h in heads_of(kind) if h in fresh_heads)
     try:
         model.load_weights(weights)
     except (ValueError, OSError) as e:
-        raise KbertError(
-            f"{weights}: cannot load ({first_line(e)}); the file is damaged or does not match bert_config.json"
+        raise os_error_or(
+            e, f"{weights}: cannot load ({first_line(e)}); the file is damaged or does not match bert_config.json"
         ) from None
     if kind in HEAD_TASKS and "task" not in model.task_info:
         # A head saved without its task (before kbert.save recorded one): its kind's, as saved now.
         with contextlib.suppress(KbertError):
             model.task_info = head_task_info(model)
     return model
-
-
-@dataclasses.dataclass
-class SourceInfo:
-    """What a model source says about itself, read without loading its weights."""
-
-    config: BertConfig
-    vocab_file: str
-    do_lower_case: bool
 
 
 def lower_case_for(source, recorded: bool | None = None) -> bool:
@@ -482,73 +532,6 @@ def lower_case_for(source, recorded: bool | None = None) -> bool:
     return "uncased" in name or "cased" not in name
 
 
-def describe_source(source) -> SourceInfo:
-    """Config, vocabulary and casing of a kbert model directory or a google-research checkpoint.
-
-    Example:
-    >>> describe_source("tests/fixtures/tf1-tiny").do_lower_case  # doctest: +SKIP
-    True
-    """
-    source = _require_source(source)
-    if is_keras_file(source):
-        model = load_keras_file(source)
-        return SourceInfo(model.config, model.vocab_file, model.do_lower_case)
-    if is_model_dir(source):
-        config = load_config(source)
-        vocab = os.path.join(source, VOCAB_FILE)
-        require_path(vocab, "vocab file", "the model directory needs its vocab.txt")
-        return SourceInfo(config, vocab, lower_case_for(source, config.extras.get("do_lower_case", True)))
-    checkpoint = _tf1().find_checkpoint(source)
-    return SourceInfo(
-        BertConfig.from_json_file(checkpoint.config_file), checkpoint.vocab_file, lower_case_for(checkpoint.prefix)
-    )
-
-
-def open_model(source, do_lower_case: bool | None = None):
-    """The model at `source`, with its weights: a kbert model directory (`load`), or a
-    google-research checkpoint directory or prefix, converted on the fly.
-
-    The model declares its `vocabulary` (its casing decided by `lower_case_for` unless
-    `do_lower_case` is given) for building its tokenizer.
-
-    Example:
-    >>> model = open_model("cased_L-12_H-768_A-12/")  # doctest: +SKIP
-    >>> model.do_lower_case  # doctest: +SKIP
-    False
-    """
-    source = _require_source(source)
-    if is_model_dir(source) or is_keras_file(source):
-        model = load(source)
-        if do_lower_case is not None:
-            with_casing(model, do_lower_case)
-        return model
-    return _tf1().load_tf1_checkpoint(source, do_lower_case=do_lower_case)
-
-
-def with_casing(model, do_lower_case: bool):
-    """`model`, its vocabulary (and its encoder's) declaring `do_lower_case`."""
-    vocabulary = bert.Vocabulary(model.vocab_file, bool(do_lower_case))
-    for part in {id(m): m for m in (model, bert.encoder_of(model)) if m is not None}.values():
-        part.vocabulary = vocabulary
-    return model
-
-
-def _require_source(source) -> str:
-    source = os.fspath(source)
-    check_not_interrupted(source)
-    if not os.path.exists(source + ".index"):  # a checkpoint prefix names no file of its own
-        require_path(source, "model directory", "pass a kbert model directory or a google-research checkpoint")
-    return source
-
-
-def _tf1():
-    # kbert.converters imports this module (its file names, check_vocab, lower_case_for), so
-    # importing it at the top would be an import cycle.
-    from kbert.converters import tf1
-
-    return tf1
-
-
 def write_model_files(model, model_dir, vocab_file: str, do_lower_case: bool, weights: bool = True):
     """Write (or replace) the model-directory files inside an existing directory, each one
     atomically: used by training, whose directory also holds checkpoints and logs."""
@@ -556,16 +539,19 @@ def write_model_files(model, model_dir, vocab_file: str, do_lower_case: bool, we
     _describe(model, config, do_lower_case, head_task_info(model))
     os.makedirs(model_dir, exist_ok=True)
 
-    def replace(name, write):
-        tmp = os.path.join(model_dir, f".{name}.tmp")
-        write(tmp)
-        os.replace(tmp, os.path.join(model_dir, name))
+    def replace(name, write, tmp_name=None):
+        tmp = os.path.join(model_dir, tmp_name or f".{name}.tmp")
+        try:
+            write(tmp)
+            os.replace(tmp, os.path.join(model_dir, name))
+        except BaseException:  # a full disk: no half-written file beside the good one
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
 
     replace(CONFIG_FILE, config.to_json_file)
     if os.path.abspath(vocab_file) != os.path.abspath(os.path.join(model_dir, VOCAB_FILE)):
         replace(VOCAB_FILE, lambda tmp: shutil.copyfile(vocab_file, tmp))
     if weights:
         # Keras insists on the .weights.h5 suffix, so the temporary name keeps it.
-        tmp = os.path.join(model_dir, ".tmp-" + WEIGHTS_FILE)
-        model.save_weights(tmp)
-        os.replace(tmp, os.path.join(model_dir, WEIGHTS_FILE))
+        replace(WEIGHTS_FILE, lambda tmp: save_weights(model, tmp), tmp_name=".tmp-" + WEIGHTS_FILE)

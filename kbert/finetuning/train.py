@@ -36,14 +36,16 @@ import numpy as np
 import tensorflow as tf
 
 from kbert.config import sequence_length
-from kbert.errors import KbertError
+from kbert.errors import KbertError, on_command_line, option
 from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir
 from kbert.finetuning.options import SQUAD_DOC_STRIDE, FinetuneOptions, resolve_options, window_stride
 from kbert.finetuning.squad_decoding import write_predictions_json
 from kbert.finetuning.tasks import Task, TaskData, best_metric, get_task, json_floats, predict_outputs, squad_answers
-from kbert.model_dir import CHECKPOINTS_DIR, FINETUNE_STATE_FILE, open_model, save
+from kbert.model.bert import BertClassifier, BertMultipleChoice
+from kbert.model_dir import CHECKPOINTS_DIR, FINETUNE_STATE_FILE, save
 from kbert.outputs import writes
 from kbert.pretraining.dataset import op_error_text
+from kbert.sources import open_model
 from kbert.text.preprocessing import BertPreprocessor
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.optimization import BertAdamW, WarmupLinearDecay
@@ -73,11 +75,11 @@ def make_finetune_optimizer(learning_rate, total_steps, warmup_steps):
 def _warn_truncated(path, data: TaskData, max_seq_length):
     if data.truncated:
         log.warning(
-            "%s: %d of %d examples longer than --max-seq-length %d were truncated",
+            "%s: %d of %d examples longer than %s were truncated",
             path,
             data.truncated,
             data.size,
-            max_seq_length,
+            option("max_seq_length", max_seq_length),
         )
 
 
@@ -128,7 +130,9 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     )
     labels = train_data.labels
     if train_data.size == 0:
-        raise KbertError(f"{train} has no usable rows; check the file (or --skip-bad-rows dropped them all)")
+        raise KbertError(
+            f"{train} has no usable rows; check the file (or {option('skip_bad_rows', True)} dropped them all)"
+        )
     if task.name == "classify" and len(labels) < 2:
         raise KbertError(f"{train} has only one label ({labels[0]!r}); classification needs at least two")
     _warn_truncated(train, train_data, max_seq_length)
@@ -156,7 +160,8 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     )
     if opts.batch_size % replicas:
         raise KbertError(
-            f"--batch-size {opts.batch_size} must divide evenly over {replicas} replicas; use a multiple of {replicas}"
+            f"{option('batch_size', opts.batch_size)} must divide evenly over {replicas} replicas; use a multiple of "
+            f"{replicas}"
         )
 
     # --- model: the task's head on the base, declaring what predict, evaluate and export read ---
@@ -249,8 +254,9 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
             )
             step = saver.step
             if saver.interrupted:
+                again = "the same kbert finetune command" if on_command_line() else "the same finetune() call"
                 raise signals.interrupted(
-                    step, f"checkpoint saved in {run_dir}", "the same kbert finetune command and --resume"
+                    step, f"checkpoint saved in {run_dir}", f"{again} and {option('resume', True)}"
                 )
             if tracker.stopped_early:
                 break
@@ -264,6 +270,10 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     result["train_examples_per_second"] = round((saver.step - start_step) * opts.batch_size / max(elapsed, 1e-9), 2)
     if opts.resume:
         result["resumed_from_step"] = start_step
+    # A head on the pooled output (classify, regress, choice) trains the pooler; tag and squad
+    # leave it as the base had it, a converter's fresh one included.
+    reads_pooler = isinstance(model, (BertClassifier, BertMultipleChoice))
+    model.fresh_heads = () if reads_pooler else tuple(h for h in getattr(base, "fresh_heads", ()) if h == "pooler")
     with atomic_output_dir(os.fspath(output), overwrite=opts.overwrite) as tmp:
         save(model, tmp, overwrite=True)  # the model declares its vocabulary, casing and task
         with open(os.path.join(tmp, RESULTS_FILE), "w") as f:
@@ -279,18 +289,25 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
 def _check_options(opts: FinetuneOptions, task: Task):
     """What training asks beyond `FinetuneOptions`' own checks."""
     if opts.max_seq_length is not None and opts.max_seq_length < 8:
-        raise KbertError(f"--max-seq-length must be at least 8 to fine-tune, got {opts.max_seq_length}")
+        raise KbertError(f"{option('max_seq_length')} must be at least 8 to fine-tune, got {opts.max_seq_length}")
     if opts.long_text == "windows" and not task.windows:
         why = (
-            "squad reads long contexts in windows already (--doc-stride)"
+            f"squad reads long contexts in windows already ({option('doc_stride')})"
             if task.name == "squad"
             else f"{task.name} packs each context with each ending as a pair"
         )
         raise KbertError(
-            f"--long-text windows applies to classify, regress and tag; {why}: drop --long-text windows for --task {task.name}"
+            f"{option('long_text', 'windows')} applies to classify, regress and tag; {why}: drop "
+            f"{option('long_text', 'windows')} for {option('task', task.name)}"
         )
     if opts.doc_stride is not None and opts.long_text != "windows" and task.name != "squad":
-        log.warning("--doc-stride applies to --task squad and to --long-text windows; --task %s ignores it", task.name)
+        log.warning(
+            "%s applies to %s and to %s; %s ignores it",
+            option("doc_stride"),
+            option("task", "squad"),
+            option("long_text", "windows"),
+            option("task", task.name),
+        )
 
 
 def window_order(windows, seed: int) -> np.ndarray:
@@ -446,8 +463,8 @@ class _RunCheckpoints(keras.callbacks.Callback):
         if state and not overwrite:
             raise KbertError(
                 f"{self.run_dir} holds an unfinished run (step {state['step']} of "
-                f"{self.steps_per_epoch * self.fingerprint['epochs']}); pass --resume to continue it, "
-                f"or --overwrite to start over"
+                f"{self.steps_per_epoch * self.fingerprint['epochs']}); pass {option('resume', True)} to continue it, "
+                f"or {option('overwrite', True)} to start over"
             )
         shutil.rmtree(self.run_dir, ignore_errors=True)
         os.makedirs(self.run_dir)
@@ -456,14 +473,16 @@ class _RunCheckpoints(keras.callbacks.Callback):
     def resume(self) -> int:
         state = self._read_state()
         if state is None:
-            raise KbertError(f"--resume: no unfinished run at {self.run_dir} to continue; drop --resume to start one")
+            resume = option("resume", True)
+            raise KbertError(f"{resume}: no unfinished run at {self.run_dir} to continue; drop {resume} to start one")
         before = {"long_text": "truncate", **state["fingerprint"]}  # runs from before --long-text truncated
         changed = [k for k, v in self.fingerprint.items() if before.get(k) != v]
         if changed:
             k = changed[0]
             raise KbertError(
-                f"--resume: the run in {self.run_dir} was started with {k} {before.get(k)!r}, "
-                f"not {self.fingerprint[k]!r}; resume with the same command, or --overwrite to start over"
+                f"{option('resume', True)}: the run in {self.run_dir} was started with {k} {before.get(k)!r}, "
+                f"not {self.fingerprint[k]!r}; resume with the same "
+                f"{'command' if on_command_line() else 'arguments'}, or {option('overwrite', True)} to start over"
             )
         self.checkpoint.restore(os.path.join(self.run_dir, CHECKPOINTS_DIR, f"ckpt-{state['step']}")).expect_partial()
         best_weights = None

@@ -77,6 +77,9 @@ class _Described:
         self.config = config
         self.vocabulary = Vocabulary.of(vocabulary)
         self.task_info = dict(task_info or {})
+        # The heads ("masked_lm", "next_sentence", "pooler") a converter created rather than read:
+        # their weights are random. Empty: every head holds trained (or user-set) weights.
+        self.fresh_heads = ()
 
     @property
     def vocab_file(self) -> str | None:
@@ -94,6 +97,7 @@ class _Described:
             "name": self.name,
             "trainable": self.trainable,
             "vocabulary": self.vocabulary.to_dict() if self.vocabulary else None,
+            **({"fresh_heads": list(self.fresh_heads)} if self.fresh_heads else {}),
         }
 
     def get_config(self):
@@ -101,7 +105,11 @@ class _Described:
 
     @classmethod
     def from_config(cls, config):
-        return cls(**config)
+        config = dict(config)
+        fresh_heads = tuple(config.pop("fresh_heads", ()))  # absent in files from before it was recorded
+        model = cls(**config)
+        model.fresh_heads = fresh_heads
+        return model
 
     # Keras' `.keras` saving calls these for any object it saves; the vocab.txt travels inside.
     def save_assets(self, dir_path):

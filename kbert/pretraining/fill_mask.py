@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
+
 import keras
 import numpy as np
 
 from kbert.errors import KbertError
 from kbert.model.bert import BertPretrainer
-from kbert.model_dir import load, model_kind
+from kbert.model_dir import model_kind
+from kbert.sources import open_model
 from kbert.text.tokenizer import Tokenizer
 
 MASK = "[MASK]"
@@ -73,11 +76,18 @@ def fill_mask(model_dir, text: str, top_k: int = 5, model=None) -> dict:
         )
     if top_k < 1:
         raise KbertError(f"--top-k must be at least 1, got {top_k}")
-    model = model or load(model_dir)
+    model = model or open_model(model_dir)
     if not isinstance(model, BertPretrainer):
         raise KbertError(
             f"{model_dir} has no masked-LM head: it is {what_it_is(model)}; fill-mask needs a "
             f"pretrained or converted model directory (the one it was fine-tuned from, for a head)"
+        )
+    if "masked_lm" in getattr(model, "fresh_heads", ()):
+        raise KbertError(
+            f"{model_dir}: its masked-LM head was created by a converter (the source had none), so its "
+            f"weights are random and so would be the predictions; pretrain it first, e.g. `kbert pretrain "
+            f"--init {shlex.quote(str(model_dir))} --model-dir OUT --data 'DATA*.tfrecord'`, or convert a "
+            f"checkpoint that has the head"
         )
     tokenizer = Tokenizer(model.vocab_file, model.do_lower_case)
     tokens = encode_with_masks(tokenizer, text, model.config.max_position_embeddings)

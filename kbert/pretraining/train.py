@@ -30,16 +30,17 @@ import tensorflow as tf
 from kbert.config import BertConfig
 from kbert.errors import KbertError
 from kbert.model.bert import BertPretrainer
+from kbert.model.initializers import unfilled
 from kbert.model_dir import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
     VOCAB_FILE,
     check_vocab,
-    load,
     write_model_files,
 )
 from kbert.outputs import claim_output
 from kbert.pretraining.dataset import check_records, find_corrupt_record, find_files, op_error_text, pretraining_dataset
+from kbert.pretraining.fill_mask import what_it_is
 from kbert.pretraining.losses import cross_entropy_and_hits
 from kbert.pretraining.options import PretrainOptions
 from kbert.pretraining.run_record import (
@@ -52,9 +53,10 @@ from kbert.pretraining.run_record import (
     record_run,
     recorded_options,
 )
+from kbert.sources import open_model
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.optimization import make_optimizer
-from kbert.training.progress import Progress, write_loss_plot
+from kbert.training.progress import Progress, keep_history_until, write_loss_plot
 from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision, writes_shared_files
 
 log = logging.getLogger("kbert")
@@ -163,6 +165,7 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
     strategy = make_strategy(opts.strategy, opts.tpu)
     ckpt_dir = os.path.join(model_dir, CHECKPOINTS_DIR)
     has_checkpoints = tf.train.latest_checkpoint(ckpt_dir) is not None
+    initial = None  # the model --init names, opened
 
     # --- where the model comes from ---
     if opts.resume:
@@ -182,8 +185,16 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
                 f"{model_dir} already has checkpoints; pass --resume to continue that run or choose a new --model-dir"
             )
         if init:
-            config = BertConfig.from_json_file(os.path.join(init, CONFIG_FILE))
-            vocab_file = os.path.join(init, VOCAB_FILE)
+            # Any model source (kbert.sources.open_model), opened outside the strategy's scope: a
+            # converter assigns its variables directly, which mirrored variables do not allow.
+            initial = open_model(init, do_lower_case)
+            if not isinstance(initial, BertPretrainer):
+                raise KbertError(
+                    f"--init {init}: {what_it_is(initial)}, without the masked-LM and next-sentence heads "
+                    f"pretraining trains; pass a pretrained or converted model (the one it came from)"
+                )
+            config = BertConfig.from_dict(initial.config.to_dict())
+            vocab_file, do_lower_case = initial.vocab_file, initial.do_lower_case
         elif config_file and vocab_file:
             config = BertConfig.from_json_file(config_file)
         else:
@@ -206,10 +217,12 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
         files = find_files(data)
         run = {"data": absolute_pattern(data), **starts_from, "lowercase": bool(do_lower_case)}
         run["data_files"] = [[os.path.abspath(f), os.path.getsize(f)] for f in files]
-    check_records(files, opts.max_seq_length, opts.max_predictions_per_seq)
+    check_records(files, opts.max_seq_length, opts.max_predictions_per_seq, vocab_size=config.vocab_size)
     eval_files = find_files(opts.eval_data, "--eval-data") if opts.eval_data else None
     if eval_files:
-        check_records(eval_files, opts.max_seq_length, opts.max_predictions_per_seq, "--eval-data")
+        check_records(
+            eval_files, opts.max_seq_length, opts.max_predictions_per_seq, "--eval-data", vocab_size=config.vocab_size
+        )
 
     # --- precision, model, optimizer ---
     on_accelerator = bool(tf.config.list_logical_devices("GPU")) or opts.strategy == "tpu"
@@ -227,7 +240,7 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
 
     keras.utils.set_random_seed(opts.seed)  # the same initial weights for the same --seed
     with strategy.scope():
-        model = load(init) if init else BertPretrainer(config)
+        model = BertPretrainer(config) if initial is None else _copied_in_scope(initial, config)
         optimizer = make_optimizer(opts.optimizer, opts.learning_rate, opts.steps, warmup)
         if keras.mixed_precision.global_policy().name == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -285,6 +298,8 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
         eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "eval")) if chief else None
     eval_every = opts.eval_every or opts.save_every
     history_path = os.path.join(model_dir, METRICS_FILE)
+    if chief:  # rows logged past the checkpoint resumed from come again: each step once
+        keep_history_until(history_path, step)
     last, last_eval, last_saved = None, None, step
     start_step = step
     timed_steps, timed_seconds = 0, 0.0  # throughput leaves out the first call (tracing)
@@ -361,6 +376,7 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
                 )
 
     if chief:
+        model.fresh_heads = ()  # pretraining trains every head: masked-LM, next-sentence and the pooler
         write_model_files(model, model_dir, vocab_file, do_lower_case, weights=True)
         write_loss_plot(history_path, os.path.join(model_dir, LOSS_PLOT))
     result = {k: last[k] for k in ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
@@ -403,6 +419,18 @@ def _corrupt_records(files, error, last_saved: int) -> KbertError:
         f"{where} (a record's checksum fails); make the file again (kbert create-data) or copy it "
         f"again, then run again; {kept}"
     )
+
+
+def _copied_in_scope(initial, config):
+    """A `BertPretrainer` built in the current strategy scope (its variables mirrored where the
+    strategy mirrors them) holding `initial`'s weights."""
+    with unfilled():  # every weight is assigned next
+        model = BertPretrainer(config)
+    for target, value in zip(model.weights, initial.weights, strict=True):
+        target.assign(value)
+    # `initial` stays referenced by the caller: a converter's vocab.txt (one made from an HF
+    # tokenizer.json) lives as long as the model it was made for.
+    return model
 
 
 def _check_options(opts: PretrainOptions):

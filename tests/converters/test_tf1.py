@@ -52,7 +52,9 @@ def test_round_trip_is_bit_for_bit(tiny_model_dir, tmp_path):
     for name, value in ORIGINAL.items():
         assert back[name].dtype == value.dtype and back[name].shape == value.shape
         assert np.array_equal(back[name], value), name
-    assert json.load(open(tmp_path / "back" / "bert_config.json")) == json.load(open(f"{TINY}/bert_config.json"))
+    # The original keys as they were, and the casing, which the original's BertConfig.from_dict takes as an extra key.
+    original = json.load(open(f"{TINY}/bert_config.json"))
+    assert json.load(open(tmp_path / "back" / "bert_config.json")) == dict(original, do_lower_case=True)
     assert open(tmp_path / "back" / "vocab.txt").read() == open(f"{TINY}/vocab.txt").read()
 
 
@@ -99,8 +101,14 @@ def test_encoder_only_checkpoint_gets_fresh_heads(tmp_path):
     assert json.loads(result.stdout)["fresh_heads"] == ["masked_lm", "next_sentence"]
     assert "no masked_lm head" in result.stderr and "freshly initialised" in result.stderr
     assert json.loads(run_kbert("convert", "inspect", folder).stdout)["heads"] == {
-        "masked_lm": False,
-        "next_sentence": False,
+        "masked_lm": "absent",
+        "next_sentence": "absent",
+        "pooler": "trained",
+    }
+    assert json.loads(run_kbert("convert", "inspect", tmp_path / "out").stdout)["heads"] == {
+        "masked_lm": "fresh",
+        "next_sentence": "fresh",
+        "pooler": "trained",
     }
 
 
@@ -185,9 +193,28 @@ def test_missing_config_or_vocab(tmp_path, tiny_copy):
 
 def test_truncated_checkpoint(tmp_path, tiny_copy):
     data = tiny_copy / "bert_model.ckpt.data-00000-of-00001"
+    size = data.stat().st_size
     data.write_bytes(data.read_bytes()[:1000])
-    assert_user_error(run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False), "truncated")
+    # One line with the file's real sizes: what is there, and what the index says should be.
+    assert_user_error(
+        run_kbert("convert", "from-tf1", tiny_copy, tmp_path / "out", check=False),
+        f"the data file holds 1,000 bytes of the {size:,} the index lists: truncated",
+    )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_variable_is_named_as_missing_not_as_another_layer_count(tmp_path):
+    tensors = {n: v for n, v in ORIGINAL.items() if n != "bert/encoder/layer_1/attention/self/key/bias"}
+    result = run_kbert("convert", "from-tf1", _checkpoint_dir(tmp_path, tensors), tmp_path / "out", check=False)
+    assert_user_error(result, "1 weight missing from the checkpoint (bert/encoder/layer_1/attention/self/key/bias)")
+    assert "layers" not in result.stderr
+    # A variable of a layer the checkpoint has, not in the table, is unknown, not a sign of more layers.
+    tensors = dict(ORIGINAL, **{"bert/encoder/layer_0/attention/self/extra": np.zeros(3, "float32")})
+    result = run_kbert(
+        "convert", "from-tf1", _checkpoint_dir(tmp_path, tensors, "extra"), tmp_path / "out", check=False
+    )
+    assert_user_error(result, "1 unknown variable", "is this a BERT checkpoint?")
+    assert "more layers" not in result.stderr
 
 
 def test_garbage_checkpoint(tmp_path, tiny_copy):
@@ -237,6 +264,7 @@ def test_save_encoder_only_checkpoint(tmp_path, tiny_model_dir):
 
 def test_inspect_model_dir(tiny_model_dir):
     info = json.loads(run_kbert("convert", "inspect", tiny_model_dir).stdout)
-    assert info["parameters"] == 99374 and info["heads"] == {"masked_lm": True, "next_sentence": True}
+    assert info["parameters"] == 99374
+    assert info["heads"] == {"masked_lm": "trained", "next_sentence": "trained", "pooler": "trained"}
     info = json.loads(run_kbert("convert", "inspect", TINY).stdout)
     assert info["parameters"] == 99374 and info["layers_in_checkpoint"] == 2 and info["optimizer_slots"] == 0

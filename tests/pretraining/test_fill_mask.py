@@ -18,3 +18,34 @@ def test_top_k_over_the_whole_vocabulary_names_every_id(tiny_model_dir):
     assert {lines.index(t) for t in ("4", "a", "i")} <= {p["id"] for p in predictions}
     probabilities = [p["probability"] for p in predictions]
     assert probabilities == sorted(probabilities, reverse=True) and abs(sum(probabilities) - 1) < 1e-3
+
+
+def test_a_fresh_masked_lm_head_is_refused_until_pretrained(tmp_path):
+    """A TF Hub encoder has no masked-LM head: fill-mask refuses its random one, and after
+    `kbert pretrain --init` (which trains it) the head is recorded as trained and answers."""
+    import subprocess
+    import sys
+
+    from conftest import FIXTURES, assert_user_error
+
+    hub = os.path.join(FIXTURES, "model-garden-tfhub")
+    run_kbert("convert", "from-tfhub", f"{hub}/encoder", tmp_path / "enc", "--preprocessor", f"{hub}/preprocessor")
+    result = run_kbert("fill-mask", tmp_path / "enc", "the [MASK].", check=False)
+    assert_user_error(result, "masked-LM head was created by a converter", "kbert pretrain", "--init")
+
+    records = tmp_path / "records.tfrecord"
+    made = subprocess.run(
+        [sys.executable, "-m", "bert.create_pretraining_data", f"--input_file={os.path.dirname(TINY)}/sample_text.txt",
+         f"--output_file={records}", f"--vocab_file={hub}/vocab.txt", "--do_lower_case=True", "--max_seq_length=32",
+         "--max_predictions_per_seq=5", "--dupe_factor=1", "--random_seed=7"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    run_kbert(
+        "pretrain", "--model-dir", tmp_path / "bert", "--data", records, "--init", tmp_path / "enc",
+        "--max-seq-length", "32", "--max-predictions-per-seq", "5", "--batch-size", "8", "--steps", "2",
+    )  # fmt: skip
+    assert "fresh_heads" not in json.load(open(tmp_path / "bert" / "bert_config.json"))
+    heads = json.loads(run_kbert("convert", "inspect", tmp_path / "bert").stdout)["heads"]
+    assert heads == {"masked_lm": "trained", "next_sentence": "trained", "pooler": "trained"}
+    assert json.loads(run_kbert("fill-mask", tmp_path / "bert", "the [MASK].").stdout)["masks"]
