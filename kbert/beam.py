@@ -18,10 +18,13 @@ import os
 import re
 import shlex
 import shutil
+import signal
+import threading
 import uuid
 
 from kbert import files
-from kbert.errors import KbertError, first_line
+from kbert.errors import Interrupted, KbertError, first_line
+from kbert.outputs import is_url  # re-exported: the Beam pipelines import it from here
 
 
 def _debug() -> bool:
@@ -95,11 +98,6 @@ RUNNERS = (
 )
 # Beam knows the others by name; the DaskRunner only by its module path.
 _RUNNER_PATHS = {"DaskRunner": "apache_beam.runners.dask.dask_runner.DaskRunner"}
-
-
-def is_url(path) -> bool:
-    """A path of one of Beam's remote file systems (gs://, s3://, hdfs://), not of this machine."""
-    return "://" in os.fspath(path)
 
 
 def open_file(path):
@@ -236,21 +234,61 @@ def one_task_per_element(options: PipelineOptions, runner: str, elements: int):
         dask.npartitions = max(1, elements)
 
 
+class _StopSignals:
+    """SIGINT and SIGTERM while a job runs: each raises in the main thread, as on the local path
+    (KeyboardInterrupt, exit 130; `Interrupted`, exit 143), and is remembered, since a runner
+    may catch what a signal raises and run on, or fail the job with its own error: `check`
+    raises it again once the runner is back."""
+
+    def __init__(self, runner: str):
+        self.received, self._previous, self.runner = None, {}, runner
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self._previous[number] = signal.getsignal(number)
+                signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
+        return False
+
+    def _handle(self, number, frame):
+        self.received = self.received or number
+        self.check()
+
+    def check(self):
+        if self.received == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.received is not None:
+            raise Interrupted(
+                f"the {self.runner} job stopped by SIGTERM; its partial outputs were removed, nothing was written",
+                exit_code=128 + self.received,
+            )
+
+
 def run(pipeline, runner: str):
     """Run `pipeline` to its end; a failed job becomes one line (its first). Beam's own log is
     shown only with KBERT_DEBUG=1 (`kbert --debug`)."""
     result = None
+    signals = _StopSignals(runner)
     try:
-        with _quiet_logging(), _quiet_stderr():
+        with signals, _quiet_logging(), _quiet_stderr():
             result = pipeline.run()
             result.wait_until_finish()
+        signals.check()  # a runner that swallowed the signal's exception and ran on
     except KbertError:
         raise
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted) as e:
         with contextlib.suppress(Exception):  # a job on a cluster (Dask's) would go on without us
             result is not None and result.cancel()
-        raise
+        signals.check()
+        raise e from None
     except Exception as e:  # the runner's own failure (a worker's error, a cluster refusing the job)
+        signals.check()  # a signal that reached the workers too, which failed the job
         lines = [line for line in str(e).splitlines() if line.strip() and not line.startswith(" ")]
         # A worker's error arrives as its whole traceback: its last line says what went wrong.
         cause = lines[-1] if lines and lines[0].startswith("Traceback") else first_line(e)

@@ -7,7 +7,7 @@ import os
 import shutil
 import uuid
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, user_path
 
 
 def require_path(path, what: str, fix: str):
@@ -192,6 +192,62 @@ def atomic_output_dir(path, overwrite: bool = False):
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, path)
+
+
+def check_free_space(path, needed: int, what: str):
+    """Raise a one-line `KbertError` if the file system that `path` is (or will be) on has fewer
+    than `needed` bytes free for this user.
+
+    >>> check_free_space(".", 1, "a note")
+    >>> check_free_space(".", 1 << 62, "a huge file")
+    Traceback (most recent call last):
+    kbert.errors.KbertError: ...: no space left on device for a huge file (it needs at least 4,194,304 TiB, ... free); free some space there (or choose a path on another disk), then run again
+    """
+    folder = os.path.abspath(os.fspath(path))
+    while not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    status = os.statvfs(folder)
+    free = status.f_bavail * status.f_frsize
+    if free < needed:
+        raise KbertError(
+            f"{user_path(folder)}: no space left on device for {what} (it needs at least {_size(needed)}, {_size(free)} "
+            f"free); free some space there (or choose a path on another disk), then run again"
+        )
+
+
+def _size(n: int) -> str:
+    """'1.5 MiB', in the largest unit under which `n` is at least 1."""
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:,} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.0f} TiB"
+
+
+# HDF5 keeps a header and an index for each variable beside its values; this is less than it takes.
+H5_BYTES_PER_VARIABLE = 1024
+
+
+def save_weights(model, path):
+    """`model.save_weights(path)`, once the disk is known to hold at least the values.
+
+    h5py (HDF5) does not fail cleanly when a disk fills while it writes: it prints errors it
+    cannot raise, then crashes the process as it closes the file. So the least the file takes
+    (every value, plus HDF5's own bookkeeping) is checked against the free space first.
+    """
+    check_free_space(path, weights_file_bytes(model), os.path.basename(os.fspath(path)).removeprefix(".tmp-"))
+    model.save_weights(path)
+
+
+def weights_file_bytes(model) -> int:
+    """The least a Keras weights file of `model` takes: its values and HDF5's bookkeeping."""
+    import numpy as np
+
+    needed = H5_BYTES_PER_VARIABLE * len(model.weights)
+    for variable in model.weights:
+        dtype = str(getattr(variable.dtype, "name", variable.dtype))
+        needed += int(np.prod(variable.shape)) * (2 if dtype == "bfloat16" else np.dtype(dtype).itemsize)
+    return needed
 
 
 def count_lines(path: str) -> int:

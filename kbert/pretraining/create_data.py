@@ -23,6 +23,7 @@ are those of the original, which drops invalid bytes.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import time
 
@@ -315,7 +316,8 @@ def _create_pretraining_data(
         # The partial output goes first: stopping the pool can hang (a worker stopped while
         # the queue feeding it is full), and then only the frame's deadline ends the process.
         for writer in writers:
-            writer.close()
+            with contextlib.suppress(OSError):  # a full disk fails the buffer's flush again
+                writer.close()
         for temp in temps:
             if os.path.exists(temp):
                 os.remove(temp)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
 
 import tensorflow as tf
@@ -32,6 +33,11 @@ def find_files(pattern: str, flag: str = "--data") -> list[str]:
     """The record files a --data glob names (comma-separated globs allowed), sorted."""
     files = sorted({f for part in pattern.split(",") if part for f in glob.glob(part)})
     files = [f for f in files if os.path.isfile(f)]
+    empty = [f for f in files if os.path.getsize(f) == 0]
+    if empty and len(empty) < len(files):  # skipped, as create_pretraining_data.py skips empty input
+        for path in empty:
+            logging.getLogger("kbert").warning(f"{flag} {path}: the file is empty; skipped")
+        files = [f for f in files if f not in empty]
     if not files:
         raise KbertError(
             f"{flag} {pattern!r} matches no files; make records with `kbert create-data` "
@@ -40,11 +46,20 @@ def find_files(pattern: str, flag: str = "--data") -> list[str]:
     return files
 
 
-def check_records(files, max_seq_length: int, max_predictions_per_seq: int, flag: str = "--data"):
+# Records of each file whose token ids check_records compares with the vocabulary: enough to
+# catch records made with another vocab.txt, which shows in the first records already.
+CHECKED_RECORDS = 256
+
+
+def check_records(
+    files, max_seq_length: int, max_predictions_per_seq: int, flag: str = "--data", vocab_size: int | None = None
+):
     """Walk every file's record framing to its end (`kbert.records.check_records_file`: the
     headers only), then read the first record of each: a cut-short, corrupt or wrongly sized
     file is named here, before anything is written, rather than failing deep inside tf.data
-    after the run has started."""
+    after the run has started. With `vocab_size`, the token ids of each file's first
+    CHECKED_RECORDS records must lie in the vocabulary (made with another vocab.txt, they
+    would fail in a gather mid-run on a CPU, and read zeros unnoticed on a GPU)."""
     for path in files:
         check_records_file(path, flag)
         try:
@@ -78,6 +93,30 @@ def check_records(files, max_seq_length: int, max_predictions_per_seq: int, flag
                 f"{pred}, but the flags say {max_seq_length} and {max_predictions_per_seq}; "
                 f"pass --max-seq-length {seq} --max-predictions-per-seq {pred}"
             )
+        if vocab_size is not None:
+            _check_token_ids(path, vocab_size)
+
+
+def _check_token_ids(path: str, vocab_size: int):
+    """Raise a one-line `KbertError` naming the record and id if a token id of the first
+    CHECKED_RECORDS records of `path` is outside [0, vocab_size)."""
+    spec = {key: tf.io.VarLenFeature(tf.int64) for key in ("input_ids", "masked_lm_ids")}
+    records = tf.data.TFRecordDataset(path).take(CHECKED_RECORDS)
+    try:
+        batches = list(records.batch(CHECKED_RECORDS).map(lambda r: tf.io.parse_example(r, spec)))
+    except tf.errors.OpError:
+        return  # a record whose checksum fails: the run names it where it meets it (train._corrupt_records)
+    for record in batches:
+        for key, ids in record.items():
+            bad = tf.where((ids.values < 0) | (ids.values >= vocab_size))
+            if bad.shape[0]:
+                index = int(bad[0][0])
+                row, value = int(ids.indices[index][0]), int(ids.values[index])
+                raise KbertError(
+                    f"{path}: record {row + 1} holds token id {value} ({key}), outside the model's "
+                    f"vocabulary of {vocab_size:,} (ids 0 to {vocab_size - 1:,}); the records were made "
+                    f"with another vocab.txt: make them again with the model's (kbert create-data --vocab)"
+                )
 
 
 def find_corrupt_record(files) -> str | None:

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 
-from kbert.errors import Interrupted, KbertError, op_error_text
+from kbert.errors import Interrupted, KbertError, op_error_text, os_error_parts
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -90,9 +90,23 @@ def random_state_variables(model) -> list:
 
 def checkpoint_write_failed(step: int, previous_step: int | None, error: BaseException) -> KbertError:
     """The one line for a checkpoint that could not be written (disk full, permission denied):
-    TensorFlow records a checkpoint as complete last, so the previous one is still the latest."""
-    previous = f"step {previous_step}" if previous_step is not None else "none yet"
+    TensorFlow records a checkpoint as complete last, so the previous one is still the latest.
+
+    `previous_step`: the step of the last checkpoint saved, None (or 0) if none was.
+
+    >>> print(checkpoint_write_failed(8, 4, OSError(28, "No space left on device", "run/checkpoints/ckpt-8_temp/x")))
+    writing the checkpoint for step 8 failed: run/checkpoints: no space left on device; the previous checkpoint (step 4) is intact: free some space there (or choose a path on another disk), then --resume
+    >>> print(checkpoint_write_failed(2, None, RuntimeError("disk on fire")))
+    writing the checkpoint for step 2 failed (disk on fire); no checkpoint was saved: fix the cause, then run again
+    """
+    parts = os_error_parts(error)
+    what = f": {parts[0]}: {parts[1]}" if parts else f" ({op_error_text(error)})"
+    fix = parts[2].replace(", then run again", "") if parts else "fix the cause"
+    if previous_step:
+        return KbertError(
+            f"writing the checkpoint for step {step} failed{what}; the previous checkpoint (step {previous_step}) "
+            f"is intact: {fix}, then --resume"
+        )
     return KbertError(
-        f"writing the checkpoint for step {step} failed ({op_error_text(error)}); the previous "
-        f"checkpoint ({previous}) is intact: fix the cause, then --resume"
+        f"writing the checkpoint for step {step} failed{what}; no checkpoint was saved: {fix}, then run again"
     )

@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
+from kbert.files import atomic_write_text
+
 
 class Progress:
     """A rich progress bar (steps, seq/s, loss, ETA) on stderr; plain log lines when stderr is
@@ -83,6 +85,34 @@ class Progress:
         if self._progress is not None:
             self._progress.__exit__(*exc)
         return False
+
+
+def keep_history_until(history_path: str, step: int) -> int:
+    r"""Drop the rows of a metrics.jsonl past `step`, and a last row cut short (a kill mid-write):
+    a run resumed from its checkpoint at `step` logs the later steps again, so that each step is
+    in the file once. Returns how many rows were dropped.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "metrics.jsonl")
+    >>> _ = open(path, "w").write('{"step": 5}\n{"step": 5, "split": "eval"}\n{"step": 6}\n{"step": 7')
+    >>> keep_history_until(path, 5), open(path).read()
+    (2, '{"step": 5}\n{"step": 5, "split": "eval"}\n')
+    """
+    if not os.path.isfile(history_path):
+        return 0
+    with open(history_path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    kept = []
+    for line in lines[:-1]:  # what follows the last newline is a row cut short, or nothing
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            pass  # not a row kbert wrote whole
+    dropped = len(lines) - 1 - len(kept) + (1 if lines[-1] else 0)
+    if dropped:
+        atomic_write_text(history_path, "".join(kept))
+    return dropped
 
 
 def write_loss_plot(history_path: str, png_path: str):

@@ -112,14 +112,26 @@ def test_interrupted_carries_the_signals_exit_status():
 
 @pytest.mark.parametrize(
     "previous, said",
-    [(4, "the previous checkpoint (step 4) is intact"), (None, "the previous checkpoint (none yet) is intact")],
+    [
+        (4, "the previous checkpoint (step 4) is intact: fix the cause, then --resume"),
+        (None, "no checkpoint was saved: fix the cause, then run again"),
+        (0, "no checkpoint was saved: fix the cause, then run again"),  # a new run, before its first
+    ],
 )
 def test_a_failed_checkpoint_write_says_what_is_left(previous, said):
     error = checkpoint_write_failed(8, previous, OSError(28, "No space left on device"))
     assert isinstance(error, KbertError)
-    assert str(error) == (
-        f"writing the checkpoint for step 8 failed ([Errno 28] No space left on device); {said}: "
-        f"fix the cause, then --resume"
+    assert str(error) == f"writing the checkpoint for step 8 failed ([Errno 28] No space left on device); {said}"
+
+
+def test_a_failed_checkpoint_write_names_the_folder_and_the_cause():
+    # TensorFlow's own words for a full disk under SaveV2, naming its temporary shard.
+    error = RuntimeError(
+        "run/checkpoints/ckpt-8_temp/part-00000-of-00001.data-00000-of-00001.tempstate7; No space left on device"
+    )
+    assert str(checkpoint_write_failed(8, 4, error)) == (
+        "writing the checkpoint for step 8 failed: run/checkpoints: no space left on device; the previous "
+        "checkpoint (step 4) is intact: free some space there (or choose a path on another disk), then --resume"
     )
 
 
