@@ -13,6 +13,7 @@ fraction of a second in-process.
 """
 
 import inspect
+import json
 import os
 import shutil
 import subprocess
@@ -120,6 +121,10 @@ def tree(root: Path):
     (root / "notes").mkdir()  # a folder, but of no model
     (root / "notes" / "notes.txt").write_text("not a model\n")
     truncated_sources(root)
+    # A model directory whose bert_config.json names its fresh heads wrongly (a string, not a list).
+    shutil.copytree(root / "kbert", root / "bad-fresh-heads")
+    config = json.loads((root / "kbert" / "bert_config.json").read_text())
+    (root / "bad-fresh-heads" / "bert_config.json").write_text(json.dumps(dict(config, fresh_heads="masked_lm")))
     import tensorflow as tf
 
     with tf.io.TFRecordWriter(str(root / "data.tfrecord")) as writer:
@@ -222,6 +227,8 @@ def bad_values(name, callback):
                 yield f"{parameter}-broken-keras-file", parameter, "T/broken.keras"
                 yield f"{parameter}-a-folder-of-no-model", parameter, "T/notes"
                 accepted = declared.accepts or TRUNCATED_SOURCES
+                if "kbert" in accepted:
+                    yield f"{parameter}-bad-fresh-heads", parameter, "T/bad-fresh-heads"
                 for kind in TRUNCATED_SOURCES:
                     if kind in accepted:
                         yield f"{parameter}-truncated-{kind}", parameter, truncated_path(kind)
