@@ -9,6 +9,7 @@ import typer
 
 from kbert.cli.common import bytes_progress, print_result
 from kbert.cli.frame import DIR, MODEL, TEXT, TEXT_FILES, command
+from kbert.sources import ACCEPTED
 
 # Not imported from kbert.extend: `kbert extend --help` would pay for TensorFlow.
 DEFAULT_MIN_COUNT = 5
@@ -18,7 +19,7 @@ DEFAULT_MIN_COUNT = 5
 def extend(
     model_dir: Path = typer.Argument(
         ...,
-        help="A kbert model directory (encoder, pretrained or fine-tuned), a .keras file, or a google-research checkpoint.",
+        help=f"The model (encoder, pretrained or fine-tuned): {ACCEPTED}.",
     ),
     out: Path = typer.Argument(..., help="The kbert model directory to write: the same kind of model, grown."),
     max_position_embeddings: int | None = typer.Option(

@@ -9,11 +9,12 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.cli.frame import MODEL, command
+from kbert.sources import ACCEPTED
 
 
 @command(inputs={"model_dir": MODEL})
 def fill_mask_command(
-    model_dir: Path = typer.Argument(..., help="A kbert model directory with the MLM head (pretrained or converted)."),
+    model_dir: Path = typer.Argument(..., help=f"A model with a trained MLM head: {ACCEPTED}."),
     text: str = typer.Argument(..., help='Text with one or more [MASK], e.g. "the capital of france is [MASK]."'),
     top_k: int = typer.Option(5, min=1, help="Predictions per mask."),
 ):

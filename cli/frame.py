@@ -205,8 +205,9 @@ def check_input(path: str, declared: Input, flag: str):
     """Raise a one-line `KbertError` naming `flag` unless `path` exists and is of the kind `declared` says."""
     if declared.kind == "model":
         try:
-            if source_kind(path) == "run" and "run" not in (declared.accepts or ()):
-                import_tensorflow_quietly()  # the run's last checkpoint, named in the message, is TensorFlow's to find
+            with contextlib.suppress(KbertError):  # check_source says what is wrong with the path
+                if source_kind(path) == "run" and "run" not in (declared.accepts or ()):
+                    import_tensorflow_quietly()  # the run's last checkpoint, named in the message, is TensorFlow's to find
             check_source(path, declared.accepts)
         except KbertError as e:
             raise KbertError(f"{flag} {e}") from None

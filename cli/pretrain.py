@@ -10,6 +10,7 @@ import typer
 from kbert.cli.common import print_result
 from kbert.cli.frame import JSON, MODEL, RECORDS, TEXT, Output, command
 from kbert.pretraining.options import PretrainOptions
+from kbert.sources import ACCEPTED
 
 # Each flag's default is the PretrainOptions field's: one place says what `kbert pretrain` does by default.
 DEFAULTS = PretrainOptions()
@@ -37,7 +38,9 @@ def pretrain_command(
     ),
     vocab: Path | None = typer.Option(None, "--vocab", help="vocab.txt, to start from scratch (with --config)."),
     init: Path | None = typer.Option(
-        None, "--init", help="Start from this kbert model directory (e.g. a converted checkpoint)."
+        None,
+        "--init",
+        help=f"Continue pretraining from this model, e.g. Google's uncased_L-12_H-768_A-12/: {ACCEPTED}.",
     ),
     max_seq_length: int = typer.Option(
         DEFAULTS.max_seq_length, min=5, help="Must match the records (phase 2: --init + 512)."

@@ -20,7 +20,8 @@ import kbert
 from conftest import TINY, assert_user_error, kbert_command, run_kbert
 from helpers import sentiment_rows, write_tsv
 from kbert.errors import KbertError
-from kbert.model_dir import describe_source, lower_case_for, open_model
+from kbert.model_dir import lower_case_for
+from kbert.sources import describe_source, open_model
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 

@@ -1,0 +1,275 @@
+"""Model sources: every kind of model a kbert command reads, told apart and opened in one place.
+
+`source_kind(path)` names what a path holds from its file names alone (nothing is read, no
+TensorFlow): the command-line frame checks every model argument with it before any work, and
+`kbert convert` and `kbert convert inspect` dispatch on it. `open_model(source)` opens any kind
+as a kbert model with its weights and vocabulary, converting on the fly where the source is not
+kbert's own; `describe_source(source)` gives its config, vocabulary and casing.
+
+The kinds, by their names in `KINDS`:
+- "kbert": a kbert model directory (bert_config.json, vocab.txt, model.weights.h5);
+- "keras": a `.keras` file of a kbert model (`model.save`);
+- "tf1": a google-research checkpoint, its folder or a prefix such as DIR/model.ckpt-20000;
+- "hf": a Hugging Face BERT folder (config.json + model.safetensors), or its .safetensors file;
+- "tfhub": a TF Hub BERT encoder SavedModel (Model Garden's, or `kbert export --format tfhub`'s encoder/);
+- "keras_hub": a keras-hub BertBackbone preset folder (`save_to_preset`).
+A folder of an unfinished `kbert pretrain` or `kbert finetune` run is "run": no model yet, and
+opening it says how to finish the run.
+
+Example:
+>>> source_kind("tests/fixtures/tf1-tiny"), source_kind("tests/fixtures/hf-tiny/model.safetensors")
+('tf1', 'hf')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+from kbert.errors import KbertError
+from kbert.outputs import is_url
+
+# The converters and kbert.model_dir are imported where they are used: they import TensorFlow
+# (keras-hub's converter adds a second more), which checking a path must not wait for.
+
+log = logging.getLogger("kbert")
+
+KINDS = {
+    "kbert": "a kbert model directory",
+    "keras": "a .keras file",
+    "tf1": "a google-research checkpoint",
+    "hf": "a Hugging Face model",
+    "tfhub": "a TF Hub encoder SavedModel",
+    "keras_hub": "a keras-hub preset",
+}
+ACCEPTED = (
+    "a kbert model directory, a .keras file, a google-research checkpoint (folder or prefix), a Hugging Face "
+    "folder or model.safetensors, a TF Hub encoder SavedModel or a keras-hub preset folder"
+)
+# The command that converts each kind that is not kbert's own.
+CONVERT_COMMANDS = {
+    "tf1": "kbert convert from-tf1",
+    "hf": "kbert convert from-hf",
+    "tfhub": "kbert convert from-tfhub",
+    "keras_hub": "kbert convert from-keras-hub",
+}
+
+# The file names that tell the kinds apart (kbert.model_dir's, kbert.converters.hf's and keras-hub's;
+# written out here because importing those modules loads TensorFlow).
+_KBERT_CONFIG = "bert_config.json"  # kbert model directories and google-research checkpoints
+_KBERT_WEIGHTS = "model.weights.h5"  # kbert model directories and keras-hub presets
+_JSON_CONFIG = "config.json"  # Hugging Face models and keras-hub presets
+_HF_WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "tf_model.h5",
+    "flax_model.msgpack",
+)
+_PICKLES = (".bin", ".pt", ".pth", ".pkl")
+_SAVED_MODEL = "saved_model.pb"
+# What an unfinished run leaves instead of model.weights.h5: pretrain's checkpoints/, finetune's state.json.
+_RUN_MARKS = ("checkpoints", "state.json")
+
+
+def source_kind(path) -> str:
+    """Which kind of model source `path` is: a key of `KINDS`, or "run" for the folder of an
+    unfinished training run. Decided from file names only; what the files hold is checked when
+    the source is opened.
+
+    Raises a one-line `KbertError` for a path that is none of them: missing, an empty folder, a
+    file or folder of something else, a folder with a config but no weights.
+
+    Example:
+    >>> source_kind("tests/fixtures/model-garden-tfhub/encoder")
+    'tfhub'
+    >>> source_kind("tests/fixtures")
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: tests/fixtures: not a model (no bert_config.json, config.json, model.weights.h5, model.safetensors, saved_model.pb or checkpoint *.index here); pass a kbert model directory, a .keras file, a google-research checkpoint (folder or prefix), a Hugging Face folder or model.safetensors, a TF Hub encoder SavedModel or a keras-hub preset folder
+    """
+    path = os.fspath(path)
+    if is_url(path):
+        raise KbertError(f"{path}: kbert reads models from this machine's files; copy the model here and pass its path")
+    if os.path.isfile(path + ".index"):  # a checkpoint prefix names no file of its own
+        return "tf1"
+    if os.path.isfile(path):
+        return _file_kind(path)
+    if not os.path.isdir(path):
+        raise KbertError(f"{path}: no such model directory, file or checkpoint; check the path")
+    names = set(os.listdir(path))
+    if not names:
+        raise KbertError(f"{path}: the directory is empty; pass {ACCEPTED}")
+    if _KBERT_WEIGHTS in names:
+        # keras-hub's save_to_preset writes config.json beside its model.weights.h5; kbert writes bert_config.json.
+        return "keras_hub" if _JSON_CONFIG in names and _KBERT_CONFIG not in names else "kbert"
+    if _SAVED_MODEL in names:
+        return "tfhub"
+    if names & set(_HF_WEIGHTS):
+        return "hf"  # its converter says what is missing (config.json) or refused (a pickle)
+    if any(name.endswith(".index") for name in names):
+        return "tf1"
+    if _KBERT_CONFIG in names and names & set(_RUN_MARKS):
+        return "run"
+    if _KBERT_CONFIG in names:
+        raise KbertError(
+            f"{path}: {_KBERT_CONFIG} but no weights ({_KBERT_WEIGHTS}, or a checkpoint's *.index): the model "
+            f"directory is incomplete; convert or train it again"
+        )
+    if "state.json" in names:
+        return "run"
+    raise KbertError(
+        f"{path}: not a model (no {_KBERT_CONFIG}, {_JSON_CONFIG}, {_KBERT_WEIGHTS}, model.safetensors, "
+        f"{_SAVED_MODEL} or checkpoint *.index here); pass {ACCEPTED}"
+    )
+
+
+def _file_kind(path: str) -> str:
+    if path.endswith(".keras"):
+        return "keras"
+    if path.endswith((".safetensors", ".safetensors.index.json")):
+        return "hf"
+    if path.endswith(".index") and os.path.isfile(path):
+        return "tf1"  # DIR/bert_model.ckpt.index: the prefix, as find_checkpoint takes it
+    if path.endswith(_PICKLES):
+        return "hf"  # a Hugging Face model's pickle: its converter refuses it, saying how to save safetensors
+    return _refuse_file(path)
+
+
+def _refuse_file(path: str):
+    folder = os.path.dirname(path) or "."
+    if os.path.basename(path) in (_KBERT_CONFIG, _KBERT_WEIGHTS, _JSON_CONFIG, _SAVED_MODEL, "vocab.txt"):
+        raise KbertError(f"{path}: is a file of a model; pass the folder that holds it ({folder})")
+    raise KbertError(f"{path}: is a file, not a model; pass {ACCEPTED}")
+
+
+def check_source(path, accepts=None) -> str:
+    """`source_kind(path)`, refusing a kind not in `accepts` (default: every kind but "run") and
+    an unfinished run, each in one line that says what to pass instead.
+
+    Example:
+    >>> check_source("tests/fixtures/tf1-tiny", accepts=("hf",))
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: tests/fixtures/tf1-tiny: a google-research checkpoint, not a Hugging Face model; use kbert convert from-tf1
+    """
+    accepts = tuple(accepts or KINDS)
+    wanted = " or ".join(KINDS[k] for k in accepts if k in KINDS)
+    path = os.fspath(path)
+    if len(accepts) == 1 and not is_url(path) and not os.path.exists(path) and not os.path.exists(path + ".index"):
+        raise KbertError(f"{path}: no such file or folder; pass {wanted}")
+    kind = source_kind(path)
+    if kind in accepts:
+        return kind
+    if kind == "run":
+        refuse_run(path)
+    fix = (
+        f"use {CONVERT_COMMANDS[kind]}" if kind in CONVERT_COMMANDS else "it is kbert's already: pass it to any command"
+    )
+    raise KbertError(f"{path}: {KINDS[kind]}, not {wanted}; {fix}")
+
+
+def refuse_run(path):
+    """Raise the one line for an unfinished run's folder: where it stopped and how to finish it."""
+    from kbert.model_dir import check_not_interrupted
+
+    check_not_interrupted(path)  # raises, naming the checkpoint or the unfinished fine-tuning
+    raise KbertError(
+        f"{os.fspath(path)}: a training run that stopped before writing its model (no model.weights.h5); "
+        f"continue it with --resume, or pass a finished model"
+    )
+
+
+@dataclasses.dataclass
+class SourceInfo:
+    """What a model source says about itself.
+
+    `model` is the opened model where the config could only be read by opening it (a .keras file, a
+    converted source): it keeps alive the vocabulary file a converter may have written for it.
+    """
+
+    config: object
+    vocab_file: str
+    do_lower_case: bool
+    model: object = None
+
+
+def describe_source(source) -> SourceInfo:
+    """Config, vocabulary and casing of any model source; a kbert model directory and a
+    google-research checkpoint are read without loading their weights.
+
+    Example:
+    >>> describe_source("tests/fixtures/tf1-tiny").do_lower_case
+    True
+    """
+    from kbert.config import BertConfig
+    from kbert.files import require_path
+    from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, lower_case_for
+
+    source = os.fspath(source)
+    kind = check_source(source)
+    if kind == "kbert":
+        config = BertConfig.from_json_file(os.path.join(source, CONFIG_FILE))
+        vocab = os.path.join(source, VOCAB_FILE)
+        require_path(vocab, "vocab file", "the model directory needs its vocab.txt")
+        return SourceInfo(config, vocab, lower_case_for(source, config.extras.get("do_lower_case", True)))
+    if kind == "tf1":
+        from kbert.converters.tf1 import find_checkpoint
+
+        checkpoint = find_checkpoint(source)
+        return SourceInfo(
+            BertConfig.from_json_file(checkpoint.config_file), checkpoint.vocab_file, lower_case_for(checkpoint.prefix)
+        )
+    model = open_model(source)
+    return SourceInfo(model.config, model.vocab_file, model.do_lower_case, model)
+
+
+def open_model(source, do_lower_case: bool | None = None):
+    """The model at `source`, of any kind `source_kind` names, with its weights and its
+    `vocabulary` (vocab.txt and casing) for building its tokenizer.
+
+    A kbert model directory or .keras file is loaded (`kbert.load`); any other kind is converted
+    in memory by its converter, into a pretrainer whose `fresh_heads` name the heads the source
+    lacked. Where a source records no casing, `kbert.model_dir.lower_case_for` decides from its
+    folder name, and the log says so. `do_lower_case` overrides the casing in every case.
+
+    Example:
+    >>> model = open_model("cased_L-12_H-768_A-12/")  # doctest: +SKIP
+    >>> model.do_lower_case  # doctest: +SKIP
+    False
+    """
+    source = os.fspath(source)
+    kind = check_source(source)
+    if kind in ("kbert", "keras"):
+        from kbert.model_dir import load
+
+        model = load(source)
+        return model if do_lower_case is None else with_casing(model, do_lower_case)
+    log.debug("%s: %s, converted in memory", source, KINDS[kind])
+    if kind == "tf1":
+        from kbert.converters.tf1 import load_tf1_checkpoint
+
+        return load_tf1_checkpoint(source, do_lower_case=do_lower_case)
+    if kind == "hf":
+        from kbert.converters.hf import load_hf_model
+
+        return load_hf_model(source, do_lower_case=do_lower_case)
+    if kind == "tfhub":
+        from kbert.converters.tfhub import load_tfhub_encoder
+
+        return load_tfhub_encoder(source, do_lower_case=do_lower_case)
+    from kbert.converters.keras_hub import load_keras_hub_preset
+
+    return load_keras_hub_preset(source, do_lower_case=do_lower_case)
+
+
+def with_casing(model, do_lower_case: bool):
+    """`model`, its vocabulary (and its encoder's) declaring `do_lower_case`."""
+    from kbert.model import bert
+
+    vocabulary = bert.Vocabulary(model.vocab_file, bool(do_lower_case))
+    for part in {id(m): m for m in (model, bert.encoder_of(model)) if m is not None}.values():
+        part.vocabulary = vocabulary
+    return model
