@@ -219,8 +219,12 @@ def describe_source(source) -> SourceInfo:
         from kbert.converters.tf1 import find_checkpoint
 
         checkpoint = find_checkpoint(source)
+        config = BertConfig.from_json_file(checkpoint.config_file)
+        recorded = config.extras.get("do_lower_case")  # what kbert's to-tf1 writes there; released ones lack it
         return SourceInfo(
-            BertConfig.from_json_file(checkpoint.config_file), checkpoint.vocab_file, lower_case_for(checkpoint.prefix)
+            config,
+            checkpoint.vocab_file,
+            lower_case_for(checkpoint.prefix, recorded if isinstance(recorded, bool) else None),
         )
     model = open_model(source)
     return SourceInfo(model.config, model.vocab_file, model.do_lower_case, model)
