@@ -114,6 +114,11 @@ def test_pretraining_whose_model_file_does_not_fit_keeps_its_checkpoint(small_di
     assert result.returncode == 1
     left = everything(disk / "run")
     assert "checkpoints/ckpt-2.index" in left and not [p for p in left if "tmp" in p or "weights" in p], left
+    # Space freed, --resume writes what the trained run lacked, without training again.
+    subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+    resumed = pretrain(disk / "run", records / "tiny.tfrecord", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["step"] == 2 and "model.weights.h5" in everything(disk / "run")
 
 
 # --- permissions ---

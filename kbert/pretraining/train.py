@@ -35,6 +35,7 @@ from kbert.model_dir import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
     VOCAB_FILE,
+    WEIGHTS_FILE,
     check_vocab,
     write_model_files,
 )
@@ -260,6 +261,9 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
         step = int(optimizer.iterations.numpy())
         log.info("resumed from step %d", step)
     if step >= opts.steps:
+        if chief and not os.path.exists(os.path.join(model_dir, WEIGHTS_FILE)):
+            # Trained to the end, then the model files failed (a full disk): write them now.
+            return _finish_trained_run(model, model_dir, vocab_file, do_lower_case, step, return_model)
         raise KbertError(
             f"the run in {model_dir} is already at step {step} of --steps {opts.steps}; raise --steps to train further"
         )
@@ -396,6 +400,24 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
         mixed_precision=keras.mixed_precision.global_policy().name,
         jit=jit,
     )
+    return (result, model) if return_model else result
+
+
+def _finish_trained_run(model, model_dir, vocab_file, do_lower_case, step, return_model):
+    """Write the model files of a run whose last checkpoint is its last step but whose model
+    directory was never completed; the result is the metrics it logged at that step."""
+    model.fresh_heads = ()
+    write_model_files(model, model_dir, vocab_file, do_lower_case, weights=True)
+    history_path = os.path.join(model_dir, METRICS_FILE)
+    write_loss_plot(history_path, os.path.join(model_dir, LOSS_PLOT))
+    logged = {}
+    with contextlib.suppress(OSError):
+        with open(history_path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        logged = next((row for row in reversed(rows) if row.get("step") == step and "split" not in row), {})
+    log.info("%s: trained to step %d; wrote the model files it lacked", model_dir, step)
+    keys = ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "learning_rate")
+    result = {"step": step, **{k: logged[k] for k in keys if k in logged}, "model_dir": model_dir, "resumed_from": step}
     return (result, model) if return_model else result
 
 
