@@ -27,7 +27,7 @@ from kbert.config import BertConfig
 from kbert.converters.loading import Converted
 from kbert.converters.named import named_arrays, pretrainer_from_named
 from kbert.converters.names import KERAS_HUB_CLASSIFIER_HEAD
-from kbert.errors import KbertError, first_line, listing
+from kbert.errors import KbertError, first_line, listing, option
 from kbert.files import atomic_output_dir, check_free_space, weights_file_bytes
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary, encoder_of
 from kbert.model_dir import check_vocab, fresh_heads_of, lower_case_for
@@ -345,7 +345,11 @@ def convert_keras_hub_preset(src, do_lower_case: bool | None = None) -> Converte
         do_lower_case = tokenizer.get("config", {}).get("lowercase")
         if not isinstance(do_lower_case, bool):
             do_lower_case = lower_case_for(src)
-            log.info("do_lower_case=%s, from the folder name; pass --lowercase/--no-lowercase to set it", do_lower_case)
+            log.info(
+                "do_lower_case=%s, from the folder name; pass %s to set it",
+                do_lower_case,
+                option("do_lower_case", flag="--lowercase/--no-lowercase", command="convert from-keras-hub"),
+            )
     model, fresh_heads = pretrainer_from_named(
         config, arrays, "keras_hub", src, Vocabulary(vocab_file, bool(do_lower_case))
     )
