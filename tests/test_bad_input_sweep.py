@@ -132,6 +132,9 @@ def tree(root: Path):
             writer.write(tf.train.Example().SerializeToString() + bytes(40 * i))
     data = (root / "data.tfrecord").read_bytes()
     (root / "truncated.tfrecord").write_bytes(data[: len(data) - 7])
+    # Real records whose ids come from the 30,522-word vocabulary: not the tiny model's.
+    run_kbert("create-data", "--input", root / "text.txt", "--vocab", root / "vocab.txt", "--output",
+              root / "uncased.tfrecord", "--dupe-factor", "1")  # fmt: skip
     (root / "read-only").mkdir()
     (root / "read-only").chmod(0o555)
 
@@ -279,6 +282,11 @@ WHOLE_CASES = [
     ("pretrain", "init-empty-dir", f"{_PRETRAIN_INIT} T/empty-dir"),
     ("pretrain", "init-a-folder-of-no-model", f"{_PRETRAIN_INIT} T/notes"),
     *[("pretrain", f"init-truncated-{kind}", f"{_PRETRAIN_INIT} {truncated_path(kind)}") for kind in TRUNCATED_SOURCES],
+    (
+        "pretrain",
+        "data-of-another-vocabulary",
+        "pretrain --model-dir T/out/run --data T/uncased.tfrecord --config T/model/bert_config.json --vocab T/model/vocab.txt",
+    ),
     ("extend", "no-growth-option", "extend T/model T/out/extended"),
     ("extend", "positions-the-model's", "extend T/model T/out/extended --max-position-embeddings 64"),
     ("extend", "positions-below-the-model's", "extend T/model T/out/extended --max-position-embeddings 32"),
