@@ -27,7 +27,8 @@ FORMATS = "auto, csv, tsv, jsonl, or a GLUE layout: mrpc, cola, sst2, stsb, mnli
 )
 def finetune(
     model_dir: Path = typer.Argument(
-        ..., help="A kbert model directory (converted or pretrained), or a google-research checkpoint directory."
+        ...,
+        help="The pretrained model: any source kbert reads (a kbert model directory, .keras file, google-research checkpoint, Hugging Face folder, TF Hub SavedModel or keras-hub preset).",
     ),
     task: str = typer.Option(..., "--task", help="classify | regress | tag | squad | choice."),
     train: Path = typer.Option(
@@ -137,7 +138,7 @@ def finetune(
 def predict(
     model_dir: Path | None = typer.Argument(
         None,
-        help="A fine-tuned model directory, or an encoder/pretrained one or a google-research checkpoint (features). Leave out with --server.",
+        help="A fine-tuned model (directory or .keras file), or any encoder or pretrained model source kbert reads, for its features. Leave out with --server.",
     ),
     input: Path = typer.Option(
         ...,

@@ -74,10 +74,10 @@ _SAVED_MODEL = "saved_model.pb"
 _RUN_MARKS = ("checkpoints", "state.json")
 
 
-def source_kind(path) -> str:
+def source_kind(path, wanted: str = ACCEPTED) -> str:
     """Which kind of model source `path` is: a key of `KINDS`, or "run" for the folder of an
     unfinished training run. Decided from file names only; what the files hold is checked when
-    the source is opened.
+    the source is opened. `wanted`: what the caller takes, in words, for the messages.
 
     Raises a one-line `KbertError` for a path that is none of them: missing, an empty folder, a
     file or folder of something else, a folder with a config but no weights.
@@ -101,7 +101,7 @@ def source_kind(path) -> str:
         raise KbertError(f"{path}: no such model directory, file or checkpoint; check the path")
     names = set(os.listdir(path))
     if not names:
-        raise KbertError(f"{path}: the directory is empty; pass {ACCEPTED}")
+        raise KbertError(f"{path}: the directory is empty; pass {wanted}")
     if _KBERT_WEIGHTS in names:
         # keras-hub's save_to_preset writes config.json beside its model.weights.h5; kbert writes bert_config.json.
         return "keras_hub" if _JSON_CONFIG in names and _KBERT_CONFIG not in names else "kbert"
@@ -120,9 +120,14 @@ def source_kind(path) -> str:
         )
     if "state.json" in names:
         return "run"
+    if _JSON_CONFIG in names:
+        raise KbertError(
+            f"{path}: {_JSON_CONFIG} but no weights (model.safetensors for a Hugging Face model, "
+            f"{_KBERT_WEIGHTS} for a keras-hub preset): the folder is incomplete; copy or save the model again"
+        )
     raise KbertError(
         f"{path}: not a model (no {_KBERT_CONFIG}, {_JSON_CONFIG}, {_KBERT_WEIGHTS}, model.safetensors, "
-        f"{_SAVED_MODEL} or checkpoint *.index here); pass {ACCEPTED}"
+        f"{_SAVED_MODEL} or checkpoint *.index here); pass {wanted}"
     )
 
 
@@ -160,7 +165,7 @@ def check_source(path, accepts=None) -> str:
     path = os.fspath(path)
     if len(accepts) == 1 and not is_url(path) and not os.path.exists(path) and not os.path.exists(path + ".index"):
         raise KbertError(f"{path}: no such file or folder; pass {wanted}")
-    kind = source_kind(path)
+    kind = source_kind(path, wanted if accepts != tuple(KINDS) else ACCEPTED)
     if kind in accepts:
         return kind
     if kind == "run":

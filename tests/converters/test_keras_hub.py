@@ -167,10 +167,14 @@ def test_bad_input_one_line_and_nothing_written(tiny, tmp_path):
     (tmp_path / "gpt2" / "assets" / "tokenizer" / "vocabulary.txt").write_text("a\n")
     (tmp_path / "gpt2" / "tokenizer.json").write_text("{}")
     fails("from-keras-hub", tmp_path / "gpt2", fragment="GPT2Backbone")
-    fails("from-keras-hub", tmp_path / "nowhere", fragment="no such directory")
+    fails("from-keras-hub", tmp_path / "nowhere", fragment="no such file or folder; pass a keras-hub preset")
     os.makedirs(tmp_path / "half")
     (tmp_path / "half" / "config.json").write_text((base / "preset" / "config.json").read_text())
-    fails("from-keras-hub", tmp_path / "half", fragment="model.weights.h5 is missing")
+    fails(
+        "from-keras-hub",
+        tmp_path / "half",
+        fragment="config.json but no weights (model.safetensors for a Hugging Face model, model.weights.h5 for a keras-hub preset)",
+    )
     fails("to-keras-hub", tmp_path / "nowhere", fragment="nowhere")
     result = run_kbert("convert", "to-keras-hub", base / "tiny", base / "preset", check=False)  # exists
     assert_user_error(result, "--overwrite")

@@ -196,7 +196,11 @@ def _keras_hub_backbone():
 
 
 def test_keras_hub_paths_and_shapes_are_its_bert_backbones():
-    weights = {w.path: tuple(w.shape) for w in _keras_hub_backbone().weights}
+    import keras_hub
+
+    # The backbone's weights, and the masked-LM head's of a BertMaskedLM task (its tied embedding aside).
+    masked_lm = keras_hub.models.BertMaskedLM(_keras_hub_backbone(), preprocessor=None)
+    weights = {w.path: tuple(w.shape) for w in masked_lm.weights}
     mapping = names_to_kbert_paths("keras_hub", LAYERS)
     assert set(mapping) == set(weights)
     kbert_to_tf1 = {path: name for name, path in tf1_to_kbert_paths(LAYERS).items()}

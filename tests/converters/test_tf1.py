@@ -176,7 +176,7 @@ def test_vocab_length_must_match(tmp_path, tiny_copy):
 def test_missing_path(tmp_path):
     assert_user_error(
         run_kbert("convert", "from-tf1", tmp_path / "nope", tmp_path / "out", check=False),
-        "no such model directory or checkpoint",
+        "no such file or folder; pass a google-research checkpoint",
     )
     assert_user_error(
         run_kbert("convert", "to-tf1", tmp_path / "nope", tmp_path / "out", check=False), "no such model directory"

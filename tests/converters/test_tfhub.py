@@ -113,9 +113,9 @@ def test_bad_input_one_line_and_nothing_written(tmp_path):
         assert not os.path.exists(tmp_path / "out")
         return result
 
-    assert_user_error(fails(tmp_path / "nowhere"), "no such directory")
+    assert_user_error(fails(tmp_path / "nowhere"), "no such file or folder; pass a TF Hub encoder SavedModel")
     os.makedirs(tmp_path / "empty")
-    assert_user_error(fails(tmp_path / "empty"), "no saved_model.pb")
+    assert_user_error(fails(tmp_path / "empty"), "the directory is empty; pass a TF Hub encoder SavedModel")
     # A SavedModel that is not a BERT encoder: a preprocessor, and some other model.
     assert_user_error(fails(os.path.join(MG, "preprocessor")), "not a BERT encoder")
     other = _saved_module(tmp_path / "other", dense_kernel=np.ones((3, 3), "float32"))
