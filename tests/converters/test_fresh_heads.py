@@ -276,3 +276,25 @@ def test_casing_survives_to_tf1_and_back(tiny_model_dir, tmp_path):
     assert report["do_lower_case"] is True and report["do_lower_case_from"].startswith("default")
     report = json.loads(run_kbert("convert", "from-tf1", folder, tmp_path / "e", "--lowercase").stdout)
     assert report["do_lower_case"] is True and report["do_lower_case_from"] == "--lowercase/--no-lowercase"
+
+
+def test_fine_tuning_trains_the_pooler_only_where_its_head_reads_it(fresh_dir, tmp_path):
+    from helpers import write_conll
+    from kbert.finetuning.train import finetune
+
+    base = tmp_path / "base"  # the converted encoder, its pooler recorded as fresh as well
+    shutil.copytree(fresh_dir, base)
+    config = json.loads((base / "bert_config.json").read_text())
+    (base / "bert_config.json").write_text(json.dumps(dict(config, fresh_heads=["pooler"])))
+    train = tmp_path / "train.tsv"
+    train.write_text("text\tlabel\n" + "gold fresh.\tpos\ndead dust.\tneg\n" * 4)
+    conll = write_conll(tmp_path / "train.conll", [(["Paris", "is"], ["B-LOC", "O"]), (["Rome"], ["B-LOC"])] * 4)
+    small = dict(epochs=1, batch_size=4, max_seq_length=16)
+    finetune(base, "classify", train, tmp_path / "classifier", **small)
+    finetune(base, "tag", conll, tmp_path / "tagger", **small)
+    heads = {
+        name: json.loads(run_kbert("convert", "inspect", tmp_path / name).stdout)["heads"]
+        for name in ("classifier", "tagger")
+    }
+    assert heads["classifier"] == {"masked_lm": "absent", "next_sentence": "absent", "pooler": "trained"}
+    assert heads["tagger"] == {"masked_lm": "absent", "next_sentence": "absent", "pooler": "fresh"}

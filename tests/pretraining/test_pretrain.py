@@ -138,7 +138,11 @@ def test_pretrain_then_resume(tmp_path, original_records):
     assert json.load(open(out / "pretrain_run.json"))["options"]["steps"] == 30  # a bare --resume goes on to 30
     assert json.loads(result.stdout)["step"] == 30 and json.loads(result.stdout)["resumed_from"] == 20
     # The result is a model directory the other commands accept.
-    assert json.loads(run_kbert("convert", "inspect", out).stdout)["heads"]["masked_lm"]
+    assert json.loads(run_kbert("convert", "inspect", out).stdout)["heads"] == {
+        "masked_lm": "trained",
+        "next_sentence": "trained",
+        "pooler": "trained",
+    }
     run_kbert("convert", "to-tf1", out, tmp_path / "tf1")
     fill = json.loads(run_kbert("fill-mask", out, "the [MASK] is here.", "--top-k", "3").stdout)
     assert len(fill["masks"]) == 1 and len(fill["masks"][0]["predictions"]) == 3
