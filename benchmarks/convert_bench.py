@@ -3,14 +3,14 @@
 Writes a random checkpoint in the original format (BERT-base: L=12 H=768 A=12 I=3072
 V=30522, with the cls/ heads, ~110M parameters) to a temporary directory, then measures, each
 in a fresh subprocess so that peak RSS belongs to one operation:
-  read    the issue's yardstick: tf.train.load_checkpoint + get_tensor of every variable,
+  read    the yardstick: tf.train.load_checkpoint + get_tensor of every variable,
           each dropped at once (so the same few pages are reused)
   read_keep  the same but keeping every tensor: the floor for any importer, which must end
           up holding all the weights in fresh memory (page faults cost ~0.7 s per 420 MiB here)
   import  kbert.converters.load_tf1_checkpoint, then kbert.save to a model directory
   export  kbert.load of that directory, then kbert.converters.save_tf1_checkpoint
 Each child also reports its RSS right after importing TensorFlow + Keras (+ kbert): the
-process baseline, which every peak includes. The issue's targets are printed, not asserted:
+process baseline, which every peak includes. The targets are printed, not asserted:
 import <= 2x read time, peak RSS <= 2.5x the checkpoint's size.
 
 Run from the repository root:
@@ -31,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = os.path.join(ROOT, "tests", "fixtures", "vocab-uncased.txt")
@@ -181,6 +183,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="small model (L=2, H=128), seconds")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     if args.child:
         op, *rest = args.child
@@ -263,7 +266,7 @@ def main():
             "(--quick: the checkpoint is small, so model building and the ~0.5 GiB TF baseline "
             "dominate these ratios; only the full size tests the targets)"
         )
-    print(json.dumps(report, indent=2))
+    record.emit(report, "convert-quick" if args.quick else "convert", args.output, indent=2)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+import record
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = os.path.join(ROOT, "tests", "fixtures", "vocab-uncased.txt")
 BIN = os.path.dirname(sys.executable)
@@ -112,6 +114,7 @@ def main():
         help="split the corpus into this many files of whole documents, given to every command",
     )
     parser.add_argument("--keep", help="write outputs and logs to this directory and keep them")
+    parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     if not os.path.isfile(args.corpus):
         sys.exit(f"{args.corpus}: no such corpus; build it with python scripts/debian_corpus.py {args.corpus}")
@@ -252,36 +255,34 @@ def main():
     for name, result in (("original", original), ("kbert", kbert), ("beam", beam)):
         result["instances"] = stats[name]["instances"]
         result["instances_per_second"] = round(result["instances"] / result["seconds"], 1)
-    print(
-        json.dumps(
-            {
-                "machine": info,
-                "corpus": corpus,
-                "corpus_mib": round(os.path.getsize(corpus) / 2**20, 2),
-                "max_docs": args.max_docs,
-                "files": len(inputs),
-                "dupe_factor": args.dupe_factor,
-                "flags": FLAGS,
-                "original": original,
-                "kbert": kbert,
-                "beam": beam,
-                "speedup_instances_per_second": round(
-                    kbert["instances_per_second"] / original["instances_per_second"], 2
-                ),
-                "beam_speedup_instances_per_second": round(
-                    beam["instances_per_second"] / original["instances_per_second"], 2
-                ),
-                "beam_over_local_seconds": round(beam["seconds"] / kbert["seconds"], 2),
-                "beam_records_equal_local_records": same_records,
-                "statistics": {key: {name: round(stats[name][key], 5) for name in stats} for key in stats["original"]},
-                "note": (
-                    "wall-clock seconds of each whole command, TensorFlow start-up included; kbert's "
-                    "random-next segments come from its chunk, the original's from the whole corpus"
-                    + (f"; only the first {args.max_docs} documents" if args.max_docs else "")
-                ),
-            },
-            indent=2,
-        )
+    record.emit(
+        {
+            "machine": info,
+            "corpus": corpus,
+            "corpus_mib": round(os.path.getsize(corpus) / 2**20, 2),
+            "max_docs": args.max_docs,
+            "files": len(inputs),
+            "dupe_factor": args.dupe_factor,
+            "flags": FLAGS,
+            "original": original,
+            "kbert": kbert,
+            "beam": beam,
+            "speedup_instances_per_second": round(kbert["instances_per_second"] / original["instances_per_second"], 2),
+            "beam_speedup_instances_per_second": round(
+                beam["instances_per_second"] / original["instances_per_second"], 2
+            ),
+            "beam_over_local_seconds": round(beam["seconds"] / kbert["seconds"], 2),
+            "beam_records_equal_local_records": same_records,
+            "statistics": {key: {name: round(stats[name][key], 5) for name in stats} for key in stats["original"]},
+            "note": (
+                "wall-clock seconds of each whole command, TensorFlow start-up included; kbert's "
+                "random-next segments come from its chunk, the original's from the whole corpus"
+                + (f"; only the first {args.max_docs} documents" if args.max_docs else "")
+            ),
+        },
+        "create-data",
+        args.output,
+        indent=2,
     )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

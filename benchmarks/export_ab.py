@@ -18,6 +18,7 @@ import sys
 import time
 
 import numpy as np
+import record
 from tf_serving_session import session_call
 
 
@@ -53,6 +54,7 @@ def main():
     parser.add_argument("--requests", type=int, default=150)
     parser.add_argument("--batch", type=int, default=1, help="texts per request")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory and load-time children")
+    parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     if args.texts:
         with open(args.texts, encoding="utf-8") as f:
@@ -90,7 +92,7 @@ def main():
             report[path].update(json.loads(child.stdout.strip().splitlines()[-1]))
     a, b = (report[p]["p50_ms"] for p in args.exports)
     report["b_p50_over_a_p50"] = round(b / a, 3)
-    print(json.dumps(report, indent=1))
+    record.emit(report, "export-ab", args.output)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import sys
 import time
 
 import numpy as np
+import record
 
 L, H, A, I, V, SEQ, BATCH, CLASSES = 4, 256, 4, 1024, 30522, 128, 32, 2
 
@@ -110,6 +111,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--quick", action="store_true", help="10 steps, float32 and bfloat16 only")
+    parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     steps = 10 if args.quick else args.steps
     settings = (
@@ -130,7 +132,7 @@ def main():
         "best": {k: {"setting": n, "examples_per_second": round(s, 2)} for k, (s, n) in best.items()},
         "speedup_vs_keras_hub_best": round(best["kbert"][0] / best["keras_hub"][0], 2),
     }
-    print(json.dumps(report, indent=2))
+    record.emit(report, "finetune-quick" if args.quick else "finetune", args.output, indent=2)
 
 
 if __name__ == "__main__":

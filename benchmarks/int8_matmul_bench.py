@@ -35,6 +35,7 @@ import sys
 import time
 
 import numpy as np
+import record
 from serving_bench import cpu_flags  # stdlib only: the parent imports no ML library
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -253,6 +254,7 @@ def main():
     parser.add_argument("--model", choices=list(MODELS), default="minilm")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 88, 256])
     parser.add_argument("--runs", type=int, default=100, help="timed runs of the 10 layers")
+    parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     per_call = {}
     for kind in ("tf", "onnxruntime", "torch"):
@@ -295,7 +297,8 @@ def main():
         "best_int8_peer_time_over_kbert_int8": ratios,
         "onednn_int8_implementations": implementations(verbose),
     }
-    print(json.dumps(report, indent=1))
+    onednn = "-onednn" if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "1" else ""
+    record.emit(report, f"int8-matmul-{args.model}{onednn}", args.output)
 
 
 if __name__ == "__main__":

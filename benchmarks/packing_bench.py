@@ -22,11 +22,12 @@ stderr, one JSON object to stdout.
 """
 
 import argparse
-import json
 import os
 import random
 import sys
 import time
+
+import record
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
@@ -107,6 +108,7 @@ def main():
     parser.add_argument("--corpus", help="text file, one line per text (default: the sample text)")
     parser.add_argument("--examples", type=int, default=20_000)
     parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     with open(args.corpus or SAMPLE, encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
@@ -139,7 +141,7 @@ def main():
     identical = np.array_equal(features["input_ids"], anchor_ids) and np.array_equal(labels, anchor_labels)
     report["tagged"] = compared(graph_s, python_s, args.examples, identical)
     log(f"  {report['tagged']}")
-    print(json.dumps(report))
+    record.emit(report, "packing", args.output, indent=None)
 
 
 if __name__ == "__main__":

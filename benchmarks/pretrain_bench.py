@@ -31,6 +31,7 @@ import tempfile
 import time
 
 import numpy as np
+import record
 
 L, H, A, I, V, SEQ, BATCH, PRED = 4, 256, 4, 1024, 30522, 128, 32, 20
 
@@ -167,6 +168,7 @@ def main():
         default=3,
         help="alternating rounds of the two best settings after the first pass (0: none)",
     )
+    parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 0:
         parser.error("--steps must be at least 1 and --rounds at least 0")
@@ -220,7 +222,7 @@ def main():
         "training_gflop_per_sequence": round(flops / 1e9, 3),
         "cpu_matmul_peak_gflops_measured_here": {"fp32_onednn": 200, "bf16_onednn": 475, "xla_cpu": 149},
     }
-    print(json.dumps(report, indent=2))
+    record.emit(report, "pretrain-quick" if args.quick else "pretrain", args.output, indent=2)
 
 
 if __name__ == "__main__":

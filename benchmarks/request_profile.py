@@ -17,6 +17,7 @@ import json
 import time
 
 import numpy as np
+import record
 import tensorflow as tf
 import tf_serving_session
 
@@ -37,6 +38,7 @@ def main():
     parser.add_argument("--requests", type=int, default=100, help="traced batch-1 requests")
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--top", type=int, default=25, help="op types listed")
+    parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     if args.texts:
         with open(args.texts, encoding="utf-8") as f:
@@ -68,24 +70,23 @@ def main():
                 ops[op] += node.all_end_rel_micros
                 op_nodes[op] += 1
     n, total = len(timed), sum(parts.values())
-    print(
-        json.dumps(
-            {
-                "export": args.export,
-                "requests": n,
-                "untraced_p50_ms": round(float(np.median(untraced)) * 1000, 2),
-                "op_ms_per_request": round(total / n / 1000, 2),
-                "parts": {
-                    part: {"ms": round(us / n / 1000, 2), "share": round(us / total, 3), "nodes": part_nodes[part] // n}
-                    for part, us in parts.most_common()
-                },
-                "ops": {
-                    op: {"ms": round(us / n / 1000, 3), "share": round(us / total, 3), "nodes": op_nodes[op] // n}
-                    for op, us in ops.most_common(args.top)
-                },
+    record.emit(
+        {
+            "export": args.export,
+            "requests": n,
+            "untraced_p50_ms": round(float(np.median(untraced)) * 1000, 2),
+            "op_ms_per_request": round(total / n / 1000, 2),
+            "parts": {
+                part: {"ms": round(us / n / 1000, 2), "share": round(us / total, 3), "nodes": part_nodes[part] // n}
+                for part, us in parts.most_common()
             },
-            indent=1,
-        )
+            "ops": {
+                op: {"ms": round(us / n / 1000, 3), "share": round(us / total, 3), "nodes": op_nodes[op] // n}
+                for op, us in ops.most_common(args.top)
+            },
+        },
+        "request-profile",
+        args.output,
     )
 
 

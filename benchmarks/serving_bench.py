@@ -8,8 +8,8 @@ fresh process, one after another (never two at once), text in and its own tokeni
 - kbert: `kbert export` (float32, bfloat16, int8), run the way tensorflow_model_server runs a
   SavedModel: a TF1 session on the `serve` MetaGraph, fed and fetched by the `serving_default`
   signature_def's tensor names (as TF Serving's SavedModelBundle does), raw strings in.
-  "kbert padded" is the export as it was before issue 18: every batch on all 128 positions,
-  Q, K and V as three matmuls, LayerNorm as keras' ops. `--variants` times exports with one transformation undone each.
+  "kbert padded" is the model served as it is, none of kbert.serving.optimize's rewrites: every batch
+  on all 128 positions, Q, K and V as three matmuls, LayerNorm as keras' ops. `--variants` times exports with one transformation undone each.
 - keras-hub: `BertBackbone` behind its own `BertTextClassifierPreprocessor` (tf.text's
   WordPiece, packed to 128), both in one `tf.function`; float32 and the bfloat16 policy.
 - Hugging Face: transformers' `BertModel` on PyTorch under `torch.inference_mode()`, float32
@@ -62,6 +62,7 @@ import tempfile
 import time
 
 import numpy as np
+import record
 
 # The model's size: BERT-base, or (KBERT_BENCH_MODEL=minilm, set by --model) all-MiniLM-L6-v2's
 # 6 layers of 384. Read from the environment so that every child process builds the same model.
@@ -468,9 +469,9 @@ def best_of(measured):
     return best
 
 
-# Issue 18's targets: kbert's speed over the faster of torch and keras-hub, per input and batch size.
+# The leads aimed at: kbert's speed over the faster of torch and keras-hub, per input and batch size.
 TARGETS = {("full", "batch1"): 1.2, ("full", "batch32"): 1.2, ("debian", "batch1"): 1.5, ("debian", "batch32"): 1.2}
-# Issue 27's: kbert int8 at least level with the faster int8 peer (torch, ONNX Runtime).
+# And for int8: kbert int8 at least level with the faster int8 peer (torch, ONNX Runtime).
 INT8_TARGETS = dict.fromkeys(TARGETS, 1.0)
 
 
@@ -584,6 +585,7 @@ def main():
         choices=[v for v in VARIANTS if v],
         help="also time these kbert export variants (each transformation undone alone)",
     )
+    parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     if args.model != MODEL:  # every child reads the size from the environment
         os.environ["KBERT_BENCH_MODEL"] = args.model
@@ -636,7 +638,8 @@ def main():
         "every_round": rounds if args.rounds > 1 else None,
         "summary": ratios(results, machine_peak(peak, peak_after), lengths),
     }
-    print(json.dumps(report, indent=1))
+    onednn = "-onednn" if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "1" else ""
+    record.emit(report, f"serving-{args.model}{onednn}{'-quick' if args.quick else ''}", args.output)
 
 
 if __name__ == "__main__":

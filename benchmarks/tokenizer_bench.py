@@ -23,10 +23,11 @@ JSON object to stdout.
 import argparse
 import array
 import itertools
-import json
 import os
 import sys
 import time
+
+import record
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import absl.flags
@@ -114,6 +115,7 @@ def main():
     parser.add_argument("--corpus", help="text file, one sentence per line (default: sample text repeated)")
     parser.add_argument("--lines", type=int, default=None, help="lines to tokenize (default 200000; quick 5000)")
     parser.add_argument("--quick", action="store_true", help="small run to check the script works")
+    parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     n = args.lines or (5000 if args.quick else 200_000)
     corpus = os.path.abspath(args.corpus or SAMPLE)
@@ -171,18 +173,18 @@ def main():
                 "ratio_vs_original": round(report["tokens_per_second"] / base, 2),
                 "lines_differing_from_original": report["lines_differing_from_original"],
             }
-    print(
-        json.dumps(
-            {
-                "machine": machine_info(),
-                "corpus": corpus,
-                "lines": len(lines),
-                "tokens": results["original"]["tokens"],
-                "note": "one pass each; kbert's per-word cache starts empty and fills during the pass",
-                "tokenizers": results,
-            },
-            indent=2,
-        )
+    record.emit(
+        {
+            "machine": machine_info(),
+            "corpus": corpus,
+            "lines": len(lines),
+            "tokens": results["original"]["tokens"],
+            "note": "one pass each; kbert's per-word cache starts empty and fills during the pass",
+            "tokenizers": results,
+        },
+        "tokenizer-quick" if args.quick else "tokenizer",
+        args.output,
+        indent=2,
     )
 
 

@@ -96,7 +96,7 @@ def assert_paths_agree(results, layer, kernels, tol=1e-6):
         assert np.abs(np.asarray(b)).max() > 0.1, variable.path  # a gradient worth comparing
         # A weight's gradient sums over every position, in another order on each path: float32
         # rounding of that sum reached 1.03e-6 (relative) for a LayerNorm gamma with one of the
-        # dropout masks the suite's order gives (CI, 2026-11-24), so weights get twice `tol`.
+        # dropout masks the suite's order gives (seen in CI), so weights get twice `tol`.
         assert max_difference(a, b) <= 2 * tol, (variable.path, max_difference(a, b))
 
 
