@@ -125,6 +125,11 @@ def data_problems(prefix: str, shapes: dict, dtypes: dict) -> list:
         return [
             f"{plural(wanted - len(shards), 'data file')} of {wanted} missing ({prefix}.data-NNNNN-of-{wanted:05d})"
         ]
+    for shard in shards:  # an unreadable file is a permission to fix, not a checkpoint to fetch again
+        try:
+            open(shard, "rb").close()
+        except OSError as e:
+            raise os_error_or(e, f"{shard}: cannot read it ({e.strerror or e})") from None
     if any(dtypes[n].name == "string" for n in shapes):
         return []  # string tensors have no fixed size; the sum below would not hold
     # The data files are the tensors' bytes back to back, so together they are exactly this long.

@@ -152,13 +152,15 @@ def test_an_unreadable_model_file_is_a_permission_not_damage(tmp_path, tiny_mode
     assert result.returncode == 1 and "damaged" not in result.stderr
 
 
-def test_an_unreadable_checkpoint_is_a_permission_not_damage(tmp_path):
+@pytest.mark.parametrize("command", ["from-tf1", "inspect"])
+def test_an_unreadable_checkpoint_is_a_permission_not_damage(tmp_path, command):
     source = tmp_path / "tf1"
     shutil.copytree(TINY, source)
     (source / "bert_model.ckpt.data-00000-of-00001").chmod(0o000)
-    result = run_without_dac_override("convert", "from-tf1", source, tmp_path / "out")
+    out = [tmp_path / "out"] if command == "from-tf1" else []
+    result = run_without_dac_override("convert", command, source, *out)
     assert_user_error(result, f"{source / 'bert_model.ckpt.data-00000-of-00001'}: permission denied")
-    assert result.returncode == 1 and "damaged" not in result.stderr
+    assert result.returncode == 1 and "damaged" not in result.stderr and result.stdout == ""
     assert not (tmp_path / "out").exists()
 
 
