@@ -38,6 +38,7 @@ import os
 import keras
 import tensorflow as tf
 
+from kbert._compat import auto_trackable
 from kbert.config import sequence_length
 from kbert.errors import KbertError, option
 from kbert.files import atomic_output_dir, count_lines
@@ -77,15 +78,9 @@ def _tf_variables(variables) -> list:
     return [v.value for v in variables]
 
 
-def _trackable():
-    # What Keras' ExportArchive saves too; not tf.train.Checkpoint, which would add a
-    # `save_counter` variable to each object, nor tf.Module, whose `variables` is read-only.
-    return tf.__internal__.tracking.AutoTrackable()
-
-
 def _callable(function):
     """A trackable object that is callable once saved, as TF Hub's sub-objects are."""
-    holder = _trackable()
+    holder = auto_trackable()
     holder.__call__ = function
     return holder
 
@@ -99,7 +94,7 @@ def _encoder_module(
     def call(inputs, training=False):
         return _hub_outputs(encoder, inputs, training)
 
-    root = _trackable()
+    root = auto_trackable()
     root.variables = _tf_variables(encoder.variables)
     root.trainable_variables = _tf_variables(encoder.trainable_variables)
     root.regularization_losses = []  # BERT has none; TF Hub's API asks for the list
@@ -236,6 +231,9 @@ def _left_out(model) -> list:
         ):
             if head in fresh:
                 said.append(f"{what}: a converter created it, so its weights are random")
+        if "masked_lm" in fresh and "next_sentence" not in fresh:
+            # The export carries nsp inside the mlm sub-object (kbert's own addition), so it goes too.
+            said.append("the next-sentence head (nsp): the export carries it only beside the masked-LM head")
     return said
 
 

@@ -298,3 +298,16 @@ def test_fine_tuning_trains_the_pooler_only_where_its_head_reads_it(fresh_dir, t
     }
     assert heads["classifier"] == {"masked_lm": "absent", "next_sentence": "absent", "pooler": "trained"}
     assert heads["tagger"] == {"masked_lm": "absent", "next_sentence": "absent", "pooler": "fresh"}
+
+
+def test_tfhub_export_names_a_trained_next_sentence_head_it_cannot_carry(tiny_model_dir):
+    from kbert.serving.tfhub import _left_out
+
+    model = kbert.load(tiny_model_dir)
+    model.fresh_heads = ("masked_lm",)
+    assert _left_out(model) == [
+        "the masked-LM head (mlm): a converter created it, so its weights are random",
+        "the next-sentence head (nsp): the export carries it only beside the masked-LM head",
+    ]
+    model.fresh_heads = ()
+    assert _left_out(model) == []
