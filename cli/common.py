@@ -10,6 +10,8 @@ import warnings
 
 from typer.core import TyperCommand
 
+from kbert._compat import typer_parameter_type
+
 
 def quiet_tensorflow():
     """Keep TensorFlow's C++ start-up chatter (oneDNN, CUDA probes) off the user's terminal."""
@@ -92,20 +94,21 @@ _PATH_NAMES = {"file": "FILE", "shards": "FILE", "dir": "DIR", "dir-in-place": "
 def value_name(param, callback) -> str:
     """What --help shows for a parameter's value: FILE, DIR, N, NUMBER, TEXT (FILE... for a list)."""
     declared = {**getattr(callback, "inputs", {}), **getattr(callback, "outputs", {})}.get(param.name)
-    annotation = param.type_descriptor.annotation
+    typed = typer_parameter_type(param)
+    annotation = typed.annotation
     if param.metavar:
         name = param.metavar
     elif declared is not None:
         name = "GLOB" if getattr(declared, "globs", False) and annotation is str else _PATH_NAMES[declared.kind]
-    elif param.type_descriptor.is_path:
+    elif typed.is_path:
         name = "PATH"
-    elif annotation is int or param.type_descriptor.is_ranged and "int" in param.type_descriptor.ranged_type_name:
+    elif annotation is int or typed.is_ranged and "int" in typed.ranged_type_name:
         name = "N"
-    elif annotation is float or param.type_descriptor.is_ranged:
+    elif annotation is float or typed.is_ranged:
         name = "NUMBER"
     else:
         name = "TEXT"
-    return name + "..." if param.type_descriptor.is_list and not name.endswith("...") else name
+    return name + "..." if typed.is_list and not name.endswith("...") else name
 
 
 def _argument_name(param) -> str:

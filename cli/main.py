@@ -9,14 +9,12 @@ import sys
 import typer
 from typer import Abort
 
-try:  # typer 0.2x carries its own copy of click; earlier ones use click itself
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError
-except ImportError:  # pragma: no cover
-    from click.exceptions import NoArgsIsHelpError, UsageError
-
+from kbert._compat import command_line_errors
 from kbert.cli import convert, create_data, export, extend, fill_mask, finetune, pretrain, vocab
 from kbert.cli.common import HelpCommand, quiet_tensorflow, setup_logging
 from kbert.errors import Interrupted, KbertError, command_line_names, first_line, os_error_line
+
+NoArgsIsHelpError, UsageError = command_line_errors()
 
 app = typer.Typer(
     name="kbert",

@@ -23,6 +23,7 @@ import threading
 import uuid
 
 from kbert import files
+from kbert._compat import add_beam_options
 from kbert.errors import Interrupted, KbertError, first_line
 from kbert.outputs import is_url  # re-exported: the Beam pipelines import it from here
 
@@ -208,7 +209,7 @@ def pipeline_options(runner: str, flags: str) -> PipelineOptions:
     classes = [PipelineOptions]
     while classes:
         options_class = classes.pop()
-        options_class._add_argparse_args(parser)  # how Beam's own PipelineOptions builds its parser
+        add_beam_options(options_class, parser)  # how Beam's own PipelineOptions builds its parser
         classes += options_class.__subclasses__()
     _, unknown = parser.parse_known_args(args)
     if unknown:

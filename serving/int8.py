@@ -44,9 +44,8 @@ import dataclasses
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import context, execute
-from tensorflow.python.framework import op_def_library, op_def_registry
 
+from kbert._compat import add_op_to_graph, op_registered, run_op_eagerly
 from kbert.errors import KbertError, option
 
 # GELU's smallest value is about -0.16997 (erf form) and -0.17004 (tanh form): a GELU output
@@ -62,7 +61,7 @@ _OP = "_QuantizedMatMul"
 
 def require_int8_matmul():
     """Raise KbertError if this TensorFlow has no oneDNN int8 matmul (a build without oneDNN)."""
-    if op_def_registry.get(_OP) is None:
+    if not op_registered(_OP):
         raise KbertError(
             f"this TensorFlow ({tf.__version__}) has no oneDNN int8 matmul ({_OP}); use an x86 "
             f"TensorFlow wheel, or export with {option('precision', 'float32')} (or bfloat16)"
@@ -226,6 +225,6 @@ def _quantized_matmul(x_q, kernel_q, bias, x_min, x_max, w_min, w_max):
             elif key in ("Tdevice_outputs", "Thost_outputs"):
                 value = [v.as_datatype_enum for v in value]
             flat += [key, value]
-        return execute.execute(_OP, 1, inputs, tuple(flat), context.context())[0]
-    op = op_def_library._apply_op_helper(_OP, device_inputs=[], host_inputs=inputs, name="int8_matmul", **attrs)[2]
+        return run_op_eagerly(_OP, 1, inputs, flat)[0]
+    op = add_op_to_graph(_OP, name="int8_matmul", device_inputs=[], host_inputs=inputs, **attrs)
     return op.outputs[0]

@@ -64,6 +64,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from kbert._compat import reads_replaced
 from kbert.model.bert import encoder_of
 from kbert.model.layers import BertEmbeddings, TransformerLayer
 from kbert.serving.int8 import GELU_FLOOR, Int8Kernel, int8_matmul, require_int8_matmul
@@ -407,20 +408,11 @@ class Int8Dense(keras.layers.Layer):
         return self.dense.compute_output_spec(x)
 
 
-class _WeightsAsConstants(keras.StatelessScope):
+def _weights_as_constants(values):
     """Within it, each read of a Keras weight gives a constant of the graph being traced, made
     on its first read from `values` ({id(weight): numpy array}), so only the weights that the
     traced code reads go into the graph (not, say, Q, K and V beside their fused copy)."""
-
-    def __init__(self, values):
-        super().__init__()
-        self.values = values
-
-    def get_current_value(self, variable):
-        # Keras' Variable.value asks the scope first; the real value would be a variable read.
-        if id(variable) not in self.state_mapping and id(variable) in self.values:
-            self.state_mapping[id(variable)] = tf.constant(self.values[id(variable)])
-        return self.state_mapping.get(id(variable))
+    return reads_replaced(lambda variable: tf.constant(values[id(variable)]) if id(variable) in values else None)
 
 
 class OnLongestText:
@@ -466,7 +458,7 @@ class OnLongestText:
 
     def _weights(self):
         """Where the model's weights come from while it is traced: graph constants or its variables."""
-        return _WeightsAsConstants(self.values) if self.values is not None else contextlib.nullcontext()
+        return _weights_as_constants(self.values) if self.values is not None else contextlib.nullcontext()
 
     def _grouped(self, features):
         mask = features["input_mask"]

@@ -11,11 +11,7 @@ import os
 
 from tensorflow.core.protobuf import saved_model_pb2
 
-# Private, and the one place kbert imports it: TensorFlow has no public API that writes a
-# SavedModel's fingerprint.pb (`tf.saved_model.experimental` only reads one), and none that
-# saves a signature with a method name other than predict. Kept here so that a TensorFlow
-# upgrade that moves it breaks this module alone.
-from tensorflow.python.saved_model import fingerprinting_utils
+from kbert._compat import write_saved_model_fingerprint
 
 
 def set_method_name(saved_model_dir: str, signature: str, method_name: str):
@@ -33,7 +29,7 @@ def set_method_name(saved_model_dir: str, signature: str, method_name: str):
     with open(path, "wb") as f:
         f.write(saved_model.SerializeToString())
     # fingerprint.pb hashes saved_model.pb (its signatures included); write the new one.
-    fingerprinting_utils.write_fingerprint(saved_model_dir)
+    write_saved_model_fingerprint(saved_model_dir)
 
 
 def exported_signatures(path: str) -> dict:

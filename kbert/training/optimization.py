@@ -16,8 +16,9 @@ is gone), and `_clip_gradients` with `_backend_update_step` (BertAdamW), to clip
 variable in one XLA launch; the public `update_step` is one launch per variable, and each launch
 has a fixed cost that BERT-base's some 200 variables multiply (measured in docs/performance.md,
 "What makes kbert's step faster"). BertAdamW also reads
-`_get_variable_index`, as Keras' own optimizers do. So pyproject.toml pins keras to the minor
-version tested, and tests/training/test_optimization.py fails, naming the hook, if Keras changes one.
+`_get_variable_index`, as Keras' own optimizers do. kbert._compat lists these hooks with the
+others kbert relies on; pyproject.toml pins keras to the minor version tested, and
+tests/test_compat.py fails, naming the hook, if Keras changes one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from kbert._compat import optimizer_variable_index
 from kbert.errors import KbertError
 
 NO_DECAY = ("layer_norm", "LayerNorm", "bias")
@@ -122,7 +124,7 @@ class BertAdamW(keras.optimizers.Optimizer):
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if not self._one_launch:
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
-        indices = [self._get_variable_index(v) for v in trainable_variables]
+        indices = [optimizer_variable_index(self, v) for v in trainable_variables]
         new = _clip_and_update_all(
             # Embedding gradients arrive as IndexedSlices; Adam's moments are dense anyway.
             [ops.cast(tf.convert_to_tensor(g), v.dtype) for g, v in zip(grads, trainable_variables)],
@@ -140,7 +142,7 @@ class BertAdamW(keras.optimizers.Optimizer):
             self.assign(variable, w)
 
     def update_step(self, gradient, variable, learning_rate):
-        index = self._get_variable_index(variable)
+        index = optimizer_variable_index(self, variable)
         m, v = self._m[index], self._v[index]
         new_m, new_v, new_w = _update_one(
             ops.cast(tf.convert_to_tensor(gradient), variable.dtype),
