@@ -217,7 +217,10 @@ def _quantized_matmul(x_q, kernel_q, bias, x_min, x_max, w_min, w_max):
         leakyrelu_alpha=0.2,
     )
     if tf.executing_eagerly():
-        # Eagerly every attr is given, the inferred input types too.
+        # Eagerly every attr is given, the inferred input types too. And the weights are not
+        # marked constant: TensorFlow runs every eager call with the same attrs on one cached
+        # kernel, which would keep the first call's weights for every later kernel of that shape.
+        attrs.update(is_weight_const=False, is_bias_const=False)
         flat = ["Tdevice_inputs", [], "Thost_inputs", [t.dtype.as_datatype_enum for t in inputs]]
         for key, value in attrs.items():
             if isinstance(value, tf.DType):

@@ -175,17 +175,19 @@ def test_int8_matmul_runs_eagerly_and_in_a_graph():
     from kbert.serving.int8 import Int8Kernel, int8_matmul
 
     rng = np.random.default_rng(0)
-    x, w = rng.normal(size=(4, 16)).astype("float32"), rng.normal(size=(16, 8)).astype("float32")
-    kernel = Int8Kernel.of(w, np.zeros(8))
-    eager = int8_matmul(tf.constant(x), kernel).numpy()
-    graph = tf.Graph()
-    with graph.as_default():
-        y = int8_matmul(tf.constant(x), kernel)
-        with tf.compat.v1.Session(graph=graph) as session:
-            in_graph = session.run(y)
-    # The int8 product is within quantization error of the float one, and the same both ways.
-    assert np.abs(eager - x @ w).max() < 0.05 * np.abs(x @ w).max()
-    np.testing.assert_array_equal(in_graph, eager)
+    x = rng.normal(size=(4, 24)).astype("float32")
+    # Two kernels of one shape: TensorFlow runs eager calls with the same attrs on one cached kernel.
+    for w in (rng.normal(size=(24, 12)).astype("float32"), rng.normal(size=(24, 12)).astype("float32")):
+        kernel = Int8Kernel.of(w, np.zeros(12))
+        eager = int8_matmul(tf.constant(x), kernel).numpy()
+        graph = tf.Graph()
+        with graph.as_default():
+            y = int8_matmul(tf.constant(x), kernel)
+            with tf.compat.v1.Session(graph=graph) as session:
+                in_graph = session.run(y)
+        # The int8 product is within quantization error of the float one, and the same both ways.
+        assert np.abs(eager - x @ w).max() < 0.05 * np.abs(x @ w).max(), "eagerly, another kernel's weights"
+        np.testing.assert_allclose(in_graph, eager, rtol=1e-5, atol=1e-5 * np.abs(eager).max())
 
 
 # === TensorFlow: SavedModel internals ===
