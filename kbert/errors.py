@@ -39,6 +39,19 @@ def command_line_names(flags):
         _command_flags = before
 
 
+def on_command_line() -> bool:
+    """Whether the `kbert` command is running, not Python code that called kbert: for the words
+    around an option (`run the same command with --resume`, `call it again with resume=True`).
+
+    >>> on_command_line()
+    False
+    >>> with command_line_names({"--resume"}):
+    ...     on_command_line()
+    True
+    """
+    return _command_flags is not None
+
+
 _NO_VALUE = object()
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kbert.errors import KbertError, listing
+from kbert.errors import KbertError, listing, on_command_line, option
 from kbert.files import require_path
 from kbert.finetuning import readers
 from kbert.finetuning.options import FinetuneOptions, resolve_options
@@ -77,8 +77,8 @@ def served_task(signatures: dict) -> str | None:
     if "pooled_output" in outputs:
         return None
     raise KbertError(
-        f"the served model's serving_default has outputs {listing(outputs) or 'none'}; kbert "
-        f"predict --server reads what kbert export writes (the tasks "
+        f"the served model's serving_default has outputs {listing(outputs) or 'none'}; {_served_reader()} "
+        f"reads what kbert export writes (the tasks "
         f"{', '.join(SERVED_TASKS)} and encoders): use Client.predict for other models"
     )
 
@@ -142,7 +142,7 @@ def served_rows(
         start: int. The first example to predict.
     """
     if task is not None and task not in SERVED_TASKS:
-        raise KbertError(f"kbert predict --server reads the tasks {', '.join(SERVED_TASKS)} and encoders, not {task!r}")
+        raise KbertError(f"{_served_reader()} reads the tasks {', '.join(SERVED_TASKS)} and encoders, not {task!r}")
     if task is None:
         examples = readers.read_feature_texts(path, format=options.format, skip_bad_rows=options.skip_bad_rows)
         readers.report_skipped(path, examples)
@@ -184,7 +184,7 @@ def predict_served(
     check_start(start)
     # The file's layout depends on the served model's task, which the server tells; a missing or
     # empty file is wrong whatever the task, so say so (at the call) before asking a server that may be down.
-    require_path(input_path, "input file", "pass --input with the file to predict on")
+    require_path(input_path, "input file", f"pass {option('input_path', flag='--input')} with the file to predict on")
     if os.path.getsize(input_path) == 0:
         raise KbertError(f"{input_path}: the file is empty; pass a file with one example per row")
     return _predict_served(client, input_path, opts, start)
@@ -194,3 +194,8 @@ def _predict_served(client, input_path, opts, start) -> Iterator[dict]:
     # A generator: the server is first asked at the first row, as the file is read.
     signatures = client.metadata()
     yield from served_rows(served_task(signatures), client, signatures, input_path, options=opts, start=start)
+
+
+def _served_reader() -> str:
+    """What reads a served model's answers: the command the user ran, or the function called."""
+    return "kbert predict --server" if on_command_line() else "predict_served"

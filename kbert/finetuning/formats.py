@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 
 TEXT_FORMATS = ("csv", "tsv", "jsonl", "mrpc", "cola", "sst2", "stsb", "mnli", "qnli", "qqp", "rte")
 TEXT_NAMES = ("text", "text_a")  # generic files: the column or key of the (first) text
@@ -57,7 +57,7 @@ def header_columns(path: str, format: str, header: list[str], conll: bool = Fals
     if found[0] is None:
         if conll:
             raise KbertError(
-                f"{path}: looks like CoNLL (a word and its tag per line), which --task tag reads; "
+                f"{path}: looks like CoNLL (a word and its tag per line), which {_task('tag')} reads; "
                 f"classify and regress read one text per row under a header naming the columns: "
                 f"{accepted}"
             )
@@ -134,6 +134,11 @@ def refuse_text_rows(path: str, text: str):
             why = f"its first column holds texts of several words ({several[0][:40]!r}, ...)"
     if why:
         raise KbertError(
-            f"{path}: {why}: a file of one text per row, which --task classify or regress reads; "
-            f"--task tag reads {CONLL_FORMAT}"
+            f"{path}: {why}: a file of one text per row, which {_task('classify')} or regress reads; "
+            f"{_task('tag')} reads {CONLL_FORMAT}"
         )
+
+
+def _task(name: str) -> str:
+    # `kbert finetune --task`; predict and evaluate read the task the model recorded.
+    return option("task", name, command="finetune")

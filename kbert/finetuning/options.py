@@ -6,7 +6,7 @@ import dataclasses
 import math
 import numbers
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 
 STRATEGIES = ("auto", "cpu", "gpu", "mirrored")
 # --long-text: what classify, regress and tag do with a text longer than the window.
@@ -20,7 +20,7 @@ class FinetuneOptions:
     and decoding ones (batch_size, max_seq_length, format, skip_bad_rows, the squad fields).
 
     Every number is checked when the options are made (and again by `dataclasses.replace`):
-    a value out of range is a one-line `KbertError` naming the flag.
+    a value out of range is a one-line `KbertError` naming the field (the flag, on the command line).
 
     Example:
     >>> FinetuneOptions(epochs=2).learning_rate
@@ -28,7 +28,7 @@ class FinetuneOptions:
     >>> FinetuneOptions(batch_size=0)
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: --batch-size must be at least 1, got 0
+    kbert.errors.KbertError: batch_size must be at least 1, got 0
     """
 
     epochs: int = 3
@@ -74,17 +74,18 @@ class FinetuneOptions:
         _check_int("seed", self.seed, least=0, most=2**32 - 1)  # numpy's and Keras' seed range
         _check_number("learning_rate", self.learning_rate)
         if not self.learning_rate > 0:
-            raise KbertError(f"{_flag('learning_rate')} must be more than 0, got {self.learning_rate}")
+            raise KbertError(f"{_option('learning_rate')} must be more than 0, got {self.learning_rate}")
         _check_number("warmup_proportion", self.warmup_proportion)
         if not 0.0 <= self.warmup_proportion < 1.0:
-            raise KbertError(f"{_flag('warmup_proportion')} must be in [0, 1), got {self.warmup_proportion}")
+            raise KbertError(f"{_option('warmup_proportion')} must be in [0, 1), got {self.warmup_proportion}")
         _check_number("null_score_diff_threshold", self.null_score_diff_threshold)
         if self.strategy not in STRATEGIES:
             raise KbertError(
-                f"--strategy {self.strategy!r}: fine-tuning runs on {', '.join(STRATEGIES[:-1])} or {STRATEGIES[-1]}"
+                f"{_option('strategy', self.strategy)}: fine-tuning runs on {', '.join(STRATEGIES[:-1])} or "
+                f"{STRATEGIES[-1]}"
             )
         if self.long_text not in LONG_TEXT:
-            raise KbertError(f"--long-text {self.long_text!r}: use truncate (the default) or windows")
+            raise KbertError(f"{_option('long_text', self.long_text)}: use truncate (the default) or windows")
         if self.long_text == "windows" and self.max_seq_length is not None:
             window_stride(self.doc_stride, self.max_seq_length)  # a stride the window cannot take: now
 
@@ -121,38 +122,40 @@ def window_stride(doc_stride: int | None, sequence_length: int) -> int:
     >>> window_stride(126, 128)
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: --doc-stride 126 must be less than the 126 tokens a window holds (--max-seq-length 128 less [CLS] and [SEP]), so that windows overlap; use --doc-stride 63 (the default) or less, or a larger --max-seq-length
+    kbert.errors.KbertError: doc_stride=126 must be less than the 126 tokens a window holds (max_seq_length=128 less [CLS] and [SEP]), so that windows overlap; use doc_stride=63 (the default) or less, or a larger max_seq_length
     """
     room = sequence_length - 2
     if room < 2:
         raise KbertError(
-            f"--long-text windows needs windows of at least 2 tokens; --max-seq-length {sequence_length} "
-            f"leaves {room} beside [CLS] and [SEP]: use --max-seq-length 4 or more"
+            f"{_option('long_text', 'windows')} needs windows of at least 2 tokens; "
+            f"{_option('max_seq_length', sequence_length)} leaves {room} beside [CLS] and [SEP]: use {_option('max_seq_length', 4)} or more"
         )
     if doc_stride is None:
         return room // 2
     if doc_stride >= room:
         raise KbertError(
-            f"--doc-stride {doc_stride} must be less than the {room} tokens a window holds (--max-seq-length "
-            f"{sequence_length} less [CLS] and [SEP]), so that windows overlap; use --doc-stride {room // 2} "
-            f"(the default) or less, or a larger --max-seq-length"
+            f"{_option('doc_stride', doc_stride)} must be less than the {room} tokens a window holds "
+            f"({_option('max_seq_length', sequence_length)} less [CLS] and [SEP]), so that windows overlap; use "
+            f"{_option('doc_stride', room // 2)} (the default) or less, or a larger {_option('max_seq_length')}"
         )
     return int(doc_stride)
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _option(name: str, *value) -> str:
+    # These are `kbert finetune`'s flags: a model's recorded values reach predict, evaluate and
+    # export too, which name the flags they lack with the command that has them.
+    return option(name, *value, command="finetune")
 
 
 def _check_int(name, value, least: int, most: int | None = None):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise KbertError(f"{_flag(name)} must be a whole number, got {value!r}")
+        raise KbertError(f"{_option(name)} must be a whole number, got {value!r}")
     if value < least:
-        raise KbertError(f"{_flag(name)} must be at least {least}, got {value}")
+        raise KbertError(f"{_option(name)} must be at least {least}, got {value}")
     if most is not None and value > most:
-        raise KbertError(f"{_flag(name)} must be at most {most}, got {value}")
+        raise KbertError(f"{_option(name)} must be at most {most}, got {value}")
 
 
 def _check_number(name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise KbertError(f"{_flag(name)} must be a finite number, got {value!r}")
+        raise KbertError(f"{_option(name)} must be a finite number, got {value!r}")

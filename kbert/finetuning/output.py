@@ -26,7 +26,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 
-from kbert.errors import Interrupted, KbertError, os_error_or
+from kbert.errors import Interrupted, KbertError, on_command_line, option, os_error_or
 from kbert.files import PARTIAL_SUFFIX, atomic_write_text
 from kbert.outputs import writes
 
@@ -130,7 +130,7 @@ def skip_rows(rows: Iterable[dict], start: int) -> Iterator[dict]:
     if seen < start:
         raise KbertError(
             f"the output to resume already has {start} rows, but the input has only {seen} "
-            f"examples: it is not this input's output; pass --overwrite to start again"
+            f"examples: it is not this input's output; pass {option('overwrite', True)} to start again"
         )
 
 
@@ -178,16 +178,16 @@ def _record_input(partial: str, source, resume: bool):
             raise os_error_or(
                 e,
                 f"{record} is damaged, so the input of the rows in {partial} is unknown; pass "
-                f"--overwrite to start again",
+                f"{option('overwrite', True)} to start again",
             ) from None
         if recorded and (recorded.get("size"), recorded.get("sha256")) != (identity["size"], identity["sha256"]):
             same_path = recorded.get("path") == identity["path"]
             earlier = "an earlier version of it" if same_path else recorded.get("path")
             raise KbertError(
-                f"--resume: {partial} holds the rows of {earlier} ({recorded.get('size')} bytes), not "
-                f"of --input {os.fspath(source)} ({identity['size']} bytes"
+                f"{option('resume', True)}: {partial} holds the rows of {earlier} ({recorded.get('size')} bytes), "
+                f"not of {option('source', os.fspath(source), flag='--input')} ({identity['size']} bytes"
                 f"{', changed since' if same_path else ''}); resume with the input it started on, or "
-                f"pass --overwrite to start again"
+                f"pass {option('overwrite', True)} to start again"
             )
     atomic_write_text(record, json.dumps(identity) + "\n")
 
@@ -202,19 +202,22 @@ def _remove(path: str):
 def _check_output(path: str, partial: str, resume: bool, overwrite: bool):
     """Refuse what would lose or mix up rows, with the flag that allows it."""
     if os.path.isdir(path):
-        raise KbertError(f"--output {path} is a directory; give the path of the file to write")
+        raise KbertError(f"{option('path', path, flag='--output')} is a directory; give the path of the file to write")
     if os.path.exists(partial) and not resume and not overwrite:
         raise KbertError(
-            f"{partial} holds the rows of an unfinished run; pass --resume to go on from them, "
-            f"or --overwrite to start again"
+            f"{partial} holds the rows of an unfinished run; pass {option('resume', True)} to go on from them, "
+            f"or {option('overwrite', True)} to start again"
         )
     if os.path.exists(path) and not overwrite:
         if resume and not os.path.exists(partial):
-            raise KbertError(f"{path} is complete, with no unfinished run to resume; pass --overwrite to predict again")
+            raise KbertError(
+                f"{path} is complete, with no unfinished run to resume; pass {option('overwrite', True)} to predict "
+                "again"
+            )
         fix = (
-            "pass --overwrite too, to replace it when the run ends"
+            f"pass {option('overwrite', True)} too, to replace it when the run ends"
             if resume
-            else "pass --overwrite to replace it, or choose another --output"
+            else f"pass {option('overwrite', True)} to replace it, or choose another {option('path', flag='--output')}"
         )
         raise KbertError(f"{path} exists; {fix}")
 
@@ -223,9 +226,10 @@ def _lock(fd: int, partial: str):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        output = option("path", flag="--output")
         raise KbertError(
-            f"{partial} is being written by another process (another kbert predict with this "
-            f"--output?); wait for it to end, or choose another --output"
+            f"{partial} is being written by another process (another kbert predict with this {output}?); "
+            f"wait for it to end, or choose another {output}"
         ) from None
 
 
@@ -268,7 +272,7 @@ def _interrupted(stop, partial: str, kept: int, written: int) -> Interrupted:
     if kept + written:
         return Interrupted(
             f"{how}; {partial} keeps the {kept + written} rows written so far ({written} by this run): "
-            f"run the same command with --resume to go on from there",
+            f"{_again()} to go on from there",
             code,
         )
     return Interrupted(f"{how} before the first row; nothing was written", code)
@@ -279,10 +283,16 @@ def _after_failure(partial: str, kept: int, written: int, quiet: bool = False):
     if written:
         if not quiet:
             log.info(
-                "%s keeps the %d rows written so far; run the same command with --resume to go on from there",
+                "%s keeps the %d rows written so far; %s to go on from there",
                 partial,
                 kept + written,
+                _again(),
             )
     elif not kept and os.path.exists(partial):
         os.remove(partial)
         _remove(partial + INPUT_SUFFIX)
+
+
+def _again() -> str:
+    """How a stopped run goes on from its rows: the same command, or the same call, resuming."""
+    return f"{'run the same command' if on_command_line() else 'call it again'} with {option('resume', True)}"

@@ -16,7 +16,7 @@ import keras
 import numpy as np
 
 from kbert.config import sequence_length
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.finetuning import encoding, readers
 from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.tasks import example_lines, get_task, json_floats, predict_outputs, select_examples
@@ -155,11 +155,11 @@ class _Tally:
         yield from rows
         if self.truncated:
             log.warning(
-                "%s: %d of %d examples longer than --max-seq-length %d were truncated",
+                "%s: %d of %d examples longer than %s were truncated",
                 path,
                 self.truncated,
                 self.examples,
-                preprocessor.sequence_length,
+                option("max_seq_length", preprocessor.sequence_length),
             )
         if self.windows:
             counts = np.concatenate(self.windows)
@@ -203,7 +203,7 @@ def stream_rows(examples, answer, batch_size: int, start: int = 0, with_lines: b
     if start > n:
         raise KbertError(
             f"the output to resume already has {start} rows, but the input has only {n} "
-            f"examples: it is not this input's output; pass --overwrite to start again"
+            f"examples: it is not this input's output; pass {option('overwrite', True)} to start again"
         )
     return _stream(examples, answer, batch_size, start, with_lines)
 
@@ -276,7 +276,7 @@ def _feature_answers(model, preprocessor, layers, tally, batch_size):
         n = len(encoder.transformer_layers)
         for index in layers:
             if not -n <= index < n:
-                raise KbertError(f"--layers {index}: the model has {n} layers; use -{n}..{n - 1} (-1 = last)")
+                raise KbertError(f"{option('layers')} {index}: the model has {n} layers; use -{n}..{n - 1} (-1 = last)")
         outputs = [encoder.transformer_layers[i].output for i in layers]
     else:
         outputs = encoder.output["pooled_output"]

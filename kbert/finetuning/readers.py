@@ -49,7 +49,7 @@ import math
 import os
 from collections import Counter
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.finetuning.formats import (
     COLA_LABEL,
     COLA_TEXT,
@@ -527,8 +527,8 @@ class _TextExampleCollector:
         ):
             raise KbertError(
                 f"{self.path}: no label is a number (line {self.bad[0][0]}: {self.bad[0][1]}); "
-                f"--task regress needs a number per row (a score such as 3.8): for class names "
-                f"use --task classify"
+                f"{option('task', 'regress', command='finetune')} needs a number per row (a score such as 3.8): "
+                f"for class names use {option('task', 'classify', command='finetune')}"
             )
         _check_bad_rows(self.path, self.bad, self.skip_bad_rows, len(self.texts))
         labels = self.labels if self.has_label_column else None
@@ -552,8 +552,7 @@ def _check_bad_rows(path, bad, skip_bad_rows, kept):
         first_line, first_why = bad[0]
         raise KbertError(
             f"{path}: bad rows at line{'s' if len(bad) > 1 else ''} {numbers}{more} "
-            f"(line {first_line}: {first_why}); fix them, or pass --skip-bad-rows "
-            "to skip them"
+            f"(line {first_line}: {first_why}); fix them, or pass {option('skip_bad_rows', True)} to skip them"
         )
     if not kept:
         raise KbertError(

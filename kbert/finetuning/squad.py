@@ -26,7 +26,7 @@ import string
 
 import numpy as np
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 
 log = logging.getLogger("kbert")
 
@@ -302,7 +302,8 @@ def squad_features(
     if max_seq_length <= max_query_length + 3:
         raise KbertError(
             f"max_seq_length ({max_seq_length}) must be greater than max_query_length "
-            f"({max_query_length}) + 3; raise --max-seq-length or lower --max-query-length"
+            f"({max_query_length}) + 3; raise {option('max_seq_length', command='finetune')} or lower "
+            f"{option('max_query_length', command='finetune')}"
         )
     if doc_stride < 1:
         raise KbertError(f"doc_stride must be at least 1, not {doc_stride}")

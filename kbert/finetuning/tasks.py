@@ -39,7 +39,7 @@ import keras
 import numpy as np
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.finetuning import encoding, metrics, readers, squad, squad_decoding
 from kbert.finetuning.options import SQUAD_DOC_STRIDE, FinetuneOptions, window_stride
 from kbert.finetuning.windows import document_mean
@@ -160,12 +160,19 @@ def classify_row(labels, probabilities) -> dict:
     }
 
 
-def _refuse_pairs(path, examples):
-    if examples.texts_b is not None:
+def _refuse_pairs(path, examples, training):
+    if examples.texts_b is None:
+        return
+    if training:
         raise KbertError(
-            f"{path} holds sentence pairs (text_b), and --long-text windows reads one text per row: "
-            f"join the two texts into the text column, or use --long-text truncate"
+            f"{path} holds sentence pairs (text_b), and {_option('long_text', 'windows')} reads one text per row: "
+            f"join the two texts into the text column, or use {_option('long_text', 'truncate')}"
         )
+    # A fine-tuned model reads as it was trained to: its windows are no option of predict's.
+    raise KbertError(
+        f"{path} holds sentence pairs (text_b), and this model reads one text per row (it was fine-tuned with "
+        f"{_option('long_text', 'windows')}): join the two texts into the text column"
+    )
 
 
 def log_windows(path, windows, preprocessor, options):
@@ -200,7 +207,7 @@ def _encode_texts(task):
     def encode(examples, *, path, preprocessor, labels, options, require_labels, training):
         windows = None
         if options.long_text == "windows":
-            _refuse_pairs(path, examples)
+            _refuse_pairs(path, examples, training)
             stride = window_stride(options.doc_stride, preprocessor.sequence_length)
             features, windows = encoding.encode_text_windows(preprocessor, examples.texts, stride)
             truncated = 0
@@ -247,7 +254,7 @@ def _refuse_scores(path, labels):
     >>> _refuse_scores("train.tsv", ["3.800", "0.500", "5.000"])
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: train.tsv: the labels are numbers with fractions (3 values from 0.5 to 5, e.g. '3.800'): --task classify would make a class of each value; for a score per example use --task regress, for classes label each row with a name or a whole number
+    kbert.errors.KbertError: train.tsv: the labels are numbers with fractions (3 values from 0.5 to 5, e.g. '3.800'): task='classify' would make a class of each value; for a score per example use task='regress', for classes label each row with a name or a whole number
     """
     values = []
     for label in labels:
@@ -259,9 +266,9 @@ def _refuse_scores(path, labels):
     if fractions:
         raise KbertError(
             f"{path}: the labels are numbers with fractions ({len(set(labels))} values from "
-            f"{min(values):g} to {max(values):g}, e.g. {fractions[0]!r}): --task classify would make a "
-            f"class of each value; for a score per example use --task regress, for classes label each "
-            f"row with a name or a whole number"
+            f"{min(values):g} to {max(values):g}, e.g. {fractions[0]!r}): {_option('task', 'classify')} would make "
+            f"a class of each value; for a score per example use {_option('task', 'regress')}, for classes label "
+            f"each row with a name or a whole number"
         )
 
 
@@ -538,8 +545,13 @@ TASKS = {task.name: task for task in (CLASSIFY, REGRESS, TAG, SQUAD, CHOICE)}
 def get_task(name: str) -> Task:
     """The task called `name`, or a one-line error listing them."""
     if name not in TASKS:
-        raise KbertError(f"unknown --task {name!r}; use one of {', '.join(TASKS)}")
+        raise KbertError(f"unknown {_option('task', name)}; use one of {', '.join(TASKS)}")
     return TASKS[name]
+
+
+def _option(name, value):
+    # `kbert finetune`'s flags: predict, evaluate and export read a model that recorded them.
+    return option(name, value, command="finetune")
 
 
 def best_metric(task: str, scores: dict) -> tuple[str, float]:

@@ -24,7 +24,7 @@ import time
 
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.files import TEXT_CHECK_BYTES, atomic_write_text, check_head_is_text
 from kbert.outputs import writes
 from kbert.text.tokenizer import UNK, Tokenizer, character_tables
@@ -116,10 +116,10 @@ def learn_vocab(word_counts, size: int) -> list[str]:
     required = set(RESERVED_TOKENS) | chars
     if len(required) > size:
         raise KbertError(
-            f"--size {size} is too small: the text has "
+            f"{option('size', size)} is too small: the text has "
             f"{sum(len(t) == 1 for t in chars)} distinct "
             f"characters, which need {len(required)} entries with the reserved tokens; "
-            f"use --size {len(required)} or more"
+            f"use {option('size', len(required))} or more"
         )
     room = size - len(required)
     kept = []
@@ -195,7 +195,7 @@ def build_vocab(
     started = time.perf_counter()
     input_files, output = [os.fspath(p) for p in input_files], os.fspath(output)
     if not input_files:
-        raise KbertError("no input files; pass --input FILE")
+        raise KbertError(f"no input files; pass {option('input_files', flag='--input')} with the text to learn from")
     for path in input_files if word_counts is None else ():  # Beam checks its own paths and globs
         if not os.path.isfile(path):
             raise KbertError(f"{path}: no such input file; pass text files to learn the vocabulary from")
@@ -205,11 +205,12 @@ def build_vocab(
         raise KbertError(f"{output} is a directory; give a file path such as {output}/vocab.txt")
     if os.path.exists(output) and os.path.getsize(output) > 0 and not overwrite:
         raise KbertError(
-            f"{output} exists and is not empty; pass --overwrite to replace it, or choose a new output path"
+            f"{output} exists and is not empty; pass {option('overwrite', True)} to replace it, or choose a new output "
+            "path"
         )
     if size < len(RESERVED_TOKENS) + 2:
         raise KbertError(
-            f"--size {size} is too small; a vocabulary needs the "
+            f"{option('size', size)} is too small; a vocabulary needs the "
             f"{len(RESERVED_TOKENS)} reserved tokens and the text's characters"
         )
 

@@ -37,7 +37,7 @@ from kbert.beam import (
     temp_location,
     write_atomically,
 )
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.files import TEXT_CHECK_BYTES, check_head_is_text
 from kbert.text.vocab_builder import WordTokenizer
 
@@ -152,8 +152,8 @@ def beam_word_counts(
         if not FileSystems.exists(total_file):
             raise KbertError(
                 f"the {runner} job wrote its word counts where this machine does not see them "
-                f'({folder}); pass --pipeline-options "--temp_location=DIR" with a DIR both reach '
-                f"(gs://..., a shared disk)"
+                f"({folder}); add --temp_location=DIR to {option('flags', flag='--pipeline-options')}, with a DIR "
+                "both reach (gs://..., a shared disk)"
             )
         with open_file(total_file) as f:
             total = json.load(f)

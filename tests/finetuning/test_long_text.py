@@ -186,15 +186,15 @@ def test_document_mean_by_hand():
 def test_the_default_stride_is_half_the_window_and_bad_strides_are_refused():
     assert window_stride(None, 128) == 63 and window_stride(None, 16) == 7 and window_stride(5, 16) == 5
     for stride, length in [(126, 128), (200, 128), (14, 16)]:
-        with pytest.raises(KbertError, match=f"--doc-stride {stride} must be less than the {length - 2} tokens"):
+        with pytest.raises(KbertError, match=f"^doc_stride={stride} must be less than the {length - 2} tokens"):
             window_stride(stride, length)
-    with pytest.raises(KbertError, match="--doc-stride 14 must be less than the 14 tokens"):
+    with pytest.raises(KbertError, match="^doc_stride=14 must be less than the 14 tokens"):
         FinetuneOptions(long_text="windows", doc_stride=14, max_seq_length=16)
-    with pytest.raises(KbertError, match="--doc-stride must be at least 1, got 0"):
+    with pytest.raises(KbertError, match="^doc_stride must be at least 1, got 0"):
         FinetuneOptions(long_text="windows", doc_stride=0)
-    with pytest.raises(KbertError, match="--long-text 'chunks': use truncate"):
+    with pytest.raises(KbertError, match="^long_text='chunks': use truncate"):
         FinetuneOptions(long_text="chunks")
-    with pytest.raises(KbertError, match="--max-seq-length 4 or more"):
+    with pytest.raises(KbertError, match="max_seq_length=4 or more"):
         window_stride(None, 3)
     assert FinetuneOptions().long_text == "truncate" and FinetuneOptions().doc_stride is None
 
@@ -412,11 +412,33 @@ def test_windows_refuse_pairs_and_a_stride_the_window_cannot_take(saved_heads, t
 
     work, _ = saved_heads
     pairs = write_tsv(tmp_path / "pairs.tsv", [("the city", "a camp", "a")], header=("text", "text_b", "label"))
-    with pytest.raises(KbertError, match=r"holds sentence pairs \(text_b\), and --long-text windows reads one text"):
+    with pytest.raises(
+        KbertError,
+        match=r"holds sentence pairs \(text_b\), and this model reads one text per row \(it was fine-tuned with "
+        r"long_text='windows'\): join the two texts into the text column$",
+    ):
         list(predict(work / "classify-windows", pairs))
     single = write_tsv(tmp_path / "one.tsv", [("the city",)], header=("text",))
-    with pytest.raises(KbertError, match="--doc-stride 5 must be less than the 5 tokens"):
+    with pytest.raises(KbertError, match="^doc_stride=5 must be less than the 5 tokens"):
         list(predict(work / "classify-windows", single, max_seq_length=7))
+
+
+def test_fine_tuning_windows_on_pairs_names_the_choice(tmp_path, tiny_model_dir):
+    from kbert.finetuning.train import finetune
+
+    pairs = write_tsv(tmp_path / "pairs.tsv", [("the city", "a camp", "a")] * 4, header=("text", "text_b", "label"))
+    with pytest.raises(KbertError) as raised:
+        finetune(tiny_model_dir, "classify", pairs, tmp_path / "out", long_text="windows")
+    assert str(raised.value) == (
+        f"{pairs} holds sentence pairs (text_b), and long_text='windows' reads one text per row: join the two "
+        f"texts into the text column, or use long_text='truncate'"
+    )
+    result = run_kbert(
+        "finetune", tiny_model_dir, "--task", "classify", "--train", pairs, "--output", tmp_path / "out",
+        "--long-text", "windows", check=False,
+    )  # fmt: skip
+    assert_user_error(result, "and --long-text windows reads one text per row", "or use --long-text truncate")
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_epochs_order_shuffles_every_window_as_truncation_shuffles_examples():

@@ -10,8 +10,11 @@ import os
 import pytest
 
 from conftest import assert_user_error, run_kbert
-from kbert.errors import KbertError
+from kbert.errors import Interrupted, KbertError, command_line_names
 from kbert.finetuning.output import partial_path, skip_rows, write_rows
+
+# The flags of `kbert predict` that its messages about --output name.
+FLAGS = {"--input", "--output", "--resume", "--overwrite"}
 
 
 def numbered(n, starts=None, fail_after=None):
@@ -74,23 +77,51 @@ def test_a_run_that_dies_before_any_row_leaves_nothing(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "partial, complete, flags, fragment",
+    "partial, complete, flags, fragment, on_the_command_line",
     [
-        (True, False, {}, "pass --resume to go on from them, or --overwrite to start again"),
-        (False, True, {}, "out.jsonl exists; pass --overwrite to replace it"),
-        (False, True, {"resume": True}, "is complete, with no unfinished run to resume; pass --overwrite"),
-        (True, True, {"resume": True}, "pass --overwrite too, to replace it when the run ends"),
+        (
+            True,
+            False,
+            {},
+            "pass resume=True to go on from them, or overwrite=True to start again",
+            "pass --resume to go on from them, or --overwrite to start again",
+        ),
+        (
+            False,
+            True,
+            {},
+            "out.jsonl exists; pass overwrite=True to replace it, or choose another path",
+            "out.jsonl exists; pass --overwrite to replace it, or choose another --output",
+        ),
+        (
+            False,
+            True,
+            {"resume": True},
+            "is complete, with no unfinished run to resume; pass overwrite=True",
+            "is complete, with no unfinished run to resume; pass --overwrite",
+        ),
+        (
+            True,
+            True,
+            {"resume": True},
+            "pass overwrite=True too, to replace it when the run ends",
+            "pass --overwrite too, to replace it when the run ends",
+        ),
     ],
 )
-def test_refusals_name_the_flag(tmp_path, partial, complete, flags, fragment):
+def test_refusals_name_the_flag(tmp_path, partial, complete, flags, fragment, on_the_command_line):
     out = tmp_path / "out.jsonl"
     if partial:
         open(partial_path(out), "w").write('{"old": 0}\n')
     if complete:
         out.write_text('{"done": 0}\n')
+    # A Python caller is told the argument to pass; `kbert predict --output` the flag.
     with pytest.raises(KbertError) as raised:
         write_rows(out, numbered(3), **flags)
     assert fragment in str(raised.value)
+    with command_line_names(FLAGS), pytest.raises(KbertError) as raised:
+        write_rows(out, numbered(3), **flags)
+    assert on_the_command_line in str(raised.value)
     # Nothing was touched.
     assert sorted(os.listdir(tmp_path)) == sorted(["out.jsonl.partial"] * partial + ["out.jsonl"] * complete)
     if partial:
@@ -124,6 +155,28 @@ def test_a_partial_file_being_written_is_refused(tmp_path):
         os.close(holder)
     assert open(partial_path(out)).read() == '{"n": 0}\n'
     assert write_rows(out, numbered(3), resume=True)["rows_kept"] == 1
+
+
+def test_a_stopped_run_says_how_to_go_on_as_its_caller_would(tmp_path):
+    def stopped_after_two(start):
+        yield from ({"n": i} for i in range(start, 2))
+        raise Interrupted("kbert predict stopped by SIGTERM; at the batch in flight", 143)
+
+    out = tmp_path / "out.jsonl"
+    partial = partial_path(out)
+    with pytest.raises(Interrupted) as raised:
+        write_rows(out, stopped_after_two)
+    assert raised.value.exit_code == 143 and str(raised.value) == (
+        f"kbert predict stopped by SIGTERM; {partial} keeps the 2 rows written so far (2 by this run): call it "
+        f"again with resume=True to go on from there"
+    )
+    with command_line_names(FLAGS), pytest.raises(Interrupted) as raised:
+        write_rows(out, stopped_after_two, resume=True)
+    assert str(raised.value) == (
+        f"kbert predict stopped by SIGTERM; {partial} keeps the 2 rows written so far (0 by this run): run the "
+        f"same command with --resume to go on from there"
+    )
+    assert lines(partial) == [{"n": 0}, {"n": 1}]
 
 
 def test_resuming_more_rows_than_the_input_has_is_refused(tmp_path):
@@ -172,6 +225,12 @@ def test_resume_with_another_input_is_refused_naming_both(tmp_path):
         write_rows(out, numbered(4), resume=True, source=second)
     message = str(raised.value)
     assert message == (
+        f"resume=True: {partial_path(out)} holds the rows of {first} (23 bytes), not of source={str(second)!r} "
+        f"(31 bytes); resume with the input it started on, or pass overwrite=True to start again"
+    )
+    with command_line_names(FLAGS), pytest.raises(KbertError) as raised:  # as `kbert predict` says it
+        write_rows(out, numbered(4), resume=True, source=second)
+    assert str(raised.value) == (
         f"--resume: {partial_path(out)} holds the rows of {first} (23 bytes), not of --input "
         f"{second} (31 bytes); resume with the input it started on, or pass --overwrite to start again"
     )
@@ -192,8 +251,8 @@ def test_resume_after_the_input_changed_is_refused(tmp_path):
     data.write_text("text\ngold.\ndead.\nfire.\n")  # appended to
     with pytest.raises(
         KbertError,
-        match=r"holds the rows of an earlier version of it \(17 bytes\), not of --input "
-        r".*in\.tsv \(23 bytes, changed since\)",
+        match=r"holds the rows of an earlier version of it \(17 bytes\), not of source="
+        r".*in\.tsv' \(23 bytes, changed since\)",
     ):
         write_rows(out, numbered(3), resume=True, source=data)
     # --overwrite starts again, recording the new input.

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, REFERENCE, TESTS, UNCASED_VOCAB
-from kbert.errors import KbertError
+from kbert.errors import KbertError, command_line_names
 from kbert.finetuning import readers
 from kbert.finetuning.encoding import encode_tagged, encode_texts
 from kbert.finetuning.readers import read_tagged_examples, read_text_examples
@@ -562,7 +562,10 @@ def test_bad_rows_fail_with_line_numbers_or_are_skipped(tmp_path):
     with pytest.raises(KbertError) as error:
         read_text_examples(path)
     message = str(error.value)
-    assert "\n" not in message and str(path) in message and "--skip-bad-rows" in message
+    assert "\n" not in message and str(path) in message and message.endswith("pass skip_bad_rows=True to skip them")
+    with command_line_names({"--skip-bad-rows"}), pytest.raises(KbertError) as error:  # as `kbert finetune` says it
+        read_text_examples(path)
+    assert str(error.value).endswith("fix them, or pass --skip-bad-rows to skip them")
     listed = ", ".join(map(str, bad_lines[:10]))
     assert f"lines {listed} and 3 more (line {bad_lines[0]}: expected 2 tab-separated columns, found 1)" in message
     got = read_text_examples(path, skip_bad_rows=True)
@@ -676,7 +679,7 @@ def test_conll_bad_lines(tmp_path):
         read_tagged_examples(path)
     message = str(error.value)
     assert "lines 2, 6 (line 2: expected 2 columns like most lines, found 1)" in message
-    assert "--skip-bad-rows" in message and str(path) in message
+    assert message.endswith("pass skip_bad_rows=True to skip them") and str(path) in message
     got = read_tagged_examples(path, skip_bad_rows=True)
     assert (got.words, got.tags, got.skipped_rows) == ([["Peter"]], [["B-PER"]], [2, 6])
     with pytest.raises(KbertError, match="no sentences"):

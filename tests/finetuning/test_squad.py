@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import REFERENCE, TESTS, UNCASED_VOCAB
-from kbert.errors import KbertError
+from kbert.errors import KbertError, command_line_names
 from kbert.finetuning import squad
 from kbert.finetuning.squad import SquadExample, read_squad, squad_evaluate, squad_features
 from kbert.finetuning.squad_decoding import get_final_text, squad_predictions, write_predictions_json
@@ -717,8 +717,21 @@ def test_bad_files_are_one_line_errors(tmp_path, content, message):
 
 
 def test_bad_lengths_are_errors(tokenizer):
-    with pytest.raises(KbertError, match=r"max_seq_length \(64\) must be greater than max_query_length \(64\) \+ 3"):
+    with pytest.raises(
+        KbertError,
+        match=r"max_seq_length \(64\) must be greater than max_query_length \(64\) \+ 3; raise max_seq_length or "
+        r"lower max_query_length$",
+    ):
         squad_features([], tokenizer, max_seq_length=64, max_query_length=64)
+    # `kbert finetune` names its flags; `kbert evaluate`, which has neither, names the command that has them.
+    with command_line_names({"--max-seq-length", "--max-query-length"}), pytest.raises(KbertError) as raised:
+        squad_features([], tokenizer, max_seq_length=64, max_query_length=64)
+    assert str(raised.value).endswith("; raise --max-seq-length or lower --max-query-length")
+    with command_line_names({"--input", "--batch-size"}), pytest.raises(KbertError) as raised:
+        squad_features([], tokenizer, max_seq_length=64, max_query_length=64)
+    assert str(raised.value).endswith(
+        "; raise `kbert finetune --max-seq-length` or lower `kbert finetune --max-query-length`"
+    )
 
 
 def test_write_predictions_json_is_atomic(tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY
-from kbert.errors import KbertError
+from kbert.errors import KbertError, command_line_names
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.tasks import TASKS, TaskData, best_metric, get_task, json_floats
 from kbert.text.preprocessing import BertPreprocessor
@@ -37,7 +37,7 @@ def test_best_metric(task, scores, expected):
 
 def test_best_metric_converts_numpy_and_rejects_bad_input():
     assert type(best_metric("classify", {"accuracy": np.float32(0.5)})[1]) is float
-    with pytest.raises(KbertError, match="unknown --task 'summarize'"):
+    with pytest.raises(KbertError, match="unknown task='summarize'"):
         best_metric("summarize", {"f1": 1.0})
     with pytest.raises(KbertError, match="no 'pearson'.*mse"):
         best_metric("regress", {"mse": 0.1})
@@ -52,7 +52,10 @@ def test_every_task_is_found_by_its_name():
         assert get_task(name) is task and task.name == name
     with pytest.raises(KbertError) as error:
         get_task("ner")
-    assert str(error.value) == "unknown --task 'ner'; use one of classify, regress, tag, squad, choice"
+    assert str(error.value) == "unknown task='ner'; use one of classify, regress, tag, squad, choice"
+    with command_line_names({"--task"}), pytest.raises(KbertError) as error:  # as `kbert finetune --task ner`
+        get_task("ner")
+    assert str(error.value) == "unknown --task ner; use one of classify, regress, tag, squad, choice"
 
 
 def test_sequence_lengths_are_the_original_scripts_defaults():

@@ -44,7 +44,8 @@ def test_tag_refuses_a_classification_tsv(tmp_path, tiny_model_dir):
     with pytest.raises(KbertError) as raised:
         read_tagged_examples(tsv)
     assert "the first line is a header (text, label)" in one_line(raised.value)
-    assert "--task classify or regress" in str(raised.value) and "--task tag reads CoNLL" in str(raised.value)
+    # From Python, the task is named as the argument; `kbert finetune` names its flag (below).
+    assert "task='classify' or regress" in str(raised.value) and "task='tag' reads CoNLL" in str(raised.value)
     # Without a header: texts of several words in the first column are no CoNLL words either.
     headless = tmp_path / "headless.tsv"
     headless.write_text("".join(f"{t}\t{y}\n" for t, y in sentiment_rows(8, 1)))
@@ -100,12 +101,12 @@ def test_regress_refuses_class_names_and_classify_refuses_conll(tmp_path):
     with pytest.raises(KbertError) as raised:
         read_text_examples(names, task="regress")
     assert re.search(
-        r"no label is a number \(line 2: label '(pos|neg)' is not a number\); --task regress needs "
-        r"a number per row \(a score such as 3\.8\): for class names use --task classify",
+        r"no label is a number \(line 2: label '(pos|neg)' is not a number\); task='regress' needs "
+        r"a number per row \(a score such as 3\.8\): for class names use task='classify'",
         one_line(raised.value),
     ), str(raised.value)
     conll = write_conll(tmp_path / "train.conll", conll_sentences(4, 0))
-    with pytest.raises(KbertError, match=r"looks like CoNLL \(a word and its tag per line\), which --task tag reads"):
+    with pytest.raises(KbertError, match=r"looks like CoNLL \(a word and its tag per line\), which task='tag' reads"):
         read_text_examples(conll)
 
 
@@ -126,7 +127,7 @@ def test_predict_on_a_tagger_names_conll_for_a_classify_tsv(tmp_path, tagger_dir
     assert_user_error(
         run_kbert("predict", tagger_dir, "--input", tsv, check=False),
         "in.tsv: the first line is a header (text, label)",
-        "--task tag reads CoNLL",
+        "`kbert finetune --task tag` reads CoNLL",  # predict has no --task: the model's task is finetune's
     )
     # CoNLL whose tags the model never saw: prediction reads the words and ignores the tags
     # (evaluate needs them to be the model's).
@@ -146,36 +147,69 @@ def test_predict_on_a_tagger_names_conll_for_a_classify_tsv(tmp_path, tagger_dir
 @pytest.mark.parametrize(
     "field, value, fragment",
     [
-        ("epochs", 0, "--epochs must be at least 1, got 0"),
-        ("batch_size", 0, "--batch-size must be at least 1, got 0"),
-        ("batch_size", -3, "--batch-size must be at least 1, got -3"),
-        ("batch_size", 2.5, "--batch-size must be a whole number, got 2.5"),
-        ("learning_rate", 0.0, "--learning-rate must be more than 0, got 0.0"),
-        ("learning_rate", -1e-5, "--learning-rate must be more than 0"),
-        ("learning_rate", math.nan, "--learning-rate must be a finite number, got nan"),
-        ("max_seq_length", 0, "--max-seq-length must be at least 3, got 0"),
-        ("max_seq_length", -5, "--max-seq-length must be at least 3, got -5"),
-        ("warmup_proportion", 1.0, "--warmup-proportion must be in [0, 1), got 1.0"),
-        ("warmup_proportion", -0.1, "--warmup-proportion must be in [0, 1)"),
-        ("seed", -1, "--seed must be at least 0, got -1"),
-        ("patience", -1, "--patience must be at least 0, got -1"),
-        ("save_every", 0, "--save-every must be at least 1, got 0"),
-        ("doc_stride", 0, "--doc-stride must be at least 1, got 0"),
-        ("max_query_length", 0, "--max-query-length must be at least 1"),
-        ("n_best_size", 0, "--n-best-size must be at least 1"),
-        ("max_answer_length", -1, "--max-answer-length must be at least 1"),
-        ("null_score_diff_threshold", math.inf, "--null-score-diff-threshold must be a finite number"),
-        ("strategy", "tpu", "--strategy 'tpu': fine-tuning runs on auto, cpu, gpu or mirrored"),
+        ("epochs", 0, "epochs must be at least 1, got 0"),
+        ("batch_size", 0, "batch_size must be at least 1, got 0"),
+        ("batch_size", -3, "batch_size must be at least 1, got -3"),
+        ("batch_size", 2.5, "batch_size must be a whole number, got 2.5"),
+        ("learning_rate", 0.0, "learning_rate must be more than 0, got 0.0"),
+        ("learning_rate", -1e-5, "learning_rate must be more than 0"),
+        ("learning_rate", math.nan, "learning_rate must be a finite number, got nan"),
+        ("max_seq_length", 0, "max_seq_length must be at least 3, got 0"),
+        ("max_seq_length", -5, "max_seq_length must be at least 3, got -5"),
+        ("warmup_proportion", 1.0, "warmup_proportion must be in [0, 1), got 1.0"),
+        ("warmup_proportion", -0.1, "warmup_proportion must be in [0, 1)"),
+        ("seed", -1, "seed must be at least 0, got -1"),
+        ("patience", -1, "patience must be at least 0, got -1"),
+        ("save_every", 0, "save_every must be at least 1, got 0"),
+        ("doc_stride", 0, "doc_stride must be at least 1, got 0"),
+        ("max_query_length", 0, "max_query_length must be at least 1"),
+        ("n_best_size", 0, "n_best_size must be at least 1"),
+        ("max_answer_length", -1, "max_answer_length must be at least 1"),
+        ("null_score_diff_threshold", math.inf, "null_score_diff_threshold must be a finite number"),
+        ("strategy", "tpu", "strategy='tpu': fine-tuning runs on auto, cpu, gpu or mirrored"),
     ],
 )
 def test_options_check_every_number(field, value, fragment):
+    from kbert.errors import command_line_names
     from kbert.finetuning.options import resolve_options
 
     with pytest.raises(KbertError) as raised:
         FinetuneOptions(**{field: value})
-    assert fragment in one_line(raised.value)
-    with pytest.raises(KbertError, match=re.escape(fragment)):  # overrides, as library calls give them
+    assert one_line(raised.value).startswith(fragment)  # the argument, as a Python caller named it
+    with pytest.raises(KbertError, match="^" + re.escape(fragment)):  # overrides, as library calls give them
         resolve_options(FinetuneOptions(), {field: value})
+    # The same check while `kbert finetune` runs names its flag: `--batch-size must be ...`, `--strategy tpu: ...`.
+    flag = "--" + field.replace("_", "-")
+    if fragment.startswith(f"{field}="):
+        said = fragment.replace(f"{field}={value!r}", f"{flag} {value}")
+    else:
+        said = flag + fragment[len(field) :]
+    with command_line_names({flag}), pytest.raises(KbertError) as raised:
+        FinetuneOptions(**{field: value})
+    assert str(raised.value).startswith(said), str(raised.value)
+
+
+def test_finetune_names_its_flags_where_python_names_arguments(tmp_path, tiny_model_dir):
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(8, 0))
+    result = run_kbert(
+        "finetune", tiny_model_dir, "--task", "classify", "--train", train, "--output", tmp_path / "m",
+        "--strategy", "tpu", check=False,
+    )  # fmt: skip
+    assert result.stderr.strip().splitlines()[-1] == (
+        "kbert: error: --strategy tpu: fine-tuning runs on auto, cpu, gpu or mirrored"
+    )
+    result = run_kbert(
+        "finetune", tiny_model_dir, "--task", "classify", "--train", train, "--output", tmp_path / "m",
+        "--long-text", "windows", "--max-seq-length", "3", check=False,
+    )  # fmt: skip
+    assert_user_error(result, "--long-text windows needs windows of at least 2 tokens; --max-seq-length 3 leaves 1")
+    with pytest.raises(KbertError) as raised:
+        FinetuneOptions(long_text="windows", max_seq_length=3)
+    assert one_line(raised.value) == (
+        "long_text='windows' needs windows of at least 2 tokens; max_seq_length=3 leaves 1 beside [CLS] and "
+        "[SEP]: use max_seq_length=4 or more"
+    )
+    assert not (tmp_path / "m").exists()
 
 
 def test_options_take_good_values_and_refuse_unknown_names():
@@ -203,10 +237,10 @@ def classifier_dir(tmp_path_factory, tiny_model_dir):
 @pytest.mark.parametrize(
     "call, overrides, fragment",
     [
-        ("predict", {"batch_size": 0}, "--batch-size must be at least 1, got 0"),
-        ("evaluate", {"batch_size": -3}, "--batch-size must be at least 1, got -3"),
-        ("predict", {"max_seq_length": 0}, "--max-seq-length must be at least 3, got 0"),
-        ("evaluate", {"max_seq_length": -1}, "--max-seq-length must be at least 3, got -1"),
+        ("predict", {"batch_size": 0}, "batch_size must be at least 1, got 0"),
+        ("evaluate", {"batch_size": -3}, "batch_size must be at least 1, got -3"),
+        ("predict", {"max_seq_length": 0}, "max_seq_length must be at least 3, got 0"),
+        ("evaluate", {"max_seq_length": -1}, "max_seq_length must be at least 3, got -1"),
     ],
 )
 def test_predict_and_evaluate_check_numbers_at_the_call(classifier_dir, call, overrides, fragment):
@@ -215,7 +249,7 @@ def test_predict_and_evaluate_check_numbers_at_the_call(classifier_dir, call, ov
     model, data = classifier_dir
     with pytest.raises(KbertError) as raised:
         getattr(predict, call)(str(model), str(data), **overrides)  # predict fails here, not at its first row
-    assert fragment in one_line(raised.value)
+    assert one_line(raised.value).startswith(fragment)
 
 
 def test_encoder_features_and_served_predict_check_numbers(tiny_model_dir, tmp_path):
@@ -225,14 +259,14 @@ def test_encoder_features_and_served_predict_check_numbers(tiny_model_dir, tmp_p
 
     lines = tmp_path / "in.txt"
     lines.write_text("gold glorious.\n")
-    with pytest.raises(KbertError, match="--batch-size must be at least 1, got 0"):
+    with pytest.raises(KbertError, match="^batch_size must be at least 1, got 0"):
         predict(tiny_model_dir, lines, batch_size=0)
     import kbert
 
-    with pytest.raises(KbertError, match="--max-seq-length must be at least 3, got 0"):
+    with pytest.raises(KbertError, match="^max_seq_length must be at least 3, got 0"):
         features(kbert.load(tiny_model_dir), lines, 0)
     # Checked before the server is asked (nothing listens at port 1).
-    with pytest.raises(KbertError, match="--batch-size must be at least 1, got 0"):
+    with pytest.raises(KbertError, match="^batch_size must be at least 1, got 0"):
         predict_served(Client("127.0.0.1:1", "m", retries=0), lines, batch_size=0)
     with pytest.raises(KbertError, match="start -1: give the number of examples to skip"):
         predict_served(Client("127.0.0.1:1", "m", retries=0), lines, start=-1)
@@ -243,14 +277,33 @@ def test_finetune_checks_numbers_before_reading(tmp_path, tiny_model_dir):
 
     train = write_tsv(tmp_path / "train.tsv", sentiment_rows(8, 0))
     for overrides, fragment in (
-        ({"max_seq_length": 0}, "--max-seq-length must be at least 3, got 0"),
-        ({"max_seq_length": 4}, "--max-seq-length must be at least 8 to fine-tune, got 4"),
-        ({"epochs": 0}, "--epochs must be at least 1, got 0"),
-        ({"learning_rate": 0}, "--learning-rate must be more than 0"),
+        ({"max_seq_length": 0}, "max_seq_length must be at least 3, got 0"),
+        ({"max_seq_length": 4}, "max_seq_length must be at least 8 to fine-tune, got 4"),
+        ({"epochs": 0}, "epochs must be at least 1, got 0"),
+        ({"learning_rate": 0}, "learning_rate must be more than 0"),
     ):
         with pytest.raises(KbertError) as raised:
             finetune(tiny_model_dir, "classify", train, tmp_path / "m", **overrides)
-        assert fragment in one_line(raised.value)
+        assert one_line(raised.value).startswith(fragment)
+    assert not (tmp_path / "m").exists()
+
+
+def test_finetune_resume_without_a_run_names_the_argument_or_the_flag(tmp_path, tiny_model_dir):
+    from kbert.finetuning.train import finetune
+
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(8, 0))
+    with pytest.raises(KbertError) as raised:
+        finetune(tiny_model_dir, "classify", train, tmp_path / "m", resume=True, max_seq_length=16, progress=False)
+    assert one_line(raised.value) == (
+        f"resume=True: no unfinished run at {tmp_path / 'm'}.partial to continue; drop resume=True to start one"
+    )
+    result = run_kbert(
+        "finetune", tiny_model_dir, "--task", "classify", "--train", train, "--output", tmp_path / "m", *TRAIN,
+        "--resume", check=False,
+    )  # fmt: skip
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"kbert: error: --resume: no unfinished run at {tmp_path / 'm'}.partial to continue; drop --resume to start one"
+    )
     assert not (tmp_path / "m").exists()
 
 

@@ -123,5 +123,5 @@ def test_every_task_but_squad_is_served():
         "model needs its question/context windows, which export does not build yet: serve its encoder or use "
         "kbert predict"
     )
-    with pytest.raises(KbertError, match="unknown --task 'ner'"):
+    with pytest.raises(KbertError, match="unknown task='ner'"):
         serving_head("ner", _Logits([[0.0]]), None)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, command_line_names
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.predict import stream_rows
 from kbert.serving.heads import SERVED_TASKS
@@ -43,9 +43,12 @@ def test_a_model_kbert_did_not_export_is_refused():
     with pytest.raises(KbertError) as error:
         served_task({"serving_default": {"outputs": {"logits": {}}}})
     assert str(error.value) == (
-        "the served model's serving_default has outputs logits; kbert predict --server reads what kbert export "
+        "the served model's serving_default has outputs logits; predict_served reads what kbert export "
         "writes (the tasks classify, regress, tag, choice and encoders): use Client.predict for other models"
     )
+    with command_line_names({"--server", "--input"}), pytest.raises(KbertError) as error:  # `kbert predict --server`
+        served_task({"serving_default": {"outputs": {"logits": {}}}})
+    assert "outputs logits; kbert predict --server reads what kbert export writes" in str(error.value)
 
 
 class _Server:

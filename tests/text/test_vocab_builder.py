@@ -11,7 +11,7 @@ from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.
 
 import kbert
 from conftest import FIXTURES, TESTS, assert_user_error, run_kbert
-from kbert.errors import KbertError
+from kbert.errors import KbertError, command_line_names
 from kbert.pretraining.create_data import create_pretraining_data
 from kbert.text import vocab_builder
 from kbert.text.vocab_builder import RESERVED_TOKENS, WordTokenizer, build_vocab, count_words, learn_vocab
@@ -102,14 +102,18 @@ def test_size_too_small_for_the_characters():
     characters = len({c for word in counts for c in word})
     needed = len(RESERVED_TOKENS) + 2 * characters
     assert len(learn_vocab(counts, needed)) == needed
-    with pytest.raises(KbertError, match=f"use --size {needed} or more"):
+    with pytest.raises(KbertError, match=f"^size={needed - 1} is too small: .*; use size={needed} or more$"):
+        learn_vocab(counts, needed - 1)
+    with command_line_names({"--size"}), pytest.raises(KbertError, match=f"^--size {needed - 1} is too small"):
         learn_vocab(counts, needed - 1)
 
 
 def test_refuses_to_overwrite_and_missing_input(tmp_path):
     out = tmp_path / "vocab.txt"
     out.write_text("keep me\n")
-    with pytest.raises(KbertError, match="exists and is not empty; pass --overwrite"):
+    with pytest.raises(KbertError, match="exists and is not empty; pass overwrite=True to replace it"):
+        build_vocab([SAMPLE], out, size=300)
+    with command_line_names({"--overwrite"}), pytest.raises(KbertError, match="not empty; pass --overwrite to"):
         build_vocab([SAMPLE], out, size=300)
     assert out.read_text() == "keep me\n"
     with pytest.raises(KbertError, match="nothere.txt: no such input file"):
