@@ -140,6 +140,8 @@ def command(inputs: dict | None = None, outputs: dict | None = None, above_zero:
                     if tensorflow:
                         import_tensorflow_quietly()
                     return function(**values)
+                except KbertError:
+                    raise  # already the one line, whatever words it quotes
                 except Exception as e:  # a full disk whose error names no file: name the output
                     parts = os_error_parts(e, writing=", ".join(str(values[p]) for p in written))
                     if parts is None:
