@@ -21,7 +21,10 @@ import numpy as np
 import record
 import tensorflow as tf
 from tensorflow.compiler.mlir.quantization.tensorflow import quantization_options_pb2 as quant
-from tf_serving_session import session_call
+
+# tests/reference/serving_session.py: an export in a TF1 session, as TF Serving runs it.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "reference"))
+from serving_session import session_call
 
 
 def quantize(src: str, dst: str) -> float:

@@ -14,12 +14,17 @@ descriptions); default: sentences of 8 to 120 words. One JSON object on stdout.
 import argparse
 import collections
 import json
+import os
+import sys
 import time
 
 import numpy as np
 import record
 import tensorflow as tf
-import tf_serving_session
+
+# tests/reference/serving_session.py: an export in a TF1 session, as TF Serving runs it.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "reference"))
+import serving_session
 
 
 def part_of(node_name: str) -> str:
@@ -45,7 +50,7 @@ def main():
             texts = json.load(f)
     else:
         texts = [" ".join(["words"] * (8 + (n * 7) % 113)) for n in range(args.warmup + args.requests)]
-    session, fetches, feed = tf_serving_session.load(args.export)
+    session, fetches, feed = serving_session.load(args.export)
     warm, timed = texts[: args.warmup], texts[args.warmup : args.warmup + args.requests]
     for text in warm:
         session.run(fetches, {feed: [text]})

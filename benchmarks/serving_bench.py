@@ -161,9 +161,10 @@ def trained_like(weights):
 
 def child_kbert(work, precision, work_dir, variant=""):
     import tensorflow as tf
-    import tf_serving_session
 
+    sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
     import kbert
+    import serving_session  # an export in a TF1 session, as TF Serving runs it
     from kbert.serving import export as serving_export
     from kbert.serving import optimize as serving_optimize
 
@@ -217,7 +218,7 @@ def child_kbert(work, precision, work_dir, variant=""):
                 precision=precision,
                 constant_weights=variant == "constant-weights",
             )
-    session, fetches, feed = tf_serving_session.load(
+    session, fetches, feed = serving_session.load(
         path, tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1 if variant == "inter-op-1" else 0)
     )
     assert int(session.run(fetches, {feed: [FULL_TEXT]})["input_mask"].sum()) == SEQ

@@ -24,9 +24,11 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
-import tensorflow as tf
 
 from kbert.serving.export import export_model
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "reference"))
+from serving_session import ServingSession  # a SavedModel in a TF1 session, as TF Serving loads it
 
 BATCH = 32
 
@@ -37,23 +39,15 @@ def log(*args):
 
 def serve(path, texts, fetch):
     """`fetch`'s outputs of the export at `path` for `texts`, in batches, as TF Serving runs it."""
-    graph = tf.Graph()
-    with graph.as_default():
-        session = tf.compat.v1.Session(graph=graph)
-        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-    signature = meta_graph.signature_def["serving_default"]
-    names = {k: signature.outputs[k].name for k in fetch}
-    inputs = {signature.inputs["text"].name: None}
-    if "text_b" in signature.inputs:
-        inputs[signature.inputs["text_b"].name] = None
+    served = ServingSession(path)
+    pairs = "text_b" in served.signatures["serving_default"].inputs
     parts = {k: [] for k in fetch}
     for start in range(0, len(texts), BATCH):
         batch = texts[start : start + BATCH]
-        feed = {name: batch if i == 0 else [""] * len(batch) for i, name in enumerate(inputs)}
-        out = session.run(names, feed)
+        out = served.run({"text": batch, **({"text_b": [""] * len(batch)} if pairs else {})}, outputs=fetch)
         for k in fetch:
             parts[k].append(np.asarray(out[k]))
-    session.close()
+    served.close()
     return {k: np.concatenate(v) for k, v in parts.items()}
 
 

@@ -11,7 +11,7 @@ import h5py
 import keras
 import numpy as np
 
-from conftest import TESTS, TINY
+from conftest import REFERENCE, TESTS, TINY
 
 # === Toy data over the tiny checkpoint's 300-word vocabulary ===
 
@@ -313,7 +313,8 @@ def embedding_model(encoder) -> keras.Model:
 
 def run_in_fresh_process(work, script: str, spec, timeout: int = 300):
     """Run `script` (Python source) in a fresh interpreter on `work`/spec.json (`spec` as JSON),
-    as the export tests run SavedModels the way TF Serving does; returns its last stdout line as JSON."""
+    as the export tests run SavedModels the way TF Serving does (tests/reference is on its path, for
+    serving_session); returns its last stdout line as JSON."""
     (work / "spec.json").write_text(json.dumps(spec))
     (work / "serve.py").write_text(script)
     result = subprocess.run(
@@ -321,7 +322,11 @@ def run_in_fresh_process(work, script: str, spec, timeout: int = 300):
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        env=dict(
+            os.environ,
+            TF_CPP_MIN_LOG_LEVEL="3",
+            PYTHONPATH=os.pathsep.join(filter(None, [REFERENCE, os.environ.get("PYTHONPATH")])),
+        ),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])

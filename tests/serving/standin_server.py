@@ -55,6 +55,9 @@ import urllib.parse
 
 import numpy as np
 
+# tests/reference/serving_session.py: a SavedModel in a TF1 session, as TF Serving loads it.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference"))
+
 PREDICT_METHOD = "tensorflow/serving/predict"
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"
@@ -103,16 +106,14 @@ class Model:
 
     def __init__(self, name: str, path: str, version: int, check_method_names: bool):
         import tensorflow as tf
-        import tensorflow_text  # noqa: F401  (registers the ops; TF Serving links them in)
+
+        from serving_session import ServingSession  # tests/reference: TF Serving's session, tensorflow_text's ops
 
         self.tf = tf
         self.name, self.path, self.version = name, path, version
         self.check_method_names = check_method_names
-        self.graph = tf.Graph()
-        self.session = tf.compat.v1.Session(graph=self.graph)
-        with self.graph.as_default():
-            self.meta_graph = tf.compat.v1.saved_model.loader.load(self.session, ["serve"], path)
-        self.signatures = self.meta_graph.signature_def
+        loaded = ServingSession(path)
+        self.graph, self.session, self.signatures = loaded.graph, loaded.session, loaded.signatures
 
     # === The APIs (the request's model_spec already led here) ===
 

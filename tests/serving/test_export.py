@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import assert_user_error, run_kbert
+from conftest import REFERENCE, assert_user_error, run_kbert
 from helpers import run_in_fresh_process, sentiment_rows, write_tsv
 
 LENGTH = 24  # the classifier's max_seq_length; the tiny encoder's default is its 64 positions
@@ -275,20 +275,13 @@ def test_every_dense_layer_runs_as_one_matmul_kernel_and_layer_norm_as_few_ops(
 
     import kbert
 
+    sys.path.insert(0, REFERENCE)
+    from serving_session import ServingSession
+
     layers = kbert.load(tiny_model_dir).config.num_hidden_layers
-    graph = tf.Graph()
-    with graph.as_default():
-        session = tf.compat.v1.Session(graph=graph)
-        path = exports["encoder"] if weights == "variables" else constant_export
-        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(path))
-    signature = meta_graph.signature_def["serving_default"]
+    served = ServingSession(exports["encoder"] if weights == "variables" else constant_export)
     metadata = tf.compat.v1.RunMetadata()
-    session.run(
-        {k: t.name for k, t in signature.outputs.items()},
-        {signature.inputs["text"].name: TEXTS},
-        options=tf.compat.v1.RunOptions(output_partition_graphs=True),
-        run_metadata=metadata,
-    )
+    served.run({"text": TEXTS}, options=tf.compat.v1.RunOptions(output_partition_graphs=True), run_metadata=metadata)
     nodes = [n for g in metadata.partition_graphs for n in g.node]
     matmuls = [n for n in nodes if n.op.endswith("MatMul") and "Batch" not in n.op]
     # The constants export is bfloat16, which oneDNN runs only on CPUs with AVX-512 (TF leaves

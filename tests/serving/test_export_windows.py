@@ -27,7 +27,7 @@ import json, sys
 sys.modules["kbert"] = sys.modules["keras_hub"] = None  # importing either would now fail
 import numpy as np
 import tensorflow as tf
-import tensorflow_text  # noqa: F401  (the tokenizer's ops, as TF Serving's build registers them)
+from serving_session import ServingSession  # tests/reference: as TF Serving loads a model
 
 spec = json.load(open(sys.argv[1]))
 
@@ -45,25 +45,21 @@ def plain(result):
 
 out = {}
 for name, job in spec.items():
-    graph = tf.Graph()
-    with graph.as_default():
-        session = tf.compat.v1.Session(graph=graph)  # as TF Serving loads a model
-        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], job["path"])
+    served = ServingSession(job["path"])
 
     def run(signature, feeds, shapes=False):
-        sig = meta_graph.signature_def[signature]
-        out = session.run({k: t.name for k, t in sig.outputs.items()}, {sig.inputs[k].name: v for k, v in feeds.items()})
+        out = served.run(feeds, signature)
         return {k: list(np.shape(v)) for k, v in out.items()} if shapes else plain(out)
 
-    result = {"signatures": sorted(k for k in meta_graph.signature_def if not k.startswith("__"))}
-    pairs = "text_b" in meta_graph.signature_def["serving_default"].inputs  # a truncating classifier's
+    result = {"signatures": sorted(k for k in served.signatures if not k.startswith("__"))}
+    pairs = "text_b" in served.signatures["serving_default"].inputs  # a truncating classifier's
     for key in ("texts", "short"):  # documents of many windows; a request of documents that fit one
         texts = job[key]
         result[key] = run("serving_default", {"text": texts, **({"text_b": [""] * len(texts)} if pairs else {})})
     result["serving_default"] = result.pop("texts")
     result["serve_examples"] = run("serve_examples", {"examples": examples(job["texts"])})
     for api in ("classify", "regress"):
-        if api in meta_graph.signature_def:
+        if api in served.signatures:
             result[api] = run(api, {"inputs": examples(job["texts"])})
     result["empty"] = {} if pairs else run("serving_default", {"text": []}, shapes=True)
     if job.get("ids"):

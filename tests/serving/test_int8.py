@@ -143,20 +143,14 @@ import numpy as np
 import tensorflow as tf
 # TensorFlow 2.21 imports keras itself; anything more must not come from reading the export.
 after_tensorflow = set(sys.modules)
-import tensorflow_text  # noqa: F401  (the tokenizer's ops, as TF Serving's build registers them)
+from serving_session import ServingSession  # tests/reference: TF Serving's session, its default options
 
 spec = json.load(open(sys.argv[1]))
 out = {}
 for name, path in spec["exports"].items():
-    graph = tf.Graph()
-    with graph.as_default():
-        session = tf.compat.v1.Session(graph=graph)  # TF Serving's default session options
-        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
-    signature = meta_graph.signature_def["serving_default"]
     metadata = tf.compat.v1.RunMetadata()
-    result = session.run(
-        {k: t.name for k, t in signature.outputs.items()},
-        {signature.inputs["text"].name: spec["texts"]},
+    result = ServingSession(path).run(
+        {"text": spec["texts"]},
         options=tf.compat.v1.RunOptions(output_partition_graphs=True),
         run_metadata=metadata,
     )
