@@ -178,3 +178,28 @@ def add_beam_options(options_class, parser):
     parser by calling it on every subclass, and offers no public way to list the flags it knows.
     """
     options_class._add_argparse_args(parser)
+
+
+def write_export_archive(archive, filepath):
+    """`keras.export.ExportArchive.write_out`, with every signature traced once.
+
+    write_out hands tf.saved_model.save the endpoints as tf.functions with input signatures; the
+    save retraces each of them, as its context changes their cache key (tf.function's
+    `_list_all_concrete_functions_for_serialization` "re-creates" them), and an export's
+    signatures hold the whole tokenizer graph. Here each endpoint's concrete function, traced
+    already when the archive listed the variables it uses, is what is saved, as an attribute
+    (so `loaded.serving_default(...)` still works) and as the signature.
+    Private: `_filter_and_track_resources`, `_endpoint_names` and `_tf_trackable`
+    (tests/test_compat.py: test_export_archive_internals).
+    """
+    import tensorflow as tf
+
+    archive._filter_and_track_resources()
+    signatures = {}
+    for name in archive._endpoint_names:
+        function = getattr(archive._tf_trackable, name)
+        concrete = function.get_concrete_function() if hasattr(function, "get_concrete_function") else function
+        setattr(archive._tf_trackable, name, concrete)
+        signatures[name] = concrete
+    signatures.setdefault("serving_default", signatures[archive._endpoint_names[0]])
+    tf.saved_model.save(archive._tf_trackable, filepath, signatures=signatures)

@@ -47,6 +47,7 @@ import keras
 import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
+from kbert._compat import write_export_archive
 from kbert.config import sequence_length
 from kbert.errors import KbertError, option
 from kbert.files import atomic_output_dir
@@ -384,7 +385,7 @@ def export_model(
 
     os.makedirs(export_base, exist_ok=True)
     with atomic_output_dir(path, overwrite=overwrite) as tmp:
-        archive.write_out(tmp, verbose=False)
+        write_export_archive(archive, tmp)  # each signature traced once
         if head.api:
             set_method_name(tmp, head.api, API_METHODS[head.api])
         fits = (lambda texts: True) if windows is None else _fits_windows(preprocessor, *windows)

@@ -327,3 +327,35 @@ def test_weights_file_holds_each_layers_weights_under_vars(tmp_path):
             f"no {suffix} of shape {expected[tf1_name]} in {sorted(shapes)}",
             "kbert convert inspect (kbert.converters.inspect.H5_SIZED_WEIGHTS)",
         )
+
+
+def test_export_archive_internals_write_each_signature_traced_once(tmp_path):
+    """write_export_archive: ExportArchive's `_filter_and_track_resources`, `_endpoint_names` and
+    `_tf_trackable`; each endpoint is traced once (Keras' own write_out traces it twice: once to list
+    its variables, again inside the save)."""
+    traces = []
+    weight = tf.Variable([2.0, 3.0])
+
+    def double(x):
+        traces.append(1)
+        return {"y": x * weight}
+
+    def archive_of_two_endpoints():
+        archive = keras.export.ExportArchive()
+        archive.track(weight)
+        for name in ("serving_default", "twice"):
+            archive.add_endpoint(name, double, [tf.TensorSpec([None, 2], tf.float32, name="x")])
+        return archive
+
+    archive = archive_of_two_endpoints()
+    for hook in ("_filter_and_track_resources", "_endpoint_names", "_tf_trackable"):
+        assert hasattr(archive, hook), changed(keras, f"ExportArchive.{hook}", "it is gone", "kbert export")
+    _compat.write_export_archive(archive, str(tmp_path / "saved"))
+    assert len(traces) == 2, changed(keras, "ExportArchive", f"{len(traces)} traces of 2 endpoints", "kbert export")
+    archive_of_two_endpoints().write_out(str(tmp_path / "keras"), verbose=False)
+    assert len(traces) == 2 + 4  # what the helper saves: each signature's second trace
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    x = tf.constant([[1.0, 1.0]])
+    assert sorted(loaded.signatures) == ["serving_default", "twice"]
+    np.testing.assert_array_equal(loaded.signatures["serving_default"](x=x)["y"], [[2.0, 3.0]])
+    np.testing.assert_array_equal(loaded.twice(x)["y"], [[2.0, 3.0]])  # the endpoint as an attribute too
