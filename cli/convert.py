@@ -119,7 +119,8 @@ def from_hf(
     ),
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
-    """Convert a Hugging Face BERT (safetensors only; pickles are refused) into a kbert model directory."""
+    """Convert a Hugging Face BERT (safetensors only; pickles are refused) into a kbert model directory; a
+    sentence-transformers folder's pooling and normalisation are recorded for kbert embed."""
     from kbert.converters.hf import convert_hf_model
 
     model, report = convert_hf_model(src, do_lower_case=lowercase)
@@ -135,6 +136,8 @@ def from_hf(
             "dtypes": report["dtypes"],
             "vocab_from": report["vocab_from"],
             "do_lower_case": model.do_lower_case,
+            # A sentence-transformers folder's pooling and normalisation, which kbert embed uses.
+            **({"embedding": report["embedding"]} if report.get("embedding") else {}),
         }
     )
 
@@ -150,7 +153,8 @@ def to_hf(
     include_fresh_heads: bool = typer.Option(False, "--include-fresh-heads", help=FRESH_HEADS_HELP),
 ):
     """Write a kbert model as a Hugging Face BERT that transformers' from_pretrained loads (a classifier
-    as BertForSequenceClassification with its labels); heads a converter created are left out."""
+    as BertForSequenceClassification with its labels; a sentence-embedding model as a sentence-transformers
+    folder too); heads a converter created are left out."""
     from kbert.converters.hf import WEIGHTS_FILE, save_hf_model
     from kbert.sources import open_model
 
@@ -163,6 +167,8 @@ def to_hf(
             "parameters": written["parameters"],
             "left_out_fresh_heads": written["left_out"],
             "do_lower_case": model.do_lower_case,
+            # Written as a sentence-transformers folder too (modules.json, 1_Pooling, ...).
+            **({"embedding": written["embedding"]} if written.get("embedding") else {}),
         }
     )
 

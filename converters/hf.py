@@ -46,8 +46,10 @@ from kbert.errors import listing as _listing
 from kbert.files import atomic_output_dir, count_lines
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary
 from kbert.model_dir import (
+    EMBEDDING_KEY,
     HEADS,
     VOCAB_FILE,
+    check_embedding,
     check_vocab,
     fresh_heads_of,
     head_task_info,
@@ -420,6 +422,9 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
         do_lower_case, _ = hf_lower_case(source.folder)
         unsaid = do_lower_case is None
         do_lower_case = lower_case_for(source.folder) if unsaid else do_lower_case
+    embedding = sentence_transformers_embedding(source.folder, config, bool(do_lower_case))
+    if embedding:
+        config.extras[EMBEDDING_KEY] = embedding
     model, absent = load_pretrainer(
         config,
         Stored(
@@ -473,6 +478,7 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
             "skipped": skipped,
             "dtypes": dtypes,
             "vocab_from": vocab_origin,
+            "embedding": embedding,
         },
     )
 
@@ -576,7 +582,12 @@ def save_hf_model(
         include_fresh_heads: bool. Write fresh heads' random weights too (config.json then
             records them in `kbert_fresh_heads`, so that `from-hf` keeps them fresh).
 
-    Returns {"architecture": str, "left_out": [heads], "parameters": int}.
+    A sentence-embedding model (one whose config records an `embedding`, as `convert from-hf` of a
+    sentence-transformers folder makes) also gets modules.json, 1_Pooling/, 2_Normalize/ (when it
+    normalises), sentence_bert_config.json and config_sentence_transformers.json, so that
+    `sentence_transformers.SentenceTransformer(out_dir)` gives kbert's vectors.
+
+    Returns {"architecture": str, "left_out": [heads], "parameters": int, "embedding": dict or None}.
 
     Example:
     >>> kbert.converters.save_hf_model(kbert.load("out/tiny"), "out/tiny-hf")  # doctest: +SKIP
@@ -590,6 +601,8 @@ def save_hf_model(
     check_vocab(vocab_file, config)
     left_out = heads_left_out(model, include_fresh_heads)
     tensors, architecture = hf_tensors(model, left_out)
+    # A sentence-embedding model is written as a sentence-transformers folder too.
+    embedding = None if type(model) is BertClassifier else check_embedding(model.config, "the model's config")
     for head in left_out:
         log.info(
             "left out the %s (%s*): a converter created it, so its weights are random; pass %s to write it",
@@ -616,11 +629,14 @@ def save_hf_model(
         _write_json(os.path.join(tmp, HF_CONFIG_FILE), hf_values)
         _write_json(os.path.join(tmp, TOKENIZER_CONFIG_FILE), tokenizer_config)
         shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_FILE))
+        if embedding:
+            write_sentence_transformers_files(tmp, embedding, config.hidden_size)
     tied = set(HF_TIED) & set(tensors)
     return {
         "architecture": architecture,
         "left_out": list(left_out),
         "parameters": int(sum(np.size(v) for name, v in tensors.items() if name not in tied)),
+        "embedding": embedding,
     }
 
 
@@ -637,15 +653,18 @@ def describe_hf(src) -> dict:
     source = find_hf_model(src)
     values = _read_json(source.config_file, "config")
     keys = _open_weights(source)
+    config = config_from_hf(values, source.config_file)
     weights = {c: v for c, v in keys.items() if c not in HF_BUFFERS and c not in HF_TIED}
     layers = {c.split(".")[3] for c in weights if c.startswith("bert.encoder.layer.")}
     folder = source.folder
     vocab = os.path.join(folder, VOCAB_FILE)
+    lower = hf_lower_case(folder)[0]
+    embedding = sentence_transformers_embedding(folder, config, lower_case_for(folder, lower))
     return {
         "kind": "Hugging Face model",
         "source": source.folder,
         "weight_files": [os.path.basename(p) for p in source.weight_files],
-        "config": config_from_hf(values, source.config_file).to_dict(),
+        "config": config.to_dict(),
         "architectures": values.get("architectures") if isinstance(values, dict) else None,
         "vocab_entries": count_lines(vocab) if os.path.isfile(vocab) else None,
         "parameters": int(sum(np.prod(f.shapes[n]) for f, n in weights.values())),
@@ -655,5 +674,151 @@ def describe_hf(src) -> dict:
             _recorded_fresh_heads(values, source.config_file),
         ),
         "dtypes": sorted({f.dtypes[n] for f, n in weights.values()}),
-        "do_lower_case": hf_lower_case(folder)[0],
+        "do_lower_case": lower,
+        **({"embedding": embedding} if embedding else {}),
     }
+
+
+# === sentence-transformers ===
+# A sentence-transformers model folder is a Hugging Face BERT plus modules.json, which lists
+# what runs after it: a Pooling module (1_Pooling/config.json) and maybe a Normalize. kbert
+# records those as the model's `embedding` (kbert.model_dir.EMBEDDING_KEY) and writes them back.
+
+ST_MODULES_FILE = "modules.json"
+ST_CONFIG_FILE = "sentence_bert_config.json"
+ST_MODEL_CONFIG_FILE = "config_sentence_transformers.json"
+ST_POOLING_DIR = "1_Pooling"
+ST_NORMALIZE_DIR = "2_Normalize"
+# sentence-transformers' pooling names -> kbert's (kbert.model.pooling.POOLING_MODES).
+ST_POOLING = {"cls": "cls", "mean": "mean", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len"}
+# The boolean keys of 1_Pooling/config.json as sentence-transformers before 6 wrote it, by mode.
+ST_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+# The modules kbert reproduces, by class name (modules.json's "type" is its import path, which
+# sentence-transformers renamed in version 6: sentence_transformers.models.Pooling, then
+# sentence_transformers.sentence_transformer.modules.pooling.Pooling).
+ST_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+def sentence_transformers_embedding(folder, config: BertConfig, do_lower_case: bool) -> dict | None:
+    """The `embedding` record of a sentence-transformers folder (None when it has no
+    modules.json): {"pooling", "normalize", "max_seq_length"}, read from modules.json,
+    1_Pooling/config.json, sentence_bert_config.json and tokenizer_config.json. A module kbert
+    cannot reproduce (a Dense layer, weighted-mean pooling, ...) is refused in one line."""
+    path = os.path.join(folder, ST_MODULES_FILE)
+    if not os.path.isfile(path):
+        return None
+    modules = _read_json(path, "sentence-transformers module list")
+    if not isinstance(modules, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("type"), str) for m in modules
+    ):
+        raise KbertError(f'{path}: must be a list of modules, each with a "type"; download it again')
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+    for module, kind in zip(modules, kinds, strict=True):
+        if kind not in ST_MODULES:
+            raise KbertError(
+                f"{path}: module {module.get('name', '?')} is a {module['type']} ({module.get('path') or 'no folder'}), "
+                f"which kbert cannot reproduce; kbert converts sentence-transformers models made of "
+                f"Transformer, Pooling and Normalize only"
+            )
+    if kinds[:2] != ["Transformer", "Pooling"] or kinds[2:] not in ([], ["Normalize"]):
+        raise KbertError(
+            f"{path}: modules {' -> '.join(kinds)}; kbert converts Transformer -> Pooling (-> Normalize), in that order"
+        )
+    if (modules[0].get("path") or "") not in ("", "."):
+        raise KbertError(
+            f"{path}: the Transformer's files are in {modules[0]['path']}/, but kbert reads a sentence-transformers "
+            f"folder whose BERT (config.json, model.safetensors) is beside modules.json; move them there"
+        )
+    pooling = _st_pooling(os.path.join(folder, modules[1].get("path") or ST_POOLING_DIR), config)
+    st_config_path = os.path.join(folder, ST_CONFIG_FILE)
+    st_config = _read_json(st_config_path, "sentence-transformers config") if os.path.isfile(st_config_path) else {}
+    st_config = st_config if isinstance(st_config, dict) else {}
+    if st_config.get("do_lower_case") and not do_lower_case:
+        raise KbertError(
+            f"{st_config_path}: do_lower_case lower-cases texts before a cased tokenizer (accents kept), "
+            f"which kbert's tokenizer cannot do; kbert converts models whose tokenizer does the lower-casing"
+        )
+    return {
+        "pooling": pooling,
+        "normalize": kinds[2:] == ["Normalize"],
+        "max_seq_length": _st_length(folder, st_config, config),
+    }
+
+
+def _st_pooling(pooling_folder, config: BertConfig) -> str:
+    """kbert's name of the one pooling mode a 1_Pooling/config.json sets (either format)."""
+    path = os.path.join(pooling_folder, HF_CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise KbertError(f"{path}: missing, but modules.json lists a Pooling module there; download the model again")
+    values = _read_json(path, "sentence-transformers pooling config")
+    if not isinstance(values, dict):
+        raise KbertError(f"{path}: must be a JSON object; download the model again")
+    mode = values.get("pooling_mode")
+    if mode is None:  # sentence-transformers before 6: one boolean per mode (none set: mean)
+        modes = [name for key, name in ST_POOLING_KEYS.items() if values.get(key)]
+        mode = modes[0] if len(modes) == 1 else tuple(modes) or "mean"
+    if isinstance(mode, list):
+        mode = mode[0] if len(mode) == 1 else tuple(mode)
+    if not isinstance(mode, str):
+        raise KbertError(
+            f"{path}: pools in several modes at once ({' + '.join(map(str, mode))}, concatenated), which kbert "
+            f"cannot reproduce; kbert converts one of {', '.join(ST_POOLING)}"
+        )
+    if mode not in ST_POOLING:
+        raise KbertError(
+            f"{path}: pooling mode {mode!r}, which kbert cannot reproduce; kbert converts {', '.join(ST_POOLING)}"
+        )
+    width = values.get("embedding_dimension", values.get("word_embedding_dimension", config.hidden_size))
+    if width != config.hidden_size:
+        raise KbertError(
+            f"{path}: pools vectors of {width} values, but config.json says hidden_size {config.hidden_size}"
+        )
+    return ST_POOLING[mode]
+
+
+def _st_length(folder, st_config: dict, config: BertConfig) -> int:
+    """The tokens per text sentence-transformers keeps: sentence_bert_config.json's max_seq_length,
+    else (as version 6 writes it) the tokenizer's model_max_length, within max_position_embeddings."""
+    length = st_config.get("max_seq_length")
+    if length is None:
+        path = os.path.join(folder, TOKENIZER_CONFIG_FILE)
+        values = _read_json(path, "tokenizer config") if os.path.isfile(path) else {}
+        length = values.get("model_max_length") if isinstance(values, dict) else None
+    if isinstance(length, bool) or not isinstance(length, (int, float)) or length < 3:
+        return config.max_position_embeddings
+    return int(min(length, config.max_position_embeddings))
+
+
+def write_sentence_transformers_files(folder, embedding: dict, hidden_size: int):
+    """The files beside a Hugging Face BERT that make `sentence_transformers.SentenceTransformer(folder)`
+    pool (and normalise) as `embedding` says, in the format every sentence-transformers version reads."""
+    modes = {kbert_name: st_name for st_name, kbert_name in ST_POOLING.items()}
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": ST_POOLING_DIR, "type": "sentence_transformers.models.Pooling"},
+    ]
+    if embedding.get("normalize"):
+        modules.append(
+            {"idx": 2, "name": "2", "path": ST_NORMALIZE_DIR, "type": "sentence_transformers.models.Normalize"}
+        )
+        os.makedirs(os.path.join(folder, ST_NORMALIZE_DIR))  # Normalize has no settings: its folder is empty
+    os.makedirs(os.path.join(folder, ST_POOLING_DIR))
+    pooling = {"word_embedding_dimension": hidden_size}
+    pooling.update({key: modes[embedding["pooling"]] == mode for key, mode in ST_POOLING_KEYS.items()})
+    _write_json(os.path.join(folder, ST_MODULES_FILE), modules)
+    _write_json(os.path.join(folder, ST_POOLING_DIR, HF_CONFIG_FILE), pooling)
+    # do_lower_case here would lower-case before the tokenizer; the tokenizer's own casing is in tokenizer_config.json.
+    length = {"max_seq_length": embedding["max_seq_length"]} if embedding.get("max_seq_length") else {}
+    _write_json(os.path.join(folder, ST_CONFIG_FILE), {**length, "do_lower_case": False})
+    # No prompts, and cosine similarity: what sentence-transformers assumes of a model that names none.
+    _write_json(
+        os.path.join(folder, ST_MODEL_CONFIG_FILE),
+        {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"},
+    )

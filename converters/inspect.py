@@ -25,9 +25,11 @@ from kbert.errors import KbertError, plural
 from kbert.files import count_lines
 from kbert.model_dir import (
     CONFIG_FILE,
+    EMBEDDING_KEY,
     TASK_KEYS,
     VOCAB_FILE,
     WEIGHTS_FILE,
+    check_embedding,
     head_provenance,
     interrupted_finetuning,
     interrupted_finetuning_message,
@@ -306,7 +308,14 @@ def _describe_model_dir(src) -> dict:
         "do_lower_case": config.extras.get("do_lower_case"),
         # What predict, evaluate and export read (kbert finetune and kbert.save record it).
         **{k: config.extras[k] for k in TASK_KEYS if k in config.extras},
+        # How kbert embed pools (and normalises) its vectors: a sentence-embedding model's.
+        **_embedding_entry(config, os.path.join(src, CONFIG_FILE)),
     }
+
+
+def _embedding_entry(config: BertConfig, where) -> dict:
+    embedding = check_embedding(config, where)
+    return {EMBEDDING_KEY: embedding} if embedding else {}
 
 
 def _describe_keras_file(src) -> dict:
@@ -322,6 +331,7 @@ def _describe_keras_file(src) -> dict:
         "heads": head_provenance(kind, model.fresh_heads),
         "do_lower_case": model.do_lower_case,
         **dict(getattr(model, "task_info", None) or {}),
+        **_embedding_entry(model.config, src),
     }
 
 

@@ -33,6 +33,7 @@ _EXPORTS = {
     "Vocabulary": "kbert.model.bert",
     "BertPreprocessor": "kbert.text.preprocessing",
     "load": "kbert.model_dir",
+    "embed": "kbert.embedding",
     "save": "kbert.model_dir",
     "Tokenizer": "kbert.text.tokenizer",
     "GraphTokenizer": "kbert.text.graph_tokenizer",

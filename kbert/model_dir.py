@@ -27,6 +27,7 @@ from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, count_lines, require_
 from kbert.finetuning.options import FinetuneOptions
 from kbert.model import bert
 from kbert.model.initializers import unfilled
+from kbert.model.pooling import POOLING_MODES
 from kbert.outputs import writes
 
 log = logging.getLogger("kbert")
@@ -55,6 +56,47 @@ HEADS = ("masked_lm", "next_sentence", "pooler")
 FINETUNE_STATE_FILE = "state.json"
 # A Keras archive (`model.save`), which `kbert.load` and every command taking a model also read.
 KERAS_SUFFIX = ".keras"
+# A sentence-embedding model's record in bert_config.json (and a .keras file's config): how its
+# token vectors become one vector per text, e.g. {"pooling": "mean", "normalize": true,
+# "max_seq_length": 256}, as a sentence-transformers model's modules say (converters/hf.py).
+EMBEDDING_KEY = "embedding"
+
+
+def check_embedding(config: BertConfig, where) -> dict | None:
+    """The embedding record `config` holds (`EMBEDDING_KEY`), checked; None when it has none.
+
+    >>> config = BertConfig(vocab_size=10, extras={"embedding": {"pooling": "mean", "normalize": True}})
+    >>> check_embedding(config, "bert_config.json")
+    {'pooling': 'mean', 'normalize': True}
+    >>> check_embedding(BertConfig(vocab_size=10, extras={"embedding": {"pooling": "sum"}}), "bert_config.json")
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: bert_config.json: embedding pooling 'sum' is not one of cls, mean, max, mean_sqrt_len; fix bert_config.json or convert the model again
+    """
+    record = config.extras.get(EMBEDDING_KEY)
+    if record is None:
+        return None
+    fix = "fix bert_config.json or convert the model again"
+    if not isinstance(record, dict) or set(record) - {"pooling", "normalize", "max_seq_length"}:
+        raise KbertError(
+            f"{where}: embedding must be an object of pooling, normalize and max_seq_length, got {record!r}; {fix}"[
+                :400
+            ]
+        )
+    if record.get("pooling") not in POOLING_MODES:
+        raise KbertError(
+            f"{where}: embedding pooling {record.get('pooling')!r} is not one of {', '.join(POOLING_MODES)}; {fix}"
+        )
+    if not isinstance(record.get("normalize", False), bool):
+        raise KbertError(f"{where}: embedding normalize must be true or false, got {record['normalize']!r}; {fix}")
+    length = record.get("max_seq_length")
+    limit = config.max_position_embeddings
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or not 3 <= length <= limit):
+        raise KbertError(
+            f"{where}: embedding max_seq_length {length!r} must be a whole number from 3 to {limit} "
+            f"(max_position_embeddings); {fix}"
+        )
+    return dict(record)
 
 
 def check_vocab(vocab_file: str, config: BertConfig):
@@ -265,6 +307,8 @@ def _describe(model, config: BertConfig, do_lower_case: bool, task_info: dict):
     which heads a converter created (`fresh_heads`, left out when every head was read or trained)."""
     for key in TASK_KEYS + ("num_classes", "fresh_heads"):  # a head's metadata must not outlive the head
         config.extras.pop(key, None)
+    if model_kind(model) in HEAD_TASKS:  # a task head's encoder no longer makes the sentence vectors
+        config.extras.pop(EMBEDDING_KEY, None)
     config.extras.update(kbert_model=model_kind(model), do_lower_case=bool(do_lower_case))
     fresh = fresh_heads_of(model)
     if fresh:
@@ -353,6 +397,7 @@ def load_keras_file(path):
             f"kbert model (model.save), or a kbert model directory"
         ) from None
     model_kind(model)  # a kbert model, or a one-line error
+    check_embedding(model.config, path)
     if model.vocabulary is None:
         raise KbertError(
             f"{path}: the model declares no vocabulary, so its text cannot be tokenized; build it on a "
@@ -493,6 +538,7 @@ def load(model_dir):
         head["task_info"] = {k: config.extras[k] for k in TASK_KEYS if k in config.extras}
     vocabulary = bert.Vocabulary(os.path.join(model_dir, VOCAB_FILE), bool(config.extras.get("do_lower_case", True)))
     fresh_heads = recorded_fresh_heads(config, os.path.join(model_dir, CONFIG_FILE))
+    check_embedding(config, os.path.join(model_dir, CONFIG_FILE))
     # Unfilled weights, every one assigned by load_weights next (it fails on any it lacks).
     with unfilled():
         model = builders[kind](config, **head, vocabulary=vocabulary)

@@ -37,6 +37,7 @@ VALID = {
     "finetune": "T/model --task classify --train T/train.tsv --dev T/dev.tsv --output T/out/ft",
     "predict": "T/model --input T/train.tsv --output T/out/predictions.jsonl",
     "evaluate": "T/model --input T/train.tsv",
+    "embed": "T/model --input T/text.txt --output T/out/embeddings.jsonl --pooling mean",
     "export": "T/model T/out/export",
     "extend": "T/model T/out/extended --max-position-embeddings 128 --words T/words.txt --corpus T/text.txt --max-new 2",
     "convert from-tf1": "T/model T/out/converted --config T/model/bert_config.json --vocab T/model/vocab.txt",
@@ -276,6 +277,7 @@ def with_value(name, callback, parameter, value):
 # Bad invocations a command's declarations cannot derive, each a whole argv: (command, case, argv).
 _FINETUNE = "finetune T/kbert --task classify --train T/train.tsv --output T/out/ft"
 _PRETRAIN_INIT = "pretrain --model-dir T/out/run --data T/data.tfrecord --init"
+_EMBED = "embed T/kbert --input T/text.txt --pooling mean"
 WHOLE_CASES = [
     # --init is not in pretrain's valid invocation (it starts from --config): its model sources here.
     ("pretrain", "init-missing", f"{_PRETRAIN_INIT} T/nowhere/missing"),
@@ -310,6 +312,15 @@ WHOLE_CASES = [
     ("finetune", "windows-for-squad", f"{_FINETUNE.replace('classify', 'squad')} --long-text windows"),
     ("finetune", "windows-for-choice", f"{_FINETUNE.replace('classify', 'choice')} --long-text windows"),
     ("finetune", "windows-with-pairs", f"{_FINETUNE.replace('train.tsv', 'pairs.tsv')} --long-text windows"),
+    # kbert embed: a model with no sentence-embedding pooling recorded, and what the command cannot take.
+    ("embed", "no-pooling-recorded", "embed T/kbert --input T/text.txt"),
+    ("embed", "pooling-unknown", "embed T/kbert --input T/text.txt --pooling sum"),
+    ("embed", "format-unknown", "embed T/kbert --input T/text.txt --pooling mean --format csv"),
+    ("embed", "npy-without-output", "embed T/kbert --input T/text.txt --pooling mean --format npy"),
+    ("embed", "npy-resumed", f"{_EMBED} --output T/out/v.npy --format npy --resume"),
+    ("embed", "text-pairs", "embed T/kbert --input T/pairs.tsv --pooling mean"),
+    ("embed", "doc-stride-without-windows", f"{_EMBED} --doc-stride 4"),
+    ("embed", "doc-stride-the-window's", f"{_EMBED} --long-text windows --doc-stride 62"),
 ]
 
 CASES = [

@@ -151,6 +151,7 @@ def test_a_shared_error_names_the_command_that_has_the_flag(tmp_path):
 # they say `max_seq_length=600` to a Python caller and `--max-seq-length 600` on the command line.
 OPTION_NAMING_MODULES = [
     "kbert/config.py",
+    "kbert/embedding.py",
     "kbert/extend.py",
     "kbert/finetuning/formats.py",
     "kbert/finetuning/options.py",
