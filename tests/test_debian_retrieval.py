@@ -1,0 +1,140 @@
+"""scripts/debian_retrieval.py: synopsis -> long description pairs, split by source package.
+
+On a small Packages text written here: no source package has pairs in two splits, a query or a
+document that repeats (up to case and spacing) is kept once, the long text is found in
+Translation-en by the description's checksum, and the same seed writes the same files.
+"""
+
+import csv
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import debian_retrieval  # noqa: E402  (scripts/ is a folder of scripts, not a package)
+
+WORDS = "reads writes converts checks plots serves parses builds tests renders".split()
+
+
+def stanza(package, synopsis, body, source=None):
+    lines = [f"Package: {package}"] + ([f"Source: {source} (1.0-1)"] if source else [])
+    lines.append(f"Description: {synopsis}")
+    lines += [" " + line if line else " ." for line in body.split("\n")]
+    return "\n".join(lines) + "\nSection: misc\n"
+
+
+def document(source, n):
+    # Distinct per source and package, and long enough to pass --min-words.
+    return f"The {source} tool number {n} " + " ".join(WORDS[(n + i) % len(WORDS)] for i in range(8)) + " files."
+
+
+@pytest.fixture
+def packages(tmp_path):
+    """(a Packages file, {query: its source package})."""
+    stanzas, sources = [], {}
+
+    def add(package, synopsis, body, source=None):
+        stanzas.append(stanza(package, synopsis, body, source))
+        sources[" ".join(synopsis.split())] = source or package
+
+    for i in range(40):
+        source = f"src{i:02d}"
+        add(source, f"{source} main tool", document(source, 0) + "\n\nA second paragraph.")
+        add(f"{source}-data", f"{source} data files", document(source, 1), source=source)
+    # Another source repeating src03-data's document (case and spaces aside), one another's synopsis.
+    add("copycat", "copycat synopsis", document("src03", 1).upper().replace(" ", "  "))
+    add("echo", "SRC05   main tool", document("echo", 0))
+    add("tiny", "tiny tool", "Too short.")
+    path = tmp_path / "Packages"
+    path.write_text("\n".join(stanzas), encoding="utf-8")
+    return path, sources
+
+
+def run(args, capsys):
+    debian_retrieval.main([str(a) for a in args])
+    return json.loads(capsys.readouterr().out)
+
+
+def read_split(folder, split):
+    with open(os.path.join(folder, f"{split}.tsv"), encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t", quotechar=None))
+    assert rows[0] == ["query", "document"]
+    return rows[1:]
+
+
+def key(text):
+    return " ".join(text.lower().split())
+
+
+def test_pairs_are_split_by_source_package_and_deduplicated(packages, tmp_path, capsys):
+    path, source_of = packages
+    out = tmp_path / "out"
+    counts = run([out, "--packages", path, "--test-size", 10, "--dev-size", 5, "--per-source", 2], capsys)
+    splits = {split: read_split(out, split) for split in debian_retrieval.SPLITS}
+    assert {split: len(rows) for split, rows in splits.items()} == {s: counts[s] for s in debian_retrieval.SPLITS}
+    assert counts["test"] == 10 and counts["dev"] in (5, 6)  # whole sources: a source's pairs stay together
+    # 83 packages: "tiny" is too short; of src03-data's and copycat's document, and of src05's and echo's
+    # synopsis, one is kept.
+    assert counts["dropped"] == {"short": 1, "duplicate": 2, "past_per_source": 0}
+    assert counts["train"] + counts["dev"] + counts["test"] == 80
+    assert counts["sources"] == 43
+
+    splits_of = {}
+    for split, rows in splits.items():
+        for query, doc in rows:
+            assert "\t" not in query + doc and query and doc
+            splits_of.setdefault(source_of[query], set()).add(split)
+    assert all(len(found) == 1 for found in splits_of.values()), splits_of
+    every = [row for rows in splits.values() for row in rows]
+    assert len({key(q) for q, _ in every}) == len(every)
+    assert len({key(d) for _, d in every}) == len(every)
+    # The long text is the description after its synopsis, paragraphs joined on one line.
+    assert ["src07 main tool", document("src07", 0) + " A second paragraph."] in every
+
+
+def test_one_pair_per_source_takes_the_package_named_after_it(packages, tmp_path, capsys):
+    path, source_of = packages
+    counts = run([tmp_path / "one", "--packages", path, "--test-size", 5, "--dev-size", 5], capsys)
+    every = [row for split in debian_retrieval.SPLITS for row in read_split(tmp_path / "one", split)]
+    queries = {query for query, _ in every}
+    # A source's -data package only where its main package's synopsis was taken by another source:
+    # then echo holds "src05 main tool" (up to case); else echo has no pair of its own.
+    assert {q for q in queries if q.endswith("data files")} <= {"src05 data files"}
+    echo_kept = "src05 data files" in queries
+    expected = set(source_of.values()) - {"tiny"} - (set() if echo_kept else {"echo"})
+    assert sorted(source_of[query] for query in queries) == sorted(expected)
+    assert counts["test"] == 5 and counts["dev"] == 5
+
+
+def test_the_same_seed_writes_the_same_files_and_another_seed_another_split(packages, tmp_path, capsys):
+    path, _ = packages
+
+    def files(folder, seed):
+        run([folder, "--packages", path, "--test-size", 10, "--dev-size", 5, "--seed", seed], capsys)
+        return {split: (folder / f"{split}.tsv").read_bytes() for split in debian_retrieval.SPLITS}
+
+    first, again, other = files(tmp_path / "a", 0), files(tmp_path / "b", 0), files(tmp_path / "c", 1)
+    assert first == again
+    assert first["test"] != other["test"]
+    assert sum(len(b.splitlines()) for b in first.values()) == sum(len(b.splitlines()) for b in other.values())
+    assert not [name for name in os.listdir(tmp_path / "a") if name.endswith(".partial")]
+
+
+def test_long_descriptions_come_from_translation_en_by_checksum():
+    packages = (
+        "Package: foo\nSource: foolib (2.0)\nDescription: Foo tool\nDescription-md5: aaa\n\n"
+        "Package: bar\nDescription: Bar tool\nDescription-md5: bbb\n\n"
+        "Package: foo\nDescription: Foo tool\nDescription-md5: aaa\n"  # the same package in a second list
+    )
+    translations = (
+        "Package: foo\nDescription-md5: old\nDescription-en: Foo tool\n An older text.\n\n"
+        "Package: foo\nDescription-md5: aaa\nDescription-en: Foo tool\n Foo does one thing.\n .\n And another.\n\n"
+        "Package: bar\nDescription-md5: zzz\nDescription-en: Bar tool\n Bar text.\n"
+    )
+    assert debian_retrieval.read_pairs(packages, translations) == {
+        "foolib": [("foo", "Foo tool", "Foo does one thing. And another.")],
+        "bar": [("bar", "Bar tool", "Bar text.")],  # no checksum match: the package's only text
+    }
