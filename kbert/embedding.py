@@ -290,12 +290,20 @@ def read_texts(path) -> list:
 
     examples = readers.read_feature_texts(path)
     readers.report_skipped(path, examples)
+    return list(one_text_per_row(path, examples, "kbert embed").texts)
+
+
+def one_text_per_row(path, examples, reader: str):
+    """A file's `examples` (`readers.read_feature_texts`) as the texts to embed, one per row: a
+    plain line whole, a table's text column; `reader` (what embeds them, for the message)
+    refuses a table with a second text column."""
     if examples.texts_b is None:
-        return list(examples.texts)
+        return examples
     if examples.format == "lines":  # a line is one text, whatever it holds: " ||| " is no pair here
-        return [f"{a} ||| {b}" if b else a for a, b in zip(examples.texts, examples.texts_b, strict=True)]
+        joined = [f"{a} ||| {b}" if b else a for a, b in zip(examples.texts, examples.texts_b, strict=True)]
+        return dataclasses.replace(examples, texts=joined, texts_b=None)
     raise KbertError(
-        f"{path}: has a second text column (text_b), but kbert embed embeds one text per row; drop the "
+        f"{path}: has a second text column (text_b), but {reader} embeds one text per row; drop the "
         f"column, or put each text in a row of its own"
     )
 

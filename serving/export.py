@@ -27,7 +27,8 @@ tag of each whitespace-separated word of `text` (on its first WordPiece, as `kbe
 tags CoNLL words; "" past a sentence's words). Multiple-choice models take `text` [batch] and
 `endings` [batch, choices] strings (`serve_ids`: [batch, choices, seq] ids; `serve_examples`:
 a bytes feature `endings` with one value per ending) and give `probabilities` [batch, choices]
-and `label_id`. Floats are float32 and pass through
+and `label_id`. A sentence-embedding model (its bert_config.json records its pooling) gives
+`embedding` [batch, H]: each text's vector, as `kbert embed` computes it. Floats are float32 and pass through
 `tf.debugging.check_numerics`, so a NaN fails the request instead of being served.
 
 A model fine-tuned with `--long-text windows` is served whole: the text signatures cut each
@@ -49,6 +50,7 @@ from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 from kbert._compat import write_export_archive
 from kbert.config import sequence_length
+from kbert.embedding import embedding_of
 from kbert.errors import KbertError, option
 from kbert.files import atomic_output_dir
 from kbert.finetuning.options import window_stride
@@ -59,6 +61,7 @@ from kbert.serving.heads import (
     MAX_WINDOWS,
     ServingHead,
     require_served,
+    serve_embedding,
     serve_encoder,
     serve_windows,
     serving_head,
@@ -114,6 +117,8 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=Fal
         return optimize(m, constant_weights=constant_weights, int8=int8)
 
     if isinstance(model, (BertEncoder, BertPretrainer)):
+        if embedding_of(model) is not None:  # a sentence-embedding model serves its vectors
+            return serve_embedding(model, serving, text_pairs)
         return serve_encoder(serving(encoder_of(model)), bool(text_pairs))
     task = task_info.get("task")
     if task is None:  # a head saved without fine-tuning metadata: its kind says which task
@@ -272,7 +277,9 @@ def export_model(
     finally:
         keras.mixed_precision.set_global_policy(previous)
     task_info = getattr(model, "task_info", None) or {}
-    length = sequence_length(max_seq_length, model.config.max_position_embeddings, task_info.get("max_seq_length"))
+    # A sentence-embedding model's texts keep the tokens its record says, as in kbert embed.
+    recorded = task_info.get("max_seq_length") or (embedding_of(model) or {}).get("max_seq_length")
+    length = sequence_length(max_seq_length, model.config.max_position_embeddings, recorded)
     if length < 3:
         raise KbertError(f"{option('max_seq_length', length)} must be at least 3 ([CLS] x [SEP])")
     windows = None

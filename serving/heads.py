@@ -11,6 +11,9 @@ fine-tuned model's head by the task it was fine-tuned for (`kbert.finetuning.tas
 - choice: `probabilities` over the endings and `label_id`; it takes `text` and `endings`.
 SQuAD models are not served yet (export would need their question/context windows).
 
+`serve_embedding` serves a sentence-embedding model (an encoder whose bert_config.json records
+its pooling, `kbert.embedding`): `embedding`, each text's vector as `kbert embed` computes it.
+
 Example:
 >>> SERVED_TASKS, API_METHODS[CLASSIFY_API]
 (('classify', 'regress', 'tag', 'choice'), 'tensorflow/serving/classify')
@@ -21,10 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import keras
 import tensorflow as tf
 
-from kbert.errors import KbertError
+from kbert.embedding import embedding_of
+from kbert.errors import KbertError, option
 from kbert.finetuning.tasks import fallback_tag, get_task
+from kbert.model.bert import encoder_of
+from kbert.model.pooling import SentencePooling
 
 # TF Serving's Classify and Regress APIs: the signature names an export adds for them, and
 # the method names TF Serving requires of them.
@@ -72,6 +79,60 @@ def serve_encoder(encoder, text_pairs: bool) -> ServingHead:
         }
 
     return ServingHead(outputs, {"text": 1, "text_b": 1} if text_pairs else {"text": 1})
+
+
+# What a sentence-embedding model's export serves: its one output, and the kind `kbert predict
+# --server` reads from it (`kbert.serving.predict.served_task`).
+EMBEDDING = "embedding"
+
+
+def embedding_model(encoder, pooling: str, normalize: bool) -> keras.Model:
+    """`encoder`'s inputs -> {"embedding": [batch, H] float32}: its `sequence_output` pooled
+    over real tokens (`kbert.model.pooling.SentencePooling`, the code `kbert embed` runs), then
+    L2-normalised if `normalize`. One functional model, so `kbert.serving.optimize` rewrites it
+    as any other (each group of texts run on its longest).
+
+    Example:
+    >>> import kbert, numpy as np
+    >>> config = kbert.BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+    ...                           intermediate_size=16)
+    >>> model = embedding_model(kbert.bert_encoder(config), "mean", normalize=True)
+    >>> ids = np.array([[2, 7, 3, 0]], "int32")
+    >>> vectors = model({"input_ids": ids, "input_mask": np.sign(ids), "segment_ids": 0 * ids})["embedding"]
+    >>> vectors.shape, round(float(np.linalg.norm(vectors)), 5)
+    (TensorShape([1, 8]), 1.0)
+    """
+    # Pooled in float32 whatever the encoder computes in: a bfloat16 sum over a text's tokens
+    # would lose the vector's last digits.
+    vectors = SentencePooling(pooling, normalize, dtype="float32", name="sentence_pooling")(
+        encoder.output["sequence_output"], encoder.input["input_mask"]
+    )
+    return keras.Model(encoder.input, {EMBEDDING: vectors}, name="sentence_embedding")
+
+
+def serve_embedding(model, serving, text_pairs: bool | None = None) -> ServingHead:
+    """A sentence-embedding model's head: `embedding` [batch, H] float32 for each text, pooled
+    and normalised as the model's embedding record says (`embedding_model`), from `text` alone.
+
+    Args:
+        model: a kbert model whose config records its pooling (`kbert.embedding.embedding_of`).
+        serving: callable. keras.Model -> the model as the export runs it (`kbert.serving.optimize`).
+        text_pairs: bool or None. True is refused: sentence-transformers embeds one text at a time.
+    """
+    record = embedding_of(model)
+    if record is None:
+        raise KbertError("the model records no sentence-embedding pooling; export it as an encoder")
+    if text_pairs:
+        raise KbertError(
+            f"a sentence-embedding model embeds one text per request row: leave out "
+            f"{option('text_pairs', True, flag='--text-pairs')}"
+        )
+    served = serving(embedding_model(encoder_of(model), record["pooling"], record.get("normalize", False)))
+
+    def outputs(features):
+        return {EMBEDDING: finite(EMBEDDING, served(features)[EMBEDDING])}
+
+    return ServingHead(outputs)
 
 
 def _serve_classifier(model, labels):

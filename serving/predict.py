@@ -4,7 +4,8 @@ The file is read with the task's reader and the server's answers are turned into
 JSON (`kbert.finetuning.tasks`), so local and server prediction print the same lines for the
 same model. Which task a served model has, the server tells: `served_task` reads it from the
 signatures `kbert.serving.export` writes (`served_by`), and `served_rows` asks the server for
-that task's rows.
+that task's rows. A sentence-embedding model's rows are those `kbert embed` writes:
+{"embedding": [...]} per text.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from kbert.embedding import json_vector, one_text_per_row
 from kbert.errors import KbertError, listing, on_command_line, option
 from kbert.files import require_path
 from kbert.finetuning import readers
@@ -21,7 +23,10 @@ from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.predict import check_start, pooled_row, stream_rows
 from kbert.finetuning.tasks import choice_row, classify_row, get_task
 from kbert.serving.client import Client
-from kbert.serving.heads import API_METHODS, CLASSIFY_API, REGRESS_API, SERVED_TASKS
+from kbert.serving.heads import API_METHODS, CLASSIFY_API, EMBEDDING, REGRESS_API, SERVED_TASKS
+
+# What `kbert predict --server` reads, for its messages.
+_SERVED_KINDS = f"the tasks {', '.join(SERVED_TASKS)}, encoders and sentence-embedding models"
 
 
 def served_texts_b(path, texts_b, signatures, client):
@@ -65,10 +70,13 @@ def served_by(task: str, signatures: dict) -> bool:
 
 
 def served_task(signatures: dict) -> str | None:
-    """The task of a model kbert export wrote, from its signatures (None for an encoder).
+    """The task of a model kbert export wrote, from its signatures: None for an encoder,
+    EMBEDDING ("embedding") for a sentence-embedding model.
 
     >>> served_task({"serving_default": {"inputs": {"text": {}, "endings": {}}, "outputs": {}}})
     'choice'
+    >>> served_task({"serving_default": {"inputs": {"text": {}}, "outputs": {"embedding": {}}}})
+    'embedding'
     """
     for task in SERVED_TASKS:
         if served_by(task, signatures):
@@ -76,10 +84,11 @@ def served_task(signatures: dict) -> str | None:
     outputs = set(signatures.get("serving_default", {}).get("outputs", {}))
     if "pooled_output" in outputs:
         return None
+    if outputs == {EMBEDDING}:
+        return EMBEDDING
     raise KbertError(
         f"the served model's serving_default has outputs {listing(outputs) or 'none'}; {_served_reader()} "
-        f"reads what kbert export writes (the tasks "
-        f"{', '.join(SERVED_TASKS)} and encoders): use Client.predict for other models"
+        f"reads what kbert export writes ({_SERVED_KINDS}): use Client.predict for other models"
     )
 
 
@@ -118,6 +127,14 @@ def _choice_answers(client):
     return answer
 
 
+def _embedding_answers(client):
+    def answer(part, first):
+        out = client.predict_text(part.texts)
+        return [{EMBEDDING: json_vector(row)} for row in out[EMBEDDING]]  # kbert embed's rows
+
+    return answer
+
+
 def _feature_answers(client, texts_b_allowed):
     def answer(part, first):
         out = client.predict_text(part.texts, part.texts_b if texts_b_allowed else None)
@@ -129,9 +146,10 @@ def _feature_answers(client, texts_b_allowed):
 def served_rows(
     task: str | None, client: Client, signatures: dict, path, *, options: FinetuneOptions, start: int = 0
 ) -> Iterator[dict]:
-    """The dicts local `kbert predict` prints for `task` (None: an encoder's features), from
-    example `start` of `path` on, as the served model answers them: the file is read as local
-    prediction reads it, and goes through the same batch loop (`stream_rows`).
+    """The dicts local `kbert predict` prints for `task` (None: an encoder's features; EMBEDDING:
+    the rows `kbert embed` writes, {"embedding": [...]}), from example `start` of `path` on, as
+    the served model answers them: the file is read as local prediction (or `kbert embed`) reads
+    it, and goes through the same batch loop (`stream_rows`).
 
     Args:
         task: str or None. What `served_task(signatures)` says.
@@ -141,11 +159,16 @@ def served_rows(
         options: `FinetuneOptions`. batch_size (examples per request), format, skip_bad_rows.
         start: int. The first example to predict.
     """
-    if task is not None and task not in SERVED_TASKS:
-        raise KbertError(f"{_served_reader()} reads the tasks {', '.join(SERVED_TASKS)} and encoders, not {task!r}")
-    if task is None:
+    if task is not None and task not in (*SERVED_TASKS, EMBEDDING):
+        raise KbertError(f"{_served_reader()} reads {_SERVED_KINDS}, not {task!r}")
+    if task in (None, EMBEDDING):
         examples = readers.read_feature_texts(path, format=options.format, skip_bad_rows=options.skip_bad_rows)
         readers.report_skipped(path, examples)
+        if task == EMBEDDING:
+            examples = one_text_per_row(path, examples, _served_reader())
+            return stream_rows(
+                examples, _embedding_answers(client), options.batch_size, start, with_lines=options.skip_bad_rows
+            )
     else:
         examples = get_task(task).read_examples(path, options=options, require_labels=False, training=False)
     if task in (None, "classify", "regress"):

@@ -20,7 +20,10 @@ int32 `masked_lm_positions` [batch, P] give `mlm_logits` [batch, P, vocab] too. 
 `serving_default` signature (TF Serving) give the same outputs, `encoder_outputs` as
 `encoder_outputs_0`, `encoder_outputs_1`, ... kbert adds `nsp` (the
 encoder's inputs -> `nsp_logits` [batch, 2]) for pretraining models, so that
-`kbert convert from-tfhub` gets every weight back.
+`kbert convert from-tfhub` gets every weight back. A sentence-embedding model's encoder (its
+bert_config.json records its pooling, `kbert.embedding`) also returns `embedding` [batch, H]:
+each text's vector, pooled over its real tokens and normalised as the record says, the vector
+`kbert embed` gives; `default` stays `pooled_output`, as TF Hub's interface has it.
 
 Preprocessor. Called on strings [batch] (also as `serve` and `serving_default`), it returns the encoder's three inputs at the
 exported length (default 128). `tokenize`: strings -> int32 RaggedTensor [batch, words,
@@ -40,11 +43,13 @@ import tensorflow as tf
 
 from kbert._compat import auto_trackable
 from kbert.config import sequence_length
+from kbert.embedding import embedding_of
 from kbert.errors import KbertError, option
 from kbert.files import atomic_output_dir, count_lines
 from kbert.model import fused
 from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
 from kbert.model.layers import attention_adder
+from kbert.model.pooling import l2_normalize, pool
 from kbert.model_dir import CONFIG_FILE
 from kbert.outputs import writes
 from kbert.sources import open_model
@@ -59,9 +64,10 @@ ENCODER_DIR, PREPROCESSOR_DIR = "encoder", "preprocessor"
 HUB_INPUTS = {"input_word_ids": "input_ids", "input_mask": "input_mask", "input_type_ids": "segment_ids"}
 
 
-def _hub_outputs(encoder: BertEncoder, inputs: dict, training: bool) -> dict:
+def _hub_outputs(encoder: BertEncoder, inputs: dict, training: bool, embedding: dict | None = None) -> dict:
     """The encoder run layer by layer, so that every layer's output can be returned; the same
-    layers and ops as `BertEncoder`'s functional graph."""
+    layers and ops as `BertEncoder`'s functional graph. With an `embedding` record, also each
+    text's sentence vector (`kbert.model.pooling`, as `kbert embed` computes it)."""
     ids, mask, types = (inputs[name] for name in HUB_INPUTS)
     hidden = encoder.embeddings(ids, types, training=training)
     adder = attention_adder(mask)
@@ -70,7 +76,11 @@ def _hub_outputs(encoder: BertEncoder, inputs: dict, training: bool) -> dict:
         hidden = layer(hidden, adder, training=training)
         layers.append(hidden)
     pooled = encoder.pooler(hidden[:, 0, :])
-    return {"pooled_output": pooled, "sequence_output": hidden, "encoder_outputs": layers, "default": pooled}
+    out = {"pooled_output": pooled, "sequence_output": hidden, "encoder_outputs": layers, "default": pooled}
+    if embedding is not None:
+        vectors = pool(hidden, mask, embedding["pooling"])
+        out["embedding"] = l2_normalize(vectors) if embedding.get("normalize") else vectors
+    return out
 
 
 def _tf_variables(variables) -> list:
@@ -86,13 +96,19 @@ def _callable(function):
 
 
 def _encoder_module(
-    encoder: BertEncoder, pretrainer, vocab_file: str, do_lower_case: bool, config_file: str, with_nsp: bool = True
+    encoder: BertEncoder,
+    pretrainer,
+    vocab_file: str,
+    do_lower_case: bool,
+    config_file: str,
+    with_nsp: bool = True,
+    embedding: dict | None = None,
 ):
     specs = {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in HUB_INPUTS}
 
     @tf.function
     def call(inputs, training=False):
-        return _hub_outputs(encoder, inputs, training)
+        return _hub_outputs(encoder, inputs, training, embedding)
 
     root = auto_trackable()
     root.variables = _tf_variables(encoder.variables)
@@ -107,7 +123,7 @@ def _encoder_module(
 
     @tf.function(input_signature=[specs])
     def serve(inputs):
-        out = _hub_outputs(encoder, inputs, False)
+        out = _hub_outputs(encoder, inputs, False, embedding)
         layers = out.pop("encoder_outputs")
         return {**out, **{f"encoder_outputs_{i}": layer for i, layer in enumerate(layers)}}
 
@@ -118,7 +134,7 @@ def _encoder_module(
 
         @tf.function
         def mlm_call(inputs, training=False):
-            out = _hub_outputs(encoder, inputs, training)
+            out = _hub_outputs(encoder, inputs, training, embedding)
             return {
                 **out,
                 "mlm_logits": pretrainer.mlm_head(
@@ -141,7 +157,7 @@ def _encoder_module(
         # kbert's addition, so that a pretraining model comes back whole from its export.
         @tf.function
         def nsp_call(inputs, training=False):
-            out = _hub_outputs(encoder, inputs, training)
+            out = _hub_outputs(encoder, inputs, training, embedding)
             return {**out, "nsp_logits": pretrainer.nsp_head(out["pooled_output"])}
 
         for training in (False, True):
@@ -242,13 +258,15 @@ def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: b
     """Export a kbert model as TF Hub's BERT encoder and preprocessor: `out/encoder`, `out/preprocessor`.
 
     A fine-tuned model exports its encoder (TF Hub's encoders carry no task head); a pretraining
-    model's encoder gets the `mlm` sub-object. `out` appears whole or not at all.
+    model's encoder gets the `mlm` sub-object; a sentence-embedding model's encoder the
+    `embedding` output. `out` appears whole or not at all.
 
     Args:
         model_dir: str. A kbert model directory, or a google-research checkpoint directory.
         out: str. The directory to write.
-        max_seq_length: int. The preprocessor's default length; default 128, never past the
-            model's max_position_embeddings. `bert_pack_inputs(..., seq_length=N)` overrides it.
+        max_seq_length: int. The preprocessor's default length; default the length a
+            sentence-embedding model records, else 128, never past the model's
+            max_position_embeddings. `bert_pack_inputs(..., seq_length=N)` overrides it.
         overwrite: bool. Replace `out` if it exists and is not empty.
 
     Returns a JSON-ready summary.
@@ -272,7 +290,9 @@ def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: b
     # A head a converter created (random weights) is not exported, so that nothing reads it back as trained.
     fresh = getattr(model, "fresh_heads", ())
     pretrainer = model if isinstance(model, BertPretrainer) and "masked_lm" not in fresh else None
-    length = sequence_length(max_seq_length, encoder.config.max_position_embeddings)
+    embedding = embedding_of(model)  # a sentence-embedding model: its encoder also returns `embedding`
+    recorded = (embedding or {}).get("max_seq_length")  # the tokens its texts keep, as in kbert embed
+    length = sequence_length(max_seq_length, encoder.config.max_position_embeddings, recorded)
     if length < 3:
         raise KbertError(f"{option('max_seq_length', length)} must be at least 3 ([CLS] x [SEP])")
 
@@ -289,6 +309,7 @@ def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: b
                 model.do_lower_case,
                 config_file,
                 with_nsp="next_sentence" not in fresh,
+                embedding=embedding,
             )
             tf.saved_model.save(root, os.path.join(tmp, ENCODER_DIR), signatures=signatures)
         os.remove(config_file)
@@ -299,6 +320,8 @@ def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: b
         "encoder": os.path.join(out, ENCODER_DIR),
         "preprocessor": os.path.join(out, PREPROCESSOR_DIR),
         "mlm": pretrainer is not None,
+        # The pooling and normalisation behind the encoder's `embedding` output; null: no such output.
+        "embedding": embedding,
         "left_out": left_out,
         "seq_length": length,
         "do_lower_case": model.do_lower_case,

@@ -126,6 +126,10 @@ def tree(root: Path):
     shutil.copytree(root / "kbert", root / "bad-fresh-heads")
     config = json.loads((root / "kbert" / "bert_config.json").read_text())
     (root / "bad-fresh-heads" / "bert_config.json").write_text(json.dumps(dict(config, fresh_heads="masked_lm")))
+    # A sentence-embedding model: the record kbert convert from-hf writes for a sentence-transformers folder.
+    shutil.copytree(root / "kbert", root / "embedding")
+    embedding = {"pooling": "mean", "normalize": True, "max_seq_length": 32}
+    (root / "embedding" / "bert_config.json").write_text(json.dumps(dict(config, embedding=embedding)))
     import tensorflow as tf
 
     with tf.io.TFRecordWriter(str(root / "data.tfrecord")) as writer:
@@ -289,6 +293,7 @@ WHOLE_CASES = [
         "data-of-another-vocabulary",
         "pretrain --model-dir T/out/run --data T/uncased.tfrecord --config T/model/bert_config.json --vocab T/model/vocab.txt",
     ),
+    ("export", "embedding-text-pairs", "export T/embedding T/out/export --text-pairs"),
     ("extend", "no-growth-option", "extend T/model T/out/extended"),
     ("extend", "positions-the-model's", "extend T/model T/out/extended --max-position-embeddings 64"),
     ("extend", "positions-below-the-model's", "extend T/model T/out/extended --max-position-embeddings 32"),

@@ -10,7 +10,7 @@ import pytest
 from kbert.errors import KbertError, command_line_names
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.predict import stream_rows
-from kbert.serving.heads import SERVED_TASKS
+from kbert.serving.heads import EMBEDDING, SERVED_TASKS
 from kbert.serving.predict import served_by, served_rows, served_task, served_texts_b
 
 # Signatures as kbert.serving.export writes them, one export per task.
@@ -27,6 +27,7 @@ SIGNATURES = {
     "choice": {"serving_default": {"inputs": {"text": {}, "endings": {}}, "outputs": {"label_id": {}}}},
 }
 ENCODER = {"serving_default": {"inputs": {"text": {}}, "outputs": {"pooled_output": {}, "sequence_output": {}}}}
+EMBEDDER = {"serving_default": {"inputs": {"text": {}}, "outputs": {"embedding": {}}}}
 
 
 def test_each_export_is_recognised_by_its_own_task_only():
@@ -37,6 +38,7 @@ def test_each_export_is_recognised_by_its_own_task_only():
     # A signature named "classify" whose method is not TF Serving's Classify API is not one.
     assert not served_by("classify", {"classify": {"method_name": "tensorflow/serving/predict"}})
     assert served_task(ENCODER) is None
+    assert served_task(EMBEDDER) == EMBEDDING == "embedding"
 
 
 def test_a_model_kbert_did_not_export_is_refused():
@@ -44,7 +46,8 @@ def test_a_model_kbert_did_not_export_is_refused():
         served_task({"serving_default": {"outputs": {"logits": {}}}})
     assert str(error.value) == (
         "the served model's serving_default has outputs logits; predict_served reads what kbert export "
-        "writes (the tasks classify, regress, tag, choice and encoders): use Client.predict for other models"
+        "writes (the tasks classify, regress, tag, choice, encoders and sentence-embedding models): use "
+        "Client.predict for other models"
     )
     with command_line_names({"--server", "--input"}), pytest.raises(KbertError) as error:  # `kbert predict --server`
         served_task({"serving_default": {"outputs": {"logits": {}}}})
@@ -72,6 +75,7 @@ class _Server:
         return {
             "word_label": np.array([["B-LOC", "O", ""]] * len(texts), dtype=object),
             "pooled_output": np.array([[0.5, -0.25]] * len(texts), dtype=np.float32),
+            "embedding": np.array([[0.1, -0.7]] * len(texts), dtype=np.float32),
         }
 
     def predict(self, inputs):
@@ -98,6 +102,24 @@ def test_served_rows_are_the_local_rows_from_the_servers_answers(tmp_path):
     lines = tmp_path / "in.txt"
     lines.write_text("gold glorious.\n")
     assert list(served_rows(None, _Server(), ENCODER, lines, options=options)) == [{"pooled_output": [0.5, -0.25]}]
+
+    # An embedding model: kbert embed's rows (float32 values as their shortest decimals), a line whole.
+    lines.write_text("gold glorious.\ndead ||| dust.\n")
+    server = _Server()
+    rows = list(served_rows(EMBEDDING, server, EMBEDDER, lines, options=options))
+    assert rows == [{"embedding": [0.1, -0.7]}] * 2
+    assert server.requests == [(["gold glorious.", "dead ||| dust."], None)]
+
+
+def test_served_embeddings_take_one_text_per_row(tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("text\ttext_b\ngold.\tdust.\n")
+    with pytest.raises(KbertError) as error:
+        list(served_rows(EMBEDDING, _Server(), EMBEDDER, pairs, options=FinetuneOptions()))
+    assert str(error.value) == (
+        f"{pairs}: has a second text column (text_b), but predict_served embeds one text per row; drop the "
+        "column, or put each text in a row of its own"
+    )
 
 
 def test_served_rows_take_options_by_name():
