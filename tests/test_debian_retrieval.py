@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,3 +139,25 @@ def test_long_descriptions_come_from_translation_en_by_checksum():
         "foolib": [("foo", "Foo tool", "Foo does one thing. And another.")],
         "bar": [("bar", "Bar tool", "Bar text.")],  # no checksum match: the package's only text
     }
+
+
+def test_the_retrieval_benchmark_scores_as_scikit_learn_does():
+    """benchmarks/retrieval_bench.py's metrics, from each query's rank of its one document."""
+    from sklearn.metrics import ndcg_score
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import retrieval_bench
+
+    rng = np.random.default_rng(0)
+    n = 60
+    # Query i's document is i; scores that rank it first for some queries and far down for others.
+    scores = rng.normal(size=(n, n)) + np.diag(rng.uniform(0, 3, n))
+    found = retrieval_bench.metrics(retrieval_bench.ranks(scores))
+    order = np.argsort(-scores, axis=1)
+    rank = np.array([list(order[i]).index(i) + 1 for i in range(n)])
+    assert found["ndcg@10"] == pytest.approx(ndcg_score(np.eye(n), scores, k=10), abs=1e-12)
+    assert found["recall@1"] == pytest.approx(np.mean(order[:, 0] == np.arange(n)))
+    assert found["recall@10"] == pytest.approx(np.mean(rank <= 10))
+    assert found["mrr@10"] == pytest.approx(np.mean(np.where(rank <= 10, 1 / rank, 0)))
+    # A document scored level with the right one counts as ahead of it.
+    assert retrieval_bench.ranks(np.array([[1.0, 1.0], [0.0, 2.0]])).tolist() == [2, 1]

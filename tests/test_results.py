@@ -75,6 +75,7 @@ def test_each_benchmark_that_prints_a_report_writes_it_to_the_results_folder():
         "packing_bench.py",
         "pretrain_bench.py",
         "request_profile.py",
+        "retrieval_bench.py",
         "serving_bench.py",
         "tokenizer_bench.py",
     }
