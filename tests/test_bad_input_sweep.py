@@ -9,7 +9,8 @@ Each case asserts: exit status 1, one line on stderr that starts `kbert: error:`
 no option its command lacks, no traceback, nothing on stdout, and not one file or directory
 added or changed anywhere under
 the test's tree. The frame checks run before TensorFlow does any work, so each case takes a
-fraction of a second in-process.
+fraction of a second in-process. An unwritable output (a mode-555 folder, for a process without
+root's override) is refused naming the folder, in a process where TensorFlow cannot be imported.
 """
 
 import inspect
@@ -17,12 +18,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import typing
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, TINY, UNCASED_VOCAB, kbert_command, run_kbert
+from conftest import FIXTURES, TINY, UNCASED_VOCAB, run_kbert
 from kbert.cli.frame import option_name
 from kbert.cli.main import app
 from test_help import foreign_flags
@@ -108,6 +110,8 @@ def tree(root: Path):
     # Its own file, so that "--output is the dev file" is a case apart from "--output is the train file".
     shutil.copy(root / "train.tsv", root / "dev.tsv")
     (root / "pairs.tsv").write_text("text\ttext_b\tlabel\ngold.\tfresh.\tpos\ndead.\tdust.\tneg\n")
+    (root / "query-pairs.tsv").write_text("query\tdocument\ngold.\tfresh.\ndead.\tdust.\n")  # finetune --task embed
+    (root / "empty-query.tsv").write_text("query\tdocument\ngold.\tfresh.\n \tdust.\n")
     (root / "plain.txt").write_text("a file where a directory belongs\n")
     (root / "words.txt").write_text("philammon\n")  # a word of text.txt the tiny vocabulary splits
     (root / "known-word.txt").write_text("philammon\nthe\n")
@@ -139,7 +143,7 @@ def tree(root: Path):
     (root / "truncated.tfrecord").write_bytes(data[: len(data) - 7])
     # Real records whose ids come from the 30,522-word vocabulary: not the tiny model's.
     run_kbert("create-data", "--input", root / "text.txt", "--vocab", root / "vocab.txt", "--output",
-              root / "uncased.tfrecord", "--dupe-factor", "1")  # fmt: skip
+              root / "uncased.tfrecord", "--dupe-factor", "1", "--workers", "1")  # fmt: skip
     (root / "read-only").mkdir()
     (root / "read-only").chmod(0o555)
 
@@ -282,6 +286,7 @@ def with_value(name, callback, parameter, value):
 _FINETUNE = "finetune T/kbert --task classify --train T/train.tsv --output T/out/ft"
 _PRETRAIN_INIT = "pretrain --model-dir T/out/run --data T/data.tfrecord --init"
 _EMBED = "embed T/kbert --input T/text.txt --pooling mean"
+_FINETUNE_EMBED = "finetune T/kbert --task embed --output T/out/ft"
 WHOLE_CASES = [
     # --init is not in pretrain's valid invocation (it starts from --config): its model sources here.
     ("pretrain", "init-missing", f"{_PRETRAIN_INIT} T/nowhere/missing"),
@@ -293,6 +298,13 @@ WHOLE_CASES = [
         "data-of-another-vocabulary",
         "pretrain --model-dir T/out/run --data T/uncased.tfrecord --config T/model/bert_config.json --vocab T/model/vocab.txt",
     ),
+    # An output directory that exists and cannot be written, written in place (not a new folder in it).
+    (
+        "pretrain",
+        "model_dir-in-place-unwritable",
+        "pretrain --model-dir T/read-only --init T/kbert --data T/data.tfrecord",
+    ),
+    ("export", "export_base-in-place-unwritable", "export T/kbert T/read-only"),
     ("export", "embedding-text-pairs", "export T/embedding T/out/export --text-pairs"),
     ("extend", "no-growth-option", "extend T/model T/out/extended"),
     ("extend", "positions-the-model's", "extend T/model T/out/extended --max-position-embeddings 64"),
@@ -326,6 +338,14 @@ WHOLE_CASES = [
     ("embed", "text-pairs", "embed T/kbert --input T/pairs.tsv --pooling mean"),
     ("embed", "doc-stride-without-windows", f"{_EMBED} --doc-stride 4"),
     ("embed", "doc-stride-the-window's", f"{_EMBED} --long-text windows --doc-stride 62"),
+    # finetune --task embed: a pairs file of one column, an empty query, a model with no pooling recorded.
+    ("finetune", "embed-one-column", f"{_FINETUNE_EMBED} --pooling mean --train T/text.txt"),
+    ("finetune", "embed-empty-query", f"{_FINETUNE_EMBED} --pooling mean --train T/empty-query.tsv"),
+    ("finetune", "embed-no-pooling-recorded", f"{_FINETUNE_EMBED} --train T/query-pairs.tsv"),
+    ("finetune", "embed-pooling-unknown", f"{_FINETUNE_EMBED} --pooling sum --train T/query-pairs.tsv"),
+    ("finetune", "pooling-without-embed", f"{_FINETUNE} --pooling mean"),
+    ("evaluate", "embed-no-pooling-recorded", "evaluate T/kbert --task embed --input T/query-pairs.tsv"),
+    ("evaluate", "task-without-its-head", "evaluate T/kbert --task classify --input T/train.tsv"),
 ]
 
 CASES = [
@@ -354,6 +374,14 @@ def snapshot(root: Path) -> dict:
     return found
 
 
+# The kbert command as its console script runs it, in a process where importing TensorFlow fails.
+WITHOUT_TENSORFLOW = [
+    sys.executable,
+    "-c",
+    "import sys; sys.modules['tensorflow'] = None; sys.argv[0] = 'kbert'; from kbert.cli.main import main; main()",
+]
+
+
 @pytest.mark.parametrize("name,case,parameter,value", CASES, ids=[f"{c[0]}:{c[1]}" for c in CASES])
 def test_bad_value_gets_one_line_and_leaves_nothing(root, name, case, parameter, value):
     argv = value.split() if parameter is None else with_value(name, commands()[name], parameter, value)
@@ -361,12 +389,15 @@ def test_bad_value_gets_one_line_and_leaves_nothing(root, name, case, parameter,
     before = snapshot(root)
     if case.endswith("-unwritable"):
         # As root, a mode-555 directory does not stop a writer: drop the capability that lets it.
+        # TensorFlow cannot be imported there: the output is refused before any of the work.
         result = subprocess.run(
-            ["setpriv", "--inh-caps=-dac_override", "--bounding-set=-dac_override", *kbert_command(), *args],
+            ["setpriv", "--inh-caps=-dac_override", "--bounding-set=-dac_override", *WITHOUT_TENSORFLOW, *args],
             capture_output=True,
             text=True,
             timeout=120,
         )
+        unwritable = os.path.realpath(root / "read-only")
+        assert f"kbert: error: cannot write to {unwritable} (permission denied" in result.stderr, result.stderr
     else:
         result = run_kbert(*args, check=False)
     assert result.returncode == 1, (args, result.returncode, result.stderr)

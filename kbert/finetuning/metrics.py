@@ -8,6 +8,8 @@ kbert can sit in the same table as one from run_classifier.py or a paper:
 - regression_metrics: scipy's pearsonr and spearmanr (average ranks for ties), and MSE.
 - tagging_metrics: conlleval's entity-level precision / recall / F1, as seqeval's
   default mode computes it, for BIO (IOB2), IOB1, IOBES/BILOU and prefix-less IO tags.
+- ranking_metrics: recall@1, recall@10, MRR@10 and nDCG@10 of ranked documents, as
+  sentence-transformers' InformationRetrievalEvaluator computes them.
 
 Scores are Python floats in [0, 1] (not percent), except pearson, spearman and mcc,
 which lie in [-1, 1], and mse, which is >= 0. Where scipy or sklearn would return nan or
@@ -315,4 +317,69 @@ def _precision_recall_f1(correct, predicted, gold):
     return {"precision": precision, "recall": recall, "f1": f1}
 
 
-# === Choosing the best epoch ===
+# === Ranking ===
+
+# The cut-offs of the ranking metrics: the first hit, and the first page of ten.
+RANKING_DEPTH = 10
+
+
+def top_documents(scores, k: int = RANKING_DEPTH) -> np.ndarray:
+    """int [queries, min(k, documents)]: each query's `k` best documents, best first; documents
+    of equal score in index order (as sentence-transformers' InformationRetrievalEvaluator
+    breaks ties, by corpus id).
+
+    >>> top_documents([[0.1, 0.9, 0.5, 0.9]], k=3).tolist()
+    [[1, 3, 2]]
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+
+
+def ranking_metrics(ranked, relevant) -> dict:
+    """recall@1, recall@10, MRR@10 and nDCG@10 of ranked documents, averaged over queries.
+
+    With R a query's relevant documents and `ranked` its documents best first:
+    recall@k = |R among the first k| / |R|; MRR@10 = 1 / the rank of the first relevant
+    document in the first 10 (0 if none is); nDCG@10 = DCG / ideal DCG, where DCG sums
+    1 / log2(rank + 1) over the relevant documents in the first 10 and the ideal puts all of
+    R (at most 10) first. These are the definitions of sentence-transformers'
+    InformationRetrievalEvaluator and the MS MARCO and BEIR tables.
+
+    Args:
+        ranked: int [queries, k] (k at least 10, or every document when there are fewer):
+            document indexes, best first (`top_documents`).
+        relevant: sequence of sets of int. Each query's relevant documents, at least one.
+
+    Returns:
+        dict: "recall@1", "recall@10", "mrr@10", "ndcg@10", floats in [0, 1].
+
+    Raises:
+        KbertError: no queries, a query with no relevant document, or lengths that differ.
+
+    Example:
+    >>> m = ranking_metrics([[2, 0, 1], [0, 1, 2]], [{0}, {0, 2}])
+    >>> {k: round(v, 4) for k, v in m.items()}
+    {'recall@1': 0.25, 'recall@10': 1.0, 'mrr@10': 0.75, 'ndcg@10': 0.7753}
+    """
+    ranked = [np.asarray(row).tolist()[:RANKING_DEPTH] for row in ranked]
+    relevant = [set(r) for r in relevant]
+    if len(ranked) != len(relevant):
+        raise KbertError(f"{len(ranked)} rankings but {len(relevant)} sets of relevant documents; give one per query")
+    if not ranked:
+        raise KbertError("no queries to score; the evaluation set is empty")
+    if not all(relevant):
+        raise KbertError("every query needs at least one relevant document to score its ranking")
+    discount = 1.0 / np.log2(np.arange(2, RANKING_DEPTH + 2))  # rank 1 .. 10
+    totals = np.zeros(4)
+    for row, wanted in zip(ranked, relevant):
+        hits = np.array([doc in wanted for doc in row], dtype=np.float64)
+        first = int(np.argmax(hits)) if hits.any() else None
+        ideal = discount[: min(len(wanted), RANKING_DEPTH)].sum()
+        totals += (
+            hits[:1].sum() / len(wanted),
+            hits.sum() / len(wanted),
+            0.0 if first is None else 1.0 / (first + 1),
+            float(hits @ discount[: len(hits)]) / ideal,
+        )
+    recall_1, recall_10, mrr, ndcg = (totals / len(ranked)).tolist()
+    return {"recall@1": recall_1, "recall@10": recall_10, "mrr@10": mrr, "ndcg@10": ndcg}

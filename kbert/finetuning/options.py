@@ -54,6 +54,10 @@ class FinetuneOptions:
     resume: bool = False  # continue the unfinished run in OUTPUT.partial/
     save_every: int = 1000  # steps between checkpoints (and one at each epoch's end)
     progress: bool = True
+    # embed: the sentence vectors' pooling (kbert.model.pooling.POOLING_MODES) and L2
+    # normalisation; None: the pretrained model's embedding record.
+    pooling: str | None = None
+    normalize: bool | None = None
 
     def __post_init__(self):
         for name in (
@@ -86,8 +90,18 @@ class FinetuneOptions:
             )
         if self.long_text not in LONG_TEXT:
             raise KbertError(f"{_option('long_text', self.long_text)}: use truncate (the default) or windows")
+        if self.pooling is not None:
+            self._check_pooling()
+        if self.normalize is not None and not isinstance(self.normalize, bool):
+            raise KbertError(f"{_option('normalize', self.normalize)}: give True or False")
         if self.long_text == "windows" and self.max_seq_length is not None:
             window_stride(self.doc_stride, self.max_seq_length)  # a stride the window cannot take: now
+
+    def _check_pooling(self):
+        from kbert.model.pooling import POOLING_MODES  # here: the command line imports this module before Keras
+
+        if self.pooling not in POOLING_MODES:
+            raise KbertError(f"{_option('pooling', self.pooling)}: use one of {', '.join(POOLING_MODES)}")
 
 
 def resolve_options(options: FinetuneOptions | None, overrides: dict) -> FinetuneOptions:
@@ -99,7 +113,7 @@ def resolve_options(options: FinetuneOptions | None, overrides: dict) -> Finetun
     >>> resolve_options(None, {"batch": 8})
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress
+    kbert.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress, pooling, normalize
     """
     if options is not None and not isinstance(options, FinetuneOptions):
         raise KbertError(f"options must be a FinetuneOptions, not {type(options).__name__}")

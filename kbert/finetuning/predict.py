@@ -2,24 +2,29 @@
 
 The file is read with the task's reader and printed as the task's JSON
 (`kbert.finetuning.tasks`); an encoder or pretrained model gives extract_features.py's
-features instead. `kbert predict --server` prints the same lines from a model TF Serving
-serves (`predict_served` in serving/predict.py, which builds on this module).
+features instead, and a sentence-embedding model (one with an embedding record, as `kbert
+finetune --task embed` and `kbert convert from-hf` of a sentence-transformers model write) its
+sentence vectors, the numbers `kbert embed` writes; `evaluate` ranks a pairs file with it.
+`kbert predict --server` prints the same lines from a model TF Serving serves (`predict_served` in
+serving/predict.py, which builds on this module).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Iterator
 
 import keras
 import numpy as np
 
 from kbert.config import sequence_length
+from kbert.embedding import Embedder, embedding_of, embedding_settings, json_vector, one_text_per_row
 from kbert.errors import KbertError, option
-from kbert.finetuning import encoding, readers
+from kbert.finetuning import encoding, ranking, readers
 from kbert.finetuning.options import FinetuneOptions, resolve_options
-from kbert.finetuning.tasks import example_lines, get_task, json_floats, predict_outputs, select_examples
+from kbert.finetuning.tasks import EMBED, example_lines, get_task, json_floats, predict_outputs, select_examples
 from kbert.model.bert import encoder_of
 from kbert.model_dir import model_kind
 from kbert.sources import open_model
@@ -58,14 +63,31 @@ def _read(task, path, preprocessor, labels, opts, require_labels):
     return data
 
 
-def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **overrides) -> dict:
+def evaluate(
+    model_dir, input_path, options: FinetuneOptions | None = None, *, task: str | None = None, **overrides
+) -> dict:
     """The task's metrics of the fine-tuned model in `model_dir` on a labelled file.
+
+    A sentence-embedding model (or, with `task="embed"`, any model without a task head, pooled
+    as `pooling` says) is scored on a pairs file: each distinct query ranked against every
+    distinct document of the file (`kbert.finetuning.ranking`), giving recall@1, recall@10,
+    mrr@10 and ndcg@10.
 
     Example:
     >>> evaluate("out/mrpc", "dev.tsv")  # doctest: +SKIP
     {'accuracy': 0.84, 'macro_f1': 0.81, 'mcc': 0.63, 'examples': 408}
+    >>> evaluate("out/minilm", "pairs.tsv")  # doctest: +SKIP
+    {'recall@1': 0.62, 'recall@10': 0.93, 'mrr@10': 0.72, 'ndcg@10': 0.77, 'queries': 500, 'documents': 500, ...}
     """
-    model, task, opts, preprocessor = _prepare(model_dir, options, overrides)
+    model, model_task, opts, preprocessor = _prepare(model_dir, options, overrides)
+    task = _scored_task(model_dir, model, model_task, task)
+    if task is not None and task.name == "embed":
+        return _evaluate_pairs(model, input_path, opts, os.fspath(model_dir))
+    if opts.pooling is not None:
+        raise KbertError(
+            f"{option('pooling')} applies to embedding models (and {option('task', 'embed')}); {model_dir} is "
+            f"fine-tuned for {task.name if task else 'no task'}: drop it"
+        )
     if task is None:
         raise KbertError(
             f"{model_dir} is a{'n' if model_kind(model) == 'encoder' else ''} {model_kind(model)}, "
@@ -81,6 +103,44 @@ def evaluate(model_dir, input_path, options: FinetuneOptions | None = None, **ov
     )
     result["examples"] = len(data.raw) if task.name == "squad" else data.documents  # documents, not windows
     return json_floats({k: v for k, v in result.items() if not isinstance(v, dict)})
+
+
+def _scored_task(model_dir, model, model_task, task: str | None):
+    """The task `evaluate` scores: the model's; or embed, for a model with an embedding record or
+    when asked of a model without a task head."""
+    if task is None:
+        embeds = model_task is None and embedding_of(model) is not None
+        return EMBED if embeds else model_task
+    wanted = get_task(task)
+    if model_task is not None and model_task.name != wanted.name:
+        raise KbertError(
+            f"{model_dir} is fine-tuned for {model_task.name}, not {wanted.name}: drop {option('task', task)}"
+        )
+    if model_task is None and wanted.name != "embed":
+        raise KbertError(
+            f"{option('task', task)}: {model_dir} has no {task} head to score; a model without a task head is scored "
+            f"as an embedding model only ({option('task', 'embed')})"
+        )
+    return wanted
+
+
+def _evaluate_pairs(model, input_path, opts, where) -> dict:
+    if opts.pooling is None and embedding_of(model) is None:  # ranking compares cosines: no normalize to choose
+        raise KbertError(
+            f"{where} records no sentence-embedding pooling (fine-tuning with "
+            f"{option('task', 'embed', command='finetune')} and kbert convert from-hf record one); pass "
+            f"{option('pooling')} cls|mean|max|mean_sqrt_len to rank with one"
+        )
+    settings = embedding_settings(model, opts.pooling, None, opts.max_seq_length, where)
+    preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, settings.max_seq_length)
+    data = EMBED.read(
+        input_path, preprocessor=preprocessor, labels=None, options=opts, require_labels=True, training=False
+    )
+    embedder = ranking.unit_vectors(encoder_of(model), settings.pooling)
+    vectors = ranking.pair_vectors(embedder, data.features, opts.batch_size)
+    result = EMBED.score(data, vectors, options=opts, do_lower_case=model.do_lower_case)
+    result["examples"] = data.size
+    return json_floats(result)
 
 
 def predict(
@@ -102,7 +162,8 @@ def predict(
     Args:
         model_dir: str or PathLike. Any model source `kbert predict` opens.
         input_path: str or PathLike. The file, in the task's format.
-        layers: list of int, or None. Encoders: the layers whose per-token values to give.
+        layers: list of int, a comma-separated string of them ("-1,-2"), or None. Encoders: the
+            layers whose per-token values to give (-1 = last).
         options: `FinetuneOptions` (batch_size, max_seq_length, format, skip_bad_rows);
             keyword arguments override single fields.
         start: int. The first example to predict: the ones before it are read, not run (a
@@ -114,9 +175,21 @@ def predict(
     """
     # Checked and loaded now, not at the first row: a bad option or path fails at the call.
     check_start(start)
+    layers = layer_indexes(layers)
     model, task, opts, preprocessor = _prepare(model_dir, options, overrides)
     tally = _Tally()
-    if task is None:
+    if task is EMBED:  # an embedding model: its vectors, or with `layers` per-token features
+        task = None
+    if task is None and not layers and embedding_of(model) is not None:
+        examples = readers.read_feature_texts(input_path, format=opts.format, skip_bad_rows=opts.skip_bad_rows)
+        readers.report_skipped(input_path, examples)
+        examples = one_text_per_row(input_path, examples, "an embedding model")
+        embedder = Embedder(
+            model, max_seq_length=opts.max_seq_length, batch_size=opts.batch_size, where=os.fspath(model_dir)
+        )
+        preprocessor = embedder.preprocessor
+        answer = _embedding_answers(embedder, tally)
+    elif task is None:
         examples = readers.read_feature_texts(input_path, format=opts.format, skip_bad_rows=opts.skip_bad_rows)
         readers.report_skipped(input_path, examples)
         answer = _feature_answers(model, preprocessor, layers, tally, opts.batch_size)
@@ -125,6 +198,27 @@ def predict(
         answer = _task_answers(model, task, input_path, preprocessor, opts, tally)
     rows = stream_rows(examples, answer, _chunk(opts.batch_size, layers), start, with_lines=opts.skip_bad_rows)
     return tally.report_after(rows, input_path, preprocessor, opts)
+
+
+def layer_indexes(layers) -> list[int] | None:
+    """`predict`'s `layers` as a list of layer indexes: given as one, or as `kbert predict --layers`
+    takes them, comma-separated; None for none.
+
+    >>> layer_indexes("-1,-2"), layer_indexes([0, 1]), layer_indexes("")
+    ([-1, -2], [0, 1], None)
+    >>> layer_indexes("last")
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: layers='last': give comma-separated layer indexes, e.g. -1,-2
+    """
+    if not layers:
+        return None
+    if not isinstance(layers, str):
+        return list(layers)
+    try:
+        return [int(x) for x in layers.split(",")]
+    except ValueError:
+        raise KbertError(f"{option('layers', layers)}: give comma-separated layer indexes, e.g. -1,-2") from None
 
 
 # Examples tokenized, run and written together: a few batches, as tokenizing costs about as much
@@ -292,6 +386,17 @@ def _feature_answers(model, preprocessor, layers, tally, batch_size):
             return [pooled_row(row) for row in values["output"]]
         values = [values["output"]] if len(values) == 1 else [values[f"output_{k}"] for k in range(len(layers))]
         return [_token_features(inputs, values, layers, tokenizer, row, first) for row in range(len(part.texts))]
+
+    return answer
+
+
+def _embedding_answers(embedder, tally):
+    def answer(part, first):
+        truncated = embedder.truncated
+        vectors = embedder(part.texts)
+        tally.examples += len(part.texts)
+        tally.truncated += embedder.truncated - truncated
+        return [{"embedding": json_vector(vector)} for vector in vectors]
 
     return answer
 

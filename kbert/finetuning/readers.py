@@ -159,6 +159,36 @@ class ChoiceExamples(_Rows):
     _PER_EXAMPLE = ("contexts", "endings", "labels", "lines")
 
 
+@dataclasses.dataclass
+class PairExamples(_Rows):
+    """(query, document) pairs for `--task embed`, as read from one file.
+
+    Args:
+        queries: list of str. Each row's query.
+        documents: list of str. The document that answers it (the positive).
+        negatives: list of str, or None. A hard negative per row: a document that does not
+            answer it; None when the file has no negative column.
+        format: str. The format that was read: csv, tsv or jsonl.
+        skipped_rows: list of int. 1-based line numbers of the rows skipped as bad.
+        replaced_bytes: int. Invalid UTF-8 sequences replaced with U+FFFD.
+        lines: list of int. The 1-based line each row starts on.
+    """
+
+    queries: list[str]
+    documents: list[str]
+    negatives: list[str] | None
+    format: str
+    skipped_rows: list[int]
+    replaced_bytes: int
+    lines: list[int] = dataclasses.field(default_factory=list)
+
+    _PER_EXAMPLE = ("queries", "documents", "negatives", "lines")
+
+
+# The columns (JSON keys) of a pairs file, in the order a headerless file holds them.
+PAIR_COLUMNS = ("query", "document", "negative")
+
+
 # === Reading ===
 
 
@@ -379,6 +409,164 @@ def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool
         replaced_bytes=replaced,
         lines=lines,
     )
+
+
+def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) -> PairExamples:
+    """Read (query, document[, negative]) pairs: a TSV, CSV or JSON Lines file.
+
+    A table whose first row names `query` and `document` (and optionally `negative`) is read
+    by those names, in any order, other columns ignored; any other table is headerless: its
+    first column is the query, its second the document, a third the hard negative. JSON Lines
+    hold one object per line with `query` and `document` strings (and `negative`), or a list
+    of two (three) strings. TSV is read as for classify (a `"` is an ordinary character), CSV
+    with normal quoting.
+
+    A row with the wrong number of columns, an empty query, document or negative (a file
+    with negatives needs one in every row), or a JSON line of another shape is bad: it stops
+    the read with one line naming the file and the lines, unless `skip_bad_rows` is set.
+
+    Args:
+        path: str or PathLike. The file.
+        format: str. "auto" (by extension: .csv, .jsonl/.json, anything else TSV), "csv",
+            "tsv" or "jsonl".
+        skip_bad_rows: bool. Skip bad rows (listed in `skipped_rows`) instead of failing.
+
+    Returns:
+        PairExamples.
+
+    Raises:
+        KbertError: a missing or empty file, a file of one column (or more than three
+            without a header), a header naming some of the columns but not query and
+            document, or bad rows without `skip_bad_rows`.
+
+    Example:
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "pairs.tsv")
+    >>> with open(path, "w") as f:
+    ...     _ = f.write("document\\tquery\\nPut the kettle on.\\thow to make tea\\nCall the vet.\\tsick cat\\n")
+    >>> examples = read_pair_examples(path)
+    >>> examples.queries, examples.documents, examples.negatives, examples.lines
+    (['how to make tea', 'sick cat'], ['Put the kettle on.', 'Call the vet.'], None, [2, 3])
+    >>> with open(path, "w") as f:  # no header: query, document, negative
+    ...     _ = f.write("how to make tea\\tPut the kettle on.\\tBuy a kettle.\\n")
+    >>> read_pair_examples(path).negatives
+    ['Buy a kettle.']
+    """
+    path = os.fspath(path)
+    if format not in ("auto", "csv", "tsv", "jsonl"):
+        raise KbertError(f"{option('format', format)}: pairs are read from csv, tsv or jsonl (or auto, by extension)")
+    text, replaced = _read_file(path)
+    if format == "auto":
+        format = format_from_extension(path, text)
+    if format == "jsonl":
+        rows, bad, has_negative = _pair_rows_jsonl(path, text)
+    else:
+        rows, bad, has_negative = _pair_rows_table(path, text, format)
+    kept = []
+    for line_no, fields in rows:
+        empty = next((name for name, value in zip(PAIR_COLUMNS, fields) if not value.strip()), None)
+        if empty:
+            bad.append((line_no, f"empty {empty}"))
+        else:
+            kept.append((line_no, fields))
+    rows = kept
+    bad.sort()
+    _check_bad_rows(path, bad, skip_bad_rows, len(rows))
+    return PairExamples(
+        queries=[fields[0] for _, fields in rows],
+        documents=[fields[1] for _, fields in rows],
+        negatives=[fields[2] for _, fields in rows] if has_negative else None,
+        format=format,
+        skipped_rows=[n for n, _ in bad],
+        replaced_bytes=replaced,
+        lines=[n for n, _ in rows],
+    )
+
+
+def _pair_rows_table(path: str, text: str, format: str):
+    """([(line, [query, document(, negative)])], bad rows, whether there are negatives) of a CSV/TSV."""
+    quoting = format == "csv"
+    rows = _table_rows(text, "," if quoting else "\t", quoting)
+    if not rows:
+        raise KbertError(f"{path}: the file is empty; pass a file with a query and a document per row")
+    first = [f.strip().lower() for f in rows[0][1] or []]
+    named = [name for name in PAIR_COLUMNS if name in first]
+    if "query" in named and "document" in named:
+        columns, width, body = [first.index(name) for name in named], len(first), rows[1:]
+        if not body:
+            raise KbertError(f"{path}: has a header but no rows; add a query and its document per row")
+    elif named:
+        raise KbertError(
+            f"{path}: the header ({', '.join(first[:8])}) names {', '.join(named)} but not both query and "
+            f"document; name the columns query, document (and negative), or leave the header out"
+        )
+    else:
+        width = len(rows[0][1] or [])
+        if width < 2 or width > 3:
+            said = "one column" if width == 1 else f"{width} columns and no header"
+            raise KbertError(
+                f"{path}: {said}; a pairs file holds a query and a document per row (and a hard negative): "
+                f"a header naming query, document (and negative), or two (three) {'comma' if quoting else 'tab'}-"
+                f"separated columns in that order"
+            )
+        columns, body = list(range(width)), rows
+    separator = "comma" if quoting else "tab"
+    pairs, bad = [], []
+    for line_no, fields, complaint in body:
+        if fields is None:
+            bad.append((line_no, complaint))
+        elif len(fields) != width:
+            bad.append((line_no, f"expected {width} {separator}-separated columns, found {len(fields)}"))
+        else:
+            pairs.append((line_no, [fields[i] for i in columns]))
+    return pairs, bad, len(columns) == 3
+
+
+def _pair_rows_jsonl(path: str, text: str):
+    """As `_pair_rows_table`, for JSON Lines: objects with query, document (negative), or lists."""
+    stripped = text.lstrip()
+    if stripped.startswith("["):  # a list of strings per line is a row; a whole file's JSON array is not
+        try:
+            first = json.loads(stripped.split("\n", 1)[0])
+        except ValueError:
+            first = None
+        if not (isinstance(first, list) and all(isinstance(value, str) for value in first)):
+            raise KbertError(
+                f"{path}: holds a JSON array; write JSON Lines instead, one object per line such as "
+                '{"query": "...", "document": "..."}'
+            )
+    found, bad = [], []
+    for line_no, line in enumerate(io.StringIO(text, newline=None), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as error:
+            bad.append((line_no, f"not JSON ({getattr(error, 'msg', error)})"))
+            continue
+        if isinstance(row, dict):
+            fields = [row.get(name) for name in PAIR_COLUMNS]
+            if fields[2] is None:
+                fields.pop()
+        elif isinstance(row, list) and 2 <= len(row) <= 3:
+            fields = row
+        else:
+            what = f"a list of {len(row)}" if isinstance(row, list) else f"a JSON {type(row).__name__}"
+            bad.append((line_no, f'{what}, not an object with "query" and "document" strings'))
+            continue
+        if not all(isinstance(value, str) for value in fields[:2]):
+            keys = ", ".join(list(row)[:_MAX_LISTED]) if isinstance(row, dict) else "a list"
+            bad.append((line_no, f'no "query" and "document" strings (keys: {keys or "none"})'))
+            continue
+        if len(fields) == 3 and not isinstance(fields[2], str):
+            bad.append((line_no, '"negative" is not a string'))
+            continue
+        found.append((line_no, fields))
+    has_negative = any(len(fields) == 3 for _, fields in found)
+    if has_negative:  # every row of a file with negatives needs one: a batch holds one per query
+        bad.extend((n, "no negative, which other rows have") for n, fields in found if len(fields) == 2)
+        found = [(n, fields) for n, fields in found if len(fields) == 3]
+    return found, bad, has_negative
 
 
 def report_skipped(path, examples):

@@ -14,6 +14,8 @@ The tasks:
 - tag: one label per word on its first WordPiece (NER, POS);
 - squad: run_squad.py's start/end span head, SQuAD v1.1 and v2.0;
 - choice: multiple choice as the BERT paper ran SWAG (one score per [CLS], softmax over N endings).
+- embed: sentence embeddings on (query, document) pairs, with in-batch negatives
+  (kbert.finetuning.ranking); the output is an embedding model, scored by ranking.
 
 classify, regress and tag also read documents longer than the window (`--long-text windows`):
 the model runs on overlapping windows (`TaskData.windows` says whose each is), trains on each
@@ -38,12 +40,13 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
-from kbert.config import DEFAULT_MAX_SEQ_LENGTH
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH, BertConfig
 from kbert.errors import KbertError, option
-from kbert.finetuning import encoding, metrics, readers, squad, squad_decoding
+from kbert.finetuning import encoding, metrics, ranking, readers, squad, squad_decoding
 from kbert.finetuning.options import SQUAD_DOC_STRIDE, FinetuneOptions, window_stride
 from kbert.finetuning.windows import document_mean
 from kbert.model import bert
+from kbert.model_dir import EMBEDDING_KEY
 from kbert.text.tokenizer import Tokenizer
 
 log = logging.getLogger("kbert")
@@ -68,6 +71,14 @@ class TaskData:
         return self.size if self.windows is None else self.windows.num_documents
 
 
+def _options_as_given(base, options, *, where):
+    return options
+
+
+def _the_model(model):
+    return model
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     """Everything about one fine-tuning task. See the module docstring."""
@@ -88,6 +99,11 @@ class Task:
     rows: Callable  # rows(data, outputs, *, options, do_lower_case) -> one JSON-ready dict per example
     max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH
     windows: bool = False  # reads --long-text windows
+    # settle(base, options, *, where) -> options: what the pretrained model decides of the
+    # options (embed: the pooling and length it records, unless given).
+    settle: Callable = _options_as_given
+    # saved(model) -> the model the output directory holds (embed: the encoder, not the ranker).
+    saved: Callable = _the_model
 
     def read(self, path, *, preprocessor, labels, options, require_labels, training) -> TaskData:
         """A whole file, read and encoded (training and scoring; prediction encodes a batch of
@@ -539,7 +555,92 @@ CHOICE = Task(
 )
 
 
-TASKS = {task.name: task for task in (CLASSIFY, REGRESS, TAG, SQUAD, CHOICE)}
+# === embed: sentence embeddings on (query, document) pairs, in-batch negatives ===
+
+
+def _read_pairs(path, *, options, require_labels, training):
+    examples = readers.read_pair_examples(path, format=options.format, skip_bad_rows=options.skip_bad_rows)
+    readers.report_skipped(path, examples)
+    return examples
+
+
+def _encode_pairs(examples, *, path, preprocessor, labels, options, require_labels, training):
+    features, truncated, texts = {}, 0, 0
+    for side, side_texts in zip(ranking.SIDES, (examples.queries, examples.documents, examples.negatives)):
+        if side_texts is None:
+            continue
+        encoded, cut = encoding.encode_texts(preprocessor, side_texts)
+        features.update({f"{side}_{name}": values for name, values in encoded.items()})
+        truncated, texts = truncated + cut, texts + len(side_texts)
+    if truncated:  # texts, not rows: TaskData.truncated counts examples
+        log.warning(
+            "%s: %d of %d texts longer than %s were truncated",
+            path,
+            truncated,
+            texts,
+            option("max_seq_length", preprocessor.sequence_length),
+        )
+    # InBatchNegatives reads each query's place in its batch; model.fit wants a target per row.
+    targets = {"logits": np.zeros(len(examples), np.int32)}
+    return TaskData(features, targets, None, len(examples), 0, examples)
+
+
+def _settle_embedding(base, options, *, where):
+    """The pooling, normalisation and length of the sentence vectors: the ones given, over the
+    base model's embedding record (a model with none needs a pooling)."""
+    from kbert.embedding import embedding_settings
+
+    settings = embedding_settings(base, options.pooling, options.normalize, options.max_seq_length, where)
+    return dataclasses.replace(
+        options, pooling=settings.pooling, normalize=settings.normalize, max_seq_length=settings.max_seq_length
+    )
+
+
+def _build_ranker(base, *, labels, task_info=None):
+    embedding = task_info[EMBEDDING_KEY]
+    ranker = ranking.PairRanker(
+        bert.encoder_of(base), embedding["pooling"], negatives=task_info.get("negatives", False)
+    )
+    ranker.embedding = dict(embedding)
+    return ranker
+
+
+def _embedding_model(ranker):
+    """The ranker's encoder as an embedding model: its pooling, normalisation and length recorded
+    (bert_config.json's embedding, as kbert convert from-hf records a sentence-transformers
+    model's), its task embed."""
+    encoder = ranker.encoder
+    config = BertConfig.from_dict(encoder.config.to_dict())
+    config.extras[EMBEDDING_KEY] = dict(ranker.embedding)
+    encoder.config = config
+    encoder.task_info = {"task": "embed"}
+    encoder.fresh_heads = tuple(getattr(ranker, "fresh_heads", ()))
+    return encoder
+
+
+def _pair_score(data, outputs, *, options, do_lower_case):
+    return ranking.pair_scores(data.raw.queries, data.raw.documents, outputs)
+
+
+def _no_pair_rows(data, outputs, *, options, do_lower_case):
+    raise KbertError("an embedding model gives one vector per text, not one answer per pair: use kbert embed")
+
+
+EMBED = Task(
+    name="embed",
+    read_examples=_read_pairs,
+    encode=_encode_pairs,
+    build=_build_ranker,
+    losses=lambda: ({"logits": ranking.InBatchNegatives()}, None),
+    metric="ndcg@10",
+    score=_pair_score,
+    rows=_no_pair_rows,
+    settle=_settle_embedding,
+    saved=_embedding_model,
+)
+
+
+TASKS = {task.name: task for task in (CLASSIFY, REGRESS, TAG, SQUAD, CHOICE, EMBED)}
 
 
 def get_task(name: str) -> Task:
@@ -574,6 +675,9 @@ def best_metric(task: str, scores: dict) -> tuple[str, float]:
 
 
 def predict_outputs(model, data: TaskData, batch_size) -> dict:
-    """Raw model outputs over `data` (numpy, float32)."""
+    """Raw model outputs over `data` (numpy, float32): for a `PairRanker`, whose logits compare
+    the rows of one batch with each other, each row's query and document vectors."""
+    if isinstance(model, ranking.PairRanker):
+        return ranking.pair_vectors(model.embedder, data.features, batch_size)
     outputs = model.predict(data.features, batch_size=batch_size, verbose=0)
     return {k: np.asarray(v, dtype=np.float32) for k, v in outputs.items()}

@@ -39,10 +39,11 @@ from kbert.config import sequence_length
 from kbert.errors import KbertError, on_command_line, option
 from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir
 from kbert.finetuning.options import SQUAD_DOC_STRIDE, FinetuneOptions, resolve_options, window_stride
+from kbert.finetuning.run_state import STATE_FILE
 from kbert.finetuning.squad_decoding import write_predictions_json
 from kbert.finetuning.tasks import Task, TaskData, best_metric, get_task, json_floats, predict_outputs, squad_answers
 from kbert.model.bert import BertClassifier, BertMultipleChoice
-from kbert.model_dir import CHECKPOINTS_DIR, FINETUNE_STATE_FILE, save
+from kbert.model_dir import CHECKPOINTS_DIR, save
 from kbert.outputs import writes
 from kbert.pretraining.dataset import op_error_text
 from kbert.sources import open_model
@@ -55,7 +56,6 @@ from kbert.training.strategy import make_strategy, use_mixed_precision
 log = logging.getLogger("kbert")
 
 RESULTS_FILE = "eval_results.json"
-STATE_FILE = FINETUNE_STATE_FILE  # kbert.model_dir recognises an unfinished run by it
 
 
 def compile_for_task(model, task: Task | str, optimizer):
@@ -90,7 +90,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     Args:
         model_dir: str. A kbert model directory (converted or pretrained) or a google-research
             checkpoint directory (its casing decided by `kbert.model_dir.lower_case_for`).
-        task: str. A name in `kbert.finetuning.tasks.TASKS`: classify | regress | tag | squad | choice.
+        task: str. A name in `kbert.finetuning.tasks.TASKS`: classify | regress | tag | squad | choice | embed.
         train, dev: str. Data files (see `kbert finetune --help` for the formats).
         output: str. The fine-tuned kbert model directory: bert_config.json (with task, labels,
             max_seq_length), vocab.txt, model.weights.h5, eval_results.json, logs/.
@@ -102,23 +102,68 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     >>> kbert.finetuning.train.finetune("uncased_L-12_H-768_A-12", "classify", "train.tsv", "out/mrpc",
     ...                                 dev="dev.tsv", epochs=3)  # doctest: +SKIP
     """
+    # --- setup ---
     opts = resolve_options(options, overrides)  # checks every number: one line each
     task = get_task(task)
     _check_options(opts, task)
     strategy = make_strategy(opts.strategy)
     check_output_dir(os.fspath(output), opts.overwrite)
-    # --- the pretrained model, opened once: its config, vocabulary and casing say how to read the data ---
+    # The pretrained model, opened once: its config, vocabulary and casing say how to read the data.
     use_mixed_precision(opts.mixed_precision)
     keras.utils.set_random_seed(opts.seed)
     with strategy.scope():
         base = open_model(model_dir)
+    opts = task.settle(base, opts, where=os.fspath(model_dir))  # embed: the pooling the base records
+
     # --- data ---
     max_seq_length = sequence_length(
         opts.max_seq_length, base.config.max_position_embeddings, default=task.max_seq_length
     )
     if opts.long_text == "windows":  # the stride, now that the window's length is known (the default's half of it)
         opts = dataclasses.replace(opts, doc_stride=window_stride(opts.doc_stride, max_seq_length))
-    # The packing every export runs in its SavedModel packs the training data too.
+    train_data, dev_data = _read_data(task, base, train, dev, opts, max_seq_length, strategy.num_replicas_in_sync)
+
+    # --- model and optimizer: the task's head on the base, declaring what predict, evaluate and export read ---
+    steps_per_epoch = max(1, train_data.size // opts.batch_size)
+    total_steps = steps_per_epoch * opts.epochs
+    with strategy.scope():
+        model = task.build(base, labels=train_data.labels, task_info=_task_info(task, opts, max_seq_length, train_data))
+        compile_for_task(
+            model,
+            task,
+            make_finetune_optimizer(opts.learning_rate, total_steps, int(total_steps * opts.warmup_proportion)),
+        )
+        model.optimizer.build(model.trainable_variables)  # its slots must exist to be restored
+
+    # --- the loop: one fit per epoch, checkpoints in OUTPUT.partial/ ---
+    run_dir = os.fspath(output) + PARTIAL_SUFFIX  # an unfinished run: checkpoints/, state.json, logs/
+    fingerprint = _fingerprint(model_dir, task, train, dev, opts, max_seq_length, train_data)
+    tracker = _BestEpoch(task, dev_data, opts, model.do_lower_case, os.path.join(run_dir, "logs"))
+    saver = _RunCheckpoints(run_dir, model, tracker, fingerprint, steps_per_epoch, opts.save_every)
+    step = saver.resume() if opts.resume else saver.start(opts.overwrite)
+    start, start_step = time.perf_counter(), step
+    _fit_epochs(model, task, opts, train_data, tracker, saver, step, total_steps, steps_per_epoch)
+    elapsed = time.perf_counter() - start
+
+    # --- finish: keep the best epoch ---
+    if tracker.best_weights is not None:
+        model.set_weights(tracker.best_weights)
+    result = dict(tracker.best_metrics or {})
+    result["epoch"] = tracker.best_epoch
+    result["train_examples_per_second"] = round((saver.step - start_step) * opts.batch_size / max(elapsed, 1e-9), 2)
+    if opts.resume:
+        result["resumed_from_step"] = start_step
+    # A head on the pooled output (classify, regress, choice) trains the pooler; tag and squad
+    # leave it as the base had it, a converter's fresh one included.
+    reads_pooler = isinstance(model, (BertClassifier, BertMultipleChoice))
+    model.fresh_heads = () if reads_pooler else tuple(h for h in getattr(base, "fresh_heads", ()) if h == "pooler")
+    _write_output(task.saved(model), output, run_dir, result, tracker, opts.overwrite)
+    return json_floats(result)
+
+
+def _read_data(task: Task, base, train, dev, opts, max_seq_length: int, replicas: int):
+    """(train, dev) `TaskData` (dev None without a file), read with the packing every export runs
+    in its SavedModel, and checked: usable rows, two labels to classify, a batch the replicas split."""
     preprocessor = BertPreprocessor(base.vocab_file, base.do_lower_case, max_seq_length)
     train_data = task.read(
         train,
@@ -147,8 +192,6 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
             training=False,
         )
         _warn_truncated(dev, dev_data, max_seq_length)
-
-    replicas = strategy.num_replicas_in_sync
     log.info(
         "%s: %d training examples%s%s, %d replica%s",
         task.name,
@@ -163,13 +206,14 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
             f"{option('batch_size', opts.batch_size)} must divide evenly over {replicas} replicas; use a multiple of "
             f"{replicas}"
         )
+    return train_data, dev_data
 
-    # --- model: the task's head on the base, declaring what predict, evaluate and export read ---
-    steps_per_epoch = max(1, train_data.size // opts.batch_size)
-    total_steps = steps_per_epoch * opts.epochs
+
+def _task_info(task: Task, opts, max_seq_length: int, train_data) -> dict:
+    """What the fine-tuned model records for predict, evaluate and export (`kbert.finetuning.task_info`)."""
     task_info = {"task": task.name, "max_seq_length": max_seq_length}
-    if labels is not None:
-        task_info["labels"] = labels
+    if train_data.labels is not None:
+        task_info["labels"] = train_data.labels
     if task.name == "squad":
         task_info.update(doc_stride=opts.doc_stride or SQUAD_DOC_STRIDE, max_query_length=opts.max_query_length)
     if task.windows:
@@ -178,21 +222,48 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         task_info["long_text"] = opts.long_text
         if opts.long_text == "windows":
             task_info["doc_stride"] = opts.doc_stride
+    if task.name == "embed":  # how the encoder's vectors are pooled, and whether batches hold hard negatives
+        task_info["embedding"] = {
+            "pooling": opts.pooling,
+            "normalize": opts.normalize,
+            "max_seq_length": max_seq_length,
+        }
+        task_info["negatives"] = train_data.raw.negatives is not None
     if task.name in ("classify", "regress"):
         # Whether inputs are sentence pairs: the export's serving signature takes text_b only then.
         task_info["text_pairs"] = train_data.raw.texts_b is not None
-    with strategy.scope():
-        model = task.build(base, labels=labels, task_info=task_info)
-        compile_for_task(
-            model,
-            task,
-            make_finetune_optimizer(opts.learning_rate, total_steps, int(total_steps * opts.warmup_proportion)),
-        )
-        model.optimizer.build(model.trainable_variables)  # its slots must exist to be restored
+    return task_info
 
-    # As run_classifier.py: shuffle, and drop the last partial batch so every step has the same shape.
-    # Each epoch's order is its own seed's, so a resumed run replays the rest of an epoch exactly.
-    # With --long-text windows, the windows of all documents are shuffled together (window_order).
+
+def _fingerprint(model_dir, task: Task, train, dev, opts, max_seq_length: int, train_data) -> dict:
+    """What a run was started with, recorded in its state.json: a --resume must match it."""
+    fingerprint = {
+        "model_dir": os.path.abspath(os.fspath(model_dir)),
+        "task": task.name,
+        "train": os.path.abspath(train),
+        "train_examples": train_data.size,
+        "dev": dev and os.path.abspath(dev),
+        "epochs": opts.epochs,
+        "batch_size": opts.batch_size,
+        "learning_rate": opts.learning_rate,
+        "seed": opts.seed,
+        "max_seq_length": max_seq_length,
+        "long_text": opts.long_text,  # a run started before --long-text existed truncated (_RunCheckpoints.resume)
+    }
+    if task.name == "embed":
+        fingerprint.update(pooling=opts.pooling, normalize=opts.normalize)
+    if opts.long_text == "windows":
+        fingerprint["doc_stride"] = opts.doc_stride
+    return fingerprint
+
+
+def _epoch_batches(train_data, opts):
+    """epoch_data(epoch, skip_batches): one epoch's batches, from a given batch on.
+
+    As run_classifier.py: shuffle, and drop the last partial batch so every step has the same shape.
+    Each epoch's order is its own seed's, so a resumed run replays the rest of an epoch exactly.
+    With --long-text windows, the windows of all documents are shuffled together (window_order).
+    """
     if train_data.windows is None:
         examples = tf.data.Dataset.from_tensor_slices((train_data.features, train_data.targets))
 
@@ -209,27 +280,18 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         batches = batches.batch(opts.batch_size, drop_remainder=train_data.size >= opts.batch_size)
         return batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
 
-    run_dir = os.fspath(output) + PARTIAL_SUFFIX  # an unfinished run: checkpoints/, state.json, logs/
-    fingerprint = {
-        "model_dir": os.path.abspath(os.fspath(model_dir)),
-        "task": task.name,
-        "train": os.path.abspath(train),
-        "train_examples": train_data.size,
-        "dev": dev and os.path.abspath(dev),
-        "epochs": opts.epochs,
-        "batch_size": opts.batch_size,
-        "learning_rate": opts.learning_rate,
-        "seed": opts.seed,
-        "max_seq_length": max_seq_length,
-        "long_text": opts.long_text,  # a run started before --long-text existed truncated (_RunCheckpoints.resume)
-    }
-    if opts.long_text == "windows":
-        fingerprint["doc_stride"] = opts.doc_stride
-    tracker = _BestEpoch(task, dev_data, opts, model.do_lower_case, os.path.join(run_dir, "logs"))
-    saver = _RunCheckpoints(run_dir, model, tracker, fingerprint, steps_per_epoch, opts.save_every)
-    step = saver.resume() if opts.resume else saver.start(opts.overwrite)
-    callbacks = [tracker, saver, keras.callbacks.TensorBoard(os.path.join(run_dir, "logs", "fit"), update_freq="epoch")]
-    start, start_step = time.perf_counter(), step
+    return epoch_data
+
+
+def _fit_epochs(model, task: Task, opts, train_data, tracker, saver, step: int, total_steps: int, steps_per_epoch: int):
+    """`model.fit` once per epoch from `step` on (Keras has no way to start an epoch at a given
+    batch), until the last epoch, an early stop, or a stop signal (saved, then `Interrupted`)."""
+    epoch_data = _epoch_batches(train_data, opts)
+    callbacks = [
+        tracker,
+        saver,
+        keras.callbacks.TensorBoard(os.path.join(saver.run_dir, "logs", "fit"), update_freq="epoch"),
+    ]
     with (
         Progress(
             total_steps,
@@ -241,7 +303,6 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         StopSignals() as signals,
     ):
         tracker.progress, saver.signals = bar, signals
-        # One fit per epoch: Keras has no way to start an epoch at a given batch.
         for epoch in range(step // steps_per_epoch, opts.epochs):
             skip = step - epoch * steps_per_epoch
             model.fit(
@@ -256,26 +317,17 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
             if saver.interrupted:
                 again = "the same kbert finetune command" if on_command_line() else "the same finetune() call"
                 raise signals.interrupted(
-                    step, f"checkpoint saved in {run_dir}", f"{again} and {option('resume', True)}"
+                    step, f"checkpoint saved in {saver.run_dir}", f"{again} and {option('resume', True)}"
                 )
             if tracker.stopped_early:
                 break
-    elapsed = time.perf_counter() - start
 
-    # --- keep the best epoch ---
-    if tracker.best_weights is not None:
-        model.set_weights(tracker.best_weights)
-    result = dict(tracker.best_metrics or {})
-    result["epoch"] = tracker.best_epoch
-    result["train_examples_per_second"] = round((saver.step - start_step) * opts.batch_size / max(elapsed, 1e-9), 2)
-    if opts.resume:
-        result["resumed_from_step"] = start_step
-    # A head on the pooled output (classify, regress, choice) trains the pooler; tag and squad
-    # leave it as the base had it, a converter's fresh one included.
-    reads_pooler = isinstance(model, (BertClassifier, BertMultipleChoice))
-    model.fresh_heads = () if reads_pooler else tuple(h for h in getattr(base, "fresh_heads", ()) if h == "pooler")
-    with atomic_output_dir(os.fspath(output), overwrite=opts.overwrite) as tmp:
-        save(model, tmp, overwrite=True)  # the model declares its vocabulary, casing and task
+
+def _write_output(model, output, run_dir: str, result: dict, tracker, overwrite: bool):
+    """The output directory, atomically: the model (its vocabulary, casing and task), eval_results.json,
+    squad's predictions.json and the run's logs; then the unfinished run's directory goes."""
+    with atomic_output_dir(os.fspath(output), overwrite=overwrite) as tmp:
+        save(model, tmp, overwrite=True)
         with open(os.path.join(tmp, RESULTS_FILE), "w") as f:
             json.dump({"best": result, "history": tracker.history}, f, indent=2)
         if tracker.best_predictions is not None:
@@ -283,11 +335,15 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         if os.path.isdir(os.path.join(run_dir, "logs")):
             os.replace(os.path.join(run_dir, "logs"), os.path.join(tmp, "logs"))
     shutil.rmtree(run_dir, ignore_errors=True)
-    return json_floats(result)
 
 
 def _check_options(opts: FinetuneOptions, task: Task):
     """What training asks beyond `FinetuneOptions`' own checks."""
+    given = [name for name in ("pooling", "normalize") if getattr(opts, name) is not None]
+    if given and task.name != "embed":
+        raise KbertError(
+            f"{option(given[0])} applies to {option('task', 'embed')}; drop it for {option('task', task.name)}"
+        )
     if opts.max_seq_length is not None and opts.max_seq_length < 8:
         raise KbertError(f"{option('max_seq_length')} must be at least 8 to fine-tune, got {opts.max_seq_length}")
     if opts.long_text == "windows" and not task.windows:

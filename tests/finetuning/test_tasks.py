@@ -47,15 +47,15 @@ def test_best_metric_converts_numpy_and_rejects_bad_input():
 
 
 def test_every_task_is_found_by_its_name():
-    assert list(TASKS) == ["classify", "regress", "tag", "squad", "choice"]
+    assert list(TASKS) == ["classify", "regress", "tag", "squad", "choice", "embed"]
     for name, task in TASKS.items():
         assert get_task(name) is task and task.name == name
     with pytest.raises(KbertError) as error:
         get_task("ner")
-    assert str(error.value) == "unknown task='ner'; use one of classify, regress, tag, squad, choice"
+    assert str(error.value) == "unknown task='ner'; use one of classify, regress, tag, squad, choice, embed"
     with command_line_names({"--task"}), pytest.raises(KbertError) as error:  # as `kbert finetune --task ner`
         get_task("ner")
-    assert str(error.value) == "unknown --task ner; use one of classify, regress, tag, squad, choice"
+    assert str(error.value) == "unknown --task ner; use one of classify, regress, tag, squad, choice, embed"
 
 
 def test_sequence_lengths_are_the_original_scripts_defaults():
@@ -66,6 +66,7 @@ def test_sequence_lengths_are_the_original_scripts_defaults():
         "tag": 128,
         "squad": 384,
         "choice": 128,
+        "embed": 128,  # sentence-transformers' own default is the model's; kbert's is the record's, else this
     }
 
 
