@@ -69,15 +69,16 @@ def is_url(path) -> bool:
 
 
 def is_stream(path) -> bool:
-    """Whether an output path names a stream rather than a file: `-` (stdout), or an existing
-    character device or pipe (`/dev/stdout`, a named pipe). A stream is written as it goes,
-    with no temporary file, rename or lock.
+    """Whether an output path names a stream rather than a file: `-` (stdout), a path under /dev
+    or /proc/self/fd (`/dev/stdout`, whatever the shell connected it to: a terminal, a pipe, or a
+    file by `>`), or an existing character device or pipe elsewhere (a named pipe). A stream is
+    written as it goes, with no temporary file, rename or lock.
 
     >>> is_stream("-"), is_stream("/dev/stdout"), is_stream("out/predictions.jsonl")
     (True, True, False)
     """
     path = os.fspath(path)
-    if path == "-":
+    if path == "-" or path.startswith(("/dev/", "/proc/self/fd/")):
         return True
     try:
         mode = os.stat(path).st_mode
@@ -187,7 +188,10 @@ def writes(output: str, inputs: tuple = (), in_place: bool = False):
             bound.apply_defaults()
             paths = [bound.arguments[name] for name in inputs]
             paths = [p for p in paths if isinstance(p, (str, os.PathLike))]
-            with claim_output(bound.arguments[output], inputs=paths, in_place=in_place):
+            target = bound.arguments[output]
+            if isinstance(target, (str, os.PathLike)) and is_stream(target):
+                return function(*args, **kwargs)  # a stream is written as it goes: nothing to claim or lock
+            with claim_output(target, inputs=paths, in_place=in_place):
                 return function(*args, **kwargs)
 
         return run

@@ -269,3 +269,17 @@ def test_an_output_that_is_a_symbolic_link_is_written_through(tiny_model_dir, tm
     run_kbert("predict", tiny_model_dir, "--input", source, "--output", link, "--max-seq-length", "16")
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert len(target.read_text().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_output_dev_stdout_redirected_to_a_file_by_the_shell(tiny_model_dir, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("gold glorious.\ndull.\n")
+    plain = run_kbert("predict", tiny_model_dir, "--input", source, "--max-seq-length", "16").stdout
+    with open(tmp_path / "redirected.jsonl", "w") as stdout:  # `kbert predict ... --output /dev/stdout > FILE`
+        args = ["predict", tiny_model_dir, "--input", source, "--output", "/dev/stdout", "--max-seq-length", "16"]
+        done = subprocess.run(
+            kbert_command() + [str(a) for a in args], stdout=stdout, stderr=subprocess.PIPE, text=True
+        )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "redirected.jsonl").read_text() == plain
