@@ -12,6 +12,7 @@ from kbert.cli.frame import TEXT, TEXT_FILES, Output, command
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 
 
+# long: one typer option per flag, as --help lists them; the body is a few calls
 @command(
     inputs={"input": TEXT_FILES, "more_inputs": TEXT_FILES, "vocab": TEXT},
     outputs={"output": Output("shards", shards_from="shards")},

@@ -10,7 +10,7 @@ import typer
 from typer import Abort
 
 from kbert._compat import command_line_errors
-from kbert.cli import convert, create_data, embed, export, extend, fill_mask, finetune, pretrain, vocab
+from kbert.cli import convert, create_data, embed, export, extend, fill_mask, finetune, predict, pretrain, vocab
 from kbert.cli.common import HelpCommand, quiet_tensorflow, setup_logging
 from kbert.errors import Interrupted, KbertError, command_line_names, first_line, os_error_line
 
@@ -30,8 +30,8 @@ app.command("fill-mask")(fill_mask.fill_mask_command)
 app.command("create-data")(create_data.create_data)
 app.command("vocab")(vocab.vocab)
 app.command("finetune")(finetune.finetune)
-app.command("predict")(finetune.predict)
-app.command("evaluate")(finetune.evaluate)
+app.command("predict")(predict.predict)
+app.command("evaluate")(predict.evaluate)
 app.command("embed")(embed.embed)
 app.command("export")(export.export)
 app.command("extend")(extend.extend)

@@ -18,6 +18,7 @@ DEFAULTS = PretrainOptions()
 
 # --model-dir is written in place; pretrain() takes its lock, since a multi-worker run's other
 # workers write theirs aside and do not lock it.
+# long: one typer option per flag, as --help lists them; the body is one call
 @command(
     inputs={"data": RECORDS, "eval_data": RECORDS, "config": JSON, "vocab": TEXT, "init": MODEL},
     outputs={"model_dir": Output("dir-in-place", lock=False)},

@@ -44,6 +44,7 @@ from kbert.converters.safetensors_file import RESAVE, SafetensorsFile, write_saf
 from kbert.errors import KbertError, option
 from kbert.errors import listing as _listing
 from kbert.files import atomic_output_dir, count_lines
+from kbert.finetuning.task_info import head_task_info
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary
 from kbert.model_dir import (
     EMBEDDING_KEY,
@@ -52,7 +53,6 @@ from kbert.model_dir import (
     check_embedding,
     check_vocab,
     fresh_heads_of,
-    head_task_info,
     lower_case_for,
     stored_head_provenance,
 )
@@ -396,6 +396,7 @@ def load_hf_model(src, do_lower_case=None):
     return convert_hf_model(src, do_lower_case).model
 
 
+# long: the source's weights, names and casing feed both the model and its report, step after step
 def convert_hf_model(src, do_lower_case=None) -> Converted:
     """`load_hf_model`'s model (same arguments) and its report."""
     source = find_hf_model(src)

@@ -23,23 +23,21 @@ from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
 from kbert.converters.tf1 import data_problems, find_checkpoint, is_optimizer_state, open_reader
 from kbert.errors import KbertError, plural
 from kbert.files import count_lines
+from kbert.finetuning.run_state import interrupted_finetuning, interrupted_finetuning_message
+from kbert.finetuning.task_info import TASK_KEYS
+from kbert.model.kinds import model_kind
 from kbert.model_dir import (
     CONFIG_FILE,
     EMBEDDING_KEY,
-    TASK_KEYS,
     VOCAB_FILE,
     WEIGHTS_FILE,
     check_embedding,
     head_provenance,
-    interrupted_finetuning,
-    interrupted_finetuning_message,
-    interrupted_pretraining,
-    interrupted_pretraining_message,
     load_keras_file,
-    model_kind,
     recorded_fresh_heads,
     stored_head_provenance,
 )
+from kbert.pretraining.run_record import interrupted_pretraining, interrupted_pretraining_message
 from kbert.sources import KINDS, open_model, refuse_run, source_kind
 
 # Where each head's variables live in a google-research checkpoint.

@@ -193,42 +193,54 @@ def save_keras_hub_preset(model_dir, out_dir, overwrite: bool = False) -> dict:
         log.info("left out the masked_lm head: a converter created it, so its weights are random")
 
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp, tempfile.TemporaryDirectory() as scratch:
-        vocab = os.path.join(scratch, "vocab.txt")
-        renamed = _unique_vocabulary(model.vocab_file, vocab)
-        # An uncased BERT strips accents as it lower-cases (the original's _run_strip_accents).
-        tokenizer = keras_hub.models.BertTokenizer(
-            vocabulary=vocab, lowercase=model.do_lower_case, strip_accents=model.do_lower_case
+        renamed = _write_preset(tmp, scratch, model, config, backbone, mlm_arrays)
+    return _preset_report(out_dir, model, config, backbone, mlm_arrays, difference, renamed)
+
+
+def _write_preset(tmp: str, scratch: str, model, config, backbone, mlm_arrays) -> list:
+    """The preset's files in `tmp`: the backbone, the tokenizer and preprocessor, and a classifier's
+    task or a trained masked-LM head's; returns the repeated tokens renamed in its vocabulary."""
+    vocab = os.path.join(scratch, "vocab.txt")
+    renamed = _unique_vocabulary(model.vocab_file, vocab)
+    # An uncased BERT strips accents as it lower-cases (the original's _run_strip_accents).
+    tokenizer = keras_hub.models.BertTokenizer(
+        vocabulary=vocab, lowercase=model.do_lower_case, strip_accents=model.do_lower_case
+    )
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor(
+        tokenizer, sequence_length=min(DEFAULT_SEQUENCE_LENGTH, config.max_position_embeddings)
+    )
+    if isinstance(model, BertClassifier):
+        task = keras_hub.models.BertTextClassifier(
+            backbone, model.num_classes, preprocessor=preprocessor, dropout=model.dropout_rate
         )
-        preprocessor = keras_hub.models.BertTextClassifierPreprocessor(
-            tokenizer, sequence_length=min(DEFAULT_SEQUENCE_LENGTH, config.max_position_embeddings)
+        head = {w.path: w.numpy() for w in model.weights}
+        _set_weights(
+            task.output_dense,
+            {
+                theirs: head[ours].T if transposed else head[ours]
+                for ours, theirs, transposed in KERAS_HUB_CLASSIFIER_HEAD
+            },
+            "classifier",
         )
-        if isinstance(model, BertClassifier):
-            task = keras_hub.models.BertTextClassifier(
-                backbone, model.num_classes, preprocessor=preprocessor, dropout=model.dropout_rate
-            )
-            head = {w.path: w.numpy() for w in model.weights}
-            _set_weights(
-                task.output_dense,
-                {
-                    theirs: head[ours].T if transposed else head[ours]
-                    for ours, theirs, transposed in KERAS_HUB_CLASSIFIER_HEAD
-                },
-                "classifier",
-            )
-            # h5py crashes on a disk that fills as it writes: see kbert.files.save_weights.
-            check_free_space(tmp, weights_file_bytes(task), "the preset's weights")
-            task.save_to_preset(tmp)  # backbone, preprocessor (with the tokenizer), task
-        elif mlm_arrays is not None:
-            task = _masked_lm(backbone, mlm_arrays)
-            check_free_space(tmp, weights_file_bytes(task), "the preset's weights")
-            task.save_to_preset(tmp)  # backbone, task with the head
-            # The classifier's preprocessor, as for a backbone alone, so that BertTextClassifier.from_preset
-            # keeps working; BertMaskedLM.from_preset(out_dir, preprocessor=None) reads the head.
-            preprocessor.save_to_preset(tmp)  # the tokenizer too, and the sequence length
-        else:
-            check_free_space(tmp, weights_file_bytes(backbone), "the preset's weights")
-            backbone.save_to_preset(tmp)
-            preprocessor.save_to_preset(tmp)  # the tokenizer too, and the sequence length
+        # h5py crashes on a disk that fills as it writes: see kbert.files.save_weights.
+        check_free_space(tmp, weights_file_bytes(task), "the preset's weights")
+        task.save_to_preset(tmp)  # backbone, preprocessor (with the tokenizer), task
+    elif mlm_arrays is not None:
+        task = _masked_lm(backbone, mlm_arrays)
+        check_free_space(tmp, weights_file_bytes(task), "the preset's weights")
+        task.save_to_preset(tmp)  # backbone, task with the head
+        # The classifier's preprocessor, as for a backbone alone, so that BertTextClassifier.from_preset
+        # keeps working; BertMaskedLM.from_preset(out_dir, preprocessor=None) reads the head.
+        preprocessor.save_to_preset(tmp)  # the tokenizer too, and the sequence length
+    else:
+        check_free_space(tmp, weights_file_bytes(backbone), "the preset's weights")
+        backbone.save_to_preset(tmp)
+        preprocessor.save_to_preset(tmp)  # the tokenizer too, and the sequence length
+    return renamed
+
+
+def _preset_report(out_dir, model, config, backbone, mlm_arrays, difference: dict, renamed) -> dict:
+    """`save_keras_hub_preset`'s report: what was written, how far keras-hub's outputs are from kbert's, and why."""
     exact = config.hidden_act in GELU_TANH
     return {
         "preset": os.path.abspath(os.fspath(out_dir)),

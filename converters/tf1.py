@@ -223,6 +223,23 @@ def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case
     ]
     model.fresh_heads = tuple(fresh_heads)
 
+    _log_conversion(skipped, other, fresh_heads, ours, do_lower_case, lower_origin)
+    return Converted(
+        model,
+        {
+            "checkpoint": source.prefix,
+            "loaded": len(ours),
+            "skipped_optimizer_state": len(skipped),
+            "ignored": other,
+            "fresh_heads": fresh_heads,
+            "global_step": int(reader.get_tensor("global_step")) if "global_step" in shapes else None,
+            "do_lower_case_from": lower_origin,
+        },
+    )
+
+
+def _log_conversion(skipped, other, fresh_heads, ours, do_lower_case, lower_origin: str):
+    """What `convert_tf1_checkpoint` left out, created fresh or decided, as info lines."""
     if skipped:
         log.info("skipped %s of optimizer state (global_step, adam_m/adam_v slots)", _plural(len(skipped), "variable"))
     if other:
@@ -241,18 +258,6 @@ def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case
             lower_origin,
             option("do_lower_case", flag="--lowercase/--no-lowercase", command="convert from-tf1"),
         )
-    return Converted(
-        model,
-        {
-            "checkpoint": source.prefix,
-            "loaded": len(ours),
-            "skipped_optimizer_state": len(skipped),
-            "ignored": other,
-            "fresh_heads": fresh_heads,
-            "global_step": int(reader.get_tensor("global_step")) if "global_step" in shapes else None,
-            "do_lower_case_from": lower_origin,
-        },
-    )
 
 
 def _head_name(head: str) -> str:

@@ -7,26 +7,26 @@ for a source's casing. Every other kind of model source is opened by `kbert.sour
 class the weights belong to) and `do_lower_case`. `kbert.load` rebuilds the model from the
 config and loads the weights, so the directory stays readable by anything that reads
 google-research/bert's config.
+
+What a task head records (task, labels, ...) is checked by `kbert.finetuning.task_info`; the
+folder of a run that stopped before writing its model is named by its trainer's module
+(`kbert.pretraining.run_record`, `kbert.finetuning.run_state`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import numbers
 import os
-import shlex
 import shutil
-
-import tensorflow as tf
 
 from kbert.config import BertConfig
 from kbert.errors import KbertError, first_line, os_error_or
-from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, count_lines, require_path, save_weights
-from kbert.finetuning.options import FinetuneOptions
+from kbert.files import atomic_output_dir, count_lines, require_path, save_weights
+from kbert.finetuning.task_info import HEAD_TASKS, TASK_KEYS, head_task_info
 from kbert.model import bert
 from kbert.model.initializers import unfilled
+from kbert.model.kinds import model_classes, model_kind
 from kbert.model.pooling import POOLING_MODES
 from kbert.outputs import writes
 
@@ -37,23 +37,10 @@ VOCAB_FILE = "vocab.txt"
 WEIGHTS_FILE = "model.weights.h5"
 # Where `kbert pretrain` keeps its checkpoints inside --model-dir, and `kbert finetune` inside OUTPUT.partial/.
 CHECKPOINTS_DIR = "checkpoints"
-# What fine-tuning records in bert_config.json besides the original keys. long_text (classify,
-# regress, tag): "truncate" (also when absent) or "windows", documents read whole in windows of
-# max_seq_length tokens starting doc_stride tokens apart; doc_stride is also squad's.
-TASK_KEYS = ("task", "labels", "max_seq_length", "text_pairs", "long_text", "doc_stride", "max_query_length")
-# The tasks each head serves (the first is the default of a head saved without one).
-HEAD_TASKS = {
-    "classifier": ("classify", "regress"),
-    "tagger": ("tag",),
-    "span_predictor": ("squad",),
-    "multiple_choice": ("choice",),
-}
 # The parts of a model a converter may create rather than read, in report order: a format
 # without them (a TF Hub or keras-hub encoder, an HF BertForMaskedLM) gets random ones. A model
 # records those in `fresh_heads` (bert_config.json, `model.fresh_heads`) until training trains them.
 HEADS = ("masked_lm", "next_sentence", "pooler")
-# An unfinished `kbert finetune` run (OUTPUT.partial/) holds this file (kbert.finetuning.train).
-FINETUNE_STATE_FILE = "state.json"
 # A Keras archive (`model.save`), which `kbert.load` and every command taking a model also read.
 KERAS_SUFFIX = ".keras"
 # A sentence-embedding model's record in bert_config.json (and a .keras file's config): how its
@@ -108,147 +95,6 @@ def check_vocab(vocab_file: str, config: BertConfig):
             f"{vocab_file} has {n} entries but bert_config.json says vocab_size "
             f"{config.vocab_size}; use the vocab.txt this model was trained with"
         )
-
-
-def _model_classes():
-    return {
-        "pretrainer": bert.BertPretrainer,
-        "encoder": bert.BertEncoder,
-        "classifier": bert.BertClassifier,
-        "tagger": bert.BertTagger,
-        "span_predictor": bert.BertSpanPredictor,
-        "multiple_choice": bert.BertMultipleChoice,
-    }
-
-
-def model_kind(model) -> str:
-    for kind, cls in _model_classes().items():
-        if type(model) is cls:
-            return kind
-    raise KbertError(
-        f"cannot save a {type(model).__name__}: kbert model directories hold kbert models "
-        f"(bert_encoder, bert_pretrainer, bert_classifier, bert_tagger, bert_span_predictor, "
-        f"bert_multiple_choice)"
-    )
-
-
-def head_task_info(
-    model, task: str | None = None, labels=None, max_seq_length: int | None = None, text_pairs: bool | None = None
-) -> dict:
-    """The task metadata `kbert predict`, `evaluate` and `export` read from a model directory
-    (task, labels, max_seq_length, text_pairs), checked against the model's head: the arguments
-    given, over what `model.task_info` holds (what `kbert finetune` and `kbert.load` set), over
-    what the head implies. {} for an encoder or pretrainer, which have no task.
-
-    A head saved without a task gets its kind's: classify (regress for one output), tag,
-    squad, choice; labels default to the class ids "0".."N-1", which is what a head trained by
-    `model.fit` on integer labels predicts; max_seq_length to the task's default (128, 384
-    for squad), capped at max_position_embeddings.
-
-    Example:
-    >>> import kbert
-    >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
-    ...                           num_attention_heads=4, intermediate_size=64)
-    >>> head_task_info(kbert.bert_classifier(config, 2), labels=["neg", "pos"])
-    {'task': 'classify', 'labels': ['neg', 'pos'], 'max_seq_length': 128}
-    >>> head_task_info(kbert.bert_classifier(config, 2), task="tag")
-    Traceback (most recent call last):
-    ...
-    kbert.errors.KbertError: task 'tag' does not fit a classifier (bert_classifier); its tasks are classify, regress
-    """
-    kind = model_kind(model)
-    given = {
-        k: v
-        for k, v in (("task", task), ("labels", labels), ("max_seq_length", max_seq_length), ("text_pairs", text_pairs))
-        if v is not None
-    }
-    if kind not in HEAD_TASKS:
-        if given:
-            raise KbertError(
-                f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} a task head; a {kind} has "
-                f"none: save it without, or put a head on it first (kbert.bert_classifier, ...)"
-            )
-        return {}
-    info = {k: v for k, v in (getattr(model, "task_info", None) or {}).items() if k in TASK_KEYS}
-    if task is not None and task != info.get("task"):
-        info = {}  # another task: nothing recorded for the old one applies
-    info.update(given)
-    num_classes = int(model.num_classes)
-    task = info.setdefault("task", "regress" if kind == "classifier" and num_classes == 1 else HEAD_TASKS[kind][0])
-    if task not in HEAD_TASKS[kind]:
-        known = [t for tasks in HEAD_TASKS.values() for t in tasks]
-        if task not in known:
-            raise KbertError(f"unknown task {task!r}; use one of {', '.join(known)}")
-        raise KbertError(
-            f"task {task!r} does not fit a {kind} (bert_{kind}); its tasks are {', '.join(HEAD_TASKS[kind])}"
-        )
-    if task in ("classify", "tag"):
-        if task == "classify" and num_classes < 2:
-            raise KbertError(
-                f'a classifier with {num_classes} output is a regressor: save it with task="regress", '
-                f"or build it with num_classes=2 or more"
-            )
-        names = info.get("labels")
-        names = [str(i) for i in range(num_classes)] if names is None else names
-        if isinstance(names, (str, bytes)) or not all(
-            isinstance(n, (str, int)) and not isinstance(n, bool) for n in names
-        ):
-            raise KbertError(
-                f"labels must be a list of label names (str), one per output, e.g. "
-                f"{[str(i) for i in range(num_classes)]}; got {names!r}"[:300]
-            )
-        names = [str(n) for n in names]
-        if len(names) != num_classes or len(set(names)) != len(names):
-            raise KbertError(
-                f"labels {names[:8]}{'...' if len(names) > 8 else ''}: the {kind} has {num_classes} "
-                f"outputs, so give {num_classes} different label names, in output order"
-            )
-        info["labels"] = names
-    elif info.get("labels") is not None:
-        raise KbertError(f"labels apply to classify and tag; a {task} model has none: save it without labels")
-    else:
-        info.pop("labels", None)
-    if task == "regress" and num_classes != 1:
-        raise KbertError(f"task regress needs a classifier with one output (num_classes=1); this one has {num_classes}")
-    limit = model.config.max_position_embeddings
-    length = info.get("max_seq_length")
-    if length is None:
-        info["max_seq_length"] = min(384 if task == "squad" else 128, limit)
-    elif isinstance(length, bool) or not isinstance(length, numbers.Integral) or not 3 <= length <= limit:
-        raise KbertError(
-            f"max_seq_length {length!r}: give the tokens per example the model was trained with, "
-            f"3 to {limit} (max_position_embeddings)"
-        )
-    else:
-        info["max_seq_length"] = int(length)
-    if "text_pairs" in info:
-        if task not in ("classify", "regress"):
-            raise KbertError(f"text_pairs applies to classify and regress; a {task} model has none")
-        if not isinstance(info["text_pairs"], bool):
-            raise KbertError(
-                f"text_pairs must be True (trained on sentence pairs) or False, got {info['text_pairs']!r}"
-            )
-    _check_long_text(info, task)
-    return {k: info[k] for k in TASK_KEYS if k in info}
-
-
-def _check_long_text(info: dict, task: str):
-    """long_text and its doc_stride, as kbert.finetuning.options.window_stride takes them."""
-    if "long_text" not in info:
-        return
-    if task not in ("classify", "regress", "tag"):
-        raise KbertError(f"long_text applies to classify, regress and tag; a {task} model has none")
-    if info["long_text"] not in ("truncate", "windows"):
-        raise KbertError(f"long_text {info['long_text']!r}: give 'truncate' or 'windows'")
-    if info["long_text"] == "windows":
-        stride, room = info.get("doc_stride"), info["max_seq_length"] - 2
-        if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or not 1 <= stride < room:
-            raise KbertError(
-                f"doc_stride {stride!r}: a model that reads long texts in windows needs the stride between "
-                f"them, 1 to {room - 1} (less than max_seq_length - 2)"
-            )
-        if info.get("text_pairs"):
-            raise KbertError("text_pairs: a model that reads long texts in windows reads single texts")
 
 
 def heads_of(kind: str) -> tuple:
@@ -411,101 +257,20 @@ def load_keras_file(path):
     return model
 
 
-def interrupted_finetuning(path) -> dict | None:
-    """The state.json of an unfinished `kbert finetune` run (its OUTPUT.partial/ directory:
-    checkpoints/, state.json, no model), else None."""
-    path = os.fspath(path)
-    state_file = os.path.join(path, FINETUNE_STATE_FILE)
-    if not os.path.isdir(path) or is_model_dir(path) or not os.path.isfile(state_file):
-        return None
-    try:
-        with open(state_file) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) and isinstance(state.get("fingerprint"), dict) else None
-
-
-def interrupted_finetuning_message(path, state: dict) -> str:
-    """'D: an unfinished kbert finetune run (step N of M), not a model; ...': the command that
-    finishes it (the flags its state.json recorded, since --resume must repeat them).
-
-    >>> state = {"step": 40, "fingerprint": {"model_dir": "/m/base", "task": "classify", "train": "/d/train.tsv",
-    ...          "dev": None, "epochs": 5, "batch_size": 16, "learning_rate": 5e-05, "seed": 12345,
-    ...          "max_seq_length": 128, "train_examples": 256}}
-    >>> print(interrupted_finetuning_message("ft/x.partial", state))
-    ft/x.partial: an unfinished kbert finetune run (stopped at step 40 of 80), not a model; finish it with `kbert finetune /m/base --task classify --train /d/train.tsv --output ft/x --epochs 5 --batch-size 16 --resume`, then use ft/x
-    """
-    path = os.fspath(path).rstrip(os.sep)
-    output = path[: -len(PARTIAL_SUFFIX)] if path.endswith(PARTIAL_SUFFIX) else "OUTPUT"
-    run = state.get("fingerprint", {})
-    quote = shlex.quote  # a command to paste into a shell
-    flags = [
-        f"kbert finetune {quote(run.get('model_dir', 'MODEL_DIR'))} --task {run.get('task', 'TASK')} "
-        f"--train {quote(run.get('train', 'TRAIN'))}"
-    ]
-    if run.get("dev"):
-        flags.append(f"--dev {quote(run['dev'])}")
-    flags.append(f"--output {quote(output)}")
-    # Flags away from their defaults: --resume refuses a run started with other values.
-    defaults = FinetuneOptions()
-    flags += [
-        f"--{k.replace('_', '-')} {run[k]}"
-        for k in ("epochs", "batch_size", "learning_rate", "seed")
-        if k in run and run[k] != getattr(defaults, k)
-    ]
-    default_length = 384 if run.get("task") == "squad" else 128
-    if run.get("max_seq_length") not in (None, default_length):
-        flags.append(f"--max-seq-length {run['max_seq_length']}")
-    batches = max(1, int(run.get("train_examples", 0)) // max(1, int(run.get("batch_size", 1))))
-    total = f" of {batches * int(run['epochs'])}" if "epochs" in run and "train_examples" in run else ""
-    return (
-        f"{path}: an unfinished kbert finetune run (stopped at step {state.get('step', '?')}{total}), not a "
-        f"model; finish it with `{' '.join(flags)} --resume`, then use {output}"
-    )
-
-
-def interrupted_pretraining(path) -> str | None:
-    """The latest checkpoint prefix of a `kbert pretrain --model-dir` whose run stopped before
-    writing model.weights.h5 (bert_config.json and checkpoints/ckpt-N, no weights), else None."""
-    path = os.fspath(path)
-    if not os.path.isdir(path) or is_model_dir(path) or not os.path.isfile(os.path.join(path, CONFIG_FILE)):
-        return None
-    # The checkpoint `--resume` would continue from: the one the `checkpoint` state file names.
-    return tf.train.latest_checkpoint(os.path.join(path, CHECKPOINTS_DIR))
-
-
 def check_not_interrupted(path):
-    """Raise a one-line `KbertError` for an interrupted pretraining directory: which checkpoint
-    it stopped at and how to continue it, where "no weights file" would send the user astray."""
+    """Raise a one-line `KbertError` for the folder of a training run that stopped before writing
+    its model: where it stopped and how to continue it, where "no weights file" would send the
+    user astray. Each trainer recognises its own runs."""
+    # Imported here: those modules read this format's names (CONFIG_FILE, is_model_dir, ...).
+    from kbert.finetuning.run_state import interrupted_finetuning, interrupted_finetuning_message
+    from kbert.pretraining.run_record import interrupted_pretraining, interrupted_pretraining_message
+
     prefix = interrupted_pretraining(path)
     if prefix:
         raise KbertError(interrupted_pretraining_message(path, prefix))
     state = interrupted_finetuning(path)
     if state:
         raise KbertError(interrupted_finetuning_message(path, state))
-
-
-# Where `kbert pretrain` records a run's flags, for a bare `--resume` (kbert.pretraining.train).
-PRETRAIN_RUN_FILE = "pretrain_run.json"
-
-
-def interrupted_pretraining_message(path, prefix: str) -> str:
-    """'D: pretraining stopped at step N (checkpoints/ckpt-N) before writing the model; ...'
-
-    >>> print(interrupted_pretraining_message("out/bert", "out/bert/checkpoints/ckpt-100"))
-    out/bert: pretraining stopped at step 100 (checkpoints/ckpt-100) before writing the model; continue it with `kbert pretrain --model-dir out/bert --resume`
-    """
-    path = os.fspath(path)
-    step = prefix.rsplit("-", 1)[-1]  # CheckpointManager numbers them by step: ckpt-<step>
-    said = (
-        f"{path}: pretraining stopped at step {step} ({os.path.relpath(prefix, path)}) before writing "
-        f"the model; continue it with `kbert pretrain --model-dir {shlex.quote(path)} --resume"
-    )
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, PRETRAIN_RUN_FILE)):
-        # A run from before kbert recorded its flags: they must be given again.
-        return said + " --data DATA` and the other flags it was started with"
-    return said + "`"
 
 
 def load_config(model_dir) -> BertConfig:
@@ -528,7 +293,7 @@ def load(model_dir):
     weights = os.path.join(model_dir, WEIGHTS_FILE)
     require_path(weights, "weights file", "the model directory is incomplete; convert or train it again")
     kind = config.extras.get("kbert_model", "pretrainer")
-    builders = _model_classes()
+    builders = model_classes()
     if kind not in builders:
         raise KbertError(
             f"{model_dir}: unknown kbert_model {kind!r} in bert_config.json; expected one of {', '.join(builders)}"

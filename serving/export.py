@@ -237,45 +237,19 @@ def export_model(
     >>> path  # doctest: +SKIP
     '/abs/exports/sentiment/1'
     """
+    # --- setup: where the version goes, checked before the model is opened ---
     model_dir, export_base = os.fspath(model_dir), os.path.abspath(os.fspath(export_base))
     if precision not in PRECISIONS:
         raise KbertError(f"{option('precision', precision)}: choose {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
-    if os.path.isfile(export_base):
-        raise KbertError(f"{export_base} is a file; EXPORT_BASE must be a directory (TF Serving's --model_base_path)")
-    if version is None:
-        version = _next_version(export_base)
-    if version < 0:
-        raise KbertError(f"{option('version', version)}: TF Serving versions are non-negative integers")
-    path = os.path.join(export_base, str(version))
-    if os.path.exists(path) and not overwrite:
-        raise KbertError(
-            f"{path} already exists; pass {option('version')} with a new number, leave it out for "
-            f"the next free one ({_next_version(export_base)}), or pass {option('overwrite', True)}"
-        )
-    name = name or configured_name(export_base) or os.path.basename(export_base)
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise KbertError(f"model name {name!r} must be letters, digits, '_', '-' or '.'; pass {option('name')}")
-
+    path, version, name = _version_dir(export_base, version, overwrite, name)
     if max_windows is not None and max_windows < 1:
         raise KbertError(f"{option('max_windows', max_windows)}: a request needs at least 1 window; give 1 or more")
-
     int8 = precision == "int8"
     if int8:
-        require_int8_matmul()
-        if not cpu_int8_instructions():
-            log.warning(
-                "this CPU has no int8 dot-product instructions (%s): int8 matmuls run at a fraction of their "
-                "speed here; the export is made for CPUs that have them (to serve on one without, start the "
-                "server with TF_ENABLE_ONEDNN_OPTS=1, as the README's Serving section says)",
-                ", ".join(VNNI_FLAGS),
-            )
-    previous = keras.mixed_precision.global_policy()
-    # The variables' dtype as well as the compute's; int8 quantizes the float32 model.
-    keras.mixed_precision.set_global_policy("float32" if int8 else precision)
-    try:
-        model = open_model(model_dir)  # opened once: its vocabulary, casing and task come with it
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
+        _check_int8()
+
+    # --- the model, in the export's precision, and how it is served ---
+    model = _open_in_precision(model_dir, "float32" if int8 else precision)  # int8 quantizes the float32 model
     task_info = getattr(model, "task_info", None) or {}
     # A sentence-embedding model's texts keep the tokens its record says, as in kbert embed.
     recorded = task_info.get("max_seq_length") or (embedding_of(model) or {}).get("max_seq_length")
@@ -292,9 +266,74 @@ def export_model(
             option("max_windows"),
         )
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows)
-    outputs = head.outputs
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)
     preprocessor((tf.constant(["warm up"]), tf.constant(["b"])))  # builds it, so ExportArchive may track it
+
+    # --- the signatures ---
+    archive = _archive(head, preprocessor, model.vocab_file, windows)
+
+    # --- finish: the version directory, renamed into place whole, and TF Serving's files ---
+    os.makedirs(export_base, exist_ok=True)
+    with atomic_output_dir(path, overwrite=overwrite) as tmp:
+        write_export_archive(archive, tmp)  # each signature traced once
+        if head.api:
+            set_method_name(tmp, head.api, API_METHODS[head.api])
+        fits = (lambda texts: True) if windows is None else _fits_windows(preprocessor, *windows)
+        _warmup_requests(os.path.join(tmp, WARMUP_FILE), name, head.text_inputs, fits)
+        if windows is not None:
+            _write_windows_info(tmp, length, *windows)
+    write_models_config(export_base, name, version)
+    write_batching_parameters(export_base)
+    return path
+
+
+def _version_dir(export_base: str, version: int | None, overwrite: bool, name: str | None):
+    """(EXPORT_BASE/<version>, version, model name), checked: a directory base, a free version
+    (the next one by default), a name TF Serving takes."""
+    if os.path.isfile(export_base):
+        raise KbertError(f"{export_base} is a file; EXPORT_BASE must be a directory (TF Serving's --model_base_path)")
+    if version is None:
+        version = _next_version(export_base)
+    if version < 0:
+        raise KbertError(f"{option('version', version)}: TF Serving versions are non-negative integers")
+    path = os.path.join(export_base, str(version))
+    if os.path.exists(path) and not overwrite:
+        raise KbertError(
+            f"{path} already exists; pass {option('version')} with a new number, leave it out for "
+            f"the next free one ({_next_version(export_base)}), or pass {option('overwrite', True)}"
+        )
+    name = name or configured_name(export_base) or os.path.basename(export_base)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise KbertError(f"model name {name!r} must be letters, digits, '_', '-' or '.'; pass {option('name')}")
+    return path, version, name
+
+
+def _check_int8():
+    """An int8 export needs TensorFlow's int8 matmul; a CPU without int8 dot products gets a warning."""
+    require_int8_matmul()
+    if not cpu_int8_instructions():
+        log.warning(
+            "this CPU has no int8 dot-product instructions (%s): int8 matmuls run at a fraction of their "
+            "speed here; the export is made for CPUs that have them (to serve on one without, start the "
+            "server with TF_ENABLE_ONEDNN_OPTS=1, as the README's Serving section says)",
+            ", ".join(VNNI_FLAGS),
+        )
+
+
+def _open_in_precision(model_dir, policy: str):
+    """The model, opened once (its vocabulary, casing and task come with it), with `policy` as
+    its variables' dtype as well as its compute's."""
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        return open_model(model_dir)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def _archive(head: ServingHead, preprocessor, vocab_file: str, windows):
+    """A `keras.export.ExportArchive` holding the tokenizer's tables and the signatures: serving_default,
+    serve_ids, serve_examples, and the head's Classify or Regress API signature if it has one."""
 
     # Packing is traced once per input form and shared by every signature that packs text: the
     # tokenizer's graph is large, and tracing it for each signature made exports much slower.
@@ -324,7 +363,7 @@ def export_model(
     archive.track(
         tf.lookup.StaticHashTable(
             tf.lookup.TextFileInitializer(
-                model.vocab_file,
+                vocab_file,
                 tf.int64,
                 tf.lookup.TextFileIndex.LINE_NUMBER,
                 tf.string,
@@ -333,7 +372,14 @@ def export_model(
             default_value="[UNK]",
         )
     )
+    _add_signatures(archive, head, pack, packer)
+    return archive
 
+
+def _add_signatures(archive, head: ServingHead, pack, packer):
+    """The export's signatures, each calling the head's outputs on text packed by `pack` (single
+    texts and pairs) or `packer` (documents in windows)."""
+    outputs = head.outputs
     names = list(head.text_inputs)  # "text", then "text_b" or "endings" (see the task's ServingHead)
 
     def text_outputs(strings):
@@ -389,19 +435,6 @@ def export_model(
     archive.add_endpoint("serve_examples", serve_examples, [tf.TensorSpec([None], tf.string, name="examples")])
     if head.api:
         archive.add_endpoint(head.api, serve_api, [tf.TensorSpec([None], tf.string, name="inputs")])
-
-    os.makedirs(export_base, exist_ok=True)
-    with atomic_output_dir(path, overwrite=overwrite) as tmp:
-        write_export_archive(archive, tmp)  # each signature traced once
-        if head.api:
-            set_method_name(tmp, head.api, API_METHODS[head.api])
-        fits = (lambda texts: True) if windows is None else _fits_windows(preprocessor, *windows)
-        _warmup_requests(os.path.join(tmp, WARMUP_FILE), name, head.text_inputs, fits)
-        if windows is not None:
-            _write_windows_info(tmp, length, *windows)
-    write_models_config(export_base, name, version)
-    write_batching_parameters(export_base)
-    return path
 
 
 class _WindowPackingTracedOnce:

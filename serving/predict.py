@@ -183,6 +183,26 @@ def served_rows(
     return stream_rows(examples, answer, options.batch_size, start, with_lines=options.skip_bad_rows)
 
 
+def served_options(options: FinetuneOptions | None = None, **overrides) -> FinetuneOptions:
+    """The options `predict_served` reads (batch_size, format, skip_bad_rows), checked: the
+    served model's export fixed its sequence length, so max_seq_length is refused.
+
+    >>> served_options(batch_size=8).batch_size
+    8
+    >>> served_options(max_seq_length=64)
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: max_seq_length applies to a local model; the served model's export fixed it (`kbert export --max-seq-length`)
+    """
+    opts = resolve_options(options, overrides)  # checks batch_size: one line
+    if opts.max_seq_length is not None:
+        raise KbertError(
+            f"{option('max_seq_length')} applies to a local model; the served model's export fixed it "
+            f"(`kbert export --max-seq-length`)"
+        )
+    return opts
+
+
 def predict_served(
     client: Client, input_path, options: FinetuneOptions | None = None, start: int = 0, **overrides
 ) -> Iterator[dict]:
@@ -203,7 +223,7 @@ def predict_served(
     >>> next(rows)  # doctest: +SKIP
     {'label': 'pos', 'probabilities': {'neg': 0.031, 'pos': 0.969}}
     """
-    opts = resolve_options(options, overrides)  # checks batch_size: one line
+    opts = served_options(options, **overrides)
     check_start(start)
     # The file's layout depends on the served model's task, which the server tells; a missing or
     # empty file is wrong whatever the task, so say so (at the call) before asking a server that may be down.

@@ -281,6 +281,13 @@ def test_flags_a_served_model_cannot_take_are_named_for_what_they_are(tmp_path):
     )
     assert_user_error(result, "--layers applies to a local model")
     assert "--max-seq-length" not in result.stderr
+    result = run_kbert(
+        "predict", "--server", "localhost:1", "--model", "m", "--input", data, "--max-seq-length", "8", check=False
+    )
+    assert_user_error(
+        result,
+        "--max-seq-length applies to a local model; the served model's export fixed it (`kbert export --max-seq-length`)",
+    )
 
 
 def test_a_stop_that_hangs_while_unwinding_still_exits_in_time():

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from kbert.errors import Interrupted, KbertError, on_command_line, option, os_error_or
 from kbert.files import PARTIAL_SUFFIX, atomic_write_text
-from kbert.outputs import writes
+from kbert.outputs import is_stream, writes
 
 log = logging.getLogger("kbert")
 
@@ -103,6 +103,12 @@ def write_rows(
     >>> open(path).read()
     '{"n": 0}\\n{"n": 1}\\n{"n": 2}\\n'
     """
+    if (resume or overwrite) and is_stream(path):
+        refused = option("resume" if resume else "overwrite", True)
+        raise KbertError(
+            f"{option('path', os.fspath(path), flag='--output')} is a stream, which has no rows to resume or "
+            f"replace; drop {refused}, or give a file path"
+        )
     # Through a symbolic link: the file it names is the output, and the link stays a link.
     path = os.path.realpath(os.fspath(path)) if os.path.islink(os.fspath(path)) else os.fspath(path)
     partial = partial_path(path)

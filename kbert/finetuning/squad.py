@@ -259,6 +259,7 @@ def _read_question(qa, where, path, is_training, context, doc_tokens, char_to_wo
 # ---------------------------------------------------------------------------------------
 
 
+# long: run_squad.py's convert_examples_to_features, step for step, to read beside it
 def squad_features(
     examples, tokenizer, max_seq_length=384, doc_stride=128, max_query_length=64, is_training=False
 ) -> tuple[dict[str, np.ndarray], list[SquadFeature]]:

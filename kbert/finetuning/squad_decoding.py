@@ -22,6 +22,7 @@ from kbert.files import atomic_write_text
 from kbert.text.tokenizer import character_tables
 
 
+# long: run_squad.py's write_predictions, step for step, to read beside it
 def squad_predictions(
     examples,
     features,

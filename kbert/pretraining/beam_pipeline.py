@@ -193,6 +193,7 @@ def _commit(staging: str, outputs: list, chunks: int, runner: str) -> dict:
     return totals
 
 
+# long: its keyword arguments and the summary's fields take a line each; each step is one call
 def run_pipeline(
     input_patterns,
     vocab_file,

@@ -4,6 +4,9 @@ A run records its flags when it starts (and again when a resume extends it), so 
 `kbert pretrain --model-dir DIR --resume` continues it as it was; a flag given to --resume with
 another value is refused, naming both, unless it only says where and how fast the run goes on
 (`RESUME_MAY_CHANGE`).
+
+A run that stopped before writing its model is named, with the command that continues it, by
+`interrupted_pretraining_message`, for every command handed its directory.
 """
 
 from __future__ import annotations
@@ -12,17 +15,20 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
+
+import tensorflow as tf
 
 from kbert.errors import KbertError, plural
 from kbert.files import atomic_write_text
-from kbert.model_dir import PRETRAIN_RUN_FILE
+from kbert.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, is_model_dir
 from kbert.pretraining.dataset import find_files
 from kbert.pretraining.options import PretrainOptions
 
 log = logging.getLogger("kbert")
 
 # The run's flags, written when it starts: what a bare `--resume` continues with.
-RUN_FILE = PRETRAIN_RUN_FILE
+RUN_FILE = "pretrain_run.json"
 RUN_KEYS = {"data", "data_files", "config", "vocab", "init", "lowercase", "options"}  # what every record holds
 # The flags a --resume may change: where the run goes on (a preempted TPU job on GPUs), how fast
 # and how often it saves and evaluates. Each step still trains on the same global batch of the
@@ -187,3 +193,31 @@ def absolute(path) -> str | None:
 def absolute_pattern(pattern: str) -> str:
     """A --data value with each comma-separated path or glob made absolute: the record works from any directory."""
     return ",".join(part if "://" in part else os.path.abspath(part) for part in pattern.split(",") if part)
+
+
+def interrupted_pretraining(path) -> str | None:
+    """The latest checkpoint prefix of a `kbert pretrain --model-dir` whose run stopped before
+    writing model.weights.h5 (bert_config.json and checkpoints/ckpt-N, no weights), else None."""
+    path = os.fspath(path)
+    if not os.path.isdir(path) or is_model_dir(path) or not os.path.isfile(os.path.join(path, CONFIG_FILE)):
+        return None
+    # The checkpoint `--resume` would continue from: the one the `checkpoint` state file names.
+    return tf.train.latest_checkpoint(os.path.join(path, CHECKPOINTS_DIR))
+
+
+def interrupted_pretraining_message(path, prefix: str) -> str:
+    """'D: pretraining stopped at step N (checkpoints/ckpt-N) before writing the model; ...'
+
+    >>> print(interrupted_pretraining_message("out/bert", "out/bert/checkpoints/ckpt-100"))
+    out/bert: pretraining stopped at step 100 (checkpoints/ckpt-100) before writing the model; continue it with `kbert pretrain --model-dir out/bert --resume`
+    """
+    path = os.fspath(path)
+    step = prefix.rsplit("-", 1)[-1]  # CheckpointManager numbers them by step: ckpt-<step>
+    said = (
+        f"{path}: pretraining stopped at step {step} ({os.path.relpath(prefix, path)}) before writing "
+        f"the model; continue it with `kbert pretrain --model-dir {shlex.quote(path)} --resume"
+    )
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, RUN_FILE)):
+        # A run from before kbert recorded its flags: they must be given again.
+        return said + " --data DATA` and the other flags it was started with"
+    return said + "`"

@@ -147,9 +147,63 @@ def pretrain(
 
 
 def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, options, return_model, **overrides):
-    opts = dataclasses.replace(options or PretrainOptions(), **overrides)
+    """The run, in the order nanoGPT's train.py reads: setup, where the model starts, data, model
+    and optimizer, the loop, the finished model."""
     model_dir = os.fspath(model_dir)
     starts_from = {"config": absolute(config_file), "vocab": absolute(vocab_file), "init": absolute(init)}
+    opts, run, files = _resolved_options(model_dir, data, options, overrides, starts_from, do_lower_case)
+    # First, before any TensorFlow op: multi-worker collectives must be set up at start-up.
+    strategy = make_strategy(opts.strategy, opts.tpu)
+    ckpt_dir = os.path.join(model_dir, CHECKPOINTS_DIR)
+    start = _model_start(opts, model_dir, ckpt_dir, run, data, config_file, vocab_file, init, do_lower_case)
+
+    # Every file read to its end (framing only) before anything is written: a cut-short or
+    # corrupt file fails here, not hours in, and a new run leaves no directory behind.
+    if files is None:
+        files = find_files(data)
+        run = {"data": absolute_pattern(data), **starts_from, "lowercase": bool(start.do_lower_case)}
+        run["data_files"] = [[os.path.abspath(f), os.path.getsize(f)] for f in files]
+    eval_files = _checked_records(files, opts, start.config)
+
+    training = _model_and_optimizer(opts, strategy, start, model_dir, ckpt_dir)
+    if training.step >= opts.steps:
+        if training.chief and not os.path.exists(os.path.join(model_dir, WEIGHTS_FILE)):
+            # Trained to the end, then the model files failed (a full disk): write them now.
+            return _finish_trained_run(
+                training.model, model_dir, start.vocab_file, start.do_lower_case, training.step, return_model
+            )
+        raise KbertError(
+            f"the run in {model_dir} is already at step {training.step} of --steps {opts.steps}; "
+            f"raise --steps to train further"
+        )
+
+    last, last_eval, speed = _train(opts, strategy, training, files, eval_files, model_dir, ckpt_dir, start, run)
+
+    model = training.model
+    if training.chief:
+        model.fresh_heads = ()  # pretraining trains every head: masked-LM, next-sentence and the pooler
+        write_model_files(model, model_dir, start.vocab_file, start.do_lower_case, weights=True)
+        write_loss_plot(os.path.join(model_dir, METRICS_FILE), os.path.join(model_dir, LOSS_PLOT))
+    result = {k: last[k] for k in ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
+    result["sequences_per_second"] = speed
+    result["learning_rate"] = last["learning_rate"]
+    if last_eval:
+        result["eval"] = last_eval
+    result.update(
+        replicas=training.replicas,
+        strategy=opts.strategy,
+        resumed_from=training.step if opts.resume else None,
+        model_dir=model_dir,
+        mixed_precision=keras.mixed_precision.global_policy().name,
+        jit=training.jit,
+    )
+    return (result, model) if return_model else result
+
+
+def _resolved_options(model_dir, data, options, overrides, starts_from, do_lower_case):
+    """(options, run record, data files), checked: for a resume, its pretrain_run.json's with
+    the ones given; for a new run, the ones given (and None, None)."""
+    opts = dataclasses.replace(options or PretrainOptions(), **overrides)
     run = read_run(model_dir) if opts.resume else None
     files = None
     if run:
@@ -162,13 +216,23 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
             "a glob or a comma-separated list"
         )
     _check_options(opts)
-    # First, before any TensorFlow op: multi-worker collectives must be set up at start-up.
-    strategy = make_strategy(opts.strategy, opts.tpu)
-    ckpt_dir = os.path.join(model_dir, CHECKPOINTS_DIR)
-    has_checkpoints = tf.train.latest_checkpoint(ckpt_dir) is not None
-    initial = None  # the model --init names, opened
+    return opts, run, files
 
-    # --- where the model comes from ---
+
+@dataclasses.dataclass
+class _Start:
+    """Where a run's model starts: its config, vocabulary and casing, and the model --init opened."""
+
+    config: BertConfig
+    vocab_file: str
+    do_lower_case: bool
+    initial: BertPretrainer | None = None
+
+
+def _model_start(opts, model_dir, ckpt_dir, run, data, config_file, vocab_file, init, do_lower_case) -> _Start:
+    """The run's own model (a resume), --init's, or a new one from --config and --vocab."""
+    has_checkpoints = tf.train.latest_checkpoint(ckpt_dir) is not None
+    initial = None
     if opts.resume:
         if not has_checkpoints:
             raise KbertError(f"--resume: {ckpt_dir} has no checkpoint to resume from; drop --resume to start a new run")
@@ -179,7 +243,6 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
             )
         config = BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
         vocab_file = os.path.join(model_dir, VOCAB_FILE)
-        init = None
     else:
         if has_checkpoints:
             raise KbertError(
@@ -211,21 +274,38 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
             f"--max-seq-length {opts.max_seq_length} exceeds max_position_embeddings "
             f"{config.max_position_embeddings} of the model; lower it"
         )
+    return _Start(config, vocab_file, do_lower_case, initial)
 
-    # Every file read to its end (framing only) before anything is written: a cut-short or
-    # corrupt file fails here, not hours in, and a new run leaves no directory behind.
-    if files is None:
-        files = find_files(data)
-        run = {"data": absolute_pattern(data), **starts_from, "lowercase": bool(do_lower_case)}
-        run["data_files"] = [[os.path.abspath(f), os.path.getsize(f)] for f in files]
+
+def _checked_records(files, opts, config) -> list | None:
+    """Check the training records (and --eval-data's) against the model; the eval files."""
     check_records(files, opts.max_seq_length, opts.max_predictions_per_seq, vocab_size=config.vocab_size)
     eval_files = find_files(opts.eval_data, "--eval-data") if opts.eval_data else None
     if eval_files:
         check_records(
             eval_files, opts.max_seq_length, opts.max_predictions_per_seq, "--eval-data", vocab_size=config.vocab_size
         )
+    return eval_files
 
-    # --- precision, model, optimizer ---
+
+@dataclasses.dataclass
+class _Training:
+    """What the loop trains with: the model, its optimizer and checkpoints, and where it starts."""
+
+    model: BertPretrainer
+    optimizer: keras.optimizers.Optimizer
+    manager: tf.train.CheckpointManager
+    step: int  # the step restored (0 for a new run)
+    replicas: int
+    micro_batch: int  # per replica and accumulation step
+    warmup: int
+    jit: bool
+    chief: bool
+
+
+def _model_and_optimizer(opts, strategy, start: _Start, model_dir, ckpt_dir) -> _Training:
+    """Precision, the model and optimizer in the strategy's scope, and their checkpoint, restored
+    for a resume."""
     on_accelerator = bool(tf.config.list_logical_devices("GPU")) or opts.strategy == "tpu"
     jit = on_accelerator if opts.jit is None else opts.jit
     use_mixed_precision(opts.mixed_precision)
@@ -241,7 +321,7 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
 
     keras.utils.set_random_seed(opts.seed)  # the same initial weights for the same --seed
     with strategy.scope():
-        model = BertPretrainer(config) if initial is None else _copied_in_scope(initial, config)
+        model = BertPretrainer(start.config) if start.initial is None else _copied_in_scope(start.initial, start.config)
         optimizer = make_optimizer(opts.optimizer, opts.learning_rate, opts.steps, warmup)
         if keras.mixed_precision.global_policy().name == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -260,22 +340,18 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
         checkpoint.restore(tf.train.latest_checkpoint(ckpt_dir)).expect_partial()
         step = int(optimizer.iterations.numpy())
         log.info("resumed from step %d", step)
-    if step >= opts.steps:
-        if chief and not os.path.exists(os.path.join(model_dir, WEIGHTS_FILE)):
-            # Trained to the end, then the model files failed (a full disk): write them now.
-            return _finish_trained_run(model, model_dir, vocab_file, do_lower_case, step, return_model)
-        raise KbertError(
-            f"the run in {model_dir} is already at step {step} of --steps {opts.steps}; raise --steps to train further"
-        )
+    return _Training(model, optimizer, manager, step, replicas, micro_batch, warmup, jit, chief)
 
-    # --- data ---
-    pipelines_skip = step * opts.grad_accum * replicas  # per-replica batches consumed so far
+
+def _train_data(strategy, files, opts, training: _Training):
+    """The training batches from the step reached on, split over the replicas."""
+    pipelines_skip = training.step * opts.grad_accum * training.replicas  # per-replica batches consumed so far
 
     def train_input(context):
         per_pipeline = pipelines_skip // context.num_input_pipelines
         return pretraining_dataset(
             files,
-            micro_batch,
+            training.micro_batch,
             opts.max_seq_length,
             opts.max_predictions_per_seq,
             training=True,
@@ -284,34 +360,34 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
             skip_batches=per_pipeline,
         )
 
-    train_iterator = iter(strategy.distribute_datasets_from_function(train_input))
+    return iter(strategy.distribute_datasets_from_function(train_input))
 
-    # --- the compiled steps ---
-    train_loop = _make_train_loop(strategy, model, optimizer, opts.grad_accum, replicas, jit)
+
+def _train(opts, strategy, training: _Training, files, eval_files, model_dir, ckpt_dir, start: _Start, run):
+    """The loop: `steps_per_loop` steps per compiled call, up to the next save or eval; logs,
+    held-out scores and checkpoints between calls; a stop signal saves and raises `Interrupted`.
+
+    Returns the last call's metrics, the last held-out scores and the sequences per second."""
+    model, optimizer, step = training.model, training.optimizer, training.step
+    train_iterator = _train_data(strategy, files, opts, training)
+    train_loop = _make_train_loop(strategy, model, optimizer, opts.grad_accum, training.replicas, training.jit)
     eval_loop = _make_eval_loop(strategy, model)
 
-    # --- the files of the run: nothing was written before this point ---
-    created = chief and not os.path.exists(model_dir)
+    # The files of the run: nothing was written before this point.
+    created = training.chief and not os.path.exists(model_dir)
     with _removed_unless_saved(model_dir, ckpt_dir, created):
-        if chief:
-            if not opts.resume:
-                os.makedirs(model_dir, exist_ok=True)
-                write_model_files(model, model_dir, vocab_file, do_lower_case, weights=False)
-            record_run(model_dir, run, opts, warmup)
-        writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "train")) if chief else None
-        eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "eval")) if chief else None
+        writer, eval_writer = _start_run_files(opts, training, model_dir, start, run)
     eval_every = opts.eval_every or opts.save_every
     history_path = os.path.join(model_dir, METRICS_FILE)
-    if chief:  # rows logged past the checkpoint resumed from come again: each step once
+    if training.chief:  # rows logged past the checkpoint resumed from come again: each step once
         keep_history_until(history_path, step)
     last, last_eval, last_saved = None, None, step
-    start_step = step
     timed_steps, timed_seconds = 0, 0.0  # throughput leaves out the first call (tracing)
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
     with (
         _removed_unless_saved(model_dir, ckpt_dir, created),
         Progress(
-            total=opts.steps, start=step, enabled=opts.progress and chief, sequences_per_step=opts.batch_size
+            total=opts.steps, start=step, enabled=opts.progress and training.chief, sequences_per_step=opts.batch_size
         ) as bar,
         StopSignals() as signals,
     ):
@@ -324,28 +400,16 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
             )
             t0 = time.perf_counter()
             try:
-                metrics = {
-                    k: float(v)
-                    for k, v in train_loop(
-                        train_iterator, tf.constant(n), tf.constant(float(signals.requested is not None))
-                    ).items()
-                }
+                stop = tf.constant(float(signals.requested is not None))
+                metrics = {k: float(v) for k, v in train_loop(train_iterator, tf.constant(n), stop).items()}
             except tf.errors.DataLossError as e:
                 raise _corrupt_records(files, e, last_saved) from None
             # Summed over every replica of every worker, so all workers stop after the same step.
             # That sum comes from the call after the signal; one process can stop after this one.
             stop_requested = metrics.pop("stop_requested") > 0 or (signals.requested is not None and not multi_worker)
             seconds = time.perf_counter() - t0
-            if not all(math.isfinite(v) for v in metrics.values()):
-                kept = (
-                    f"the last good checkpoint (step {last_saved}) is kept" if last_saved else "no checkpoint was saved"
-                )
-                raise KbertError(
-                    f"the loss became {metrics['loss']} between steps {step} and {step + n}; stopped, {kept}: "
-                    f"start a new run with a lower --learning-rate or more --warmup-steps (--resume keeps "
-                    f"the run's own)"
-                )
-            if step > start_step:
+            _check_finite(metrics, step, n, last_saved)
+            if step > training.step:
                 timed_steps, timed_seconds = timed_steps + n, timed_seconds + seconds
             step += n
             metrics.update(
@@ -355,52 +419,58 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
             )
             last = metrics
             bar.update(step, metrics)
-            if chief:
+            if training.chief:
                 _log_scalars(writer, metrics, step)
-                with open(history_path, "a") as f:
-                    f.write(json.dumps(metrics) + "\n")
+                _append_history(history_path, metrics)
             if eval_files and (step % eval_every == 0 or step == opts.steps):
                 try:
-                    last_eval = _evaluate(eval_loop, strategy, eval_files, opts, replicas)
+                    last_eval = _evaluate(eval_loop, strategy, eval_files, opts, training.replicas)
                 except tf.errors.DataLossError as e:
                     raise _corrupt_records(eval_files, e, last_saved) from None
                 bar.log(f"step {step}: held-out " + ", ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
-                if chief:
+                if training.chief:
                     _log_scalars(eval_writer, last_eval, step)
-                    with open(history_path, "a") as f:
-                        f.write(json.dumps(dict(last_eval, step=step, split="eval")) + "\n")
+                    _append_history(history_path, dict(last_eval, step=step, split="eval"))
             if step % opts.save_every == 0 or step == opts.steps or stop_requested:
-                _save_checkpoint(manager, step, last_saved)
+                _save_checkpoint(training.manager, step, last_saved)
                 last_saved = step
             if stop_requested and step < opts.steps:
-                if chief:
+                if training.chief:
                     write_loss_plot(history_path, os.path.join(model_dir, LOSS_PLOT))
                 raise signals.interrupted(
                     step, "checkpoint saved", f"`kbert pretrain --model-dir {shlex.quote(model_dir)} --resume`"
                 )
+    speed = timed_steps * opts.batch_size / timed_seconds if timed_steps else last["sequences_per_second"]
+    return last, last_eval, round(speed, 2)
 
-    if chief:
-        model.fresh_heads = ()  # pretraining trains every head: masked-LM, next-sentence and the pooler
-        write_model_files(model, model_dir, vocab_file, do_lower_case, weights=True)
-        write_loss_plot(history_path, os.path.join(model_dir, LOSS_PLOT))
-    result = {k: last[k] for k in ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
-    result["sequences_per_second"] = (
-        round(timed_steps * opts.batch_size / timed_seconds, 2)
-        if timed_steps
-        else round(last["sequences_per_second"], 2)
-    )
-    result["learning_rate"] = last["learning_rate"]
-    if last_eval:
-        result["eval"] = last_eval
-    result.update(
-        replicas=replicas,
-        strategy=opts.strategy,
-        resumed_from=start_step if opts.resume else None,
-        model_dir=model_dir,
-        mixed_precision=keras.mixed_precision.global_policy().name,
-        jit=jit,
-    )
-    return (result, model) if return_model else result
+
+def _start_run_files(opts, training: _Training, model_dir, start: _Start, run):
+    """The chief writes a new run's model directory (no weights yet) and the run's record; its
+    (train, eval) TensorBoard writers, or None, None on the other workers."""
+    if not training.chief:
+        return None, None
+    if not opts.resume:
+        os.makedirs(model_dir, exist_ok=True)
+        write_model_files(training.model, model_dir, start.vocab_file, start.do_lower_case, weights=False)
+    record_run(model_dir, run, opts, training.warmup)
+    writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "train"))
+    eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs", "eval"))
+    return writer, eval_writer
+
+
+def _check_finite(metrics: dict, step: int, n: int, last_saved: int):
+    if not all(math.isfinite(v) for v in metrics.values()):
+        kept = f"the last good checkpoint (step {last_saved}) is kept" if last_saved else "no checkpoint was saved"
+        raise KbertError(
+            f"the loss became {metrics['loss']} between steps {step} and {step + n}; stopped, {kept}: "
+            f"start a new run with a lower --learning-rate or more --warmup-steps (--resume keeps "
+            f"the run's own)"
+        )
+
+
+def _append_history(history_path: str, row: dict):
+    with open(history_path, "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def _finish_trained_run(model, model_dir, vocab_file, do_lower_case, step, return_model):

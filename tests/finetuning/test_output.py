@@ -269,3 +269,32 @@ def test_partials_without_a_record_still_resume(tmp_path):
     with pytest.raises(KbertError, match="cannot read the input"):
         write_rows(tmp_path / "other.jsonl", numbered(2), source=tmp_path / "missing.tsv")
     assert not os.path.exists(partial_path(tmp_path / "other.jsonl"))
+
+
+# === a stream has no rows to resume or replace ===
+
+
+def test_a_stream_output_refuses_resume_and_overwrite_from_python_and_the_command_line(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """write_rows refuses before claiming or writing anything: no lock, no partial file."""
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "pipe")  # what /dev/stdout is when a shell pipes it
+    called = []
+    for stream, flag in (("-", "resume"), (str(tmp_path / "pipe"), "overwrite")):
+        with pytest.raises(KbertError) as error:
+            write_rows(stream, called.append, **{flag: True})
+        assert str(error.value) == (
+            f"path={stream!r} is a stream, which has no rows to resume or replace; drop {flag}=True, or give a file path"
+        )
+        with command_line_names({"--output", f"--{flag}"}), pytest.raises(KbertError) as error:
+            write_rows(stream, called.append, **{flag: True})
+        assert str(error.value).startswith(f"--output {stream} is a stream") and f"drop --{flag}," in str(error.value)
+    assert called == [] and os.listdir(tmp_path) == ["pipe"]
+    texts = tmp_path / "texts.txt"
+    texts.write_text("gold city\n")
+    refused = run_kbert("predict", tiny_model_dir, "--input", texts, "--output", "-", "--overwrite", check=False)
+    assert_user_error(
+        refused, "--output - is a stream, which has no rows to resume or replace; drop --overwrite, or give a file path"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["pipe", "texts.txt"]

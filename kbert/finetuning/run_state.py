@@ -1,0 +1,70 @@
+"""An unfinished `kbert finetune` run: its OUTPUT.partial/ directory (checkpoints/, state.json,
+no model) recognised, and the command that finishes it, for every command handed one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+from kbert.files import PARTIAL_SUFFIX
+from kbert.finetuning.options import FinetuneOptions
+from kbert.model_dir import is_model_dir
+
+# What an unfinished run (OUTPUT.partial/) holds besides its checkpoints (kbert.finetuning.train).
+STATE_FILE = "state.json"
+
+
+def interrupted_finetuning(path) -> dict | None:
+    """The state.json of an unfinished `kbert finetune` run (its OUTPUT.partial/ directory:
+    checkpoints/, state.json, no model), else None."""
+    path = os.fspath(path)
+    state_file = os.path.join(path, STATE_FILE)
+    if not os.path.isdir(path) or is_model_dir(path) or not os.path.isfile(state_file):
+        return None
+    try:
+        with open(state_file) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("fingerprint"), dict) else None
+
+
+def interrupted_finetuning_message(path, state: dict) -> str:
+    """'D: an unfinished kbert finetune run (step N of M), not a model; ...': the command that
+    finishes it (the flags its state.json recorded, since --resume must repeat them).
+
+    >>> state = {"step": 40, "fingerprint": {"model_dir": "/m/base", "task": "classify", "train": "/d/train.tsv",
+    ...          "dev": None, "epochs": 5, "batch_size": 16, "learning_rate": 5e-05, "seed": 12345,
+    ...          "max_seq_length": 128, "train_examples": 256}}
+    >>> print(interrupted_finetuning_message("ft/x.partial", state))
+    ft/x.partial: an unfinished kbert finetune run (stopped at step 40 of 80), not a model; finish it with `kbert finetune /m/base --task classify --train /d/train.tsv --output ft/x --epochs 5 --batch-size 16 --resume`, then use ft/x
+    """
+    path = os.fspath(path).rstrip(os.sep)
+    output = path[: -len(PARTIAL_SUFFIX)] if path.endswith(PARTIAL_SUFFIX) else "OUTPUT"
+    run = state.get("fingerprint", {})
+    quote = shlex.quote  # a command to paste into a shell
+    flags = [
+        f"kbert finetune {quote(run.get('model_dir', 'MODEL_DIR'))} --task {run.get('task', 'TASK')} "
+        f"--train {quote(run.get('train', 'TRAIN'))}"
+    ]
+    if run.get("dev"):
+        flags.append(f"--dev {quote(run['dev'])}")
+    flags.append(f"--output {quote(output)}")
+    # Flags away from their defaults: --resume refuses a run started with other values.
+    defaults = FinetuneOptions()
+    flags += [
+        f"--{k.replace('_', '-')} {run[k]}"
+        for k in ("epochs", "batch_size", "learning_rate", "seed")
+        if k in run and run[k] != getattr(defaults, k)
+    ]
+    default_length = 384 if run.get("task") == "squad" else 128
+    if run.get("max_seq_length") not in (None, default_length):
+        flags.append(f"--max-seq-length {run['max_seq_length']}")
+    batches = max(1, int(run.get("train_examples", 0)) // max(1, int(run.get("batch_size", 1))))
+    total = f" of {batches * int(run['epochs'])}" if "epochs" in run and "train_examples" in run else ""
+    return (
+        f"{path}: an unfinished kbert finetune run (stopped at step {state.get('step', '?')}{total}), not a "
+        f"model; finish it with `{' '.join(flags)} --resume`, then use {output}"
+    )
