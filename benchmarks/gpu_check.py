@@ -1,0 +1,407 @@
+"""kbert on an NVIDIA GPU with JAX and PyTorch and no TensorFlow: correct, then as fast as its contenders.
+
+Runs on a machine that has JAX, PyTorch and transformers but neither TensorFlow nor a network
+(how to run it there: benchmarks/gpu_check.md). In one run it
+
+1. checks the encoder against google-research/bert's own outputs (tests/fixtures/tf1-tiny's
+   expected.npz) on the GPU in float32 at the highest matmul precision, on JAX and on PyTorch,
+   with the tiny model's weights from benchmarks/gpu_check_data/ (a .weights.h5 that
+   `--make-weights` writes where TensorFlow is);
+2. pretrains BERT-base from a random start in bfloat16 (Keras' mixed_bfloat16) with kbert's
+   BertPretrainer, losses and BertAdamW through Keras `fit`, on JAX and on PyTorch, at batch
+   256 x 128 and 32 x 512, reading records that kbert's TensorFlow-free create-data writes from
+   tests/fixtures/sample_text.txt at the start, through kbert.pretraining.record_reader;
+3. trains the contenders on the same batches in the same run: Hugging Face BertForPreTraining
+   on PyTorch eager and under torch.compile, and keras-hub's BertMaskedLM on JAX;
+
+and prints one JSON object (sequences/s after the warm-up steps, each step's loss), written
+through benchmarks/record.py unless --smoke. Each run is a process of its own (Keras picks its
+backend once per process); a run that fails is reported with its error and the others go on.
+
+`--smoke` runs everything tiny on the CPU (two layers, a few steps) so that the script is tested
+where there is no GPU (tests/test_gpu_check.py).
+
+Example:
+    python benchmarks/gpu_check.py              # on the GPU machine
+    python benchmarks/gpu_check.py --smoke      # anywhere, a minute on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DATA = os.path.join(HERE, "gpu_check_data")
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+TINY = os.path.join(FIXTURES, "tf1-tiny")
+WEIGHTS = os.path.join(DATA, "tf1-tiny.weights.h5")
+
+BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+SMOKE = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+# (batch, max_seq_length, max_predictions_per_seq): run_pretraining.py's two phases.
+SHAPES = {"full": [(256, 128, 20), (32, 512, 80)], "smoke": [(4, 32, 5)]}
+RUNS = ("kbert-jax", "kbert-torch", "hf-torch-eager", "hf-torch-compile", "keras-hub-jax")
+# The aims the speed is measured against: kbert on JAX against each contender, at each shape.
+TARGETS = {"keras-hub-jax": 1.2, "hf-torch-compile": 1.0}
+
+
+# --- records ---
+
+
+def make_records(folder: str, max_seq_length: int, max_predictions_per_seq: int) -> str:
+    """create-data's records of sample_text.txt, by kbert's TensorFlow-free writer."""
+    from kbert.pretraining.create_data import create_pretraining_data
+
+    path = os.path.join(folder, f"records-{max_seq_length}.tfrecord")
+    create_pretraining_data(
+        [os.path.join(FIXTURES, "sample_text.txt")],
+        os.path.join(FIXTURES, "vocab-uncased.txt"),
+        path,
+        max_seq_length=max_seq_length,
+        max_predictions_per_seq=max_predictions_per_seq,
+        dupe_factor=5,
+        workers=1,
+    )
+    return path
+
+
+def batches(path, batch, seq, preds):
+    from kbert.pretraining.record_reader import numpy_batches
+
+    return numpy_batches([path], batch, seq, preds, seed=0)
+
+
+# --- one run, in its own process ---
+
+
+def device_name() -> str:
+    if os.environ.get("KERAS_BACKEND") == "jax":
+        import jax
+
+        return str(jax.devices()[0].device_kind)
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def check_outputs() -> dict:
+    """The tiny model's outputs in float32 against google-research/bert's own (expected.npz)."""
+    import contextlib
+
+    import keras
+    import numpy as np
+
+    from kbert.config import BertConfig
+    from kbert.model.bert import BertPretrainer
+
+    keras.mixed_precision.set_global_policy("float32")
+    backend = keras.backend.backend()
+    precise = contextlib.nullcontext()
+    if backend == "jax":
+        import jax
+
+        precise = jax.default_matmul_precision("highest")
+    else:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    expected = dict(np.load(os.path.join(TINY, "expected.npz")))
+    model = BertPretrainer(BertConfig.from_json_file(os.path.join(TINY, "bert_config.json")))
+    model.load_weights(WEIGHTS)
+    inputs = {k: expected[k] for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")}
+    with precise:
+        out = {k: keras.ops.convert_to_numpy(v) for k, v in model(inputs).items()}
+
+    def log_softmax(x):
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    ours = {
+        "sequence_output": out["sequence_output"],
+        "pooled_output": out["pooled_output"],
+        "mlm_log_probs": log_softmax(out["mlm_logits"].astype(np.float64)),
+        "nsp_log_probs": log_softmax(out["nsp_logits"].astype(np.float64)),
+    }
+    differences = {k: float(np.abs(v - expected[k]).max()) for k, v in ours.items()}
+    return {"max_abs_difference": differences, "ok": max(differences.values()) <= 1e-5}
+
+
+def per_step(running_means: list) -> list:
+    """Each step's loss from fit's running mean of the epoch (mean_k·k - mean_(k-1)·(k-1))."""
+    sums = [mean * (k + 1) for k, mean in enumerate(running_means)]
+    return [round(s - (sums[k - 1] if k else 0.0), 4) for k, s in enumerate(sums)]
+
+
+def run_kbert(size: dict, shape, records: str, steps: int, warmup: int) -> dict:
+    import keras
+
+    from kbert.config import BertConfig
+    from kbert.model.bert import BertPretrainer
+    from kbert.pretraining.losses import pretraining_losses
+    from kbert.training.optimization import BertAdamW, WarmupLinearDecay
+
+    batch, seq, preds = shape
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+
+    class Pretraining(keras.Model):
+        """The pretrainer with run_pretraining.py's loss, for `fit`."""
+
+        def __init__(self, pretrainer):
+            super().__init__()
+            self.pretrainer = pretrainer
+
+        def call(self, features, training=False):
+            outputs = self.pretrainer(features, training=training)
+            return {"mlm_logits": outputs["mlm_logits"], "nsp_logits": outputs["nsp_logits"]}
+
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            return pretraining_losses(y_pred, y)["loss"]
+
+    config = BertConfig(**size, max_position_embeddings=512)
+    model = Pretraining(BertPretrainer(config))
+    total = warmup + steps
+    model.compile(optimizer=BertAdamW(WarmupLinearDecay(1e-4, 10_000, 100), global_clipnorm=1.0))
+    return timed_fit(model, batches(records, batch, seq, preds), total, warmup, batch)
+
+
+def timed_fit(model, data, total: int, warmup: int, batch: int) -> dict:
+    """Keras' own `fit` (keras.Model.fit, also for a keras-hub task, whose fit would route numpy
+    batches through grain or tf.data), each step's end timed after it finished."""
+    import keras
+
+    class Timer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.means, self.times = [], []
+
+        def on_train_batch_end(self, step, logs=None):
+            self.means.append(float(logs["loss"]))  # float(): waits for the step to finish
+            self.times.append(time.perf_counter())
+
+    timer, start = Timer(), time.perf_counter()
+    keras.Model.fit(model, data, steps_per_epoch=total, epochs=1, verbose=0, callbacks=[timer])
+    timed = timer.times[-1] - timer.times[warmup - 1]
+    return {
+        "sequences_per_second": round(batch * (total - warmup) / timed, 2),
+        "warmup_seconds": round(timer.times[warmup - 1] - start, 2),
+        "step_seconds": [round(b - a, 3) for a, b in zip(timer.times, timer.times[1:])],
+        "losses": per_step(timer.means),
+    }
+
+
+def run_keras_hub(size: dict, shape, records: str, steps: int, warmup: int) -> dict:
+    import keras
+    import keras_hub
+
+    batch, seq, preds = shape
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=size["vocab_size"],
+        num_layers=size["num_hidden_layers"],
+        num_heads=size["num_attention_heads"],
+        hidden_dim=size["hidden_size"],
+        intermediate_dim=size["intermediate_size"],
+        max_sequence_length=512,
+    )
+    model = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.01, global_clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=[],
+    )
+
+    def masked_lm(data):
+        for features, labels in data:
+            x = {
+                "token_ids": features["input_ids"],
+                "padding_mask": features["input_mask"].astype(bool),
+                "segment_ids": features["segment_ids"],
+                "mask_positions": features["masked_lm_positions"],
+            }
+            yield x, labels["masked_lm_ids"], labels["masked_lm_weights"]
+
+    result = timed_fit(model, masked_lm(batches(records, batch, seq, preds)), warmup + steps, warmup, batch)
+    return dict(result, loss="masked LM only (BertMaskedLM has no next-sentence head)")
+
+
+def run_hf(size: dict, shape, records: str, steps: int, warmup: int, compiled: bool) -> dict:
+    import numpy as np
+    import torch
+    import transformers
+
+    batch, seq, preds = shape
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    config = transformers.BertConfig(**size, max_position_embeddings=512)
+    model = transformers.BertForPreTraining(config).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    forward = torch.compile(model) if compiled else model
+
+    def step(features, labels):
+        mlm = np.full(features["input_ids"].shape, -100, np.int64)
+        rows, cols = np.nonzero(labels["masked_lm_weights"] > 0)
+        mlm[rows, features["masked_lm_positions"][rows, cols]] = labels["masked_lm_ids"][rows, cols]
+        tensors = {
+            "input_ids": features["input_ids"],
+            "attention_mask": features["input_mask"],
+            "token_type_ids": features["segment_ids"],
+            "labels": mlm,
+            "next_sentence_label": labels["next_sentence_labels"],
+        }
+        tensors = {
+            k: torch.from_numpy(np.asarray(v, np.int64)).to(device, non_blocking=True) for k, v in tensors.items()
+        }
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = forward(**tensors).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss)  # waits for the step to finish
+
+    data, losses, times = batches(records, batch, seq, preds), [], []
+    start = time.perf_counter()
+    for _ in range(warmup + steps):
+        losses.append(round(step(*next(data)), 4))
+        times.append(time.perf_counter())
+    return {
+        "sequences_per_second": round(batch * steps / (times[-1] - times[warmup - 1]), 2),
+        "warmup_seconds": round(times[warmup - 1] - start, 2),
+        "step_seconds": [round(b - a, 3) for a, b in zip(times, times[1:])],
+        "losses": losses,
+    }
+
+
+def run_one(args) -> dict:
+    size = SMOKE if args.smoke else BASE
+    shape = tuple(args.shape)
+    report = {"device": device_name()}
+    if args.run.startswith("kbert"):
+        if args.check_outputs:
+            report["outputs"] = check_outputs()
+        report.update(run_kbert(size, shape, args.records, args.steps, args.warmup))
+    elif args.run == "keras-hub-jax":
+        report.update(run_keras_hub(size, shape, args.records, args.steps, args.warmup))
+    else:
+        report.update(run_hf(size, shape, args.records, args.steps, args.warmup, args.run == "hf-torch-compile"))
+    return report
+
+
+# --- the whole check, in the parent process ---
+
+
+def spawn(run: str, shape, records: str, args, check_outputs: bool) -> dict:
+    backend = "jax" if run.endswith("jax") else "torch"
+    command = [sys.executable, os.path.abspath(__file__), "--run", run, "--records", records]
+    command += ["--shape", *map(str, shape), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    command += ["--smoke"] * args.smoke + ["--check-outputs"] * check_outputs
+    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    if args.smoke:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish in {args.timeout} s"}
+    if done.returncode:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        return {"error": lines[-1] if lines else f"exit status {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def ratios(runs: dict, shapes) -> dict:
+    """kbert on JAX's sequences/s over each contender's, at each shape, and whether it meets the aim."""
+    out = {}
+    for batch, seq, _ in shapes:
+        ours = runs.get(f"kbert-jax {batch}x{seq}", {}).get("sequences_per_second")
+        for contender, aim in TARGETS.items():
+            theirs = runs.get(f"{contender} {batch}x{seq}", {}).get("sequences_per_second")
+            if ours and theirs:
+                ratio = ours / theirs
+                out[f"kbert-jax/{contender} {batch}x{seq}"] = {
+                    "ratio": round(ratio, 3),
+                    "aim": aim,
+                    "met": ratio >= aim,
+                }
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny models, a few steps, on the CPU")
+    parser.add_argument("--steps", type=int, help="timed steps per run (default 20; 3 with --smoke)")
+    parser.add_argument("--warmup", type=int, help="steps before the timing starts (default 3; 1 with --smoke)")
+    parser.add_argument(
+        "--runs", default=",".join(RUNS), help=f"which runs, comma-separated (default: {','.join(RUNS)})"
+    )
+    parser.add_argument("--timeout", type=int, default=240, help="seconds each run may take (default 240)")
+    parser.add_argument("--output", help="where to write the JSON (default: benchmarks/results/DATE-MACHINE-NAME.json)")
+    parser.add_argument(
+        "--make-weights", action="store_true", help="write the tiny model's .weights.h5 (needs TensorFlow)"
+    )
+    parser.add_argument("--run", help=argparse.SUPPRESS)
+    parser.add_argument("--records", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", type=int, nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--check-outputs", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, ROOT)  # kbert from this checkout, as on a machine where it is not installed
+    args.steps = args.steps or (3 if args.smoke else 20)
+    args.warmup = max(1, args.warmup or (1 if args.smoke else 3))
+    if args.make_weights:
+        return make_weights()
+    if args.run:
+        print(json.dumps(run_one(args)), flush=True)
+        return 0
+    unknown = set(args.runs.split(",")) - set(RUNS)
+    if unknown:
+        parser.error(f"unknown run {', '.join(sorted(unknown))}; choose from {', '.join(RUNS)}")
+    shapes = SHAPES["smoke" if args.smoke else "full"]
+    report = {"model": "smoke" if args.smoke else "bert-base", "steps": args.steps, "warmup": args.warmup, "runs": {}}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        for shape in shapes:
+            records = make_records(folder, shape[1], shape[2])
+            for run in RUNS:
+                if run in args.runs.split(","):
+                    check = run.startswith("kbert") and shape == shapes[0]
+                    report["runs"][f"{run} {shape[0]}x{shape[1]}"] = spawn(run, shape, records, args, check)
+    report["ratios"] = ratios(report["runs"], shapes)
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    if args.smoke and not args.output:
+        print(json.dumps(report, indent=1))
+        return 0
+    sys.path.insert(0, HERE)
+    try:
+        import record
+    except ImportError:
+        print(json.dumps(report, indent=1))
+        return 0
+    gpus = {r.get("device") for r in report["runs"].values() if r.get("device")}
+    report["machine"] = {"accelerator": ", ".join(sorted(gpus))}
+    record.emit(report, "gpu-check-smoke" if args.smoke else "gpu-check", args.output)
+    return 0
+
+
+def make_weights() -> int:
+    """benchmarks/gpu_check_data/tf1-tiny.weights.h5: tf1-tiny's checkpoint through kbert's converter."""
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    sys.path.insert(0, ROOT)
+    from kbert.converters.tf1 import load_tf1_checkpoint
+
+    os.makedirs(DATA, exist_ok=True)
+    model = load_tf1_checkpoint(TINY)
+    partial = os.path.join(DATA, "partial.weights.h5")
+    model.save_weights(partial)
+    os.replace(partial, WEIGHTS)
+    print(WEIGHTS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

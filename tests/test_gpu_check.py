@@ -1,0 +1,45 @@
+"""benchmarks/gpu_check.py runs where the GPU machines run it: TensorFlow absent. Here --smoke runs
+every part of it tiny on the CPU (both Keras backends, every contender) and the report says so."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_check.py")
+
+
+@pytest.mark.slow
+def test_the_smoke_run_reports_every_run_without_tensorflow(tmp_path):
+    # Every process the script starts inherits PYTHONPATH, so none of them can import TensorFlow.
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['tensorflow'] = None\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, SCRIPT, "--smoke", "--steps", "2"], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert set(report) >= {"model", "steps", "warmup", "runs", "ratios", "seconds"}
+    runs = report["runs"]
+    names = ["kbert-jax", "kbert-torch", "hf-torch-eager", "hf-torch-compile", "keras-hub-jax"]
+    assert sorted(runs) == sorted(f"{name} 4x32" for name in names)
+    for name, run in runs.items():
+        assert "error" not in run, (name, run)
+        assert run["device"] == "cpu" and run["sequences_per_second"] > 0, name
+        assert len(run["losses"]) == report["warmup"] + 2 and len(run["step_seconds"]) == len(run["losses"]) - 1
+        # A random start over BERT's 30,522 tokens: the masked-LM loss starts near ln(30522) = 10.3.
+        assert all(9 < loss < 12 for loss in run["losses"]), (name, run["losses"])
+    for backend in ("jax", "torch"):  # the encoder against google-research/bert's own outputs
+        outputs = runs[f"kbert-{backend} 4x32"]["outputs"]
+        assert outputs["ok"] and max(outputs["max_abs_difference"].values()) <= 1e-5, outputs
+    assert set(report["ratios"]) == {"kbert-jax/keras-hub-jax 4x32", "kbert-jax/hf-torch-compile 4x32"}
+
+
+def test_an_unknown_run_is_one_line():
+    done = subprocess.run([sys.executable, SCRIPT, "--runs", "kbert-tpu"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "unknown run kbert-tpu; choose from kbert-jax," in done.stderr
+    assert "Traceback" not in done.stderr
