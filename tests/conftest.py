@@ -55,8 +55,15 @@ def failing_checkpoint_command():
     return [sys.executable, "-c", _FAIL_NTH_CHECKPOINT]
 
 
-# Commands that run in a process of their own even without `env`: create-data (worker processes).
+# Commands that run in a process of their own even without `env`: create-data (worker processes),
+# unless it is given one worker (`--workers 1` makes its instances in the calling process) or --help.
 OWN_PROCESS = {"create-data"}
+
+
+def _starts_processes(args) -> bool:
+    if not OWN_PROCESS & set(args[:1]) or "--help" in args:
+        return False
+    return not any(a == "--workers" and b == "1" for a, b in zip(args, args[1:]))
 
 
 def run_kbert(*args, check=True, env=None, own_process=None):
@@ -66,13 +73,13 @@ def run_kbert(*args, check=True, env=None, own_process=None):
     (`kbert.cli.main.main`), with stdout and stderr captured and the exit status taken from its
     SystemExit: a new process would spend about 6 s of the machine's 2 cores importing
     TensorFlow for every call, and the suite makes about 150. Calls with `env` (logical CPUs,
-    TF_CONFIG), create-data, or `own_process=True`, run the real `kbert`
+    TF_CONFIG), create-data with worker processes, or `own_process=True`, run the real `kbert`
     executable in a new process, as a user's shell does; tests/test_cli_process.py checks that
     both ways print the same.
     """
     args = [str(a) for a in args]
     if own_process is None:
-        own_process = bool(env) or bool(OWN_PROCESS & set(args[:1]))
+        own_process = bool(env) or _starts_processes(args)
     run = _run_in_new_process if own_process else _run_in_this_process
     result = run(args, env)
     if check and result.returncode != 0:
@@ -187,11 +194,56 @@ def tiny_model_dir(tmp_path_factory):
     return out
 
 
+# Shared exports: each is made once per test process (pytest-xdist worker) and read by many test
+# files, which only read them (a test that adds to an export base works on a copy of what it needs).
+
+
 @pytest.fixture(scope="session")
-def tiny_hub_export(tmp_path_factory):
+def tiny_encoder_export(tiny_model_dir, tmp_path_factory):
+    """`kbert export` of tiny_model_dir (float32, every default): (EXPORT_BASE, the command's JSON).
+    EXPORT_BASE is .../tiny_encoder, holding version 1, models.config and batching_parameters.txt."""
+    base = tmp_path_factory.mktemp("encoder-export") / "tiny_encoder"
+    result = run_kbert("export", tiny_model_dir, base)
+    return base, json.loads(result.stdout)
+
+
+# The shared classifier's max_seq_length.
+CLASSIFIER_LENGTH = 24
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tiny_model_dir, tmp_path_factory):
+    """A sentiment classifier fine-tuned by `kbert finetune` from tiny_model_dir on 32 sentence
+    pairs (so its exports take `text_b`), one epoch of two steps: what it learned is whatever an
+    export must reproduce, not a skill. Labels neg/pos, max_seq_length CLASSIFIER_LENGTH."""
+    from helpers import sentiment_rows, write_tsv
+
+    work = tmp_path_factory.mktemp("classifier")
+    rows = [(text, "the city.", label) for text, label in sentiment_rows(32, 0)]
+    train = write_tsv(work / "train.tsv", rows, header=("text", "text_b", "label"))
+    run_kbert(
+        "finetune", tiny_model_dir, "--task", "classify", "--train", train, "--output", work / "model",
+        "--epochs", "1", "--batch-size", "16", "--learning-rate", "1e-3", "--max-seq-length", CLASSIFIER_LENGTH,
+    )  # fmt: skip
+    return work / "model"
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier_export(tiny_classifier, tmp_path_factory):
+    """`kbert export` of tiny_classifier, from a copy of its directory deleted right after (an
+    export needs nothing of the model directory): (EXPORT_BASE .../sentiment, the command's JSON)."""
+    work = tmp_path_factory.mktemp("classifier-export")
+    shutil.copytree(tiny_classifier, work / "copy")
+    result = run_kbert("export", work / "copy", work / "sentiment")
+    shutil.rmtree(work / "copy")
+    return work / "sentiment", json.loads(result.stdout)
+
+
+@pytest.fixture(scope="session")
+def tiny_hub_export(tiny_model_dir, tmp_path_factory):
     """tf1-tiny converted, then exported with `kbert export --format tfhub`: (base dir, its JSON).
-    base/"tiny" is the model directory, base/"hub" the export. Shared: an export takes ~20 s."""
+    base/"tiny" is (a copy of) the model directory, base/"hub" the export."""
     base = tmp_path_factory.mktemp("tfhub")
-    run_kbert("convert", "from-tf1", TINY, base / "tiny")
+    shutil.copytree(tiny_model_dir, base / "tiny")
     result = run_kbert("export", base / "tiny", base / "hub", "--format", "tfhub")
     return base, json.loads(result.stdout)

@@ -96,7 +96,8 @@ def test_create_data_killed_with_9_takes_its_workers_along_and_the_next_run_swee
         time.sleep(0.05)
     assert [pid for pid in workers if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"] == []
     assert temporaries(tmp_path) != []  # what kill -9 leaves: nothing could remove it
-    run_kbert("create-data", "--input", SAMPLE, "--vocab", UNCASED_VOCAB, "--output", out, "--dupe-factor", "1")
+    run_kbert("create-data", "--input", SAMPLE, "--vocab", UNCASED_VOCAB, "--output", out, "--dupe-factor", "1",
+              "--workers", "1")  # fmt: skip
     assert temporaries(tmp_path) == []
     assert out.stat().st_size > 0
 

@@ -84,7 +84,7 @@ def test_help_usage_and_values():
     assert "Usage: kbert finetune [OPTIONS] MODEL_DIR" in text
     assert re.search(r"--train FILE\s", text) and re.search(r"--epochs N\s", text)
     assert re.search(r"--learning-rate NUMBER\s", text) and re.search(r"--task TEXT\s", text)
-    text = run_kbert("create-data", "--help").stdout
+    text = run_kbert("create-data", "--help", own_process=False).stdout  # help starts no workers
     assert "Usage: kbert create-data [OPTIONS] [FILE...]" in text and re.search(r"--input FILE\.\.\.\s", text)
     assert re.search(r"--lowercase / --no-lowercase\s", text)
 
@@ -206,9 +206,8 @@ def test_messages_name_options_through_option(path):
 
 
 @pytest.mark.slow
-def test_an_export_loads_in_plain_python_as_its_json_says(tmp_path):
-    result = json.loads(run_kbert("export", TINY, tmp_path / "base").stdout)
-    hub = json.loads(run_kbert("export", TINY, tmp_path / "hub", "--format", "tfhub").stdout)
+def test_an_export_loads_in_plain_python_as_its_json_says(tiny_encoder_export, tiny_hub_export):
+    (_, result), (_, hub) = tiny_encoder_export, tiny_hub_export
     export, preprocessor = result["export"], hub["preprocessor"]
     assert result["load_with"] == f"import tensorflow as tf, tensorflow_text; tf.saved_model.load({export!r})"
     assert hub["load_with"] == f"import tensorflow as tf, tensorflow_text; tf.saved_model.load({preprocessor!r})"

@@ -104,6 +104,8 @@ def interrupted_run(tmp_path_factory):
         "5",
         "--dupe-factor",
         "1",
+        "--workers",
+        "1",
     )
     model_dir = work / "bert"
     process = subprocess.Popen(
@@ -162,6 +164,34 @@ def test_an_interrupted_pretraining_run_is_named_with_its_checkpoint(interrupted
     assert report["checkpoint"] == str(model_dir / "checkpoints" / f"ckpt-{step}") and report["step"] == step
     assert report["resume"].startswith(said)
     assert report["parameters"] == 99374 and report["config"]["hidden_size"] == 64
+
+
+def test_a_run_without_its_recorded_flags_resumes_with_the_flags_given(interrupted_run, tmp_path):
+    """A run from before kbert recorded a run's flags (no pretrain_run.json): every command says
+    to resume it with --data and the other flags, and a --resume given them goes on from the
+    checkpoint and records them."""
+    model_dir, step = interrupted_run
+    old = tmp_path / "bert"
+    shutil.copytree(model_dir, old)
+    (old / "pretrain_run.json").unlink()
+    assert_user_error(
+        run_kbert("fill-mask", old, "the [MASK].", check=False),
+        f"continue it with `kbert pretrain --model-dir {old} --resume --data DATA` and the other flags",
+    )
+    assert_user_error(
+        run_kbert("pretrain", "--model-dir", old, "--resume", check=False),  # (after the lock's notice)
+        f"--resume: {old} has no pretrain_run.json",
+        "give --data and the other flags",
+        alone=False,
+    )
+    result = run_kbert(
+        "pretrain", "--model-dir", old, "--data", model_dir.parent / "data.tfrecord", "--resume",
+        "--max-seq-length", "32", "--max-predictions-per-seq", "5", "--batch-size", "8",
+        "--steps", str(step + 2), "--save-every", "2",
+    )  # fmt: skip
+    assert f"resumed from step {step}" in result.stderr
+    assert json.loads(result.stdout)["step"] == step + 2
+    assert json.load(open(old / "pretrain_run.json"))["options"]["steps"] == step + 2  # recorded now
 
 
 def test_fill_mask_says_what_a_model_without_the_mlm_head_is(tiny_model_dir, tmp_path):

@@ -1,13 +1,13 @@
 """Outputs are checked before the work (kbert/outputs.py): never an input, nor inside one (nor
-holding one when replaced whole), and writable, with a one-line error naming the directory."""
+holding one when replaced whole), with a one-line error naming the directory. An unwritable
+output is one of the bad-input sweep's cases for every command (tests/test_bad_input_sweep.py)."""
 
 import os
 import shutil
-import subprocess
 
 import pytest
 
-from conftest import FIXTURES, TINY, assert_user_error, kbert_command, run_kbert
+from conftest import FIXTURES, TINY, assert_user_error, run_kbert
 from test_locks import tree
 
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
@@ -111,76 +111,3 @@ def test_an_output_that_is_or_holds_or_lies_inside_an_input_is_refused(work, cas
     result = run_kbert(*args, check=False, own_process=False)
     assert_user_error(result, fragment)
     assert tree(work) == before
-
-
-# Capabilities dropped for the command and its children: root without DAC override is held to
-# file modes as any user (util-linux's setpriv; util-linux is in every Debian base image).
-WITHOUT_DAC_OVERRIDE = [
-    "setpriv",
-    "--inh-caps=-dac_override,-dac_read_search",
-    "--bounding-set=-dac_override,-dac_read_search",
-    "--",
-]
-
-
-def run_without_dac_override(*args):
-    env = {k: v for k, v in os.environ.items() if k != "KBERT_DEBUG"}
-    return subprocess.run(
-        WITHOUT_DAC_OVERRIDE + kbert_command() + [str(a) for a in args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-
-
-@pytest.fixture
-def read_only(tmp_path):
-    """A mode-555 directory that this test's commands really cannot write."""
-    folder = tmp_path / "read-only"
-    folder.mkdir()
-    folder.chmod(0o555)
-    probe = subprocess.run(WITHOUT_DAC_OVERRIDE + ["touch", str(folder / "probe")], capture_output=True, text=True)
-    assert probe.returncode != 0 and "Permission denied" in probe.stderr, "the capabilities were not dropped"
-    yield folder
-    folder.chmod(0o755)
-
-
-UNWRITABLE = {  # the output in (or being) the read-only directory, for each command
-    "vocab": lambda ro, model, binary: ["vocab", "--input", binary, "--output", ro / "vocab.txt"],
-    "convert from-tf1": lambda ro, model, binary: ["convert", "from-tf1", TINY, ro / "tiny"],
-    "pretrain (in place)": lambda ro, model, binary: ["pretrain", "--model-dir", ro, "--init", model, "--data", binary],
-    "export (in place)": lambda ro, model, binary: ["export", model, ro],
-    "finetune": lambda ro, model, binary: [
-        "finetune",
-        model,
-        "--task",
-        "classify",
-        "--train",
-        binary,
-        "--output",
-        ro / "classifier",
-    ],
-    "create-data": lambda ro, model, binary: [
-        "create-data",
-        "--input",
-        binary,
-        "--vocab",
-        VOCAB,
-        "--output",
-        ro / "records.tfrecord",
-    ],
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("command", list(UNWRITABLE))
-def test_an_unwritable_output_is_refused_before_the_work(tmp_path, read_only, tiny_model_dir, command):
-    # The input is binary: a command that read its inputs before checking the output would
-    # fail on that instead, so the message shows the output was checked first.
-    binary = tmp_path / "corpus.gz"
-    binary.write_bytes(bytes(range(256)) * 64)
-    before = tree(tmp_path)
-    result = run_without_dac_override(*UNWRITABLE[command](read_only, tiny_model_dir, binary))
-    assert_user_error(result, f"cannot write to {os.path.realpath(read_only)} (permission denied")
-    assert tree(tmp_path) == before

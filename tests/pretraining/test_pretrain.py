@@ -5,18 +5,15 @@ import inspect
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from conftest import TINY, assert_user_error, kbert_command, run_kbert
+from conftest import TINY, assert_user_error, run_kbert
 from kbert.cli.pretrain import pretrain_command
 from kbert.pretraining.options import PretrainOptions
 
@@ -190,64 +187,6 @@ def test_refuses_to_overwrite_a_run_and_to_resume_it_with_other_flags(tmp_path, 
     assert not (tmp_path / "new").exists()
 
 
-def test_kill_9_loses_at_most_the_steps_since_the_last_checkpoint(tmp_path, original_records):
-    out = tmp_path / "bert"
-    args = kbert_command() + [
-        "pretrain",
-        "--model-dir",
-        str(out),
-        "--data",
-        str(original_records),
-        "--config",
-        os.path.join(TINY, "bert_config.json"),
-        "--vocab",
-        VOCAB,
-        *SHAPE,
-        "--batch-size",
-        "8",
-        "--steps",
-        "100000",
-        "--save-every",
-        "5",
-        "--steps-per-loop",
-        "5",
-    ]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 180
-    ckpt = out / "checkpoints"
-    # A checkpoint counts once it is recorded as complete (the `checkpoint` file, written after
-    # its data and index): a kill between the two leaves ckpt-N.index, and the run resumes from
-    # the one before.
-    while time.time() < deadline and _last_complete_checkpoint(ckpt) < 15:
-        time.sleep(0.2)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    last = _last_complete_checkpoint(ckpt)
-    assert last >= 15, sorted(p.name for p in ckpt.iterdir())
-    # As a run from before kbert recorded a run's flags: it resumes with the flags given, as then.
-    (out / "pretrain_run.json").unlink()
-    assert_user_error(
-        run_kbert("fill-mask", out, "the [MASK].", check=False),
-        f"continue it with `kbert pretrain --model-dir {out} --resume --data DATA` and the other flags",
-    )
-    assert_user_error(
-        run_kbert("pretrain", "--model-dir", out, "--resume", check=False),  # (after the lock's notice)
-        f"--resume: {out} has no pretrain_run.json",
-        "give --data and the other flags",
-        alone=False,
-    )
-    result = _pretrain(out, original_records, "--steps", str(last + 5), "--save-every", "5", "--resume")
-    assert f"resumed from step {last}" in result.stderr
-    assert json.loads(result.stdout)["step"] == last + 5
-    assert json.load(open(out / "pretrain_run.json"))["options"]["steps"] == last + 5  # recorded now
-
-
-def _last_complete_checkpoint(folder) -> int:
-    """The step of the newest checkpoint TensorFlow's `checkpoint` file records in `folder`, or -1."""
-    prefix = tf.train.latest_checkpoint(str(folder))
-    return -1 if prefix is None else int(prefix.rsplit("-", 1)[1])
-
-
 def test_mirrored_over_two_cpus_equals_one_device(tmp_path, original_records, no_dropout_init):
     """The global batch is split over replicas and gradients summed: from the same weights and
     without dropout, the two runs must end with the same weights."""
@@ -393,18 +332,6 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, original_re
     result = _pretrain(tmp_path / "early", original_records, *diverging, "--save-every", "4", check=False)
     assert_user_error(result, "the loss became nan between steps 0 and 4", "no checkpoint was saved", alone=False)
     assert not (tmp_path / "early").exists()
-
-
-def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, original_records):
-    out = tmp_path / "bert"
-    _pretrain(out, original_records, "--steps", "4", "--save-every", "4")
-    # A file where TensorFlow writes the next checkpoint's temporary shard makes that write fail.
-    (out / "checkpoints" / "ckpt-8_temp").write_text("in the way")
-    result = _pretrain(out, original_records, "--steps", "8", "--save-every", "4", "--resume", check=False)
-    assert_user_error(result, "writing the checkpoint for step 8 failed", "(step 4) is intact", alone=False)
-    (out / "checkpoints" / "ckpt-8_temp").unlink()
-    result = _pretrain(out, original_records, "--steps", "8", "--save-every", "4", "--resume")
-    assert "resumed from step 4" in result.stderr
 
 
 def test_fill_mask_bad_input(tmp_path, tiny_model_dir):

@@ -5,7 +5,7 @@ tests/serving/standin_server.py: it loads the exports the way TF Serving does (a
 signature_defs, tensorflow_text's ops registered) and answers with TF Serving's protos, JSON,
 status codes and messages. One server serves a sentence-pair classifier and a single-text
 regressor, both the tiny checkpoint with a head (what the head learned does not matter to
-serving), exported by `export_model`; every answer is compared with the same SavedModel's
+serving: the classifier is conftest's shared fine-tuned one), exported by `kbert export`; every answer is compared with the same SavedModel's
 signatures run in this process by `tf.saved_model.load`.
 """
 
@@ -20,14 +20,14 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import assert_user_error, kbert_command, run_kbert
+from conftest import CLASSIFIER_LENGTH, assert_user_error, run_kbert
 from helpers import STANDIN_SERVER, write_tsv
 from kbert.errors import KbertError
 from kbert.serving import Client
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 
-LENGTH = 24
+LENGTH = CLASSIFIER_LENGTH  # the regressor's, as the shared classifier's
 LONG = " ".join(["gold"] * 5000)
 # Real text, an empty string, a text far past max length, and invalid UTF-8 bytes (dropped in
 # the graph, as the original's decode("utf-8", "ignore") drops them); the last is a pair.
@@ -46,34 +46,20 @@ def as_bytes(texts):
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory, tiny_model_dir):
-    """Both models exported at once (2 cores): the regressor by `kbert export` in a subprocess,
-    the classifier by `export_model` here."""
+def exports(tmp_path_factory, tiny_model_dir, tiny_classifier_export):
+    """The sentence-pair classifier's export (conftest's, shared), and the regressor exported here
+    by `kbert export`."""
     import keras
 
     import kbert
-    from kbert.serving.export import export_model
 
     work = tmp_path_factory.mktemp("serving")
     keras.utils.set_random_seed(1)
-    classifier = kbert.bert_classifier(kbert.load(tiny_model_dir), 2)
-    classifier.task_info = {"task": "classify", "labels": ["neg", "pos"], "max_seq_length": LENGTH, "text_pairs": True}
-    kbert.save(classifier, work / "classifier")
     regressor = kbert.bert_classifier(kbert.load(tiny_model_dir), 1)
     regressor.task_info = {"task": "regress", "max_seq_length": LENGTH, "text_pairs": False}
     kbert.save(regressor, work / "regressor")
-    env = {k: v for k, v in os.environ.items() if k != "KBERT_DEBUG"}
-    cli = subprocess.Popen(
-        kbert_command() + ["export", str(work / "regressor"), str(work / "exports" / "similarity")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    sentiment = export_model(work / "classifier", work / "exports" / "sentiment")
-    out, err = cli.communicate(timeout=600)
-    assert cli.returncode == 0, err
-    return {"work": work, "sentiment": sentiment, "similarity": json.loads(out)["export"]}
+    similarity = json.loads(run_kbert("export", work / "regressor", work / "exports" / "similarity").stdout)["export"]
+    return {"work": work, "sentiment": str(tiny_classifier_export[0] / "1"), "similarity": similarity}
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ in this process on the same text.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +17,8 @@ import numpy as np
 import pytest
 
 from conftest import REFERENCE, assert_user_error, run_kbert
-from helpers import run_in_fresh_process, sentiment_rows, write_tsv
+from helpers import run_in_fresh_process
 
-LENGTH = 24  # the classifier's max_seq_length; the tiny encoder's default is its 64 positions
 LONG = " ".join(["gold"] * 5000)
 # Real text, an empty string, a text far past max length, and invalid UTF-8 bytes (dropped,
 # as the original's decode("utf-8", "ignore") drops them).
@@ -107,50 +105,22 @@ def kbert_reference(model_dir, texts, texts_b=None):
 
 
 @pytest.fixture(scope="module")
-def classifier_dir(tmp_path_factory, tiny_model_dir):
-    """A tiny sentiment classifier trained on sentence pairs (so its signature takes `text_b`),
-    one quick epoch: the export must match whatever it learned."""
-    work = tmp_path_factory.mktemp("export-classifier")
-    rows = [(text, "the city.", label) for text, label in sentiment_rows(64, 0)]
-    train = write_tsv(work / "train.tsv", rows, header=("text", "text_b", "label"))
-    run_kbert(
-        "finetune",
-        tiny_model_dir,
-        "--task",
-        "classify",
-        "--train",
-        train,
-        "--output",
-        work / "model",
-        "--epochs",
-        "1",
-        "--batch-size",
-        "16",
-        "--learning-rate",
-        "1e-3",
-        "--max-seq-length",
-        str(LENGTH),
-    )
-    return work / "model"
+def classifier_dir(tiny_classifier):
+    """A tiny sentiment classifier fine-tuned on sentence pairs (so its signature takes `text_b`):
+    the export must match whatever it learned."""
+    return tiny_classifier
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory, tiny_model_dir, classifier_dir):
-    """The encoder exported twice (versions 1 and 2) and the classifier once, from a copy of its
-    directory that is deleted before anything reads the export."""
-    work = tmp_path_factory.mktemp("exports")
-    encoder_base = work / "tiny_encoder"
-    first = run_kbert("export", tiny_model_dir, encoder_base)
-    second = run_kbert("export", tiny_model_dir, encoder_base)
-    copy = work / "classifier-copy"
-    shutil.copytree(classifier_dir, copy)
-    classifier_base = work / "sentiment"
-    run_kbert("export", copy, classifier_base)
-    shutil.rmtree(copy)
+def exports(tiny_encoder_export, tiny_classifier_export):
+    """The encoder exported (version 1) and the classifier, exported from a copy of its directory
+    that was deleted before anything read the export (conftest's shared exports)."""
+    encoder_base, run = tiny_encoder_export
+    classifier_base, _ = tiny_classifier_export
     return {
         "encoder_base": encoder_base,
-        "runs": [first, second],
-        "encoder": encoder_base / "2",
+        "run": run,
+        "encoder": encoder_base / "1",
         "classifier": classifier_base / "1",
     }
 
@@ -177,11 +147,10 @@ def served(exports, references, tmp_path_factory):
 
 
 def test_export_writes_the_tf_serving_layout(exports):
+    # The next version of the same base: tests/serving/test_export_configs.py.
     base = exports["encoder_base"]
-    assert sorted(os.listdir(base)) == ["1", "2", "batching_parameters.txt", "models.config"]
-    outputs = [json.loads(run.stdout) for run in exports["runs"]]
-    assert [o["version"] for o in outputs] == [1, 2]
-    assert outputs[1]["export"] == str(base / "2")
+    assert sorted(os.listdir(base)) == ["1", "batching_parameters.txt", "models.config"]
+    assert exports["run"]["version"] == 1 and exports["run"]["export"] == str(base / "1")
     for version in (exports["encoder"], exports["classifier"]):
         for name in ("saved_model.pb", "variables", "assets/vocab.txt", "assets.extra/tf_serving_warmup_requests"):
             assert os.path.exists(version / name), (version, name)
@@ -320,7 +289,7 @@ def test_weights_too_large_for_constants_stay_variables(tiny_model_dir, constant
 
 def test_existing_version_is_a_one_line_error(exports, tiny_model_dir):
     result = run_kbert("export", tiny_model_dir, exports["encoder_base"], "--version", "1", check=False)
-    assert_user_error(result, "already exists", "--overwrite", "(3)")
+    assert_user_error(result, "already exists", "--overwrite", "(2)")
 
 
 def test_fresh_process_needs_no_kbert_or_keras(served):
@@ -441,8 +410,7 @@ def test_classify_signature_gives_every_label_and_its_score(served, exports):
     assert sorted(classified) == ["classes", "scores"]
     assert classified["classes"] == [["neg", "pos"]] * len(TEXTS)
     np.testing.assert_allclose(classified["scores"], by_text["probabilities"], atol=1e-6)
-    run = json.loads(exports["runs"][0].stdout)
-    assert run["signatures"] == {
+    assert exports["run"]["signatures"] == {
         "serve_examples": "tensorflow/serving/predict",
         "serve_ids": "tensorflow/serving/predict",
         "serving_default": "tensorflow/serving/predict",
@@ -607,15 +575,18 @@ def test_tagger_serves_a_label_per_token(tiny_model_dir, tmp_path):
     ]
 
 
-def test_bfloat16_export_is_close_to_float32_and_half_the_size(tiny_model_dir, tmp_path):
+def test_bfloat16_export_is_close_to_float32_and_half_the_size(tiny_model_dir, exports, tmp_path):
     import tensorflow as tf
 
     from kbert.serving.export import export_model
 
     texts = tf.constant(["gold glorious great.", "dead dust the dread.", ""])
     out = {}
-    for precision in ("float32", "bfloat16"):
-        path = export_model(tiny_model_dir, tmp_path / precision, precision=precision)
+    paths = {
+        "float32": str(exports["encoder"]),
+        "bfloat16": export_model(tiny_model_dir, tmp_path / "bfloat16", precision="bfloat16"),
+    }
+    for precision, path in paths.items():
         loaded = tf.saved_model.load(path)
         out[precision] = loaded.signatures["serving_default"](text=texts)
         size = sum(

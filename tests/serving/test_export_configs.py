@@ -6,16 +6,26 @@ Serving's own proto; a file it cannot edit that way, and a batching_parameters.t
 from kbert's, are left as they are, with kbert's version beside them as `.new`.
 """
 
+import contextlib
 import json
+import logging
 import os
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from conftest import run_kbert
-from kbert.serving.models_config import _models_config, _models_config_with
+from kbert.serving.models_config import (
+    _batching_parameters,
+    _models_config,
+    _models_config_with,
+    write_batching_parameters,
+    write_models_config,
+)
 
 BASE = "/srv/exports/sentiment"
 
@@ -95,14 +105,37 @@ def test_a_file_that_cannot_be_edited_safely_is_said_so(text, why):
     assert updated is None and note.startswith(why)
 
 
-@pytest.mark.slow
-def test_a_second_export_keeps_the_users_edits(tmp_path, tiny_model_dir):
-    base = tmp_path / "exports" / "tiny"
-    first = json.loads(run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16").stdout)
+@contextlib.contextmanager
+def said():
+    """The lines kbert logs meanwhile (what `kbert export` prints on stderr after "kbert: ")."""
+    lines, logger = [], logging.getLogger("kbert")
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_the_first_export_writes_both_files(tiny_encoder_export):
+    base, first = tiny_encoder_export
+    assert first["model_config_file"] == str(base / "models.config")
+    assert models((base / "models.config").read_text()) == {"tiny_encoder": (str(base), [])}
+    assert (base / "batching_parameters.txt").read_text() == _batching_parameters(os.cpu_count())
+
+
+def test_a_later_export_keeps_the_users_edits(tmp_path):
+    """What an export of version 2, then 3, writes beside the user's edited files (the files are
+    written after the SavedModel, by write_models_config and write_batching_parameters)."""
+    base = tmp_path / "tiny"
+    base.mkdir()
+    config_file, batching_file = write_models_config(str(base), "tiny", 1), write_batching_parameters(str(base))
+    assert (config_file, batching_file) == (str(base / "models.config"), str(base / "batching_parameters.txt"))
     config_file, batching_file = base / "models.config", base / "batching_parameters.txt"
-    assert first["model_config_file"] == str(config_file) and models(config_file.read_text()) == {
-        "tiny": (str(base), [])
-    }
     kberts_batching = batching_file.read_text()
 
     # What the README tells users to do: tune the batching, and here pin the served versions.
@@ -118,35 +151,31 @@ def test_a_second_export_keeps_the_users_edits(tmp_path, tiny_model_dir):
     )
     config_file.write_text(users_config)
 
-    second = run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16")
-    assert json.loads(second.stdout)["version"] == 2
+    with said() as lines:
+        assert write_models_config(str(base), "tiny", 2) == str(config_file)
+        assert write_batching_parameters(str(base)) == f"{batching_file}.new"
     assert batching_file.read_text() == users_batching  # kept, byte for byte
     assert (base / "batching_parameters.txt.new").read_text() == kberts_batching
     assert models(config_file.read_text()) == {"tiny": (str(base), [1, 2])}
     assert config_file.read_text() == users_config.replace("versions: 1 }", "versions: 1 versions: 2 }")
-    lines = second.stderr.splitlines()
-    assert f"kbert: {config_file}: added version 2 to the specific versions of model 'tiny'" in lines
-    assert (
-        f"kbert: {batching_file} differs from what kbert writes: kept as it is; kbert's is beside it: "
-        f"{batching_file}.new"
-    ) in lines
+    assert lines == [
+        f"{config_file}: added version 2 to the specific versions of model 'tiny'",
+        f"{batching_file} differs from what kbert writes: kept as it is; kbert's is beside it: {batching_file}.new",
+    ]
 
     # A models.config kbert cannot edit safely is left as it is, and kbert's goes beside it.
     broken = users_config.replace("model_config_list {", "model_config_list {{", 1)
     config_file.write_text(broken)
-    third = run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16")
+    with said() as lines:
+        assert write_models_config(str(base), "tiny", 3) == f"{config_file}.new"
     assert config_file.read_text() == broken
     assert (base / "models.config.new").read_text() == _models_config("tiny", str(base))
-    assert any(
-        line.startswith(f"kbert: {config_file}: not a model_config_list that TF Serving reads (")
-        and line.endswith(f"left as it is, and kbert's models.config for this export is beside it: {config_file}.new")
-        for line in third.stderr.splitlines()
-    ), third.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"{config_file}: not a model_config_list that TF Serving reads ")
+    assert lines[0].endswith(
+        f"left as it is, and kbert's models.config for this export is beside it: {config_file}.new"
+    )
     # Nothing half-written or temporary beside them.
     assert sorted(os.listdir(base)) == [
-        "1",
-        "2",
-        "3",
         "batching_parameters.txt",
         "batching_parameters.txt.new",
         "models.config",
@@ -154,12 +183,15 @@ def test_a_second_export_keeps_the_users_edits(tmp_path, tiny_model_dir):
     ]
 
 
-def test_a_model_renamed_in_models_config_keeps_its_entry(tmp_path, tiny_model_dir):
+@pytest.mark.slow
+def test_a_model_renamed_in_models_config_keeps_its_entry(tmp_path, tiny_model_dir, tiny_encoder_export):
     """The user renames the model to `prod` and pins version 1: the next export finds its entry
-    by base_path, adds version 2 to it, and adds no second entry with the same base_path."""
+    by base_path, adds version 2 to it, and adds no second entry with the same base_path; the
+    export's JSON and the server's files say so, as `kbert export` prints them."""
     base = tmp_path / "tiny"
-    run_kbert("export", tiny_model_dir, base, "--max-seq-length", "16")
-    config_file = base / "models.config"
+    shutil.copytree(tiny_encoder_export[0] / "1", base / "1")  # version 1, exported before
+    config_file = Path(write_models_config(str(base), "tiny", 1))
+    write_batching_parameters(str(base))
     config_file.write_text(
         config_file.read_text()
         .replace('name: "tiny"', 'name: "prod"')
@@ -172,6 +204,7 @@ def test_a_model_renamed_in_models_config_keeps_its_entry(tmp_path, tiny_model_d
     assert json.loads(second.stdout)["version"] == 2
     assert models(config_file.read_text()) == {"prod": (str(base), [1, 2])}
     assert f"kbert: {config_file}: added version 2 to the specific versions of model 'prod'" in second.stderr
+    assert sorted(os.listdir(base)) == ["1", "2", "batching_parameters.txt", "models.config"]
     # The warmup requests name the model as the server serves it.
     import tensorflow as tf
     from tensorflow_serving.apis import prediction_log_pb2

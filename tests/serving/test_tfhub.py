@@ -131,17 +131,27 @@ def test_preprocessor_packs_as_run_classifier(hub_export, run_classifier, length
         assert special["vocab_size"] == 300 and special["start_of_sequence_id"] == tokenizer.vocab["[CLS]"]
 
 
-# The "Classify text with BERT" tutorial's model, with tf-keras and tensorflow_hub as it runs them.
-HUB_CLASSIFIER = r"""
+# Both consumers outside kbert, in one fresh Python. First a plain script (or TF Serving): only
+# tensorflow and tensorflow_text, the others cannot be imported. Then TensorFlow's "Classify text
+# with BERT" tutorial's model, with tf-keras and tensorflow_hub as it runs them (kbert and
+# keras_hub still cannot be imported).
+CONSUMERS = r"""
 import json, sys
+sys.modules["kbert"] = sys.modules["keras_hub"] = sys.modules["tensorflow_hub"] = None
 import numpy as np
 import tensorflow as tf
-import tensorflow_hub as hub
 import tensorflow_text  # noqa: F401
+export, expected_file, fresh_texts, fresh_out = sys.argv[1:5]
+preprocessor = tf.saved_model.load(export + "/preprocessor")
+encoder = tf.saved_model.load(export + "/encoder")
+out = encoder(preprocessor(tf.constant(json.loads(fresh_texts))), training=False)
+np.save(fresh_out, out["pooled_output"].numpy())
+
+del sys.modules["tensorflow_hub"]
+import tensorflow_hub as hub
 import tf_keras
 
 tf_keras.utils.set_random_seed(0)
-export, expected_file = sys.argv[1], sys.argv[2]
 expected = np.load(expected_file)
 preprocessor = hub.KerasLayer(export + "/preprocessor", name="preprocessing")
 encoder = hub.KerasLayer(export + "/encoder", trainable=True, name="BERT_encoder")
@@ -165,24 +175,31 @@ loss_after = model.evaluate(texts, labels, verbose=0)[0]
 changed = sum(not np.array_equal(a, w.numpy()) for a, w in zip(before, encoder.trainable_weights))
 print(json.dumps({"pooled_diff": float(np.abs(pooled - expected["pooled_output"]).max()),
                   "loss_before": loss_before, "loss_after": loss_after, "changed": changed, "trainable": len(before),
-                  "modules": sorted(m for m in ("kbert", "keras_hub") if m in sys.modules)}))
+                  "modules": sorted(m for m in ("kbert", "keras_hub") if sys.modules.get(m) is not None)}))
 """
 
 
-def test_hub_keras_layer_fine_tunes_it_on_tf_keras(hub_export, tmp_path):
-    base, _ = hub_export
-    script = tmp_path / "classify.py"
-    script.write_text(HUB_CLASSIFIER)
-    np.savez(tmp_path / "expected.npz", pooled_output=EXPECTED["pooled_output"], texts=np.array(LINES[:16]), **IDS)
+@pytest.fixture(scope="module")
+def consumers(tiny_hub_export, tmp_path_factory):
+    """CONSUMERS run on the export: (the tutorial model's report, the plain script's pooled outputs
+    of LINES[:5])."""
+    base, _ = tiny_hub_export
+    work = tmp_path_factory.mktemp("consumers")
+    np.savez(work / "expected.npz", pooled_output=EXPECTED["pooled_output"], texts=np.array(LINES[:16]), **IDS)
     result = subprocess.run(
-        [sys.executable, str(script), str(base / "hub"), str(tmp_path / "expected.npz")],
+        [sys.executable, "-c", CONSUMERS, str(base / "hub"), str(work / "expected.npz"), json.dumps(LINES[:5]),
+         str(work / "fresh.npy")],
         capture_output=True,
         text=True,
         timeout=600,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1]), np.load(work / "fresh.npy")
+
+
+def test_hub_keras_layer_fine_tunes_it_on_tf_keras(consumers):
+    report, _ = consumers
     assert report["pooled_diff"] < 1e-5
     assert report["trainable"] == 39 and report["changed"] == 39  # every encoder weight was trained
     # It learns: 16 texts labelled by parity, memorised. Over seeds 0-5 the loss fell to 0.02-0.31 of its start.
@@ -190,35 +207,12 @@ def test_hub_keras_layer_fine_tunes_it_on_tf_keras(hub_export, tmp_path):
     assert report["modules"] == []
 
 
-FRESH = r"""
-import json, sys
-sys.modules["kbert"] = sys.modules["keras_hub"] = sys.modules["tensorflow_hub"] = None
-import numpy as np
-import tensorflow as tf
-import tensorflow_text  # noqa: F401
-export, texts = sys.argv[1], json.loads(sys.argv[2])
-preprocessor = tf.saved_model.load(export + "/preprocessor")
-encoder = tf.saved_model.load(export + "/encoder")
-out = encoder(preprocessor(tf.constant(texts)), training=False)
-np.save(sys.argv[3], out["pooled_output"].numpy())
-"""
-
-
-def test_runs_in_a_fresh_process_with_only_tensorflow_and_tf_text(hub_export, run_classifier, tmp_path):
+def test_runs_in_a_fresh_process_with_only_tensorflow_and_tf_text(hub_export, run_classifier, consumers):
     base, _ = hub_export
-    texts = LINES[:5]
-    result = subprocess.run(
-        [sys.executable, "-c", FRESH, str(base / "hub"), json.dumps(texts), str(tmp_path / "p.npy")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
     model = kbert.load(base / "tiny")
     features = {name: values[:5] for name, values in run_classifier[64, False].items()}
     ours = model.encoder(features, training=False)["pooled_output"]
-    np.testing.assert_allclose(np.load(tmp_path / "p.npy"), np.asarray(ours), atol=1e-5)
+    np.testing.assert_allclose(consumers[1], np.asarray(ours), atol=1e-5)
 
 
 def test_bad_input_one_line_and_nothing_written(hub_export, tmp_path):
