@@ -78,6 +78,19 @@ def batches(path, batch, seq, preds):
     return numpy_batches([path], batch, seq, preds, seed=0)
 
 
+def reader_speed(records: str, shape, batches_read: int = 20) -> float:
+    """How fast the record reader alone makes batches of `shape`: above a run's sequences/s, the
+    run did not wait for its input."""
+    batch, seq, preds = shape
+    data = batches(records, batch, seq, preds)
+    next(data)
+    start = time.perf_counter()
+    for _ in range(batches_read):
+        next(data)
+    data.close()
+    return round(batch * batches_read / (time.perf_counter() - start), 1)
+
+
 # --- one run, in its own process ---
 
 
@@ -367,6 +380,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as folder:
         for shape in shapes:
             records = make_records(folder, shape[1], shape[2])
+            report[f"reader_sequences_per_second {shape[0]}x{shape[1]}"] = reader_speed(records, shape)
             for run in RUNS:
                 if run in args.runs.split(","):
                     check = run.startswith("kbert") and shape == shapes[0]

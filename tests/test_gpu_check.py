@@ -23,6 +23,7 @@ def test_the_smoke_run_reports_every_run_without_tensorflow(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert set(report) >= {"model", "steps", "warmup", "runs", "ratios", "seconds"}
+    assert report["reader_sequences_per_second 4x32"] > 0
     runs = report["runs"]
     names = ["kbert-jax", "kbert-torch", "hf-torch-eager", "hf-torch-compile", "keras-hub-jax"]
     assert sorted(runs) == sorted(f"{name} 4x32" for name in names)

@@ -120,9 +120,10 @@ def _packed_varints(data: bytes) -> np.ndarray:
         return raw.astype(np.int64)
     if raw[-1] >= 0x80:
         raise ValueError("a varint runs past its field")
-    last = raw < 0x80
-    starts = np.flatnonzero(np.concatenate(([True], last[:-1])))
-    within = np.arange(len(raw)) - np.repeat(starts, np.diff(np.append(starts, len(raw))))
+    ends = np.flatnonzero(raw < 0x80)
+    starts = np.empty_like(ends)
+    starts[0], starts[1:] = 0, ends[:-1] + 1
+    within = np.arange(len(raw)) - starts.repeat(ends - starts + 1)
     groups = (raw & 0x7F).astype(np.uint64) << (7 * within).astype(np.uint64)
     return np.add.reduceat(groups, starts).view(np.int64)  # two's complement, as int64 is sent
 
