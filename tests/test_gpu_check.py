@@ -44,3 +44,16 @@ def test_an_unknown_run_is_one_line():
     assert done.returncode == 2
     assert "unknown run kbert-tpu; choose from kbert-jax," in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_runs_past_the_budget_are_reported_as_not_run(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['tensorflow'] = None\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    command = [sys.executable, SCRIPT, "--smoke", "--budget", "0", "--runs", "kbert-jax,hf-torch-eager"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout)["runs"]
+    assert runs == {
+        "kbert-jax 4x32": {"error": "not run: the --budget of 0 s was spent"},
+        "hf-torch-eager 4x32": {"error": "not run: the --budget of 0 s was spent"},
+    }
