@@ -1,17 +1,18 @@
-"""kbert: BERT for Keras 3 on TensorFlow, numerically google-research/bert.
+"""kbert: BERT for Keras 3, numerically google-research/bert.
 
 >>> import kbert
 >>> config = kbert.BertConfig.from_json_file("bert_config.json")    # doctest: +SKIP
 >>> model = kbert.converters.load_tf1_checkpoint("uncased_L-12_H-768_A-12/")  # doctest: +SKIP
 
+The models, their optimizer and losses run on the Keras backend Keras picks: `KERAS_BACKEND`
+(tensorflow, jax or torch), else the one ~/.keras/keras.json names, else TensorFlow. google-research
+checkpoints, TF Serving and TF Hub exports and the in-graph tokenizer are TensorFlow's (docs/model.md,
+"Backends").
+
 Names are imported on first use, so `kbert --help` does not wait for TensorFlow.
 """
 
 import importlib
-import os
-
-# kbert is TensorFlow-only: SavedModels, tf.data, tf.distribute and TF Text.
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,7 @@ _EXPORTS = {
     "embed": "kbert.embedding",
     "save": "kbert.model_dir",
     "Tokenizer": "kbert.text.tokenizer",
+    "pack_texts": "kbert.text.packing",
     "GraphTokenizer": "kbert.text.graph_tokenizer",
 }
 

@@ -42,6 +42,23 @@ def optimizer_variable_index(optimizer, variable) -> int:
     return optimizer._get_variable_index(variable)
 
 
+# === Keras: layers a model holds before keras.Model.__init__ has run (PyTorch) ===
+
+# kbert's models make their layers before keras.Model.__init__ builds the graph from them, as
+# keras-hub's do. On PyTorch a Keras layer is a torch.nn.Module, which refuses a sub-module set
+# before its own __init__; so there kbert.model.bert sets them as plain attributes and hands each
+# to Keras' attribute tracker itself, as Layer.__setattr__ does on TensorFlow and JAX. The model
+# then lists its layers, and so its weights, in the same order on every backend: the order of an
+# optimizer's slots in a .keras file. Keras' Layer has no public way to track an attribute.
+
+
+def track_attribute(layer, value):
+    """Add `value` to what Keras' tracker of `layer` holds (its layers, variables, ...), creating
+    the tracker if Layer.__init__ has not yet; returns what Layer.__setattr__ would store."""
+    layer._initialize_tracker()
+    return layer._tracker.track(value)
+
+
 # === Keras: reading weights as other values while a function is traced ===
 
 

@@ -98,6 +98,24 @@ def test_optimizer_variable_index_finds_each_variable():
     assert found == [0, 1, 2], changed(keras, "Optimizer._get_variable_index", f"gave {found}", OPTIMIZERS)
 
 
+# === Keras: layers tracked before Layer.__init__ ===
+
+
+def test_track_attribute_lists_a_layer_set_before_init_first():
+    class Early(keras.Model):
+        def __init__(self):
+            # Set as kbert.model.bert sets it on PyTorch: a plain attribute, tracked through the hook.
+            object.__setattr__(self, "late", _compat.track_attribute(self, keras.layers.Dense(1, name="late")))
+            inputs = keras.Input((3,))
+            super().__init__(inputs=inputs, outputs=self.late(keras.layers.Dense(2, name="early")(inputs)))
+
+    # The tracked layer comes first, as Layer.__setattr__ lists it; the graph alone puts it last.
+    order = [v.path for v in Early().weights]
+    assert order == ["late/kernel", "late/bias", "early/kernel", "early/bias"], changed(
+        keras, "Layer._initialize_tracker / Layer._tracker.track", f"listed {order}", "models built on PyTorch"
+    )
+
+
 # === Keras: reads replaced inside a StatelessScope ===
 
 WEIGHTS_AS_CONSTANTS = "int8, bfloat16 and --constant-weights exports (kbert.serving.optimize)"

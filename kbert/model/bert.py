@@ -21,6 +21,7 @@ import weakref
 import keras
 from keras import ops
 
+from kbert._compat import track_attribute
 from kbert.config import BertConfig
 from kbert.model.layers import (
     BertEmbeddings,
@@ -72,6 +73,15 @@ def _int_inputs(names):
 class _Described:
     """What every kbert model declares besides its layers: its `vocabulary`, and for task models
     its `task_info`; in get_config, and the vocab.txt itself in a `.keras` file."""
+
+    def __setattr__(self, name, value):
+        # Each model makes its layers before keras.Model.__init__ builds the graph from them, and
+        # PyTorch's Module refuses a sub-module set before its own __init__ has run. Until then
+        # they are plain attributes that Keras tracks as on the other backends (`track_attribute`
+        # says why); Keras' own bookkeeping (`_tracker`, ...) is stored as it is.
+        if "_modules" not in self.__dict__ and keras.config.backend() == "torch":
+            return object.__setattr__(self, name, value if name.startswith("_") else track_attribute(self, value))
+        return super().__setattr__(name, value)
 
     def _declare(self, config, vocabulary, task_info=None):
         self.config = config

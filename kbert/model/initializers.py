@@ -17,9 +17,9 @@ from __future__ import annotations
 import contextlib
 
 import keras
-import tensorflow as tf
 
 from kbert.config import BertConfig
+from kbert.model.backend_ops import empty
 
 # The weight names (the last part of a path) that start at 0 and at 1; any other weight draws.
 ZERO_WEIGHTS = ("bias", "beta", "output_bias")
@@ -58,10 +58,10 @@ def original_initializer(config: BertConfig, weight: str) -> keras.initializers.
 
 
 class Unfilled(keras.initializers.Initializer):
-    """Memory for a weight, left as it was (`tf.raw_ops.Empty`): for weights assigned next."""
+    """Memory for a weight, left as it was (`backend_ops.empty`): for weights assigned next."""
 
     def __call__(self, shape, dtype=None):
-        return tf.raw_ops.Empty(shape=tf.constant(shape, tf.int32), dtype=tf.as_dtype(dtype or "float32"), init=False)
+        return empty(shape, dtype)
 
 
 @contextlib.contextmanager
@@ -75,7 +75,7 @@ def unfilled():
     >>> with unfilled():
     ...     encoder = kbert.bert_encoder(config)
     >>> for variable in encoder.weights:
-    ...     _ = variable.assign(tf.ones(variable.shape))
+    ...     _ = variable.assign(keras.ops.ones(variable.shape))
     """
     previous = _UNFILLED[0]
     _UNFILLED[0] = True

@@ -8,8 +8,11 @@ masks attention with its own large negative number rather than the original's -1
 Why not keras-hub's `PositionEmbedding`: importing keras_hub costs every process memory and
 start-up time (docs/performance.md, "Figures behind the code's comments"), for a slice of one table.
 
-Training runs through `kbert.model.fused`'s XLA kernels and inference through the plain Keras
-ops; `use_fused` alone decides which, and tests/model/test_layers.py checks that both paths agree.
+The math is `keras.ops`, the same on TensorFlow, JAX and PyTorch. On TensorFlow, training runs
+through `kbert.model.fused`'s XLA kernels and inference through the plain Keras ops; `use_fused`
+alone decides which, and tests/model/test_layers.py checks that both paths agree. The other
+backends have no fused kernels and run the plain ops throughout (`kbert.model.backend_ops` picks
+what a backend runs, once).
 What an export runs differently (Q, K and V as one matmul, LayerNorm as one oneDNN kernel) is
 `kbert.serving.optimize`'s, which rewrites a built model without changing these layers.
 """
@@ -19,11 +22,10 @@ from __future__ import annotations
 import math
 
 import keras
-import tensorflow as tf
 from keras import ops
 
 from kbert.config import BertConfig
-from kbert.model import fused
+from kbert.model.backend_ops import fused, matmul_transposed, take_positions
 from kbert.model.initializers import initializer
 
 
@@ -56,8 +58,8 @@ def exact_gelu(x):
 def use_fused(training, *denses) -> bool:
     """Whether this call runs `kbert.model.fused`'s training kernels rather than the plain ops.
 
-    True when training, unless inside `fused.disabled()` or one of `denses` (the Dense layers
-    whose kernel and bias the fused kernel would apply itself) is not a plain Dense.
+    True when training on TensorFlow, unless inside `fused.disabled()` or one of `denses` (the
+    Dense layers whose kernel and bias the fused kernel would apply itself) is not a plain Dense.
 
     Example:
     >>> use_fused(True), use_fused(False)
@@ -66,7 +68,7 @@ def use_fused(training, *denses) -> bool:
     ...     use_fused(True)
     False
     """
-    return bool(training) and fused.enabled() and all(_plain_dense(d) for d in denses)
+    return bool(training) and fused is not None and fused.enabled() and all(_plain_dense(d) for d in denses)
 
 
 def _plain_dense(dense) -> bool:
@@ -337,16 +339,13 @@ class MaskedLMHead(keras.layers.Layer):
         self.built = True
 
     def call(self, sequence_output, masked_lm_positions, training=None):
-        # tf.gather with batch_dims: its gradient is much cheaper than take_along_axis', with equal
-        # results (docs/performance.md, "Figures behind the code's comments").
-        picked = tf.gather(sequence_output, ops.cast(masked_lm_positions, "int32"), batch_dims=1)
+        picked = take_positions(sequence_output, masked_lm_positions)
         batch, positions = ops.shape(picked)[0], ops.shape(picked)[1]
         # [batch·P, H], as modeling.py's gather_indexes returns: a 2-D dense fuses its bias and GELU.
         picked = self.layer_norm(self.transform(ops.reshape(picked, (-1, ops.shape(picked)[-1]))), training=training)
         table = ops.cast(self.word_embeddings.embeddings, self.compute_dtype)
-        # transpose_b reads the [vocab, H] table as it is stored; ops.transpose would copy all
-        # 30,522 rows every step, and its gradient once more.
-        logits = tf.linalg.matmul(picked, table, transpose_b=True)
+        # Against the [vocab, H] table as it is stored (`matmul_transposed` says why).
+        logits = matmul_transposed(picked, table)
         bias = ops.cast(self.output_bias, "float32")
         logits = fused.bias_add_float32(logits, bias) if use_fused(training) else ops.cast(logits, "float32") + bias
         return ops.reshape(logits, (batch, positions, self.vocab_size))

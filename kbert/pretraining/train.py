@@ -28,7 +28,7 @@ import keras
 import tensorflow as tf
 
 from kbert.config import BertConfig
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.model.bert import BertPretrainer
 from kbert.model.initializers import unfilled
 from kbert.model_dir import (
@@ -42,7 +42,7 @@ from kbert.model_dir import (
 from kbert.outputs import claim_output
 from kbert.pretraining.dataset import check_records, find_corrupt_record, find_files, op_error_text, pretraining_dataset
 from kbert.pretraining.fill_mask import what_it_is
-from kbert.pretraining.losses import cross_entropy_and_hits
+from kbert.pretraining.losses import pretraining_losses
 from kbert.pretraining.options import PretrainOptions
 from kbert.pretraining.run_record import (
     RUN_FILE,
@@ -64,34 +64,6 @@ log = logging.getLogger("kbert")
 
 METRICS_FILE = "metrics.jsonl"
 LOSS_PLOT = "loss.png"
-
-
-def pretraining_losses(outputs, labels):
-    """The original's losses and accuracies from the pretrainer's outputs.
-
-    masked-LM: Σ w·(-log p(label)) / (Σ w + 1e-5) over all masked positions (padding has w=0);
-    next-sentence: the mean of -log p(label). Accuracies are weighted the same way.
-    """
-    ids, weights = labels["masked_lm_ids"], labels["masked_lm_weights"]
-    mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
-    vocab = tf.shape(mlm_logits)[-1]
-    # A hit: the label's logit is the largest (an argmax that differs only on exact ties, from
-    # the row maximum the loss computes anyway).
-    per_position, mlm_hits = cross_entropy_and_hits(tf.reshape(ids, [-1]), tf.reshape(mlm_logits, [-1, vocab]))
-    per_position = tf.reshape(per_position, tf.shape(ids))
-    mlm_hits = tf.reshape(tf.cast(mlm_hits, tf.float32), tf.shape(ids))
-    mlm_loss = tf.reduce_sum(weights * per_position) / (tf.reduce_sum(weights) + 1e-5)
-    nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
-    nsp_labels = labels["next_sentence_labels"]
-    nsp_loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=nsp_labels, logits=nsp_logits))
-    nsp_hits = tf.cast(tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32)
-    return {
-        "loss": mlm_loss + nsp_loss,
-        "mlm_loss": mlm_loss,
-        "nsp_loss": nsp_loss,
-        "mlm_accuracy": tf.reduce_sum(weights * mlm_hits) / (tf.reduce_sum(weights) + 1e-5),
-        "nsp_accuracy": tf.reduce_mean(nsp_hits),
-    }
 
 
 def pretrain(
@@ -173,8 +145,8 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
                 training.model, model_dir, start.vocab_file, start.do_lower_case, training.step, return_model
             )
         raise KbertError(
-            f"the run in {model_dir} is already at step {training.step} of --steps {opts.steps}; "
-            f"raise --steps to train further"
+            f"the run in {model_dir} is already at step {training.step} of {option('steps', opts.steps)}; "
+            f"raise {option('steps')} to train further"
         )
 
     last, last_eval, speed = _train(opts, strategy, training, files, eval_files, model_dir, ckpt_dir, start, run)
@@ -212,7 +184,7 @@ def _resolved_options(model_dir, data, options, overrides, starts_from, do_lower
         )
     elif data is None and not opts.resume:
         raise KbertError(
-            "--data is required: the TFRecords to train on (made by kbert create-data), as a file, "
+            f"{option('data')} is required: the TFRecords to train on (made by kbert create-data), as a file, "
             "a glob or a comma-separated list"
         )
     _check_options(opts)
@@ -235,18 +207,22 @@ def _model_start(opts, model_dir, ckpt_dir, run, data, config_file, vocab_file, 
     initial = None
     if opts.resume:
         if not has_checkpoints:
-            raise KbertError(f"--resume: {ckpt_dir} has no checkpoint to resume from; drop --resume to start a new run")
+            raise KbertError(
+                f"{option('resume', True)}: {ckpt_dir} has no checkpoint to resume from; "
+                f"drop {option('resume', True)} to start a new run"
+            )
         if run is None and data is None:
             raise KbertError(
-                f"--resume: {model_dir} has no {RUN_FILE} (its run began before kbert recorded "
-                f"a run's flags); give --data and the other flags it was started with"
+                f"{option('resume', True)}: {model_dir} has no {RUN_FILE} (its run began before kbert recorded "
+                f"a run's flags); give {option('data')} and the other flags it was started with"
             )
         config = BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
         vocab_file = os.path.join(model_dir, VOCAB_FILE)
     else:
         if has_checkpoints:
             raise KbertError(
-                f"{model_dir} already has checkpoints; pass --resume to continue that run or choose a new --model-dir"
+                f"{model_dir} already has checkpoints; pass {option('resume', True)} to continue that run "
+                f"or choose a new {option('model_dir')}"
             )
         if init:
             # Any model source (kbert.sources.open_model), opened outside the strategy's scope: a
@@ -254,7 +230,7 @@ def _model_start(opts, model_dir, ckpt_dir, run, data, config_file, vocab_file, 
             initial = open_model(init, do_lower_case)
             if not isinstance(initial, BertPretrainer):
                 raise KbertError(
-                    f"--init {init}: {what_it_is(initial)}, without the masked-LM and next-sentence heads "
+                    f"{option('init', init)}: {what_it_is(initial)}, without the masked-LM and next-sentence heads "
                     f"pretraining trains; pass a pretrained or converted model (the one it came from)"
                 )
             config = BertConfig.from_dict(initial.config.to_dict())
@@ -263,15 +239,16 @@ def _model_start(opts, model_dir, ckpt_dir, run, data, config_file, vocab_file, 
             config = BertConfig.from_json_file(config_file)
         else:
             raise KbertError(
-                "say where the model starts: --config bert_config.json --vocab vocab.txt "
-                "(from scratch), --init MODEL_DIR (continue), or --resume"
+                f"say where the model starts: {option('config_file', 'bert_config.json', flag='--config')} "
+                f"{option('vocab_file', 'vocab.txt', flag='--vocab')} "
+                f"(from scratch), {option('init', 'MODEL_DIR')} (continue), or {option('resume', True)}"
             )
     check_vocab(vocab_file, config)
     if do_lower_case is None or opts.resume:
         do_lower_case = config.extras.get("do_lower_case", True)
     if opts.max_seq_length > config.max_position_embeddings:
         raise KbertError(
-            f"--max-seq-length {opts.max_seq_length} exceeds max_position_embeddings "
+            f"{option('max_seq_length', opts.max_seq_length)} exceeds max_position_embeddings "
             f"{config.max_position_embeddings} of the model; lower it"
         )
     return _Start(config, vocab_file, do_lower_case, initial)
@@ -312,7 +289,7 @@ def _model_and_optimizer(opts, strategy, start: _Start, model_dir, ckpt_dir) -> 
     replicas = strategy.num_replicas_in_sync
     if opts.batch_size % (replicas * opts.grad_accum):
         raise KbertError(
-            f"--batch-size {opts.batch_size} must divide evenly over {replicas} replicas x "
+            f"{option('batch_size', opts.batch_size)} must divide evenly over {replicas} replicas x "
             f"{opts.grad_accum} accumulation steps; use a multiple of {replicas * opts.grad_accum}"
         )
     micro_batch = opts.batch_size // (replicas * opts.grad_accum)
@@ -463,7 +440,8 @@ def _check_finite(metrics: dict, step: int, n: int, last_saved: int):
         kept = f"the last good checkpoint (step {last_saved}) is kept" if last_saved else "no checkpoint was saved"
         raise KbertError(
             f"the loss became {metrics['loss']} between steps {step} and {step + n}; stopped, {kept}: "
-            f"start a new run with a lower --learning-rate or more --warmup-steps (--resume keeps "
+            f"start a new run with a lower {option('learning_rate')} or more {option('warmup_steps')} "
+            f"({option('resume', True)} keeps "
             f"the run's own)"
         )
 
@@ -539,9 +517,9 @@ def _check_options(opts: PretrainOptions):
     ):
         value = getattr(opts, name)
         if not isinstance(value, int) or value < 1:
-            raise KbertError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+            raise KbertError(f"{option(name)} must be a positive integer, got {value!r}")
     if not opts.learning_rate > 0:
-        raise KbertError(f"--learning-rate must be positive, got {opts.learning_rate}")
+        raise KbertError(f"{option('learning_rate')} must be positive, got {opts.learning_rate}")
 
 
 def _save_checkpoint(manager, step: int, last_saved: int):

@@ -2,8 +2,10 @@
 
 `optimization.py` of the original: β1 0.9, β2 0.999, ε 1e-6, weight decay 0.01 except on
 LayerNorm and bias variables, learning rate rising linearly over the warmup steps and then
-falling linearly to 0 at the last step; gradients clipped to global norm 1.0. On one device the
-clip and every variable's update run as one XLA launch. `kbert pretrain` sums gradients over
+falling linearly to 0 at the last step; gradients clipped to global norm 1.0. The arithmetic is
+`keras.ops`, the same on TensorFlow, JAX and PyTorch; on TensorFlow with one device the clip and
+every variable's update run as one XLA launch (the one TensorFlow-only path, chosen once at the
+bottom of this module). `kbert pretrain` sums gradients over
 replicas before the optimizer sees them, so its clip sees the global gradient; under Keras'
 `fit` with mirrored variables, Keras clips each replica's gradient before the cross-replica
 sum, as the original's CrossShardOptimizer did. LAMB (keras.optimizers.Lamb) is offered for
@@ -24,7 +26,6 @@ tests/test_compat.py fails, naming the hook, if Keras changes one.
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 from keras import ops
 
 from kbert._compat import optimizer_variable_index
@@ -111,10 +112,11 @@ class BertAdamW(keras.optimizers.Optimizer):
         self._m = [self.add_variable_from_reference(v, "adam_m") for v in var_list]
         self._v = [self.add_variable_from_reference(v, "adam_v") for v in var_list]
         self._decay = [not any(tag in v.path for tag in NO_DECAY) for v in var_list]
-        # On one device, the clip and all the updates run as one XLA launch. Mirrored variables
-        # keep Keras' path: it clips each replica's gradient before the cross-replica sum (the
-        # original CrossShardOptimizer's order), then updates variable by variable.
-        self._one_launch = not any(isinstance(v.value, tf.distribute.DistributedValues) for v in var_list)
+        # On TensorFlow with one device, the clip and all the updates run as one XLA launch.
+        # Mirrored variables keep Keras' path: it clips each replica's gradient before the
+        # cross-replica sum (the original CrossShardOptimizer's order), then updates variable by
+        # variable; so do JAX and PyTorch, whose Keras clip is tf.clip_by_global_norm's arithmetic.
+        self._one_launch = _clip_and_update_all is not None and not any(_is_mirrored(v) for v in var_list)
 
     def _clip_gradients(self, grads):
         if self._one_launch:
@@ -126,11 +128,10 @@ class BertAdamW(keras.optimizers.Optimizer):
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
         indices = [optimizer_variable_index(self, v) for v in trainable_variables]
         new = _clip_and_update_all(
-            # Embedding gradients arrive as IndexedSlices; Adam's moments are dense anyway.
-            [ops.cast(tf.convert_to_tensor(g), v.dtype) for g, v in zip(grads, trainable_variables)],
-            [tf.convert_to_tensor(self._m[i]) for i in indices],
-            [tf.convert_to_tensor(self._v[i]) for i in indices],
-            [tf.convert_to_tensor(v) for v in trainable_variables],
+            [ops.cast(_tensor(g), v.dtype) for g, v in zip(grads, trainable_variables)],
+            [_tensor(self._m[i]) for i in indices],
+            [_tensor(self._v[i]) for i in indices],
+            [_tensor(v) for v in trainable_variables],
             ops.cast(learning_rate, "float32"),
             float(self.global_clipnorm or 0.0),
             self._hyper(),
@@ -145,10 +146,10 @@ class BertAdamW(keras.optimizers.Optimizer):
         index = optimizer_variable_index(self, variable)
         m, v = self._m[index], self._v[index]
         new_m, new_v, new_w = _update_one(
-            ops.cast(tf.convert_to_tensor(gradient), variable.dtype),
-            tf.convert_to_tensor(m),
-            tf.convert_to_tensor(v),
-            tf.convert_to_tensor(variable),
+            ops.cast(_tensor(gradient), variable.dtype),
+            _tensor(m),
+            _tensor(v),
+            _tensor(variable),
             ops.cast(learning_rate, variable.dtype),
             self._hyper(),
             self._decay_rate(index),
@@ -159,7 +160,9 @@ class BertAdamW(keras.optimizers.Optimizer):
 
     def _hyper(self):
         # 1 - β in Python's double precision, then float32, as the original's constants are.
-        return tf.constant([self.beta_1, 1.0 - self.beta_1, self.beta_2, 1.0 - self.beta_2, self.epsilon], "float32")
+        return ops.convert_to_tensor(
+            [self.beta_1, 1.0 - self.beta_1, self.beta_2, 1.0 - self.beta_2, self.epsilon], "float32"
+        )
 
     def _decay_rate(self, index: int) -> float:
         return self.weight_decay_rate if self._decay[index] else 0.0
@@ -172,42 +175,62 @@ class BertAdamW(keras.optimizers.Optimizer):
         return config
 
 
-def _clip_scale(grads, clip_norm: float):
-    """tf.clip_by_global_norm's factor, min(1, clip_norm / ‖grads‖); NaN if the norm is not
-    finite, and 1 when `clip_norm` is 0 (no clipping)."""
-    if clip_norm <= 0:
-        return tf.ones([], "float32")
-    norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads]))
-    return clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm) + (norm - norm)
-
-
 def _adamw(g, m, v, w, lr, hyper, decay):
     """One AdamW step on one variable; returns (m, v, w). The arithmetic is the original's, op for op."""
-    beta_1, one_minus_beta_1, beta_2, one_minus_beta_2, epsilon = tf.unstack(hyper)
+    beta_1, one_minus_beta_1, beta_2, one_minus_beta_2, epsilon = ops.unstack(hyper)
     m = beta_1 * m + one_minus_beta_1 * g
-    v = beta_2 * v + one_minus_beta_2 * tf.square(g)
-    update = m / (tf.sqrt(v) + epsilon) + decay * w
+    v = beta_2 * v + one_minus_beta_2 * ops.square(g)
+    update = m / (ops.sqrt(v) + epsilon) + decay * w
     return m, v, w - lr * update
 
 
-# Written as separate TensorFlow ops, the clip and the update are a dozen passes over every
-# weight, each reading and writing memory. Compiled by XLA, they read g, m, v and w once (g
-# twice with the clip) and write m, v and w once.
+def _tensor(value):
+    """A variable's value, or a gradient, as a dense tensor."""
+    return ops.convert_to_tensor(value)
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
-def _clip_and_update_all(grads, ms, vs, ws, lr, clip_norm, hyper, decays):
-    """The global-norm clip, then AdamW on every variable, in one launch rather than one per
-    variable: each launch has a fixed cost, and BERT-base has about 200 variables (the cost is
-    measured in docs/performance.md, "What makes kbert's step faster")."""
-    scale = _clip_scale(grads, clip_norm)
-    return [_adamw(g * scale, m, v, w, lr, hyper, decay) for g, m, v, w, decay in zip(grads, ms, vs, ws, decays)]
+def _is_mirrored(variable) -> bool:
+    return False
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
-def _update_one(g, m, v, w, lr, hyper, decay):
-    """AdamW on one variable (its gradient already clipped)."""
-    return _adamw(g, m, v, w, lr, hyper, decay)
+# JAX and PyTorch: Keras' clip, then `_adamw` on each variable in Keras' own step (which JAX
+# compiles whole).
+_update_one = _adamw
+_clip_and_update_all = None
+
+if keras.config.backend() == "tensorflow":
+    import tensorflow as tf
+
+    def _clip_scale(grads, clip_norm: float):
+        """tf.clip_by_global_norm's factor, min(1, clip_norm / ‖grads‖); NaN if the norm is not
+        finite, and 1 when `clip_norm` is 0 (no clipping)."""
+        if clip_norm <= 0:
+            return tf.ones([], "float32")
+        norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads]))
+        return clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm) + (norm - norm)
+
+    # Written as separate TensorFlow ops, the clip and the update are a dozen passes over every
+    # weight, each reading and writing memory. Compiled by XLA, they read g, m, v and w once (g
+    # twice with the clip) and write m, v and w once.
+
+    @tf.function(jit_compile=True, reduce_retracing=True)
+    def _clip_and_update_all(grads, ms, vs, ws, lr, clip_norm, hyper, decays):
+        """The global-norm clip, then AdamW on every variable, in one launch rather than one per
+        variable: each launch has a fixed cost, and BERT-base has about 200 variables (the cost is
+        measured in docs/performance.md, "What makes kbert's step faster")."""
+        scale = _clip_scale(grads, clip_norm)
+        return [_adamw(g * scale, m, v, w, lr, hyper, decay) for g, m, v, w, decay in zip(grads, ms, vs, ws, decays)]
+
+    _update_one = tf.function(_adamw, jit_compile=True, reduce_retracing=True)
+
+    def _tensor(value):
+        # Keras' convert_to_tensor passes a Keras variable through (a tf.function would take it
+        # as a variable to capture), and an embedding's IndexedSlices gradient too; Adam's
+        # moments are dense anyway.
+        return tf.convert_to_tensor(value)
+
+    def _is_mirrored(variable) -> bool:
+        return isinstance(variable.value, tf.distribute.DistributedValues)
 
 
 def make_optimizer(
