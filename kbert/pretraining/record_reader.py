@@ -25,7 +25,7 @@ import threading
 
 import numpy as np
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, os_error_or
 from kbert.records import masked_crc
 
 LABEL_KEYS = ("masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
@@ -48,7 +48,13 @@ def read_frames(path, chunk_size: int = 1 << 22):
     A bad checksum or a file that ends inside a record raises a one-line `KbertError` naming the
     file and the offset, as TensorFlow's reader words it ("corrupted record at 12").
     """
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise os_error_or(
+            e, f"{path}: cannot be read ({e.strerror or e}); pass TFRecord files from kbert create-data"
+        ) from None
+    with f:
         buffer, start, offset = b"", 0, 0  # buffer holds the file from `offset - start`
         while True:
             if len(buffer) - start < _HEADER.size:

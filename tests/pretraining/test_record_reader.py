@@ -172,3 +172,21 @@ def test_it_imports_no_tensorflow(records):
         "assert not [m for m in sys.modules if m.startswith('tensorflow') and sys.modules[m] is not None]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("data", [b"\x0f", b"\x80", b"\x0a\xff\xff\xff\xff\x0f", b"plain text, not a proto"])
+def test_a_frame_that_is_not_an_example_is_one_line(tmp_path, data):
+    from kbert.pretraining.record_encoder import tfrecord_frames
+
+    path = tmp_path / "other.tfrecord"
+    path.write_bytes(tfrecord_frames([data])[0])
+    with pytest.raises(
+        KbertError, match=r"other.tfrecord: the record at 0 (is not a tf.train.Example|lacks input_ids)"
+    ):
+        next(numpy_batches([str(path)], 1, SEQ, PREDS, training=False))
+
+
+def test_a_missing_or_unreadable_file_is_one_line(tmp_path):
+    with pytest.raises(KbertError, match="missing.tfrecord") as raised:
+        next(numpy_batches([str(tmp_path / "missing.tfrecord")], 1, SEQ, PREDS))
+    assert "\n" not in str(raised.value)
