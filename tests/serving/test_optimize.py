@@ -171,12 +171,3 @@ def test_a_task_model_is_optimized_around_its_encoder_and_left_as_it_was(make, c
         layer for layer in served.model.get_layer("bert_encoder").layers if isinstance(layer, InferenceTransformerLayer)
     ]
     assert [layer.layer for layer in inference] == model.encoder.transformer_layers
-
-
-def test_the_examples_in_the_docstrings_run():
-    import doctest
-
-    from kbert.serving import optimize as module
-
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 3 and result.failed == 0

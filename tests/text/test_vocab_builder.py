@@ -1,7 +1,6 @@
 """kbert vocab: words split as the original BasicTokenizer splits them, and a vocab.txt that
 kbert.Tokenizer loads and that spells the corpus without [UNK]."""
 
-import doctest
 import json
 import os
 
@@ -10,13 +9,12 @@ from absl import flags
 from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.4
 
 import kbert
-from conftest import FIXTURES, TESTS, assert_user_error, run_kbert
+from conftest import FIXTURES, assert_user_error, run_kbert
 from kbert.errors import KbertError, command_line_names
 from kbert.pretraining.create_data import create_pretraining_data
 from kbert.text import vocab_builder
 from kbert.text.vocab_builder import RESERVED_TOKENS, WordTokenizer, build_vocab, count_words, learn_vocab
 
-ROOT = os.path.dirname(TESTS)
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
 TRICKY = [
     "Héllo, WÖRLD! naïve café — «quoted» ‘single’",
@@ -132,9 +130,3 @@ def test_cli(tmp_path):
     assert_user_error(
         run_kbert("vocab", "--input", SAMPLE, "--output", out, check=False), "exists and is not empty", "--overwrite"
     )
-
-
-def test_docstring_examples(monkeypatch):
-    monkeypatch.chdir(ROOT)
-    result = doctest.testmod(vocab_builder, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted > 0
