@@ -20,7 +20,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import CLASSIFIER_LENGTH, assert_user_error, run_kbert
+from conftest import CLASSIFIER_LENGTH, TINY, assert_user_error, run_kbert
 from helpers import STANDIN_SERVER, write_tsv
 from kbert.errors import KbertError
 from kbert.serving import Client
@@ -404,7 +404,7 @@ def test_retry_waits_double_up_to_a_cap():
     "args, fragment",
     [
         ([], "give MODEL_DIR to predict with a local model, or --server"),
-        (["MODEL", "--server", "127.0.0.1:1", "--model", "m"], "not both"),  # MODEL: a directory that exists
+        (["MODEL", "--server", "127.0.0.1:1", "--model", "m"], "not both"),  # MODEL: a model that exists
         (["--server", "127.0.0.1:1"], "needs --model NAME"),
         # kbert.serving.predict.served_options refuses it; in-process the option reads as Python's.
         (["--server", "127.0.0.1:1", "--model", "m", "--max-seq-length", "8"], "max_seq_length applies to a local"),
@@ -416,7 +416,7 @@ def test_kbert_predict_flags(tmp_path, args, fragment):
     from kbert.cli.main import app
 
     tsv = write_tsv(tmp_path / "in.tsv", [("gold.",)], header=("text",))
-    args = [str(tmp_path) if a == "MODEL" else a for a in args]
+    args = [TINY if a == "MODEL" else a for a in args]
     result = CliRunner().invoke(app, ["predict", *args, "--input", str(tsv)])
     assert isinstance(result.exception, KbertError), result.output
     assert fragment in str(result.exception)
