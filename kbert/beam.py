@@ -24,7 +24,7 @@ import uuid
 
 from kbert import files
 from kbert._compat import add_beam_options
-from kbert.errors import Interrupted, KbertError, first_line
+from kbert.errors import Interrupted, KbertError, first_line, on_command_line, option
 from kbert.outputs import is_url  # re-exported: the Beam pipelines import it from here
 
 
@@ -184,27 +184,32 @@ def expand_inputs(patterns) -> list[str]:
     return found
 
 
+def _flags_option() -> str:
+    """Beam's flags as the caller gave them: `--pipeline-options` on the command line, `flags` in Python."""
+    return option("flags", flag="--pipeline-options")
+
+
 class _BeamOptionParser(argparse.ArgumentParser):
     def error(self, message):
-        raise KbertError(f"--pipeline-options: Beam refuses them ({message}); see Beam's pipeline options")
+        raise KbertError(f"{_flags_option()}: Beam refuses them ({message}); see Beam's pipeline options")
 
 
 def pipeline_options(runner: str, flags: str) -> PipelineOptions:
     """Beam's PipelineOptions from `--pipeline-options`, refusing flags no Beam option knows
     (Beam itself only warns and drops them, which hides typos such as --num_workers=)."""
     if runner not in RUNNERS:
-        raise KbertError(f"--runner {runner!r}: choose local or one of {', '.join(RUNNERS)}")
+        raise KbertError(f"{option('runner')} {runner!r}: choose local or one of {', '.join(RUNNERS)}")
     if runner == "DaskRunner":
         try:
             import apache_beam.runners.dask.dask_runner  # noqa: F401 (its options, --dask_*)
         except ImportError:
             raise KbertError(
-                "--runner DaskRunner needs Dask: pip install 'kbert[beam]' (or 'apache-beam[dask]')"
+                f"{option('runner', 'DaskRunner')} needs Dask: pip install 'kbert[beam]' (or 'apache-beam[dask]')"
             ) from None
     try:
         args = shlex.split(flags or "")
     except ValueError as e:
-        raise KbertError(f"--pipeline-options: {e}; quote it as one shell string") from None
+        raise KbertError(f"{_flags_option()}: {e}; quote it as one shell string") from None
     parser = _BeamOptionParser(add_help=False, allow_abbrev=False)
     classes = [PipelineOptions]
     while classes:
@@ -213,7 +218,7 @@ def pipeline_options(runner: str, flags: str) -> PipelineOptions:
         classes += options_class.__subclasses__()
     _, unknown = parser.parse_known_args(args)
     if unknown:
-        raise KbertError(f"--pipeline-options: Beam has no option {unknown[0]}; see Beam's pipeline options")
+        raise KbertError(f"{_flags_option()}: Beam has no option {unknown[0]}; see Beam's pipeline options")
     return PipelineOptions(args, runner=_RUNNER_PATHS.get(runner, runner))
 
 
@@ -293,7 +298,9 @@ def run(pipeline, runner: str):
         lines = [line for line in str(e).splitlines() if line.strip() and not line.startswith(" ")]
         # A worker's error arrives as its whole traceback: its last line says what went wrong.
         cause = lines[-1] if lines and lines[0].startswith("Traceback") else first_line(e)
-        hint = "" if _debug() else " (rerun with --debug for Beam's log)"
+        # --debug sets KBERT_DEBUG=1, which is what Python callers set for the same log.
+        rerun = "--debug" if on_command_line() else "KBERT_DEBUG=1 in the environment"
+        hint = "" if _debug() else f" (rerun with {rerun} for Beam's log)"
         raise KbertError(f"the {runner} job failed: {cause[:300]}{hint}") from None
     finally:
         # Beam's DaskRunner leaves its Dask client connected (and a LocalCluster it started, running).

@@ -7,7 +7,7 @@ import os
 import shutil
 import uuid
 
-from kbert.errors import KbertError, user_path
+from kbert.errors import KbertError, on_command_line, option, user_path
 
 
 def require_path(path, what: str, fix: str):
@@ -75,7 +75,9 @@ def check_output_dir(path: str, overwrite: bool):
     if os.path.isfile(path):
         raise KbertError(f"{path} is a file; give a directory path for the output")
     if os.path.isdir(path) and os.listdir(path) and not overwrite:
-        raise KbertError(f"{path} exists and is not empty; pass --overwrite to replace it, or choose a new directory")
+        raise KbertError(
+            f"{path} exists and is not empty; pass {option('overwrite', True)} to replace it, or choose a new directory"
+        )
 
 
 def umask() -> int:
@@ -320,5 +322,6 @@ def expand_inputs(patterns, what: str = "text file") -> list[str]:
                 raise KbertError(f"{pattern}: no file matches; pass {what}s, or a glob that matches some")
             files += [p for p in matches if p not in files]
     if not files:
-        raise KbertError(f"no {what}s given; pass --input FILE")
+        named = f"{option('input')} FILE" if on_command_line() else f"the paths of some {what}s"
+        raise KbertError(f"no {what}s given; pass {named}")
     return files

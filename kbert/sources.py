@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import os
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.outputs import is_url
 
 # The converters and kbert.model_dir are imported where they are used: they import TensorFlow
@@ -183,7 +183,7 @@ def refuse_run(path):
     check_not_interrupted(path)  # raises, naming the checkpoint or the unfinished fine-tuning
     raise KbertError(
         f"{os.fspath(path)}: a training run that stopped before writing its model (no model.weights.h5); "
-        f"continue it with --resume, or pass a finished model"
+        f"continue it with {option('resume', True)}, or pass a finished model"
     )
 
 

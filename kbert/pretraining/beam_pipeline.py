@@ -60,7 +60,7 @@ from kbert.beam import (
     run,
     write_atomically,
 )
-from kbert.errors import KbertError, first_line
+from kbert.errors import KbertError, first_line, option
 from kbert.pretraining import create_data
 from kbert.pretraining.create_data import read_chunks
 from kbert.pretraining.instances import DataOptions, InstanceBuilder, InstanceCounts
@@ -178,7 +178,7 @@ def _commit(staging: str, outputs: list, chunks: int, runner: str) -> dict:
     if not FileSystems.exists(statistics):
         raise KbertError(
             f"the {runner} job ended without its results in {staging}; its workers must write "
-            f"where this machine reads: give an --output on a file system both reach (gs://, s3://, "
+            f"where this machine reads: give an {option('output')} on a file system both reach (gs://, s3://, "
             f"a shared disk)"
         )
     with open_file(statistics) as f:
@@ -218,7 +218,7 @@ def run_pipeline(
     options.check()
     beam_options = pipeline_options(runner, flags)  # before any reading: a typo fails at once
     if shards < 1:
-        raise KbertError("--shards must be at least 1")
+        raise KbertError(f"{option('shards')} must be at least 1")
     input_files = expand_inputs(input_patterns)
     vocab_file = os.fspath(vocab_file)
     if not os.path.isfile(vocab_file):
@@ -233,10 +233,12 @@ def run_pipeline(
     try:
         FileSystems.get_filesystem(output)
     except ValueError as e:  # a scheme whose Beam extra is not installed (gs:// needs apache-beam[gcp])
-        raise KbertError(f"--output {output}: {first_line(e, 300)}") from None
+        raise KbertError(f"{option('output', output)}: {first_line(e, 300)}") from None
     for path in outputs:
         if FileSystems.exists(path) and not overwrite:
-            raise KbertError(f"{path} exists; pass --overwrite to replace it, or choose a new output path")
+            raise KbertError(
+                f"{path} exists; pass {option('overwrite', True)} to replace it, or choose a new output path"
+            )
 
     plan, documents = _plan(input_files, chunk_docs, chunk_bytes)
     if documents == 0:

@@ -28,7 +28,7 @@ import os
 import time
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
-from kbert.errors import KbertError
+from kbert.errors import KbertError, on_command_line, option
 from kbert.files import (
     TEXT_CHECK_BYTES,
     check_text,
@@ -151,9 +151,8 @@ def shard_paths(output, shards: int) -> list[str]:
 
 def _check_paths(input_files, vocab_file, outputs, overwrite):
     if not input_files:
-        raise KbertError(
-            "no input files; pass --input FILE (text, one sentence per line, blank lines between documents)"
-        )
+        named = f"{option('input_files', flag='--input')} FILE" if on_command_line() else "input_files"
+        raise KbertError(f"no input files; pass {named} (text, one sentence per line, blank lines between documents)")
     for path in input_files:
         if not os.path.isfile(path):
             what = "is a directory, not a text file" if os.path.isdir(path) else "no such input file"
@@ -169,7 +168,8 @@ def _check_paths(input_files, vocab_file, outputs, overwrite):
             raise KbertError(f"{path} is a directory; give a file path for the output")
         if os.path.exists(path) and os.path.getsize(path) > 0 and not overwrite:
             raise KbertError(
-                f"{path} exists and is not empty; pass --overwrite to replace it, or choose a new output path"
+                f"{path} exists and is not empty; pass {option('overwrite', True)} to replace it, "
+                f"or choose a new output path"
             )
 
 
@@ -242,11 +242,11 @@ def create_pretraining_data(
     )
     options.check()
     if shards < 1:
-        raise KbertError("--shards must be at least 1")
+        raise KbertError(f"{option('shards')} must be at least 1")
     if workers is None:
         workers = len(os.sched_getaffinity(0))
     if workers < 1:
-        raise KbertError("--workers must be at least 1")
+        raise KbertError(f"{option('workers')} must be at least 1")
     input_files = expand_inputs([os.fspath(p) for p in input_files]) if input_files else []
     vocab_file = os.fspath(vocab_file)
     outputs = shard_paths(output, shards)

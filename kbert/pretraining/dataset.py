@@ -8,7 +8,7 @@ import os
 
 import tensorflow as tf
 
-from kbert.errors import KbertError, op_error_text
+from kbert.errors import KbertError, on_command_line, op_error_text, option
 from kbert.records import check_records_file
 
 LABEL_KEYS = ("masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
@@ -29,6 +29,11 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int):
     }
 
 
+def _named(flag: str) -> str:
+    """`--data` or `--eval-data` as the caller names it: the flag, or `pretrain`'s argument (data, eval_data)."""
+    return option(flag.lstrip("-").replace("-", "_"), flag=flag)
+
+
 def find_files(pattern: str, flag: str = "--data") -> list[str]:
     """The record files a --data glob names (comma-separated globs allowed), sorted."""
     files = sorted({f for part in pattern.split(",") if part for f in glob.glob(part)})
@@ -36,11 +41,11 @@ def find_files(pattern: str, flag: str = "--data") -> list[str]:
     empty = [f for f in files if os.path.getsize(f) == 0]
     if empty and len(empty) < len(files):  # skipped, as create_pretraining_data.py skips empty input
         for path in empty:
-            logging.getLogger("kbert").warning(f"{flag} {path}: the file is empty; skipped")
+            logging.getLogger("kbert").warning(f"{_named(flag)} {path}: the file is empty; skipped")
         files = [f for f in files if f not in empty]
     if not files:
         raise KbertError(
-            f"{flag} {pattern!r} matches no files; make records with `kbert create-data` "
+            f"{_named(flag)} {pattern!r} matches no files; make records with `kbert create-data` "
             f"and pass their path or a glob such as 'data/*.tfrecord'"
         )
     return files
@@ -61,13 +66,13 @@ def check_records(
     CHECKED_RECORDS records must lie in the vocabulary (made with another vocab.txt, they
     would fail in a gather mid-run on a CPU, and read zeros unnoticed on a GPU)."""
     for path in files:
-        check_records_file(path, flag)
+        check_records_file(path, _named(flag))
         try:
             first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
         except tf.errors.OpError as e:
             raise KbertError(
                 f"{path}: not a readable TFRecord file (TensorFlow says: {op_error_text(e)}); "
-                f"{flag} takes the records kbert create-data (or create_pretraining_data.py) makes "
+                f"{_named(flag)} takes the records kbert create-data (or create_pretraining_data.py) makes "
                 f"from text: make them first"
             ) from None
         if first is None:
@@ -90,8 +95,9 @@ def check_records(
         if (seq, pred) != (max_seq_length, max_predictions_per_seq):
             raise KbertError(
                 f"{path}: records have max_seq_length {seq} and max_predictions_per_seq "
-                f"{pred}, but the flags say {max_seq_length} and {max_predictions_per_seq}; "
-                f"pass --max-seq-length {seq} --max-predictions-per-seq {pred}"
+                f"{pred}, but {'the flags say' if on_command_line() else 'the call says'} {max_seq_length} and "
+                f"{max_predictions_per_seq}; pass {option('max_seq_length', seq)} "
+                f"{option('max_predictions_per_seq', pred)}"
             )
         if vocab_size is not None:
             _check_token_ids(path, vocab_size)
@@ -115,7 +121,7 @@ def _check_token_ids(path: str, vocab_size: int):
                 raise KbertError(
                     f"{path}: record {row + 1} holds token id {value} ({key}), outside the model's "
                     f"vocabulary of {vocab_size:,} (ids 0 to {vocab_size - 1:,}); the records were made "
-                    f"with another vocab.txt: make them again with the model's (kbert create-data --vocab)"
+                    f"with another vocab.txt: make them again with the model's (`kbert create-data --vocab`)"
                 )
 
 

@@ -7,7 +7,7 @@ import shlex
 import keras
 import numpy as np
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.model.bert import BertPretrainer
 from kbert.model_dir import model_kind
 from kbert.sources import open_model
@@ -75,7 +75,7 @@ def fill_mask(model_dir, text: str, top_k: int = 5, model=None) -> dict:
             f'"the capital of france is {MASK}."'
         )
     if top_k < 1:
-        raise KbertError(f"--top-k must be at least 1, got {top_k}")
+        raise KbertError(f"{option('top_k')} must be at least 1, got {top_k}")
     model = model or open_model(model_dir)
     if not isinstance(model, BertPretrainer):
         raise KbertError(

@@ -45,7 +45,7 @@ import dataclasses
 import random
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
-from kbert.errors import KbertError
+from kbert.errors import KbertError, option
 from kbert.pretraining.python_random import randbelow, shuffle
 from kbert.pretraining.record_encoder import ExampleBytes
 from kbert.text.tokenizer import Tokenizer
@@ -78,12 +78,15 @@ class DataOptions:
     def check(self):
         """Raise a one-line `KbertError` for a value the algorithm cannot work with."""
         problems = [
-            (self.max_seq_length < 5, "--max-seq-length must be at least 5 ([CLS], [SEP], [SEP] and two tokens)"),
-            (self.max_predictions_per_seq < 1, "--max-predictions-per-seq must be at least 1"),
-            (not 0 < self.masked_lm_prob <= 1, "--masked-lm-prob must be in (0, 1]"),
-            (self.dupe_factor < 1, "--dupe-factor must be at least 1"),
-            (not 0 <= self.short_seq_prob <= 1, "--short-seq-prob must be in [0, 1]"),
-            (not 0 <= self.seed < _SEED_STRIDE, "--seed must be in [0, 2**64)"),
+            (
+                self.max_seq_length < 5,
+                f"{option('max_seq_length')} must be at least 5 ([CLS], [SEP], [SEP] and two tokens)",
+            ),
+            (self.max_predictions_per_seq < 1, f"{option('max_predictions_per_seq')} must be at least 1"),
+            (not 0 < self.masked_lm_prob <= 1, f"{option('masked_lm_prob')} must be in (0, 1]"),
+            (self.dupe_factor < 1, f"{option('dupe_factor')} must be at least 1"),
+            (not 0 <= self.short_seq_prob <= 1, f"{option('short_seq_prob')} must be in [0, 1]"),
+            (not 0 <= self.seed < _SEED_STRIDE, f"{option('seed')} must be in [0, 2**64)"),
         ]
         for bad, message in problems:
             if bad:

@@ -19,7 +19,7 @@ import shlex
 
 import tensorflow as tf
 
-from kbert.errors import KbertError, plural
+from kbert.errors import KbertError, on_command_line, option, plural
 from kbert.files import atomic_write_text
 from kbert.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, is_model_dir
 from kbert.pretraining.dataset import find_files
@@ -81,8 +81,8 @@ def read_run(model_dir: str) -> dict | None:
         run = None
     if not isinstance(run, dict) or not RUN_KEYS <= run.keys():
         raise KbertError(
-            f"{path}: not the record of a kbert pretrain run; remove it, and give --resume the "
-            f"flags the run was started with"
+            f"{path}: not the record of a kbert pretrain run; remove it, and give {option('resume', True)} the "
+            f"{'flags' if on_command_line() else 'arguments'} the run was started with"
         )
     return run
 
@@ -102,16 +102,17 @@ def continue_run(
         if name == "steps":
             if now < then:
                 raise KbertError(
-                    f"--resume: the run in {model_dir} was started with --steps {then}, not {now}; "
-                    f"--resume continues or extends a run: leave --steps out, or give more than {then}"
+                    f"{option('resume', True)}: the run in {model_dir} was started with {option('steps', then)}, "
+                    f"not {now}; {option('resume', True)} continues or extends a run: leave {option('steps')} out, "
+                    f"or give more than {then}"
                 )
         elif name not in RESUME_MAY_CHANGE and now != then:
-            refuse_change(model_dir, "--" + name.replace("_", "-"), then, now)
+            refuse_change(model_dir, name, then, now)
     for key, path in starts_from.items():
         if path is not None and path != run[key]:
-            refuse_change(model_dir, f"--{key}", run[key], path)
+            refuse_change(model_dir, _STARTS_FROM_ARGUMENTS[key], run[key], path, flag=f"--{key}")
     if do_lower_case is not None and bool(do_lower_case) != run["lowercase"]:
-        refuse_change(model_dir, "--lowercase", run["lowercase"], do_lower_case)
+        refuse_change(model_dir, "do_lower_case", run["lowercase"], do_lower_case, flag="--lowercase")
     opts = dataclasses.replace(
         recorded, resume=True, progress=opts.progress, **{name: getattr(opts, name) for name in given if name in fields}
     )
@@ -127,7 +128,7 @@ def resumed_files(model_dir: str, run: dict, data) -> list[str]:
             if not os.path.isfile(path):
                 raise KbertError(
                     f"{path}: no such file, and the run in {model_dir} trains on it (see {RUN_FILE}); "
-                    f"put it back, or give --data where those files are now"
+                    f"put it back, or give {option('data')} where those files are now"
                 )
             if os.path.getsize(path) != size:
                 raise KbertError(
@@ -139,7 +140,7 @@ def resumed_files(model_dir: str, run: dict, data) -> list[str]:
     if [(os.path.basename(f), os.path.getsize(f)) for f in files] != [(os.path.basename(p), n) for p, n in recorded]:
         refuse_change(
             model_dir,
-            "--data",
+            "data",
             f"{run['data']} ({plural(len(recorded), 'file')})",
             f"{data} ({plural(len(files), 'file')}, other names or sizes)",
         )
@@ -162,8 +163,8 @@ def record_run(model_dir: str, run: dict, opts: PretrainOptions, warmup: int):
         )
     elif opts.resume and opts.steps > run["options"]["steps"]:
         log.info(
-            "--steps %d extends the run from %d steps: the learning rate now decays to 0 at step %d",
-            opts.steps,
+            "%s extends the run from %d steps: the learning rate now decays to 0 at step %d",
+            option("steps", opts.steps),
             run["options"]["steps"],
             opts.steps,
         )
@@ -176,13 +177,20 @@ def record_run(model_dir: str, run: dict, opts: PretrainOptions, warmup: int):
     atomic_write_text(os.path.join(model_dir, RUN_FILE), json.dumps(run, indent=1) + "\n")
 
 
-def refuse_change(model_dir: str, flag: str, then, now):
+# The arguments of `pretrain` that a record's "config", "vocab" and "init" came from (--config, --vocab, --init).
+_STARTS_FROM_ARGUMENTS = {"config": "config_file", "vocab": "vocab_file", "init": "init"}
+
+
+def refuse_change(model_dir: str, name: str, then, now, flag: str | None = None):
+    """Refuse a resumed run's `name` (a `pretrain` argument; `flag` where the command line's differs) changed."""
+
     def shown(value):
         return {True: "on", False: "off", None: "unset"}[value] if value is None or isinstance(value, bool) else value
 
     raise KbertError(
-        f"--resume: the run in {model_dir} was started with {flag} {shown(then)}, not {shown(now)}; "
-        f"leave {flag} out to continue it as it was, or start another run in a new --model-dir"
+        f"{option('resume', True)}: the run in {model_dir} was started with {option(name, flag=flag)} {shown(then)}, "
+        f"not {shown(now)}; leave {option(name, flag=flag)} out to continue it as it was, "
+        f"or start another run in a new {option('model_dir')}"
     )
 
 

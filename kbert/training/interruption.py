@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 
-from kbert.errors import Interrupted, KbertError, op_error_text, os_error_parts
+from kbert.errors import Interrupted, KbertError, op_error_text, option, os_error_parts
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -95,7 +95,7 @@ def checkpoint_write_failed(step: int, previous_step: int | None, error: BaseExc
     `previous_step`: the step of the last checkpoint saved, None (or 0) if none was.
 
     >>> print(checkpoint_write_failed(8, 4, OSError(28, "No space left on device", "run/checkpoints/ckpt-8_temp/x")))
-    writing the checkpoint for step 8 failed: run/checkpoints: no space left on device; the previous checkpoint (step 4) is intact: free some space there (or choose a path on another disk), then --resume
+    writing the checkpoint for step 8 failed: run/checkpoints: no space left on device; the previous checkpoint (step 4) is intact: free some space there (or choose a path on another disk), then resume=True
     >>> print(checkpoint_write_failed(2, None, RuntimeError("disk on fire")))
     writing the checkpoint for step 2 failed (disk on fire); no checkpoint was saved: fix the cause, then run again
     """
@@ -105,7 +105,7 @@ def checkpoint_write_failed(step: int, previous_step: int | None, error: BaseExc
     if previous_step:
         return KbertError(
             f"writing the checkpoint for step {step} failed{what}; the previous checkpoint (step {previous_step}) "
-            f"is intact: {fix}, then --resume"
+            f"is intact: {fix}, then {option('resume', True)}"
         )
     return KbertError(
         f"writing the checkpoint for step {step} failed{what}; no checkpoint was saved: {fix}, then run again"

@@ -9,7 +9,7 @@ import socket
 import keras
 import tensorflow as tf
 
-from kbert.errors import KbertError, first_line
+from kbert.errors import KbertError, first_line, option
 
 STRATEGIES = ("auto", "cpu", "gpu", "mirrored", "multi-worker", "tpu")
 
@@ -52,7 +52,7 @@ def make_strategy(name: str = "auto", tpu: str | None = None):
     if name == "multi-worker":
         if not os.environ.get("TF_CONFIG"):
             raise KbertError(
-                "--strategy multi-worker needs TF_CONFIG, e.g. "
+                f"{option('strategy', 'multi-worker')} needs TF_CONFIG, e.g. "
                 '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
                 '"task": {"type": "worker", "index": 0}} on each worker'
             )
@@ -75,7 +75,8 @@ def make_strategy(name: str = "auto", tpu: str | None = None):
     if name == "gpu":
         if not gpus:
             raise KbertError(
-                "--strategy gpu: TensorFlow sees no GPU here; install a CUDA build of TensorFlow or use --strategy cpu"
+                f"{option('strategy', 'gpu')}: TensorFlow sees no GPU here; "
+                f"install a CUDA build of TensorFlow or use {option('strategy', 'cpu')}"
             )
         return tf.distribute.OneDeviceStrategy("/gpu:0")
     # mirrored
@@ -93,8 +94,8 @@ def _tpu_strategy(tpu):
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except Exception as e:  # ValueError, URLError, OpError...: all mean "no TPU here"
         raise KbertError(
-            f"--strategy tpu: no TPU reachable{f' at {tpu!r}' if tpu else ''} ({first_line(e)}); "
-            f"run on a Cloud TPU VM or pass --tpu NAME"
+            f"{option('strategy', 'tpu')}: no TPU reachable{f' at {tpu!r}' if tpu else ''} ({first_line(e)}); "
+            f"run on a Cloud TPU VM or pass {option('tpu', 'NAME')}"
         ) from None
     return tf.distribute.TPUStrategy(resolver)
 

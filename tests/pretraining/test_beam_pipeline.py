@@ -232,7 +232,8 @@ def test_stale_temporaries_are_swept_and_a_failed_job_leaves_none(corpus, monkey
     # Workers that wrote where the launcher does not look (a cluster without the output's disk).
     monkeypatch.undo()
     monkeypatch.setattr(beam_pipeline, "_write_statistics", lambda totals, staging: None)
-    with pytest.raises(KbertError, match="ended without its results .* give an --output on a file system both reach"):
+    # Called from Python, the message names the argument (`output`), not the command's --output.
+    with pytest.raises(KbertError, match="ended without its results .* give an output on a file system both reach"):
         beam_pipeline.run_pipeline(files, UNCASED_VOCAB, tmp_path / "unseen.tfrecord", options=options, chunk_docs=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["data.tfrecord", *others])
 

@@ -3,7 +3,11 @@
 import json
 import os
 
+import pytest
+
 from conftest import TINY, run_kbert
+from kbert.errors import KbertError, command_line_names
+from kbert.pretraining.fill_mask import fill_mask
 
 
 def test_top_k_over_the_whole_vocabulary_names_every_id(tiny_model_dir):
@@ -49,3 +53,10 @@ def test_a_fresh_masked_lm_head_is_refused_until_pretrained(tmp_path):
     heads = json.loads(run_kbert("convert", "inspect", tmp_path / "bert").stdout)["heads"]
     assert heads == {"masked_lm": "trained", "next_sentence": "trained", "pooler": "trained"}
     assert json.loads(run_kbert("fill-mask", tmp_path / "bert", "the [MASK].").stdout)["masks"]
+
+
+def test_a_bad_top_k_is_named_as_the_caller_gave_it(tiny_model_dir):
+    with pytest.raises(KbertError, match=r"^top_k must be at least 1, got 0$"):
+        fill_mask(tiny_model_dir, "the [MASK].", top_k=0)
+    with command_line_names({"--top-k"}), pytest.raises(KbertError, match=r"^--top-k must be at least 1, got 0$"):
+        fill_mask(tiny_model_dir, "the [MASK].", top_k=0)

@@ -15,7 +15,9 @@ import pytest
 
 from conftest import TINY, assert_user_error, run_kbert
 from kbert.cli.pretrain import pretrain_command
+from kbert.errors import KbertError, command_line_names
 from kbert.pretraining.options import PretrainOptions
+from kbert.pretraining.train import pretrain
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 
@@ -342,3 +344,26 @@ def test_fill_mask_bad_input(tmp_path, tiny_model_dir):
         "Invalid value for '--top-k'",
         "greater than or equal to 1",
     )
+
+
+def test_python_callers_read_their_own_argument_names(tmp_path):
+    # pretrain() from Python names its keyword arguments; the same check under the `kbert pretrain`
+    # command names its flags, as the CLI's tests read them.
+    start = dict(config_file=os.path.join(TINY, "bert_config.json"), vocab_file=VOCAB, strategy="cpu")
+    too_long = "{} exceeds max_position_embeddings 64 of the model; lower it"
+    with pytest.raises(KbertError) as raised:
+        pretrain(tmp_path / "a", str(tmp_path / "none.tfrecord"), max_seq_length=600, **start)
+    assert str(raised.value) == too_long.format("max_seq_length=600")
+    with command_line_names({"--max-seq-length"}), pytest.raises(KbertError) as raised:
+        pretrain(tmp_path / "a", str(tmp_path / "none.tfrecord"), max_seq_length=600, **start)
+    assert str(raised.value) == too_long.format("--max-seq-length 600")
+    with pytest.raises(KbertError, match=r"^data is required: the TFRecords"):
+        pretrain(tmp_path / "b", **start)
+    with pytest.raises(KbertError) as raised:
+        pretrain(tmp_path / "c", str(tmp_path / "none.tfrecord"), strategy="cpu")
+    assert str(raised.value) == (
+        "say where the model starts: config_file='bert_config.json' vocab_file='vocab.txt' (from scratch), "
+        "init='MODEL_DIR' (continue), or resume=True"
+    )
+    with pytest.raises(KbertError, match=r"^learning_rate must be positive, got -1"):
+        pretrain(tmp_path / "d", str(tmp_path / "none.tfrecord"), learning_rate=-1, **start)

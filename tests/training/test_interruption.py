@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, command_line_names
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 
 SECOND_SIGNAL = """
@@ -119,9 +119,15 @@ def test_interrupted_carries_the_signals_exit_status():
     ],
 )
 def test_a_failed_checkpoint_write_says_what_is_left(previous, said):
-    error = checkpoint_write_failed(8, previous, OSError(28, "No space left on device"))
+    with command_line_names({"--resume"}):  # as `kbert pretrain` and `kbert finetune` run it
+        error = checkpoint_write_failed(8, previous, OSError(28, "No space left on device"))
     assert isinstance(error, KbertError)
     assert str(error) == f"writing the checkpoint for step 8 failed ([Errno 28] No space left on device); {said}"
+
+
+def test_a_failed_checkpoint_write_tells_a_python_caller_its_argument():
+    error = checkpoint_write_failed(8, 4, OSError(28, "No space left on device"))
+    assert str(error).endswith("the previous checkpoint (step 4) is intact: fix the cause, then resume=True"), error
 
 
 def test_a_failed_checkpoint_write_names_the_folder_and_the_cause():
@@ -129,7 +135,9 @@ def test_a_failed_checkpoint_write_names_the_folder_and_the_cause():
     error = RuntimeError(
         "run/checkpoints/ckpt-8_temp/part-00000-of-00001.data-00000-of-00001.tempstate7; No space left on device"
     )
-    assert str(checkpoint_write_failed(8, 4, error)) == (
+    with command_line_names({"--resume"}):
+        said = str(checkpoint_write_failed(8, 4, error))
+    assert said == (
         "writing the checkpoint for step 8 failed: run/checkpoints: no space left on device; the previous "
         "checkpoint (step 4) is intact: free some space there (or choose a path on another disk), then --resume"
     )

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from kbert.training.strategy import writes_shared_files
+from kbert.errors import KbertError, command_line_names
+from kbert.training.strategy import make_strategy, writes_shared_files
 
 WORKERS = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
 WITH_CHIEF = {"chief": ["127.0.0.1:0"], "worker": ["127.0.0.1:1", "127.0.0.1:2"]}
@@ -29,3 +30,13 @@ def test_only_the_chief_of_a_multi_worker_run_writes_the_model_dir(monkeypatch, 
 def test_a_broken_tf_config_is_left_to_the_strategy_to_report(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", "{not json")
     assert writes_shared_files("multi-worker") is True
+
+
+def test_a_strategy_error_names_the_argument_in_python_and_the_flag_on_the_command_line(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(KbertError) as raised:
+        make_strategy("multi-worker")
+    assert str(raised.value).startswith("strategy='multi-worker' needs TF_CONFIG, e.g. {"), raised.value
+    with command_line_names({"--strategy"}), pytest.raises(KbertError) as raised:
+        make_strategy("multi-worker")
+    assert str(raised.value).startswith("--strategy multi-worker needs TF_CONFIG, e.g. {"), raised.value
