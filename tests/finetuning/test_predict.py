@@ -1,5 +1,5 @@
 """Local `kbert predict` and `kbert predict --server` print the same JSON for the same model,
-for every task that exports; the multiple-choice task end to end; and a 2,000-row `kbert
+for every task that exports; the multiple-choice task end to end; and an 800-row `kbert
 predict --server --output` job whose server is killed and restarted, or which is itself killed
 (kill -9) and resumed: every row comes out exactly once.
 
@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` 
 @pytest.fixture(scope="module")
 def choice_run(tmp_path_factory, tiny_model_dir):
     work = tmp_path_factory.mktemp("choice")
-    train, dev = write_swag(work / "train.csv", swag_rows(256, 0)), write_swag(work / "val.csv", swag_rows(64, 1))
+    # 128 questions: 1.0 dev accuracy with seeds 12345, 1 and 2 (64 reached 0.98 to 1.0).
+    train, dev = write_swag(work / "train.csv", swag_rows(128, 0)), write_swag(work / "val.csv", swag_rows(64, 1))
     result = run_kbert(
         "finetune",
         tiny_model_dir,
@@ -125,7 +126,7 @@ def served(tmp_path_factory, tiny_model_dir, choice_run):
 def assert_same_json(remote, local, where=""):
     """Equal keys, strings, ints and list lengths; floats equal to 1e-5, the agreement the docs
     promise: the server's graph and Keras' predict differ in float32's last bits, and each side
-    rounds to 6 digits. Over the 2,000 encoder rows of `encoder_job` the export's pooled outputs
+    rounds to 6 digits. Over 2,000 encoder rows of distinct texts the export's pooled outputs
     differ from Keras' by up to 4.8e-6 before rounding (the one-kernel LayerNorm form: 5.8e-6),
     so 5e-6 after rounding was hit by rounding alone."""
     assert type(remote) is type(local), (where, remote, local)
@@ -161,7 +162,7 @@ def test_local_and_server_predict_print_the_same_json(served, name):
 
 # === A batch job that rides out a server restart, and one that is killed and resumed ===
 
-ROWS = 2000
+ROWS = 800  # past the 200 rows a test waits for before it stops the job or its server, by far
 WORDS = POSITIVE + NEGATIVE + FILLER
 
 
@@ -189,7 +190,7 @@ class RestartableServer:
 
 @pytest.fixture(scope="module")
 def encoder_job(tmp_path_factory, tiny_model_dir):
-    """The tiny encoder, exported and served; a 2,000-line input of distinct texts; and the lines
+    """The tiny encoder, exported and served; an 800-line input of distinct texts; and the lines
     an uninterrupted `kbert predict --server` prints for it: all distinct, so a row repeated or
     skipped cannot hide, and each the local model's row to within float rounding."""
     work = tmp_path_factory.mktemp("restart")
@@ -273,7 +274,7 @@ def rows_accounted(lines, served):
     A line is a row's if its values are that row's to 1e-5 (the agreement of assert_same_json),
     not character for character: the jobs send different batches (two rows a request here, 64
     there), and where TensorFlow runs Eigen's matmuls (CPUs without AVX-512) a row's last float32
-    bits depend on the shapes it was computed in. The 2,000 rows are far apart (distinct texts),
+    bits depend on the shapes it was computed in. The rows are far apart (distinct texts),
     so no line is within 1e-5 of two rows."""
     reference = pooled(served)
 
