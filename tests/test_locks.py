@@ -58,7 +58,7 @@ def tree(path) -> dict:
     return found
 
 
-def _model_args(model_dir, out, records=None):
+def _model_args(model_dir, out, records=None, preset=None):
     return {
         "convert from-tf1": ["convert", "from-tf1", TINY, out],
         "convert to-tf1": ["convert", "to-tf1", model_dir, out],
@@ -66,7 +66,7 @@ def _model_args(model_dir, out, records=None):
         "convert to-hf": ["convert", "to-hf", model_dir, out],
         "convert from-tfhub": ["convert", "from-tfhub", os.path.join(FIXTURES, "model-garden-tfhub", "encoder"), out],
         "convert to-keras-hub": ["convert", "to-keras-hub", model_dir, out],
-        "convert from-keras-hub": ["convert", "from-keras-hub", os.path.join(os.path.dirname(out), "preset"), out],
+        "convert from-keras-hub": ["convert", "from-keras-hub", preset, out],
         "pretrain": [
             "pretrain",
             "--model-dir",
@@ -91,15 +91,21 @@ def _model_args(model_dir, out, records=None):
 COMMANDS = list(_model_args("m", "o"))
 
 
+@pytest.fixture(scope="module")
+def keras_hub_preset(tmp_path_factory, tiny_model_dir):
+    preset = tmp_path_factory.mktemp("keras-hub") / "preset"
+    run_kbert("convert", "to-keras-hub", tiny_model_dir, preset)
+    return preset
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_writing_command_is_refused_while_another_process_holds_its_output(
-    tmp_path, tiny_model_dir, records, command
+    tmp_path, tiny_model_dir, records, keras_hub_preset, command
 ):
     out = tmp_path / "out"
-    (tmp_path / "preset").mkdir()  # an input must exist: the frame checks inputs before it locks
     with held_by_another_process(out) as holder:
         lock_before = open(lock_path(out)).read()
-        result = run_kbert(*_model_args(tiny_model_dir, out, records)[command], check=False)
+        result = run_kbert(*_model_args(tiny_model_dir, out, records, keras_hub_preset)[command], check=False)
         assert_user_error(
             result,
             f"{out} is being written by another process",
@@ -109,13 +115,13 @@ def test_each_writing_command_is_refused_while_another_process_holds_its_output(
         )
         assert not out.exists()
         assert open(lock_path(out)).read() == lock_before
-    assert sorted(os.listdir(tmp_path)) == ["preset"]  # the holder took its lock file along
+    assert os.listdir(tmp_path) == []  # the holder took its lock file along
 
 
 def test_a_failed_run_leaves_neither_its_lock_nor_the_folders_made_for_it(tmp_path):
     out = tmp_path / "new" / "deeper" / "model"
     result = run_kbert("convert", "from-tf1", tmp_path / "missing", out, check=False)
-    assert_user_error(result, "no such model directory or checkpoint")
+    assert_user_error(result, "no such file or folder; pass a google-research checkpoint")
     assert os.listdir(tmp_path) == []
 
 

@@ -14,18 +14,26 @@ SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
 VOCAB = os.path.join(TINY, "vocab.txt")
 
 
+@pytest.fixture(scope="module")
+def keras_hub_preset(tmp_path_factory, tiny_model_dir):
+    preset = tmp_path_factory.mktemp("keras-hub") / "preset"
+    run_kbert("convert", "to-keras-hub", tiny_model_dir, preset)
+    return preset
+
+
 @pytest.fixture
-def work(tmp_path, tiny_model_dir):
+def work(tmp_path, tiny_model_dir, keras_hub_preset):
     """tmp_path with writable inputs: model/ (a kbert model directory), tf1/ (the original
-    checkpoint), data/train.tsv and corpus.txt."""
+    checkpoint), hf/ (a Hugging Face model), preset/ (a keras-hub preset), data/train.tsv and corpus.txt."""
     shutil.copytree(tiny_model_dir, tmp_path / "model")
+    shutil.copytree(os.path.join(FIXTURES, "hf-tiny"), tmp_path / "hf")
+    shutil.copytree(keras_hub_preset, tmp_path / "preset")
     shutil.copytree(TINY, tmp_path / "tf1")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.tsv").write_text("text\tlabel\ngold city\tpos\ndead camp\tneg\n")
     shutil.copy(SAMPLE, tmp_path / "corpus.txt")
     shutil.copy(SAMPLE, tmp_path / "corpus-00001-of-00002")
     shutil.copytree(os.path.join(FIXTURES, "model-garden-tfhub"), tmp_path / "hub")
-    (tmp_path / "preset").mkdir()  # inputs must exist: the frame checks them first
     import tensorflow as tf
 
     with tf.io.TFRecordWriter(str(tmp_path / "x.tfrecord")) as writer:
@@ -42,7 +50,7 @@ def test_convert_to_tf1_onto_its_own_source_is_refused(work):
 
 OVERLAPS = {  # one case at least for each command: (arguments, what the error says)
     "convert from-tf1 into its source": (["convert", "from-tf1", "tf1", "tf1/kbert"], "lies inside the input tf1"),
-    "convert from-hf onto its source": (["convert", "from-hf", "model", "model", "--overwrite"], "also an input"),
+    "convert from-hf onto its source": (["convert", "from-hf", "hf", "hf", "--overwrite"], "also an input"),
     "convert to-hf into its source": (["convert", "to-hf", "model", "model/hf"], "lies inside the input model"),
     "convert from-tfhub onto its preprocessor": (
         ["convert", "from-tfhub", "hub/encoder", "hub/preprocessor", "--preprocessor", "hub/preprocessor"],
