@@ -163,7 +163,7 @@ def child_st_fit(work_dir, model_path, train_file, out_dir, max_seq_length):
     model.fit(
         train_objectives=[(loader, loss)],
         epochs=EPOCHS,
-        warmup_steps=math.ceil(WARMUP * steps),
+        warmup_steps=int(WARMUP * steps),  # rounded down, as kbert finetune rounds its --warmup-proportion
         optimizer_params={"lr": LEARNING_RATE},
         show_progress_bar=False,
     )
@@ -335,14 +335,17 @@ def kbert_embed(name, model_dir, work_dir, tag, max_seq_length):
         if "error" in done:
             return done
         result["seconds"] += done["wall_seconds"]
+        result.setdefault("load_average", []).extend(done["load_average"])
     return result
 
 
-def scored(work_dir, tag):
-    """Metrics of the vectors TAG-{queries,documents}.npy (unit length: the dot product is the cosine)."""
+def scored(work_dir, tag, run):
+    """Metrics of the vectors TAG-{queries,documents}.npy (unit length: the dot product is the cosine),
+    with the seconds and load average of the `run` that embedded them."""
     queries = np.load(os.path.join(work_dir, f"{tag}-queries.npy"))
     documents = np.load(os.path.join(work_dir, f"{tag}-documents.npy"))
-    return metrics(ranks(queries @ documents.T))
+    found = metrics(ranks(queries @ documents.T))
+    return dict(found, **{k: run[k] for k in ("seconds", "load_average") if k in run})
 
 
 def agreement(work_dir, a, b):
@@ -410,13 +413,19 @@ def main():
 
     if "bm25" in args.only:
         done = spawn("bm25", f"child_bm25({work_dir!r})")
-        results["BM25"] = done if "error" in done else dict(metrics(done["ranks"]), seconds=done["seconds"])
+        results["BM25"] = (
+            done
+            if "error" in done
+            else dict(metrics(done["ranks"]), seconds=done["seconds"], load_average=done["load_average"])
+        )
 
     if "minilm" in args.only:
         st = spawn("minilm encode", f"child_st_encode({work_dir!r}, {base!r}, 'st-base', {seq})")
         ours = kbert_embed("minilm kbert embed", converted, work_dir, "kbert-base", seq)
-        results["all-MiniLM-L6-v2, sentence-transformers encode"] = st if "error" in st else scored(work_dir, "st-base")
-        results["all-MiniLM-L6-v2, kbert embed"] = ours if "error" in ours else scored(work_dir, "kbert-base")
+        results["all-MiniLM-L6-v2, sentence-transformers encode"] = (
+            st if "error" in st else scored(work_dir, "st-base", st)
+        )
+        results["all-MiniLM-L6-v2, kbert embed"] = ours if "error" in ours else scored(work_dir, "kbert-base", ours)
         if "error" not in st and "error" not in ours:
             agree["kbert embed vs encode, off the shelf"] = agreement(work_dir, "st-base", "kbert-base")
 
@@ -424,12 +433,14 @@ def main():
     if "st-fit" in args.only:
         st_model = os.path.join(work_dir, "st-fit")
         fit = spawn("st fit", f"child_st_fit({work_dir!r}, {base!r}, {train_file!r}, {st_model!r}, {seq})")
+        if "pairs_per_s" in fit:
+            fit["pairs_per_s_whole_process"] = fit["pairs"] / fit["wall_seconds"]
         training["sentence-transformers fit"] = fit
         if "error" in fit:
             results["sentence-transformers fit"] = fit
         else:
             done = spawn("st fit encode", f"child_st_encode({work_dir!r}, {st_model!r}, 'st-fit', {seq})")
-            results["sentence-transformers fit"] = done if "error" in done else scored(work_dir, "st-fit")
+            results["sentence-transformers fit"] = done if "error" in done else scored(work_dir, "st-fit", done)
 
     if "kbert-finetune" in args.only:
         tuned = os.path.join(work_dir, "kbert-finetune")
@@ -458,12 +469,17 @@ def main():
             ),
             parse=True,
         )
+        if "train_examples_per_second" in done:  # pairs over the seconds of its training loop, as it reports them
+            done["pairs_per_s"] = done["train_examples_per_second"]
+            done["pairs_per_s_whole_command"] = train_pairs / done["wall_seconds"]
         training["kbert finetune --task embed"] = done
         if "error" in done:
             results["kbert finetune --task embed"] = done
         else:
             embedded = kbert_embed("kbert finetune embed", tuned, work_dir, "kbert-fit", seq)
-            results["kbert finetune --task embed"] = embedded if "error" in embedded else scored(work_dir, "kbert-fit")
+            results["kbert finetune --task embed"] = (
+                embedded if "error" in embedded else scored(work_dir, "kbert-fit", embedded)
+            )
 
     throughput = {}
     if "throughput" in args.only:
@@ -475,13 +491,17 @@ def main():
             "sentence-transformers encode": f"child_tp_st({work_dir!r}, {base!r}, {seq}, {args.batches})",
             "ONNX Runtime float32": f"child_tp_ort({work_dir!r}, {base!r}, {seq}, {args.batches})",
         }
+        for tag in ("export", "st", "ort"):  # each child writes its first batch's vectors anew
+            if os.path.exists(os.path.join(work_dir, f"tp-{tag}.npy")):
+                os.remove(os.path.join(work_dir, f"tp-{tag}.npy"))
         rounds = {name: [] for name in calls}
         for _ in range(args.rounds):
             for name, call in calls.items():
                 rounds[name].append(spawn(f"throughput {name}", call))
         for name, measured in rounds.items():
             ok = [m["seq_per_s"] for m in measured if "seq_per_s" in m]
-            throughput[name] = {"seq_per_s": max(ok), "every_round": ok} if ok else measured[-1]
+            loads = [m.get("load_average") for m in measured]
+            throughput[name] = {"seq_per_s": max(ok), "every_round": ok, "load_average": loads} if ok else measured[-1]
         first = {name: os.path.join(work_dir, f"tp-{tag}.npy") for name, tag in zip(calls, ("export", "st", "ort"))}
         if all(os.path.exists(p) for p in first.values()):
             st_vectors = np.load(first["sentence-transformers encode"])

@@ -117,6 +117,7 @@ def test_the_results_page_gives_each_benchmark_its_date_machine_command_and_file
     benchmarks = {
         "Pretraining": "pretrain_bench.py",
         "Fine-tuning": "finetune_bench.py",
+        "Retrieval": "retrieval_bench.py",
         "create-data": "create_data_bench.py",
         "Serving latency": "serving_bench.py",
         "int8 serving": "serving_bench.py",
