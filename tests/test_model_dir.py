@@ -136,9 +136,11 @@ def interrupted_run(tmp_path_factory):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    # Any complete checkpoint past the first will do: the tiny model saves every 2 steps and keeps
+    # the last few, so a given step's files may come and go between two looks.
     deadline = time.time() + 300
-    while time.time() < deadline and not (model_dir / "checkpoints" / "ckpt-4.index").exists():
-        time.sleep(0.2)
+    while time.time() < deadline and not _checkpoint_past_the_first(model_dir / "checkpoints"):
+        time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
     import tensorflow as tf
@@ -146,6 +148,14 @@ def interrupted_run(tmp_path_factory):
     prefix = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))  # what --resume continues from
     assert prefix and not (model_dir / "model.weights.h5").exists(), sorted(os.listdir(model_dir))
     return model_dir, int(prefix.rsplit("-", 1)[1])
+
+
+def _checkpoint_past_the_first(folder) -> bool:
+    try:
+        recorded = (folder / "checkpoint").read_text()  # TensorFlow writes it last, after the files
+    except OSError:
+        return False
+    return 'model_checkpoint_path: "ckpt-2"' not in recorded and "model_checkpoint_path" in recorded
 
 
 def test_an_interrupted_pretraining_run_is_named_with_its_checkpoint(interrupted_run, tmp_path):
