@@ -144,3 +144,26 @@ class HelpCommand(TyperCommand):
             if sections[key]:
                 with formatter.section(title):
                     formatter.write_dl(sections[key])
+
+
+def print_rows(rows, output=None):
+    """Each row as a JSON line on stdout (or the stream `--output` names: `-`, /dev/stdout, a pipe)
+    as it is computed; a stop says how many rows were printed (`kbert predict`, `kbert embed`)."""
+    import json
+
+    from kbert.errors import Interrupted
+
+    stream = sys.stdout if output is None or str(output) == "-" else open(output, "w", encoding="utf-8")
+    printed = 0
+    try:
+        for row in rows:
+            stream.write(json.dumps(row) + "\n")
+            printed += 1
+        stream.flush()
+    except (Interrupted, KeyboardInterrupt) as stop:
+        how = str(stop).split(";")[0] if isinstance(stop, Interrupted) else "interrupted"
+        code = stop.exit_code if isinstance(stop, Interrupted) else 130
+        raise Interrupted(f"{how} after printing {printed} rows", code) from None
+    finally:
+        if stream is not sys.stdout:
+            stream.close()

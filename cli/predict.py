@@ -6,12 +6,11 @@ flag should answer at once, without waiting for TensorFlow."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
-from kbert.cli.common import print_result
+from kbert.cli.common import print_result, print_rows
 from kbert.cli.finetune import FORMATS
 from kbert.cli.frame import FILE_OR_STREAM, MODEL, TEXT, command
 from kbert.outputs import is_stream
@@ -117,29 +116,7 @@ def predict(
 
         print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=input))
         return
-    _print_rows(rows(0), output)
-
-
-def _print_rows(rows, output):
-    """Each row as a JSON line on stdout (or the stream --output names), as it is predicted."""
-    import json
-
-    from kbert.errors import Interrupted
-
-    stream = sys.stdout if output is None or str(output) == "-" else open(output, "w", encoding="utf-8")
-    printed = 0
-    try:
-        for row in rows:
-            stream.write(json.dumps(row) + "\n")
-            printed += 1
-        stream.flush()
-    except (Interrupted, KeyboardInterrupt) as stop:
-        how = str(stop).split(";")[0] if isinstance(stop, Interrupted) else "interrupted"
-        code = stop.exit_code if isinstance(stop, Interrupted) else 130
-        raise Interrupted(f"{how} after printing {printed} rows", code) from None
-    finally:
-        if stream is not sys.stdout:
-            stream.close()
+    print_rows(rows(0), output)
 
 
 @command(inputs={"model_dir": MODEL, "input": TEXT})
