@@ -149,8 +149,6 @@ class HelpCommand(TyperCommand):
 def print_rows(rows, output=None):
     """Each row as a JSON line on stdout (or the stream `--output` names: `-`, /dev/stdout, a pipe)
     as it is computed; a stop says how many rows were printed (`kbert predict`, `kbert embed`)."""
-    import json
-
     from kbert.errors import Interrupted
 
     stream = sys.stdout if output is None or str(output) == "-" else open(output, "w", encoding="utf-8")
