@@ -42,6 +42,17 @@ def _field(cpuinfo: str, name: str) -> str:
     return match.group(1).strip() if match else ""
 
 
+def cpu_flags() -> list[str]:
+    """Which of the instruction sets that decide the kernels' speed this CPU has (from /proc/cpuinfo)."""
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in wanted if flag in flags]
+
+
 def machine_name(cpuinfo: str | None = None) -> str:
     """A short name for this CPU: its family and the widest vector instructions it has.
 

@@ -529,7 +529,7 @@ def main():
         "throughput_batch32": throughput,
         "agreement": agree,
         "summary": summary(results, training, throughput),
-        "machine": {"cpus": os.cpu_count(), "cpu_flags": cpu_flags()},
+        "machine": {"cpus": os.cpu_count(), "cpu_flags": record.cpu_flags()},
     }
     record.emit(report, "retrieval", args.output)
 
@@ -549,17 +549,6 @@ def summary(results, training, throughput):
         if export and other:
             found[f"batch32_export_over_{anchor.split()[0].lower()}"] = round(export / other, 3)
     return found
-
-
-def cpu_flags() -> list[str]:
-    """Which of the instruction sets that decide the kernels' speed this CPU has (from /proc/cpuinfo)."""
-    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return [flag for flag in wanted if flag in flags]
 
 
 if __name__ == "__main__":

@@ -552,17 +552,6 @@ def ratios(results, peak, lengths):
     return summary
 
 
-def cpu_flags() -> list[str]:
-    """Which of the instruction sets that decide the kernels' speed this CPU has (from /proc/cpuinfo)."""
-    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return [flag for flag in wanted if flag in flags]
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200, help="timed batch-1 requests per input")
@@ -620,7 +609,7 @@ def main():
         "model": {"name": MODEL, "layers": L, "hidden": H, "heads": A, "intermediate": I, "vocab": V, "max_seq": SEQ},
         "machine": {
             "cpus": os.cpu_count(),
-            "cpu_flags": cpu_flags(),
+            "cpu_flags": record.cpu_flags(),
             # TensorFlow's oneDNN for float ops: on by default only from AVX-512 VNNI up; "1" turns it on.
             "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
             "matmul_gflops_before": peak,
