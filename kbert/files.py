@@ -8,6 +8,11 @@ import shutil
 import uuid
 
 from kbert.errors import KbertError, on_command_line, option, user_path
+from kbert.processes import at_forced_exit
+
+# Every temporary this process named: what a forced exit removes (those renamed into place
+# are gone under their temporary name already).
+_NAMED_HERE: set = set()
 
 
 def require_path(path, what: str, fix: str):
@@ -108,7 +113,19 @@ def temporary_name(path) -> str:
     True
     """
     path = os.fspath(path)
-    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    name = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    _NAMED_HERE.add(os.path.abspath(name))
+    return name
+
+
+@at_forced_exit
+def _remove_named_temporaries():
+    for path in list(_NAMED_HERE):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
 
 def sweep_stale_temporaries(path) -> list:

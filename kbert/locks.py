@@ -30,6 +30,7 @@ import sys
 import time
 
 from kbert.errors import KbertError
+from kbert.processes import at_forced_exit
 
 log = logging.getLogger("kbert")
 
@@ -39,7 +40,7 @@ LOCK_SUFFIX = ".kbert-lock"
 HOLDER_WAIT_SECONDS = 2.0
 # The locks this process holds: asking again for one of them (a library call inside a command
 # that already claimed its output) nests instead of refusing itself.
-_HELD_HERE = set()
+_HELD_HERE: dict = {}  # lock path -> its open file descriptor
 
 
 def lock_path(output) -> str:
@@ -93,15 +94,23 @@ def output_lock(output, command: str | None = None):
     created = _make_parents(os.path.dirname(path))
     try:
         fd = _acquire(path, os.fspath(output))
-        _HELD_HERE.add(path)
+        _HELD_HERE[path] = fd
         try:
             _write_holder(fd, command or command_line())
             yield path
         finally:
-            _HELD_HERE.discard(path)
+            _HELD_HERE.pop(path, None)
             _release(fd, path)
     finally:
         _remove_if_empty(created)
+
+
+@at_forced_exit
+def _release_held_locks():
+    # A stopped command that must exit before its unwinding ends leaves no lock file behind.
+    for path, fd in list(_HELD_HERE.items()):
+        with contextlib.suppress(OSError):
+            _unlink_if_same(fd, path)
 
 
 def _make_parents(directory: str) -> list:

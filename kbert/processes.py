@@ -23,6 +23,30 @@ _PR_SET_PDEATHSIG = 1
 # How long a command has to unwind after SIGTERM before it exits regardless (its workers die
 # with it: `die_with_parent`).
 STOP_SECONDS = 10.0
+# What must go before a stopped command exits without finishing its unwinding: its
+# temporaries and its locks (`kbert.files`, `kbert.locks` register them), so that what it
+# prints on the way out stays true.
+_AT_FORCED_EXIT: list = []
+
+
+def at_forced_exit(callback):
+    """Call `callback()` if a stopped command has to exit before its unwinding ends.
+
+    >>> @at_forced_exit
+    ... def remove_scratch():
+    ...     pass
+    >>> remove_scratch in _AT_FORCED_EXIT
+    True
+    >>> _AT_FORCED_EXIT.remove(remove_scratch)
+    """
+    _AT_FORCED_EXIT.append(callback)
+    return callback
+
+
+def _run_forced_exit_callbacks():
+    for callback in list(_AT_FORCED_EXIT):
+        with contextlib.suppress(Exception):
+            callback()
 
 
 def die_with_parent(parent_pid: int):
@@ -115,7 +139,9 @@ def stop_cleanly(command: str):
 
     def force_exit(number):
         # The unwinding did not end in time (a process pool's shutdown can hang once its
-        # workers are stopped): what it had to remove is removed first, so exit now.
+        # workers are stopped, and a loaded machine is slow): remove what it had yet to
+        # remove, then exit.
+        _run_forced_exit_callbacks()
         print(f"kbert: {message}", file=sys.stderr, flush=True)
         os._exit(128 + number)
 
