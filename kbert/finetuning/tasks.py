@@ -570,6 +570,7 @@ def _encode_pairs(examples, *, path, preprocessor, labels, options, require_labe
         if side_texts is None:
             continue
         encoded, cut = encoding.encode_texts(preprocessor, side_texts)
+        encoded = _cut_to_longest(encoded)
         features.update({f"{side}_{name}": values for name, values in encoded.items()})
         truncated, texts = truncated + cut, texts + len(side_texts)
     if truncated:  # texts, not rows: TaskData.truncated counts examples
@@ -583,6 +584,22 @@ def _encode_pairs(examples, *, path, preprocessor, labels, options, require_labe
     # InBatchNegatives reads each query's place in its batch; model.fit wants a target per row.
     targets = {"logits": np.zeros(len(examples), np.int32)}
     return TaskData(features, targets, None, len(examples), 0, examples)
+
+
+def _cut_to_longest(encoded: dict, multiple: int = 8) -> dict:
+    """One side's inputs cut to its longest text (rounded up to `multiple` tokens, within the
+    padded length): padding changes no vector (attention and pooling skip it), and a side of
+    short texts (queries of a few words) then costs what its words cost rather than the whole
+    --max-seq-length. The length is the file's, so every batch has one shape (one trace).
+
+    >>> mask = np.array([[1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]] * 2)
+    >>> _cut_to_longest({"input_mask": mask})["input_mask"].shape
+    (2, 8)
+    """
+    padded = encoded["input_mask"].shape[1]
+    longest = int(encoded["input_mask"].sum(axis=1).max(initial=0))
+    length = min(padded, max(multiple, -(-longest // multiple) * multiple))
+    return {name: values[:, :length] for name, values in encoded.items()}
 
 
 def _settle_embedding(base, options, *, where):
