@@ -330,3 +330,18 @@ def run_in_fresh_process(work, script: str, spec, timeout: int = 300):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# === A Python without TensorFlow, as on a GPU machine that has only JAX or PyTorch ===
+
+# The modules a missing TensorFlow takes with it; `None` in sys.modules makes each import raise ImportError.
+TENSORFLOW_MODULES = ("tensorflow", "tensorflow_text", "tf_keras", "tensorflow_hub")
+
+
+def without_tensorflow_env(folder, backend: str) -> dict:
+    """The environment of a Python in which TensorFlow is not installed, on Keras' `backend`:
+    a sitecustomize.py in `folder` (put first on PYTHONPATH) blocks TENSORFLOW_MODULES."""
+    blocked = "".join(f"sys.modules[{name!r}] = None\n" for name in TENSORFLOW_MODULES)
+    (folder / "sitecustomize.py").write_text("import sys\n" + blocked)
+    path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")

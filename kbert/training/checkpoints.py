@@ -1,0 +1,212 @@
+"""Training checkpoints that any Keras backend writes and reads: no TensorFlow needed.
+
+A checkpoint is a directory `CKPT_DIR/ckpt-STEP/` holding `state.npz` (the model's weights, the
+optimizer's variables by path, its iteration count among them, and the model's seed-generator
+states, which draw dropout masks) and `manifest.json` (the step, each array's name, shape and
+dtype, and the caller's `extra`). It is built under a temporary name beside its final one and
+renamed into place once complete, so a kill mid-save leaves the previous checkpoint as it was;
+only the newest `keep` are kept. `latest_training_state` finds the newest complete one and
+`restore_training_state` puts it back into a model and optimizer of the same architecture.
+
+Example:
+>>> import tempfile, keras
+>>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+>>> optimizer = keras.optimizers.Adam()
+>>> folder = tempfile.mkdtemp()
+>>> os.path.basename(save_training_state(folder, 5, model, optimizer, extra={"epoch": 1}))
+'ckpt-5'
+>>> restore_training_state(latest_training_state(folder), model, optimizer)
+{'epoch': 1}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import zipfile
+
+import keras
+import numpy as np
+
+from kbert.errors import KbertError, first_line
+from kbert.files import give_umask_mode, sweep_stale_temporaries, temporary_name
+from kbert.training.interruption import checkpoint_write_failed, random_state_variables
+
+STATE_FILE = "state.npz"
+MANIFEST_FILE = "manifest.json"
+_NAME = re.compile(r"ckpt-(\d+)")
+# The three groups of variables a checkpoint holds, in the order `_groups` lists them.
+GROUPS = ("model", "optimizer", "seeds")
+
+
+def save_training_state(ckpt_dir: str, step: int, model, optimizer, extra: dict | None = None, keep: int = 3) -> str:
+    """Write `ckpt_dir/ckpt-{step}/` atomically; keep the newest `keep` checkpoints.
+
+    Args:
+        ckpt_dir: str. The folder of a run's checkpoints (made if missing).
+        step: int. The training step reached: the checkpoint's number.
+        model: keras.Model. Its weights and seed-generator states are saved.
+        optimizer: keras.optimizers.Optimizer. Its variables (slots, iteration count) are saved.
+        extra: dict. Anything JSON can hold that the caller needs back on restore.
+        keep: int. How many checkpoints to keep, the newest.
+
+    Returns: the checkpoint's path.
+
+    A write that fails (a full disk, a permission) raises the one-line `KbertError` of
+    `kbert.training.interruption.checkpoint_write_failed`; the previous checkpoint is intact.
+    """
+    ckpt_dir = os.fspath(ckpt_dir)
+    path = os.path.join(ckpt_dir, f"ckpt-{int(step)}")
+    previous = latest_training_state(ckpt_dir)
+    previous_step = _step_of(previous) if previous else None
+    arrays, manifest = {}, {"step": int(step), "extra": extra or {}, "variables": {}}
+    for group, variables in _groups(model, optimizer).items():
+        rows = manifest["variables"][group] = []
+        for i, (name, variable) in enumerate(variables):
+            value = np.asarray(keras.ops.convert_to_numpy(variable))
+            key = f"{group}/{i}"
+            rows.append({"name": name, "key": key, "shape": list(value.shape), "dtype": value.dtype.name})
+            # Types numpy does not know by name (bfloat16) travel as their bits: `_array` views them back.
+            arrays[key] = value.view(f"u{value.dtype.itemsize}") if value.dtype.kind == "V" else value
+    manifest_text = json.dumps(manifest, indent=1)
+    tmp = None
+    try:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        sweep_stale_temporaries(path)
+        tmp = temporary_name(path)
+        os.mkdir(tmp)
+        give_umask_mode(tmp, directory=True)
+        with open(os.path.join(tmp, STATE_FILE), "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        with open(os.path.join(tmp, MANIFEST_FILE), "w") as f:
+            f.write(manifest_text)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.exists(path):  # the same step saved again: the new one replaces it
+            shutil.rmtree(path)
+        os.rename(tmp, path)
+        tmp = None
+        _fsync_dir(ckpt_dir)
+    except OSError as e:
+        raise checkpoint_write_failed(int(step), previous_step, e) from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    for old in _checkpoints(ckpt_dir)[: -max(int(keep), 1)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def latest_training_state(ckpt_dir: str) -> str | None:
+    """The newest complete checkpoint in `ckpt_dir` (the highest step), or None if it holds none.
+
+    Only complete checkpoints carry the name `ckpt-STEP` (a save in progress has a hidden
+    temporary name until it is renamed), so this never returns a half-written one.
+    """
+    found = _checkpoints(os.fspath(ckpt_dir))
+    return found[-1] if found else None
+
+
+def restore_training_state(path: str, model, optimizer) -> dict:
+    """Assign the checkpoint at `path` to `model` and `optimizer`; return its `extra`.
+
+    The optimizer's variables are built first if they are not yet. Every variable of the model,
+    the optimizer and the seed generators must be in the checkpoint with its shape: a checkpoint
+    of another architecture, or a truncated or damaged one, raises a one-line `KbertError`.
+    """
+    path = os.fspath(path)
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    try:
+        with open(os.path.join(path, MANIFEST_FILE)) as f:
+            manifest = json.load(f)
+        with np.load(os.path.join(path, STATE_FILE), allow_pickle=False) as stored:
+            values = {}
+            for group, variables in _groups(model, optimizer).items():
+                rows = manifest["variables"][group]
+                by_name = {row["name"]: row for row in rows}
+                names = [name for name, _ in variables]
+                if len(rows) != len(variables):
+                    raise KbertError(
+                        f"{path}: this checkpoint holds {len(rows)} {_GROUP_WORDS[group]}, this model "
+                        f"{len(variables)}; resume with the model and options the run was started with, or start over"
+                    )
+                # By path, where the paths are the checkpoint's (Keras names a model's variables apart);
+                # by order otherwise: the same architecture built twice in one process has its
+                # automatically named layers numbered anew (dense_1, dense_2), and the shapes are checked.
+                by_path = len(set(names)) == len(names) == len(by_name) and set(names) == set(by_name)
+                for i, (name, variable) in enumerate(variables):
+                    row = by_name[name] if by_path else rows[i]
+                    value = _array(stored[row["key"]], row)
+                    if tuple(value.shape) != tuple(variable.shape):
+                        raise KbertError(
+                            f"{path}: {name} has shape {tuple(value.shape)} in this checkpoint, "
+                            f"{tuple(variable.shape)} in the model; resume with the model and options the run was "
+                            "started with, or start over"
+                        )
+                    values[id(variable)] = (variable, value)
+    except KbertError:
+        raise
+    except FileNotFoundError as e:
+        raise KbertError(
+            f"{path}: not a complete training checkpoint ({os.path.basename(e.filename or '')} is missing); "
+            "resume from another checkpoint, or start over"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+        raise KbertError(
+            f"{path}: the training checkpoint is damaged or truncated ({first_line(e, 120)}); "
+            "resume from another checkpoint, or start over"
+        ) from None
+    # Assigned only once every value has been read and checked: a bad checkpoint changes nothing.
+    for variable, value in values.values():
+        variable.assign(value)
+    return manifest.get("extra", {})
+
+
+_GROUP_WORDS = {"model": "weights", "optimizer": "optimizer variables", "seeds": "seed-generator states"}
+
+
+def _groups(model, optimizer) -> dict:
+    """{group: [(name, variable)]}: what a checkpoint holds, each variable named by its path."""
+    return {
+        "model": [(w.path, w) for w in model.weights],
+        "optimizer": [(v.path, v) for v in optimizer.variables],
+        "seeds": [(v.path, v) for v in random_state_variables(model)],
+    }
+
+
+def _array(value: np.ndarray, row: dict) -> np.ndarray:
+    if value.dtype.name == row["dtype"]:
+        return value
+    import ml_dtypes  # Keras' own dependency: it names bfloat16 and the float8 types for numpy
+
+    return value.view(getattr(ml_dtypes, row["dtype"]))
+
+
+def _checkpoints(ckpt_dir: str) -> list:
+    """The checkpoints in `ckpt_dir`, oldest first."""
+    try:
+        entries = os.listdir(ckpt_dir)
+    except OSError:
+        return []
+    found = sorted((int(m.group(1)), e) for e in entries if (m := _NAME.fullmatch(e)))
+    return [os.path.join(ckpt_dir, e) for _, e in found if os.path.isdir(os.path.join(ckpt_dir, e))]
+
+
+def _step_of(path: str) -> int:
+    return int(_NAME.fullmatch(os.path.basename(path)).group(1))
+
+
+def _fsync_dir(path: str):
+    """Make a rename in `path` survive a power loss, where the file system allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
