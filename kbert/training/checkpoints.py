@@ -62,6 +62,8 @@ def save_training_state(ckpt_dir: str, step: int, model, optimizer, extra: dict 
     path = os.path.join(ckpt_dir, f"ckpt-{int(step)}")
     previous = latest_training_state(ckpt_dir)
     previous_step = _step_of(previous) if previous else None
+    if not optimizer.built:  # its slots, zero, so that the checkpoint restores into a built one
+        optimizer.build(model.trainable_variables)
     arrays, manifest = {}, {"step": int(step), "extra": extra or {}, "variables": {}}
     for group, variables in _groups(model, optimizer).items():
         rows = manifest["variables"][group] = []
