@@ -32,6 +32,7 @@ from kbert.errors import KbertError, option
 from kbert.finetuning.tasks import fallback_tag, get_task
 from kbert.model.bert import encoder_of
 from kbert.model.pooling import SentencePooling
+from kbert.text.windows import SlidingWindows, max_context_windows
 
 # TF Serving's Classify and Regress APIs: the signature names an export adds for them, and
 # the method names TF Serving requires of them.
@@ -289,53 +290,15 @@ def _document_mean(values, starts):
     return tf.cast(total / tf.reshape(count, [-1] + [1] * (values.shape.rank - 1)), tf.float32)
 
 
-def max_context_windows(starts, window_length, first, stride: int, room: int):
-    """For each word, the window where its first piece has the most context, and the piece's
-    position there: `kbert.finetuning.windows.max_context_windows` in the graph (run_squad.py's
-    `_check_is_max_context`: min(left, right) + 0.01 x the window's length, the earlier window
-    on a tie).
-
-    Args:
-        starts: int32 RaggedTensor [batch, (windows)]. Each document's windows' starts.
-        window_length: int32 [windows]. Each window's tokens (its mask less [CLS] and [SEP]).
-        first: int32 RaggedTensor [batch, (words)]. Each word's first piece in its document.
-        stride: int. Tokens between two windows' starts.
-        room: int. Tokens a window holds (sequence_length - 2).
-
-    Returns:
-        (window, position): int32 [words]: the window's row among the request's windows, and
-        the position of the word's first piece in it ([CLS] is 0).
-
-    Example (windows 0-5, 3-8, 6-9 of one document, as in kbert.finetuning.windows):
-    >>> window, position = max_context_windows(tf.ragged.constant([[0, 3, 6]]), tf.constant([6, 6, 4]),
-    ...                                        tf.ragged.constant([[4, 5, 9]]), stride=3, room=6)
-    >>> window.numpy().tolist(), position.numpy().tolist()
-    ([0, 1, 2], [5, 3, 4])
-    """
-    token, window_length = tf.cast(first.flat_values, tf.int32), tf.cast(window_length, tf.int32)
-    count = tf.gather(tf.cast(starts.row_lengths(), tf.int32), first.value_rowids())
-    # Window k starts at k x stride and holds `room` tokens but the last, which ends the
-    # document: the windows holding token t run from ceil((t - room + 1) / stride) to t // stride.
-    k = tf.ragged.range(tf.maximum(-((room - 1 - token) // stride), 0), tf.minimum(token // stride, count - 1) + 1)
-    which = tf.cast(k.value_rowids(), tf.int32)  # [candidates]: the word each is a window of
-    row = tf.gather(tf.cast(starts.row_starts(), tf.int32), tf.gather(first.value_rowids(), which)) + k.flat_values
-    start, length, t = tf.gather(starts.flat_values, row), tf.gather(window_length, row), tf.gather(token, which)
-    score = tf.cast(tf.minimum(t - start, start + length - 1 - t), tf.float64) + 0.01 * tf.cast(length, tf.float64)
-    words = tf.shape(token)[0]
-    best = tf.math.unsorted_segment_max(score, which, words)
-    window = tf.math.unsorted_segment_min(tf.where(score == tf.gather(best, which), row, tf.int32.max), which, words)
-    return window, token - tf.gather(starts.flat_values, window) + 1
-
-
 def serve_windows(task: str, head: ServingHead, model, labels, stride: int, max_windows: int) -> ServingHead:
     """`head` (the task's, `serving_head`) serving whole documents in windows: the text
     signatures pack each document into the windows it was fine-tuned on
     (`BertPreprocessor.pack_windows`), run the model on all of the request's windows, and answer
     once per document with the head's output keys, as `kbert predict` does: classify the softmax
     of the mean of its windows' logits, regress the mean score, tag each word's tag from its
-    max-context window (`max_context_windows`), and per token the first window's outputs (the
-    truncated document's). serve_ids stays per window. A request of more than `max_windows`
-    windows in all fails (`_checked`)."""
+    max-context window (`kbert.text.windows.max_context_windows`), and per token the first
+    window's outputs (the truncated document's). serve_ids stays per window. A request of more
+    than `max_windows` windows in all fails (`_checked`)."""
     if task not in WINDOWS_TASKS:
         raise KbertError(f"long_text windows applies to {', '.join(WINDOWS_TASKS)}; a {task} model has none")
 
@@ -345,9 +308,10 @@ def serve_windows(task: str, head: ServingHead, model, labels, stride: int, max_
             words = tf.strings.split(strings["text"])  # [batch, (words)]
             features, starts, first = preprocessor.pack_word_windows(words, stride)
             out = head.outputs(_checked(features, starts, max_windows))
-            lengths = tf.reduce_sum(features["input_mask"], axis=1) - 2
-            window, position = max_context_windows(starts, lengths, first, stride, preprocessor.sequence_length - 2)
-            tags = tf.gather_nd(out["label"], tf.stack([window, position], axis=1))
+            lengths = tf.reduce_sum(features["input_mask"], axis=1) - 2  # less [CLS] and [SEP]
+            windows = SlidingWindows(starts.row_lengths(), starts.value_rowids(), starts.flat_values, lengths)
+            window, index = max_context_windows(windows, (first.value_rowids(), first.flat_values))
+            tags = tf.gather_nd(out["label"], tf.stack([window, index + 1], axis=1))  # [CLS] is position 0
             firsts = tf.cast(starts.row_starts(), tf.int32)  # each document's first window
             documents = {k: tf.gather(out[k], firsts) for k in ("label_id", "label", "input_mask")}
             return {**documents, "word_label": first.with_flat_values(tags).to_tensor("")}

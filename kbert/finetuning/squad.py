@@ -27,6 +27,7 @@ import string
 import numpy as np
 
 from kbert.errors import KbertError, option
+from kbert.text.windows import sliding_windows
 
 log = logging.getLogger("kbert")
 
@@ -346,8 +347,10 @@ def squad_features(
 
         # The -3 accounts for [CLS], [SEP] and [SEP].
         max_tokens_for_doc = max_seq_length - len(query_tokens) - 3
-        doc_spans = _doc_spans(len(all_doc_tokens), max_tokens_for_doc, doc_stride)
-        best_span = _max_context_spans(doc_spans, len(all_doc_tokens))
+        n = len(all_doc_tokens)
+        windows = sliding_windows([n], max_tokens_for_doc, doc_stride, (np.zeros(n, np.int64), np.arange(n)))
+        doc_spans = list(zip(windows.start.tolist(), windows.length.tolist()))
+        best_span = windows.owner  # for each document token, the window where it has the most context
         head = ["[CLS]", *query_tokens, "[SEP]"]
         head_ids = tokenizer.convert_tokens_to_ids(head)
         doc_offset = len(head)
@@ -397,37 +400,6 @@ def squad_features(
         else:
             arrays[name] = np.stack(values) if values else np.zeros((0, max_seq_length), np.int32)
     return arrays, features
-
-
-def _doc_spans(num_tokens: int, max_tokens_for_doc: int, doc_stride: int) -> list[tuple[int, int]]:
-    """(start, length) of each window: the sliding windows of convert_examples_to_features."""
-    spans = []
-    start = 0
-    while start < num_tokens:
-        length = min(num_tokens - start, max_tokens_for_doc)
-        spans.append((start, length))
-        if start + length == num_tokens:
-            break
-        start += min(length, doc_stride)
-    return spans
-
-
-def _max_context_spans(doc_spans, num_tokens: int) -> np.ndarray:
-    """For each document token, the window where it has the most context: _check_is_max_context.
-
-    The score is the smaller of its left and right context, plus 0.01 x the window length
-    (so a longer window wins a tie); the first window wins an exact tie. numpy computes the
-    same float64 sums as the original's Python.
-    """
-    best_span = np.full(num_tokens, -1, np.int32)
-    best_score = np.full(num_tokens, -np.inf)
-    for span_index, (start, length) in enumerate(doc_spans):
-        position = np.arange(start, start + length)
-        score = np.minimum(position - start, start + length - 1 - position) + 0.01 * length
-        better = score > best_score[start : start + length]
-        best_score[start : start + length][better] = score[better]
-        best_span[start : start + length][better] = span_index
-    return best_span
 
 
 def _improve_answer_span(doc_tokens, input_start, input_end, tokenizer, orig_answer_text):

@@ -3,7 +3,7 @@ what, and one answer per document from the answers of its windows.
 
 The windows themselves are made in the graph, with the rest of the packing
 (`kbert.text.preprocessing.window_starts`, `pack_token_windows`, `pack_word_windows`); this
-module works on what they return, in numpy:
+module works on what they return, in numpy, with the rules of `kbert.text.windows`:
 
     Windows               each window's document, first token and length
     containing_windows    every (token, window that holds it) pair
@@ -27,6 +27,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
+from kbert.text.windows import holding_windows
+from kbert.text.windows import max_context_windows as _owners
 
 
 @dataclasses.dataclass
@@ -73,11 +76,7 @@ class Windows:
 
 
 def containing_windows(windows: Windows, document, token) -> tuple[np.ndarray, np.ndarray]:
-    """Every window that holds each token.
-
-    A document's windows start later and end later one after the other, so the windows that
-    hold token t are a run: from the first that ends after t to the last that starts at or
-    before it, found by two binary searches over all the file's windows at once.
+    """Every window that holds each token (`kbert.text.windows.holding_windows`).
 
     Args:
         windows: Windows.
@@ -94,26 +93,17 @@ def containing_windows(windows: Windows, document, token) -> tuple[np.ndarray, n
     >>> [a.tolist() for a in containing_windows(windows, [0, 0, 0], [0, 4, 9])]
     [[0, 1, 1, 2], [0, 0, 1, 2]]
     """
-    document = np.asarray(document, np.int64).reshape(-1)
-    token = np.asarray(token, np.int64).reshape(-1)
-    span = int(windows.num_tokens.max(initial=0)) + 1  # one key space: document * span + token
-    key = document * span + token
-    window_document = windows.document.astype(np.int64) * span
-    last = np.searchsorted(window_document + windows.start, key, side="right") - 1
-    first = np.searchsorted(window_document + windows.start + windows.length, key, side="right")
-    counts = last - first + 1
-    which = np.repeat(np.arange(len(key)), counts)
-    offsets = np.arange(len(which)) - np.repeat(np.cumsum(counts) - counts, counts)
-    return which, first[which] + offsets
+    return holding_windows(windows, (np.asarray(document).reshape(-1), np.asarray(token).reshape(-1)))
 
 
 def max_context_windows(windows: Windows, document, token) -> tuple[np.ndarray, np.ndarray]:
     """For each token, the window where it has the most context, and its position there.
 
-    run_squad.py's `_check_is_max_context`: a token's score in a window is the smaller of its
-    left and right context (tokens of the window before and after it) plus 0.01 x the window's
-    length; the best score wins, the earlier window an exact tie. Every token gets exactly one
-    window, which is how `kbert predict` tags each word of a long document once.
+    run_squad.py's `_check_is_max_context` (`kbert.text.windows.max_context_windows`): a
+    token's score in a window is the smaller of its left and right context (tokens of the window
+    before and after it) plus 0.01 x the window's length; the best score wins, the earlier window
+    an exact tie. Every token gets exactly one window, which is how `kbert predict` tags each
+    word of a long document once.
 
     Args:
         windows: Windows.
@@ -131,14 +121,8 @@ def max_context_windows(windows: Windows, document, token) -> tuple[np.ndarray, 
     >>> [a.tolist() for a in max_context_windows(windows, [0, 0, 0], [4, 5, 9])]
     [[0, 1, 2], [5, 3, 4]]
     """
-    token = np.asarray(token, np.int64).reshape(-1)
-    which, window = containing_windows(windows, document, token)
-    left = token[which] - windows.start[window]
-    right = windows.start[window] + windows.length[window] - 1 - token[which]
-    score = np.minimum(left, right) + 0.01 * windows.length[window]
-    order = np.lexsort((window, -score, which))  # by token, best score first, earlier window first
-    best = order[np.searchsorted(which[order], np.arange(len(token)))]
-    return window[best], left[best] + 1
+    window, index = _owners(windows, (np.asarray(document).reshape(-1), np.asarray(token).reshape(-1)))
+    return window, index + 1
 
 
 def document_mean(values: np.ndarray, windows: Windows) -> np.ndarray:

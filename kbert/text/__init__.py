@@ -6,5 +6,7 @@
 - `graph_tokenizer`: `GraphTokenizer`, the same ids as TensorFlow ops (for SavedModels and tf.data);
 - `preprocessing`: `BertPreprocessor`, strings (or words to tag) -> the encoder's three inputs, in the
   graph: the one packing fine-tuning data and exports share;
+- `windows`: `sliding_windows`, run_squad.py's overlapping windows over long documents and the window
+  that owns each token, in numpy or in the graph;
 - `vocab_builder`: `kbert vocab`, a WordPiece vocabulary from text.
 """

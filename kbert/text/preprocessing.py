@@ -31,6 +31,7 @@ from kbert.errors import KbertError
 from kbert.model_dir import VOCAB_FILE, load_config
 from kbert.text.graph_tokenizer import GraphTokenizer
 from kbert.text.tokenizer import UNK, load_vocab
+from kbert.text.windows import sliding_windows
 
 
 def truncated_pair_lengths(len_a, len_b, budget):
@@ -134,14 +135,13 @@ def truncated_rows(a, b, sequence_length):
 
 
 def window_starts(num_tokens, room, stride):
-    """Where each document's windows start, and how many tokens each holds: SQuAD's doc spans.
+    """Where each document's windows start, and how many tokens each holds: SQuAD's doc spans
+    (`kbert.text.windows.sliding_windows`), as RaggedTensors, in the graph.
 
     A document of n tokens becomes windows of `room` tokens starting at 0, stride, 2 x stride,
     ..., up to the first window that reaches the document's end, which is the last and may be
-    shorter: run_squad.py's `doc_spans` loop (`kbert.finetuning.squad._doc_spans`), in closed
-    form so that it runs batched, in the graph: 1 + ceil((n - room) / stride) windows. Every
-    token is in at least one window. A document that fits (n <= room) is one window of all of
-    it, and an empty one is one empty window, as truncation packs them.
+    shorter. Every token is in at least one window. A document that fits (n <= room) is one
+    window of all of it, and an empty one is one empty window, as truncation packs them.
 
     Args:
         num_tokens: int tensor [batch]. Each document's length in tokens.
@@ -158,11 +158,9 @@ def window_starts(num_tokens, room, stride):
     >>> starts.to_list(), lengths.to_list()
     ([[0], [0, 3, 6], [0]], [[3], [6, 6, 4], [0]])
     """
-    n = tf.cast(num_tokens, tf.int32)
-    count = 1 + tf.maximum(n - room + stride - 1, 0) // stride
-    starts = tf.ragged.range(count) * stride
-    lengths = tf.minimum(room, tf.repeat(n, count) - starts.flat_values)
-    return starts, starts.with_values(lengths)
+    windows = sliding_windows(tf.convert_to_tensor(num_tokens), room, stride, empty_window=True)
+    starts = tf.RaggedTensor.from_row_lengths(windows.start, tf.cast(windows.count, tf.int64))
+    return starts, starts.with_flat_values(windows.length)
 
 
 def _windows_of(tokens, starts, lengths):

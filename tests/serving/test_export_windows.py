@@ -277,29 +277,6 @@ def test_text_pairs_are_refused_for_a_windows_model(models, tmp_path):
     assert not (tmp_path / "e" / "1").exists()
 
 
-def test_the_graphs_max_context_window_is_kbert_predicts():
-    """Every token of documents of 0 to 60 tokens, over windows of every room and stride up to 9:
-    the export's choice (in the graph) equals `kbert.finetuning.windows.max_context_windows`."""
-    import tensorflow as tf
-
-    from kbert.finetuning.windows import Windows
-    from kbert.finetuning.windows import max_context_windows as numpy_max_context
-    from kbert.serving.heads import max_context_windows
-    from kbert.text.preprocessing import window_starts
-
-    sizes = np.arange(0, 61)
-    for room in range(2, 10):
-        for stride in range(1, room):
-            starts, lengths = window_starts(tf.constant(sizes), room, stride)
-            tokens = tf.ragged.range(sizes)  # every token, as if each were a word's first piece
-            window, position = max_context_windows(starts, lengths.flat_values, tokens, stride, room)
-            windows = Windows.from_starts(starts.to_list(), sizes, room)
-            document = np.repeat(np.arange(len(sizes)), sizes)
-            want_window, want_position = numpy_max_context(windows, document, tokens.flat_values.numpy())
-            assert window.numpy().tolist() == want_window.tolist(), (room, stride)
-            assert position.numpy().tolist() == want_position.tolist(), (room, stride)
-
-
 def test_predict_server_on_a_windows_export_is_local_predict(served, models, tmp_path):
     """`kbert predict --server` against the stand-in TF Serving (tests/serving/standin_server.py):
     the same documents' lines as local `kbert predict`; a batch over the limit: one line."""
