@@ -1,4 +1,5 @@
-"""`kbert pretrain`: MLM + NSP pretraining on one device, many GPUs, many machines or a TPU."""
+"""`kbert pretrain`: MLM + NSP pretraining on one device, many GPUs, many machines or a TPU; on
+TensorFlow, JAX or PyTorch (KERAS_BACKEND)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ DEFAULTS = PretrainOptions()
     inputs={"data": RECORDS, "eval_data": RECORDS, "config": JSON, "vocab": TEXT, "init": MODEL},
     outputs={"model_dir": Output("dir-in-place", lock=False)},
     above_zero=("learning_rate",),
+    tensorflow="backend",
 )
 def pretrain_command(
     ctx: typer.Context,
@@ -69,16 +71,27 @@ def pretrain_command(
         DEFAULTS.eval_every, min=1, help="Evaluate every N steps (default: --save-every)."
     ),
     eval_steps: int = typer.Option(DEFAULTS.eval_steps, min=1, help="Batches per evaluation."),
-    strategy: str = typer.Option(DEFAULTS.strategy, help="auto|cpu|gpu|mirrored|multi-worker|tpu."),
+    strategy: str = typer.Option(
+        DEFAULTS.strategy,
+        help="auto|cpu|gpu|mirrored|multi-worker|tpu. On JAX, auto and mirrored spread the batch over the local devices; PyTorch trains on one; multi-worker is TensorFlow's.",
+    ),
     tpu: str | None = typer.Option(DEFAULTS.tpu, help="TPU name or address, with --strategy tpu."),
     mixed_precision: bool = typer.Option(
         DEFAULTS.mixed_precision, "--mixed-precision", help="bfloat16 on CPU/TPU, float16 with loss scaling on GPU."
     ),
     jit: bool | None = typer.Option(
-        DEFAULTS.jit, "--jit/--no-jit", help="XLA-compile the step (default: on for GPU/TPU, off on CPU)."
+        DEFAULTS.jit,
+        "--jit/--no-jit",
+        help="XLA-compile the step (default: on for GPU/TPU, off on CPU; on JAX always on; on PyTorch --jit is torch.compile).",
     ),
-    steps_per_loop: int = typer.Option(DEFAULTS.steps_per_loop, min=1, help="Optimizer steps per compiled call."),
-    grad_accum: int = typer.Option(DEFAULTS.grad_accum, min=1, help="Micro-batches accumulated per optimizer step."),
+    steps_per_loop: int = typer.Option(
+        DEFAULTS.steps_per_loop,
+        min=1,
+        help="Optimizer steps between logs and stop checks (on TensorFlow, one compiled call).",
+    ),
+    grad_accum: int = typer.Option(
+        DEFAULTS.grad_accum, min=1, help="Micro-batches accumulated per optimizer step (TensorFlow)."
+    ),
     optimizer: str = typer.Option(DEFAULTS.optimizer, help="adamw (the original's) or lamb (large batches)."),
     seed: int = typer.Option(DEFAULTS.seed, min=0, help="Seed for the initial weights, dropout and data order."),
     lowercase: bool | None = typer.Option(
@@ -92,7 +105,8 @@ def pretrain_command(
     SIGTERM or Ctrl-C saves a checkpoint at the step reached; `kbert pretrain --model-dir DIR
     --resume` continues it."""
     flags = locals()
-    # Here, not at the top: it imports TensorFlow, which `kbert --help` should not wait for.
+    # Here, not at the top: it imports Keras (and TensorFlow, on its backend), which `kbert --help`
+    # should not wait for.
     from kbert.pretraining.train import pretrain
 
     # Every flag but --model-dir, --data, --config, --vocab, --init and --lowercase is the

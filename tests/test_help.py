@@ -172,6 +172,7 @@ OPTION_NAMING_MODULES = [
     "kbert/pretraining/dataset.py",
     "kbert/pretraining/fill_mask.py",
     "kbert/pretraining/instances.py",
+    "kbert/pretraining/keras_loop.py",
     "kbert/pretraining/run_record.py",
     "kbert/pretraining/train.py",
     "kbert/sources.py",

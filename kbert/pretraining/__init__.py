@@ -8,5 +8,6 @@
 - `losses`: the masked-LM and next-sentence losses;
 - `train`: `kbert pretrain`, the custom `strategy.run` training loop, with `options` (its flags) and
   `run_record` (pretrain_run.json: what `--resume` continues with and may change);
+- `keras_loop`: the same run on JAX and PyTorch, by Keras' own `fit`, without TensorFlow;
 - `fill_mask`: `kbert fill-mask`, the masked-LM head's top predictions.
 """

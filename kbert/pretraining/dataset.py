@@ -1,4 +1,8 @@
-"""Reading create_pretraining_data.py's TFRecords with tf.data: sharded, interleaved, shuffled."""
+"""Reading create_pretraining_data.py's TFRecords with tf.data: sharded, interleaved, shuffled.
+
+`find_files` and `check_records` also serve JAX and PyTorch runs, which read the records with
+`record_reader` and import no TensorFlow.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,13 @@ import glob
 import logging
 import os
 
-import tensorflow as tf
+import keras
 
 from kbert.errors import KbertError, on_command_line, op_error_text, option
 from kbert.records import check_records_file
+
+if keras.config.backend() == "tensorflow":
+    import tensorflow as tf
 
 LABEL_KEYS = ("masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
 INPUT_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
@@ -65,6 +72,8 @@ def check_records(
     after the run has started. With `vocab_size`, the token ids of each file's first
     CHECKED_RECORDS records must lie in the vocabulary (made with another vocab.txt, they
     would fail in a gather mid-run on a CPU, and read zeros unnoticed on a GPU)."""
+    if keras.config.backend() != "tensorflow":
+        return _check_records_without_tensorflow(files, max_seq_length, max_predictions_per_seq, flag, vocab_size)
     for path in files:
         check_records_file(path, _named(flag))
         try:
@@ -86,21 +95,69 @@ def check_records(
         features = example.features.feature
         missing = [k for k in INPUT_KEYS + LABEL_KEYS if k not in features]
         if missing:
-            raise KbertError(
-                f"{path}: records lack {', '.join(missing)}; these are not pretraining "
-                f"records (make them with kbert create-data)"
-            )
+            raise _not_pretraining_records(path, missing)
         seq = len(features["input_ids"].int64_list.value)
         pred = len(features["masked_lm_positions"].int64_list.value)
         if (seq, pred) != (max_seq_length, max_predictions_per_seq):
-            raise KbertError(
-                f"{path}: records have max_seq_length {seq} and max_predictions_per_seq "
-                f"{pred}, but {'the flags say' if on_command_line() else 'the call says'} {max_seq_length} and "
-                f"{max_predictions_per_seq}; pass {option('max_seq_length', seq)} "
-                f"{option('max_predictions_per_seq', pred)}"
-            )
+            raise _other_shape(path, seq, pred, max_seq_length, max_predictions_per_seq)
         if vocab_size is not None:
             _check_token_ids(path, vocab_size)
+
+
+def _check_records_without_tensorflow(files, max_seq_length, max_predictions_per_seq, flag, vocab_size):
+    """`check_records` by kbert's own record reader (CRC-checked): the same checks and messages."""
+    from kbert.pretraining.record_reader import parse_example, read_frames
+
+    for path in files:
+        check_records_file(path, _named(flag))
+        checked = 0
+        for _, record in read_frames(path):
+            try:
+                example = parse_example(record)
+            except (ValueError, IndexError, UnicodeDecodeError):
+                raise KbertError(
+                    f"{path}: its records are not tf.train.Example protos; recreate it with kbert create-data"
+                ) from None
+            if checked == 0:
+                missing = [k for k in INPUT_KEYS + LABEL_KEYS if k not in example]
+                if missing:
+                    raise _not_pretraining_records(path, missing)
+                seq, pred = len(example["input_ids"]), len(example["masked_lm_positions"])
+                if (seq, pred) != (max_seq_length, max_predictions_per_seq):
+                    raise _other_shape(path, seq, pred, max_seq_length, max_predictions_per_seq)
+            checked += 1
+            if vocab_size is not None:
+                for key in ("input_ids", "masked_lm_ids"):
+                    bad = ((example[key] < 0) | (example[key] >= vocab_size)).nonzero()[0]
+                    if len(bad):
+                        raise _outside_vocabulary(path, checked - 1, int(example[key][bad[0]]), key, vocab_size)
+            if vocab_size is None or checked == CHECKED_RECORDS:
+                break
+        if checked == 0:
+            raise KbertError(f"{path}: holds no records; recreate it with kbert create-data")
+
+
+def _not_pretraining_records(path, missing) -> KbertError:
+    return KbertError(
+        f"{path}: records lack {', '.join(missing)}; these are not pretraining records (make them with kbert create-data)"
+    )
+
+
+def _other_shape(path, seq, pred, max_seq_length, max_predictions_per_seq) -> KbertError:
+    return KbertError(
+        f"{path}: records have max_seq_length {seq} and max_predictions_per_seq "
+        f"{pred}, but {'the flags say' if on_command_line() else 'the call says'} {max_seq_length} and "
+        f"{max_predictions_per_seq}; pass {option('max_seq_length', seq)} "
+        f"{option('max_predictions_per_seq', pred)}"
+    )
+
+
+def _outside_vocabulary(path, row, value, key, vocab_size) -> KbertError:
+    return KbertError(
+        f"{path}: record {row + 1} holds token id {value} ({key}), outside the model's "
+        f"vocabulary of {vocab_size:,} (ids 0 to {vocab_size - 1:,}); the records were made "
+        f"with another vocab.txt: make them again with the model's (`kbert create-data --vocab`)"
+    )
 
 
 def _check_token_ids(path: str, vocab_size: int):
@@ -118,11 +175,7 @@ def _check_token_ids(path: str, vocab_size: int):
             if bad.shape[0]:
                 index = int(bad[0][0])
                 row, value = int(ids.indices[index][0]), int(ids.values[index])
-                raise KbertError(
-                    f"{path}: record {row + 1} holds token id {value} ({key}), outside the model's "
-                    f"vocabulary of {vocab_size:,} (ids 0 to {vocab_size - 1:,}); the records were made "
-                    f"with another vocab.txt: make them again with the model's (`kbert create-data --vocab`)"
-                )
+                raise _outside_vocabulary(path, row, value, key, vocab_size)
 
 
 def find_corrupt_record(files) -> str | None:

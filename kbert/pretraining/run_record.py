@@ -15,15 +15,15 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shlex
-
-import tensorflow as tf
 
 from kbert.errors import KbertError, on_command_line, option, plural
 from kbert.files import atomic_write_text
 from kbert.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, is_model_dir
 from kbert.pretraining.dataset import find_files
 from kbert.pretraining.options import PretrainOptions
+from kbert.training.checkpoints import latest_training_state
 
 log = logging.getLogger("kbert")
 
@@ -209,8 +209,24 @@ def interrupted_pretraining(path) -> str | None:
     path = os.fspath(path)
     if not os.path.isdir(path) or is_model_dir(path) or not os.path.isfile(os.path.join(path, CONFIG_FILE)):
         return None
-    # The checkpoint `--resume` would continue from: the one the `checkpoint` state file names.
-    return tf.train.latest_checkpoint(os.path.join(path, CHECKPOINTS_DIR))
+    # The checkpoint `--resume` would continue from: a JAX or PyTorch run's newest ckpt-N folder, or
+    # the one TensorFlow's `checkpoint` state file names.
+    ckpt_dir = os.path.join(path, CHECKPOINTS_DIR)
+    return latest_training_state(ckpt_dir) or _latest_tensorflow_checkpoint(ckpt_dir)
+
+
+def _latest_tensorflow_checkpoint(ckpt_dir: str) -> str | None:
+    """The checkpoint prefix TensorFlow's `checkpoint` state file names, if its index is there: what
+    tf.train.latest_checkpoint returns, read without TensorFlow (the file is a text proto)."""
+    try:
+        with open(os.path.join(ckpt_dir, "checkpoint"), encoding="utf-8") as f:
+            found = re.search(r'^model_checkpoint_path:\s*"(.*)"\s*$', f.read(), re.MULTILINE)
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not found:
+        return None
+    prefix = os.path.join(ckpt_dir, found.group(1))  # relative to the folder, unless written absolute
+    return prefix if os.path.isfile(prefix + ".index") else None
 
 
 def interrupted_pretraining_message(path, prefix: str) -> str:

@@ -9,6 +9,9 @@ TPUs want. Per step, on every replica:
     -> clipped to global norm 1.0 -> BertAdamW (or LAMB) with warmup + linear decay.
 
 So the update equals the single-device update on the global batch, whatever the strategy.
+
+On JAX and PyTorch, `pretrain` runs `keras_loop`'s loop instead (no TensorFlow imported there), with
+the same options, files and behaviour; the helpers below that both loops share use no TensorFlow.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ import tempfile
 import time
 
 import keras
-import tensorflow as tf
 
 from kbert.config import BertConfig
 from kbert.errors import KbertError, option
@@ -55,10 +57,14 @@ from kbert.pretraining.run_record import (
     recorded_options,
 )
 from kbert.sources import open_model
+from kbert.training.checkpoints import latest_training_state
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.optimization import make_optimizer
 from kbert.training.progress import Progress, keep_history_until, write_loss_plot
 from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision, writes_shared_files
+
+if keras.config.backend() == "tensorflow":  # the loop of this module; JAX and PyTorch run keras_loop's
+    import tensorflow as tf
 
 log = logging.getLogger("kbert")
 
@@ -121,6 +127,12 @@ def pretrain(
 def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, options, return_model, **overrides):
     """The run, in the order nanoGPT's train.py reads: setup, where the model starts, data, model
     and optimizer, the loop, the finished model."""
+    if keras.config.backend() != "tensorflow":
+        from kbert.pretraining import keras_loop
+
+        return keras_loop.pretrain(
+            model_dir, data, config_file, vocab_file, init, do_lower_case, options, return_model, **overrides
+        )
     model_dir = os.fspath(model_dir)
     starts_from = {"config": absolute(config_file), "vocab": absolute(vocab_file), "init": absolute(init)}
     opts, run, files = _resolved_options(model_dir, data, options, overrides, starts_from, do_lower_case)
@@ -203,9 +215,10 @@ class _Start:
 
 def _model_start(opts, model_dir, ckpt_dir, run, data, config_file, vocab_file, init, do_lower_case) -> _Start:
     """The run's own model (a resume), --init's, or a new one from --config and --vocab."""
-    has_checkpoints = tf.train.latest_checkpoint(ckpt_dir) is not None
+    has_checkpoints = _has_checkpoint(ckpt_dir)
     initial = None
     if opts.resume:
+        _check_checkpoint_backend(ckpt_dir)
         if not has_checkpoints:
             raise KbertError(
                 f"{option('resume', True)}: {ckpt_dir} has no checkpoint to resume from; "
@@ -435,6 +448,41 @@ def _start_run_files(opts, training: _Training, model_dir, start: _Start, run):
     return writer, eval_writer
 
 
+def _has_checkpoint(ckpt_dir: str) -> bool:
+    """Whether `ckpt_dir` holds a complete checkpoint of either loop."""
+    return bool(_checkpoint_kinds(ckpt_dir))
+
+
+def _checkpoint_kinds(ckpt_dir: str) -> set:
+    """Which loops wrote the checkpoints in `ckpt_dir`: "tensorflow" (tf.train.Checkpoint's, named
+    by its `checkpoint` state file) and "keras" (kbert.training.checkpoints' ckpt-N folders, JAX's
+    and PyTorch's); without TensorFlow, told from the files alone."""
+    found = set()
+    if keras.config.backend() == "tensorflow":
+        if tf.train.latest_checkpoint(ckpt_dir) is not None:
+            found.add("tensorflow")
+    elif os.path.isfile(os.path.join(ckpt_dir, "checkpoint")):
+        found.add("tensorflow")
+    if latest_training_state(ckpt_dir) is not None:
+        found.add("keras")
+    return found
+
+
+def _check_checkpoint_backend(ckpt_dir: str):
+    """Refuse, in one line, to resume a run whose checkpoints only the other loop reads."""
+    kinds = _checkpoint_kinds(ckpt_dir)
+    if keras.config.backend() == "tensorflow" and kinds == {"keras"}:
+        raise KbertError(
+            f"{option('resume', True)}: the checkpoints in {ckpt_dir} were written on JAX or PyTorch; "
+            "resume with the KERAS_BACKEND the run started on"
+        )
+    if keras.config.backend() != "tensorflow" and kinds == {"tensorflow"}:
+        raise KbertError(
+            f"{option('resume', True)}: the checkpoints in {ckpt_dir} were written on TensorFlow; "
+            "resume with KERAS_BACKEND=tensorflow"
+        )
+
+
 def _check_finite(metrics: dict, step: int, n: int, last_saved: int):
     if not all(math.isfinite(v) for v in metrics.values()):
         kept = f"the last good checkpoint (step {last_saved}) is kept" if last_saved else "no checkpoint was saved"
@@ -476,7 +524,7 @@ def _removed_unless_saved(model_dir: str, ckpt_dir: str, created: bool):
     try:
         yield
     except BaseException:
-        if created and tf.train.latest_checkpoint(ckpt_dir) is None:
+        if created and not _has_checkpoint(ckpt_dir):
             shutil.rmtree(model_dir, ignore_errors=True)
         raise
 

@@ -1,4 +1,5 @@
-"""`--strategy auto|cpu|gpu|mirrored|multi-worker|tpu`: one flag picks the tf.distribute strategy."""
+"""`--strategy auto|cpu|gpu|mirrored|multi-worker|tpu`: one flag picks the tf.distribute strategy on
+TensorFlow (`make_strategy`), and the devices Keras trains on with JAX or PyTorch (`keras_devices`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import os
 import socket
 
 import keras
-import tensorflow as tf
 
 from kbert.errors import KbertError, first_line, option
+
+if keras.config.backend() == "tensorflow":  # JAX and PyTorch runs import no TensorFlow
+    import tensorflow as tf
 
 STRATEGIES = ("auto", "cpu", "gpu", "mirrored", "multi-worker", "tpu")
 
@@ -22,6 +25,8 @@ def split_cpu_if_asked():
     """Honour KBERT_LOGICAL_CPUS=N: expose the CPU as N logical devices (before any TF op)."""
     n = int(os.environ.get(LOGICAL_CPUS_ENV, "0") or 0)
     if n > 1:
+        import tensorflow as tf  # also called where Keras runs on another backend (export, on JAX)
+
         cpu = tf.config.list_physical_devices("CPU")[0]
         try:
             tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
@@ -33,8 +38,21 @@ def use_mixed_precision(enabled: bool):
     """Turn on Keras' mixed precision if `enabled`: float16 compute (with loss scaling) on a GPU,
     bfloat16 elsewhere (CPUs with AVX512-BF16 or AMX, TPUs); variables stay float32."""
     if enabled:
-        gpu = bool(tf.config.list_logical_devices("GPU"))
-        keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
+        keras.mixed_precision.set_global_policy("mixed_float16" if _has_gpu() else "mixed_bfloat16")
+
+
+def _has_gpu() -> bool:
+    """Whether the Keras backend computes on a GPU."""
+    backend = keras.config.backend()
+    if backend == "tensorflow":
+        return bool(tf.config.list_logical_devices("GPU"))
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "gpu"
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def make_strategy(name: str = "auto", tpu: str | None = None):
@@ -84,6 +102,84 @@ def make_strategy(name: str = "auto", tpu: str | None = None):
         return tf.distribute.MirroredStrategy()
     # No NCCL on CPU: reduce through one device.
     return tf.distribute.MirroredStrategy([d.name for d in cpus], cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
+def keras_devices(name: str = "auto", tpu: str | None = None) -> list:
+    """The devices a JAX or PyTorch run trains on, for `--strategy name`; several devices are
+    spread over with `keras.distribution.DataParallel` (JAX only). A strategy that does not map
+    to the backend raises a one-line `KbertError` saying what to use.
+
+    - auto: JAX: every local GPU or TPU device, else one CPU; PyTorch: the GPU if there is one, else the CPU.
+    - cpu / gpu: one device of that kind.
+    - mirrored (JAX): every local device, GPUs or TPU cores, or the CPU devices that
+      XLA_FLAGS=--xla_force_host_platform_device_count=N makes.
+    - tpu (JAX): the TPU cores of this TPU VM.
+    - multi-worker: TensorFlow only.
+
+    Example:
+    >>> len(keras_devices("cpu"))  # doctest: +SKIP
+    1
+    """
+    backend = keras.config.backend()
+    if name not in STRATEGIES:
+        raise KbertError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}")
+    if name == "multi-worker":
+        raise KbertError(
+            f"{option('strategy', 'multi-worker')} (tf.distribute over several machines) runs on TensorFlow only; "
+            f"run with KERAS_BACKEND=tensorflow, or train on this machine's devices with {option('strategy', 'auto')}"
+        )
+    if tpu:
+        raise KbertError(
+            f"{option('tpu', tpu)} names a TPU for TensorFlow's TPUStrategy; on {backend} leave it out "
+            f"(JAX uses the TPU of the TPU VM it runs on, with {option('strategy', 'tpu')}), "
+            "or run with KERAS_BACKEND=tensorflow"
+        )
+    if backend == "torch":
+        return _torch_devices(name)
+    import jax
+
+    devices = jax.local_devices()
+    platform = devices[0].platform
+    if name == "tpu":
+        if platform != "tpu":
+            raise KbertError(
+                f"{option('strategy', 'tpu')}: JAX sees no TPU here; run on a Cloud TPU VM with jax[tpu] installed, "
+                f"or use {option('strategy', 'auto')}"
+            )
+        return devices
+    if name == "cpu" and platform != "cpu":
+        raise KbertError(
+            f"{option('strategy', 'cpu')}: JAX computes on {platform} here; set JAX_PLATFORMS=cpu to train on the CPU"
+        )
+    if name == "gpu" and platform != "gpu":
+        raise KbertError(
+            f"{option('strategy', 'gpu')}: JAX sees no GPU here; install jax[cuda12] or use {option('strategy', 'cpu')}"
+        )
+    if name == "mirrored" or (name == "auto" and platform != "cpu"):
+        return devices
+    return devices[:1]
+
+
+def _torch_devices(name: str) -> list:
+    import torch
+
+    if name in ("mirrored", "tpu"):
+        raise KbertError(
+            f"{option('strategy', name)} is not available on PyTorch, where kbert trains on one device; "
+            f"use {option('strategy', 'auto')}, or KERAS_BACKEND=jax or tensorflow to train on several"
+        )
+    cuda = torch.cuda.is_available()
+    if name == "gpu" and not cuda:
+        raise KbertError(
+            f"{option('strategy', 'gpu')}: PyTorch sees no GPU here; install a CUDA build of PyTorch "
+            f"or use {option('strategy', 'cpu')}"
+        )
+    if name == "cpu" and cuda:
+        raise KbertError(
+            f"{option('strategy', 'cpu')}: Keras computes on the GPU here; set CUDA_VISIBLE_DEVICES= "
+            "(empty) to train on the CPU"
+        )
+    return ["cuda:0" if cuda else "cpu"]
 
 
 def _tpu_strategy(tpu):
