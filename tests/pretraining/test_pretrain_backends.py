@@ -139,6 +139,8 @@ def _pretrain(model_dir, records, *extra, config=CONFIG):
 @pytest.fixture(scope="module")
 def jax_runs(tmp_path_factory, records):
     work = tmp_path_factory.mktemp("jax")
+    (work / "tf-run" / "checkpoints").mkdir(parents=True)
+    (work / "tf-run" / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\n')
     no_dropout = work / "bert_config.json"
     config = json.load(open(CONFIG))
     no_dropout.write_text(json.dumps(dict(config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
@@ -160,6 +162,10 @@ def jax_runs(tmp_path_factory, records):
             },
             "multi-worker": {"args": _pretrain(work / "mw", records, "--strategy", "multi-worker")},
             "grad-accum": {"args": _pretrain(work / "ga", records, "--grad-accum", "2")},
+            # The records' shape, checked by kbert's own reader: TensorFlow's words.
+            "other shape": {"args": _pretrain(work / "os", records, "--max-seq-length", "64")},
+            # A run whose checkpoints TensorFlow's loop wrote (its `checkpoint` state file).
+            "tensorflow's run": {"args": ["pretrain", "--model-dir", str(work / "tf-run"), "--resume"]},
         },
         "reference": str(work / "reference"),
         "outputs": str(work / "outputs.npz"),
@@ -209,16 +215,35 @@ def test_two_jax_devices_make_the_update_of_one(jax_runs):
     assert abs(one["loss"] - two["loss"]) < 1e-5
 
 
-def test_what_jax_cannot_do_is_one_line(jax_runs):
+def test_what_jax_cannot_do_is_one_line(jax_runs, records):
     work, runs = jax_runs
     for name, words in (
         ("multi-worker", "--strategy multi-worker (tf.distribute over several machines) runs on TensorFlow only"),
         ("grad-accum", "--grad-accum 2 runs on TensorFlow only"),
+        (
+            "other shape",
+            f"{records}: records have max_seq_length 32 and max_predictions_per_seq 5, but the flags say 64",
+        ),
+        (
+            "tensorflow's run",
+            f"--resume: the checkpoints in {work / 'tf-run' / 'checkpoints'} were written on TensorFlow",
+        ),
     ):
         assert runs[name]["code"] == 1
         assert runs[name]["stderr"].startswith(f"kbert: error: {words}"), runs[name]["stderr"]
         assert len(runs[name]["stderr"].strip().splitlines()) == 1
-    assert not os.path.exists(work / "mw") and not os.path.exists(work / "ga")  # nothing written
+    assert not any(os.path.exists(work / name) for name in ("mw", "ga", "os"))  # nothing written
+    assert os.listdir(work / "tf-run") == ["checkpoints"]
+
+
+def test_tensorflow_refuses_to_resume_a_jax_run(jax_runs):
+    work, _ = jax_runs
+    result = run_kbert("pretrain", "--model-dir", work / "reference", "--resume", "--steps", "30", check=False)
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"kbert: error: --resume: the checkpoints in {work / 'reference' / 'checkpoints'} were written on JAX or "
+        "PyTorch; resume with the KERAS_BACKEND the run started on\n"
+    )
 
 
 def test_a_model_pretrained_on_jax_loads_and_exports_on_tensorflow(jax_runs, tmp_path):
