@@ -55,6 +55,31 @@ def failing_checkpoint_command():
     return [sys.executable, "-c", _FAIL_NTH_CHECKPOINT]
 
 
+def fail_nth_checkpoint(monkeypatch, n: int):
+    """In this process, what failing_checkpoint_command does in its own: the Nth checkpoint save
+    writes its files, then recording it as complete fails as a full disk would (for run_kbert, which
+    spares the run a new process and its TensorFlow import). Undone with the test's monkeypatch."""
+    from tensorflow.python.checkpoint import checkpoint_management
+
+    real_save, real_record, saves = (
+        checkpoint_management.CheckpointManager.save,
+        checkpoint_management.update_checkpoint_state_internal,
+        [0],
+    )
+
+    def counted_save(self, *args, **kwargs):
+        saves[0] += 1
+        return real_save(self, *args, **kwargs)
+
+    def failing_record(*args, **kwargs):
+        if saves[0] == n:
+            raise OSError(28, "No space left on device")
+        return real_record(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_management.CheckpointManager, "save", counted_save)
+    monkeypatch.setattr(checkpoint_management, "update_checkpoint_state_internal", failing_record)
+
+
 # Commands that run in a process of their own even without `env`: create-data (worker processes),
 # unless it is given one worker (`--workers 1` makes its instances in the calling process) or --help.
 OWN_PROCESS = {"create-data"}

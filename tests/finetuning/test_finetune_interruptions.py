@@ -1,8 +1,10 @@
 """`kbert finetune` interrupted (SIGTERM, SIGINT, kill -9, a failed checkpoint write) and resumed.
 
-Each run is a real `kbert finetune` process. A resumed run must continue from the step where
-it stopped and end as the uninterrupted run ends: the same weights, the same best epoch and
-the same eval_results.json.
+Each interrupted run is a real `kbert finetune` process. A resumed run must continue from the step
+where it stopped and end as the uninterrupted run ends: the same weights, the same best epoch and
+the same eval_results.json. Runs that no signal reaches (the reference, the resumed runs, a failing
+checkpoint write) run in this process, through run_kbert: they read and write only their output
+directories, and a new process would spend most of its time importing TensorFlow.
 """
 
 import json
@@ -13,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import TINY, failing_checkpoint_command, kbert_command, run_kbert
+from conftest import TINY, fail_nth_checkpoint, kbert_command, run_kbert
 from helpers import largest_difference, saved_weights, sentiment_rows, write_tsv
 
 pytestmark = pytest.mark.slow
@@ -48,18 +50,13 @@ def finetune_args(out, data, *extra):
     return [str(TINY), "--train", str(train), "--dev", str(dev), "--output", str(out), *FLAGS, *extra]
 
 
-def command(out, data, *extra, fail_at=None):
-    args = finetune_args(out, data, *extra)
-    if fail_at is None:
-        return kbert_command() + ["finetune", *args]
-    return failing_checkpoint_command() + ["finetune", *args]
+def command(out, data, *extra):
+    return kbert_command() + ["finetune", *finetune_args(out, data, *extra)]
 
 
-def run(out, data, *extra, fail_at=None):
-    env = dict(os.environ, KBERT_TEST_FAIL_AT=str(fail_at)) if fail_at else None
-    return subprocess.run(
-        command(out, data, *extra, fail_at=fail_at), capture_output=True, text=True, timeout=600, env=env
-    )
+def run(out, data, *extra):
+    """`kbert finetune` run to its end in this process (run_kbert's CompletedProcess)."""
+    return run_kbert("finetune", *finetune_args(out, data, *extra), check=False)
 
 
 def saved_step(out):
@@ -135,9 +132,11 @@ def test_kill_9_then_resume_ends_as_the_uninterrupted_run(tmp_path, data, refere
     assert_same_run(out, reference)
 
 
-def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(tmp_path, data, reference):
+def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(tmp_path, data, reference, monkeypatch):
     out = tmp_path / "model"
-    result = run(out, data, fail_at=3)  # saves at steps 5, 10, then 15 fails
+    with monkeypatch.context() as patched:
+        fail_nth_checkpoint(patched, 3)  # saves at steps 5, 10, then 15 fails
+        result = run(out, data)
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         "kbert: error: writing the checkpoint for step 15 failed ([Errno 28] No space left on device); the "
@@ -152,7 +151,7 @@ def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(tmp_path
 
 def refused(out, data, *extra):
     """`kbert finetune` with `extra`, run in this process: a refusal needs no process of its own."""
-    return run_kbert("finetune", *finetune_args(out, data, *extra), check=False)
+    return run(out, data, *extra)
 
 
 def test_resume_refusals(tmp_path, data):

@@ -1,8 +1,10 @@
 """`kbert pretrain` interrupted by real signals (SIGTERM, SIGINT, kill -9) and resumed.
 
-Each run is a real `kbert pretrain` process; the signals are sent to it by the operating system.
-An interrupted and resumed run must end with the weights of the run that was never interrupted:
-the same data order, dropout draws and optimizer state.
+Each interrupted run is a real `kbert pretrain` process; the signals are sent to it by the operating
+system. An interrupted and resumed run must end with the weights of the run that was never interrupted:
+the same data order, dropout draws and optimizer state. Runs that no signal reaches (the reference,
+the resumed runs, a failing checkpoint write) run in this process, through run_kbert: they read and
+write only the model directory, and a new process would spend most of its time importing TensorFlow.
 """
 
 import json
@@ -14,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import TINY, assert_user_error, failing_checkpoint_command, kbert_command, run_kbert
+from conftest import TINY, assert_user_error, fail_nth_checkpoint, kbert_command, run_kbert
 from helpers import largest_difference, saved_weights
 from test_pretrain import SHAPE, VOCAB, _free_port, original_records  # noqa: F401 (fixture)
 
@@ -28,16 +30,22 @@ RUN = [*SHAPE, "--batch-size", "8", "--steps", str(STEPS), "--steps-per-loop", "
 
 def pretrain_args(model_dir, records, *extra):
     start = [] if "--resume" in extra else ["--config", os.path.join(TINY, "bert_config.json"), "--vocab", VOCAB]
-    return kbert_command() + ["pretrain", "--model-dir", str(model_dir), "--data", str(records), *start, *RUN, *extra]
+    return ["pretrain", "--model-dir", str(model_dir), "--data", str(records), *start, *RUN, *extra]
 
 
-def start(model_dir, records, *extra, env=None, args=None):
+def start(model_dir, records, *extra, env=None):
+    """`kbert pretrain` in a process of its own, for a signal to interrupt."""
     log = open(f"{model_dir}.{time.monotonic_ns()}.log", "w+")
-    process = subprocess.Popen(
-        args or pretrain_args(model_dir, records, *extra), stdout=subprocess.PIPE, stderr=log, text=True, env=env
-    )
+    command = kbert_command() + pretrain_args(model_dir, records, *extra)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     process.log = log
     return process
+
+
+def pretrain_here(model_dir, records, *extra):
+    """`kbert pretrain` run to its end in this process: (exit status, stdout, stderr)."""
+    result = run_kbert(*pretrain_args(model_dir, records, *extra), check=False)
+    return result.returncode, result.stdout, result.stderr
 
 
 def finish(process, timeout=300):
@@ -65,7 +73,7 @@ def wait_for(condition, process, timeout=180):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, original_records):
     out = tmp_path_factory.mktemp("reference") / "bert"
-    code, stdout, log = finish(start(out, original_records))
+    code, stdout, log = pretrain_here(out, original_records)
     assert code == 0, log[-2000:]
     return saved_weights(out)
 
@@ -106,7 +114,8 @@ def test_sigterm_then_sigint_save_the_step_reached_and_the_resumed_run_is_exact(
     # The line printed, typed as shown: the recorded flags, nothing else.
     typed = shlex.split(said.split("`")[1])
     assert typed[:2] == ["kbert", "pretrain"]
-    code, stdout, log = finish(start(out, None, args=kbert_command() + typed[1:]))
+    result = run_kbert(*typed[1:], check=False)
+    code, stdout, log = result.returncode, result.stdout, result.stderr
     assert code == 0, log[-2000:]
     assert f"resumed from step {second}" in log and json.loads(stdout)["step"] == STEPS
     difference = largest_difference(saved_weights(out), uninterrupted)
@@ -126,7 +135,7 @@ def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path, origin
     latest = int(tf.train.latest_checkpoint(str(out / "checkpoints")).rsplit("-", 1)[1])
     assert latest >= 4
     # Flags that only change how it runs may differ: how often it saves, steps per compiled call.
-    code, stdout, log = finish(start(out, original_records, "--resume", "--save-every", "6", "--steps-per-loop", "3"))
+    code, stdout, log = pretrain_here(out, original_records, "--resume", "--save-every", "6", "--steps-per-loop", "3")
     assert code == 0, log[-2000:]
     assert json.loads(stdout)["resumed_from"] == latest
     difference = largest_difference(saved_weights(out), uninterrupted)
@@ -149,7 +158,7 @@ def test_a_second_signal_stops_at_once_and_the_last_good_checkpoint_resumes(tmp_
     assert "Traceback" not in log
     latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
     assert latest is not None
-    code, stdout, log = finish(start(out, original_records, "--resume", "--save-every", "2", "--steps-per-loop", "1"))
+    code, stdout, log = pretrain_here(out, original_records, "--resume", "--save-every", "2", "--steps-per-loop", "1")
     assert code == 0, log[-2000:]
     assert f"resumed from step {int(latest.rsplit('-', 1)[1])}" in log and json.loads(stdout)["step"] == STEPS
 
@@ -198,25 +207,22 @@ def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, ori
     assert difference <= 1e-6
 
 
-def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(tmp_path, original_records, uninterrupted):
+def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(
+    tmp_path, original_records, uninterrupted, monkeypatch
+):
     import tensorflow as tf
 
     out = tmp_path / "bert"
-    args = pretrain_args(out, original_records, "--save-every", "4")[len(kbert_command()) :]
-    result = subprocess.run(
-        failing_checkpoint_command() + args,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, KBERT_TEST_FAIL_AT="2"),
-    )  # step 4 saves, step 8 fails
-    assert result.returncode == 1, result.stderr[-2000:]
-    assert result.stderr.strip().splitlines()[-1] == (
+    with monkeypatch.context() as patched:
+        fail_nth_checkpoint(patched, 2)  # step 4 saves, step 8 fails
+        code, _, log = pretrain_here(out, original_records, "--save-every", "4")
+    assert code == 1, log[-2000:]
+    assert log.strip().splitlines()[-1] == (
         "kbert: error: writing the checkpoint for step 8 failed ([Errno 28] No space left on device); the previous "
         "checkpoint (step 4) is intact: fix the cause, then --resume"
     )
     assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-4")
-    code, stdout, log = finish(start(out, original_records, "--save-every", "4", "--resume"))
+    code, stdout, log = pretrain_here(out, original_records, "--save-every", "4", "--resume")
     assert code == 0, log[-2000:]
     assert "resumed from step 4" in log and json.loads(stdout)["step"] == STEPS
     assert largest_difference(saved_weights(out), uninterrupted) <= 1e-6
