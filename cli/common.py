@@ -21,9 +21,36 @@ def quiet_tensorflow():
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 
-def import_tensorflow_quietly():
+def keras_backend() -> str:
+    """The Keras backend a command runs on: KERAS_BACKEND, which `quiet_tensorflow` defaults to tensorflow."""
+    return os.environ.get("KERAS_BACKEND", "tensorflow")
+
+
+def import_tensorflow_quietly(command: str = "this command", backend_only: bool = False):
     """Import TensorFlow with fd 2 pointed at /dev/null: its C++ start-up lines (oneDNN, CUDA
-    probes) ignore TF_CPP_MIN_LOG_LEVEL in 2.21 and would bury the one line a user needs."""
+    probes) ignore TF_CPP_MIN_LOG_LEVEL in 2.21 and would bury the one line a user needs.
+
+    `backend_only`: `command` needs TensorFlow only on Keras' TensorFlow backend (it trains on
+    JAX and PyTorch without it): nothing is imported on the others. Where TensorFlow is not
+    installed, a command that needs it is refused in one line.
+    """
+    import importlib.util
+
+    if backend_only and keras_backend() != "tensorflow":
+        return
+    missing = [name for name in ("tensorflow", "tensorflow_text") if importlib.util.find_spec(name) is None]
+    if missing:
+        from kbert.errors import KbertError
+
+        if backend_only:
+            raise KbertError(
+                f"{command} runs on Keras' TensorFlow backend unless KERAS_BACKEND says otherwise, and "
+                f"{missing[0]} is not installed: pip install tensorflow tensorflow-text, or run it with "
+                "KERAS_BACKEND=jax (or torch)"
+            )
+        raise KbertError(
+            f"{command} needs TensorFlow, and {missing[0]} is not installed: pip install tensorflow tensorflow-text"
+        )
     if os.environ.get("KBERT_DEBUG") == "1" or "tensorflow" in sys.modules:
         return
     sys.stderr.flush()

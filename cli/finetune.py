@@ -22,7 +22,10 @@ FORMATS = "auto, csv, tsv, jsonl, or a GLUE layout: mrpc, cola, sst2, stsb, mnli
 
 # long: one typer option per flag, as --help lists them; the body is one call
 @command(
-    inputs={"model_dir": MODEL, "train": TEXT, "dev": TEXT}, outputs={"output": DIR}, above_zero=("learning_rate",)
+    inputs={"model_dir": MODEL, "train": TEXT, "dev": TEXT},
+    outputs={"output": DIR},
+    above_zero=("learning_rate",),
+    tensorflow="backend",  # on JAX and PyTorch it trains without TensorFlow
 )
 def finetune(
     model_dir: Path = typer.Argument(

@@ -95,14 +95,18 @@ DIR = Output("dir")
 DIR_IN_PLACE = Output("dir-in-place")
 
 
-def command(inputs: dict | None = None, outputs: dict | None = None, above_zero: tuple = (), tensorflow: bool = True):
+def command(
+    inputs: dict | None = None, outputs: dict | None = None, above_zero: tuple = (), tensorflow: bool | str = True
+):
     """Declare a typer command's inputs and outputs; the frame checks them before its body runs.
 
     Args:
         inputs: {parameter name: Input}.
         outputs: {parameter name: Output}.
         above_zero: names of number parameters that must be above 0 (typer's `min` allows it).
-        tensorflow: bool. Import TensorFlow (quietly) once the checks pass; create-data never needs it.
+        tensorflow: bool or "backend". Import TensorFlow (quietly) once the checks pass; create-data never
+            needs it; "backend": only on Keras' TensorFlow backend (the command also runs on JAX and PyTorch).
+            Where TensorFlow is not installed, a command that needs it says so in one line.
     """
     inputs, outputs = dict(inputs or {}), dict(outputs or {})
 
@@ -138,7 +142,7 @@ def command(inputs: dict | None = None, outputs: dict | None = None, above_zero:
                     for parameter, output in written.items():
                         stack.enter_context(_claim(values[parameter], output, values))
                     if tensorflow:
-                        import_tensorflow_quietly()
+                        import_tensorflow_quietly(f"kbert {name}", backend_only=tensorflow == "backend")
                     return function(**values)
                 except KbertError:
                     raise  # already the one line, whatever words it quotes

@@ -5,9 +5,25 @@ keras-hub presets: `kbert.converters.keras_hub` (not imported here: keras-hub ad
 second to every converter's start).
 """
 
-from kbert.converters.hf import load_hf_model, save_hf_model
-from kbert.converters.tf1 import find_checkpoint, load_tf1_checkpoint, save_tf1_checkpoint
-from kbert.converters.tfhub import load_tfhub_encoder
+import importlib
+
+# Each name from its module on first use: the Hugging Face converter runs on every Keras backend,
+# the TF1 and TF Hub ones import TensorFlow.
+_EXPORTS = {
+    "find_checkpoint": "kbert.converters.tf1",
+    "load_hf_model": "kbert.converters.hf",
+    "load_tf1_checkpoint": "kbert.converters.tf1",
+    "load_tfhub_encoder": "kbert.converters.tfhub",
+    "save_hf_model": "kbert.converters.hf",
+    "save_tf1_checkpoint": "kbert.converters.tf1",
+}
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kbert.converters' has no attribute {name!r}")
+
 
 __all__ = [
     "find_checkpoint",

@@ -36,8 +36,8 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
+import keras
 import numpy as np
-import tensorflow as tf
 
 from kbert.config import BertConfig
 from kbert.converters.names import suspect_field, tf1_to_kbert_paths
@@ -180,6 +180,17 @@ def _fill(variable, value_of: Callable, *args):
     beside every placeholder: the allocator would grow by the largest weight and keep the
     growth's bookkeeping resident (measured in `benchmarks/convert_bench.py`).
     """
+    if keras.config.backend() != "tensorflow":
+        # JAX's and PyTorch's variables have no TensorFlow handle to hand a buffer to: a plain assign.
+        value = keras.ops.cast(value_of(*args), variable.dtype)
+        if tuple(value.shape) != tuple(variable.shape):  # a guard on the format's read()
+            raise RuntimeError(
+                f"kbert bug: {variable.path} read with shape {tuple(value.shape)}, not {tuple(variable.shape)}"
+            )
+        variable.assign(value)
+        return
+    import tensorflow as tf
+
     # variable.value is the backend's tf.Variable; Keras' own assign checks the shape against
     # what the variable holds, which is the empty placeholder in between.
     handle, dtype = variable.value.handle, variable.value.dtype
@@ -195,6 +206,8 @@ def _fill(variable, value_of: Callable, *args):
 @functools.cache
 def _nothing(dtype):
     """An empty tensor of `dtype`, made once."""
+    import tensorflow as tf
+
     return tf.zeros([0], dtype)
 
 

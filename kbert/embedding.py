@@ -25,13 +25,12 @@ import numpy as np
 
 from kbert.config import sequence_length
 from kbert.errors import KbertError, on_command_line, option
-from kbert.finetuning.encoding import encode_text_windows, encode_texts
+from kbert.finetuning.encoding import encode_text_windows, encode_texts, make_preprocessor
 from kbert.finetuning.options import window_stride
 from kbert.finetuning.windows import document_mean
 from kbert.model.bert import encoder_of
 from kbert.model.pooling import POOLING_MODES, SentencePooling, l2_normalize
 from kbert.model_dir import HEAD_TASKS, check_embedding, model_kind
-from kbert.text.preprocessing import BertPreprocessor
 
 log = logging.getLogger("kbert")
 
@@ -167,7 +166,7 @@ class Embedder:
         self.batch_size = int(batch_size)
         self.dimensions = encoder.config.hidden_size
         self.truncated = 0
-        self.preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, self.settings.max_seq_length)
+        self.preprocessor = make_preprocessor(model.vocab_file, model.do_lower_case, self.settings.max_seq_length)
         # Pooled, not normalised: with windows, a document's vector is normalised after the mean.
         pooled = SentencePooling(self.settings.pooling, name="sentence_pooling")(
             encoder.output["sequence_output"], encoder.input["input_mask"]

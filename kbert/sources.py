@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -257,21 +258,39 @@ def open_model(source, do_lower_case: bool | None = None):
         model = load(source)
         return model if do_lower_case is None else with_casing(model, do_lower_case)
     log.debug("%s: %s, converted in memory", source, KINDS[kind])
-    if kind == "tf1":
-        from kbert.converters.tf1 import load_tf1_checkpoint
+    with _tensorflow_read(source, kind):
+        if kind == "tf1":
+            from kbert.converters.tf1 import load_tf1_checkpoint
 
-        return load_tf1_checkpoint(source, do_lower_case=do_lower_case)
-    if kind == "hf":
-        from kbert.converters.hf import load_hf_model
+            return load_tf1_checkpoint(source, do_lower_case=do_lower_case)
+        if kind == "hf":
+            from kbert.converters.hf import load_hf_model
 
-        return load_hf_model(source, do_lower_case=do_lower_case)
-    if kind == "tfhub":
-        from kbert.converters.tfhub import load_tfhub_encoder
+            return load_hf_model(source, do_lower_case=do_lower_case)
+        if kind == "tfhub":
+            from kbert.converters.tfhub import load_tfhub_encoder
 
-        return load_tfhub_encoder(source, do_lower_case=do_lower_case)
-    from kbert.converters.keras_hub import load_keras_hub_preset
+            return load_tfhub_encoder(source, do_lower_case=do_lower_case)
+        from kbert.converters.keras_hub import load_keras_hub_preset
 
-    return load_keras_hub_preset(source, do_lower_case=do_lower_case)
+        return load_keras_hub_preset(source, do_lower_case=do_lower_case)
+
+
+@contextlib.contextmanager
+def _tensorflow_read(source, kind: str):
+    """One line for a source whose converter needs TensorFlow where it is not installed (JAX or
+    PyTorch alone): google-research checkpoints and TF Hub SavedModels are TensorFlow's files."""
+    try:
+        yield
+    except ImportError as e:
+        if (e.name or "").split(".")[0] not in ("tensorflow", "tensorflow_text", "tensorflow_hub", "tf_keras"):
+            raise
+        convert = CONVERT_COMMANDS.get(kind, "kbert convert")
+        raise KbertError(
+            f"{source}: {KINDS[kind]} is read with TensorFlow, and {e.name.split('.')[0]} is not installed: pip "
+            f"install tensorflow, or convert it with `{convert}` where TensorFlow is and pass the kbert model "
+            "directory it writes"
+        ) from None
 
 
 def with_casing(model, do_lower_case: bool):

@@ -9,6 +9,10 @@ batches run in parallel, and kept as numpy arrays for `model.fit` and `predict`.
 With `--long-text windows`, `encode_text_windows` and `encode_tagged_windows` pack each
 document whole, as overlapping windows (`BertPreprocessor.pack_windows`, in the graph like the
 rest), and say which window is which document's (`kbert.finetuning.windows.Windows`).
+
+On Keras' JAX and PyTorch backends, where TensorFlow may be absent, the packer is a
+`PythonPreprocessor`: the same packing in Python and numpy, with the Python tokenizer (the
+original's `FullTokenizer`), giving the same ids. Every function here takes either.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import tensorflow as tf
 
 from kbert.errors import KbertError
 from kbert.finetuning.windows import Windows, containing_windows, max_context_windows
+from kbert.text.tokenizer import UNK, Tokenizer
 
 # Examples per call of the packer: at most _BATCH, and the file split evenly between the two
 # threads below. Larger calls are faster per example (each distinct word is tokenized once
@@ -30,9 +34,11 @@ _THREADS = 2
 _MAX_LISTED = 10  # tags named in an error message
 
 
-def _strings(values) -> tf.Tensor:
+def _strings(values):
     """str -> a tf.string tensor; a lone surrogate (JSON's "\\ud800") goes in as the invalid
     UTF-8 a client would send, which the tokenizer drops, rather than failing the whole file."""
+    import tensorflow as tf  # only the in-graph packer's path comes here
+
     try:
         return tf.constant(values, tf.string, shape=[len(values)])
     except UnicodeEncodeError:
@@ -92,6 +98,9 @@ def encode_texts(preprocessor, texts, texts_b=None) -> tuple[dict[str, np.ndarra
     n = len(texts)
     if texts_b is not None and len(texts_b) != n:
         raise ValueError(f"{n} texts but {len(texts_b)} texts_b")
+    if isinstance(preprocessor, PythonPreprocessor):
+        features, cut = preprocessor.pack(texts, texts_b)
+        return features, int(np.count_nonzero(cut))
     columns = [_strings(texts)] if texts_b is None else [_strings(texts), _strings([b or "" for b in texts_b])]
     batches = _pack_batches(preprocessor.pack, columns, n)
     truncated = sum(int(np.count_nonzero(cut)) for _, cut in batches)
@@ -143,7 +152,8 @@ def encode_text_windows(preprocessor, texts, doc_stride: int) -> tuple[dict[str,
     >>> windows.document.tolist(), windows.start.tolist(), windows.length.tolist()
     ([0, 0, 1], [0, 2, 0], [4, 4, 2])
     """
-
+    if isinstance(preprocessor, PythonPreprocessor):
+        return preprocessor.pack_windows(texts, doc_stride)
     batches = _pack_batches(lambda t: preprocessor.pack_windows(t, doc_stride), [_strings(texts)], len(texts))
     if not batches:
         return _features([], 0, preprocessor.sequence_length), Windows.from_starts([], [], 0)
@@ -205,6 +215,10 @@ def encode_tagged(preprocessor, words, tags, label_ids: dict[str, int]):
     """
     if tags is not None:
         _check_tags(words, tags, label_ids)
+    if isinstance(preprocessor, PythonPreprocessor):
+        return _encode_tagged_python(preprocessor, words, tags, label_ids)
+    import tensorflow as tf
+
     n, length = len(words), preprocessor.sequence_length
     sentences = tf.RaggedTensor.from_row_lengths(
         _strings([word for sentence in words for word in sentence]),
@@ -266,14 +280,29 @@ def encode_tagged_windows(preprocessor, words, tags, label_ids: dict[str, int], 
         _check_tags(words, tags, label_ids)
     n, length = len(words), preprocessor.sequence_length
     sizes = np.asarray([len(sentence) for sentence in words], np.int64)
+    if isinstance(preprocessor, PythonPreprocessor):
+        packed = preprocessor.pack_word_windows(words, doc_stride) if n else None
+        return _tagged_windows(packed, words, sizes, tags, label_ids, length)
+    import tensorflow as tf
+
     sentences = tf.RaggedTensor.from_row_lengths(_strings([word for sentence in words for word in sentence]), sizes)
     batches = _pack_batches(lambda s: preprocessor.pack_word_windows(s, doc_stride), [sentences], n)
     if not batches:
-        empty = np.zeros(0, np.int64)
-        return _features([], 0, length), np.zeros((0, length), np.int32), Windows.from_starts([], [], 0), (empty, empty)
+        return _tagged_windows(None, words, sizes, tags, label_ids, length)
     features, windows = _windows(batches)
     first = np.concatenate([b[2].flat_values.numpy() for b in batches]).astype(np.int64)
-    document = np.repeat(np.arange(n), sizes)
+    return _tagged_windows((features, windows, first), words, sizes, tags, label_ids)
+
+
+def _tagged_windows(packed, words, sizes, tags, label_ids, length=None):
+    """`encode_tagged_windows`' result from the packed windows (features, windows, each word's
+    first piece in its document), None for no documents."""
+    if packed is None:
+        empty = np.zeros(0, np.int64)
+        return _features([], 0, length), np.zeros((0, length), np.int32), Windows.from_starts([], [], 0), (empty, empty)
+    features, windows, first = packed
+    length = features["input_ids"].shape[1]
+    document = np.repeat(np.arange(len(words)), sizes)
     labels = np.full((len(windows.document), length), -1, np.int32)
     if tags is not None:
         ids = np.asarray([label_ids[tag] for sentence in tags for tag in sentence], np.int32)
@@ -314,3 +343,150 @@ def encode_choices(preprocessor, contexts, endings) -> tuple[dict[str, np.ndarra
         preprocessor, [c for c in contexts for _ in range(choices)], [e for row in endings for e in row]
     )
     return {k: v.reshape(n, choices, preprocessor.sequence_length) for k, v in flat.items()}, truncated
+
+
+def make_preprocessor(vocab_file, do_lower_case: bool, sequence_length: int):
+    """The packer fine-tuning reads with on the running Keras backend: the in-graph
+    `BertPreprocessor` on TensorFlow (the packing every export runs), `PythonPreprocessor`
+    on JAX and PyTorch, which need no TensorFlow. Both give the same ids."""
+    import keras
+
+    if keras.config.backend() == "tensorflow":
+        from kbert.text.preprocessing import BertPreprocessor
+
+        return BertPreprocessor(vocab_file, do_lower_case, sequence_length)
+    return PythonPreprocessor(vocab_file, do_lower_case, sequence_length)
+
+
+class PythonPreprocessor:
+    """`kbert.text.preprocessing.BertPreprocessor`'s packing in Python and numpy, with the
+    Python tokenizer: the same ids, and no TensorFlow.
+
+    Its methods take Python lists and return numpy arrays; the functions of this module take it
+    wherever they take a `BertPreprocessor`.
+
+    Args:
+        vocab_file: str. The model's vocab.txt.
+        do_lower_case: bool. As the model was trained.
+        sequence_length: int. Every row's length.
+
+    Example:
+    >>> pre = PythonPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=8)
+    >>> features, truncated = pre.pack(["Hello, world!"], ["Bye."])  # "!" does not fit
+    >>> features["input_ids"].tolist(), features["segment_ids"].tolist(), truncated.tolist()
+    ([[101, 7592, 1010, 2088, 102, 9061, 1012, 102]], [[0, 0, 0, 0, 0, 1, 1, 1]], [True])
+    """
+
+    def __init__(self, vocab_file, do_lower_case: bool = True, sequence_length: int = 128):
+        self.vocab_file, self.do_lower_case = str(vocab_file), bool(do_lower_case)
+        self.sequence_length = int(sequence_length)
+        if self.sequence_length < 3:
+            raise ValueError(f"sequence_length must be at least 3 ([CLS] x [SEP]), got {sequence_length}")
+        self.tokenizer = Tokenizer(self.vocab_file, do_lower_case=self.do_lower_case)
+        vocab = self.tokenizer.vocab
+        missing = [token for token in ("[CLS]", "[SEP]") if token not in vocab]
+        if missing:
+            raise KbertError(
+                f"{self.vocab_file} has no {', '.join(missing)}; use the vocab.txt the model was trained with"
+            )
+        self.cls_id, self.sep_id, self.unk_id = vocab["[CLS]"], vocab["[SEP]"], vocab.get(UNK)
+
+    def ids(self, text: str) -> list:
+        """The WordPiece ids of `text`."""
+        return self.tokenizer.convert_tokens_to_ids(self.tokenizer.tokenize(text))
+
+    def _rows(self, token_lists, segment_lists) -> dict:
+        n, length = len(token_lists), self.sequence_length
+        out = {name: np.zeros((n, length), np.int32) for name in ("input_ids", "input_mask", "segment_ids")}
+        for row, (ids, segments) in enumerate(zip(token_lists, segment_lists)):
+            out["input_ids"][row, : len(ids)] = ids
+            out["input_mask"][row, : len(ids)] = 1
+            out["segment_ids"][row, : len(ids)] = segments
+        return out
+
+    def _single(self, tokens) -> list:
+        return [self.cls_id, *tokens[: self.sequence_length - 2], self.sep_id]
+
+    def pack(self, texts, texts_b=None):
+        """Texts (and second texts, "" or None for none) -> (the three inputs, truncated), as
+        `BertPreprocessor.pack`: `truncated` a bool [batch], True where tokens were cut."""
+        rows, segments, truncated = [], [], np.zeros(len(texts), bool)
+        for i, text in enumerate(texts):
+            a = self.ids(text)
+            b = self.ids(texts_b[i]) if texts_b is not None and texts_b[i] else []
+            if b:
+                truncated[i] = len(a) + len(b) > self.sequence_length - 3
+                # run_classifier._truncate_seq_pair: a token at a time from the longer text (b on a tie)
+                while len(a) + len(b) > self.sequence_length - 3:
+                    (a if len(a) > len(b) else b).pop()
+                rows.append([self.cls_id, *a, self.sep_id, *b, self.sep_id])
+                segments.append([0] * (len(a) + 2) + [1] * (len(b) + 1))
+            else:
+                truncated[i] = len(a) > self.sequence_length - 2
+                rows.append(self._single(a))
+                segments.append([0] * len(rows[-1]))
+        return self._rows(rows, segments), truncated
+
+    def _word_pieces(self, words) -> tuple:
+        """(pieces, first): a sentence's pieces, each word tokenized on its own ("[UNK]" for a
+        word with none), and each word's first piece counted from 0."""
+        if self.unk_id is None:  # the packing needs it for a word with no pieces
+            raise KbertError(f"{self.vocab_file} has no {UNK}; use the vocab.txt the model was trained with")
+        pieces, first = [], []
+        for word in words:
+            first.append(len(pieces))
+            pieces.extend(self.ids(word) or [self.unk_id])
+        return pieces, first
+
+    def pack_words(self, sentences):
+        """Sentences of words -> (the three inputs, each word's first-piece position ([CLS] is
+        0, -1 for a word cut off), truncated), as `BertPreprocessor.pack_words`."""
+        rows, positions, truncated = [], [], np.zeros(len(sentences), bool)
+        for i, words in enumerate(sentences):
+            pieces, first = self._word_pieces(words)
+            truncated[i] = len(pieces) > self.sequence_length - 2
+            rows.append(self._single(pieces))
+            positions.append([f + 1 if f + 1 <= self.sequence_length - 2 else -1 for f in first])
+        return self._rows(rows, [[0] * len(r) for r in rows]), positions, truncated
+
+    def _windows(self, documents, stride: int):
+        """(features, windows) of documents given as token id lists, as `pack_token_windows`."""
+        room = self.sequence_length - 2
+        rows, document, start, length, ends = [], [], [], [], []
+        for d, tokens in enumerate(documents):
+            n = len(tokens)
+            count = 1 + max(n - room + stride - 1, 0) // stride  # kbert.text.preprocessing.window_starts
+            for s in range(0, count * stride, stride):
+                rows.append(self._single(tokens[s : s + room]))
+                document.append(d)
+                start.append(s)
+                length.append(min(room, n - s))
+            ends.append(start[-1] + length[-1])
+        features = self._rows(rows, [[0] * len(r) for r in rows])
+        as_int = lambda values: np.asarray(values, np.int32)  # noqa: E731
+        return features, Windows(as_int(document), as_int(start), as_int(length), as_int(ends))
+
+    def pack_windows(self, texts, stride: int):
+        """Texts of any length -> (the three inputs of each window, `Windows`), as
+        `encode_text_windows` returns them."""
+        return self._windows([self.ids(text) for text in texts], stride)
+
+    def pack_word_windows(self, sentences, stride: int):
+        """Sentences of words of any length -> (the three inputs of each window, `Windows`, each
+        word's first piece in its sentence, documents in order)."""
+        pieces = [self._word_pieces(words) for words in sentences]
+        features, windows = self._windows([p for p, _ in pieces], stride)
+        return features, windows, np.asarray([f for _, first in pieces for f in first], np.int64)
+
+
+def _encode_tagged_python(preprocessor: PythonPreprocessor, words, tags, label_ids):
+    """`encode_tagged` with the Python packer."""
+    n, length = len(words), preprocessor.sequence_length
+    features, positions, cut = preprocessor.pack_words(words)
+    labels = np.full((n, length), -1, np.int32)
+    if tags is not None:
+        for row, (sentence_positions, sentence_tags) in enumerate(zip(positions, tags)):
+            for position, tag in zip(sentence_positions, sentence_tags):
+                if position >= 0:
+                    labels[row, position] = label_ids[tag]
+    return features, labels, positions, int(np.count_nonzero(cut))

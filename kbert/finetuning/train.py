@@ -19,25 +19,33 @@ best epoch.
 
 Fine-tuning runs on one device or under MirroredStrategy, where Keras' `model.fit` works
 (the multi-worker limitation that made pretraining use its own loop does not arise).
+
+On Keras' JAX and PyTorch backends the run needs no TensorFlow: the Python tokenizer and numpy
+pack the data (`kbert.finetuning.encoding.PythonPreprocessor`, the same ids), each epoch's batches
+are numpy arrays in the order numpy's generator draws from `seed + epoch`, checkpoints are
+`kbert.training.checkpoints`' and the TensorBoard logs `kbert.training.event_log`'s. It runs on the
+backend's default device (the GPU where there is one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
 import logging
 import os
+import random
 import shutil
 import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from kbert.config import sequence_length
-from kbert.errors import KbertError, on_command_line, option
+from kbert.errors import KbertError, on_command_line, op_error_text, option
 from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir
+from kbert.finetuning.encoding import make_preprocessor
 from kbert.finetuning.options import SQUAD_DOC_STRIDE, FinetuneOptions, resolve_options, window_stride
 from kbert.finetuning.run_state import STATE_FILE
 from kbert.finetuning.squad_decoding import write_predictions_json
@@ -45,13 +53,11 @@ from kbert.finetuning.tasks import Task, TaskData, best_metric, get_task, json_f
 from kbert.model.bert import BertClassifier, BertMultipleChoice
 from kbert.model_dir import CHECKPOINTS_DIR, save
 from kbert.outputs import writes
-from kbert.pretraining.dataset import op_error_text
 from kbert.sources import open_model
-from kbert.text.preprocessing import BertPreprocessor
+from kbert.training import checkpoints
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.optimization import BertAdamW, WarmupLinearDecay
 from kbert.training.progress import Progress
-from kbert.training.strategy import make_strategy, use_mixed_precision
 
 log = logging.getLogger("kbert")
 
@@ -106,11 +112,19 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     opts = resolve_options(options, overrides)  # checks every number: one line each
     task = get_task(task)
     _check_options(opts, task)
-    strategy = make_strategy(opts.strategy)
-    check_output_dir(os.fspath(output), opts.overwrite)
-    # The pretrained model, opened once: its config, vocabulary and casing say how to read the data.
-    use_mixed_precision(opts.mixed_precision)
-    keras.utils.set_random_seed(opts.seed)
+    if _on_tensorflow():
+        from kbert.training.strategy import make_strategy, use_mixed_precision
+
+        strategy = make_strategy(opts.strategy)
+        check_output_dir(os.fspath(output), opts.overwrite)
+        # The pretrained model, opened once: its config, vocabulary and casing say how to read the data.
+        use_mixed_precision(opts.mixed_precision)
+        keras.utils.set_random_seed(opts.seed)
+    else:
+        strategy = _default_device(opts.strategy)
+        check_output_dir(os.fspath(output), opts.overwrite)
+        _use_mixed_precision(opts.mixed_precision)
+        _set_random_seed(opts.seed)
     with strategy.scope():
         base = open_model(model_dir)
     opts = task.settle(base, opts, where=os.fspath(model_dir))  # embed: the pooling the base records
@@ -164,7 +178,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
 def _read_data(task: Task, base, train, dev, opts, max_seq_length: int, replicas: int):
     """(train, dev) `TaskData` (dev None without a file), read with the packing every export runs
     in its SavedModel, and checked: usable rows, two labels to classify, a batch the replicas split."""
-    preprocessor = BertPreprocessor(base.vocab_file, base.do_lower_case, max_seq_length)
+    preprocessor = make_preprocessor(base.vocab_file, base.do_lower_case, max_seq_length)
     train_data = task.read(
         train,
         preprocessor=preprocessor,
@@ -263,7 +277,13 @@ def _epoch_batches(train_data, opts):
     As run_classifier.py: shuffle, and drop the last partial batch so every step has the same shape.
     Each epoch's order is its own seed's, so a resumed run replays the rest of an epoch exactly.
     With --long-text windows, the windows of all documents are shuffled together (window_order).
+    On TensorFlow the batches are a tf.data pipeline (its shuffle draws the order); elsewhere,
+    numpy arrays in the order numpy's generator draws (`_Batches`).
     """
+    if not _on_tensorflow():
+        return lambda epoch, skip_batches: _Batches(train_data, opts, epoch, skip_batches)
+    import tensorflow as tf
+
     if train_data.windows is None:
         examples = tf.data.Dataset.from_tensor_slices((train_data.features, train_data.targets))
 
@@ -287,10 +307,11 @@ def _fit_epochs(model, task: Task, opts, train_data, tracker, saver, step: int, 
     """`model.fit` once per epoch from `step` on (Keras has no way to start an epoch at a given
     batch), until the last epoch, an early stop, or a stop signal (saved, then `Interrupted`)."""
     epoch_data = _epoch_batches(train_data, opts)
+    fit_logs = os.path.join(saver.run_dir, "logs", "fit")
     callbacks = [
         tracker,
         saver,
-        keras.callbacks.TensorBoard(os.path.join(saver.run_dir, "logs", "fit"), update_freq="epoch"),
+        keras.callbacks.TensorBoard(fit_logs, update_freq="epoch") if _on_tensorflow() else _EpochLoss(fit_logs),
     ]
     with (
         Progress(
@@ -310,6 +331,7 @@ def _fit_epochs(model, task: Task, opts, train_data, tracker, saver, step: int, 
                 initial_epoch=epoch,
                 epochs=epoch + 1,
                 steps_per_epoch=steps_per_epoch - skip,
+                shuffle=False,  # the batches come in the epoch's order (Keras would reorder a PyDataset's)
                 verbose=0,
                 callbacks=callbacks,
             )
@@ -390,8 +412,44 @@ def window_order(windows, seed: int) -> np.ndarray:
     [0, 1, 2, 3, 4, 5]
     """
     n = len(windows.document)
+    if not _on_tensorflow():
+        return _numpy_order(n, seed)
+    import tensorflow as tf
+
     order = tf.data.Dataset.range(n).shuffle(min(n, 100_000), seed=seed, reshuffle_each_iteration=False)
     return next(iter(order.batch(max(n, 1)))).numpy() if n else np.zeros(0, np.int64)
+
+
+def _numpy_order(n: int, seed: int) -> np.ndarray:
+    """One epoch's order of `n` rows on JAX and PyTorch: numpy's PCG64 generator seeded with the
+    epoch's seed, the same on every machine and numpy version that keeps its stream."""
+    return np.random.default_rng(seed).permutation(n).astype(np.int64)
+
+
+class _Batches(keras.utils.PyDataset):
+    """One epoch's training batches from numpy, from batch `skip` on: the rows in `_numpy_order`
+    (the windows' `window_order` with --long-text windows), the last partial batch dropped as
+    tf.data's `drop_remainder` does (kept when it is the only one)."""
+
+    def __init__(self, train_data, opts, epoch: int, skip: int):
+        super().__init__()
+        self.features, self.targets = train_data.features, train_data.targets
+        self.batch_size = opts.batch_size
+        self.order = (
+            _numpy_order(train_data.size, opts.seed + epoch)
+            if train_data.windows is None
+            else window_order(train_data.windows, opts.seed + epoch)
+        )
+        self.skip = skip
+        self.batches = max(1, train_data.size // self.batch_size)
+
+    def __len__(self):
+        return self.batches - self.skip
+
+    def __getitem__(self, index):
+        rows = self.order[(self.skip + index) * self.batch_size :][: self.batch_size]
+        take = lambda part: {k: v[rows] for k, v in part.items()} if isinstance(part, dict) else part[rows]  # noqa: E731
+        return take(self.features), take(self.targets)
 
 
 class _BestEpoch(keras.callbacks.Callback):
@@ -467,13 +525,22 @@ class _BestEpoch(keras.callbacks.Callback):
         self.progress.log(
             f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if isinstance(v, float))
         )
-        if self.writer is None:
-            self.writer = tf.summary.create_file_writer(os.path.join(self.logs_dir, "dev"))
-        with self.writer.as_default():
-            for k, v in row.items():
-                if k != "epoch" and isinstance(v, float):
+        scalars = {k: v for k, v in row.items() if k != "epoch" and isinstance(v, float)}
+        if not _on_tensorflow():
+            if self.writer is None:
+                from kbert.training.event_log import EventLog
+
+                self.writer = EventLog(os.path.join(self.logs_dir, "dev"))
+            self.writer.scalars(epoch + 1, scalars)
+        else:
+            import tensorflow as tf
+
+            if self.writer is None:
+                self.writer = tf.summary.create_file_writer(os.path.join(self.logs_dir, "dev"))
+            with self.writer.as_default():
+                for k, v in scalars.items():
                     tf.summary.scalar(k, v, step=epoch + 1)
-        self.writer.flush()
+            self.writer.flush()
         if value > self.best_value:
             self.best_value, self.best_epoch, self.stale = value, epoch + 1, 0
             self.best_weights = self.model.get_weights()
@@ -499,19 +566,25 @@ class _RunCheckpoints(keras.callbacks.Callback):
     A save is a TensorFlow checkpoint (weights, optimizer, dropout seeds: TensorFlow writes it
     under temporary names and records it as complete last), then the best epoch's weights, then
     state.json (written atomically) naming both. A resume reads state.json, so a crash between
-    the steps resumes from the previous save, which is kept until the next one is complete.
+    the steps resumes from the previous save, which is kept until the next one is complete. On
+    JAX and PyTorch the checkpoint is `kbert.training.checkpoints`' (the same contents, renamed
+    into place once complete), and state.json says so: a run resumes on the kind it was started on.
     """
 
     def __init__(self, run_dir, model, tracker: _BestEpoch, fingerprint: dict, steps_per_epoch: int, save_every: int):
         super().__init__()
         self.run_dir, self.tracker, self.fingerprint = run_dir, tracker, fingerprint
         self.steps_per_epoch, self.save_every = steps_per_epoch, save_every
-        self.checkpoint = tf.train.Checkpoint(
-            weights=list(model.weights), optimizer=model.optimizer, seeds=random_state_variables(model)
-        )
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint, os.path.join(run_dir, CHECKPOINTS_DIR), max_to_keep=2
-        )
+        self.run_model, self.checkpoint, self.manager = model, None, None
+        if _on_tensorflow():
+            import tensorflow as tf
+
+            self.checkpoint = tf.train.Checkpoint(
+                weights=list(model.weights), optimizer=model.optimizer, seeds=random_state_variables(model)
+            )
+            self.manager = tf.train.CheckpointManager(
+                self.checkpoint, os.path.join(run_dir, CHECKPOINTS_DIR), max_to_keep=2
+            )
         self.step, self.saved_step, self.signals, self.interrupted = 0, None, None, False
 
     def start(self, overwrite: bool) -> int:
@@ -540,7 +613,18 @@ class _RunCheckpoints(keras.callbacks.Callback):
                 f"not {self.fingerprint[k]!r}; resume with the same "
                 f"{'command' if on_command_line() else 'arguments'}, or {option('overwrite', True)} to start over"
             )
-        self.checkpoint.restore(os.path.join(self.run_dir, CHECKPOINTS_DIR, f"ckpt-{state['step']}")).expect_partial()
+        started_on = state.get("backend", "tensorflow")  # runs on TensorFlow record none
+        if (started_on == "tensorflow") != _on_tensorflow():
+            raise KbertError(
+                f"{option('resume', True)}: the run in {self.run_dir} was started on Keras' {started_on} backend, and "
+                f"its checkpoints are that backend's kind; resume it with KERAS_BACKEND={started_on}, or "
+                f"{option('overwrite', True)} to start over"
+            )
+        path = os.path.join(self.run_dir, CHECKPOINTS_DIR, f"ckpt-{state['step']}")
+        if self.checkpoint is not None:
+            self.checkpoint.restore(path).expect_partial()
+        else:
+            checkpoints.restore_training_state(path, self.run_model, self.run_model.optimizer)
         best_weights = None
         if state["best_weights"]:
             with np.load(os.path.join(self.run_dir, state["best_weights"])) as arrays:
@@ -580,7 +664,13 @@ class _RunCheckpoints(keras.callbacks.Callback):
 
     def save(self):
         try:
-            self.manager.save(checkpoint_number=self.step)
+            if self.manager is not None:
+                self.manager.save(checkpoint_number=self.step)
+            else:  # a failed write raises checkpoint_write_failed's line itself
+                model = self.model  # on JAX, reading it puts the step's values back into the variables
+                checkpoints.save_training_state(
+                    os.path.join(self.run_dir, CHECKPOINTS_DIR), self.step, model, model.optimizer, keep=2
+                )
             best = None
             if self.tracker.best_weights is not None:
                 best = f"best-epoch-{self.tracker.best_epoch}.npz"
@@ -588,18 +678,16 @@ class _RunCheckpoints(keras.callbacks.Callback):
                     with open(os.path.join(self.run_dir, best + ".tmp"), "wb") as f:
                         np.savez(f, *self.tracker.best_weights)
                     os.replace(os.path.join(self.run_dir, best + ".tmp"), os.path.join(self.run_dir, best))
-            atomic_write_text(
-                os.path.join(self.run_dir, STATE_FILE),
-                json.dumps(
-                    {
-                        "step": self.step,
-                        "fingerprint": self.fingerprint,
-                        "best_weights": best,
-                        "tracker": self.tracker.state(),
-                    }
-                ),
-            )
-        except tf.errors.OpError as e:  # its words without tf.function's {{function_node ...}} wrapping
+            state = {
+                "step": self.step,
+                "fingerprint": self.fingerprint,
+                "best_weights": best,
+                "tracker": self.tracker.state(),
+            }
+            if self.manager is None:
+                state["backend"] = keras.config.backend()
+            atomic_write_text(os.path.join(self.run_dir, STATE_FILE), json.dumps(state))
+        except _op_errors() as e:  # its words without tf.function's {{function_node ...}} wrapping
             raise checkpoint_write_failed(self.step, self.saved_step, RuntimeError(op_error_text(e))) from None
         except OSError as e:
             raise checkpoint_write_failed(self.step, self.saved_step, e) from None
@@ -607,3 +695,86 @@ class _RunCheckpoints(keras.callbacks.Callback):
             if os.path.basename(stale) != best:
                 os.remove(stale)
         self.saved_step = self.step
+
+
+# === JAX and PyTorch: what TensorFlow's pieces do on its backend ===
+
+
+def _on_tensorflow() -> bool:
+    return keras.config.backend() == "tensorflow"
+
+
+def _op_errors() -> tuple:
+    """TensorFlow's op errors (a checkpoint write it could not finish), where TensorFlow runs."""
+    if not _on_tensorflow():
+        return ()
+    import tensorflow as tf
+
+    return (tf.errors.OpError,)
+
+
+class _DefaultDevice:
+    """What fine-tuning asks of a tf.distribute strategy, on JAX and PyTorch: one device."""
+
+    num_replicas_in_sync = 1
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+
+def _default_device(strategy: str) -> _DefaultDevice:
+    """--strategy on JAX and PyTorch: auto, the backend's default device (the GPU where there is
+    one). The others name tf.distribute strategies or pin a device, which kbert does on TensorFlow."""
+    if strategy != "auto":
+        raise KbertError(
+            f"{option('strategy', strategy)} picks a TensorFlow strategy; on Keras' {keras.config.backend()} backend "
+            f"fine-tuning runs on its default device (the GPU where there is one): drop {option('strategy')}, "
+            "or run with KERAS_BACKEND=tensorflow"
+        )
+    return _DefaultDevice()
+
+
+def _use_mixed_precision(enabled: bool):
+    """`kbert.training.strategy.use_mixed_precision` on JAX and PyTorch: float16 with loss scaling
+    (Keras wraps the optimizer) on a GPU, bfloat16 elsewhere; variables stay float32."""
+    if not enabled:
+        return
+    if keras.config.backend() == "jax":
+        import jax
+
+        gpu = jax.default_backend() == "gpu"
+    else:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
+
+
+def _set_random_seed(seed: int):
+    """`keras.utils.set_random_seed` without its TensorFlow seed, which imports TensorFlow wherever
+    it is installed: Python's and numpy's generators (Keras draws its initializers' and dropout's
+    seeds from Python's), and PyTorch's on its backend."""
+    random.seed(seed)
+    np.random.seed(seed)
+    if keras.config.backend() == "torch":
+        import torch
+
+        torch.manual_seed(seed)
+
+
+class _EpochLoss(keras.callbacks.Callback):
+    """What Keras' TensorBoard callback writes at each epoch's end (fit's logs as `epoch_loss`
+    and so on, in LOG_DIR/train, at step `epoch`), written without TensorFlow."""
+
+    def __init__(self, log_dir: str):
+        super().__init__()
+        self.log_dir, self.log = os.path.join(log_dir, "train"), None
+
+    def on_epoch_end(self, epoch, logs=None):
+        scalars = {f"epoch_{k}": float(v) for k, v in (logs or {}).items() if np.ndim(v) == 0}
+        if scalars:
+            if self.log is None:
+                from kbert.training.event_log import EventLog
+
+                self.log = EventLog(self.log_dir)
+            self.log.scalars(epoch, scalars)

@@ -1,0 +1,65 @@
+"""Fine-tuning's packing on JAX and PyTorch (`kbert.finetuning.encoding.PythonPreprocessor`: the
+Python tokenizer and numpy) gives the ids of the in-graph packer that TensorFlow runs, every export
+included: on the real vocabulary and real text, for every kind of example. (Fine-tuning on those
+backends themselves: tests/test_without_tensorflow.py.)
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, UNCASED_VOCAB
+
+# === The Python packer against the in-graph one ===
+
+
+def _real_texts():
+    with open(os.path.join(FIXTURES, "tokenizer-sample.jsonl"), encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    with open(os.path.join(FIXTURES, "sample_text.txt"), encoding="utf-8") as f:
+        texts += [line.strip() for line in f]
+    # An empty text, and one of only a control character.
+    return texts + ["", "\x00"]
+
+
+@pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
+def test_the_python_packer_gives_the_in_graph_packers_ids(lower):
+    from kbert.finetuning import encoding
+    from kbert.text.preprocessing import BertPreprocessor
+
+    texts = _real_texts()
+    pairs = texts[1:] + texts[:1]
+    words = [text.split() for text in texts]
+    tags = [["O"] * len(sentence) for sentence in words]
+    for length in (8, 40):
+        graph, python = (
+            BertPreprocessor(UNCASED_VOCAB, lower, length),
+            encoding.PythonPreprocessor(UNCASED_VOCAB, lower, length),
+        )
+        for name, run in {
+            "single": lambda p: encoding.encode_texts(p, texts),
+            "pairs": lambda p: encoding.encode_texts(p, texts, pairs),
+            "tagged": lambda p: encoding.encode_tagged(p, words, tags, {"O": 3}),
+            "windows": lambda p: encoding.encode_text_windows(p, texts, doc_stride=3),
+            "tagged windows": lambda p: encoding.encode_tagged_windows(p, words, tags, {"O": 3}, doc_stride=2),
+            "choices": lambda p: encoding.encode_choices(p, texts[:8], [pairs[i : i + 3] for i in range(8)]),
+        }.items():
+            _assert_same(run(graph), run(python), f"{name} at {length}")
+
+
+def _assert_same(a, b, where):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _assert_same(a[key], b[key], f"{where}: {key}")
+    elif isinstance(a, (tuple, list)) and not (a and isinstance(a[0], (int, np.integer))):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}: [{i}]")
+    elif hasattr(a, "document"):  # Windows
+        for field in ("document", "start", "length", "num_tokens"):
+            _assert_same(getattr(a, field), getattr(b, field), f"{where}: {field}")
+    else:
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=where)
