@@ -19,7 +19,8 @@ through benchmarks/record.py unless --smoke. Each run is a process of its own (K
 backend once per process); a run that fails is reported with its error and the others go on.
 
 `--smoke` runs everything tiny on the CPU (two layers, a few steps) so that the script is tested
-where there is no GPU (tests/test_gpu_check.py).
+where there is no GPU (tests/test_gpu_check.py); there the runs of one backend share a process,
+which spares each the imports a process starts with.
 
 Example:
     python benchmarks/gpu_check.py              # on the GPU machine
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -293,27 +295,44 @@ def run_hf(size: dict, shape, records: str, steps: int, warmup: int, compiled: b
     }
 
 
-def run_one(args) -> dict:
+def run_one(args, run: str) -> dict:
     size = SMOKE if args.smoke else BASE
     shape = tuple(args.shape)
     report = {"device": device_name()}
-    if args.run.startswith("kbert"):
+    if run.startswith("kbert"):
         if args.check_outputs:
             report["outputs"] = check_outputs()
         report.update(run_kbert(size, shape, args.records, args.steps, args.warmup))
-    elif args.run == "keras-hub-jax":
+    elif run == "keras-hub-jax":
         report.update(run_keras_hub(size, shape, args.records, args.steps, args.warmup))
     else:
-        report.update(run_hf(size, shape, args.records, args.steps, args.warmup, args.run == "hf-torch-compile"))
+        report.update(run_hf(size, shape, args.records, args.steps, args.warmup, run == "hf-torch-compile"))
     return report
+
+
+def run_in_this_process(args) -> dict:
+    """Each of the comma-separated `--run`s, in turn: {run: its report, or its error's last line}."""
+    reports = {}
+    for run in args.run.split(","):
+        try:
+            reports[run] = run_one(args, run)
+        except Exception as error:  # as Python's own last line for it; the next run goes on
+            traceback.print_exc()
+            reports[run] = {"error": traceback.format_exception_only(error)[-1].strip()}
+    return reports
 
 
 # --- the whole check, in the parent process ---
 
 
-def spawn(run: str, shape, records: str, args, check_outputs: bool, timeout: float) -> dict:
-    backend = "jax" if run.endswith("jax") else "torch"
-    command = [sys.executable, os.path.abspath(__file__), "--run", run, "--records", records]
+def backend_of(run: str) -> str:
+    return "jax" if run.endswith("jax") else "torch"
+
+
+def spawn(runs: list, shape, records: str, args, check_outputs: bool, timeout: float) -> dict:
+    """The `runs` (of one backend) in one new process: {run: its report, or its error}."""
+    backend = backend_of(runs[0])
+    command = [sys.executable, os.path.abspath(__file__), "--run", ",".join(runs), "--records", records]
     command += ["--shape", *map(str, shape), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     command += ["--smoke"] * args.smoke + ["--check-outputs"] * check_outputs
     env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
@@ -322,10 +341,10 @@ def spawn(run: str, shape, records: str, args, check_outputs: bool, timeout: flo
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"did not finish in {timeout:.0f} s"}
+        return dict.fromkeys(runs, {"error": f"did not finish in {timeout:.0f} s"})
     if done.returncode:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
-        return {"error": lines[-1] if lines else f"exit status {done.returncode}"}
+        return dict.fromkeys(runs, {"error": lines[-1] if lines else f"exit status {done.returncode}"})
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -373,7 +392,7 @@ def main(argv=None):
     if args.make_weights:
         return make_weights()
     if args.run:
-        print(json.dumps(run_one(args)), flush=True)
+        print(json.dumps(run_in_this_process(args)), flush=True)
         return 0
     unknown = set(args.runs.split(",")) - set(RUNS)
     if unknown:
@@ -386,14 +405,24 @@ def main(argv=None):
         for shape in shapes:
             records[shape] = make_records(folder, shape[1], shape[2])
             report[f"reader_sequences_per_second {shape[0]}x{shape[1]}"] = reader_speed(records[shape], shape)
-        for run in (run for run in RUNS if run in args.runs.split(",")):
+        chosen = [run for run in RUNS if run in args.runs.split(",")]
+        # On the GPU each run has a process (and its memory) to itself; --smoke gives each backend one.
+        if args.smoke:
+            groups = [g for g in ([run for run in chosen if backend_of(run) == b] for b in ("jax", "torch")) if g]
+        else:
+            groups = [[run] for run in chosen]
+        for group in groups:
             for shape in shapes:
-                name, left = f"{run} {shape[0]}x{shape[1]}", args.budget - (time.perf_counter() - started)
+                names = [f"{run} {shape[0]}x{shape[1]}" for run in group]
+                left = args.budget - (time.perf_counter() - started)
                 if left < 30:
-                    report["runs"][name] = {"error": f"not run: the --budget of {args.budget} s was spent"}
+                    for name in names:
+                        report["runs"][name] = {"error": f"not run: the --budget of {args.budget} s was spent"}
                     continue
-                check = run.startswith("kbert") and shape == shapes[0]
-                report["runs"][name] = spawn(run, shape, records[shape], args, check, min(args.timeout, left))
+                check = shape == shapes[0] and any(run.startswith("kbert") for run in group)
+                timeout = min(args.timeout * len(group), left)
+                results = spawn(group, shape, records[shape], args, check, timeout)
+                report["runs"].update(zip(names, (results[run] for run in group)))
     report["ratios"] = ratios(report["runs"], shapes)
     report["seconds"] = round(time.perf_counter() - started, 1)
     if args.smoke and not args.output:

@@ -46,6 +46,25 @@ def test_an_unknown_run_is_one_line():
     assert "Traceback" not in done.stderr
 
 
+def test_a_run_that_fails_leaves_the_others_in_its_process_to_run(monkeypatch, capsys):
+    """--smoke runs each backend's runs in one process: one run's exception is its own report."""
+    monkeypatch.syspath_prepend(os.path.dirname(SCRIPT))
+    import gpu_check
+
+    def run_one(args, run):
+        if run == "keras-hub-jax":
+            raise ValueError("no keras-hub here")
+        return {"device": "cpu", "run": run}
+
+    monkeypatch.setattr(gpu_check, "run_one", run_one)
+    assert gpu_check.main(["--smoke", "--run", "kbert-jax,keras-hub-jax,kbert-torch"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "kbert-jax": {"device": "cpu", "run": "kbert-jax"},
+        "keras-hub-jax": {"error": "ValueError: no keras-hub here"},
+        "kbert-torch": {"device": "cpu", "run": "kbert-torch"},
+    }
+
+
 def test_runs_past_the_budget_are_reported_as_not_run(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['tensorflow'] = None\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
