@@ -73,7 +73,7 @@ def pretrain_command(
     eval_steps: int = typer.Option(DEFAULTS.eval_steps, min=1, help="Batches per evaluation."),
     strategy: str = typer.Option(
         DEFAULTS.strategy,
-        help="auto|cpu|gpu|mirrored|multi-worker|tpu. On JAX, auto and mirrored spread the batch over the local devices; PyTorch trains on one; multi-worker is TensorFlow's.",
+        help="auto|cpu|gpu|mirrored|multi-worker|tpu. On JAX, mirrored (and auto, on GPUs or TPUs) spreads each batch over the local devices; PyTorch trains on one; multi-worker is TensorFlow's.",
     ),
     tpu: str | None = typer.Option(DEFAULTS.tpu, help="TPU name or address, with --strategy tpu."),
     mixed_precision: bool = typer.Option(

@@ -131,7 +131,8 @@ def _run(script, tmp_path, backend, spec, timeout=600):
 
 
 def _pretrain(model_dir, records, *extra, config=CONFIG):
-    start = [] if "--resume" in extra else ["--data", records, "--config", config, "--vocab", VOCAB]
+    start = ["--data", records] + ([] if "--init" in extra else ["--config", config, "--vocab", VOCAB])
+    start = [] if "--resume" in extra else start
     args = ["pretrain", "--model-dir", model_dir, *start, *SHAPE, "--batch-size", "8", "--learning-rate", "1e-3"]
     return [str(a) for a in args + list(extra)]
 
@@ -160,6 +161,8 @@ def jax_runs(tmp_path_factory, records):
             "two devices": {
                 "args": _pretrain(work / "two", records, "--steps", "2", "--strategy", "mirrored", config=no_dropout)
             },
+            # Continued pretraining from the model the reference run wrote (the same step: compiled already).
+            "init": {"args": _pretrain(work / "init", records, *run, "--init", work / "reference")},
             "multi-worker": {"args": _pretrain(work / "mw", records, "--strategy", "multi-worker")},
             "grad-accum": {"args": _pretrain(work / "ga", records, "--grad-accum", "2")},
             # The records' shape, checked by kbert's own reader: TensorFlow's words.
@@ -204,6 +207,15 @@ def test_a_jax_run_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(jax_r
     assert logged[STEPS] == np.float32(reference_rows[-2]["loss"])
     assert (work / "reference" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(os.listdir(work / "reference" / "checkpoints")) == ["ckpt-16", "ckpt-24", "ckpt-8"]
+
+
+def test_a_jax_run_continues_from_a_model_with_init(jax_runs):
+    work, runs = jax_runs
+    assert runs["init"]["code"] == 0, runs["init"]["stderr"][-2000:]
+    first = [json.loads(line) for line in open(work / "reference" / "metrics.jsonl")][0]
+    continued = [json.loads(line) for line in open(work / "init" / "metrics.jsonl")][0]
+    assert continued["step"] == first["step"] == 4
+    assert continued["loss"] < first["loss"] - 0.5  # it starts where the reference run ended, not from scratch
 
 
 def test_two_jax_devices_make_the_update_of_one(jax_runs):
