@@ -25,6 +25,7 @@ import numpy as np
 from kbert.errors import KbertError
 from kbert.finetuning.windows import Windows, containing_windows, max_context_windows
 from kbert.text.tokenizer import UNK, Tokenizer
+from kbert.text.windows import sliding_windows
 
 # Examples per call of the packer: at most _BATCH, and the file split evenly between the two
 # threads below. Larger calls are faster per example (each distinct word is tokenized once
@@ -451,20 +452,12 @@ class PythonPreprocessor:
 
     def _windows(self, documents, stride: int):
         """(features, windows) of documents given as token id lists, as `pack_token_windows`."""
-        room = self.sequence_length - 2
-        rows, document, start, length, ends = [], [], [], [], []
-        for d, tokens in enumerate(documents):
-            n = len(tokens)
-            count = 1 + max(n - room + stride - 1, 0) // stride  # kbert.text.preprocessing.window_starts
-            for s in range(0, count * stride, stride):
-                rows.append(self._single(tokens[s : s + room]))
-                document.append(d)
-                start.append(s)
-                length.append(min(room, n - s))
-            ends.append(start[-1] + length[-1])
+        room, num_tokens = self.sequence_length - 2, [len(tokens) for tokens in documents]
+        w = sliding_windows(num_tokens, room, stride, empty_window=True)
+        rows = [self._single(documents[d][s : s + room]) for d, s in zip(w.document.tolist(), w.start.tolist())]
         features = self._rows(rows, [[0] * len(r) for r in rows])
         as_int = lambda values: np.asarray(values, np.int32)  # noqa: E731
-        return features, Windows(as_int(document), as_int(start), as_int(length), as_int(ends))
+        return features, Windows(as_int(w.document), as_int(w.start), as_int(w.length), as_int(num_tokens))
 
     def pack_windows(self, texts, stride: int):
         """Texts of any length -> (the three inputs of each window, `Windows`), as
