@@ -211,16 +211,24 @@ def _model_and_optimizer(opts, devices: list, start: _Start, ckpt_dir: str) -> _
 
 
 class _StepsRun(keras.callbacks.Callback):
-    """Counts the steps `fit` ran, and ends it after the step in flight once a stop is requested."""
+    """Counts the steps `fit` ran, and ends it a step or so after a stop is requested.
 
-    def __init__(self, signals: StopSignals):
+    Keras runs it off the training thread (`async_safe`), so that no step waits for the last one's
+    logs to reach the host; it has counted every step when `fit` returns.
+    """
+
+    async_safe = True
+
+    def __init__(self, signals: StopSignals, model: keras.Model):
         super().__init__()
-        self.signals, self.steps = signals, 0
+        # The model itself, not `self.model`: on JAX that property first copies the step's state
+        # into the variables, which from this thread would race the next step (it donates them).
+        self.signals, self.steps, self.fitted = signals, 0, model
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
         if self.signals.requested is not None:
-            self.model.stop_training = True
+            self.fitted.stop_training = True
 
 
 def _train(opts, training: _Training, files, eval_files, model_dir, ckpt_dir, start: _Start, run):
@@ -266,7 +274,7 @@ def _train(opts, training: _Training, files, eval_files, model_dir, ckpt_dir, st
                 _to_boundary(step, opts.save_every),
                 _to_boundary(step, eval_every),
             )
-            steps_run = _StepsRun(signals)
+            steps_run = _StepsRun(signals, model)
             t0 = time.perf_counter()
             model.fit(_take(batches, n), steps_per_epoch=n, epochs=1, verbose=0, shuffle=False, callbacks=[steps_run])
             metrics = {k: float(v) for k, v in model.get_metrics_result().items() if k in METRIC_NAMES}

@@ -30,21 +30,21 @@ CONFIG = os.path.join(TINY, "bert_config.json")
 
 # Runs the command line's entry point in this process, as the `kbert` script does: the exit status
 # from SystemExit, stderr captured. `stop_after`: a thread sends this process SIGTERM once the
-# run's metrics.jsonl holds that many rows.
+# run's metrics.jsonl holds that many rows (SIGINT with signal_name).
 RUNNER = r"""
 import contextlib, io, json, os, signal, sys, threading, time
 
 from kbert.cli.main import main
 
 
-def kbert(*args, stop_after=None):
+def kbert(*args, stop_after=None, signal_name="SIGTERM"):
     if stop_after:
         metrics = os.path.join(args[list(args).index("--model-dir") + 1], "metrics.jsonl")
 
         def watch():
             while not (os.path.exists(metrics) and open(metrics).read().count("\n") >= stop_after):
                 time.sleep(0.001)
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), getattr(signal, signal_name))
 
         threading.Thread(target=watch, daemon=True).start()
     out, err, code = io.StringIO(), io.StringIO(), 0
@@ -67,7 +67,7 @@ import numpy as np
 runs = {}
 for name, extra in spec["runs"].items():
     started = time.perf_counter()
-    runs[name] = kbert(*extra["args"], stop_after=extra.get("stop_after"))
+    runs[name] = kbert(*extra["args"], stop_after=extra.get("stop_after"), signal_name=extra.get("signal", "SIGTERM"))
     runs[name]["seconds"] = round(time.perf_counter() - started, 1)
 
 # The trained model's outputs on JAX, for TensorFlow to compare with.
@@ -154,6 +154,7 @@ def jax_runs(tmp_path_factory, records):
                 "stop_after": 2,
             },
             "resumed": {"args": _pretrain(work / "resumed", records, "--resume")},
+            "ctrl-c": {"args": _pretrain(work / "ctrl-c", records, *run), "stop_after": 1, "signal": "SIGINT"},
             # Dropout off: the same update on one device and on two, whatever each draws.
             "one device": {
                 "args": _pretrain(work / "one", records, "--steps", "2", "--strategy", "cpu", config=no_dropout)
@@ -207,6 +208,16 @@ def test_a_jax_run_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(jax_r
     assert logged[STEPS] == np.float32(reference_rows[-2]["loss"])
     assert (work / "reference" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(os.listdir(work / "reference" / "checkpoints")) == ["ckpt-16", "ckpt-24", "ckpt-8"]
+
+
+def test_ctrl_c_saves_and_exits_130(jax_runs):
+    work, runs = jax_runs
+    assert runs["ctrl-c"]["code"] == 130, runs["ctrl-c"]["stderr"][-2000:]
+    last = runs["ctrl-c"]["stderr"].strip().splitlines()[-1]
+    step = int(last.split("interrupted at step ")[1].split(":")[0])
+    assert last.endswith(f"checkpoint saved; continue with `kbert pretrain --model-dir {work / 'ctrl-c'} --resume`")
+    saved = os.listdir(work / "ctrl-c" / "checkpoints")
+    assert f"ckpt-{step}" in saved and max(int(name[5:]) for name in saved) == step < STEPS
 
 
 def test_a_jax_run_continues_from_a_model_with_init(jax_runs):
