@@ -70,6 +70,12 @@ for name, command in commands.items():
 report["help"] = {k: [v["code"], v["stdout"][:60], v["stderr"][-300:], v["seconds"]] for k, v in helps.items()}
 report["export"] = run("export", job["model_dir"], os.path.join(job["work"], "export"))
 report["from_tf1"] = run("convert", "from-tf1", job["tiny"], os.path.join(job["work"], "converted"))
+report["strategy"] = run("finetune", job["model_dir"], "--task", "classify", "--train", job["data"]["classify"],
+                         "--output", os.path.join(job["work"], "mirrored"), "--strategy", "mirrored")
+os.environ["KERAS_BACKEND"] = "tensorflow"  # what the command line reads: a user who set no backend
+report["default_backend"] = run("finetune", job["model_dir"], "--task", "classify", "--train",
+                                job["data"]["classify"], "--output", os.path.join(job["work"], "tf"))
+os.environ["KERAS_BACKEND"] = report["backend"]
 report["tf1_source"] = run("finetune", job["tiny"], "--task", "classify", "--train", job["data"]["classify"],
                            "--output", os.path.join(job["work"], "from-tf1"))
 
@@ -263,6 +269,15 @@ def test_what_needs_tensorflow_says_so_in_one_line(report):
         assert result["code"] == 1 and len(lines) == 1, (name, result["stderr"])
         assert lines[0].startswith("kbert: error: kbert ") and "needs TensorFlow" in lines[0], lines[0]
         assert "pip install tensorflow" in lines[0]
+    # Fine-tuning on Keras' TensorFlow backend (the default) where TensorFlow is missing; a
+    # tf.distribute strategy on another backend.
+    for name, words in (
+        ("default_backend", "tensorflow is not installed: pip install tensorflow tensorflow-text, or run it with "
+         "KERAS_BACKEND=jax (or torch)"),
+        ("strategy", f"--strategy mirrored picks a TensorFlow strategy; on Keras' {report['backend']} backend"),
+    ):  # fmt: skip
+        lines = report[name]["stderr"].strip().splitlines()
+        assert report[name]["code"] == 1 and len(lines) == 1 and words in lines[0], (name, lines)
     # A google-research checkpoint is TensorFlow's file: fine-tuning from one says how to go on.
     result = report["tf1_source"]
     lines = result["stderr"].strip().splitlines()
