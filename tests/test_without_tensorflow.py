@@ -356,3 +356,20 @@ def _weights(model_dir) -> dict:
     with h5py.File(model_dir / "model.weights.h5", "r") as f:
         f.visititems(lambda name, item: found.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
     return found
+
+
+def test_a_run_resumes_on_the_kind_of_backend_it_started_on(tmp_path):
+    import keras
+
+    from kbert.errors import KbertError
+    from kbert.finetuning.train import _RunCheckpoints
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    fingerprint = {"task": "classify", "epochs": 1}
+    run = tmp_path / "out.partial"
+    run.mkdir()
+    state = {"step": 3, "fingerprint": fingerprint, "best_weights": None, "tracker": {}, "backend": "jax"}
+    (run / "state.json").write_text(json.dumps(state))
+    with pytest.raises(KbertError, match="started on Keras' jax backend.*resume it with KERAS_BACKEND=jax"):
+        _RunCheckpoints(str(run), model, None, fingerprint, steps_per_epoch=4, save_every=2).resume()
