@@ -10,9 +10,9 @@ reached, progress, metrics.jsonl, logs/, loss.png, held-out scores and the final
 
 The step is Keras': `fit` over `steps_per_loop` steps at a time (between them: logs, held-out
 scores, checkpoints, a stop request), which JAX compiles with XLA (`jit`) and PyTorch runs eagerly
-(or through torch.compile with `jit=True`). On JAX, `strategy` "auto" and "mirrored" spread each
-batch over the local devices with `keras.distribution.DataParallel`: the loss and its gradient are
-those of the global batch, as on one device.
+(or through torch.compile with `jit=True`). On JAX, `strategy` "mirrored" (and "auto", on GPUs or
+TPUs) spreads each batch over the local devices with `keras.distribution.DataParallel`: the loss and
+its gradient are those of the global batch, as on one device.
 
 Example:
 >>> import os
@@ -76,6 +76,19 @@ class PretrainingModel(keras.Model):
 
     Args:
         pretrainer: BertPretrainer. The model to train.
+
+    Example:
+    >>> import numpy as np
+    >>> config = kbert.BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+    ...                           intermediate_size=16)
+    >>> model = PretrainingModel(kbert.bert_pretrainer(config))
+    >>> model.compile(optimizer="adam")
+    >>> features = {"input_ids": np.ones((2, 6), "int32"), "input_mask": np.ones((2, 6), "int32"),
+    ...             "segment_ids": np.zeros((2, 6), "int32"), "masked_lm_positions": np.array([[1, 2]] * 2, "int32")}
+    >>> labels = {"masked_lm_ids": np.array([[3, 4]] * 2), "masked_lm_weights": np.ones((2, 2), "float32"),
+    ...           "next_sentence_labels": np.array([0, 1])}
+    >>> sorted(model.fit(features, labels, epochs=1, verbose=0).history)
+    ['loss', 'mlm_accuracy', 'mlm_loss', 'nsp_accuracy', 'nsp_loss']
     """
 
     def __init__(self, pretrainer: BertPretrainer, **kwargs):
