@@ -142,7 +142,8 @@ def command(
                     for parameter, output in written.items():
                         stack.enter_context(_claim(values[parameter], output, values))
                     if tensorflow:
-                        import_tensorflow_quietly(f"kbert {name}", backend_only=tensorflow == "backend")
+                        group = "convert " if function.__module__.endswith(".convert") else ""  # kbert's one group
+                        import_tensorflow_quietly(f"kbert {group}{name}", backend_only=tensorflow == "backend")
                     return function(**values)
                 except KbertError:
                     raise  # already the one line, whatever words it quotes

@@ -263,11 +263,11 @@ def test_the_command_line_answers_without_tensorflow(report):
 
 
 def test_what_needs_tensorflow_says_so_in_one_line(report):
-    for name in ("export", "from_tf1"):
+    for name, command in (("export", "kbert export"), ("from_tf1", "kbert convert from-tf1")):
         result = report[name]
         lines = result["stderr"].strip().splitlines()
         assert result["code"] == 1 and len(lines) == 1, (name, result["stderr"])
-        assert lines[0].startswith("kbert: error: kbert ") and "needs TensorFlow" in lines[0], lines[0]
+        assert lines[0].startswith(f"kbert: error: {command} needs TensorFlow"), lines[0]
         assert "pip install tensorflow" in lines[0]
     # Fine-tuning on Keras' TensorFlow backend (the default) where TensorFlow is missing; a
     # tf.distribute strategy on another backend.
