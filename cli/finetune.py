@@ -64,7 +64,10 @@ def finetune(
     mixed_precision: bool = typer.Option(
         DEFAULTS.mixed_precision, "--mixed-precision", help="bfloat16 on CPU, float16 with loss scaling on GPU."
     ),
-    strategy: str = typer.Option(DEFAULTS.strategy, help="auto | cpu | gpu | mirrored."),
+    strategy: str = typer.Option(
+        DEFAULTS.strategy,
+        help="auto | cpu | gpu | mirrored (TensorFlow's strategies; on JAX and PyTorch only auto, the default device).",
+    ),
     patience: int | None = typer.Option(
         DEFAULTS.patience, min=0, help="Early stopping: stop after N epochs without a better dev score."
     ),
