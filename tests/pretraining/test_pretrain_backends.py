@@ -166,6 +166,8 @@ def jax_runs(tmp_path_factory, records):
             "init": {"args": _pretrain(work / "init", records, *run, "--init", work / "reference")},
             "multi-worker": {"args": _pretrain(work / "mw", records, "--strategy", "multi-worker")},
             "grad-accum": {"args": _pretrain(work / "ga", records, "--grad-accum", "2")},
+            "tpu": {"args": _pretrain(work / "tpu", records, "--strategy", "tpu")},
+            "gpu": {"args": _pretrain(work / "gpu", records, "--strategy", "gpu")},
             # The records' shape, checked by kbert's own reader: TensorFlow's words.
             "other shape": {"args": _pretrain(work / "os", records, "--max-seq-length", "64")},
             # A run whose checkpoints TensorFlow's loop wrote (its `checkpoint` state file).
@@ -243,6 +245,8 @@ def test_what_jax_cannot_do_is_one_line(jax_runs, records):
     for name, words in (
         ("multi-worker", "--strategy multi-worker (tf.distribute over several machines) runs on TensorFlow only"),
         ("grad-accum", "--grad-accum 2 runs on TensorFlow only"),
+        ("tpu", "--strategy tpu: JAX sees no TPU here; run on a Cloud TPU VM with jax[tpu] installed"),
+        ("gpu", "--strategy gpu: JAX sees no GPU here; install jax[cuda12] or use --strategy cpu"),
         (
             "other shape",
             f"{records}: records have max_seq_length 32 and max_predictions_per_seq 5, but the flags say 64",
@@ -255,7 +259,7 @@ def test_what_jax_cannot_do_is_one_line(jax_runs, records):
         assert runs[name]["code"] == 1
         assert runs[name]["stderr"].startswith(f"kbert: error: {words}"), runs[name]["stderr"]
         assert len(runs[name]["stderr"].strip().splitlines()) == 1
-    assert not any(os.path.exists(work / name) for name in ("mw", "ga", "os"))  # nothing written
+    assert not any(os.path.exists(work / name) for name in ("mw", "ga", "os", "tpu", "gpu"))  # nothing written
     assert os.listdir(work / "tf-run") == ["checkpoints"]
 
 
