@@ -49,6 +49,7 @@ from kbert.pretraining.train import (
     _checked_records,
     _copied_in_scope,
     _finish_trained_run,
+    _finished,
     _model_start,
     _removed_unless_saved,
     _resolved_options,
@@ -174,23 +175,7 @@ def _run(opts, devices, start: _Start, files, eval_files, model_dir, ckpt_dir, r
 
     last, last_eval, speed = _train(opts, training, files, eval_files, model_dir, ckpt_dir, start, run)
 
-    pretrainer.fresh_heads = ()  # pretraining trains every head: masked-LM, next-sentence and the pooler
-    write_model_files(pretrainer, model_dir, start.vocab_file, start.do_lower_case, weights=True)
-    write_loss_plot(os.path.join(model_dir, METRICS_FILE), os.path.join(model_dir, LOSS_PLOT))
-    result = {k: last[k] for k in ("step", *METRIC_NAMES)}
-    result["sequences_per_second"] = speed
-    result["learning_rate"] = last["learning_rate"]
-    if last_eval:
-        result["eval"] = last_eval
-    result.update(
-        replicas=training.replicas,
-        strategy=opts.strategy,
-        resumed_from=training.step if opts.resume else None,
-        model_dir=model_dir,
-        mixed_precision=keras.mixed_precision.global_policy().name,
-        jit=training.jit,
-        backend=keras.config.backend(),
-    )
+    result = _finished(pretrainer, training, opts, last, last_eval, speed, model_dir, start)
     return (result, pretrainer) if return_model else result
 
 

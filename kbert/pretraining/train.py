@@ -164,7 +164,14 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
     last, last_eval, speed = _train(opts, strategy, training, files, eval_files, model_dir, ckpt_dir, start, run)
 
     model = training.model
-    if training.chief:
+    result = _finished(model, training, opts, last, last_eval, speed, model_dir, start, writes=training.chief)
+    return (result, model) if return_model else result
+
+
+def _finished(model, training, opts, last, last_eval, speed, model_dir, start: _Start, writes: bool = True) -> dict:
+    """A finished run's model files (where this process `writes` them) and its result, on every
+    backend's loop."""
+    if writes:
         model.fresh_heads = ()  # pretraining trains every head: masked-LM, next-sentence and the pooler
         write_model_files(model, model_dir, start.vocab_file, start.do_lower_case, weights=True)
         write_loss_plot(os.path.join(model_dir, METRICS_FILE), os.path.join(model_dir, LOSS_PLOT))
@@ -180,8 +187,9 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
         model_dir=model_dir,
         mixed_precision=keras.mixed_precision.global_policy().name,
         jit=training.jit,
+        backend=keras.config.backend(),
     )
-    return (result, model) if return_model else result
+    return result
 
 
 def _resolved_options(model_dir, data, options, overrides, starts_from, do_lower_case):
