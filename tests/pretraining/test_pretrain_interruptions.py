@@ -18,7 +18,7 @@ import pytest
 
 from conftest import TINY, assert_user_error, fail_nth_checkpoint, kbert_command, run_kbert
 from helpers import largest_difference, saved_weights
-from test_pretrain import SHAPE, VOCAB, _free_port, original_records  # noqa: F401 (fixture)
+from test_pretrain import SAMPLE, SHAPE, VOCAB, _free_port
 
 pytestmark = pytest.mark.slow
 
@@ -71,9 +71,22 @@ def wait_for(condition, process, timeout=180):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, original_records):
+def sample_records(tmp_path_factory):
+    """Records of sample_text.txt by kbert's create-data, in this process: what they hold does not
+    matter here (test_pretrain.py trains on the original script's)."""
+    from kbert.pretraining.create_data import create_pretraining_data
+
+    out = tmp_path_factory.mktemp("records") / "sample.tfrecord"
+    create_pretraining_data(
+        [SAMPLE], VOCAB, str(out), max_seq_length=32, max_predictions_per_seq=5, dupe_factor=5, seed=7, workers=1
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, sample_records):
     out = tmp_path_factory.mktemp("reference") / "bert"
-    code, stdout, log = pretrain_here(out, original_records)
+    code, stdout, log = pretrain_here(out, sample_records)
     assert code == 0, log[-2000:]
     return saved_weights(out)
 
@@ -88,10 +101,10 @@ def interrupt(model_dir, records, number, *extra, after_step):
 
 
 def test_sigterm_then_sigint_save_the_step_reached_and_the_resumed_run_is_exact(
-    tmp_path, original_records, uninterrupted
+    tmp_path, sample_records, uninterrupted
 ):
     out = tmp_path / "bert"
-    code, log, last = interrupt(out, original_records, signal.SIGTERM, after_step=6)
+    code, log, last = interrupt(out, sample_records, signal.SIGTERM, after_step=6)
     assert code == 143, log[-2000:]
     lines = log.strip().splitlines()
     said = f"continue with `kbert pretrain --model-dir {out} --resume`"
@@ -106,7 +119,7 @@ def test_sigterm_then_sigint_save_the_step_reached_and_the_resumed_run_is_exact(
     )
 
     # The same flags typed again are accepted.
-    code, log, second = interrupt(out, original_records, signal.SIGINT, "--resume", after_step=last + 4)
+    code, log, second = interrupt(out, sample_records, signal.SIGINT, "--resume", after_step=last + 4)
     assert code == 130, log[-2000:]
     assert log.strip().splitlines()[-1] == f"kbert: interrupted at step {second}: checkpoint saved; {said}"
     assert (out / "checkpoints" / f"ckpt-{second}.index").exists()
@@ -123,9 +136,9 @@ def test_sigterm_then_sigint_save_the_step_reached_and_the_resumed_run_is_exact(
     assert difference <= 1e-6
 
 
-def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path, original_records, uninterrupted):
+def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path, sample_records, uninterrupted):
     out = tmp_path / "bert"
-    process = start(out, original_records, "--save-every", "4")
+    process = start(out, sample_records, "--save-every", "4")
     wait_for(lambda: (out / "checkpoints" / "ckpt-8.index").exists(), process)
     process.send_signal(signal.SIGKILL)
     finish(process)
@@ -135,7 +148,7 @@ def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path, origin
     latest = int(tf.train.latest_checkpoint(str(out / "checkpoints")).rsplit("-", 1)[1])
     assert latest >= 4
     # Flags that only change how it runs may differ: how often it saves, steps per compiled call.
-    code, stdout, log = pretrain_here(out, original_records, "--resume", "--save-every", "6", "--steps-per-loop", "3")
+    code, stdout, log = pretrain_here(out, sample_records, "--resume", "--save-every", "6", "--steps-per-loop", "3")
     assert code == 0, log[-2000:]
     assert json.loads(stdout)["resumed_from"] == latest
     difference = largest_difference(saved_weights(out), uninterrupted)
@@ -143,11 +156,11 @@ def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path, origin
     assert difference <= 1e-6
 
 
-def test_a_second_signal_stops_at_once_and_the_last_good_checkpoint_resumes(tmp_path, original_records):
+def test_a_second_signal_stops_at_once_and_the_last_good_checkpoint_resumes(tmp_path, sample_records):
     import tensorflow as tf
 
     out = tmp_path / "bert"
-    process = start(out, original_records, "--save-every", "2", "--steps-per-loop", "1")
+    process = start(out, sample_records, "--save-every", "2", "--steps-per-loop", "1")
     wait_for(lambda: len(logged_steps(out)) >= 5, process)
     process.send_signal(signal.SIGTERM)
     time.sleep(0.01)
@@ -158,12 +171,12 @@ def test_a_second_signal_stops_at_once_and_the_last_good_checkpoint_resumes(tmp_
     assert "Traceback" not in log
     latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
     assert latest is not None
-    code, stdout, log = pretrain_here(out, original_records, "--resume", "--save-every", "2", "--steps-per-loop", "1")
+    code, stdout, log = pretrain_here(out, sample_records, "--resume", "--save-every", "2", "--steps-per-loop", "1")
     assert code == 0, log[-2000:]
     assert f"resumed from step {int(latest.rsplit('-', 1)[1])}" in log and json.loads(stdout)["step"] == STEPS
 
 
-def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, original_records):
+def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, sample_records):
     cluster = {}
     out = tmp_path / "bert"
 
@@ -175,7 +188,7 @@ def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, ori
                 os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
             )
             processes.append(
-                start(model_dir, original_records, "--strategy", "multi-worker", "--steps", "60", *extra, env=env)
+                start(model_dir, sample_records, "--strategy", "multi-worker", "--steps", "60", *extra, env=env)
             )
         return processes
 
@@ -208,21 +221,21 @@ def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, ori
 
 
 def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(
-    tmp_path, original_records, uninterrupted, monkeypatch
+    tmp_path, sample_records, uninterrupted, monkeypatch
 ):
     import tensorflow as tf
 
     out = tmp_path / "bert"
     with monkeypatch.context() as patched:
         fail_nth_checkpoint(patched, 2)  # step 4 saves, step 8 fails
-        code, _, log = pretrain_here(out, original_records, "--save-every", "4")
+        code, _, log = pretrain_here(out, sample_records, "--save-every", "4")
     assert code == 1, log[-2000:]
     assert log.strip().splitlines()[-1] == (
         "kbert: error: writing the checkpoint for step 8 failed ([Errno 28] No space left on device); the previous "
         "checkpoint (step 4) is intact: fix the cause, then --resume"
     )
     assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-4")
-    code, stdout, log = pretrain_here(out, original_records, "--save-every", "4", "--resume")
+    code, stdout, log = pretrain_here(out, sample_records, "--save-every", "4", "--resume")
     assert code == 0, log[-2000:]
     assert "resumed from step 4" in log and json.loads(stdout)["step"] == STEPS
     assert largest_difference(saved_weights(out), uninterrupted) <= 1e-6
