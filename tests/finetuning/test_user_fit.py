@@ -4,8 +4,11 @@ predict; then `kbert predict`, `kbert evaluate` and `kbert export` on the `.kera
 wrote and on the directory `kbert.save` wrote. The data is a learnable toy task over the tiny
 checkpoint's 300-word vocabulary."""
 
+import contextlib
+import io
 import json
 import os
+import runpy
 import subprocess
 import sys
 
@@ -70,29 +73,29 @@ print(json.dumps({
 """
 
 
-def run_user_code(tiny_model_dir, tmp_path, mirrored):
-    env = dict(os.environ, PYTHONPATH=TESTS, TF_CPP_MIN_LOG_LEVEL="3")
-    if mirrored:
-        env["KBERT_LOGICAL_CPUS"] = "2"
+def run_user_code(tiny_model_dir, tmp_path, mirrored, monkeypatch):
+    """USER_CODE as a script: on one device in this process (as `python user_code.py ARGS` runs it,
+    without a new process's TensorFlow import); under MirroredStrategy in a Python of its own, whose
+    CPU is split into two logical devices before TensorFlow starts."""
     script = tmp_path / "user_code.py"
-    script.write_text(
-        ("import kbert.training.strategy; kbert.training.strategy.split_cpu_if_asked()\n" if mirrored else "")
-        + USER_CODE
-    )
-    out = subprocess.run(
-        [sys.executable, str(script), str(tiny_model_dir), str(tmp_path), "1" if mirrored else "0"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    argv = [str(script), str(tiny_model_dir), str(tmp_path), "1" if mirrored else "0"]
+    if not mirrored:
+        script.write_text(USER_CODE)
+        monkeypatch.setattr(sys, "argv", argv)
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            runpy.run_path(str(script), run_name="__main__")
+        return json.loads(stdout.getvalue().strip().splitlines()[-1])
+    env = dict(os.environ, PYTHONPATH=TESTS, TF_CPP_MIN_LOG_LEVEL="3", KBERT_LOGICAL_CPUS="2")
+    script.write_text("import kbert.training.strategy; kbert.training.strategy.split_cpu_if_asked()\n" + USER_CODE)
+    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("mirrored", [False, True], ids=["one-device", "mirrored-2-cpus"])
-def test_user_fits_evaluates_saves_reloads_and_predicts(tiny_model_dir, tmp_path, mirrored):
-    result = run_user_code(tiny_model_dir, tmp_path, mirrored)
+def test_user_fits_evaluates_saves_reloads_and_predicts(tiny_model_dir, tmp_path, mirrored, monkeypatch):
+    result = run_user_code(tiny_model_dir, tmp_path, mirrored, monkeypatch)
     assert result["replicas"] == (2 if mirrored else 1)
     assert result["last_loss"] < result["first_loss"]
     assert result["test_accuracy"] >= 0.85, result  # chance is 0.5
