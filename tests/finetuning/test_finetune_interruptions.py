@@ -110,6 +110,15 @@ def test_signals_save_the_step_reached_and_resume_mid_epoch_exactly(tmp_path, da
         f"kbert finetune command and --resume"
     ), line
     assert "Traceback" not in stderr and not out.exists()
+    # The unfinished run is kept: refused without --resume, and with --resume and a flag it did not start with.
+    result = refused(out, data)
+    assert result.returncode == 1 and "pass --resume to continue it" in result.stderr.strip().splitlines()[-1]
+    result = refused(out, data, "--resume", "--epochs", str(EPOCHS + 1))
+    assert (
+        result.returncode == 1
+        and f"was started with epochs {EPOCHS}, not {EPOCHS + 1}" in result.stderr.strip().splitlines()[-1]
+    )
+    assert saved_step(out) == step
 
     code, stderr = interrupt(out, data, signal.SIGINT, step + 5, "--resume")
     assert code == 130, stderr[-2000:]
@@ -155,16 +164,6 @@ def refused(out, data, *extra):
 
 
 def test_resume_refusals(tmp_path, data):
-    out = tmp_path / "model"
-    result = refused(out, data, "--resume")
+    """--resume where no run was interrupted (the refusals of an interrupted run: the signals test)."""
+    result = refused(tmp_path / "model", data, "--resume")
     assert result.returncode == 1 and "no unfinished run" in result.stderr.strip().splitlines()[-1]
-    code, _ = interrupt(out, data, signal.SIGTERM, 5)
-    assert code == 143
-    result = refused(out, data)  # without --resume: refused, the unfinished run is kept
-    assert result.returncode == 1 and "pass --resume to continue it" in result.stderr.strip().splitlines()[-1]
-    result = refused(out, data, "--resume", "--epochs", str(EPOCHS + 1))
-    assert (
-        result.returncode == 1
-        and f"was started with epochs {EPOCHS}, not {EPOCHS + 1}" in result.stderr.strip().splitlines()[-1]
-    )
-    assert saved_step(out) >= 5
