@@ -15,7 +15,12 @@ the rounds' ratios is reported next to the first pass's ratio.
 Also reports achieved TFLOP/s: forward + backward ≈ 3 × forward FLOPs, counting the matmuls
 (2·m·n·k each) of embeddings-free encoder layers, attention and the MLM head.
 
-usage: .venv/bin/python benchmarks/pretrain_bench.py [--steps 60] [--rounds 3] [--quick]
+With `--against DIR` (a checkout of another commit, e.g. `git worktree add /tmp/before REV`),
+kbert of this checkout and kbert of DIR are timed instead, at float32 and mixed_bfloat16, in
+`--rounds` alternating rounds each (this, DIR, this, ...), and the median ratio is reported: is
+this code's TensorFlow path as fast as that commit's?
+
+usage: .venv/bin/python benchmarks/pretrain_bench.py [--steps 60] [--rounds 3] [--quick] [--against DIR]
 Progress on stderr, one JSON object on stdout.
 """
 
@@ -145,13 +150,16 @@ def child_keras_hub(records, steps, mixed, jit):
     return {"sequences_per_second": steps * BATCH / (ends[-1] - ends[9])}
 
 
-def spawn(kind, records, steps, mixed, jit):
+def spawn(kind, records, steps, mixed, jit, checkout=None):
+    """Time one setting in a fresh process; with `checkout`, kbert is imported from that folder."""
     code = (
         f"import json, sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
         f"import pretrain_bench as b; print(json.dumps(b.child_{kind}({records!r}, {steps}, {mixed}, {jit})))"
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if checkout:  # `python -c` puts the working directory first on sys.path, then PYTHONPATH
+        env["PYTHONPATH"] = checkout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=checkout)
     if out.returncode:
         return {"error": out.stderr.strip().splitlines()[-1][:300]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -168,11 +176,15 @@ def main():
         default=3,
         help="alternating rounds of the two best settings after the first pass (0: none)",
     )
+    parser.add_argument("--against", metavar="DIR", help="time kbert of this checkout against kbert of DIR instead")
     parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 0:
         parser.error("--steps must be at least 1 and --rounds at least 0")
     steps = 10 if args.quick else args.steps
+    if args.against:
+        record.emit(against(os.path.abspath(args.against), steps, max(args.rounds, 1)), "pretrain-ab", args.output)
+        return
     settings = (
         [(False, False), (True, False)] if args.quick else [(False, False), (True, False), (False, True), (True, True)]
     )
@@ -222,6 +234,35 @@ def main():
         "training_gflop_per_sequence": round(flops / 1e9, 3),
     }
     record.emit(report, "pretrain-quick" if args.quick else "pretrain", args.output, indent=2)
+
+
+def against(checkout: str, steps: int, rounds: int) -> dict:
+    """kbert of this checkout over kbert of `checkout`, float32 and mixed_bfloat16, alternating rounds."""
+    work = tempfile.mkdtemp()
+    records = os.path.join(work, "random.tfrecord")
+    write_records(records)
+    report = {"against": checkout, "against_code": _git_version(checkout), "steps_timed": steps, "settings": {}}
+    for mixed in (False, True):
+        pairs = []
+        for r in range(rounds):
+            pair = {}
+            for who, where in (("this", None), ("against", checkout)):
+                print(f"round {r + 1}: {who} mixed={mixed} ...", file=sys.stderr, flush=True)
+                pair[who] = spawn("kbert", records, steps, mixed, False, where).get("sequences_per_second", 0)
+            pair["ratio"] = round(pair["this"] / pair["against"], 3) if pair["against"] else None
+            print(f"  {pair}", file=sys.stderr, flush=True)
+            pairs.append(pair)
+        ratios = [p["ratio"] for p in pairs if p["ratio"] is not None]
+        report["settings"]["mixed_bfloat16" if mixed else "float32"] = {
+            "rounds": pairs,
+            "median_ratio": round(statistics.median(ratios), 3) if ratios else None,
+        }
+    return report
+
+
+def _git_version(folder: str) -> str:
+    out = subprocess.run(["git", "-C", folder, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":
