@@ -42,7 +42,7 @@ def _strings(values):
 
     try:
         return tf.constant(values, tf.string, shape=[len(values)])
-    except UnicodeEncodeError:
+    except (UnicodeEncodeError, ValueError):  # TensorFlow's conversion raises either, by version
         return tf.constant([v.encode("utf-8", "surrogatepass") for v in values], tf.string, shape=[len(values)])
 
 

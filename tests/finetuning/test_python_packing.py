@@ -63,3 +63,15 @@ def _assert_same(a, b, where):
             _assert_same(getattr(a, field), getattr(b, field), f"{where}: {field}")
     else:
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=where)
+
+
+def test_a_lone_surrogate_in_a_text_is_dropped_not_fatal():
+    """JSON can carry a lone surrogate ("\\ud800"); the in-graph packer takes it as the invalid
+    UTF-8 a client would send, which its tokenizer drops, rather than failing the whole file."""
+    from kbert.finetuning.encoding import encode_texts
+    from kbert.text.preprocessing import BertPreprocessor
+
+    packer = BertPreprocessor(UNCASED_VOCAB, sequence_length=16)
+    got, _ = encode_texts(packer, [json.loads('"great \\ud800movie"'), "fine"])
+    want, _ = encode_texts(packer, ["great movie", "fine"])
+    assert got["input_ids"].tolist() == want["input_ids"].tolist()
