@@ -214,7 +214,8 @@ def check_input(path: str, declared: Input, flag: str):
         try:
             with contextlib.suppress(KbertError):  # check_source says what is wrong with the path
                 if source_kind(path) == "run" and "run" not in (declared.accepts or ()):
-                    import_tensorflow_quietly()  # the run's last checkpoint, named in the message, is TensorFlow's to find
+                    # The run's last checkpoint, named in the message, is TensorFlow's to find on its backend.
+                    import_tensorflow_quietly(backend_only=True)
             check_source(path, declared.accepts)
         except KbertError as e:
             raise KbertError(f"{flag} {e}") from None
