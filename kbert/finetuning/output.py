@@ -152,6 +152,8 @@ def _write_locked(fd: int, path: str, partial: str, make_rows, resume: bool, sou
         kept = _keep_complete_lines(fd) if resume else _truncate(fd, 0)
         if kept:
             log.info("%s: resuming after the %d rows an earlier run wrote", path, kept)
+        elif resume:
+            log.info("%s: no rows of an earlier run to resume from; starting at the first row", path)
         for row in make_rows(kept):
             _write_all(fd, (json.dumps(row) + "\n").encode("utf-8"))
             written += 1

@@ -44,6 +44,14 @@ def test_writes_every_row_then_renames(tmp_path):
     assert not os.path.exists(partial_path(out))
 
 
+def test_resume_with_nothing_to_resume_says_it_starts_at_the_first_row(tmp_path, caplog):
+    out = tmp_path / "out.jsonl"
+    with caplog.at_level("INFO", logger="kbert"):
+        result = write_rows(out, numbered(3), resume=True)
+    assert result["rows_kept"] == 0 and lines(out) == [{"n": i} for i in range(3)]
+    assert f"{out}: no rows of an earlier run to resume from; starting at the first row" in caplog.messages
+
+
 def test_a_run_that_dies_keeps_its_rows_and_resume_goes_on_exactly_once(tmp_path):
     out = tmp_path / "out.jsonl"
     with pytest.raises(RuntimeError):
