@@ -36,23 +36,20 @@ from keras import ops
 
 from kbert.errors import KbertError, option
 from kbert.model.bert import BertPretrainer
-from kbert.model_dir import CHECKPOINTS_DIR, WEIGHTS_FILE, write_model_files
-from kbert.pretraining.dataset import find_files
+from kbert.model_dir import WEIGHTS_FILE, write_model_files
 from kbert.pretraining.losses import pretraining_losses
 from kbert.pretraining.record_reader import numpy_batches
-from kbert.pretraining.run_record import absolute, absolute_pattern, record_run
+from kbert.pretraining.run_record import record_run
 from kbert.pretraining.train import (
     LOSS_PLOT,
     METRICS_FILE,
     _append_history,
     _check_finite,
-    _checked_records,
     _copied_in_scope,
     _finish_trained_run,
     _finished,
-    _model_start,
     _removed_unless_saved,
-    _resolved_options,
+    _setup,
     _Start,
     _to_boundary,
 )
@@ -126,24 +123,22 @@ def pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opti
     """`kbert.pretraining.train.pretrain` on JAX or PyTorch (it calls this, holding the lock on
     `model_dir`); the same arguments and result."""
     model_dir = os.fspath(model_dir)
-    starts_from = {"config": absolute(config_file), "vocab": absolute(vocab_file), "init": absolute(init)}
-    opts, run, files = _resolved_options(model_dir, data, options, overrides, starts_from, do_lower_case)
+    setup = _setup(model_dir, data, config_file, vocab_file, init, do_lower_case, options, overrides, _devices)
+    opts, run, devices, start, files, eval_files, ckpt_dir = setup
+
+    with _spread_over(devices):
+        return _run(opts, devices, start, files, eval_files, model_dir, ckpt_dir, run, return_model)
+
+
+def _devices(opts) -> list:
+    """The devices the run spreads over; the options only TensorFlow's loop takes are refused."""
     devices = keras_devices(opts.strategy, opts.tpu)
     if opts.grad_accum != 1:
         raise KbertError(
             f"{option('grad_accum', opts.grad_accum)} runs on TensorFlow only; on {keras.config.backend()} leave it out "
             "(a larger batch over more devices), or run with KERAS_BACKEND=tensorflow"
         )
-    ckpt_dir = os.path.join(model_dir, CHECKPOINTS_DIR)
-    start = _model_start(opts, model_dir, ckpt_dir, run, data, config_file, vocab_file, init, do_lower_case)
-    if files is None:
-        files = find_files(data)
-        run = {"data": absolute_pattern(data), **starts_from, "lowercase": bool(start.do_lower_case)}
-        run["data_files"] = [[os.path.abspath(f), os.path.getsize(f)] for f in files]
-    eval_files = _checked_records(files, opts, start.config)
-
-    with _spread_over(devices):
-        return _run(opts, devices, start, files, eval_files, model_dir, ckpt_dir, run, return_model)
+    return devices
 
 
 @contextlib.contextmanager

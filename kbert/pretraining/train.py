@@ -134,20 +134,10 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
             model_dir, data, config_file, vocab_file, init, do_lower_case, options, return_model, **overrides
         )
     model_dir = os.fspath(model_dir)
-    starts_from = {"config": absolute(config_file), "vocab": absolute(vocab_file), "init": absolute(init)}
-    opts, run, files = _resolved_options(model_dir, data, options, overrides, starts_from, do_lower_case)
     # First, before any TensorFlow op: multi-worker collectives must be set up at start-up.
-    strategy = make_strategy(opts.strategy, opts.tpu)
-    ckpt_dir = os.path.join(model_dir, CHECKPOINTS_DIR)
-    start = _model_start(opts, model_dir, ckpt_dir, run, data, config_file, vocab_file, init, do_lower_case)
-
-    # Every file read to its end (framing only) before anything is written: a cut-short or
-    # corrupt file fails here, not hours in, and a new run leaves no directory behind.
-    if files is None:
-        files = find_files(data)
-        run = {"data": absolute_pattern(data), **starts_from, "lowercase": bool(start.do_lower_case)}
-        run["data_files"] = [[os.path.abspath(f), os.path.getsize(f)] for f in files]
-    eval_files = _checked_records(files, opts, start.config)
+    setup = _setup(model_dir, data, config_file, vocab_file, init, do_lower_case, options, overrides,
+                   place=lambda opts: make_strategy(opts.strategy, opts.tpu))  # fmt: skip
+    opts, run, strategy, start, files, eval_files, ckpt_dir = setup
 
     training = _model_and_optimizer(opts, strategy, start, model_dir, ckpt_dir)
     if training.step >= opts.steps:
@@ -166,6 +156,26 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
     model = training.model
     result = _finished(model, training, opts, last, last_eval, speed, model_dir, start, writes=training.chief)
     return (result, model) if return_model else result
+
+
+def _setup(model_dir, data, config_file, vocab_file, init, do_lower_case, options, overrides, place):
+    """What both loops settle before training: the options (a resume's recorded ones), where the
+    run places its work (`place(opts)`: a strategy, or devices), where the model starts, and the
+    data files, each read to its end (framing only) before anything is written: a cut-short or
+    corrupt file fails here, not hours in, and a new run leaves no directory behind.
+
+    Returns (opts, run record, placement, start, files, eval_files, checkpoints dir)."""
+    starts_from = {"config": absolute(config_file), "vocab": absolute(vocab_file), "init": absolute(init)}
+    opts, run, files = _resolved_options(model_dir, data, options, overrides, starts_from, do_lower_case)
+    placement = place(opts)
+    ckpt_dir = os.path.join(model_dir, CHECKPOINTS_DIR)
+    start = _model_start(opts, model_dir, ckpt_dir, run, data, config_file, vocab_file, init, do_lower_case)
+    if files is None:
+        files = find_files(data)
+        run = {"data": absolute_pattern(data), **starts_from, "lowercase": bool(start.do_lower_case)}
+        run["data_files"] = [[os.path.abspath(f), os.path.getsize(f)] for f in files]
+    eval_files = _checked_records(files, opts, start.config)
+    return opts, run, placement, start, files, eval_files, ckpt_dir
 
 
 def _finished(model, training, opts, last, last_eval, speed, model_dir, start: _Start, writes: bool = True) -> dict:
