@@ -54,23 +54,19 @@ def describe(src) -> dict:
     """
     src = os.fspath(src)
     kind = source_kind(src)
-    if kind == "kbert":
-        return _describe_model_dir(src)
-    if kind == "keras":
-        return _describe_keras_file(src)
-    if kind == "tf1":
-        return _describe_checkpoint(src)
-    if kind == "hf":
-        return describe_hf(src)
-    if kind == "run":
-        prefix = interrupted_pretraining(src)
-        if prefix:
-            return _describe_interrupted_run(src, prefix)
-        state = interrupted_finetuning(src)
-        if state:
-            return _describe_unfinished_finetuning(src, state)
-        refuse_run(src)
-    return _describe_converted(src, kind)
+    describer = _DESCRIBERS.get(kind)
+    return describer(src) if describer else _describe_converted(src, kind)
+
+
+def _describe_run(src) -> dict:
+    """The folder of an unfinished pretrain or finetune run: where it stopped and how to finish it."""
+    prefix = interrupted_pretraining(src)
+    if prefix:
+        return _describe_interrupted_run(src, prefix)
+    state = interrupted_finetuning(src)
+    if state:
+        return _describe_unfinished_finetuning(src, state)
+    refuse_run(src)
 
 
 def tf1_shapes(config: BertConfig) -> dict:
@@ -346,3 +342,13 @@ def _describe_converted(src: str, kind: str) -> dict:
         "heads": head_provenance(model_kind(model), model.fresh_heads),
         "do_lower_case": model.do_lower_case,
     }
+
+
+# How each kind of source is described; the kinds not here (TF Hub, keras-hub) are converted in memory.
+_DESCRIBERS = {
+    "kbert": _describe_model_dir,
+    "keras": _describe_keras_file,
+    "tf1": _describe_checkpoint,
+    "hf": describe_hf,
+    "run": _describe_run,
+}

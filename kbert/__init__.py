@@ -33,7 +33,7 @@ _EXPORTS = {
     "bert_multiple_choice": "kbert.model.bert",
     "Vocabulary": "kbert.model.bert",
     "BertPreprocessor": "kbert.text.preprocessing",
-    "load": "kbert.model_dir",
+    "load": "kbert.sources",
     "embed": "kbert.embedding",
     "save": "kbert.model_dir",
     "Tokenizer": "kbert.text.tokenizer",

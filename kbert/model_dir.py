@@ -16,9 +16,11 @@ folder of a run that stopped before writing its model is named by its trainer's 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
+from collections.abc import Callable
 
 from kbert.config import BertConfig
 from kbert.errors import KbertError, first_line, os_error_or
@@ -257,20 +259,18 @@ def load_keras_file(path):
     return model
 
 
-def check_not_interrupted(path):
-    """Raise a one-line `KbertError` for the folder of a training run that stopped before writing
-    its model: where it stopped and how to continue it, where "no weights file" would send the
-    user astray. Each trainer recognises its own runs."""
-    # Imported here: those modules read this format's names (CONFIG_FILE, is_model_dir, ...).
-    from kbert.finetuning.run_state import interrupted_finetuning, interrupted_finetuning_message
-    from kbert.pretraining.run_record import interrupted_pretraining, interrupted_pretraining_message
+@dataclasses.dataclass(frozen=True)
+class UnfinishedRun:
+    """How a trainer's unfinished run is told apart from a model: the folder a training command
+    leaves before it writes model.weights.h5. Each trainer defines one beside its run format
+    (`kbert.pretraining.run_record`, `kbert.finetuning.run_state`); `kbert.sources` asks them.
 
-    prefix = interrupted_pretraining(path)
-    if prefix:
-        raise KbertError(interrupted_pretraining_message(path, prefix))
-    state = interrupted_finetuning(path)
-    if state:
-        raise KbertError(interrupted_finetuning_message(path, state))
+    `recognise(path)` returns what the run recorded (a checkpoint, a state), or None when `path`
+    is not such a run; `message(path, recorded)` is the one line that says how to finish it."""
+
+    command: str
+    recognise: Callable
+    message: Callable
 
 
 def load_config(model_dir) -> BertConfig:
@@ -288,7 +288,6 @@ def load(model_dir):
     model_dir = os.fspath(model_dir)
     if is_keras_file(model_dir):
         return load_keras_file(model_dir)
-    check_not_interrupted(model_dir)
     config = load_config(model_dir)
     weights = os.path.join(model_dir, WEIGHTS_FILE)
     require_path(weights, "weights file", "the model directory is incomplete; convert or train it again")

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 
 from kbert.errors import KbertError, option
 from kbert.outputs import is_url
@@ -36,25 +37,91 @@ from kbert.outputs import is_url
 
 log = logging.getLogger("kbert")
 
-KINDS = {
-    "kbert": "a kbert model directory",
-    "keras": "a .keras file",
-    "tf1": "a google-research checkpoint",
-    "hf": "a Hugging Face model",
-    "tfhub": "a TF Hub encoder SavedModel",
-    "keras_hub": "a keras-hub preset",
+
+@dataclasses.dataclass(frozen=True)
+class SourceKind:
+    """One kind of model source: what it is called, the command that converts it into a kbert
+    model directory (None for kbert's own), and how it is opened as a kbert model.
+
+    `open(source, do_lower_case)` returns the model with its weights and vocabulary; each imports
+    its converter when called, since the converters load TensorFlow. `describe(source)`, where
+    set, reads a `SourceInfo` without loading the weights; other kinds are opened to describe them."""
+
+    description: str
+    convert_command: str | None
+    open: Callable
+    describe: Callable | None = None
+
+
+def _open_kbert(source, do_lower_case):
+    model = load(source)
+    return model if do_lower_case is None else with_casing(model, do_lower_case)
+
+
+def _open_tf1(source, do_lower_case):
+    from kbert.converters.tf1 import load_tf1_checkpoint
+
+    return load_tf1_checkpoint(source, do_lower_case=do_lower_case)
+
+
+def _open_hf(source, do_lower_case):
+    from kbert.converters.hf import load_hf_model
+
+    return load_hf_model(source, do_lower_case=do_lower_case)
+
+
+def _open_tfhub(source, do_lower_case):
+    from kbert.converters.tfhub import load_tfhub_encoder
+
+    return load_tfhub_encoder(source, do_lower_case=do_lower_case)
+
+
+def _open_keras_hub(source, do_lower_case):
+    from kbert.converters.keras_hub import load_keras_hub_preset
+
+    return load_keras_hub_preset(source, do_lower_case=do_lower_case)
+
+
+def _describe_kbert(source) -> SourceInfo:
+    from kbert.config import BertConfig
+    from kbert.files import require_path
+    from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, lower_case_for
+
+    config = BertConfig.from_json_file(os.path.join(source, CONFIG_FILE))
+    vocab = os.path.join(source, VOCAB_FILE)
+    require_path(vocab, "vocab file", "the model directory needs its vocab.txt")
+    return SourceInfo(config, vocab, lower_case_for(source, config.extras.get("do_lower_case", True)))
+
+
+def _describe_tf1(source) -> SourceInfo:
+    from kbert.config import BertConfig
+    from kbert.converters.tf1 import find_checkpoint
+    from kbert.model_dir import lower_case_for
+
+    checkpoint = find_checkpoint(source)
+    config = BertConfig.from_json_file(checkpoint.config_file)
+    recorded = config.extras.get("do_lower_case")  # what kbert's to-tf1 writes there; released ones lack it
+    return SourceInfo(
+        config,
+        checkpoint.vocab_file,
+        lower_case_for(checkpoint.prefix, recorded if isinstance(recorded, bool) else None),
+    )
+
+
+# Every kind `source_kind` names but an unfinished run, in the order the messages list them.
+SOURCE_KINDS = {
+    "kbert": SourceKind("a kbert model directory", None, _open_kbert, _describe_kbert),
+    "keras": SourceKind("a .keras file", None, _open_kbert),
+    "tf1": SourceKind("a google-research checkpoint", "kbert convert from-tf1", _open_tf1, _describe_tf1),
+    "hf": SourceKind("a Hugging Face model", "kbert convert from-hf", _open_hf),
+    "tfhub": SourceKind("a TF Hub encoder SavedModel", "kbert convert from-tfhub", _open_tfhub),
+    "keras_hub": SourceKind("a keras-hub preset", "kbert convert from-keras-hub", _open_keras_hub),
 }
+KINDS = {name: kind.description for name, kind in SOURCE_KINDS.items()}
 ACCEPTED = (
     "a kbert model directory, a .keras file, a google-research checkpoint (folder or prefix), a Hugging Face "
     "folder or model.safetensors, a TF Hub encoder SavedModel or a keras-hub preset folder"
 )
-# The command that converts each kind that is not kbert's own.
-CONVERT_COMMANDS = {
-    "tf1": "kbert convert from-tf1",
-    "hf": "kbert convert from-hf",
-    "tfhub": "kbert convert from-tfhub",
-    "keras_hub": "kbert convert from-keras-hub",
-}
 
 # The file names that tell the kinds apart (kbert.model_dir's, kbert.converters.hf's and keras-hub's;
 # written out here because importing those modules loads TensorFlow).
@@ -171,21 +238,49 @@ def check_source(path, accepts=None) -> str:
         return kind
     if kind == "run":
         refuse_run(path)
-    fix = (
-        f"use {CONVERT_COMMANDS[kind]}" if kind in CONVERT_COMMANDS else "it is kbert's already: pass it to any command"
-    )
+    command = SOURCE_KINDS[kind].convert_command
+    fix = f"use {command}" if command else "it is kbert's already: pass it to any command"
     raise KbertError(f"{path}: {KINDS[kind]}, not {wanted}; {fix}")
+
+
+def unfinished_runs() -> tuple:
+    """Each trainer's `kbert.model_dir.UnfinishedRun`: pretraining's, then fine-tuning's."""
+    from kbert.finetuning.run_state import UNFINISHED_FINETUNING
+    from kbert.pretraining.run_record import UNFINISHED_PRETRAINING
+
+    return UNFINISHED_PRETRAINING, UNFINISHED_FINETUNING
+
+
+def check_not_interrupted(path):
+    """Raise a one-line `KbertError` for the folder of a training run that stopped before writing
+    its model: where it stopped and how to continue it, where "no weights file" would send the
+    user astray. Each trainer recognises its own runs."""
+    for run in unfinished_runs():
+        recorded = run.recognise(path)
+        if recorded:
+            raise KbertError(run.message(path, recorded))
 
 
 def refuse_run(path):
     """Raise the one line for an unfinished run's folder: where it stopped and how to finish it."""
-    from kbert.model_dir import check_not_interrupted
-
     check_not_interrupted(path)  # raises, naming the checkpoint or the unfinished fine-tuning
     raise KbertError(
         f"{os.fspath(path)}: a training run that stopped before writing its model (no model.weights.h5); "
         f"continue it with {option('resume', True)}, or pass a finished model"
     )
+
+
+def load(path):
+    """The model saved in a kbert model directory or `.keras` file (`kbert.model_dir.load`), after
+    refusing the folder of an unfinished run in one line that says how to finish it.
+
+    Example:
+    >>> model = kbert.load("out/tiny")  # doctest: +SKIP
+    """
+    from kbert.model_dir import load as load_model_dir
+
+    check_not_interrupted(path)
+    return load_model_dir(path)
 
 
 @dataclasses.dataclass
@@ -210,28 +305,10 @@ def describe_source(source) -> SourceInfo:
     >>> describe_source("tests/fixtures/tf1-tiny").do_lower_case
     True
     """
-    from kbert.config import BertConfig
-    from kbert.files import require_path
-    from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, lower_case_for
-
     source = os.fspath(source)
-    kind = check_source(source)
-    if kind == "kbert":
-        config = BertConfig.from_json_file(os.path.join(source, CONFIG_FILE))
-        vocab = os.path.join(source, VOCAB_FILE)
-        require_path(vocab, "vocab file", "the model directory needs its vocab.txt")
-        return SourceInfo(config, vocab, lower_case_for(source, config.extras.get("do_lower_case", True)))
-    if kind == "tf1":
-        from kbert.converters.tf1 import find_checkpoint
-
-        checkpoint = find_checkpoint(source)
-        config = BertConfig.from_json_file(checkpoint.config_file)
-        recorded = config.extras.get("do_lower_case")  # what kbert's to-tf1 writes there; released ones lack it
-        return SourceInfo(
-            config,
-            checkpoint.vocab_file,
-            lower_case_for(checkpoint.prefix, recorded if isinstance(recorded, bool) else None),
-        )
+    kind = SOURCE_KINDS[check_source(source)]
+    if kind.describe:
+        return kind.describe(source)
     model = open_model(source)
     return SourceInfo(model.config, model.vocab_file, model.do_lower_case, model)
 
@@ -252,28 +329,11 @@ def open_model(source, do_lower_case: bool | None = None):
     """
     source = os.fspath(source)
     kind = check_source(source)
-    if kind in ("kbert", "keras"):
-        from kbert.model_dir import load
-
-        model = load(source)
-        return model if do_lower_case is None else with_casing(model, do_lower_case)
+    if SOURCE_KINDS[kind].convert_command is None:
+        return SOURCE_KINDS[kind].open(source, do_lower_case)
     log.debug("%s: %s, converted in memory", source, KINDS[kind])
     with _tensorflow_read(source, kind):
-        if kind == "tf1":
-            from kbert.converters.tf1 import load_tf1_checkpoint
-
-            return load_tf1_checkpoint(source, do_lower_case=do_lower_case)
-        if kind == "hf":
-            from kbert.converters.hf import load_hf_model
-
-            return load_hf_model(source, do_lower_case=do_lower_case)
-        if kind == "tfhub":
-            from kbert.converters.tfhub import load_tfhub_encoder
-
-            return load_tfhub_encoder(source, do_lower_case=do_lower_case)
-        from kbert.converters.keras_hub import load_keras_hub_preset
-
-        return load_keras_hub_preset(source, do_lower_case=do_lower_case)
+        return SOURCE_KINDS[kind].open(source, do_lower_case)
 
 
 @contextlib.contextmanager
@@ -285,7 +345,7 @@ def _tensorflow_read(source, kind: str):
     except ImportError as e:
         if (e.name or "").split(".")[0] not in ("tensorflow", "tensorflow_text", "tensorflow_hub", "tf_keras"):
             raise
-        convert = CONVERT_COMMANDS.get(kind, "kbert convert")
+        convert = SOURCE_KINDS[kind].convert_command
         raise KbertError(
             f"{source}: {KINDS[kind]} is read with TensorFlow, and {e.name.split('.')[0]} is not installed: pip "
             f"install tensorflow, or convert it with `{convert}` where TensorFlow is and pass the kbert model "

@@ -10,7 +10,7 @@ import shlex
 
 from kbert.files import PARTIAL_SUFFIX
 from kbert.finetuning.options import FinetuneOptions
-from kbert.model_dir import is_model_dir
+from kbert.model_dir import UnfinishedRun, is_model_dir
 
 # What an unfinished run (OUTPUT.partial/) holds besides its checkpoints (kbert.finetuning.train).
 STATE_FILE = "state.json"
@@ -68,3 +68,7 @@ def interrupted_finetuning_message(path, state: dict) -> str:
         f"{path}: an unfinished kbert finetune run (stopped at step {state.get('step', '?')}{total}), not a "
         f"model; finish it with `{' '.join(flags)} --resume`, then use {output}"
     )
+
+
+# How every command that is handed an OUTPUT.partial/ tells it apart and names the command that finishes it.
+UNFINISHED_FINETUNING = UnfinishedRun("kbert finetune", interrupted_finetuning, interrupted_finetuning_message)

@@ -20,7 +20,7 @@ import shlex
 
 from kbert.errors import KbertError, on_command_line, option, plural
 from kbert.files import atomic_write_text
-from kbert.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, is_model_dir
+from kbert.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, UnfinishedRun, is_model_dir
 from kbert.pretraining.dataset import find_files
 from kbert.pretraining.options import PretrainOptions
 from kbert.training.checkpoints import latest_training_state
@@ -245,3 +245,7 @@ def interrupted_pretraining_message(path, prefix: str) -> str:
         # A run from before kbert recorded its flags: they must be given again.
         return said + " --data DATA` and the other flags it was started with"
     return said + "`"
+
+
+# How every command that is handed a stopped run's --model-dir tells it apart and names its resume.
+UNFINISHED_PRETRAINING = UnfinishedRun("kbert pretrain", interrupted_pretraining, interrupted_pretraining_message)
