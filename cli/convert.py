@@ -60,19 +60,13 @@ def from_tf1(
     model, report = convert_tf1_checkpoint(
         src, config_file=config and str(config), vocab_file=vocab and str(vocab), do_lower_case=lowercase
     )
-    kbert.save(model, out_model_dir, overwrite=overwrite)  # the model declares its vocabulary and casing
-    print_result(
-        {
-            "model_dir": str(out_model_dir),
-            "checkpoint": report["checkpoint"],
-            "parameters": int(model.count_params()),
-            "weights_loaded": report["loaded"],
-            "fresh_heads": report["fresh_heads"],
-            "skipped_optimizer_state": report["skipped_optimizer_state"],
-            "global_step": report["global_step"],
-            "do_lower_case": model.do_lower_case,
-            "do_lower_case_from": report["do_lower_case_from"],
-        }
+    save_converted(
+        model,
+        report,
+        out_model_dir,
+        overwrite,
+        named=("checkpoint",),
+        details=("skipped_optimizer_state", "global_step"),
     )
 
 
@@ -124,21 +118,8 @@ def from_hf(
     from kbert.converters.hf import convert_hf_model
 
     model, report = convert_hf_model(src, do_lower_case=lowercase)
-    kbert.save(model, out_model_dir, overwrite=overwrite)  # the model declares its vocabulary and casing
-    print_result(
-        {
-            "model_dir": str(out_model_dir),
-            "source": report["source"],
-            "parameters": int(model.count_params()),
-            "weights_loaded": report["loaded"],
-            "fresh_heads": report["fresh_heads"],
-            "skipped": report["skipped"],
-            "dtypes": report["dtypes"],
-            "vocab_from": report["vocab_from"],
-            "do_lower_case": model.do_lower_case,
-            # A sentence-transformers folder's pooling and normalisation, which kbert embed uses.
-            **({"embedding": report["embedding"]} if report.get("embedding") else {}),
-        }
+    save_converted(
+        model, report, out_model_dir, overwrite, named=("source",), details=("skipped", "dtypes", "vocab_from")
     )
 
 
@@ -198,21 +179,13 @@ def from_tfhub(
     model, report = convert_tfhub_encoder(
         src, preprocessor=preprocessor, do_lower_case=lowercase, hidden_act=hidden_act
     )
-    kbert.save(model, out_model_dir, overwrite=overwrite)  # the model declares its vocabulary and casing
-    print_result(
-        {
-            "model_dir": str(out_model_dir),
-            "source": report["source"],
-            "names": report["names"],
-            "parameters": int(model.count_params()),
-            "weights_loaded": report["loaded"],
-            "fresh_heads": report["fresh_heads"],
-            "skipped": report["skipped"],
-            "hidden_act": report["hidden_act"],
-            "vocab_from": report["vocab_from"],
-            "do_lower_case": model.do_lower_case,
-            "do_lower_case_from": report["do_lower_case_from"],
-        }
+    save_converted(
+        model,
+        report,
+        out_model_dir,
+        overwrite,
+        named=("source", "names"),
+        details=("skipped", "hidden_act", "vocab_from"),
     )
 
 
@@ -244,18 +217,8 @@ def from_keras_hub(
     from kbert.converters.keras_hub import convert_keras_hub_preset
 
     model, report = convert_keras_hub_preset(src, do_lower_case=lowercase)
-    kbert.save(model, out_model_dir, overwrite=overwrite)  # the model declares its vocabulary and casing
-    print_result(
-        {
-            "model_dir": str(out_model_dir),
-            "source": report["source"],
-            "parameters": int(model.count_params()),
-            "weights_loaded": report["loaded"],
-            "fresh_heads": report["fresh_heads"],
-            "hidden_act": report["hidden_act"],
-            **{k: report[k] for k in ("mlm_max_abs_difference",) if k in report},
-            "do_lower_case": model.do_lower_case,
-        }
+    save_converted(
+        model, report, out_model_dir, overwrite, named=("source",), details=("hidden_act", "mlm_max_abs_difference")
     )
 
 
@@ -270,3 +233,24 @@ def inspect_(
     from kbert.converters.inspect import describe
 
     print_result(describe(src))
+
+
+def save_converted(model, report: dict, out_model_dir, overwrite: bool, named=(), details=()):
+    """Save a converted model as a kbert model directory and print what the conversion did: where
+    it came from (`named`), what was loaded and made fresh, the converter's `details`, the casing
+    and where it was read, and a sentence-transformers folder's pooling."""
+    kbert.save(model, out_model_dir, overwrite=overwrite)  # the model declares its vocabulary and casing
+    print_result(
+        {
+            "model_dir": str(out_model_dir),
+            **{k: report[k] for k in named},
+            "parameters": int(model.count_params()),
+            "weights_loaded": report["loaded"],
+            "fresh_heads": report["fresh_heads"],
+            **{k: report[k] for k in details if k in report},
+            "do_lower_case": model.do_lower_case,
+            **{k: report[k] for k in ("do_lower_case_from",) if k in report},
+            # A sentence-transformers folder's pooling and normalisation, which kbert embed uses.
+            **({"embedding": report["embedding"]} if report.get("embedding") else {}),
+        }
+    )

@@ -27,8 +27,8 @@ from kbert.converters.loading import (
     POOLER_PATH,
     Converted,
     Stored,
-    heads_left_out,
     load_pretrainer,
+    model_to_write,
     stored_weights,
 )
 from kbert.converters.names import (
@@ -51,7 +51,6 @@ from kbert.model_dir import (
     HEADS,
     VOCAB_FILE,
     check_embedding,
-    check_vocab,
     fresh_heads_of,
     lower_case_for,
     stored_head_provenance,
@@ -593,14 +592,9 @@ def save_hf_model(
     Example:
     >>> kbert.converters.save_hf_model(kbert.load("out/tiny"), "out/tiny-hf")  # doctest: +SKIP
     """
-    vocab_file = vocab_file or getattr(model, "vocab_file", None)
-    if not vocab_file:
-        raise KbertError("save_hf_model needs the vocabulary: pass vocab_file=PATH/vocab.txt")
-    if do_lower_case is None:
-        do_lower_case = getattr(model, "do_lower_case", True)
-    config = BertConfig.from_dict({k: v for k, v in model.config.to_dict().items() if k in BertConfig.field_names()})
-    check_vocab(vocab_file, config)
-    left_out = heads_left_out(model, include_fresh_heads)
+    vocab_file, do_lower_case, config, left_out = model_to_write(
+        model, "save_hf_model", vocab_file, do_lower_case, include_fresh_heads
+    )
     tensors, architecture = hf_tensors(model, left_out)
     # A sentence-embedding model is written as a sentence-transformers folder too.
     embedding = None if type(model) is BertClassifier else check_embedding(model.config, "the model's config")

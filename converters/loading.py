@@ -44,7 +44,7 @@ from kbert.converters.names import suspect_field, tf1_to_kbert_paths
 from kbert.errors import KbertError, listing, plural
 from kbert.model.bert import BertPretrainer, Vocabulary
 from kbert.model.initializers import original_initializer, unfilled
-from kbert.model_dir import fresh_heads_of
+from kbert.model_dir import check_vocab, fresh_heads_of
 
 # The parts a source may lack as a whole, by their kbert path prefix. Listed in this order in
 # reports. The pooler is optional only where a format says so (Hugging Face's BertModel files
@@ -326,3 +326,26 @@ def stored_weights(
         value = variable.value
         out[name] = to_stored(variable.path, value) if to_stored else value
     return out
+
+
+class ModelToWrite(NamedTuple):
+    """What a writer of another format takes from a kbert model: its vocabulary, casing, the
+    original config keys (kbert's own left out), and the heads it leaves out."""
+
+    vocab_file: str
+    do_lower_case: bool
+    config: BertConfig
+    left_out: tuple
+
+
+def model_to_write(model, writer: str, vocab_file=None, do_lower_case=None, include_fresh_heads=False) -> ModelToWrite:
+    """A model's vocabulary (`vocab_file`, else the model's), casing and original config, checked
+    against each other, and the fresh heads `writer` leaves out (`heads_left_out`)."""
+    vocab_file = vocab_file or getattr(model, "vocab_file", None)
+    if not vocab_file:
+        raise KbertError(f"{writer} needs the vocabulary: pass vocab_file=PATH/vocab.txt")
+    if do_lower_case is None:
+        do_lower_case = getattr(model, "do_lower_case", True)
+    config = BertConfig.from_dict({k: v for k, v in model.config.to_dict().items() if k in BertConfig.field_names()})
+    check_vocab(vocab_file, config)
+    return ModelToWrite(vocab_file, do_lower_case, config, heads_left_out(model, include_fresh_heads))

@@ -24,8 +24,8 @@ from kbert.converters.loading import (
     POOLER_PATH,
     Converted,
     Stored,
-    heads_left_out,
     load_pretrainer,
+    model_to_write,
     stored_weights,
 )
 from kbert.converters.names import HEADS, TF1_CLASSIFIER_HEAD, tf1_to_kbert_paths
@@ -304,15 +304,9 @@ def save_tf1_checkpoint(
     Example:
     >>> kbert.converters.save_tf1_checkpoint(kbert.load("out/tiny"), "out/tiny-tf1")  # doctest: +SKIP
     """
-    vocab_file = vocab_file or getattr(model, "vocab_file", None)
-    if not vocab_file:
-        raise KbertError("save_tf1_checkpoint needs the vocabulary: pass vocab_file=PATH/vocab.txt")
-    if do_lower_case is None:
-        do_lower_case = getattr(model, "do_lower_case", True)
-    original = {k: v for k, v in model.config.to_dict().items() if k in BertConfig.field_names()}
-    config = BertConfig.from_dict(original)
-    check_vocab(vocab_file, config)
-    left_out = heads_left_out(model, include_fresh_heads)
+    vocab_file, do_lower_case, config, left_out = model_to_write(
+        model, "save_tf1_checkpoint", vocab_file, do_lower_case, include_fresh_heads
+    )
     paths = tf1_to_kbert_paths(config.num_hidden_layers)
     if isinstance(model, BertClassifier):
         paths = {**paths, **TF1_CLASSIFIER_HEAD}
@@ -332,7 +326,11 @@ def save_tf1_checkpoint(
         )
     written_fresh = [h for h in fresh_heads_of(model) if h not in left_out]
     config = BertConfig.from_dict(
-        {**original, "do_lower_case": bool(do_lower_case), **({"fresh_heads": written_fresh} if written_fresh else {})}
+        {
+            **config.to_dict(),
+            "do_lower_case": bool(do_lower_case),
+            **({"fresh_heads": written_fresh} if written_fresh else {}),
+        }
     )
     names, tensors = list(values), [tf.convert_to_tensor(v) for v in values.values()]
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:

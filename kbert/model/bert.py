@@ -251,8 +251,44 @@ class _TaskModel(_Described, keras.Model):
         }
 
 
+class _LabelHead(_TaskModel):
+    """Dropout, then [num_classes, H] logits, on one of the encoder's outputs: `ENCODER_OUTPUT`
+    (the pooled output for a classifier, every token's for a tagger)."""
+
+    ENCODER_OUTPUT: str
+    HEAD_NAME: str
+    DEFAULT_NAME: str
+
+    def __init__(
+        self,
+        config,
+        num_classes: int,
+        encoder: BertEncoder | None = None,
+        dropout: float = 0.1,
+        *,
+        vocabulary=None,
+        task_info=None,
+        **kwargs,
+    ):
+        config = _as_config(config)
+        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
+        kwargs.setdefault("name", self.DEFAULT_NAME)
+        # === Layers ===
+        self.dropout = keras.layers.Dropout(dropout, name="dropout")
+        self.head = OutputProjection(config, num_classes, name=self.HEAD_NAME)
+
+        # === Functional Model ===
+        inputs, encoded = self._encoder_and_inputs(config, encoder, vocabulary)
+        logits = self.head(self.dropout(encoded[self.ENCODER_OUTPUT]))
+        super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
+
+        # === Config ===
+        self._declare(config, vocabulary, task_info)
+        self.num_classes, self.dropout_rate = int(num_classes), float(dropout)
+
+
 @keras.saving.register_keras_serializable(package="kbert")
-class BertClassifier(_TaskModel):
+class BertClassifier(_LabelHead):
     """`run_classifier.py`'s model: dropout on the pooled output, then `output_weights` [classes, H].
 
     Inputs: the encoder's three. Outputs: {"logits": float32 [batch, num_classes]}.
@@ -278,36 +314,11 @@ class BertClassifier(_TaskModel):
     (1, 3)
     """
 
-    def __init__(
-        self,
-        config,
-        num_classes: int,
-        encoder: BertEncoder | None = None,
-        dropout: float = 0.1,
-        *,
-        vocabulary=None,
-        task_info=None,
-        **kwargs,
-    ):
-        config = _as_config(config)
-        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
-        kwargs.setdefault("name", "bert_classifier")
-        # === Layers ===
-        self.dropout = keras.layers.Dropout(dropout, name="dropout")
-        self.head = OutputProjection(config, num_classes, name="classifier_head")
-
-        # === Functional Model ===
-        inputs, encoded = self._encoder_and_inputs(config, encoder, vocabulary)
-        logits = self.head(self.dropout(encoded["pooled_output"]))
-        super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
-
-        # === Config ===
-        self._declare(config, vocabulary, task_info)
-        self.num_classes, self.dropout_rate = int(num_classes), float(dropout)
+    ENCODER_OUTPUT, HEAD_NAME, DEFAULT_NAME = "pooled_output", "classifier_head", "bert_classifier"
 
 
 @keras.saving.register_keras_serializable(package="kbert")
-class BertTagger(_TaskModel):
+class BertTagger(_LabelHead):
     """Token classification (NER, POS): dropout on every token's output, then [labels, H] logits.
 
     Inputs: the encoder's three. Outputs: {"logits": float32 [batch, seq, num_classes]}.
@@ -319,32 +330,7 @@ class BertTagger(_TaskModel):
         dropout: float. 0.1, as the classifier.
     """
 
-    def __init__(
-        self,
-        config,
-        num_classes: int,
-        encoder: BertEncoder | None = None,
-        dropout: float = 0.1,
-        *,
-        vocabulary=None,
-        task_info=None,
-        **kwargs,
-    ):
-        config = _as_config(config)
-        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
-        kwargs.setdefault("name", "bert_tagger")
-        # === Layers ===
-        self.dropout = keras.layers.Dropout(dropout, name="dropout")
-        self.head = OutputProjection(config, num_classes, name="tagger_head")
-
-        # === Functional Model ===
-        inputs, encoded = self._encoder_and_inputs(config, encoder, vocabulary)
-        logits = self.head(self.dropout(encoded["sequence_output"]))
-        super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
-
-        # === Config ===
-        self._declare(config, vocabulary, task_info)
-        self.num_classes, self.dropout_rate = int(num_classes), float(dropout)
+    ENCODER_OUTPUT, HEAD_NAME, DEFAULT_NAME = "sequence_output", "tagger_head", "bert_tagger"
 
 
 @keras.saving.register_keras_serializable(package="kbert")
