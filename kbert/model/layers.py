@@ -171,20 +171,14 @@ class BertEmbeddings(keras.layers.Layer):
     def __init__(self, config: BertConfig, **kwargs):
         super().__init__(**kwargs)
         init = initializer(config, "embeddings")
-        self.word_embeddings = keras.layers.Embedding(
-            config.vocab_size,
-            config.hidden_size,
-            embeddings_initializer=init,
-            name="word_embeddings",
-            dtype=self.dtype_policy,
-        )
-        self.token_type_embeddings = keras.layers.Embedding(
-            config.type_vocab_size,
-            config.hidden_size,
-            embeddings_initializer=init,
-            name="token_type_embeddings",
-            dtype=self.dtype_policy,
-        )
+
+        def table(rows, name):
+            return keras.layers.Embedding(
+                rows, config.hidden_size, embeddings_initializer=init, name=name, dtype=self.dtype_policy
+            )
+
+        self.word_embeddings = table(config.vocab_size, "word_embeddings")
+        self.token_type_embeddings = table(config.type_vocab_size, "token_type_embeddings")
         self.position_embeddings = PositionEmbedding(
             config.max_position_embeddings, initializer=init, name="position_embeddings", dtype=self.dtype_policy
         )
