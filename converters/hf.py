@@ -41,8 +41,7 @@ from kbert.converters.names import (
     tf1_to_kbert_paths,
 )
 from kbert.converters.safetensors_file import RESAVE, SafetensorsFile, write_safetensors
-from kbert.errors import KbertError, option
-from kbert.errors import listing as _listing
+from kbert.errors import KbertError, listing, option
 from kbert.files import atomic_output_dir, count_lines
 from kbert.finetuning.task_info import head_task_info
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary
@@ -454,7 +453,7 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
 
     skipped = sorted(name for canonical, (_, name) in keys.items() if canonical in HF_BUFFERS)
     if skipped:
-        log.info("skipped %s (buffers of indices, not weights)", _listing(skipped))
+        log.info("skipped %s (buffers of indices, not weights)", listing(skipped))
     for part in missing:
         what = "pooler" if part == "pooler" else f"{part} head"
         log.info("the checkpoint has no %s (%s*): it is freshly initialised", what, HF_OPTIONAL[part])

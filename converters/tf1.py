@@ -29,9 +29,7 @@ from kbert.converters.loading import (
     stored_weights,
 )
 from kbert.converters.names import HEADS, TF1_CLASSIFIER_HEAD, tf1_to_kbert_paths
-from kbert.errors import KbertError, first_line, option, os_error_or, plural
-from kbert.errors import listing as _listing
-from kbert.errors import plural as _plural
+from kbert.errors import KbertError, first_line, listing, option, os_error_or, plural
 from kbert.files import atomic_output_dir
 from kbert.model.bert import BertClassifier, Vocabulary
 from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, fresh_heads_of, lower_case_for, recorded_fresh_heads
@@ -241,9 +239,9 @@ def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case
 def _log_conversion(skipped, other, fresh_heads, ours, do_lower_case, lower_origin: str):
     """What `convert_tf1_checkpoint` left out, created fresh or decided, as info lines."""
     if skipped:
-        log.info("skipped %s of optimizer state (global_step, adam_m/adam_v slots)", _plural(len(skipped), "variable"))
+        log.info("skipped %s of optimizer state (global_step, adam_m/adam_v slots)", plural(len(skipped), "variable"))
     if other:
-        log.info("ignored %s outside bert/ and cls/: %s", _plural(len(other), "variable"), _listing(other))
+        log.info("ignored %s outside bert/ and cls/: %s", plural(len(other), "variable"), listing(other))
     for head in fresh_heads:
         if not any(n.startswith(TF1_HEAD_PREFIXES[head]) for n in ours):
             log.info(

@@ -44,7 +44,7 @@ from kbert.errors import KbertError
 log = logging.getLogger("kbert")
 
 # TF Serving's DataType names -> numpy dtypes (object: Python str or bytes).
-_NUMPY = {
+NUMPY_DTYPES = {
     "DT_FLOAT": np.float32,
     "DT_DOUBLE": np.float64,
     "DT_INT32": np.int32,
@@ -62,7 +62,7 @@ _TF_WRAPPING = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[\[(?:\{\{[^}]*\}
 _WAIT_HINT = "allow more time (retries, timeout; kbert predict --retries, --timeout)"
 
 
-class _Unavailable(Exception):
+class Unavailable(Exception):
     """One attempt found the server unavailable (down, restarting, overloaded): worth another try.
 
     `reason` is short, for the log line of each wait; `message(after)` is the one-line error if
@@ -328,7 +328,7 @@ class Client:
         for retry in range(self.retries + 1):
             try:
                 return attempt(max(deadline - time.monotonic(), 0.001))
-            except _Unavailable as e:
+            except Unavailable as e:
                 wait = retry_wait(retry, jitter=random.uniform(0.5, 1.0))
                 if retry == self.retries or time.monotonic() + wait >= deadline:
                     after = (
@@ -378,10 +378,10 @@ class Client:
 # === Values, for both transports: texts checked and made bytes, string outputs decoded ===
 
 
-def _one_line(message: str) -> str:
+def one_line(message: str) -> str:
     """A server's message on one line, without the wrapping TensorFlow puts around an op's error.
 
-    >>> _one_line("indices[0,2] = 9 is not in [0, 3)\\n\\t [[{{function_node __inference_f_12}}{{node GatherV2}}]]")
+    >>> one_line("indices[0,2] = 9 is not in [0, 3)\\n\\t [[{{function_node __inference_f_12}}{{node GatherV2}}]]")
     'indices[0,2] = 9 is not in [0, 3)'
     """
     return " ".join(_TF_WRAPPING.sub("", message).split())
@@ -391,17 +391,17 @@ def _short(message: str, limit: int = 120) -> str:
     return message if len(message) <= limit else message[:limit] + "..."
 
 
-def _is_text(value) -> bool:
+def is_text(value) -> bool:
     if isinstance(value, (str, bytes)):
         return True
     if isinstance(value, np.ndarray):
         return value.dtype.kind in "SUO"
     if isinstance(value, (list, tuple)):
-        return any(_is_text(v) for v in value)
+        return any(is_text(v) for v in value)
     return False
 
 
-def _as_bytes(value):
+def as_bytes(value):
     """Nested str/bytes -> nested bytes (str as UTF-8), kept as lists so no byte is lost."""
     if isinstance(value, np.ndarray):
         value = value.tolist()
@@ -410,11 +410,11 @@ def _as_bytes(value):
     if isinstance(value, bytes):
         return value
     if isinstance(value, (list, tuple)):
-        return [_as_bytes(v) for v in value]
+        return [as_bytes(v) for v in value]
     raise TypeError(f"expected text (str or bytes), got {type(value).__name__}")
 
 
-def _decode(name: str, array: np.ndarray) -> np.ndarray:
+def decode_strings(name: str, array: np.ndarray) -> np.ndarray:
     """String tensors -> object arrays of str (bytes for `*_bytes` outputs)."""
     if array.dtype == object and not name.endswith("_bytes"):
         flat = [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in array.ravel().tolist()]
@@ -439,8 +439,8 @@ def _text_list(texts, what: str, n: int | None = None) -> list:
 def _examples(texts, texts_b) -> list[dict]:
     """One {feature: bytes} per text: `text` and, with pairs, `text_b`."""
     texts = _text_list(texts, "texts")
-    examples = [{"text": _as_bytes(t)} for t in texts]
+    examples = [{"text": as_bytes(t)} for t in texts]
     if texts_b is not None:
         for example, b in zip(examples, _text_list(texts_b, "texts_b", len(texts))):
-            example["text_b"] = _as_bytes(b)
+            example["text_b"] = as_bytes(b)
     return examples

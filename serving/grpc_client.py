@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kbert.errors import KbertError
-from kbert.serving.client import _NUMPY, _as_bytes, _decode, _is_text, _one_line, _Unavailable
+from kbert.serving.client import NUMPY_DTYPES, Unavailable, as_bytes, decode_strings, is_text, one_line
 
 _MAX_MESSAGE = 2**31 - 1  # tensorflow_model_server accepts messages up to INT_MAX bytes too
 
@@ -36,18 +36,18 @@ class GrpcTransport:
             dtype = (signature or {}).get("inputs", {}).get(name, {}).get("dtype")
             try:
                 if dtype == "DT_STRING":
-                    proto = tf.make_tensor_proto(_as_bytes(value), dtype=tf.string)
-                elif dtype in _NUMPY:
-                    proto = tf.make_tensor_proto(np.asarray(value, dtype=_NUMPY[dtype]))
+                    proto = tf.make_tensor_proto(as_bytes(value), dtype=tf.string)
+                elif dtype in NUMPY_DTYPES:
+                    proto = tf.make_tensor_proto(np.asarray(value, dtype=NUMPY_DTYPES[dtype]))
                 else:  # not an input of the signature: the server names the mistake
-                    proto = tf.make_tensor_proto(_as_bytes(value) if _is_text(value) else np.asarray(value))
+                    proto = tf.make_tensor_proto(as_bytes(value) if is_text(value) else np.asarray(value))
             except (TypeError, ValueError) as e:
                 raise KbertError(
-                    f"input {name!r}: cannot make a {dtype or 'tensor'} of it ({_one_line(str(e))})"
+                    f"input {name!r}: cannot make a {dtype or 'tensor'} of it ({one_line(str(e))})"
                 ) from None
             request.inputs[name].CopyFrom(proto)
         response = self._call("PredictionService", "Predict", request)
-        return {name: _decode(name, tf.make_ndarray(proto)) for name, proto in sorted(response.outputs.items())}
+        return {name: decode_strings(name, tf.make_ndarray(proto)) for name, proto in sorted(response.outputs.items())}
 
     def classify(self, examples: list[dict], signature_name: str) -> list[list[tuple[str, float]]]:
         from tensorflow_serving.apis import classification_pb2
@@ -145,17 +145,17 @@ class GrpcTransport:
             try:
                 return getattr(self._stub(service), method)(request, timeout=timeout)
             except grpc.RpcError as e:
-                code, details = e.code(), _one_line(e.details() or "")
+                code, details = e.code(), one_line(e.details() or "")
                 if code == grpc.StatusCode.UNAVAILABLE:
                     self._drop_channel()
                     if "connect" in details.lower() or not details:
                         # "failed to connect to all addresses; ...: Connection refused": the last
                         # part says why, enough for the line of each wait.
-                        raise _Unavailable(
+                        raise Unavailable(
                             details.rsplit(": ", 1)[-1] or "no connection",
                             lambda after: client._unreachable(details, after),
                         ) from None
-                    raise _Unavailable(
+                    raise Unavailable(
                         details, lambda after: client._not_serving(f"UNAVAILABLE: {details}", after)
                     ) from None
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED:

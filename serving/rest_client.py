@@ -18,7 +18,7 @@ import urllib.request
 import numpy as np
 
 from kbert.errors import KbertError
-from kbert.serving.client import _NUMPY, _decode, _one_line, _Unavailable
+from kbert.serving.client import NUMPY_DTYPES, Unavailable, decode_strings, one_line
 
 
 class RestTransport:
@@ -105,9 +105,9 @@ class RestTransport:
                 with urllib.request.urlopen(request, timeout=timeout) as response:
                     return response.read()
             except urllib.error.HTTPError as e:
-                message = _one_line(str(_http_error_message(e)))
+                message = one_line(str(_http_error_message(e)))
                 if e.code == 503:  # TF Serving's UNAVAILABLE
-                    raise _Unavailable(
+                    raise Unavailable(
                         f"HTTP 503: {message}", lambda after: client._not_serving(f"HTTP 503: {message}", after)
                     ) from None
                 raise KbertError(f"{client._where()}: HTTP {e.code}: {message}") from None
@@ -131,9 +131,9 @@ class RestTransport:
                 f"is this TF Serving's REST port?"
             ) from None
 
-    def _unavailable(self, error: Exception) -> _Unavailable:
+    def _unavailable(self, error: Exception) -> Unavailable:
         why = str(error) or type(error).__name__
-        return _Unavailable(why, lambda after: self.client._unreachable(why, after))
+        return Unavailable(why, lambda after: self.client._unreachable(why, after))
 
     def _timed_out(self, suffix: str) -> str:
         return (
@@ -173,7 +173,7 @@ def _json_value(value):
 def _from_json(name: str, value, info: dict) -> np.ndarray:
     """One REST output -> an array of the signature's dtype. JSON cannot hold an empty tensor's
     shape, so an empty output takes the signature's shape (0 for sizes it leaves open)."""
-    dtype = _NUMPY.get(info.get("dtype"), None)
+    dtype = NUMPY_DTYPES.get(info.get("dtype"), None)
     if dtype is object:
 
         def unpack(v):
@@ -181,7 +181,7 @@ def _from_json(name: str, value, info: dict) -> np.ndarray:
                 return [unpack(x) for x in v]
             return base64.b64decode(v["b64"]) if isinstance(v, dict) and "b64" in v else v
 
-        array = _decode(name, np.array(unpack(value), dtype=object))
+        array = decode_strings(name, np.array(unpack(value), dtype=object))
     else:
         array = np.asarray(value, dtype=dtype)
     signature_shape = info.get("shape")
