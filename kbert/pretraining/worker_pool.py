@@ -19,7 +19,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 from kbert.pretraining.instances import InstanceBuilder
-from kbert.pretraining.record_encoder import tfrecord_frames
+from kbert.records import tfrecord_frames
 from kbert.processes import die_with_parent
 
 _BUILDER: InstanceBuilder | None = None
