@@ -282,7 +282,8 @@ def _require_tokens(vocab_file, vocab, *tokens):
 class BertPreprocessor(keras.layers.Layer):
     """Strings [batch] (or a pair of them) -> {"input_ids", "input_mask", "segment_ids"} int32 [batch, length].
 
-    Use it in `tf.data` (`dataset.map`) or as the first layer of an exported model.
+    Use it in `tf.data` (`dataset.map`) or as the first layer of an exported model. It is a
+    `kbert.text.packing.Packer`, as `PythonPreprocessor` is: the same packing, in Python.
 
     Args:
         vocab_file: str. The model's vocab.txt.
