@@ -157,6 +157,41 @@ def _fill(rows, sequence_length: int) -> dict[str, np.ndarray]:
     return out
 
 
+def checked_sequence_length(sequence_length) -> int:
+    """A packer's row length as an int, or a ValueError when it cannot hold [CLS] x [SEP].
+
+    >>> checked_sequence_length(2)
+    Traceback (most recent call last):
+    ...
+    ValueError: sequence_length must be at least 3 ([CLS] x [SEP]), got 2
+    """
+    if int(sequence_length) < 3:
+        raise ValueError(f"sequence_length must be at least 3 ([CLS] x [SEP]), got {sequence_length}")
+    return int(sequence_length)
+
+
+def require_tokens(vocab_file, vocab, *tokens) -> None:
+    """A one-line `KbertError` unless `vocab` holds every one of `tokens`."""
+    missing = [token for token in tokens if token not in vocab]
+    if missing:
+        raise KbertError(f"{vocab_file} has no {', '.join(missing)}; use the vocab.txt the model was trained with")
+
+
+def special_token_ids(vocab_file, vocab) -> tuple[int, int, int | None]:
+    """A packer's ids of [CLS] and [SEP], which it needs, and of [UNK] (None where the vocabulary
+    has none: only words to tag need it).
+
+    >>> special_token_ids("vocab.txt", {"[CLS]": 101, "[SEP]": 102})
+    (101, 102, None)
+    >>> special_token_ids("vocab.txt", {"[CLS]": 101})
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: vocab.txt has no [SEP]; use the vocab.txt the model was trained with
+    """
+    require_tokens(vocab_file, vocab, "[CLS]", "[SEP]")
+    return vocab["[CLS]"], vocab["[SEP]"], vocab.get(UNK)
+
+
 class PythonPreprocessor:
     """`kbert.text.preprocessing.BertPreprocessor`'s packing in Python and numpy, with the
     Python tokenizer: the same ids, and no TensorFlow (a `Packer`).
@@ -178,17 +213,9 @@ class PythonPreprocessor:
 
     def __init__(self, vocab_file, do_lower_case: bool = True, sequence_length: int = DEFAULT_MAX_SEQ_LENGTH):
         self.vocab_file, self.do_lower_case = str(vocab_file), bool(do_lower_case)
-        self.sequence_length = int(sequence_length)
-        if self.sequence_length < 3:
-            raise ValueError(f"sequence_length must be at least 3 ([CLS] x [SEP]), got {sequence_length}")
+        self.sequence_length = checked_sequence_length(sequence_length)
         self.tokenizer = Tokenizer(self.vocab_file, do_lower_case=self.do_lower_case)
-        vocab = self.tokenizer.vocab
-        missing = [token for token in ("[CLS]", "[SEP]") if token not in vocab]
-        if missing:
-            raise KbertError(
-                f"{self.vocab_file} has no {', '.join(missing)}; use the vocab.txt the model was trained with"
-            )
-        self.cls_id, self.sep_id, self.unk_id = vocab["[CLS]"], vocab["[SEP]"], vocab.get(UNK)
+        self.cls_id, self.sep_id, self.unk_id = special_token_ids(self.vocab_file, self.tokenizer.vocab)
 
     def ids(self, text: str) -> list:
         """The WordPiece ids of `text`."""
@@ -206,7 +233,7 @@ class PythonPreprocessor:
         """(pieces, first): a sentence's pieces, each word tokenized on its own ("[UNK]" for a
         word with none), and each word's first piece counted from 0."""
         if self.unk_id is None:  # the packing needs it for a word with no pieces
-            raise KbertError(f"{self.vocab_file} has no {UNK}; use the vocab.txt the model was trained with")
+            require_tokens(self.vocab_file, {}, UNK)
         pieces, first = [], []
         for word in words:
             first.append(len(pieces))
