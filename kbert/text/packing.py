@@ -142,7 +142,7 @@ def _truncate_pair(a: list, b: list, budget: int):
 
 
 def _single(tokens, sequence_length: int, cls_id: int, sep_id: int) -> tuple[list, int]:
-    """ "[CLS] tokens [SEP]", the tokens cut to fit, all of it segment 0."""
+    """The row "[CLS] tokens [SEP]", the tokens cut to fit, and its length: all of it is segment 0."""
     ids = [cls_id, *tokens[: sequence_length - 2], sep_id]
     return ids, len(ids)
 
