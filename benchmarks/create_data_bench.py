@@ -9,7 +9,7 @@ Runs, one after the other on the same corpus and flags, each as its own command 
 Both times are wall-clock seconds of the whole command, TensorFlow's start-up included, and
 instances/s is records written / those seconds. Peak memory: the original's is its process's
 ru_maxrss (from wait4); kbert's is what it reports, its own peak plus each worker's. Then the
-statistics of both outputs (kbert.pretraining.create_data.compute_statistics) side by side.
+statistics of both outputs (kbert.pretraining.record_statistics.compute_statistics) side by side.
 
 Run from the repository root:
     .venv/bin/python benchmarks/create_data_bench.py [--corpus /tmp/debian.txt]
@@ -239,7 +239,7 @@ def main():
     sys.path.insert(0, ROOT)
     import tensorflow as tf
 
-    from kbert.pretraining.create_data import compute_statistics
+    from kbert.pretraining.record_statistics import compute_statistics
 
     def records(path):
         return sorted(r.numpy() for r in tf.data.TFRecordDataset([path]))

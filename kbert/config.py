@@ -13,6 +13,9 @@ from kbert.errors import KbertError, option
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "relu", "tanh")
 # Tokens per example when nothing else says: run_classifier.py's and create_pretraining_data.py's default.
 DEFAULT_MAX_SEQ_LENGTH = 128
+# The encoder's inputs, int32 [batch, seq], named as google-research/bert names them: what every
+# packer makes, every model takes, pretraining records hold and every export serves.
+ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
 
 
 def sequence_length(

@@ -159,7 +159,7 @@ if job.get("interrupt_at"):
     report["resumed"] = finetune("classify", os.path.join(job["work"], "resumed"), *flags, "--resume")
     report["resumed"]["metrics"] = json.loads(report["resumed"]["stdout"] or "{}")
     # What the exported model must give: the fine-tuned classifier's probabilities, on JAX.
-    from kbert.finetuning.encoding import PythonPreprocessor
+    from kbert.text.packing import PythonPreprocessor
     tuned = kbert.load(os.path.join(job["work"], "whole"))
     texts = ["the gold city.", "dead dust in the camp.", "a grand young fire"]
     packed, _ = PythonPreprocessor(tuned.vocab_file, tuned.do_lower_case, 24).pack(texts)

@@ -11,8 +11,9 @@ document whole, as overlapping windows (`BertPreprocessor.pack_windows`, in the 
 rest), and say which window is which document's (`kbert.finetuning.windows.Windows`).
 
 On Keras' JAX and PyTorch backends, where TensorFlow may be absent, the packer is a
-`PythonPreprocessor`: the same packing in Python and numpy, with the Python tokenizer (the
-original's `FullTokenizer`), giving the same ids. Every function here takes either.
+`kbert.text.packing.PythonPreprocessor`: the same packing in Python and numpy, with the Python
+tokenizer (the original's `FullTokenizer`), giving the same ids. Every function here takes either
+(a `kbert.text.packing.Packer`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from kbert.config import ENCODER_INPUTS
 from kbert.errors import KbertError
 from kbert.finetuning.windows import Windows, containing_windows, max_context_windows
-from kbert.text.tokenizer import UNK, Tokenizer
-from kbert.text.windows import sliding_windows
+from kbert.text.packing import Packer, PythonPreprocessor
 
 # Examples per call of the packer: at most _BATCH, and the file split evenly between the two
 # threads below. Larger calls are faster per example (each distinct word is tokenized once
@@ -58,13 +59,28 @@ def _pack_batches(pack, columns, n: int) -> list:
 
 
 def _features(batches, n: int, length: int) -> dict[str, np.ndarray]:
-    names = ("input_ids", "input_mask", "segment_ids")
+    """The in-graph packer's features of every batch, as one file's numpy arrays."""
     if not batches:
-        return {name: np.zeros((n, length), np.int32) for name in names}
-    return {name: np.concatenate([features[name].numpy() for features in batches]) for name in names}
+        return {name: np.zeros((n, length), np.int32) for name in ENCODER_INPUTS}
+    return {name: np.concatenate([features[name].numpy() for features in batches]) for name in ENCODER_INPUTS}
 
 
-def encode_texts(preprocessor, texts, texts_b=None) -> tuple[dict[str, np.ndarray], int]:
+def _flat(batches, rows_of) -> tuple[np.ndarray, np.ndarray]:
+    """(row lengths, values) of one RaggedTensor per batch (`rows_of(batch)`), all batches' together."""
+    if not batches:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    ragged = [rows_of(batch) for batch in batches]
+    return np.concatenate([r.row_lengths().numpy() for r in ragged]), np.concatenate(
+        [r.flat_values.numpy() for r in ragged]
+    )
+
+
+def _flat_lists(rows) -> tuple[np.ndarray, np.ndarray]:
+    """(row lengths, values) of the Python packer's lists of lists, as `_flat` gives the graph's."""
+    return np.asarray([len(row) for row in rows], np.int64), np.asarray([v for row in rows for v in row], np.int64)
+
+
+def encode_texts(preprocessor: Packer, texts, texts_b=None) -> tuple[dict[str, np.ndarray], int]:
     """Model inputs for single texts or pairs, exactly as run_classifier.py builds them.
 
     "[CLS] a [SEP]" or "[CLS] a [SEP] b [SEP]", segment 0 for the first part and 1 for
@@ -74,8 +90,8 @@ def encode_texts(preprocessor, texts, texts_b=None) -> tuple[dict[str, np.ndarra
     makes a single-text example, as in the original.
 
     Args:
-        preprocessor: kbert.text.preprocessing.BertPreprocessor. Its vocabulary, casing and
-            sequence_length.
+        preprocessor: kbert.text.packing.Packer (BertPreprocessor or PythonPreprocessor). Its
+            vocabulary, casing and sequence_length.
         texts: list of str. The first texts.
         texts_b: list of str, or None. The second texts of pairs ("" or None for none).
 
@@ -108,21 +124,18 @@ def encode_texts(preprocessor, texts, texts_b=None) -> tuple[dict[str, np.ndarra
     return _features([features for features, _ in batches], n, preprocessor.sequence_length), truncated
 
 
-def _windows(batches) -> tuple[dict[str, np.ndarray], Windows]:
-    """The windows of every batch of documents (each a packer's (features, starts, ...)) as
-    one file's: features and `Windows`. A window's length is its mask less [CLS] and [SEP],
-    and a document ends where its last window does."""
-    names = ("input_ids", "input_mask", "segment_ids")
-    features = {name: np.concatenate([b[0][name].numpy() for b in batches]) for name in names}
-    counts = np.concatenate([b[1].row_lengths().numpy() for b in batches])
-    start = np.concatenate([b[1].flat_values.numpy() for b in batches]).astype(np.int32)
+def _windows(features, counts, start) -> tuple[dict[str, np.ndarray], Windows]:
+    """A file's windows, from their features and the windows' starts (each document's number of
+    windows, and each window's start): features and `Windows`. A window's length is its mask
+    less [CLS] and [SEP], and a document ends where its last window does."""
+    start = start.astype(np.int32)
     length = (features["input_mask"].sum(1) - 2).astype(np.int32)
     document = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
     last = np.cumsum(counts) - 1
     return features, Windows(document, start, length, (start[last] + length[last]).astype(np.int32))
 
 
-def encode_text_windows(preprocessor, texts, doc_stride: int) -> tuple[dict[str, np.ndarray], Windows]:
+def encode_text_windows(preprocessor: Packer, texts, doc_stride: int) -> tuple[dict[str, np.ndarray], Windows]:
     """Model inputs for single texts of any length: each text whole, in overlapping windows.
 
     Each window is packed as a single text, "[CLS] window [SEP]", its windows of
@@ -131,7 +144,7 @@ def encode_text_windows(preprocessor, texts, doc_stride: int) -> tuple[dict[str,
     packed exactly as `encode_texts` packs it.
 
     Args:
-        preprocessor: kbert.text.preprocessing.BertPreprocessor.
+        preprocessor: kbert.text.packing.Packer (BertPreprocessor or PythonPreprocessor).
         texts: list of str. One document each.
         doc_stride: int. Tokens between two windows' starts, less than sequence_length - 2
             (`kbert.finetuning.options.window_stride`).
@@ -154,11 +167,11 @@ def encode_text_windows(preprocessor, texts, doc_stride: int) -> tuple[dict[str,
     ([0, 0, 1], [0, 2, 0], [4, 4, 2])
     """
     if isinstance(preprocessor, PythonPreprocessor):
-        return preprocessor.pack_windows(texts, doc_stride)
+        features, starts = preprocessor.pack_windows(texts, doc_stride)
+        return _windows(features, *_flat_lists(starts))
     batches = _pack_batches(lambda t: preprocessor.pack_windows(t, doc_stride), [_strings(texts)], len(texts))
-    if not batches:
-        return _features([], 0, preprocessor.sequence_length), Windows.from_starts([], [], 0)
-    return _windows(batches)
+    features = _features([b[0] for b in batches], len(texts), preprocessor.sequence_length)
+    return _windows(features, *_flat(batches, lambda b: b[1]))
 
 
 def _check_tags(words, tags, label_ids):
@@ -180,7 +193,7 @@ def _check_tags(words, tags, label_ids):
         )
 
 
-def encode_tagged(preprocessor, words, tags, label_ids: dict[str, int]):
+def encode_tagged(preprocessor: Packer, words, tags, label_ids: dict[str, int]):
     """Model inputs and per-token labels for tagging, each word's tag on its first WordPiece.
 
     Packed by `BertPreprocessor.pack_words`: "[CLS] pieces [SEP]" with segment 0, each word
@@ -188,7 +201,7 @@ def encode_tagged(preprocessor, words, tags, label_ids: dict[str, int]):
     sequence_length - 2; words whose first piece is cut off get position -1 and no label.
 
     Args:
-        preprocessor: kbert.text.preprocessing.BertPreprocessor.
+        preprocessor: kbert.text.packing.Packer (BertPreprocessor or PythonPreprocessor).
         words: list of list of str. The words of each sentence.
         tags: list of list of str, or None. One tag per word; None for prediction.
         label_ids: dict of str to int. The tags the model was trained on, and their ids.
@@ -216,30 +229,31 @@ def encode_tagged(preprocessor, words, tags, label_ids: dict[str, int]):
     """
     if tags is not None:
         _check_tags(words, tags, label_ids)
-    if isinstance(preprocessor, PythonPreprocessor):
-        return _encode_tagged_python(preprocessor, words, tags, label_ids)
-    import tensorflow as tf
-
     n, length = len(words), preprocessor.sequence_length
-    sentences = tf.RaggedTensor.from_row_lengths(
-        _strings([word for sentence in words for word in sentence]),
-        np.asarray([len(sentence) for sentence in words], np.int64),
-    )
-    batches = _pack_batches(preprocessor.pack_words, [sentences], n)
-    features = _features([features for features, _, _ in batches], n, length)
-    positions = [row for _, starts, _ in batches for row in starts.to_list()]
-    truncated = sum(int(np.count_nonzero(cut)) for _, _, cut in batches)
+    if isinstance(preprocessor, PythonPreprocessor):
+        features, positions, cut = preprocessor.pack_words(words)
+        first, truncated = _flat_lists(positions)[1], int(np.count_nonzero(cut))
+    else:
+        import tensorflow as tf
+
+        sentences = tf.RaggedTensor.from_row_lengths(
+            _strings([word for sentence in words for word in sentence]),
+            np.asarray([len(sentence) for sentence in words], np.int64),
+        )
+        batches = _pack_batches(preprocessor.pack_words, [sentences], n)
+        features = _features([features for features, _, _ in batches], n, length)
+        positions = [row for _, starts, _ in batches for row in starts.to_list()]
+        first, truncated = _flat(batches, lambda b: b[1])[1], sum(int(np.count_nonzero(cut)) for _, _, cut in batches)
     labels = np.full((n, length), -1, np.int32)
     if tags is not None and n:
-        flat = np.concatenate([starts.flat_values.numpy() for _, starts, _ in batches])
         rows = np.repeat(np.arange(n), [len(sentence) for sentence in words])
         ids = np.asarray([label_ids[tag] for sentence in tags for tag in sentence], np.int32)
-        kept = flat >= 0
-        labels[rows[kept], flat[kept]] = ids[kept]
+        kept = first >= 0
+        labels[rows[kept], first[kept]] = ids[kept]
     return features, labels, positions, truncated
 
 
-def encode_tagged_windows(preprocessor, words, tags, label_ids: dict[str, int], doc_stride: int):
+def encode_tagged_windows(preprocessor: Packer, words, tags, label_ids: dict[str, int], doc_stride: int):
     """Model inputs and per-token labels for tagging documents of any length, in overlapping windows.
 
     The pieces are `encode_tagged`'s (each word tokenized on its own, "[UNK]" for a word with
@@ -250,7 +264,7 @@ def encode_tagged_windows(preprocessor, words, tags, label_ids: dict[str, int], 
     tagged exactly once.
 
     Args:
-        preprocessor: kbert.text.preprocessing.BertPreprocessor.
+        preprocessor: kbert.text.packing.Packer (BertPreprocessor or PythonPreprocessor).
         words: list of list of str. The words of each document.
         tags: list of list of str, or None. One tag per word; None for prediction.
         label_ids: dict of str to int. The tags the model was trained on, and their ids.
@@ -281,17 +295,18 @@ def encode_tagged_windows(preprocessor, words, tags, label_ids: dict[str, int], 
         _check_tags(words, tags, label_ids)
     n, length = len(words), preprocessor.sequence_length
     sizes = np.asarray([len(sentence) for sentence in words], np.int64)
+    if not n:
+        return _tagged_windows(None, words, sizes, tags, label_ids, length)
     if isinstance(preprocessor, PythonPreprocessor):
-        packed = preprocessor.pack_word_windows(words, doc_stride) if n else None
-        return _tagged_windows(packed, words, sizes, tags, label_ids, length)
+        features, starts, first = preprocessor.pack_word_windows(words, doc_stride)
+        features, windows = _windows(features, *_flat_lists(starts))
+        return _tagged_windows((features, windows, _flat_lists(first)[1]), words, sizes, tags, label_ids)
     import tensorflow as tf
 
     sentences = tf.RaggedTensor.from_row_lengths(_strings([word for sentence in words for word in sentence]), sizes)
     batches = _pack_batches(lambda s: preprocessor.pack_word_windows(s, doc_stride), [sentences], n)
-    if not batches:
-        return _tagged_windows(None, words, sizes, tags, label_ids, length)
-    features, windows = _windows(batches)
-    first = np.concatenate([b[2].flat_values.numpy() for b in batches]).astype(np.int64)
+    features, windows = _windows(_features([b[0] for b in batches], n, length), *_flat(batches, lambda b: b[1]))
+    first = _flat(batches, lambda b: b[2])[1].astype(np.int64)
     return _tagged_windows((features, windows, first), words, sizes, tags, label_ids)
 
 
@@ -312,12 +327,12 @@ def _tagged_windows(packed, words, sizes, tags, label_ids, length=None):
     return features, labels, windows, max_context_windows(windows, document, first)
 
 
-def encode_choices(preprocessor, contexts, endings) -> tuple[dict[str, np.ndarray], int]:
+def encode_choices(preprocessor: Packer, contexts, endings) -> tuple[dict[str, np.ndarray], int]:
     """Model inputs for multiple choice: each (context, ending) pair packed as `encode_texts`
     packs a sentence pair, as the BERT paper fine-tuned on SWAG.
 
     Args:
-        preprocessor: kbert.text.preprocessing.BertPreprocessor.
+        preprocessor: kbert.text.packing.Packer (BertPreprocessor or PythonPreprocessor).
         contexts: list of str. One context per question.
         endings: list of list of str. The endings of each question, the same number for all.
 
@@ -357,129 +372,3 @@ def make_preprocessor(vocab_file, do_lower_case: bool, sequence_length: int):
 
         return BertPreprocessor(vocab_file, do_lower_case, sequence_length)
     return PythonPreprocessor(vocab_file, do_lower_case, sequence_length)
-
-
-class PythonPreprocessor:
-    """`kbert.text.preprocessing.BertPreprocessor`'s packing in Python and numpy, with the
-    Python tokenizer: the same ids, and no TensorFlow.
-
-    Its methods take Python lists and return numpy arrays; the functions of this module take it
-    wherever they take a `BertPreprocessor`.
-
-    Args:
-        vocab_file: str. The model's vocab.txt.
-        do_lower_case: bool. As the model was trained.
-        sequence_length: int. Every row's length.
-
-    Example:
-    >>> pre = PythonPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=8)
-    >>> features, truncated = pre.pack(["Hello, world!"], ["Bye."])  # "!" does not fit
-    >>> features["input_ids"].tolist(), features["segment_ids"].tolist(), truncated.tolist()
-    ([[101, 7592, 1010, 2088, 102, 9061, 1012, 102]], [[0, 0, 0, 0, 0, 1, 1, 1]], [True])
-    """
-
-    def __init__(self, vocab_file, do_lower_case: bool = True, sequence_length: int = 128):
-        self.vocab_file, self.do_lower_case = str(vocab_file), bool(do_lower_case)
-        self.sequence_length = int(sequence_length)
-        if self.sequence_length < 3:
-            raise ValueError(f"sequence_length must be at least 3 ([CLS] x [SEP]), got {sequence_length}")
-        self.tokenizer = Tokenizer(self.vocab_file, do_lower_case=self.do_lower_case)
-        vocab = self.tokenizer.vocab
-        missing = [token for token in ("[CLS]", "[SEP]") if token not in vocab]
-        if missing:
-            raise KbertError(
-                f"{self.vocab_file} has no {', '.join(missing)}; use the vocab.txt the model was trained with"
-            )
-        self.cls_id, self.sep_id, self.unk_id = vocab["[CLS]"], vocab["[SEP]"], vocab.get(UNK)
-
-    def ids(self, text: str) -> list:
-        """The WordPiece ids of `text`."""
-        return self.tokenizer.convert_tokens_to_ids(self.tokenizer.tokenize(text))
-
-    def _rows(self, token_lists, segment_lists) -> dict:
-        n, length = len(token_lists), self.sequence_length
-        out = {name: np.zeros((n, length), np.int32) for name in ("input_ids", "input_mask", "segment_ids")}
-        for row, (ids, segments) in enumerate(zip(token_lists, segment_lists)):
-            out["input_ids"][row, : len(ids)] = ids
-            out["input_mask"][row, : len(ids)] = 1
-            out["segment_ids"][row, : len(ids)] = segments
-        return out
-
-    def _single(self, tokens) -> list:
-        return [self.cls_id, *tokens[: self.sequence_length - 2], self.sep_id]
-
-    def pack(self, texts, texts_b=None):
-        """Texts (and second texts, "" or None for none) -> (the three inputs, truncated), as
-        `BertPreprocessor.pack`: `truncated` a bool [batch], True where tokens were cut."""
-        rows, segments, truncated = [], [], np.zeros(len(texts), bool)
-        for i, text in enumerate(texts):
-            a = self.ids(text)
-            b = self.ids(texts_b[i]) if texts_b is not None and texts_b[i] else []
-            if b:
-                truncated[i] = len(a) + len(b) > self.sequence_length - 3
-                # run_classifier._truncate_seq_pair: a token at a time from the longer text (b on a tie)
-                while len(a) + len(b) > self.sequence_length - 3:
-                    (a if len(a) > len(b) else b).pop()
-                rows.append([self.cls_id, *a, self.sep_id, *b, self.sep_id])
-                segments.append([0] * (len(a) + 2) + [1] * (len(b) + 1))
-            else:
-                truncated[i] = len(a) > self.sequence_length - 2
-                rows.append(self._single(a))
-                segments.append([0] * len(rows[-1]))
-        return self._rows(rows, segments), truncated
-
-    def _word_pieces(self, words) -> tuple:
-        """(pieces, first): a sentence's pieces, each word tokenized on its own ("[UNK]" for a
-        word with none), and each word's first piece counted from 0."""
-        if self.unk_id is None:  # the packing needs it for a word with no pieces
-            raise KbertError(f"{self.vocab_file} has no {UNK}; use the vocab.txt the model was trained with")
-        pieces, first = [], []
-        for word in words:
-            first.append(len(pieces))
-            pieces.extend(self.ids(word) or [self.unk_id])
-        return pieces, first
-
-    def pack_words(self, sentences):
-        """Sentences of words -> (the three inputs, each word's first-piece position ([CLS] is
-        0, -1 for a word cut off), truncated), as `BertPreprocessor.pack_words`."""
-        rows, positions, truncated = [], [], np.zeros(len(sentences), bool)
-        for i, words in enumerate(sentences):
-            pieces, first = self._word_pieces(words)
-            truncated[i] = len(pieces) > self.sequence_length - 2
-            rows.append(self._single(pieces))
-            positions.append([f + 1 if f + 1 <= self.sequence_length - 2 else -1 for f in first])
-        return self._rows(rows, [[0] * len(r) for r in rows]), positions, truncated
-
-    def _windows(self, documents, stride: int):
-        """(features, windows) of documents given as token id lists, as `pack_token_windows`."""
-        room, num_tokens = self.sequence_length - 2, [len(tokens) for tokens in documents]
-        w = sliding_windows(num_tokens, room, stride, empty_window=True)
-        rows = [self._single(documents[d][s : s + room]) for d, s in zip(w.document.tolist(), w.start.tolist())]
-        features = self._rows(rows, [[0] * len(r) for r in rows])
-        as_int = lambda values: np.asarray(values, np.int32)  # noqa: E731
-        return features, Windows(as_int(w.document), as_int(w.start), as_int(w.length), as_int(num_tokens))
-
-    def pack_windows(self, texts, stride: int):
-        """Texts of any length -> (the three inputs of each window, `Windows`), as
-        `encode_text_windows` returns them."""
-        return self._windows([self.ids(text) for text in texts], stride)
-
-    def pack_word_windows(self, sentences, stride: int):
-        """Sentences of words of any length -> (the three inputs of each window, `Windows`, each
-        word's first piece in its sentence, documents in order)."""
-        pieces = [self._word_pieces(words) for words in sentences]
-        features, windows = self._windows([p for p, _ in pieces], stride)
-        return features, windows, np.asarray([f for _, first in pieces for f in first], np.int64)
-
-
-def _encode_tagged_python(preprocessor: PythonPreprocessor, words, tags, label_ids):
-    """`encode_tagged` with the Python packer."""
-    n, length = len(words), preprocessor.sequence_length
-    features, positions, cut = preprocessor.pack_words(words)
-    labels = np.full((n, length), -1, np.int32)
-    if tags is not None:
-        for row, (sentence_positions, sentence_tags) in enumerate(zip(positions, tags)):
-            for position, tag in zip(sentence_positions, sentence_tags):
-                if position >= 0:
-                    labels[row, position] = label_ids[tag]
-    return features, labels, positions, int(np.count_nonzero(cut))

@@ -21,7 +21,7 @@ Fine-tuning runs on one device or under MirroredStrategy, where Keras' `model.fi
 (the multi-worker limitation that made pretraining use its own loop does not arise).
 
 On Keras' JAX and PyTorch backends the run needs no TensorFlow: the Python tokenizer and numpy
-pack the data (`kbert.finetuning.encoding.PythonPreprocessor`, the same ids), each epoch's batches
+pack the data (`kbert.text.packing.PythonPreprocessor`, the same ids), each epoch's batches
 are numpy arrays in the order numpy's generator draws from `seed + epoch`, checkpoints are
 `kbert.training.checkpoints`' and the TensorBoard logs `kbert.training.event_log`'s. It runs on the
 backend's default device (the GPU where there is one).

@@ -22,7 +22,7 @@ import keras
 from keras import ops
 
 from kbert._compat import track_attribute
-from kbert.config import BertConfig
+from kbert.config import ENCODER_INPUTS, BertConfig
 from kbert.model.layers import (
     BertEmbeddings,
     MaskedLMHead,
@@ -33,7 +33,6 @@ from kbert.model.layers import (
     dense,
 )
 
-ENCODER_INPUTS = ("input_ids", "input_mask", "segment_ids")
 VOCAB_ASSET = "vocab.txt"
 
 

@@ -2,7 +2,7 @@
 
 - `create_data`: `kbert create-data`, text -> TFRecords of masked-LM + next-sentence instances (the writer),
   with `instances` (the original's algorithm), `python_random` (CPython's draws), `record_encoder`
-  (Example protos and TFRecord frames), `worker_pool` (the spawned workers) and `record_statistics`;
+  (the records' features and Example bytes), `worker_pool` (the spawned workers) and `record_statistics`;
 - `beam_pipeline`: the same records made by an Apache Beam pipeline, on any runner;
 - `dataset`: those TFRecords -> a `tf.data` pipeline for training (the reader);
 - `losses`: the masked-LM and next-sentence losses;

@@ -64,8 +64,8 @@ from kbert.errors import KbertError, first_line, option
 from kbert.pretraining import create_data
 from kbert.pretraining.create_data import read_chunks
 from kbert.pretraining.instances import DataOptions, InstanceBuilder, InstanceCounts
-from kbert.pretraining.record_encoder import tfrecord_frames
 from kbert.pretraining.worker_pool import own_peak_kib
+from kbert.records import tfrecord_frames
 from kbert.text.tokenizer import load_vocab
 
 STATISTICS_FILE = "statistics.json"

@@ -4,7 +4,7 @@ This module is the command: its options, reading the text in chunks, and writing
 The rest of it, one job a module:
 - `instances`: the algorithm, beside the original's functions, and where and why it differs;
 - `python_random`: `random.shuffle` and `randint`, the same draws with fewer Python calls;
-- `record_encoder`: tf.train.Example bytes and TFRecord framing, without TensorFlow;
+- `record_encoder`: tf.train.Example bytes, without TensorFlow (`kbert.records` frames them);
 - `worker_pool`: the spawned worker processes, and peak memory;
 - `record_statistics`: `compute_statistics`, what any writer's records hold (with TensorFlow).
 
@@ -38,17 +38,8 @@ from kbert.files import (
     temporary_name,
 )
 from kbert.outputs import claim_output
-
-# This module's names from before it was split into the modules above, importable as they were.
-from kbert.pretraining.instances import DataOptions, InstanceBuilder, InstanceCounts, truncate_seq_pair  # noqa: F401
-from kbert.pretraining.python_random import shuffle  # noqa: F401
-from kbert.pretraining.record_encoder import FEATURES, tfrecord_frames  # noqa: F401
-from kbert.pretraining.record_statistics import compute_statistics  # noqa: F401
-from kbert.pretraining.worker_pool import (
-    chunk_results,
-    own_peak_kib,  # noqa: F401
-    peak_rss_mib,
-)
+from kbert.pretraining.instances import DataOptions, InstanceCounts
+from kbert.pretraining.worker_pool import chunk_results, peak_rss_mib
 from kbert.text.tokenizer import load_vocab
 
 SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")

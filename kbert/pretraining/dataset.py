@@ -13,13 +13,11 @@ import os
 import keras
 
 from kbert.errors import KbertError, on_command_line, op_error_text, option
+from kbert.pretraining.record_encoder import INPUT_KEYS, LABEL_KEYS
 from kbert.records import check_records_file
 
 if keras.config.backend() == "tensorflow":
     import tensorflow as tf
-
-LABEL_KEYS = ("masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
-INPUT_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")
 
 
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int):
@@ -106,7 +104,7 @@ def check_records(
 
 def _check_records_without_tensorflow(files, max_seq_length, max_predictions_per_seq, flag, vocab_size):
     """`check_records` by kbert's own record reader (CRC-checked): the same checks and messages."""
-    from kbert.pretraining.record_reader import parse_example, read_frames
+    from kbert.records import parse_example, read_frames
 
     for path in files:
         check_records_file(path, _named(flag))

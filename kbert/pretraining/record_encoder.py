@@ -1,42 +1,26 @@
-"""Pretraining records as bytes: tf.train.Example serialized by hand, and TFRecord framing.
+"""Pretraining records as bytes: their features, and tf.train.Example serialized by hand.
 
 The original builds a `tf.train.Example` per instance and writes it with a TFRecordWriter.
 Here a token is held as the protobuf bytes of its id, so a record's bytes are assembled with a
-few joins of precomputed pieces (`ExampleBytes`), and `tfrecord_frames` frames them as a
-TFRecord file holds them (CRC32C in C, google-crc32c). Neither needs TensorFlow, whose start-up
-alone was a sixth of create-data's time on the Debian corpus; the tests decode the records with
-the original run_pretraining.py's reader.
+few joins of precomputed pieces (`ExampleBytes`), and `kbert.records.tfrecord_frames` frames them
+as a TFRecord file holds them. Neither needs TensorFlow, whose start-up alone was a sixth of
+create-data's time on the Debian corpus; the tests decode the records with the original
+run_pretraining.py's reader.
 """
 
 from __future__ import annotations
 
-import array
-import struct
+from kbert.config import ENCODER_INPUTS
+from kbert.records import encode_varint
 
-from kbert.records import masked_crc
-
-FEATURES = (
-    "input_ids",
-    "input_mask",
-    "segment_ids",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "masked_lm_weights",
-    "next_sentence_labels",
-)
+# The features of create_pretraining_data.py's records: the pretrainer's inputs, then its labels.
+INPUT_KEYS = (*ENCODER_INPUTS, "masked_lm_positions")
+LABEL_KEYS = ("masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
+FEATURES = INPUT_KEYS + LABEL_KEYS
 
 # An Example is Features{map<string, Feature>}; a map entry is {1: key, 2: Feature}; a Feature
 # holds {2: FloatList | 3: Int64List}; each list is {1: packed values}. Every field here is
 # length-delimited (wire type 2), so the tags are (field << 3) | 2.
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 class ExampleBytes:
@@ -44,11 +28,18 @@ class ExampleBytes:
 
     Values only vary in a few places, so the fixed parts (tags, lengths, padding, the
     input_mask / weights / label entries) are built once and a record is one bytes.join.
+
+    Example:
+    >>> from kbert.records import parse_example
+    >>> record = ExampleBytes(8, 2, 100).record([b"\\x65", b"\\x07", b"\\x66"], 1, [1], [b"\\x09"], True)
+    >>> example = parse_example(record)
+    >>> example["input_ids"].tolist(), example["masked_lm_weights"].tolist()
+    ([101, 7, 102, 0, 0, 0, 0, 0], [1.0, 0.0])
     """
 
     def __init__(self, max_seq_length: int, max_predictions_per_seq: int, vocab_size: int):
         self.seq, self.preds = max_seq_length, max_predictions_per_seq
-        self.varint = [_varint(v) for v in range(max(vocab_size, max_seq_length) + 1)]
+        self.varint = [encode_varint(v) for v in range(max(vocab_size, max_seq_length) + 1)]
         self.zeros = [b"\x00" * n for n in range(4 * max(max_seq_length, max_predictions_per_seq) + 1)]
         self.ones = [b"\x01" * n for n in range(max_seq_length + 1)]
         self._prefixes = {}
@@ -68,7 +59,7 @@ class ExampleBytes:
         self.segment_prefix = self.prefix("segment_ids", seq)
 
     def _length(self, n: int) -> bytes:
-        return self.varint[n] if n < len(self.varint) else _varint(n)
+        return self.varint[n] if n < len(self.varint) else encode_varint(n)
 
     def prefix(self, name: str, size: int, float_list: bool = False) -> bytes:
         """Everything of a map entry before its packed values, for `size` bytes of values."""
@@ -120,27 +111,3 @@ class ExampleBytes:
             )
         )
         return b"\x0a" + self._length(len(features)) + features
-
-
-def tfrecord_frames(records) -> tuple[bytes, array.array]:
-    """The records framed as a TFRecord file holds them, joined, and each frame's length.
-
-    A frame is the record's length (uint64), its masked CRC32C, the record, the record's masked
-    CRC32C: frames joined in any order, or files of them concatenated, are TFRecord files.
-
-    Example:
-    >>> import os, tempfile, tensorflow as tf
-    >>> frames, lengths = tfrecord_frames([b"first", b"second"])
-    >>> list(lengths)
-    [21, 22]
-    >>> path = os.path.join(tempfile.mkdtemp(), "x.tfrecord")
-    >>> _ = open(path, "wb").write(frames)
-    >>> [r.numpy() for r in tf.data.TFRecordDataset(path)]
-    [b'first', b'second']
-    """
-    pack_length, pack_crc = struct.Struct("<Q").pack, struct.Struct("<I").pack
-    parts = []
-    for record in records:
-        length = pack_length(len(record))
-        parts += (length, pack_crc(masked_crc(length)), record, pack_crc(masked_crc(record)))
-    return b"".join(parts), array.array("Q", (len(r) + 16 for r in records))

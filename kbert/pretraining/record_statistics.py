@@ -2,9 +2,8 @@
 
 `compute_statistics` reads any writer's records (kbert's, the original script's, the Beam
 pipeline's) and reports the shares create-data's own counts report, so two writers' outputs can
-be compared. It is the one part of create-data that imports TensorFlow, and only when called:
-`kbert.pretraining.create_data` re-exports it, and importing that module must not load
-TensorFlow (create-data never pays for its start-up).
+be compared. It is the one part of create-data that imports TensorFlow, and only when called, so
+importing it does not load TensorFlow.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 from kbert.pretraining.instances import InstanceBuilder
-from kbert.pretraining.record_encoder import tfrecord_frames
 from kbert.processes import die_with_parent
+from kbert.records import tfrecord_frames
 
 _BUILDER: InstanceBuilder | None = None
 

@@ -2,7 +2,8 @@
 
 - `tokenizer`: `Tokenizer`, the same tokens as google-research/bert's `FullTokenizer`;
 - `unicode_classes`: the character classes both tokenizers share;
-- `packing`: `pack_texts`, texts -> the encoder's three inputs as numpy arrays, in Python (any backend);
+- `packing`: `pack_texts` and `PythonPreprocessor`, texts -> the encoder's three inputs as numpy arrays, in
+  Python (any backend), and `Packer`, what it and `BertPreprocessor` share;
 - `graph_tokenizer`: `GraphTokenizer`, the same ids as TensorFlow ops (for SavedModels and tf.data);
 - `preprocessing`: `BertPreprocessor`, strings (or words to tag) -> the encoder's three inputs, in the
   graph: the one packing fine-tuning data and exports share;

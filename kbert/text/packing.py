@@ -4,17 +4,57 @@
 `[CLS] a [SEP] b [SEP]` with segment id 1 on b and its `[SEP]`; a pair too long loses tokens from
 the end of its longer text, one at a time (`_truncate_seq_pair`), a single text its last tokens;
 then zeros up to the sequence length. It needs no TensorFlow, so its arrays feed `model.fit` and
-`predict` on every Keras backend. (`kbert.BertPreprocessor` packs the same way in the graph, for
-tf.data pipelines and exports.)
+`predict` on every Keras backend.
+
+`PythonPreprocessor` is the same packing behind the methods of `kbert.BertPreprocessor`, which
+packs in the graph for tf.data pipelines and exports; it adds words to tag and long documents in
+windows. Fine-tuning reads its files with either (`kbert.finetuning.encoding`), and both give the
+same ids: `Packer` is what the two share.
 """
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import numpy as np
 
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH, ENCODER_INPUTS
 from kbert.errors import KbertError
+from kbert.text.tokenizer import UNK, Tokenizer
+from kbert.text.windows import sliding_windows
 
-INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
+
+@runtime_checkable
+class Packer(Protocol):
+    """What fine-tuning asks of a packer: texts, pairs, words to tag, and long documents in
+    windows -> the encoder's three inputs (`kbert.config.ENCODER_INPUTS`), int32 [rows, sequence_length].
+
+    `kbert.text.preprocessing.BertPreprocessor` packs in the graph: it takes string tensors and
+    returns tensors, RaggedTensors where rows differ in length. `PythonPreprocessor` takes lists
+    and returns numpy arrays, and lists of lists where rows differ in length. Both give the same ids.
+
+    Example:
+    >>> isinstance(PythonPreprocessor("tests/fixtures/vocab-uncased.txt"), Packer)
+    True
+    """
+
+    vocab_file: str
+    do_lower_case: bool
+    sequence_length: int
+
+    def pack(self, texts, texts_b=None):
+        """Texts (and second texts, "" for none) -> (features, truncated: bool [rows])."""
+
+    def pack_words(self, words):
+        """Sentences of words -> (features, each word's first-piece position ([CLS] is 0, -1 for
+        a word cut off) [sentences, (words)], truncated), each word tokenized on its own."""
+
+    def pack_windows(self, texts, stride):
+        """Documents -> (the features of each window, the windows' starts [documents, (windows)])."""
+
+    def pack_word_windows(self, words, stride):
+        """Documents of words -> (the features of each window, the windows' starts, each word's
+        first piece counted from 0 in its document [documents, (words)])."""
 
 
 def pack_texts(tokenizer, texts, texts_b=None, *, sequence_length: int = 128) -> dict[str, np.ndarray]:
@@ -64,20 +104,34 @@ def pack_texts(tokenizer, texts, texts_b=None, *, sequence_length: int = 128) ->
             f"{tokenizer.vocab_file} has no {' or '.join(missing)}; pack_texts needs a BERT vocab.txt that has both"
         )
     cls, sep = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
-    out = {name: np.zeros((len(texts), sequence_length), np.int32) for name in INPUT_NAMES}
-    for row, text in enumerate(texts):
-        a = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(text))
-        b = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(texts_b[row])) if texts_b and texts_b[row] else []
+    features, _ = _pack_pairs(_token_ids(tokenizer, texts, texts_b), sequence_length, cls, sep)
+    return features
+
+
+def _token_ids(tokenizer, texts, texts_b) -> list:
+    """[(ids of a, ids of b)] of each example; b's are [] for a single text or an empty second one."""
+
+    def ids(text):
+        return tokenizer.convert_tokens_to_ids(tokenizer.tokenize(text))
+
+    if texts_b is None:
+        return [(ids(a), []) for a in texts]
+    return [(ids(a), ids(b) if b else []) for a, b in zip(texts, texts_b)]
+
+
+def _pack_pairs(pairs, sequence_length: int, cls_id: int, sep_id: int) -> tuple[dict, np.ndarray]:
+    """(ids of a, ids of b) of each example -> (the three inputs, truncated), as
+    run_classifier.py packs them: a pair whose b is empty packs as a single text."""
+    rows, truncated = [], np.zeros(len(pairs), bool)
+    for i, (a, b) in enumerate(pairs):
         if b:
+            truncated[i] = len(a) + len(b) > sequence_length - 3
             _truncate_pair(a, b, sequence_length - 3)
-            ids, segments = [cls, *a, sep, *b, sep], [0] * (len(a) + 2) + [1] * (len(b) + 1)
+            rows.append(([cls_id, *a, sep_id, *b, sep_id], len(a) + 2))
         else:
-            ids = [cls, *a[: sequence_length - 2], sep]
-            segments = [0] * len(ids)
-        out["input_ids"][row, : len(ids)] = ids
-        out["input_mask"][row, : len(ids)] = 1
-        out["segment_ids"][row, : len(ids)] = segments
-    return out
+            truncated[i] = len(a) > sequence_length - 2
+            rows.append(_single(a, sequence_length, cls_id, sep_id))
+    return _fill(rows, sequence_length), truncated
 
 
 def _truncate_pair(a: list, b: list, budget: int):
@@ -85,3 +139,138 @@ def _truncate_pair(a: list, b: list, budget: int):
     # so that a short text keeps all its tokens.
     while len(a) + len(b) > budget:
         (a if len(a) > len(b) else b).pop()
+
+
+def _single(tokens, sequence_length: int, cls_id: int, sep_id: int) -> tuple[list, int]:
+    """The row "[CLS] tokens [SEP]", the tokens cut to fit, and its length: all of it is segment 0."""
+    ids = [cls_id, *tokens[: sequence_length - 2], sep_id]
+    return ids, len(ids)
+
+
+def _fill(rows, sequence_length: int) -> dict[str, np.ndarray]:
+    """Rows of (ids, how many of them are segment 0) -> the three inputs, int32, zero padded."""
+    out = {name: np.zeros((len(rows), sequence_length), np.int32) for name in ENCODER_INPUTS}
+    for row, (ids, first_segment) in enumerate(rows):
+        out["input_ids"][row, : len(ids)] = ids
+        out["input_mask"][row, : len(ids)] = 1
+        out["segment_ids"][row, first_segment : len(ids)] = 1
+    return out
+
+
+def checked_sequence_length(sequence_length) -> int:
+    """A packer's row length as an int, or a ValueError when it cannot hold [CLS] x [SEP].
+
+    >>> checked_sequence_length(2)
+    Traceback (most recent call last):
+    ...
+    ValueError: sequence_length must be at least 3 ([CLS] x [SEP]), got 2
+    """
+    if int(sequence_length) < 3:
+        raise ValueError(f"sequence_length must be at least 3 ([CLS] x [SEP]), got {sequence_length}")
+    return int(sequence_length)
+
+
+def require_tokens(vocab_file, vocab, *tokens) -> None:
+    """A one-line `KbertError` unless `vocab` holds every one of `tokens`."""
+    missing = [token for token in tokens if token not in vocab]
+    if missing:
+        raise KbertError(f"{vocab_file} has no {', '.join(missing)}; use the vocab.txt the model was trained with")
+
+
+def special_token_ids(vocab_file, vocab) -> tuple[int, int, int | None]:
+    """A packer's ids of [CLS] and [SEP], which it needs, and of [UNK] (None where the vocabulary
+    has none: only words to tag need it).
+
+    >>> special_token_ids("vocab.txt", {"[CLS]": 101, "[SEP]": 102})
+    (101, 102, None)
+    >>> special_token_ids("vocab.txt", {"[CLS]": 101})
+    Traceback (most recent call last):
+    ...
+    kbert.errors.KbertError: vocab.txt has no [SEP]; use the vocab.txt the model was trained with
+    """
+    require_tokens(vocab_file, vocab, "[CLS]", "[SEP]")
+    return vocab["[CLS]"], vocab["[SEP]"], vocab.get(UNK)
+
+
+class PythonPreprocessor:
+    """`kbert.text.preprocessing.BertPreprocessor`'s packing in Python and numpy, with the
+    Python tokenizer: the same ids, and no TensorFlow (a `Packer`).
+
+    Its methods take Python lists and return numpy arrays (lists of lists where rows differ in
+    length); `kbert.finetuning.encoding`'s functions take it wherever they take a `BertPreprocessor`.
+
+    Args:
+        vocab_file: str. The model's vocab.txt.
+        do_lower_case: bool. As the model was trained.
+        sequence_length: int. Every row's length.
+
+    Example:
+    >>> pre = PythonPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=8)
+    >>> features, truncated = pre.pack(["Hello, world!"], ["Bye."])  # "!" does not fit
+    >>> features["input_ids"].tolist(), features["segment_ids"].tolist(), truncated.tolist()
+    ([[101, 7592, 1010, 2088, 102, 9061, 1012, 102]], [[0, 0, 0, 0, 0, 1, 1, 1]], [True])
+    """
+
+    def __init__(self, vocab_file, do_lower_case: bool = True, sequence_length: int = DEFAULT_MAX_SEQ_LENGTH):
+        self.vocab_file, self.do_lower_case = str(vocab_file), bool(do_lower_case)
+        self.sequence_length = checked_sequence_length(sequence_length)
+        self.tokenizer = Tokenizer(self.vocab_file, do_lower_case=self.do_lower_case)
+        self.cls_id, self.sep_id, self.unk_id = special_token_ids(self.vocab_file, self.tokenizer.vocab)
+
+    def ids(self, text: str) -> list:
+        """The WordPiece ids of `text`."""
+        return self.tokenizer.convert_tokens_to_ids(self.tokenizer.tokenize(text))
+
+    def _single(self, tokens) -> tuple[list, int]:
+        return _single(tokens, self.sequence_length, self.cls_id, self.sep_id)
+
+    def pack(self, texts, texts_b=None):
+        """Texts (and second texts, "" or None for none) -> (the three inputs, truncated), as
+        `BertPreprocessor.pack`: `truncated` a bool [batch], True where tokens were cut."""
+        return _pack_pairs(_token_ids(self.tokenizer, texts, texts_b), self.sequence_length, self.cls_id, self.sep_id)
+
+    def _word_pieces(self, words) -> tuple:
+        """(pieces, first): a sentence's pieces, each word tokenized on its own ("[UNK]" for a
+        word with none), and each word's first piece counted from 0."""
+        if self.unk_id is None:  # the packing needs it for a word with no pieces
+            require_tokens(self.vocab_file, {}, UNK)
+        pieces, first = [], []
+        for word in words:
+            first.append(len(pieces))
+            pieces.extend(self.ids(word) or [self.unk_id])
+        return pieces, first
+
+    def pack_words(self, sentences):
+        """Sentences of words -> (the three inputs, each word's first-piece position ([CLS] is
+        0, -1 for a word cut off), truncated), as `BertPreprocessor.pack_words`."""
+        rows, positions, truncated = [], [], np.zeros(len(sentences), bool)
+        for i, words in enumerate(sentences):
+            pieces, first = self._word_pieces(words)
+            truncated[i] = len(pieces) > self.sequence_length - 2
+            rows.append(self._single(pieces))
+            positions.append([f + 1 if f + 1 <= self.sequence_length - 2 else -1 for f in first])
+        return _fill(rows, self.sequence_length), positions, truncated
+
+    def _windows(self, documents, stride: int):
+        """(the three inputs of each window, the windows' starts) of documents given as token id
+        lists, as `kbert.text.preprocessing.pack_token_windows` packs them."""
+        room = self.sequence_length - 2
+        windows = sliding_windows([len(tokens) for tokens in documents], room, stride, empty_window=True)
+        starts = [[] for _ in documents]
+        rows = []
+        for document, start in zip(windows.document.tolist(), windows.start.tolist()):
+            starts[document].append(start)
+            rows.append(self._single(documents[document][start : start + room]))
+        return _fill(rows, self.sequence_length), starts
+
+    def pack_windows(self, texts, stride: int):
+        """Texts of any length -> (the three inputs of each window, the windows' starts), as
+        `BertPreprocessor.pack_windows`."""
+        return self._windows([self.ids(text) for text in texts], stride)
+
+    def pack_word_windows(self, sentences, stride: int):
+        """Sentences of words of any length -> (the three inputs of each window, the windows'
+        starts, each word's first piece in its sentence), as `BertPreprocessor.pack_word_windows`."""
+        pieces = [self._word_pieces(words) for words in sentences]
+        features, starts = self._windows([p for p, _ in pieces], stride)
+        return features, starts, [first for _, first in pieces]

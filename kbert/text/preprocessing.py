@@ -27,9 +27,9 @@ import keras
 import tensorflow as tf
 
 import kbert.config
-from kbert.errors import KbertError
 from kbert.model_dir import VOCAB_FILE, load_config
 from kbert.text.graph_tokenizer import GraphTokenizer
+from kbert.text.packing import checked_sequence_length, require_tokens, special_token_ids
 from kbert.text.tokenizer import UNK, load_vocab
 from kbert.text.windows import sliding_windows
 
@@ -272,17 +272,12 @@ def pack_word_pieces(pieces, sequence_length, cls_id: int, sep_id: int, unk_id: 
     return packed, pieces.with_values(first), tokens.row_lengths() > sequence_length - 2
 
 
-def _require_tokens(vocab_file, vocab, *tokens):
-    missing = [token for token in tokens if token not in vocab]
-    if missing:
-        raise KbertError(f"{vocab_file} has no {', '.join(missing)}; use the vocab.txt the model was trained with")
-
-
 @keras.saving.register_keras_serializable(package="kbert")
 class BertPreprocessor(keras.layers.Layer):
     """Strings [batch] (or a pair of them) -> {"input_ids", "input_mask", "segment_ids"} int32 [batch, length].
 
-    Use it in `tf.data` (`dataset.map`) or as the first layer of an exported model.
+    Use it in `tf.data` (`dataset.map`) or as the first layer of an exported model. It is a
+    `kbert.text.packing.Packer`, as `PythonPreprocessor` is: the same packing, in Python.
 
     Args:
         vocab_file: str. The model's vocab.txt.
@@ -307,13 +302,9 @@ class BertPreprocessor(keras.layers.Layer):
         kwargs.setdefault("dtype", "int32")
         super().__init__(trainable=False, **kwargs)
         self.vocab_file, self.do_lower_case = str(vocab_file), bool(do_lower_case)
-        self.sequence_length = int(sequence_length)
-        if self.sequence_length < 3:
-            raise ValueError(f"sequence_length must be at least 3 ([CLS] x [SEP]), got {sequence_length}")
-        vocab = load_vocab(self.vocab_file)
-        _require_tokens(self.vocab_file, vocab, "[CLS]", "[SEP]")
+        self.sequence_length = checked_sequence_length(sequence_length)
+        self.cls_id, self.sep_id, self.unk_id = special_token_ids(self.vocab_file, load_vocab(self.vocab_file))
         self.tokenizer = GraphTokenizer(self.vocab_file, self.do_lower_case)
-        self.cls_id, self.sep_id, self.unk_id = vocab["[CLS]"], vocab["[SEP]"], vocab.get(UNK)
 
     @classmethod
     def for_model(cls, model_or_dir, sequence_length: int | None = None):
@@ -390,7 +381,7 @@ class BertPreprocessor(keras.layers.Layer):
         ([[101, 2848, 2003, 14477, 20961, 3468, 102, 0]], [[1, 2, 3]], [False])
         """
         if self.unk_id is None:  # the packing needs it for a word with no pieces
-            _require_tokens(self.vocab_file, {}, UNK)
+            require_tokens(self.vocab_file, {}, UNK)
         pieces = tf.RaggedTensor.from_row_lengths(self.tokenizer(words.flat_values), words.row_lengths())
         return pack_word_pieces(pieces, self.sequence_length, self.cls_id, self.sep_id, self.unk_id)
 
@@ -417,7 +408,7 @@ class BertPreprocessor(keras.layers.Layer):
         ([[0, 2]], [[0, 1, 2]])
         """
         if self.unk_id is None:
-            _require_tokens(self.vocab_file, {}, UNK)
+            require_tokens(self.vocab_file, {}, UNK)
         pieces = tf.RaggedTensor.from_row_lengths(self.tokenizer(words.flat_values), words.row_lengths())
         return pack_word_windows(pieces, self.sequence_length, stride, self.cls_id, self.sep_id, self.unk_id)
 

@@ -1,6 +1,6 @@
 """TensorBoard event files written in pure Python, for training on any Keras backend.
 
-TensorBoard reads `events.out.tfevents.*` files: TFRecord frames (`kbert.pretraining.record_encoder`
+TensorBoard reads `events.out.tfevents.*` files: TFRecord frames (`kbert.records`
 frames them, CRC32C and all) around serialized `Event` protos. Training loops that run without
 TensorFlow write their scalars here, and TensorBoard shows them as it shows `tf.summary` scalars.
 
@@ -17,18 +17,18 @@ import socket
 import struct
 import time
 
-from kbert.pretraining.record_encoder import _varint, tfrecord_frames
+from kbert.records import encode_varint, tfrecord_frames
 
 _files = itertools.count()  # tells apart two logs opened in the same second by one process
 
 
 def _length_delimited(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+    return encode_varint(field << 3 | 2) + encode_varint(len(payload)) + payload
 
 
 def _event(wall_time: float, step: int, body: bytes) -> bytes:
     # wall_time is field 1 as a little-endian double (wire type 1), step field 2 as a varint.
-    return b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step) + body
+    return b"\x09" + struct.pack("<d", wall_time) + b"\x10" + encode_varint(step) + body
 
 
 def _summary(values: dict) -> bytes:

@@ -1,4 +1,4 @@
-"""Fine-tuning's packing on JAX and PyTorch (`kbert.finetuning.encoding.PythonPreprocessor`: the
+"""Fine-tuning's packing on JAX and PyTorch (`kbert.text.packing.PythonPreprocessor`: the
 Python tokenizer and numpy) gives the ids of the in-graph packer that TensorFlow runs, every export
 included: on the real vocabulary and real text, for every kind of example. (Fine-tuning on those
 backends themselves: tests/test_without_tensorflow.py.)
@@ -27,6 +27,7 @@ def _real_texts():
 @pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
 def test_the_python_packer_gives_the_in_graph_packers_ids(lower):
     from kbert.finetuning import encoding
+    from kbert.text.packing import PythonPreprocessor
     from kbert.text.preprocessing import BertPreprocessor
 
     texts = _real_texts()
@@ -36,7 +37,7 @@ def test_the_python_packer_gives_the_in_graph_packers_ids(lower):
     for length in (8, 40):
         graph, python = (
             BertPreprocessor(UNCASED_VOCAB, lower, length),
-            encoding.PythonPreprocessor(UNCASED_VOCAB, lower, length),
+            PythonPreprocessor(UNCASED_VOCAB, lower, length),
         )
         for name, run in {
             "single": lambda p: encoding.encode_texts(p, texts),

@@ -27,7 +27,10 @@ from conftest import FIXTURES, UNCASED_VOCAB, assert_user_error, run_kbert
 from kbert import Tokenizer
 from kbert.errors import KbertError, command_line_names
 from kbert.pretraining import create_data, python_random
-from kbert.pretraining.create_data import FEATURES, compute_statistics, create_pretraining_data
+from kbert.pretraining.create_data import create_pretraining_data
+from kbert.pretraining.instances import InstanceBuilder, truncate_seq_pair
+from kbert.pretraining.record_encoder import FEATURES
+from kbert.pretraining.record_statistics import compute_statistics
 
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
 
@@ -148,7 +151,7 @@ def test_truncate_seq_pair_cuts_like_original(original):
         ours, theirs = random.Random(seed), random.Random(seed)
         want_a, want_b = a[:], b[:]
         original.truncate_seq_pair(want_a, want_b, limit, theirs)
-        assert create_data.truncate_seq_pair(a, b, limit, ours) == (want_a, want_b)
+        assert truncate_seq_pair(a, b, limit, ours) == (want_a, want_b)
         assert ours.random() == theirs.random()
 
 
@@ -258,7 +261,7 @@ def test_output_does_not_depend_on_the_number_of_workers(tmp_path):
 
 
 def test_whole_word_mask_masks_whole_words(tmp_path):
-    vocab = create_data.InstanceBuilder(UNCASED_VOCAB, True, create_data.DataOptions()).tokenizer.inv_vocab
+    vocab = InstanceBuilder(UNCASED_VOCAB, True, create_data.DataOptions()).tokenizer.inv_vocab
     result = create_pretraining_data(
         [SAMPLE], UNCASED_VOCAB, tmp_path / "wwm.tfrecord", dupe_factor=20, workers=1, whole_word_mask=True
     )

@@ -11,7 +11,8 @@ import pytest
 from conftest import FIXTURES, UNCASED_VOCAB, run_kbert
 from kbert.errors import KbertError
 from kbert.pretraining.dataset import feature_spec
-from kbert.pretraining.record_reader import numpy_batches, parse_example, read_frames
+from kbert.pretraining.record_reader import numpy_batches
+from kbert.records import parse_example, read_frames
 
 SEQ, PREDS = 64, 10
 
@@ -140,29 +141,6 @@ def test_records_of_another_shape_are_one_line(records):
         next(numpy_batches([str(records / "data1.tfrecord")], 2, 128, PREDS, training=False))
 
 
-def test_unpacked_and_negative_values_decode_as_protobuf_does():
-    from google.protobuf.internal.encoder import _VarintBytes  # protobuf's own encoder, for the wire bytes
-
-    # Int64List{value: -3, value: 300} unpacked (wire type 0), FloatList{1.5} unpacked (wire type 5)
-    ints = b"\x08" + _VarintBytes((1 << 64) - 3) + b"\x08" + _VarintBytes(300)
-    floats = b"\x0d" + np.float32(1.5).tobytes()
-
-    def entry(key, feature):
-        body = b"\x0a" + bytes([len(key)]) + key + b"\x12" + bytes([len(feature)]) + feature
-        return b"\x0a" + bytes([len(body)]) + body
-
-    features = entry(b"a", b"\x1a" + bytes([len(ints)]) + ints) + entry(b"b", b"\x12\x05" + floats)
-    features += entry(b"c", b"\x0a\x04\x0a\x02hi")
-    raw = b"\x0a" + bytes([len(features)]) + features
-    import tensorflow as tf
-
-    theirs = tf.train.Example.FromString(raw).features.feature
-    example = parse_example(raw)
-    assert example["a"].tolist() == list(theirs["a"].int64_list.value) == [-3, 300]
-    assert example["b"].tolist() == list(theirs["b"].float_list.value) == [1.5]
-    assert example["c"] == list(theirs["c"].bytes_list.value) == [b"hi"]
-
-
 def test_it_imports_no_tensorflow(records):
     code = (
         "import sys; sys.modules['tensorflow'] = None\n"
@@ -176,7 +154,7 @@ def test_it_imports_no_tensorflow(records):
 
 @pytest.mark.parametrize("data", [b"\x0f", b"\x80", b"\x0a\xff\xff\xff\xff\x0f", b"plain text, not a proto"])
 def test_a_frame_that_is_not_an_example_is_one_line(tmp_path, data):
-    from kbert.pretraining.record_encoder import tfrecord_frames
+    from kbert.records import tfrecord_frames
 
     path = tmp_path / "other.tfrecord"
     path.write_bytes(tfrecord_frames([data])[0])

@@ -62,3 +62,22 @@ def test_bad_inputs_are_one_line(tmp_path):
     vocab.write_text("[PAD]\n[UNK]\n[SEP]\nhello\n")
     with pytest.raises(KbertError, match=r"vocab.txt has no \[CLS\]; pack_texts needs a BERT vocab.txt that has both"):
         kbert.pack_texts(kbert.Tokenizer(vocab), ["hello"])
+
+
+def test_both_packers_are_packers_and_pack_as_pack_texts():
+    from kbert.text.packing import Packer, PythonPreprocessor
+    from kbert.text.preprocessing import BertPreprocessor
+
+    texts, texts_b = LINES[:-1], LINES[1:]
+    python = PythonPreprocessor(UNCASED_VOCAB, sequence_length=16)
+    assert isinstance(python, Packer) and isinstance(BertPreprocessor(UNCASED_VOCAB, sequence_length=16), Packer)
+    features, truncated = python.pack(texts, texts_b)
+    want = kbert.pack_texts(kbert.Tokenizer(UNCASED_VOCAB), texts, texts_b, sequence_length=16)
+    for name in want:
+        np.testing.assert_array_equal(features[name], want[name], err_msg=name)
+    tokens = [len(python.tokenizer.tokenize(a)) + len(python.tokenizer.tokenize(b)) for a, b in zip(texts, texts_b)]
+    assert truncated.tolist() == [n > 16 - 3 for n in tokens]
+    _, truncated = python.pack(
+        ["One two.", "One two three four five six seven eight nine ten eleven twelve thirteen fourteen."]
+    )
+    assert truncated.tolist() == [False, True]
