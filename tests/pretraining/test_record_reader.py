@@ -10,8 +10,8 @@ import pytest
 
 from conftest import FIXTURES, UNCASED_VOCAB, run_kbert
 from kbert.errors import KbertError
-from kbert.pretraining.tf_dataset import feature_spec
 from kbert.pretraining.record_reader import numpy_batches, parse_example, read_frames
+from kbert.pretraining.tf_dataset import feature_spec
 
 SEQ, PREDS = 64, 10
 
