@@ -143,9 +143,8 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
 
         last, last_eval, speed = _train(engine, training, setup, model_dir)
 
-        model = training.model
-        result = _finished(engine, model, training, opts, last, last_eval, speed, model_dir, start)
-    return (result, model) if return_model else result
+        result = _finished(engine, training, opts, last, last_eval, speed, model_dir, start)
+    return (result, training.model) if return_model else result
 
 
 def _train(engine, training: Training, setup: RunSetup, model_dir):
@@ -235,11 +234,11 @@ def _start_run_files(engine, opts, training: Training, model_dir, start: ModelSt
     return writer, eval_writer
 
 
-def _finished(engine, model, training: Training, opts, last, last_eval, speed, model_dir, start: ModelStart) -> dict:
+def _finished(engine, training: Training, opts, last, last_eval, speed, model_dir, start: ModelStart) -> dict:
     """A finished run's model files (where this process writes them) and its result."""
     if training.chief:
-        model.fresh_heads = ()  # pretraining trains every head: masked-LM, next-sentence and the pooler
-        write_model_files(model, model_dir, start.vocab_file, start.do_lower_case, weights=True)
+        training.model.fresh_heads = ()  # pretraining trains every head: masked-LM, next-sentence and the pooler
+        write_model_files(training.model, model_dir, start.vocab_file, start.do_lower_case, weights=True)
         write_loss_plot(os.path.join(model_dir, METRICS_FILE), os.path.join(model_dir, LOSS_PLOT))
     result = {k: last[k] for k in ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
     result["sequences_per_second"] = speed
