@@ -23,7 +23,7 @@ import keras_hub
 import pretrain_bench as bench  # beside this script, so on sys.path when it runs
 import tensorflow as tf
 
-from kbert.pretraining.dataset import pretraining_dataset
+from kbert.pretraining.tf_dataset import pretraining_dataset
 
 
 def main():

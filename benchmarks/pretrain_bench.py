@@ -112,7 +112,7 @@ def child_keras_hub(records, steps, mixed, jit):
     import keras
     import keras_hub
 
-    from kbert.pretraining.dataset import pretraining_dataset
+    from kbert.pretraining.tf_dataset import pretraining_dataset
 
     if mixed:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")

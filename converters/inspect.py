@@ -176,7 +176,7 @@ def _describe_interrupted_run(src, prefix: str) -> dict:
     """A `kbert pretrain --model-dir` that stopped before writing model.weights.h5: its config,
     the checkpoint `--resume` continues from, and how to continue it."""
     reader = open_reader(prefix)
-    # tf.train.Checkpoint(weights=[...], optimizer=...) as kbert.pretraining.train saves it.
+    # tf.train.Checkpoint(weights=[...], optimizer=...) as kbert.pretraining.tf_engine saves it.
     weights = {
         n: s
         for n, s in reader.get_variable_to_shape_map().items()

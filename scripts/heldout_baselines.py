@@ -15,7 +15,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
-from kbert.pretraining.dataset import pretraining_dataset
+from kbert.pretraining.tf_dataset import pretraining_dataset
 
 
 def main():

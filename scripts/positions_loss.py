@@ -27,7 +27,8 @@ def main():
     args = parser.parse_args()
 
     import kbert
-    from kbert.pretraining.dataset import find_files, pretraining_dataset
+    from kbert.pretraining.record_checks import find_files
+    from kbert.pretraining.tf_dataset import pretraining_dataset
 
     model = kbert.load(args.model_dir)
     data = pretraining_dataset(

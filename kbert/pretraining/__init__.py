@@ -4,10 +4,13 @@
   with `instances` (the original's algorithm), `python_random` (CPython's draws), `record_encoder`
   (the records' features and Example bytes), `worker_pool` (the spawned workers) and `record_statistics`;
 - `beam_pipeline`: the same records made by an Apache Beam pipeline, on any runner;
-- `dataset`: those TFRecords -> a `tf.data` pipeline for training (the reader);
+- `record_checks`: the record files a run is given, found and checked before it trains;
 - `losses`: the masked-LM and next-sentence losses;
-- `train`: `kbert pretrain`, the custom `strategy.run` training loop, with `options` (its flags) and
-  `run_record` (pretrain_run.json: what `--resume` continues with and may change);
-- `keras_loop`: the same run on JAX and PyTorch, by Keras' own `fit`, without TensorFlow;
+- `train`: `kbert pretrain`, the one training loop, with `options` (its flags), `run_setup` (what a
+  run settles before it trains) and `run_record` (pretrain_run.json: what `--resume` continues with
+  and may change); an engine runs what differs between backends:
+  - `tf_engine`: a custom `strategy.run` loop on TensorFlow, reading `tf_dataset` (the records as a
+    `tf.data` pipeline) and training with `tf_losses` (a faster cross-entropy);
+  - `keras_engine`: Keras' own `fit` on JAX and PyTorch, without TensorFlow;
 - `fill_mask`: `kbert fill-mask`, the masked-LM head's top predictions.
 """

@@ -1,24 +1,16 @@
 """The pretraining losses of run_pretraining.py, and softmax cross-entropy for a large vocabulary.
 
 `pretraining_losses` and the cross-entropy are `keras.ops`, the same on TensorFlow, JAX and
-PyTorch. On TensorFlow the cross-entropy takes a faster form (chosen once, at the bottom of this
-module): `tf.nn.sparse_softmax_cross_entropy_with_logits` over BERT's 30,522-token vocabulary
-runs single-pass but barely parallel on CPU, so forward and backward take longer than the same
-arithmetic written as exp / sum / log with its gradient `softmax - one_hot`. The results agree
-to float32 rounding (timings and differences: docs/performance.md, "What makes kbert's step
-faster"; tests/pretraining/test_losses.py holds them). There, the passes without a
-transcendental function (the row maximum and the shift by it; the gradient's scaling and its
-one-hot subtraction) are XLA-compiled, one pass each; the exp and log stay TensorFlow's:
-XLA:CPU's exp differs from it by about 4e-6 relative.
+PyTorch. TensorFlow's engine trains with a faster form of the cross-entropy
+(`kbert.pretraining.tf_losses`), which it passes to `pretraining_losses`.
 """
 
 from __future__ import annotations
 
-import keras
 from keras import ops
 
 
-def pretraining_losses(outputs, labels):
+def pretraining_losses(outputs, labels, cross_entropy=None):
     """The original's losses and accuracies from the pretrainer's outputs.
 
     masked-LM: Σ w·(-log p(label)) / (Σ w + 1e-5) over all masked positions (padding has w=0);
@@ -28,6 +20,8 @@ def pretraining_losses(outputs, labels):
         outputs: dict. The pretrainer's `mlm_logits` [batch, P, vocab] and `nsp_logits` [batch, 2].
         labels: dict. `masked_lm_ids` int [batch, P], `masked_lm_weights` float32 [batch, P] and
             `next_sentence_labels` int [batch], as the pretraining records hold them.
+        cross_entropy: callable. (loss, hit) per row from (labels [N], logits [N, vocab]);
+            default `cross_entropy_and_hits`.
 
     Returns: dict of float32 scalars `loss` (MLM + NSP), `mlm_loss`, `nsp_loss`, `mlm_accuracy`, `nsp_accuracy`.
 
@@ -46,7 +40,9 @@ def pretraining_losses(outputs, labels):
     vocab = ops.shape(mlm_logits)[-1]
     # A hit: the label's logit is the largest (an argmax that differs only on exact ties, from
     # the row maximum the loss computes anyway).
-    per_position, mlm_hits = cross_entropy_and_hits(ops.reshape(ids, [-1]), ops.reshape(mlm_logits, [-1, vocab]))
+    per_position, mlm_hits = (cross_entropy or cross_entropy_and_hits)(
+        ops.reshape(ids, [-1]), ops.reshape(mlm_logits, [-1, vocab])
+    )
     per_position = ops.reshape(per_position, ops.shape(ids))
     mlm_hits = ops.reshape(ops.cast(mlm_hits, "float32"), ops.shape(ids))
     mlm_loss = ops.sum(weights * per_position) / (ops.sum(weights) + 1e-5)
@@ -69,7 +65,7 @@ def sparse_softmax_cross_entropy(labels, logits):
     Example:
     >>> import numpy as np
     >>> logits = np.array([[2.0, 1.0, 0.1], [0.0, 0.0, 5.0]], "float32")
-    >>> ours = keras.ops.convert_to_numpy(sparse_softmax_cross_entropy(np.array([0, 2]), logits))
+    >>> ours = ops.convert_to_numpy(sparse_softmax_cross_entropy(np.array([0, 2]), logits))
     >>> theirs = np.log(np.exp(logits).sum(-1)) - logits[[0, 1], [0, 2]]
     >>> bool(np.allclose(ours, theirs, atol=1e-6))
     True
@@ -86,7 +82,7 @@ def cross_entropy_and_hits(labels, logits):
     Example:
     >>> import numpy as np
     >>> loss, hit = cross_entropy_and_hits(np.array([0, 0]), np.array([[2.0, 1.0], [0.0, 3.0]], "float32"))
-    >>> keras.ops.convert_to_numpy(hit).tolist()
+    >>> ops.convert_to_numpy(hit).tolist()
     [True, False]
     """
     labels, logits = ops.cast(labels, "int32"), ops.convert_to_tensor(logits)
@@ -95,36 +91,3 @@ def cross_entropy_and_hits(labels, logits):
     # -log softmax(x)[label] = log Σ exp(x - top) + top - x[label]: shifted by the row maximum, exp cannot overflow.
     loss = ops.log(ops.sum(ops.exp(logits - ops.expand_dims(ops.stop_gradient(top), -1)), axis=-1))
     return loss + ops.stop_gradient(top) - picked, picked >= top
-
-
-if keras.config.backend() == "tensorflow":
-    import tensorflow as tf
-
-    def cross_entropy_and_hits(labels, logits):
-        # The same loss and hit, with the gradient written out and the passes XLA-compiled.
-        labels = tf.cast(labels, tf.int32)
-        shifted, top = _shift_by_row_max(tf.stop_gradient(logits))
-        exp = tf.exp(shifted)
-        total = tf.reduce_sum(exp, axis=-1)
-
-        @tf.custom_gradient
-        def cross_entropy(logits):
-            loss = tf.math.log(total) + top - tf.gather(logits, labels, batch_dims=1)
-
-            def grad(upstream):
-                # d loss / d logits = softmax - one_hot(label), without building the one-hot.
-                return _softmax_minus_one_hot(exp, upstream / total, labels, upstream)
-
-            return loss, grad
-
-        return cross_entropy(logits), tf.gather(logits, labels, batch_dims=1) >= top
-
-    @tf.function(jit_compile=True, reduce_retracing=True)
-    def _shift_by_row_max(logits):
-        top = tf.reduce_max(logits, axis=-1)
-        return logits - top[:, None], top
-
-    @tf.function(jit_compile=True, reduce_retracing=True)
-    def _softmax_minus_one_hot(exp, scale, labels, upstream):
-        is_label = tf.range(tf.shape(exp)[-1])[None, :] == labels[:, None]
-        return exp * scale[:, None] - tf.where(is_label, upstream[:, None], tf.zeros([], exp.dtype))

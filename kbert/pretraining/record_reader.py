@@ -1,7 +1,7 @@
 """Pretraining records read without TensorFlow: numpy batches of their examples.
 
 The reading half of `record_encoder`: on a machine with JAX or PyTorch and no TensorFlow,
-`numpy_batches` gives the (features, labels) batches that `dataset.pretraining_dataset` gives
+`numpy_batches` gives the (features, labels) batches that `tf_dataset.pretraining_dataset` gives
 with tf.data -- the same keys, int32 ids, float32 weights -- from the records `kbert create-data`
 (or create_pretraining_data.py) writes. The frames and the Examples are `kbert.records`': every
 frame's two checksums are checked, so a damaged file is one line naming it and the record's
@@ -24,7 +24,7 @@ FLOAT_KEYS = ("masked_lm_weights",)
 
 
 def pretraining_example(data: bytes, path, offset: int, max_seq_length: int, max_predictions_per_seq: int):
-    """One record as dataset.pretraining_dataset parses it: (features, labels) of numpy values,
+    """One record as tf_dataset.pretraining_dataset parses it: (features, labels) of numpy values,
     the int64 features as int32; a record without a feature or with another length is one line."""
     try:
         example = parse_example(data)
@@ -53,7 +53,7 @@ def pretraining_example(data: bytes, path, offset: int, max_seq_length: int, max
 
 
 def _records(files, training: bool, seed: int, shard: tuple[int, int]):
-    """(path, offset, bytes) in the order dataset.pretraining_dataset reads them: the files of
+    """(path, offset, bytes) in the order tf_dataset.pretraining_dataset reads them: the files of
     this shard (all of them when there are fewer files than shards), the files
     reshuffled each pass while training, interleaved one record at a time from up to four open
     files."""
@@ -138,7 +138,7 @@ def numpy_batches(
 ):
     """(features, labels) numpy batches from run_pretraining.py records, without TensorFlow.
 
-    The same dicts as `dataset.pretraining_dataset` (int32 ids, float32 masked_lm_weights,
+    The same dicts as `tf_dataset.pretraining_dataset` (int32 ids, float32 masked_lm_weights,
     next_sentence_labels of shape [batch]). Training data repeats, each pass over the files in a
     seeded order, through a 4096-record shuffle buffer, and drops a last partial batch; `shard`
     is (this input pipeline, how many). Batches are made in a background thread, up to

@@ -21,8 +21,8 @@ import shlex
 from kbert.errors import KbertError, on_command_line, option, plural
 from kbert.files import atomic_write_text
 from kbert.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, UnfinishedRun, is_model_dir
-from kbert.pretraining.dataset import find_files
 from kbert.pretraining.options import PretrainOptions
+from kbert.pretraining.record_checks import find_files
 from kbert.training.checkpoints import latest_training_state
 
 log = logging.getLogger("kbert")

@@ -1,12 +1,21 @@
-"""kbert's cross-entropy against TensorFlow's fused kernel: same loss, same gradient."""
+"""kbert's cross-entropy against TensorFlow's fused kernel: same loss, same gradient, in both
+forms (TensorFlow engine's and the keras.ops one)."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from kbert.pretraining.losses import sparse_softmax_cross_entropy
+from kbert.pretraining import losses, tf_losses
+
+FORMS = pytest.mark.parametrize(
+    "sparse_softmax_cross_entropy",
+    [tf_losses.sparse_softmax_cross_entropy, losses.sparse_softmax_cross_entropy],
+    ids=["tf_losses", "losses"],
+)
 
 
-def test_matches_tensorflow_loss_and_gradient_on_a_bert_sized_vocabulary():
+@FORMS
+def test_matches_tensorflow_loss_and_gradient_on_a_bert_sized_vocabulary(sparse_softmax_cross_entropy):
     rng = np.random.default_rng(0)
     logits = tf.constant(rng.normal(0, 4, (64, 30522)), tf.float32)
     labels = tf.constant(rng.integers(0, 30522, 64), tf.int32)
@@ -26,8 +35,9 @@ def test_matches_tensorflow_loss_and_gradient_on_a_bert_sized_vocabulary():
     assert np.abs(their_grad).max() > 0.01  # the comparison is not between two zero arrays
 
 
-def test_extreme_logits_stay_finite():
+@FORMS
+def test_extreme_logits_stay_finite(sparse_softmax_cross_entropy):
     logits = tf.constant([[1000.0, -1000.0, 0.0], [-1e30, 0.0, 1e30]])
     labels = tf.constant([1, 0])
-    loss = sparse_softmax_cross_entropy(labels, logits).numpy()
+    loss = np.asarray(sparse_softmax_cross_entropy(labels, logits))
     np.testing.assert_allclose(loss, tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits).numpy())

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import FIXTURES, UNCASED_VOCAB, run_kbert
 from kbert.errors import KbertError
-from kbert.pretraining.dataset import feature_spec
 from kbert.pretraining.record_reader import numpy_batches
+from kbert.pretraining.tf_dataset import feature_spec
 from kbert.records import parse_example, read_frames
 
 SEQ, PREDS = 64, 10
@@ -65,7 +65,7 @@ def test_every_feature_of_every_record_is_tensorflows(records):
 
 
 def test_batches_hold_every_record_once_as_the_tf_pipeline_types_them(records):
-    from kbert.pretraining.dataset import pretraining_dataset
+    from kbert.pretraining.tf_dataset import pretraining_dataset
 
     files = sorted(str(p) for p in records.glob("data3.tfrecord-*"))
     assert len(files) == 3

@@ -1,0 +1,231 @@
+"""What a pretraining run settles before it trains, whichever engine trains it.
+
+`set_up_run` settles the options (a resume's recorded ones), where the run places its work (the
+engine's `place`: a tf.distribute strategy, or Keras devices), where the model starts
+(`ModelStart`) and the data files, each read to its end (framing only) before anything is
+written: a cut-short or corrupt file fails here, not hours in, and a new run leaves no directory
+behind. An engine answers `Training` once it has built the model and optimizer.
+
+The engine is asked only what differs between backends: `place(opts)`, `check_records(...)`,
+`tensorflow_checkpoint_in(ckpt_dir)`, and which checkpoints it reads (`checkpoint_kind`, with
+`other_backends` and `resume_advice` for the refusal of the other kind).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from kbert.config import BertConfig
+from kbert.errors import KbertError, option
+from kbert.model.bert import BertPretrainer
+from kbert.model.initializers import unfilled
+from kbert.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, VOCAB_FILE, check_vocab
+from kbert.pretraining.fill_mask import what_it_is
+from kbert.pretraining.options import PretrainOptions
+from kbert.pretraining.record_checks import find_files
+from kbert.pretraining.run_record import (
+    RUN_FILE,
+    absolute,
+    absolute_pattern,
+    continue_run,
+    given_options,
+    read_run,
+)
+from kbert.sources import open_model
+from kbert.training.checkpoints import latest_training_state
+
+
+@dataclasses.dataclass
+class ModelStart:
+    """Where a run's model starts: its config, vocabulary and casing, and the model --init opened."""
+
+    config: BertConfig
+    vocab_file: str
+    do_lower_case: bool
+    initial: BertPretrainer | None = None
+
+
+@dataclasses.dataclass
+class RunSetup:
+    """A run settled: its options, run record, placement, model start, data files and checkpoints dir."""
+
+    opts: PretrainOptions
+    run: dict
+    placement: object  # a tf.distribute strategy, or a list of Keras devices
+    start: ModelStart
+    files: list
+    eval_files: list | None
+    ckpt_dir: str
+
+
+@dataclasses.dataclass
+class Training:
+    """What an engine built for the loop: the pretrainer it trains (the model the run writes), the
+    step it starts from (0 for a new run, else the one restored), and how."""
+
+    model: BertPretrainer
+    step: int
+    replicas: int
+    warmup: int
+    jit: bool
+    chief: bool = True  # whether this process writes the run's files (one worker of several may not)
+
+
+def set_up_run(engine, model_dir, data, config_file, vocab_file, init, do_lower_case, options, overrides) -> RunSetup:
+    """The options, placement, model start and checked data files of a run (see the module's docstring)."""
+    starts_from = {"config": absolute(config_file), "vocab": absolute(vocab_file), "init": absolute(init)}
+    opts, run, files = _resolved_options(model_dir, data, options, overrides, starts_from, do_lower_case)
+    placement = engine.place(opts)
+    ckpt_dir = os.path.join(model_dir, CHECKPOINTS_DIR)
+    start = _model_start(engine, opts, model_dir, ckpt_dir, run, data, config_file, vocab_file, init, do_lower_case)
+    if files is None:
+        files = find_files(data)
+        run = {"data": absolute_pattern(data), **starts_from, "lowercase": bool(start.do_lower_case)}
+        run["data_files"] = [[os.path.abspath(f), os.path.getsize(f)] for f in files]
+    eval_files = _checked_records(engine, files, opts, start.config)
+    return RunSetup(opts, run, placement, start, files, eval_files, ckpt_dir)
+
+
+def has_checkpoint(engine, ckpt_dir: str) -> bool:
+    """Whether `ckpt_dir` holds a complete checkpoint of either engine."""
+    return bool(_checkpoint_kinds(engine, ckpt_dir))
+
+
+def copied_in_scope(initial, config):
+    """A `BertPretrainer` built in the current strategy scope (its variables mirrored where the
+    strategy mirrors them) holding `initial`'s weights."""
+    with unfilled():  # every weight is assigned next
+        model = BertPretrainer(config)
+    for target, value in zip(model.weights, initial.weights, strict=True):
+        target.assign(value)
+    # `initial` stays referenced by the caller: a converter's vocab.txt (one made from an HF
+    # tokenizer.json) lives as long as the model it was made for.
+    return model
+
+
+def _resolved_options(model_dir, data, options, overrides, starts_from, do_lower_case):
+    """(options, run record, data files), checked: for a resume, its pretrain_run.json's with
+    the ones given; for a new run, the ones given (and None, None)."""
+    opts = dataclasses.replace(options or PretrainOptions(), **overrides)
+    run = read_run(model_dir) if opts.resume else None
+    files = None
+    if run:
+        opts, files = continue_run(
+            model_dir, run, opts, given_options(options, overrides), data, starts_from, do_lower_case
+        )
+    elif data is None and not opts.resume:
+        raise KbertError(
+            f"{option('data')} is required: the TFRecords to train on (made by kbert create-data), as a file, "
+            "a glob or a comma-separated list"
+        )
+    _check_options(opts)
+    return opts, run, files
+
+
+def _model_start(
+    engine, opts, model_dir, ckpt_dir, run, data, config_file, vocab_file, init, do_lower_case
+) -> ModelStart:
+    """The run's own model (a resume), --init's, or a new one from --config and --vocab."""
+    has_checkpoints = has_checkpoint(engine, ckpt_dir)
+    initial = None
+    if opts.resume:
+        _check_checkpoint_kind(engine, ckpt_dir)
+        if not has_checkpoints:
+            raise KbertError(
+                f"{option('resume', True)}: {ckpt_dir} has no checkpoint to resume from; "
+                f"drop {option('resume', True)} to start a new run"
+            )
+        if run is None and data is None:
+            raise KbertError(
+                f"{option('resume', True)}: {model_dir} has no {RUN_FILE} (its run began before kbert recorded "
+                f"a run's flags); give {option('data')} and the other flags it was started with"
+            )
+        config = BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
+        vocab_file = os.path.join(model_dir, VOCAB_FILE)
+    else:
+        if has_checkpoints:
+            raise KbertError(
+                f"{model_dir} already has checkpoints; pass {option('resume', True)} to continue that run "
+                f"or choose a new {option('model_dir')}"
+            )
+        if init:
+            # Any model source (kbert.sources.open_model), opened outside the strategy's scope: a
+            # converter assigns its variables directly, which mirrored variables do not allow.
+            initial = open_model(init, do_lower_case)
+            if not isinstance(initial, BertPretrainer):
+                raise KbertError(
+                    f"{option('init', init)}: {what_it_is(initial)}, without the masked-LM and next-sentence heads "
+                    f"pretraining trains; pass a pretrained or converted model (the one it came from)"
+                )
+            config = BertConfig.from_dict(initial.config.to_dict())
+            vocab_file, do_lower_case = initial.vocab_file, initial.do_lower_case
+        elif config_file and vocab_file:
+            config = BertConfig.from_json_file(config_file)
+        else:
+            raise KbertError(
+                f"say where the model starts: {option('config_file', 'bert_config.json', flag='--config')} "
+                f"{option('vocab_file', 'vocab.txt', flag='--vocab')} "
+                f"(from scratch), {option('init', 'MODEL_DIR')} (continue), or {option('resume', True)}"
+            )
+    check_vocab(vocab_file, config)
+    if do_lower_case is None or opts.resume:
+        do_lower_case = config.extras.get("do_lower_case", True)
+    if opts.max_seq_length > config.max_position_embeddings:
+        raise KbertError(
+            f"{option('max_seq_length', opts.max_seq_length)} exceeds max_position_embeddings "
+            f"{config.max_position_embeddings} of the model; lower it"
+        )
+    return ModelStart(config, vocab_file, do_lower_case, initial)
+
+
+def _checked_records(engine, files, opts, config) -> list | None:
+    """Check the training records (and --eval-data's) against the model; the eval files."""
+    engine.check_records(files, opts.max_seq_length, opts.max_predictions_per_seq, vocab_size=config.vocab_size)
+    eval_files = find_files(opts.eval_data, "--eval-data") if opts.eval_data else None
+    if eval_files:
+        engine.check_records(
+            eval_files, opts.max_seq_length, opts.max_predictions_per_seq, "--eval-data", vocab_size=config.vocab_size
+        )
+    return eval_files
+
+
+def _checkpoint_kinds(engine, ckpt_dir: str) -> set:
+    """Which engines wrote the checkpoints in `ckpt_dir`: "tensorflow" (tf.train.Checkpoint's, named
+    by its `checkpoint` state file) and "keras" (kbert.training.checkpoints' ckpt-N folders, JAX's
+    and PyTorch's)."""
+    found = set()
+    if engine.tensorflow_checkpoint_in(ckpt_dir):
+        found.add("tensorflow")
+    if latest_training_state(ckpt_dir) is not None:
+        found.add("keras")
+    return found
+
+
+def _check_checkpoint_kind(engine, ckpt_dir: str):
+    """Refuse, in one line, to resume a run whose checkpoints only the other engine reads."""
+    kinds = _checkpoint_kinds(engine, ckpt_dir)
+    if kinds and engine.checkpoint_kind not in kinds:
+        raise KbertError(
+            f"{option('resume', True)}: the checkpoints in {ckpt_dir} were written on {engine.other_backends}; "
+            f"{engine.resume_advice}"
+        )
+
+
+def _check_options(opts: PretrainOptions):
+    for name in (
+        "steps",
+        "batch_size",
+        "save_every",
+        "steps_per_loop",
+        "grad_accum",
+        "max_seq_length",
+        "max_predictions_per_seq",
+        "keep_checkpoints",
+        "eval_steps",
+    ):
+        value = getattr(opts, name)
+        if not isinstance(value, int) or value < 1:
+            raise KbertError(f"{option(name)} must be a positive integer, got {value!r}")
+    if not opts.learning_rate > 0:
+        raise KbertError(f"{option('learning_rate')} must be positive, got {opts.learning_rate}")
