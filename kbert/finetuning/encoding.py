@@ -346,19 +346,6 @@ def encode_choices(preprocessor, contexts, endings) -> tuple[dict[str, np.ndarra
     return {k: v.reshape(n, choices, preprocessor.sequence_length) for k, v in flat.items()}, truncated
 
 
-def make_preprocessor(vocab_file, do_lower_case: bool, sequence_length: int):
-    """The packer fine-tuning reads with on the running Keras backend: the in-graph
-    `BertPreprocessor` on TensorFlow (the packing every export runs), `PythonPreprocessor`
-    on JAX and PyTorch, which need no TensorFlow. Both give the same ids."""
-    import keras
-
-    if keras.config.backend() == "tensorflow":
-        from kbert.text.preprocessing import BertPreprocessor
-
-        return BertPreprocessor(vocab_file, do_lower_case, sequence_length)
-    return PythonPreprocessor(vocab_file, do_lower_case, sequence_length)
-
-
 class PythonPreprocessor:
     """`kbert.text.preprocessing.BertPreprocessor`'s packing in Python and numpy, with the
     Python tokenizer: the same ids, and no TensorFlow.

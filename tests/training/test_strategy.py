@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from kbert.backend.placement import writes_shared_files
+from kbert.backend.tensorflow import make_strategy
 from kbert.errors import KbertError, command_line_names
-from kbert.training.strategy import make_strategy, writes_shared_files
 
 WORKERS = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
 WITH_CHIEF = {"chief": ["127.0.0.1:0"], "worker": ["127.0.0.1:1", "127.0.0.1:2"]}
