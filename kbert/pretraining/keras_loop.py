@@ -34,6 +34,7 @@ import time
 import keras
 from keras import ops
 
+from kbert.backend import pretraining_placement, use_mixed_precision
 from kbert.errors import KbertError, option
 from kbert.model.bert import BertPretrainer
 from kbert.model_dir import WEIGHTS_FILE, write_model_files
@@ -58,7 +59,6 @@ from kbert.training.event_log import EventLog
 from kbert.training.interruption import StopSignals
 from kbert.training.optimization import make_optimizer
 from kbert.training.progress import Progress, keep_history_until, write_loss_plot
-from kbert.training.strategy import keras_devices, use_mixed_precision
 
 log = logging.getLogger("kbert")
 
@@ -132,7 +132,7 @@ def pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opti
 
 def _devices(opts) -> list:
     """The devices the run spreads over; the options only TensorFlow's loop takes are refused."""
-    devices = keras_devices(opts.strategy, opts.tpu)
+    devices = pretraining_placement(opts.strategy, opts.tpu)
     if opts.grad_accum != 1:
         raise KbertError(
             f"{option('grad_accum', opts.grad_accum)} runs on TensorFlow only; on {keras.config.backend()} leave it out "

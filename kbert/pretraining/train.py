@@ -29,6 +29,7 @@ import time
 
 import keras
 
+from kbert.backend import is_chief, pretraining_placement, use_mixed_precision, writes_shared_files
 from kbert.config import BertConfig
 from kbert.errors import KbertError, option
 from kbert.model.bert import BertPretrainer
@@ -61,7 +62,6 @@ from kbert.training.checkpoints import latest_training_state
 from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
 from kbert.training.optimization import make_optimizer
 from kbert.training.progress import Progress, keep_history_until, write_loss_plot
-from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision, writes_shared_files
 
 if keras.config.backend() == "tensorflow":  # the loop of this module; JAX and PyTorch run keras_loop's
     import tensorflow as tf
@@ -136,7 +136,7 @@ def _pretrain(model_dir, data, config_file, vocab_file, init, do_lower_case, opt
     model_dir = os.fspath(model_dir)
     # First, before any TensorFlow op: multi-worker collectives must be set up at start-up.
     setup = _setup(model_dir, data, config_file, vocab_file, init, do_lower_case, options, overrides,
-                   place=lambda opts: make_strategy(opts.strategy, opts.tpu))  # fmt: skip
+                   place=lambda opts: pretraining_placement(opts.strategy, opts.tpu))  # fmt: skip
     opts, run, strategy, start, files, eval_files, ckpt_dir = setup
 
     training = _model_and_optimizer(opts, strategy, start, model_dir, ckpt_dir)
