@@ -12,7 +12,7 @@ import os
 
 from tensorflow.core.protobuf import saved_model_pb2
 
-from kbert._compat import write_saved_model_fingerprint
+from kbert.backend.tensorflow_compat import write_saved_model_fingerprint
 
 
 def set_method_name(saved_model_dir: str, signature: str, method_name: str):
