@@ -1,4 +1,4 @@
-"""Which process of a run writes --model-dir, from TF_CONFIG as a multi-worker run sets it."""
+"""--strategy on TensorFlow, and which process of a run writes --model-dir, from TF_CONFIG as a multi-worker run sets it."""
 
 import json
 
