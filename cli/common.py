@@ -59,16 +59,12 @@ def import_tensorflow_quietly(command: str = "this command", backend_only: bool 
     try:
         os.dup2(devnull, 2)
         # Imported here, inside the redirect, and only for commands that need TensorFlow: each
-        # of these imports it.
+        # of these imports it, and device set-up prints its CUDA probe.
         import keras  # noqa: F401
-        import tensorflow
-        import tensorflow_text  # noqa: F401
 
-        from kbert.training.strategy import split_cpu_if_asked
+        from kbert.backend.tensorflow import set_up_devices
 
-        split_cpu_if_asked()  # must precede device set-up
-        if not os.environ.get("TF_CONFIG"):  # multi-worker collectives must be set up first
-            tensorflow.config.list_logical_devices()  # device set-up prints its CUDA probe here
+        set_up_devices()
     finally:
         os.dup2(saved, 2)
         os.close(saved)

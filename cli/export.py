@@ -64,6 +64,7 @@ def export(
     """Export a model for TF Serving (serving_default, serve_ids, serve_examples; classify or regress), or in
     TF Hub's BERT format with --format tfhub; prints JSON."""
     from kbert.serving.export import BATCHING_PARAMETERS, MODELS_CONFIG, export_model, exported_signatures
+    from kbert.serving.signatures import holds_no_variables
     from kbert.serving.tfhub import export_tfhub
 
     if export_format == "tfhub":
@@ -109,7 +110,7 @@ def export(
             "export": path,
             "version": int(os.path.basename(path)),
             "precision": precision,
-            "constant_weights": _holds_no_variables(path),
+            "constant_weights": holds_no_variables(path),
             "signatures": exported_signatures(path),
             **_windows_info(path),
             "model_config_file": os.path.join(base, MODELS_CONFIG),
@@ -138,12 +139,3 @@ def _windows_info(path) -> dict:
     with open(info_file) as f:
         info = json.load(f)
     return {k: info[k] for k in ("long_text", "doc_stride", "max_windows")}
-
-
-def _holds_no_variables(path) -> bool:
-    """Whether an export keeps its weights as graph constants (a model too large for them keeps variables)."""
-    import tensorflow as tf
-
-    return not [
-        n for n, _ in tf.train.list_variables(os.path.join(path, "variables", "variables")) if "OBJECT_GRAPH" not in n
-    ]

@@ -31,14 +31,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-import keras
 import numpy as np
 
+from kbert.backend import fill_weight
 from kbert.config import BertConfig
 from kbert.converters.names import suspect_field, tf1_to_kbert_paths
 from kbert.errors import KbertError, listing, plural
@@ -172,43 +171,9 @@ def load_pretrainer(config: BertConfig, stored: Stored, vocabulary: Vocabulary |
 
 
 def _fill(variable, value_of: Callable, *args):
-    """Give a weight built unfilled the value `value_of(*args)` returns, without a second copy.
-
-    The placeholder goes back to TensorFlow's allocator *before* the value is made, so the
-    value's buffer can take its place, and the variable then adopts that buffer (TensorFlow's
-    assign takes over a tensor nothing else holds). Made first, the value would need memory
-    beside every placeholder: the allocator would grow by the largest weight and keep the
-    growth's bookkeeping resident (measured in `benchmarks/convert_bench.py`).
-    """
-    if keras.config.backend() != "tensorflow":
-        # JAX's and PyTorch's variables have no TensorFlow handle to hand a buffer to: a plain assign.
-        value = keras.ops.cast(value_of(*args), variable.dtype)
-        if tuple(value.shape) != tuple(variable.shape):  # a guard on the format's read()
-            raise RuntimeError(
-                f"kbert bug: {variable.path} read with shape {tuple(value.shape)}, not {tuple(variable.shape)}"
-            )
-        variable.assign(value)
-        return
-    import tensorflow as tf
-
-    # variable.value is the backend's tf.Variable; Keras' own assign checks the shape against
-    # what the variable holds, which is the empty placeholder in between.
-    handle, dtype = variable.value.handle, variable.value.dtype
-    tf.raw_ops.AssignVariableOp(resource=handle, value=_nothing(dtype), validate_shape=False)
-    value = tf.cast(value_of(*args), dtype)
-    if tuple(value.shape) != tuple(variable.shape):  # a guard on the format's read()
-        raise RuntimeError(
-            f"kbert bug: {variable.path} read with shape {tuple(value.shape)}, not {tuple(variable.shape)}"
-        )
-    tf.raw_ops.AssignVariableOp(resource=handle, value=value, validate_shape=False)
-
-
-@functools.cache
-def _nothing(dtype):
-    """An empty tensor of `dtype`, made once."""
-    import tensorflow as tf
-
-    return tf.zeros([0], dtype)
+    """Give a weight built unfilled the value `value_of(*args)` returns, without a second copy
+    where the backend can hand a buffer over (`kbert.backend.fill_weight`)."""
+    fill_weight(variable, lambda: value_of(*args))
 
 
 def _check_shapes(model, stored: Stored, name_of: dict):

@@ -1,17 +1,18 @@
-"""The private APIs of TensorFlow, Keras, typer and Apache Beam that kbert uses, all here.
+"""The private APIs of Keras, typer and Apache Beam that kbert uses, all here.
 
 Each is used because its library has no public way to do the thing, and each entry says why.
 tests/test_compat.py checks every one against the installed libraries (that it is there, with the
 signature and the behaviour kbert relies on) and names the hook when an upgrade changes it, so a
 new version fails there first, not deep inside an export or a training step. Modules import the
-hooks from here rather than reaching into a library themselves.
+hooks from here rather than reaching into a library themselves. TensorFlow's private APIs, which
+only its own code (exports, int8 kernels) uses, are `kbert.backend.tensorflow_compat`'s.
 
-TensorFlow, Keras and typer are imported inside the functions that need them: the command line
-imports this module before it knows whether the command needs TensorFlow at all.
+Keras and typer are imported inside the functions that need them: the command line imports this
+module before it knows which backend a command runs on.
 
 Example:
->>> op_registered("MatMul"), op_registered("NoSuchOp")
-(True, False)
+>>> [error.__name__ for error in command_line_errors()]
+['NoArgsIsHelpError', 'UsageError']
 """
 
 from __future__ import annotations
@@ -103,66 +104,6 @@ def _replacing_scope():
     return ReplacingScope
 
 
-# === TensorFlow: ops that tf.raw_ops does not offer ===
-
-# An op whose name starts with an underscore (oneDNN's `_QuantizedMatMul`, kbert.serving.int8's
-# int8 kernel) has no tf.raw_ops function: it is looked up, added to a graph and run eagerly by
-# its registered name through TensorFlow's own op machinery, as the generated raw_ops do.
-
-
-def op_registered(op_type: str) -> bool:
-    """Whether this TensorFlow build registers the op `op_type` (a build without oneDNN lacks its ops)."""
-    from tensorflow.python.framework import op_def_registry
-
-    return op_def_registry.get(op_type) is not None
-
-
-def add_op_to_graph(op_type: str, name: str, **inputs_and_attrs):
-    """Add an `op_type` op named `name` to the graph being built; returns the tf.Operation.
-
-    Inputs and attrs are given by their names in the op's registration, as for tf.raw_ops;
-    attrs TensorFlow can infer from the inputs may be left out.
-    """
-    from tensorflow.python.framework import op_def_library
-
-    return op_def_library._apply_op_helper(op_type, name=name, **inputs_and_attrs)[2]
-
-
-def run_op_eagerly(op_type: str, num_outputs: int, inputs: list, attrs: tuple) -> list:
-    """Run the op `op_type` eagerly; returns its output tensors.
-
-    attrs: every attr, the inferred ones too, flat as (name, value, name, value, ...), with
-    dtypes as their enums (`tf.float32.as_datatype_enum`).
-    """
-    from tensorflow.python.eager import context, execute
-
-    return execute.execute(op_type, num_outputs, inputs, tuple(attrs), context.context())
-
-
-# === TensorFlow: SavedModel internals ===
-
-
-def write_saved_model_fingerprint(saved_model_dir: str):
-    """Write `saved_model_dir`'s fingerprint.pb anew from its saved_model.pb, after that was edited.
-
-    TensorFlow writes the fingerprint as it saves; `tf.saved_model.experimental` can only read one.
-    """
-    from tensorflow.python.saved_model import fingerprinting_utils
-
-    fingerprinting_utils.write_fingerprint(saved_model_dir)
-
-
-def auto_trackable():
-    """A bare trackable object: its attributes (variables, assets, tf.functions) are saved with it.
-
-    What Keras' ExportArchive saves too; not tf.train.Checkpoint, which adds a `save_counter`
-    variable to each object, nor tf.Module, whose `variables` is read-only.
-    """
-    import tensorflow as tf
-
-    return tf.__internal__.tracking.AutoTrackable()
-
-
 # === typer ===
 
 
@@ -195,28 +136,3 @@ def add_beam_options(options_class, parser):
     parser by calling it on every subclass, and offers no public way to list the flags it knows.
     """
     options_class._add_argparse_args(parser)
-
-
-def write_export_archive(archive, filepath):
-    """`keras.export.ExportArchive.write_out`, with every signature traced once.
-
-    write_out hands tf.saved_model.save the endpoints as tf.functions with input signatures; the
-    save retraces each of them, as its context changes their cache key (tf.function's
-    `_list_all_concrete_functions_for_serialization` "re-creates" them), and an export's
-    signatures hold the whole tokenizer graph. Here each endpoint's concrete function, traced
-    already when the archive listed the variables it uses, is what is saved, as an attribute
-    (so `loaded.serving_default(...)` still works) and as the signature.
-    Private: `_filter_and_track_resources`, `_endpoint_names` and `_tf_trackable`
-    (tests/test_compat.py: test_export_archive_internals).
-    """
-    import tensorflow as tf
-
-    archive._filter_and_track_resources()
-    signatures = {}
-    for name in archive._endpoint_names:
-        function = getattr(archive._tf_trackable, name)
-        concrete = function.get_concrete_function() if hasattr(function, "get_concrete_function") else function
-        setattr(archive._tf_trackable, name, concrete)
-        signatures[name] = concrete
-    signatures.setdefault("serving_default", signatures[archive._endpoint_names[0]])
-    tf.saved_model.save(archive._tf_trackable, filepath, signatures=signatures)

@@ -23,9 +23,10 @@ import os
 import keras
 import numpy as np
 
+from kbert.backend import make_preprocessor
 from kbert.config import sequence_length
 from kbert.errors import KbertError, on_command_line, option
-from kbert.finetuning.encoding import encode_text_windows, encode_texts, make_preprocessor
+from kbert.finetuning.encoding import encode_text_windows, encode_texts
 from kbert.finetuning.options import window_stride
 from kbert.finetuning.windows import document_mean
 from kbert.model.bert import encoder_of

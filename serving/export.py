@@ -48,7 +48,7 @@ import keras
 import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
-from kbert._compat import write_export_archive
+from kbert.backend.tensorflow_compat import write_export_archive
 from kbert.config import sequence_length
 from kbert.embedding import embedding_of
 from kbert.errors import KbertError, option

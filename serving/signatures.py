@@ -1,4 +1,5 @@
-"""The signatures of a written SavedModel, read and edited in its `saved_model.pb`.
+"""The signatures of a written SavedModel, read and edited in its `saved_model.pb`, and whether
+it holds variables.
 
 TF2's SavedModel writer gives every signature the method name `tensorflow/serving/predict`
 and takes no other, so an export's `classify` or `regress` signature gets its method name
@@ -11,7 +12,7 @@ import os
 
 from tensorflow.core.protobuf import saved_model_pb2
 
-from kbert._compat import write_saved_model_fingerprint
+from kbert.backend.tensorflow_compat import write_saved_model_fingerprint
 
 
 def set_method_name(saved_model_dir: str, signature: str, method_name: str):
@@ -42,3 +43,13 @@ def exported_signatures(path: str) -> dict:
         for name, signature in sorted(saved_model.meta_graphs[0].signature_def.items())
         if not name.startswith("__")
     }
+
+
+def holds_no_variables(path: str) -> bool:
+    """Whether a written SavedModel keeps its weights as graph constants (a model too large for
+    them keeps variables)."""
+    import tensorflow as tf
+
+    return not [
+        n for n, _ in tf.train.list_variables(os.path.join(path, "variables", "variables")) if "OBJECT_GRAPH" not in n
+    ]

@@ -41,7 +41,7 @@ import os
 import keras
 import tensorflow as tf
 
-from kbert._compat import auto_trackable
+from kbert.backend.tensorflow_compat import auto_trackable
 from kbert.config import sequence_length
 from kbert.embedding import embedding_of
 from kbert.errors import KbertError, option

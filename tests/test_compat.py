@@ -1,4 +1,4 @@
-"""Every private API kbert uses (kbert._compat) is still there in the installed libraries, with the
+"""Every private API kbert uses (kbert._compat, kbert.backend.tensorflow_compat) is still there in the installed libraries, with the
 signature and the behaviour kbert relies on. Each test names its hook, so an upgrade that changes
 one says which, and what in kbert depends on it."""
 
@@ -16,14 +16,16 @@ import typer
 from typer.testing import CliRunner
 
 from kbert import _compat
+from kbert.backend import tensorflow_compat
 from kbert.training import optimization
 from kbert.training.optimization import BertAdamW, GradientsAlreadySummed, make_optimizer
 
 
 def changed(library, hook: str, what: str, users: str) -> str:
+    where = "kbert.backend.tensorflow_compat" if library.__name__ == "tensorflow" else "kbert._compat"
     return (
         f"{library.__name__} {library.__version__} changed {hook}: {what}. {users} rely on it through "
-        f"kbert._compat: adapt kbert._compat to this version, or keep {library.__name__} in pyproject.toml "
+        f"{where}: adapt {where} to this version, or keep {library.__name__} in pyproject.toml "
         f"to the versions that have it"
     )
 
@@ -166,15 +168,17 @@ INT8 = "int8 exports (kbert.serving.int8)"
 
 
 def test_op_registered_knows_tensorflows_ops():
-    assert _compat.op_registered("MatMul"), changed(tf, "op_def_registry.get", "finds no MatMul", INT8)
-    assert not _compat.op_registered("NoSuchOp"), changed(tf, "op_def_registry.get", "finds an op not there", INT8)
+    assert tensorflow_compat.op_registered("MatMul"), changed(tf, "op_def_registry.get", "finds no MatMul", INT8)
+    assert not tensorflow_compat.op_registered("NoSuchOp"), changed(
+        tf, "op_def_registry.get", "finds an op not there", INT8
+    )
 
 
 def test_add_op_to_graph_adds_an_op_by_its_name():
     graph = tf.Graph()
     with graph.as_default():
         a, b = tf.constant([1.0, 2.0]), tf.constant([10.0, 20.0])
-        op = _compat.add_op_to_graph("AddN", name="summed", inputs=[a, b])  # N and T inferred
+        op = tensorflow_compat.add_op_to_graph("AddN", name="summed", inputs=[a, b])  # N and T inferred
         assert isinstance(op, tf.Operation), changed(tf, "op_def_library._apply_op_helper", f"gave {op!r}", INT8)
         assert (op.type, op.name) == ("AddN", "summed")
         with tf.compat.v1.Session(graph=graph) as session:
@@ -183,12 +187,14 @@ def test_add_op_to_graph_adds_an_op_by_its_name():
 
 def test_run_op_eagerly_runs_an_op_by_its_name():
     inputs = [tf.constant([1.0, 2.0]), tf.constant([10.0, 20.0])]
-    out = _compat.run_op_eagerly("AddN", 1, inputs, ("N", 2, "T", tf.float32.as_datatype_enum))
+    out = tensorflow_compat.run_op_eagerly("AddN", 1, inputs, ("N", 2, "T", tf.float32.as_datatype_enum))
     assert len(out) == 1, changed(tf, "execute.execute", f"gave {len(out)} outputs for 1", INT8)
     np.testing.assert_array_equal(out[0].numpy(), [11.0, 22.0])
 
 
-@pytest.mark.skipif(not _compat.op_registered("_QuantizedMatMul"), reason="this TensorFlow has no oneDNN int8 matmul")
+@pytest.mark.skipif(
+    not tensorflow_compat.op_registered("_QuantizedMatMul"), reason="this TensorFlow has no oneDNN int8 matmul"
+)
 def test_int8_matmul_runs_eagerly_and_in_a_graph():
     from kbert.serving.int8 import Int8Kernel, int8_matmul
 
@@ -227,7 +233,7 @@ def test_write_saved_model_fingerprint_follows_an_edited_saved_model(tmp_path):
     saved_model = saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes())
     saved_model.meta_graphs[0].signature_def["serving_default"].method_name = "tensorflow/serving/regress"
     (path / "saved_model.pb").write_bytes(saved_model.SerializeToString())
-    _compat.write_saved_model_fingerprint(str(path))
+    tensorflow_compat.write_saved_model_fingerprint(str(path))
     after = tf.saved_model.experimental.read_fingerprint(str(path)).saved_model_checksum
     users = "classify and regress signatures (kbert.serving.signatures)"
     assert after != before, changed(tf, "fingerprinting_utils.write_fingerprint", "fingerprint.pb not renewed", users)
@@ -235,12 +241,12 @@ def test_write_saved_model_fingerprint_follows_an_edited_saved_model(tmp_path):
     (tmp_path / "copy").mkdir()
     (tmp_path / "copy" / "saved_model.pb").write_bytes((path / "saved_model.pb").read_bytes())
     os.symlink(path / "variables", tmp_path / "copy" / "variables")
-    _compat.write_saved_model_fingerprint(str(tmp_path / "copy"))
+    tensorflow_compat.write_saved_model_fingerprint(str(tmp_path / "copy"))
     assert tf.saved_model.experimental.read_fingerprint(str(tmp_path / "copy")).saved_model_checksum == after
 
 
 def test_auto_trackable_saves_its_attributes(tmp_path):
-    root = _compat.auto_trackable()
+    root = tensorflow_compat.auto_trackable()
     root.v = tf.Variable(2.0)
     root.double = tf.function(lambda x: x * root.v, input_signature=[tf.TensorSpec([], tf.float32)])
     tf.saved_model.save(root, str(tmp_path / "m"))
@@ -368,7 +374,7 @@ def test_export_archive_internals_write_each_signature_traced_once(tmp_path):
     archive = archive_of_two_endpoints()
     for hook in ("_filter_and_track_resources", "_endpoint_names", "_tf_trackable"):
         assert hasattr(archive, hook), changed(keras, f"ExportArchive.{hook}", "it is gone", "kbert export")
-    _compat.write_export_archive(archive, str(tmp_path / "saved"))
+    tensorflow_compat.write_export_archive(archive, str(tmp_path / "saved"))
     assert len(traces) == 2, changed(keras, "ExportArchive", f"{len(traces)} traces of 2 endpoints", "kbert export")
     archive_of_two_endpoints().write_out(str(tmp_path / "keras"), verbose=False)
     assert len(traces) == 2 + 4  # what the helper saves: each signature's second trace

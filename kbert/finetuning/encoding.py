@@ -359,16 +359,3 @@ def encode_choices(preprocessor: Packer, contexts, endings) -> tuple[dict[str, n
         preprocessor, [c for c in contexts for _ in range(choices)], [e for row in endings for e in row]
     )
     return {k: v.reshape(n, choices, preprocessor.sequence_length) for k, v in flat.items()}, truncated
-
-
-def make_preprocessor(vocab_file, do_lower_case: bool, sequence_length: int):
-    """The packer fine-tuning reads with on the running Keras backend: the in-graph
-    `BertPreprocessor` on TensorFlow (the packing every export runs), `PythonPreprocessor`
-    on JAX and PyTorch, which need no TensorFlow. Both give the same ids."""
-    import keras
-
-    if keras.config.backend() == "tensorflow":
-        from kbert.text.preprocessing import BertPreprocessor
-
-        return BertPreprocessor(vocab_file, do_lower_case, sequence_length)
-    return PythonPreprocessor(vocab_file, do_lower_case, sequence_length)

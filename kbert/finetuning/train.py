@@ -29,23 +29,21 @@ backend's default device (the GPU where there is one).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import json
 import logging
 import os
-import random
 import shutil
 import time
 
 import keras
 import numpy as np
 
+from kbert import backend
 from kbert.config import sequence_length
 from kbert.errors import KbertError, on_command_line, op_error_text, option
 from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir
-from kbert.finetuning.encoding import make_preprocessor
 from kbert.finetuning.options import SQUAD_DOC_STRIDE, FinetuneOptions, resolve_options, window_stride
 from kbert.finetuning.run_state import STATE_FILE
 from kbert.finetuning.squad_decoding import write_predictions_json
@@ -54,8 +52,7 @@ from kbert.model.bert import BertClassifier, BertMultipleChoice
 from kbert.model_dir import CHECKPOINTS_DIR, save
 from kbert.outputs import writes
 from kbert.sources import open_model
-from kbert.training import checkpoints
-from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
+from kbert.training.interruption import StopSignals, checkpoint_write_failed
 from kbert.training.optimization import BertAdamW, WarmupLinearDecay
 from kbert.training.progress import Progress
 
@@ -112,19 +109,11 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     opts = resolve_options(options, overrides)  # checks every number: one line each
     task = get_task(task)
     _check_options(opts, task)
-    if _on_tensorflow():
-        from kbert.training.strategy import make_strategy, use_mixed_precision
-
-        strategy = make_strategy(opts.strategy)
-        check_output_dir(os.fspath(output), opts.overwrite)
-        # The pretrained model, opened once: its config, vocabulary and casing say how to read the data.
-        use_mixed_precision(opts.mixed_precision)
-        keras.utils.set_random_seed(opts.seed)
-    else:
-        strategy = _default_device(opts.strategy)
-        check_output_dir(os.fspath(output), opts.overwrite)
-        _use_mixed_precision(opts.mixed_precision)
-        _set_random_seed(opts.seed)
+    strategy = backend.finetuning_placement(opts.strategy)  # a tf.distribute strategy, or one device
+    check_output_dir(os.fspath(output), opts.overwrite)
+    backend.use_mixed_precision(opts.mixed_precision)
+    backend.set_random_seed(opts.seed)
+    # The pretrained model, opened once: its config, vocabulary and casing say how to read the data.
     with strategy.scope():
         base = open_model(model_dir)
     opts = task.settle(base, opts, where=os.fspath(model_dir))  # embed: the pooling the base records
@@ -178,7 +167,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
 def _read_data(task: Task, base, train, dev, opts, max_seq_length: int, replicas: int):
     """(train, dev) `TaskData` (dev None without a file), read with the packing every export runs
     in its SavedModel, and checked: usable rows, two labels to classify, a batch the replicas split."""
-    preprocessor = make_preprocessor(base.vocab_file, base.do_lower_case, max_seq_length)
+    preprocessor = backend.make_preprocessor(base.vocab_file, base.do_lower_case, max_seq_length)
     train_data = task.read(
         train,
         preprocessor=preprocessor,
@@ -271,48 +260,14 @@ def _fingerprint(model_dir, task: Task, train, dev, opts, max_seq_length: int, t
     return fingerprint
 
 
-def _epoch_batches(train_data, opts):
-    """epoch_data(epoch, skip_batches): one epoch's batches, from a given batch on.
-
-    As run_classifier.py: shuffle, and drop the last partial batch so every step has the same shape.
-    Each epoch's order is its own seed's, so a resumed run replays the rest of an epoch exactly.
-    With --long-text windows, the windows of all documents are shuffled together (window_order).
-    On TensorFlow the batches are a tf.data pipeline (its shuffle draws the order); elsewhere,
-    numpy arrays in the order numpy's generator draws (`_Batches`).
-    """
-    if not _on_tensorflow():
-        return lambda epoch, skip_batches: _Batches(train_data, opts, epoch, skip_batches)
-    import tensorflow as tf
-
-    if train_data.windows is None:
-        examples = tf.data.Dataset.from_tensor_slices((train_data.features, train_data.targets))
-
-    def epoch_data(epoch: int, skip_batches: int):
-        if train_data.windows is None:
-            batches = examples.shuffle(
-                min(train_data.size, 100_000), seed=opts.seed + epoch, reshuffle_each_iteration=False
-            )
-        else:
-            order = window_order(train_data.windows, opts.seed + epoch)
-            batches = tf.data.Dataset.from_tensor_slices(
-                tuple({k: v[order] for k, v in part.items()} for part in (train_data.features, train_data.targets))
-            )
-        batches = batches.batch(opts.batch_size, drop_remainder=train_data.size >= opts.batch_size)
-        return batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
-
-    return epoch_data
-
-
 def _fit_epochs(model, task: Task, opts, train_data, tracker, saver, step: int, total_steps: int, steps_per_epoch: int):
     """`model.fit` once per epoch from `step` on (Keras has no way to start an epoch at a given
     batch), until the last epoch, an early stop, or a stop signal (saved, then `Interrupted`)."""
-    epoch_data = _epoch_batches(train_data, opts)
-    fit_logs = os.path.join(saver.run_dir, "logs", "fit")
-    callbacks = [
-        tracker,
-        saver,
-        keras.callbacks.TensorBoard(fit_logs, update_freq="epoch") if _on_tensorflow() else _EpochLoss(fit_logs),
-    ]
+    # As run_classifier.py: shuffle, and drop the last partial batch so every step has the same shape.
+    # Each epoch's order is its own seed's (seed + epoch), so a resumed run replays the rest of an
+    # epoch exactly. With --long-text windows, the windows of all documents are shuffled together.
+    epoch_data = backend.epoch_batches(train_data, opts)
+    callbacks = [tracker, saver, backend.epoch_logger(os.path.join(saver.run_dir, "logs", "fit"))]
     with (
         Progress(
             total_steps,
@@ -411,45 +366,7 @@ def window_order(windows, seed: int) -> np.ndarray:
     >>> sorted(window_order(windows, seed=1).tolist())
     [0, 1, 2, 3, 4, 5]
     """
-    n = len(windows.document)
-    if not _on_tensorflow():
-        return _numpy_order(n, seed)
-    import tensorflow as tf
-
-    order = tf.data.Dataset.range(n).shuffle(min(n, 100_000), seed=seed, reshuffle_each_iteration=False)
-    return next(iter(order.batch(max(n, 1)))).numpy() if n else np.zeros(0, np.int64)
-
-
-def _numpy_order(n: int, seed: int) -> np.ndarray:
-    """One epoch's order of `n` rows on JAX and PyTorch: numpy's PCG64 generator seeded with the
-    epoch's seed, the same on every machine and numpy version that keeps its stream."""
-    return np.random.default_rng(seed).permutation(n).astype(np.int64)
-
-
-class _Batches(keras.utils.PyDataset):
-    """One epoch's training batches from numpy, from batch `skip` on: the rows in `_numpy_order`
-    (the windows' `window_order` with --long-text windows), the last partial batch dropped as
-    tf.data's `drop_remainder` does (kept when it is the only one)."""
-
-    def __init__(self, train_data, opts, epoch: int, skip: int):
-        super().__init__()
-        self.features, self.targets = train_data.features, train_data.targets
-        self.batch_size = opts.batch_size
-        self.order = (
-            _numpy_order(train_data.size, opts.seed + epoch)
-            if train_data.windows is None
-            else window_order(train_data.windows, opts.seed + epoch)
-        )
-        self.skip = skip
-        self.batches = max(1, train_data.size // self.batch_size)
-
-    def __len__(self):
-        return self.batches - self.skip
-
-    def __getitem__(self, index):
-        rows = self.order[(self.skip + index) * self.batch_size :][: self.batch_size]
-        take = lambda part: {k: v[rows] for k, v in part.items()} if isinstance(part, dict) else part[rows]  # noqa: E731
-        return take(self.features), take(self.targets)
+    return backend.shuffled_order(len(windows.document), seed)
 
 
 class _BestEpoch(keras.callbacks.Callback):
@@ -526,21 +443,9 @@ class _BestEpoch(keras.callbacks.Callback):
             f"epoch {epoch + 1}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if isinstance(v, float))
         )
         scalars = {k: v for k, v in row.items() if k != "epoch" and isinstance(v, float)}
-        if not _on_tensorflow():
-            if self.writer is None:
-                from kbert.training.event_log import EventLog
-
-                self.writer = EventLog(os.path.join(self.logs_dir, "dev"))
-            self.writer.scalars(epoch + 1, scalars)
-        else:
-            import tensorflow as tf
-
-            if self.writer is None:
-                self.writer = tf.summary.create_file_writer(os.path.join(self.logs_dir, "dev"))
-            with self.writer.as_default():
-                for k, v in scalars.items():
-                    tf.summary.scalar(k, v, step=epoch + 1)
-            self.writer.flush()
+        if self.writer is None:
+            self.writer = backend.event_writer(os.path.join(self.logs_dir, "dev"))
+        self.writer.scalars(epoch + 1, scalars)
         if value > self.best_value:
             self.best_value, self.best_epoch, self.stale = value, epoch + 1, 0
             self.best_weights = self.model.get_weights()
@@ -575,16 +480,7 @@ class _RunCheckpoints(keras.callbacks.Callback):
         super().__init__()
         self.run_dir, self.tracker, self.fingerprint = run_dir, tracker, fingerprint
         self.steps_per_epoch, self.save_every = steps_per_epoch, save_every
-        self.run_model, self.checkpoint, self.manager = model, None, None
-        if _on_tensorflow():
-            import tensorflow as tf
-
-            self.checkpoint = tf.train.Checkpoint(
-                weights=list(model.weights), optimizer=model.optimizer, seeds=random_state_variables(model)
-            )
-            self.manager = tf.train.CheckpointManager(
-                self.checkpoint, os.path.join(run_dir, CHECKPOINTS_DIR), max_to_keep=2
-            )
+        self.checkpointer = backend.Checkpointer(os.path.join(run_dir, CHECKPOINTS_DIR), model, keep=2)
         self.step, self.saved_step, self.signals, self.interrupted = 0, None, None, False
 
     def start(self, overwrite: bool) -> int:
@@ -614,17 +510,14 @@ class _RunCheckpoints(keras.callbacks.Callback):
                 f"{'command' if on_command_line() else 'arguments'}, or {option('overwrite', True)} to start over"
             )
         started_on = state.get("backend", "tensorflow")  # runs on TensorFlow record none
-        if (started_on == "tensorflow") != _on_tensorflow():
+        if not self.checkpointer.reads_run_of(started_on):
             raise KbertError(
                 f"{option('resume', True)}: the run in {self.run_dir} was started on Keras' {started_on} backend, and "
                 f"its checkpoints are that backend's kind; resume it with KERAS_BACKEND={started_on}, or "
                 f"{option('overwrite', True)} to start over"
             )
         path = os.path.join(self.run_dir, CHECKPOINTS_DIR, f"ckpt-{state['step']}")
-        if self.checkpoint is not None:
-            self.checkpoint.restore(path).expect_partial()
-        else:
-            checkpoints.restore_training_state(path, self.run_model, self.run_model.optimizer)
+        self.checkpointer.restore(path)
         best_weights = None
         if state["best_weights"]:
             with np.load(os.path.join(self.run_dir, state["best_weights"])) as arrays:
@@ -664,13 +557,8 @@ class _RunCheckpoints(keras.callbacks.Callback):
 
     def save(self):
         try:
-            if self.manager is not None:
-                self.manager.save(checkpoint_number=self.step)
-            else:  # a failed write raises checkpoint_write_failed's line itself
-                model = self.model  # on JAX, reading it puts the step's values back into the variables
-                checkpoints.save_training_state(
-                    os.path.join(self.run_dir, CHECKPOINTS_DIR), self.step, model, model.optimizer, keep=2
-                )
+            # self.model: on JAX, reading it puts the step's values back into the variables.
+            self.checkpointer.save(self.step, self.model)
             best = None
             if self.tracker.best_weights is not None:
                 best = f"best-epoch-{self.tracker.best_epoch}.npz"
@@ -683,11 +571,10 @@ class _RunCheckpoints(keras.callbacks.Callback):
                 "fingerprint": self.fingerprint,
                 "best_weights": best,
                 "tracker": self.tracker.state(),
+                **self.checkpointer.record(),  # the backend, where its checkpoints are not TensorFlow's
             }
-            if self.manager is None:
-                state["backend"] = keras.config.backend()
             atomic_write_text(os.path.join(self.run_dir, STATE_FILE), json.dumps(state))
-        except _op_errors() as e:  # its words without tf.function's {{function_node ...}} wrapping
+        except backend.op_errors() as e:  # its words without tf.function's {{function_node ...}} wrapping
             raise checkpoint_write_failed(self.step, self.saved_step, RuntimeError(op_error_text(e))) from None
         except OSError as e:
             raise checkpoint_write_failed(self.step, self.saved_step, e) from None
@@ -695,86 +582,3 @@ class _RunCheckpoints(keras.callbacks.Callback):
             if os.path.basename(stale) != best:
                 os.remove(stale)
         self.saved_step = self.step
-
-
-# === JAX and PyTorch: what TensorFlow's pieces do on its backend ===
-
-
-def _on_tensorflow() -> bool:
-    return keras.config.backend() == "tensorflow"
-
-
-def _op_errors() -> tuple:
-    """TensorFlow's op errors (a checkpoint write it could not finish), where TensorFlow runs."""
-    if not _on_tensorflow():
-        return ()
-    import tensorflow as tf
-
-    return (tf.errors.OpError,)
-
-
-class _DefaultDevice:
-    """What fine-tuning asks of a tf.distribute strategy, on JAX and PyTorch: one device."""
-
-    num_replicas_in_sync = 1
-
-    def scope(self):
-        return contextlib.nullcontext()
-
-
-def _default_device(strategy: str) -> _DefaultDevice:
-    """--strategy on JAX and PyTorch: auto, the backend's default device (the GPU where there is
-    one). The others name tf.distribute strategies or pin a device, which kbert does on TensorFlow."""
-    if strategy != "auto":
-        raise KbertError(
-            f"{option('strategy', strategy)} picks a TensorFlow strategy; on Keras' {keras.config.backend()} backend "
-            f"fine-tuning runs on its default device (the GPU where there is one): drop {option('strategy')}, "
-            "or run with KERAS_BACKEND=tensorflow"
-        )
-    return _DefaultDevice()
-
-
-def _use_mixed_precision(enabled: bool):
-    """`kbert.training.strategy.use_mixed_precision` on JAX and PyTorch: float16 with loss scaling
-    (Keras wraps the optimizer) on a GPU, bfloat16 elsewhere; variables stay float32."""
-    if not enabled:
-        return
-    if keras.config.backend() == "jax":
-        import jax
-
-        gpu = jax.default_backend() == "gpu"
-    else:
-        import torch
-
-        gpu = torch.cuda.is_available()
-    keras.mixed_precision.set_global_policy("mixed_float16" if gpu else "mixed_bfloat16")
-
-
-def _set_random_seed(seed: int):
-    """`keras.utils.set_random_seed` without its TensorFlow seed, which imports TensorFlow wherever
-    it is installed: Python's and numpy's generators (Keras draws its initializers' and dropout's
-    seeds from Python's), and PyTorch's on its backend."""
-    random.seed(seed)
-    np.random.seed(seed)
-    if keras.config.backend() == "torch":
-        import torch
-
-        torch.manual_seed(seed)
-
-
-class _EpochLoss(keras.callbacks.Callback):
-    """What Keras' TensorBoard callback writes at each epoch's end (fit's logs as `epoch_loss`
-    and so on, in LOG_DIR/train, at step `epoch`), written without TensorFlow."""
-
-    def __init__(self, log_dir: str):
-        super().__init__()
-        self.log_dir, self.log = os.path.join(log_dir, "train"), None
-
-    def on_epoch_end(self, epoch, logs=None):
-        scalars = {f"epoch_{k}": float(v) for k, v in (logs or {}).items() if np.ndim(v) == 0}
-        if scalars:
-            if self.log is None:
-                from kbert.training.event_log import EventLog
-
-                self.log = EventLog(self.log_dir)
-            self.log.scalars(epoch, scalars)

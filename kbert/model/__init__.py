@@ -2,6 +2,5 @@
 
 - `layers`: embeddings, transformer layer, masked-LM and output heads, in the original's weight shapes;
 - `fused`: the XLA kernels training runs through on TensorFlow (exact GELU, dropout, LayerNorm, attention softmax);
-- `backend_ops`: the few ops with a faster TensorFlow form, and `fused`, chosen once for the Keras backend in use;
 - `bert`: the functional models (`BertEncoder`, `BertPretrainer` and the task heads).
 """

@@ -22,6 +22,7 @@ import keras
 from keras import ops
 
 from kbert._compat import track_attribute
+from kbert.backend import LAYERS_ARE_MODULES
 from kbert.config import ENCODER_INPUTS, BertConfig
 from kbert.model.layers import (
     BertEmbeddings,
@@ -78,7 +79,7 @@ class _Described:
         # PyTorch's Module refuses a sub-module set before its own __init__ has run. Until then
         # they are plain attributes that Keras tracks as on the other backends (`track_attribute`
         # says why); Keras' own bookkeeping (`_tracker`, ...) is stored as it is.
-        if "_modules" not in self.__dict__ and keras.config.backend() == "torch":
+        if "_modules" not in self.__dict__ and LAYERS_ARE_MODULES:
             return object.__setattr__(self, name, value if name.startswith("_") else track_attribute(self, value))
         return super().__setattr__(name, value)
 

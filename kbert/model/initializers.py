@@ -18,8 +18,8 @@ import contextlib
 
 import keras
 
+from kbert.backend import empty
 from kbert.config import BertConfig
-from kbert.model.backend_ops import empty
 
 # The weight names (the last part of a path) that start at 0 and at 1; any other weight draws.
 ZERO_WEIGHTS = ("bias", "beta", "output_bias")
@@ -58,7 +58,7 @@ def original_initializer(config: BertConfig, weight: str) -> keras.initializers.
 
 
 class Unfilled(keras.initializers.Initializer):
-    """Memory for a weight, left as it was (`backend_ops.empty`): for weights assigned next."""
+    """Memory for a weight, left as it was (`kbert.backend.empty`): for weights assigned next."""
 
     def __call__(self, shape, dtype=None):
         return empty(shape, dtype)

@@ -11,8 +11,8 @@ start-up time (docs/performance.md, "Figures behind the code's comments"), for a
 The math is `keras.ops`, the same on TensorFlow, JAX and PyTorch. On TensorFlow, training runs
 through `kbert.model.fused`'s XLA kernels and inference through the plain Keras ops; `use_fused`
 alone decides which, and tests/model/test_layers.py checks that both paths agree. The other
-backends have no fused kernels and run the plain ops throughout (`kbert.model.backend_ops` picks
-what a backend runs, once).
+backends have no fused kernels and run the plain ops throughout (`kbert.backend` picks what a
+backend runs, once).
 What an export runs differently (Q, K and V as one matmul, LayerNorm as one oneDNN kernel) is
 `kbert.serving.optimize`'s, which rewrites a built model without changing these layers.
 """
@@ -24,8 +24,8 @@ import math
 import keras
 from keras import ops
 
+from kbert.backend import fused, matmul_transposed, take_positions
 from kbert.config import BertConfig
-from kbert.model.backend_ops import fused, matmul_transposed, take_positions
 from kbert.model.initializers import initializer
 
 

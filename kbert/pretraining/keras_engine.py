@@ -31,6 +31,7 @@ import os
 import keras
 from keras import ops
 
+from kbert.backend import pretraining_placement, use_mixed_precision
 from kbert.errors import KbertError, option
 from kbert.model.bert import BertPretrainer
 from kbert.pretraining import record_checks
@@ -42,7 +43,6 @@ from kbert.training.checkpoints import latest_training_state, restore_training_s
 from kbert.training.event_log import EventLog
 from kbert.training.interruption import StopSignals
 from kbert.training.optimization import make_optimizer
-from kbert.training.strategy import keras_devices, use_mixed_precision
 
 log = logging.getLogger("kbert")
 
@@ -109,7 +109,7 @@ class KerasEngine:
 
     def place(self, opts: PretrainOptions) -> list:
         """The devices the run spreads over; the options only TensorFlow's engine takes are refused."""
-        devices = keras_devices(opts.strategy, opts.tpu)
+        devices = pretraining_placement(opts.strategy, opts.tpu)
         if opts.grad_accum != 1:
             raise KbertError(
                 f"{option('grad_accum', opts.grad_accum)} runs on TensorFlow only; on {self.backend} leave it out "

@@ -19,6 +19,7 @@ import tempfile
 import keras
 import tensorflow as tf
 
+from kbert.backend import is_chief, pretraining_placement, use_mixed_precision
 from kbert.errors import KbertError, op_error_text, option
 from kbert.model.bert import BertPretrainer
 from kbert.pretraining.options import PretrainOptions
@@ -27,7 +28,6 @@ from kbert.pretraining.tf_dataset import check_records, find_corrupt_record, pre
 from kbert.pretraining.tf_losses import pretraining_losses
 from kbert.training.interruption import checkpoint_write_failed, random_state_variables
 from kbert.training.optimization import make_optimizer
-from kbert.training.strategy import is_chief, make_strategy, use_mixed_precision
 
 log = logging.getLogger("kbert")
 
@@ -44,7 +44,7 @@ class TensorFlowEngine:
 
     def place(self, opts: PretrainOptions):
         """The run's tf.distribute strategy."""
-        return make_strategy(opts.strategy, opts.tpu)
+        return pretraining_placement(opts.strategy, opts.tpu)
 
     @staticmethod
     def tensorflow_checkpoint_in(ckpt_dir: str) -> bool:

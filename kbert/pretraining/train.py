@@ -39,6 +39,7 @@ import time
 
 import keras
 
+from kbert.backend import writes_shared_files
 from kbert.errors import KbertError, option
 from kbert.model_dir import WEIGHTS_FILE, write_model_files
 from kbert.outputs import claim_output
@@ -47,7 +48,6 @@ from kbert.pretraining.run_record import record_run, recorded_options
 from kbert.pretraining.run_setup import ModelStart, RunSetup, Training, has_checkpoint, set_up_run
 from kbert.training.interruption import StopSignals
 from kbert.training.progress import Progress, keep_history_until, write_loss_plot
-from kbert.training.strategy import writes_shared_files
 
 log = logging.getLogger("kbert")
 

@@ -4,8 +4,8 @@
 LayerNorm and bias variables, learning rate rising linearly over the warmup steps and then
 falling linearly to 0 at the last step; gradients clipped to global norm 1.0. The arithmetic is
 `keras.ops`, the same on TensorFlow, JAX and PyTorch; on TensorFlow with one device the clip and
-every variable's update run as one XLA launch (the one TensorFlow-only path, chosen once at the
-bottom of this module). `kbert pretrain` sums gradients over
+every variable's update run as one XLA launch (the one TensorFlow-only path, whose kernels
+`kbert.backend.adamw_kernels` gives). `kbert pretrain` sums gradients over
 replicas before the optimizer sees them, so its clip sees the global gradient; under Keras'
 `fit` with mirrored variables, Keras clips each replica's gradient before the cross-replica
 sum, as the original's CrossShardOptimizer did. LAMB (keras.optimizers.Lamb) is offered for
@@ -29,6 +29,7 @@ import keras
 from keras import ops
 
 from kbert._compat import optimizer_variable_index
+from kbert.backend import adamw_kernels
 from kbert.errors import KbertError
 
 NO_DECAY = ("layer_norm", "LayerNorm", "bias")
@@ -184,53 +185,10 @@ def _adamw(g, m, v, w, lr, hyper, decay):
     return m, v, w - lr * update
 
 
-def _tensor(value):
-    """A variable's value, or a gradient, as a dense tensor."""
-    return ops.convert_to_tensor(value)
-
-
-def _is_mirrored(variable) -> bool:
-    return False
-
-
-# JAX and PyTorch: Keras' clip, then `_adamw` on each variable in Keras' own step (which JAX
-# compiles whole).
-_update_one = _adamw
-_clip_and_update_all = None
-
-if keras.config.backend() == "tensorflow":
-    import tensorflow as tf
-
-    def _clip_scale(grads, clip_norm: float):
-        """tf.clip_by_global_norm's factor, min(1, clip_norm / ‖grads‖); NaN if the norm is not
-        finite, and 1 when `clip_norm` is 0 (no clipping)."""
-        if clip_norm <= 0:
-            return tf.ones([], "float32")
-        norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads]))
-        return clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm) + (norm - norm)
-
-    # Written as separate TensorFlow ops, the clip and the update are a dozen passes over every
-    # weight, each reading and writing memory. Compiled by XLA, they read g, m, v and w once (g
-    # twice with the clip) and write m, v and w once.
-
-    @tf.function(jit_compile=True, reduce_retracing=True)
-    def _clip_and_update_all(grads, ms, vs, ws, lr, clip_norm, hyper, decays):
-        """The global-norm clip, then AdamW on every variable, in one launch rather than one per
-        variable: each launch has a fixed cost, and BERT-base has about 200 variables (the cost is
-        measured in docs/performance.md, "What makes kbert's step faster")."""
-        scale = _clip_scale(grads, clip_norm)
-        return [_adamw(g * scale, m, v, w, lr, hyper, decay) for g, m, v, w, decay in zip(grads, ms, vs, ws, decays)]
-
-    _update_one = tf.function(_adamw, jit_compile=True, reduce_retracing=True)
-
-    def _tensor(value):
-        # Keras' convert_to_tensor passes a Keras variable through (a tf.function would take it
-        # as a variable to capture), and an embedding's IndexedSlices gradient too; Adam's
-        # moments are dense anyway.
-        return tf.convert_to_tensor(value)
-
-    def _is_mirrored(variable) -> bool:
-        return isinstance(variable.value, tf.distribute.DistributedValues)
+# On TensorFlow, XLA-compiled: `clip_and_update_all` clips and updates every variable in one
+# launch. On JAX and PyTorch: Keras' clip, then `_adamw` on each variable in Keras' own step
+# (which JAX compiles whole), and no one-launch path.
+_update_one, _clip_and_update_all, _tensor, _is_mirrored = adamw_kernels(_adamw)
 
 
 def make_optimizer(

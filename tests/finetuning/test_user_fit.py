@@ -87,7 +87,7 @@ def run_user_code(tiny_model_dir, tmp_path, mirrored, monkeypatch):
             runpy.run_path(str(script), run_name="__main__")
         return json.loads(stdout.getvalue().strip().splitlines()[-1])
     env = dict(os.environ, PYTHONPATH=TESTS, TF_CPP_MIN_LOG_LEVEL="3", KBERT_LOGICAL_CPUS="2")
-    script.write_text("import kbert.training.strategy; kbert.training.strategy.split_cpu_if_asked()\n" + USER_CODE)
+    script.write_text("import kbert.backend.tensorflow; kbert.backend.tensorflow.split_cpu_if_asked()\n" + USER_CODE)
     out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

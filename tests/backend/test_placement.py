@@ -1,11 +1,12 @@
-"""Which process of a run writes --model-dir, from TF_CONFIG as a multi-worker run sets it."""
+"""--strategy on TensorFlow, and which process of a run writes --model-dir, from TF_CONFIG as a multi-worker run sets it."""
 
 import json
 
 import pytest
 
+from kbert.backend.placement import writes_shared_files
+from kbert.backend.tensorflow import make_strategy
 from kbert.errors import KbertError, command_line_names
-from kbert.training.strategy import make_strategy, writes_shared_files
 
 WORKERS = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
 WITH_CHIEF = {"chief": ["127.0.0.1:0"], "worker": ["127.0.0.1:1", "127.0.0.1:2"]}

@@ -1,0 +1,76 @@
+"""Keras' JAX backend: its devices (several spread over with `keras.distribution.DataParallel`),
+and everything else as `kbert.backend.portable` does it without TensorFlow."""
+
+from __future__ import annotations
+
+from kbert.backend import portable
+from kbert.errors import KbertError, option
+
+# The answers shared with PyTorch, as kbert gives them without TensorFlow.
+adamw_kernels = portable.adamw_kernels
+Checkpointer = portable.Checkpointer
+empty = portable.empty
+epoch_batches = portable.epoch_batches
+epoch_logger = portable.epoch_logger
+event_writer = portable.event_writer
+fill_weight = portable.fill_weight
+finetuning_placement = portable.finetuning_placement
+fused = portable.fused
+make_preprocessor = portable.make_preprocessor
+matmul_transposed = portable.matmul_transposed
+op_errors = portable.op_errors
+set_random_seed = portable.set_random_seed
+shuffled_order = portable.shuffled_order
+take_positions = portable.take_positions
+
+# Keras' layers are plain Python objects here: a layer may hold others before Layer.__init__ runs.
+LAYERS_ARE_MODULES = False
+
+
+def has_gpu() -> bool:
+    """Whether JAX computes on a GPU."""
+    import jax
+
+    return jax.default_backend() == "gpu"
+
+
+def keras_devices(name: str = "auto", tpu: str | None = None) -> list:
+    """The devices a JAX run trains on, for `--strategy name`; several devices are spread over
+    with `keras.distribution.DataParallel`. A strategy that does not map to JAX raises a one-line
+    `KbertError` saying what to use.
+
+    - auto: every local GPU or TPU device, else one CPU.
+    - cpu / gpu: one device of that kind.
+    - mirrored: every local device, GPUs or TPU cores, or the CPU devices that
+      XLA_FLAGS=--xla_force_host_platform_device_count=N makes.
+    - tpu: the TPU cores of this TPU VM.
+    - multi-worker: TensorFlow only.
+    """
+    portable.check_keras_strategy(name, tpu)
+    import jax
+
+    devices = jax.local_devices()
+    platform = devices[0].platform
+    if name == "tpu":
+        if platform != "tpu":
+            raise KbertError(
+                f"{option('strategy', 'tpu')}: JAX sees no TPU here; run on a Cloud TPU VM with jax[tpu] installed, "
+                f"or use {option('strategy', 'auto')}"
+            )
+        return devices
+    if name == "cpu" and platform != "cpu":
+        raise KbertError(
+            f"{option('strategy', 'cpu')}: JAX computes on {platform} here; set JAX_PLATFORMS=cpu to train on the CPU"
+        )
+    if name == "gpu" and platform != "gpu":
+        raise KbertError(
+            f"{option('strategy', 'gpu')}: JAX sees no GPU here; install jax[cuda12] or use {option('strategy', 'cpu')}"
+        )
+    if name == "mirrored" or (name == "auto" and platform != "cpu"):
+        return devices
+    return devices[:1]
+
+
+def pretraining_placement(strategy: str, tpu: str | None = None) -> list:
+    """Where pretraining runs: the Keras devices for --strategy."""
+    return keras_devices(strategy, tpu)

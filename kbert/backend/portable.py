@@ -1,0 +1,229 @@
+"""The answers JAX and PyTorch share: what kbert does without TensorFlow.
+
+Each epoch's batches are numpy arrays in the order numpy's generator draws, checkpoints are
+`kbert.training.checkpoints`', TensorBoard logs `kbert.training.event_log`'s, text is packed by
+the Python tokenizer and numpy, and the model's few special ops are plain `keras.ops`.
+
+Example:
+>>> shuffled_order(5, seed=1).tolist() == shuffled_order(5, seed=1).tolist()
+True
+>>> sorted(shuffled_order(5, seed=1).tolist())
+[0, 1, 2, 3, 4]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+
+import keras
+import numpy as np
+from keras import ops
+
+from kbert.backend.placement import check_strategy
+from kbert.errors import KbertError, option
+
+# === Placement ===
+
+
+def check_keras_strategy(name: str, tpu: str | None):
+    """What no JAX or PyTorch run accepts: an unknown strategy, multi-worker, or a TPU named with --tpu."""
+    check_strategy(name)
+    backend = keras.config.backend()
+    if name == "multi-worker":
+        raise KbertError(
+            f"{option('strategy', 'multi-worker')} (tf.distribute over several machines) runs on TensorFlow only; "
+            f"run with KERAS_BACKEND=tensorflow, or train on this machine's devices with {option('strategy', 'auto')}"
+        )
+    if tpu:
+        raise KbertError(
+            f"{option('tpu', tpu)} names a TPU for TensorFlow's TPUStrategy; on {backend} leave it out "
+            f"(JAX uses the TPU of the TPU VM it runs on, with {option('strategy', 'tpu')}), "
+            "or run with KERAS_BACKEND=tensorflow"
+        )
+
+
+class DefaultDevice:
+    """What fine-tuning asks of a tf.distribute strategy, on JAX and PyTorch: one device."""
+
+    num_replicas_in_sync = 1
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+
+def finetuning_placement(strategy: str) -> DefaultDevice:
+    """--strategy on JAX and PyTorch: auto, the backend's default device (the GPU where there is
+    one). The others name tf.distribute strategies or pin a device, which kbert does on TensorFlow."""
+    if strategy != "auto":
+        raise KbertError(
+            f"{option('strategy', strategy)} picks a TensorFlow strategy; on Keras' {keras.config.backend()} backend "
+            f"fine-tuning runs on its default device (the GPU where there is one): drop {option('strategy')}, "
+            "or run with KERAS_BACKEND=tensorflow"
+        )
+    return DefaultDevice()
+
+
+# === Seeds ===
+
+
+def set_random_seed(seed: int):
+    """`keras.utils.set_random_seed` without its TensorFlow seed, which imports TensorFlow wherever
+    it is installed: Python's and numpy's generators (Keras draws its initializers' and dropout's
+    seeds from Python's)."""
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+# === The batches of an epoch ===
+
+
+def shuffled_order(n: int, seed: int) -> np.ndarray:
+    """One epoch's order of `n` rows: numpy's PCG64 generator seeded with the epoch's seed, the
+    same on every machine and numpy version that keeps its stream."""
+    return np.random.default_rng(seed).permutation(n).astype(np.int64)
+
+
+class Batches(keras.utils.PyDataset):
+    """One epoch's training batches from numpy, from batch `skip` on: the rows in `shuffled_order`
+    (of the windows, with --long-text windows), the last partial batch dropped as tf.data's
+    `drop_remainder` does (kept when it is the only one)."""
+
+    def __init__(self, train_data, opts, epoch: int, skip: int):
+        super().__init__()
+        self.features, self.targets = train_data.features, train_data.targets
+        self.batch_size = opts.batch_size
+        rows = train_data.size if train_data.windows is None else len(train_data.windows.document)
+        self.order = shuffled_order(rows, opts.seed + epoch)
+        self.skip = skip
+        self.batches = max(1, train_data.size // self.batch_size)
+
+    def __len__(self):
+        return self.batches - self.skip
+
+    def __getitem__(self, index):
+        rows = self.order[(self.skip + index) * self.batch_size :][: self.batch_size]
+        take = lambda part: {k: v[rows] for k, v in part.items()} if isinstance(part, dict) else part[rows]  # noqa: E731
+        return take(self.features), take(self.targets)
+
+
+def epoch_batches(train_data, opts):
+    """epoch_data(epoch, skip_batches): one epoch's `Batches`, from a given batch on."""
+    return lambda epoch, skip_batches: Batches(train_data, opts, epoch, skip_batches)
+
+
+# === Checkpoints and event logs ===
+
+
+class Checkpointer:
+    """A run's training checkpoints (weights, optimizer, dropout seeds) as `kbert.training.checkpoints`
+    writes them: renamed into place once complete, the newest `keep` kept. Its runs record the
+    backend they ran on, and resume on JAX or PyTorch, not on TensorFlow."""
+
+    def __init__(self, ckpt_dir: str, model, keep: int):
+        self.ckpt_dir, self.model, self.keep = ckpt_dir, model, keep
+
+    def save(self, step: int, model):
+        """Save at `step`; `model` is the model as a Keras callback reads it (on JAX, reading
+        `Callback.model` puts the step's values back into the variables). A failed write raises
+        `checkpoint_write_failed`'s line itself."""
+        from kbert.training.checkpoints import save_training_state
+
+        save_training_state(self.ckpt_dir, step, model, model.optimizer, keep=self.keep)
+
+    def restore(self, path: str):
+        from kbert.training.checkpoints import restore_training_state
+
+        restore_training_state(path, self.model, self.model.optimizer)
+
+    def record(self) -> dict:
+        """What a run's state file says of its checkpoints' kind."""
+        return {"backend": keras.config.backend()}
+
+    def reads_run_of(self, backend: str) -> bool:
+        """Whether a run started on Keras' `backend` wrote checkpoints of this kind."""
+        return backend != "tensorflow"
+
+
+def event_writer(log_dir: str):
+    """A writer of TensorBoard scalars in `log_dir`: `.scalars(step, {tag: value})`."""
+    from kbert.training.event_log import EventLog
+
+    return EventLog(log_dir)
+
+
+class EpochLoss(keras.callbacks.Callback):
+    """What Keras' TensorBoard callback writes at each epoch's end (fit's logs as `epoch_loss`
+    and so on, in LOG_DIR/train, at step `epoch`), written without TensorFlow."""
+
+    def __init__(self, log_dir: str):
+        super().__init__()
+        self.log_dir, self.log = os.path.join(log_dir, "train"), None
+
+    def on_epoch_end(self, epoch, logs=None):
+        scalars = {f"epoch_{k}": float(v) for k, v in (logs or {}).items() if np.ndim(v) == 0}
+        if scalars:
+            if self.log is None:
+                self.log = event_writer(self.log_dir)
+            self.log.scalars(epoch, scalars)
+
+
+def epoch_logger(log_dir: str) -> EpochLoss:
+    """The callback that logs fit's metrics at each epoch's end, as Keras' TensorBoard callback does."""
+    return EpochLoss(log_dir)
+
+
+def op_errors() -> tuple:
+    """The errors of the backend's ops that mean a checkpoint write failed: none beyond OSError."""
+    return ()
+
+
+# === Text and the model's ops ===
+
+
+def make_preprocessor(vocab_file, do_lower_case: bool, sequence_length: int):
+    """The Python packer (`PythonPreprocessor`): the in-graph packer's ids without TensorFlow."""
+    from kbert.text.packing import PythonPreprocessor
+
+    return PythonPreprocessor(vocab_file, do_lower_case, sequence_length)
+
+
+def take_positions(x, positions):
+    """x[b, positions[b, p]] for every b and p: [batch, seq, H] and int [batch, P] -> [batch, P, H]."""
+    return ops.take_along_axis(x, ops.expand_dims(ops.cast(positions, "int32"), -1), axis=1)
+
+
+def matmul_transposed(a, b):
+    """a · bᵀ for 2-D a [n, k] and b [m, k]."""
+    return ops.matmul(a, ops.transpose(b))
+
+
+def empty(shape, dtype=None):
+    """A tensor of `shape` whose values are whatever the memory held (zeros where a backend has no such op)."""
+    return ops.empty(shape, dtype=dtype or "float32")
+
+
+# No fused training kernels: the layers train through the plain ops.
+fused = None
+
+
+def adamw_kernels(adamw):
+    """(update_one, clip_and_update_all, dense, is_mirrored) for kbert's AdamW: Keras' clip, then
+    `adamw` on each variable in Keras' own step (which JAX compiles whole)."""
+    return adamw, None, ops.convert_to_tensor, lambda variable: False
+
+
+def fill_weight(variable, make_value):
+    """Give `variable` the value `make_value()` returns: a plain assign (JAX's and PyTorch's
+    variables have no TensorFlow handle to hand a buffer to)."""
+    value = keras.ops.cast(make_value(), variable.dtype)
+    check_filled_shape(variable, value)
+    variable.assign(value)
+
+
+def check_filled_shape(variable, value):
+    if tuple(value.shape) != tuple(variable.shape):  # a guard on the format's read()
+        raise RuntimeError(
+            f"kbert bug: {variable.path} read with shape {tuple(value.shape)}, not {tuple(variable.shape)}"
+        )
