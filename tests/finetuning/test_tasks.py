@@ -10,7 +10,8 @@ import pytest
 from conftest import TINY
 from kbert.errors import KbertError, command_line_names
 from kbert.finetuning.options import FinetuneOptions
-from kbert.finetuning.tasks import TASKS, TaskData, best_metric, get_task, json_floats
+from kbert.finetuning.tasks import TASKS, best_metric, get_task
+from kbert.finetuning.tasks.base import TaskData, json_floats
 from kbert.text.preprocessing import BertPreprocessor
 
 OPTS = FinetuneOptions()
