@@ -28,6 +28,10 @@ from kbert.model.embedding_record import EMBEDDING_KEY, embedding_of, embedding_
 
 log = logging.getLogger("kbert")
 
+# The command that writes an embedding model, as messages about a saved model name it (whatever
+# the running command).
+WRITTEN_BY = "kbert finetune --task embed"
+
 
 def cut_to_longest(encoded: dict, multiple: int = 8) -> dict:
     """One side's inputs cut to its longest text (rounded up to `multiple` tokens, within the
@@ -167,7 +171,7 @@ class Embed(Task):
         if EMBEDDING_KEY not in model.config.extras:
             raise KbertError(
                 "task embed needs the sentence-embedding record (bert_config.json's embedding: pooling, normalize), "
-                "which kbert finetune --task embed writes; save the encoder without a task"
+                f"which {WRITTEN_BY} writes; save the encoder without a task"
             )
         return {"task": self.name}
 
