@@ -59,6 +59,8 @@ class Task:
         embeds: bool. Its model's answer is the encoder's pooled vectors (embed): `--pooling`
             and `--normalize` apply, and a model without a task head is scored as one.
         served: bool. `kbert export` serves its models (`serving_head`).
+        reads_doc_stride: bool. It reads `--doc-stride` without `--long-text windows` (squad's
+            own windows).
     """
 
     name: str = ""
@@ -70,6 +72,7 @@ class Task:
     text_pairs: bool = False
     embeds: bool = False
     served: bool = False
+    reads_doc_stride: bool = False
 
     def __repr__(self):
         return f"<task {self.name}>"
@@ -135,9 +138,6 @@ class Task:
                 option("long_text", "windows"),
                 option("task", self.name),
             )
-
-    # It reads --doc-stride without --long-text windows (squad's own windows).
-    reads_doc_stride: bool = False
 
     def why_no_windows(self) -> str:
         """Why the task takes no `--long-text windows` (said when it is given)."""
