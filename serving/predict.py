@@ -4,8 +4,8 @@ The file is read with the task's reader and the server's answers are turned into
 JSON (`kbert.finetuning.tasks`), so local and server prediction print the same lines for the
 same model. Which task a served model has, the server tells: `served_task` reads it from the
 signatures `kbert.serving.export` writes (`served_by`), and `served_rows` asks the server for
-that task's rows (each task's `served_by` and `served_answers`). A sentence-embedding model's rows are those `kbert embed` writes:
-{"embedding": [...]} per text.
+that task's rows (each task's `served_by` and `served_answers`). A sentence-embedding model's
+rows are those `kbert embed` writes: {"embedding": [...]} per text.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kbert.finetuning import readers
 from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.predict import pooled_row
 from kbert.finetuning.rows import check_start, stream_rows
-from kbert.finetuning.tasks import get_task
+from kbert.finetuning.tasks import TASKS, get_task
 from kbert.finetuning.tasks.base import served_texts_b
 from kbert.serving.client import Client
 from kbert.serving.heads import EMBEDDING, SERVED_TASKS
@@ -40,7 +40,7 @@ def served_by(task: str, signatures: dict) -> bool:
     >>> served_by("tag", {"serving_default": {"inputs": {"text": {}}, "outputs": {"word_label": {}}}})
     True
     """
-    return get_task(task).served_by(signatures)
+    return task in TASKS and TASKS[task].served_by(signatures)
 
 
 def served_task(signatures: dict) -> str | None:

@@ -51,7 +51,6 @@ from kbert.finetuning.run_state import STATE_FILE
 from kbert.finetuning.squad_decoding import write_predictions_json
 from kbert.finetuning.tasks import Task, best_metric, get_task
 from kbert.finetuning.tasks.base import TaskData, json_floats
-from kbert.model.bert import BertClassifier, BertMultipleChoice
 from kbert.model_dir import CHECKPOINTS_DIR, save
 from kbert.outputs import writes
 from kbert.sources import open_model
@@ -168,10 +167,11 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     result["train_examples_per_second"] = round((saver.step - start_step) * opts.batch_size / max(elapsed, 1e-9), 2)
     if opts.resume:
         result["resumed_from_step"] = start_step
-    # A head on the pooled output (classify, regress, choice) trains the pooler; tag and squad
-    # leave it as the base had it, a converter's fresh one included.
-    reads_pooler = isinstance(model, (BertClassifier, BertMultipleChoice))
-    model.fresh_heads = () if reads_pooler else tuple(h for h in getattr(base, "fresh_heads", ()) if h == "pooler")
+    # A head on the pooled output trains the pooler; the others leave it as the base had it, a
+    # converter's fresh one included.
+    model.fresh_heads = (
+        () if task.trains_pooler else tuple(h for h in getattr(base, "fresh_heads", ()) if h == "pooler")
+    )
     _write_output(task.saved(model), output, run_dir, result, tracker, opts.overwrite)
     return json_floats(result)
 

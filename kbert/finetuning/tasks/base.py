@@ -61,6 +61,8 @@ class Task:
         served: bool. `kbert export` serves its models (`serving_head`).
         reads_doc_stride: bool. It reads `--doc-stride` without `--long-text windows` (squad's
             own windows).
+        trains_pooler: bool. Its head reads the pooled output, so training trains the pooler
+            (a converter's fresh pooler is fresh no more).
     """
 
     name: str = ""
@@ -73,6 +75,7 @@ class Task:
     embeds: bool = False
     served: bool = False
     reads_doc_stride: bool = False
+    trains_pooler: bool = False
 
     def __repr__(self):
         return f"<task {self.name}>"

@@ -35,6 +35,7 @@ class Choice(Task):
     metric = "accuracy"
     head = "multiple_choice"
     served = True
+    trains_pooler = True
 
     def read_examples(self, path, *, options, require_labels, training):
         examples = readers.read_choice_examples(

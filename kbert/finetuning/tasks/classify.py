@@ -115,6 +115,7 @@ class Classify(Task):
     windows = True
     text_pairs = True
     served = True
+    trains_pooler = True
     # Labels are class names; regress reads them as numbers.
     scores = False
 
