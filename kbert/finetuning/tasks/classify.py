@@ -141,9 +141,9 @@ class Classify(Task):
             truncated = 0
         else:
             features, truncated = encoding.encode_texts(preprocessor, examples.texts, examples.texts_b)
-        targets, labels = (
-            (None, labels) if examples.labels is None else self.targets(path, examples, labels, require_labels)
-        )
+        targets = None
+        if examples.labels is not None:
+            targets, labels = self.targets(path, examples, labels, require_labels)
         if windows is not None and targets is not None:  # each window trains on its document's label
             targets = {name: values[windows.document] for name, values in targets.items()}
         size = len(features["input_ids"])
