@@ -45,11 +45,10 @@ from kbert.errors import KbertError, listing, option
 from kbert.files import atomic_output_dir, count_lines
 from kbert.finetuning.task_info import head_task_info
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary
+from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.model_dir import (
-    EMBEDDING_KEY,
     HEADS,
     VOCAB_FILE,
-    check_embedding,
     fresh_heads_of,
     lower_case_for,
     stored_head_provenance,
@@ -676,7 +675,7 @@ def describe_hf(src) -> dict:
 # === sentence-transformers ===
 # A sentence-transformers model folder is a Hugging Face BERT plus modules.json, which lists
 # what runs after it: a Pooling module (1_Pooling/config.json) and maybe a Normalize. kbert
-# records those as the model's `embedding` (kbert.model_dir.EMBEDDING_KEY) and writes them back.
+# records those as the model's `embedding` (kbert.model.embedding_record.EMBEDDING_KEY) and writes them back.
 
 ST_MODULES_FILE = "modules.json"
 ST_CONFIG_FILE = "sentence_bert_config.json"

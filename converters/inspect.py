@@ -25,13 +25,12 @@ from kbert.errors import KbertError, plural
 from kbert.files import count_lines
 from kbert.finetuning.run_state import interrupted_finetuning, interrupted_finetuning_message
 from kbert.finetuning.task_info import TASK_KEYS
+from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.model.kinds import model_kind
 from kbert.model_dir import (
     CONFIG_FILE,
-    EMBEDDING_KEY,
     VOCAB_FILE,
     WEIGHTS_FILE,
-    check_embedding,
     head_provenance,
     load_keras_file,
     recorded_fresh_heads,

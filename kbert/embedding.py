@@ -24,83 +24,19 @@ import keras
 import numpy as np
 
 from kbert.backend import make_preprocessor
-from kbert.config import sequence_length
-from kbert.errors import KbertError, on_command_line, option
+from kbert.errors import KbertError, option
+from kbert.finetuning import readers
 from kbert.finetuning.encoding import encode_text_windows, encode_texts
 from kbert.finetuning.options import window_stride
+from kbert.finetuning.rows import check_start, stream_rows
 from kbert.finetuning.windows import document_mean
 from kbert.model.bert import encoder_of
-from kbert.model.pooling import POOLING_MODES, SentencePooling, l2_normalize
-from kbert.model_dir import HEAD_TASKS, check_embedding, model_kind
+from kbert.model.embedding_record import check_pooling, embedding_settings
+from kbert.model.pooling import SentencePooling, l2_normalize
 
 log = logging.getLogger("kbert")
 
 LONG_TEXT = ("truncate", "windows")
-
-
-@dataclasses.dataclass(frozen=True)
-class EmbeddingSettings:
-    """How a model's token vectors become one vector per text.
-
-    Args:
-        pooling: str. One of `kbert.model.pooling.POOLING_MODES`.
-        normalize: bool. L2-normalise each vector.
-        max_seq_length: int. Tokens per text (or per window), [CLS] and [SEP] included.
-    """
-
-    pooling: str
-    normalize: bool
-    max_seq_length: int
-
-
-def embedding_of(model) -> dict | None:
-    """The embedding record of a kbert model (its config's `embedding`, checked), or None: a
-    model with a task head has none, as its encoder was trained for the task."""
-    if model_kind(model) in HEAD_TASKS:
-        return None
-    return check_embedding(model.config, getattr(model, "name", "the model"))
-
-
-def embedding_settings(
-    model, pooling: str | None = None, normalize: bool | None = None, max_seq_length: int | None = None, where=None
-) -> EmbeddingSettings:
-    """What `embed` uses for `model`: the arguments given, over the model's embedding record.
-
-    A model with no record (a plain BERT, a classifier) needs `pooling`; `normalize` then
-    defaults to False and `max_seq_length` to 128 (capped at max_position_embeddings).
-
-    Example:
-    >>> import kbert
-    >>> config = kbert.BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-    ...                           intermediate_size=16, extras={"embedding": {"pooling": "mean", "normalize": True}})
-    >>> embedding_settings(kbert.bert_encoder(config))
-    EmbeddingSettings(pooling='mean', normalize=True, max_seq_length=128)
-    >>> embedding_settings(kbert.bert_encoder(kbert.BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1,
-    ...                    num_attention_heads=2, intermediate_size=16)), where="plain-bert")
-    Traceback (most recent call last):
-    ...
-    kbert.errors.KbertError: plain-bert records no sentence-embedding pooling (kbert convert from-hf records a sentence-transformers model's); pass pooling='cls', 'mean', 'max' or 'mean_sqrt_len' to choose one (and normalize=True for unit-length vectors)
-    """
-    record = embedding_of(model) or {}
-    if pooling is None and not record:
-        if on_command_line():
-            said = f"{option('pooling')} {'|'.join(POOLING_MODES)}"
-        else:
-            said = f"pooling={', '.join(repr(m) for m in POOLING_MODES[:-1])} or {POOLING_MODES[-1]!r}"
-        raise KbertError(
-            f"{where or 'the model'} records no sentence-embedding pooling (kbert convert from-hf records a "
-            f"sentence-transformers model's); pass {said} to choose one (and {option('normalize', True)} for "
-            f"unit-length vectors)"
-        )
-    check_options(pooling, normalize)
-    if max_seq_length is not None and (isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int)):
-        raise KbertError(f"{option('max_seq_length', max_seq_length)}: give a whole number of tokens")
-    length = sequence_length(max_seq_length, model.config.max_position_embeddings, record.get("max_seq_length"))
-    return EmbeddingSettings(
-        pooling=pooling or record["pooling"],
-        normalize=bool(record.get("normalize", False) if normalize is None else normalize),
-        max_seq_length=length,
-    )
 
 
 def check_options(pooling=None, normalize=None, long_text="truncate", doc_stride=None, batch_size=32):
@@ -111,10 +47,7 @@ def check_options(pooling=None, normalize=None, long_text="truncate", doc_stride
     ...
     kbert.errors.KbertError: long_text='chunks': give truncate or windows
     """
-    if pooling is not None and pooling not in POOLING_MODES:
-        raise KbertError(f"{option('pooling', pooling)}: use one of {', '.join(POOLING_MODES)}")
-    if normalize is not None and not isinstance(normalize, bool):
-        raise KbertError(f"{option('normalize', normalize)}: give True or False")
+    check_pooling(pooling, normalize)
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise KbertError(f"{option('batch_size', batch_size)}: give the number of texts per batch, 1 or more")
     if long_text not in LONG_TEXT:
@@ -286,8 +219,6 @@ def read_texts(path) -> list:
     >>> read_texts(path)
     ['A gripping film.', 'Dull. ||| Very.']
     """
-    from kbert.finetuning import readers
-
     examples = readers.read_feature_texts(path)
     readers.report_skipped(path, examples)
     return list(one_text_per_row(path, examples, "kbert embed").texts)
@@ -326,8 +257,6 @@ def embed_file(model_or_path, input_path, start: int = 0, *, batch_size: int = 3
     >>> np.stack(list(vectors)).shape  # doctest: +SKIP
     (1000, 384)
     """
-    from kbert.finetuning.predict import check_start, stream_rows
-
     check_start(start)
     check_options(**{k: v for k, v in settings.items() if k != "max_seq_length"}, batch_size=batch_size)
     where = os.fspath(model_or_path) if isinstance(model_or_path, (str, os.PathLike)) else None

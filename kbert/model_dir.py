@@ -27,9 +27,9 @@ from kbert.errors import KbertError, first_line, os_error_or
 from kbert.files import atomic_output_dir, count_lines, require_path, save_weights
 from kbert.finetuning.task_info import HEAD_TASKS, TASK_KEYS, head_task_info
 from kbert.model import bert
+from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.model.initializers import unfilled
 from kbert.model.kinds import model_classes, model_kind
-from kbert.model.pooling import POOLING_MODES
 from kbert.outputs import writes
 
 log = logging.getLogger("kbert")
@@ -45,47 +45,6 @@ CHECKPOINTS_DIR = "checkpoints"
 HEADS = ("masked_lm", "next_sentence", "pooler")
 # A Keras archive (`model.save`), which `kbert.load` and every command taking a model also read.
 KERAS_SUFFIX = ".keras"
-# A sentence-embedding model's record in bert_config.json (and a .keras file's config): how its
-# token vectors become one vector per text, e.g. {"pooling": "mean", "normalize": true,
-# "max_seq_length": 256}, as a sentence-transformers model's modules say (converters/hf.py).
-EMBEDDING_KEY = "embedding"
-
-
-def check_embedding(config: BertConfig, where) -> dict | None:
-    """The embedding record `config` holds (`EMBEDDING_KEY`), checked; None when it has none.
-
-    >>> config = BertConfig(vocab_size=10, extras={"embedding": {"pooling": "mean", "normalize": True}})
-    >>> check_embedding(config, "bert_config.json")
-    {'pooling': 'mean', 'normalize': True}
-    >>> check_embedding(BertConfig(vocab_size=10, extras={"embedding": {"pooling": "sum"}}), "bert_config.json")
-    Traceback (most recent call last):
-    ...
-    kbert.errors.KbertError: bert_config.json: embedding pooling 'sum' is not one of cls, mean, max, mean_sqrt_len; fix bert_config.json or convert the model again
-    """
-    record = config.extras.get(EMBEDDING_KEY)
-    if record is None:
-        return None
-    fix = "fix bert_config.json or convert the model again"
-    if not isinstance(record, dict) or set(record) - {"pooling", "normalize", "max_seq_length"}:
-        raise KbertError(
-            f"{where}: embedding must be an object of pooling, normalize and max_seq_length, got {record!r}; {fix}"[
-                :400
-            ]
-        )
-    if record.get("pooling") not in POOLING_MODES:
-        raise KbertError(
-            f"{where}: embedding pooling {record.get('pooling')!r} is not one of {', '.join(POOLING_MODES)}; {fix}"
-        )
-    if not isinstance(record.get("normalize", False), bool):
-        raise KbertError(f"{where}: embedding normalize must be true or false, got {record['normalize']!r}; {fix}")
-    length = record.get("max_seq_length")
-    limit = config.max_position_embeddings
-    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or not 3 <= length <= limit):
-        raise KbertError(
-            f"{where}: embedding max_seq_length {length!r} must be a whole number from 3 to {limit} "
-            f"(max_position_embeddings); {fix}"
-        )
-    return dict(record)
 
 
 def check_vocab(vocab_file: str, config: BertConfig):

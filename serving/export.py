@@ -50,11 +50,13 @@ from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 from kbert.backend.tensorflow_compat import write_export_archive
 from kbert.config import sequence_length
-from kbert.embedding import embedding_of
 from kbert.errors import KbertError, option
 from kbert.files import atomic_output_dir
 from kbert.finetuning.options import window_stride
-from kbert.model.bert import BertEncoder, BertMultipleChoice, BertPretrainer, BertTagger, encoder_of
+from kbert.finetuning.tasks import get_task, head_task
+from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
+from kbert.model.embedding_record import embedding_of
+from kbert.model.kinds import model_kind
 from kbert.outputs import writes
 from kbert.serving.heads import (
     API_METHODS,
@@ -122,9 +124,7 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=Fal
         return serve_encoder(serving(encoder_of(model)), bool(text_pairs))
     task = task_info.get("task")
     if task is None:  # a head saved without fine-tuning metadata: its kind says which task
-        task = {BertTagger: "tag", BertMultipleChoice: "choice"}.get(type(model)) or (
-            "regress" if getattr(model, "num_classes", 0) == 1 else "classify"
-        )
+        task = head_task(model_kind(model), getattr(model, "num_classes", 0)).name
     require_served(task)  # before the model is rewritten for serving
     served = serving(model)
     head = serving_head(task, served, task_info.get("labels"))
@@ -135,7 +135,7 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=Fal
                 f"{option('text_pairs', True, flag='--text-pairs')}; join a pair into one text"
             )
         return serve_windows(task, head, served, task_info.get("labels"), *windows)
-    if task in ("classify", "regress"):
+    if get_task(task).text_pairs:
         # finetune records "text_pairs"; directories from before it did may get pairs.
         pairs = bool(task_info.get("text_pairs", True)) if text_pairs is None else text_pairs
         head = head._replace(text_inputs={"text": 1, "text_b": 1} if pairs else {"text": 1})

@@ -3,7 +3,8 @@ API and, for classifiers and regressors, the Classify or Regress API (`kbert.ser
 builds the signatures from it).
 
 `serve_encoder` serves an encoder's outputs; `serving_head(task, model, labels)` gives a
-fine-tuned model's head by the task it was fine-tuned for (`kbert.finetuning.tasks`):
+fine-tuned model's head by the task it was fine-tuned for: the task (`kbert.finetuning.tasks`)
+picks the head, built here:
 - classify: `probabilities`, `label_id`, `label`, and the Classify API;
 - regress: `score`, and the Regress API;
 - tag: per-token `label_id`, `label` and `input_mask`, and from text also `word_label`, the
@@ -21,23 +22,25 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
 import keras
 import tensorflow as tf
 
-from kbert.embedding import embedding_of
 from kbert.errors import KbertError, option
-from kbert.finetuning.tasks import fallback_tag, get_task
+from kbert.finetuning.tasks import TASKS, get_task
+from kbert.finetuning.tasks.classify import CLASSIFY_API, CLASSIFY_METHOD
+from kbert.finetuning.tasks.regress import REGRESS_API, REGRESS_METHOD
 from kbert.model.bert import encoder_of
+from kbert.model.embedding_record import embedding_of
 from kbert.model.pooling import SentencePooling
 from kbert.text.windows import SlidingWindows, max_context_windows
 
 # TF Serving's Classify and Regress APIs: the signature names an export adds for them, and
 # the method names TF Serving requires of them.
-CLASSIFY_API, REGRESS_API = "classify", "regress"
-API_METHODS = {CLASSIFY_API: "tensorflow/serving/classify", REGRESS_API: "tensorflow/serving/regress"}
+API_METHODS = {CLASSIFY_API: CLASSIFY_METHOD, REGRESS_API: REGRESS_METHOD}
 
 
 class ServingHead(NamedTuple):
@@ -116,7 +119,7 @@ def serve_embedding(model, serving, text_pairs: bool | None = None) -> ServingHe
     and normalised as the model's embedding record says (`embedding_model`), from `text` alone.
 
     Args:
-        model: a kbert model whose config records its pooling (`kbert.embedding.embedding_of`).
+        model: a kbert model whose config records its pooling (`kbert.model.embedding_record.embedding_of`).
         serving: callable. keras.Model -> the model as the export runs it (`kbert.serving.optimize`).
         text_pairs: bool or None. True is refused: sentence-transformers embeds one text at a time.
     """
@@ -136,7 +139,8 @@ def serve_embedding(model, serving, text_pairs: bool | None = None) -> ServingHe
     return ServingHead(outputs)
 
 
-def _serve_classifier(model, labels):
+def serve_classifier(model, labels) -> ServingHead:
+    """A classifier's head: `probabilities`, `label_id`, `label`, and the Classify API."""
     names = _label_table(labels, model.num_classes)
 
     def outputs(features):
@@ -153,7 +157,9 @@ def _serve_classifier(model, labels):
     return ServingHead(outputs, api=CLASSIFY_API, api_outputs=classify_outputs)
 
 
-def _serve_regressor(model, labels):
+def serve_regressor(model, labels) -> ServingHead:
+    """A regressor's head: `score`, and the Regress API."""
+
     def outputs(features):
         return {"score": finite("score", model(features, training=False)["logits"][:, 0])}
 
@@ -163,9 +169,11 @@ def _serve_regressor(model, labels):
     return ServingHead(outputs, api=REGRESS_API, api_outputs=regress_outputs)
 
 
-def _serve_tagger(model, labels):
+def serve_tagger(model, labels, fallback: str) -> ServingHead:
+    """A tagger's head: per-token `label_id`, `label` and `input_mask`, and from text `word_label`,
+    each word's tag (`fallback` for a word cut off by the sequence length)."""
     names = _label_table(labels, model.num_classes)
-    fallback = tf.constant(fallback_tag([str(label) for label in labels or range(model.num_classes)]))
+    fallback = tf.constant(fallback)
 
     def outputs(features):
         logits = finite("logits", model(features, training=False)["logits"])
@@ -190,7 +198,10 @@ def _serve_tagger(model, labels):
     return ServingHead(outputs, text_outputs=text_outputs)
 
 
-def _serve_choices(model, labels):
+def serve_choices(model, labels) -> ServingHead:
+    """A multiple-choice model's head: `probabilities` over the endings and `label_id`, from
+    `text` and `endings`."""
+
     def outputs(features):
         probabilities = finite(
             "probabilities", tf.nn.softmax(tf.cast(model(features, training=False)["logits"], tf.float32), axis=-1)
@@ -208,14 +219,10 @@ def _serve_choices(model, labels):
     return ServingHead(outputs, text_inputs={"text": 1, "endings": 2}, text_outputs=text_outputs, ids_rank=3)
 
 
-# Each task export serves, and its head: (model, label names or None) -> ServingHead.
-_TASK_HEADS = {
-    "classify": _serve_classifier,
-    "regress": _serve_regressor,
-    "tag": _serve_tagger,
-    "choice": _serve_choices,
-}
-SERVED_TASKS = tuple(_TASK_HEADS)
+# The tasks export serves.
+SERVED_TASKS = tuple(task.name for task in TASKS.values() if task.served)
+# This module, as a task's serving hooks take it: they pick the head, built here.
+_HEADS = sys.modules[__name__]
 
 
 def require_served(task: str):
@@ -226,8 +233,7 @@ def require_served(task: str):
     ...
     kbert.errors.KbertError: kbert export serves ... the classify, regress, tag, choice tasks; a squad model needs ...
     """
-    get_task(task)  # an unknown task: the one-line error that lists them
-    if task not in _TASK_HEADS:
+    if not get_task(task).served:  # an unknown task: the one-line error that lists them
         raise KbertError(
             f"kbert export serves encoders, pretrained models and the {', '.join(SERVED_TASKS)} "
             f"tasks; a {task} model needs its question/context windows, which export does not "
@@ -257,14 +263,14 @@ def serving_head(task: str, model, labels: list | None) -> ServingHead:
     ('classify', array([b'pos'], dtype=object))
     """
     require_served(task)
-    return _TASK_HEADS[task](model, labels)
+    return get_task(task).serving_head(model, labels, _HEADS)
 
 
 # === Documents longer than the window (`kbert finetune --long-text windows`) ===
 
 # Windows a request may take in all, unless `kbert export --max-windows` says otherwise.
 MAX_WINDOWS = 64
-WINDOWS_TASKS = ("classify", "regress", "tag")
+WINDOWS_TASKS = tuple(task.name for task in TASKS.values() if task.windows)
 
 
 def _checked(features, starts, max_windows: int):
@@ -299,51 +305,70 @@ def serve_windows(task: str, head: ServingHead, model, labels, stride: int, max_
     max-context window (`kbert.text.windows.max_context_windows`), and per token the first
     window's outputs (the truncated document's). serve_ids stays per window. A request of more
     than `max_windows` windows in all fails (`_checked`)."""
-    if task not in WINDOWS_TASKS:
+    if not get_task(task).windows:
         raise KbertError(f"long_text windows applies to {', '.join(WINDOWS_TASKS)}; a {task} model has none")
+    return get_task(task).serving_windows(head, model, labels, stride, max_windows, _HEADS)
 
-    if task == "tag":
 
-        def tag_text_outputs(strings, pack, preprocessor):
-            words = tf.strings.split(strings["text"])  # [batch, (words)]
-            features, starts, first = preprocessor.pack_word_windows(words, stride)
-            out = head.outputs(_checked(features, starts, max_windows))
-            lengths = tf.reduce_sum(features["input_mask"], axis=1) - 2  # less [CLS] and [SEP]
-            windows = SlidingWindows(starts.row_lengths(), starts.value_rowids(), starts.flat_values, lengths)
-            window, index = max_context_windows(windows, (first.value_rowids(), first.flat_values))
-            tags = tf.gather_nd(out["label"], tf.stack([window, index + 1], axis=1))  # [CLS] is position 0
-            firsts = tf.cast(starts.row_starts(), tf.int32)  # each document's first window
-            documents = {k: tf.gather(out[k], firsts) for k in ("label_id", "label", "input_mask")}
-            return {**documents, "word_label": first.with_flat_values(tags).to_tensor("")}
+def tagger_windows(head: ServingHead, stride: int, max_windows: int) -> ServingHead:
+    """A tagger's `head` serving whole documents: each word's tag from its max-context window,
+    per token the first window's outputs."""
 
-        return head._replace(text_inputs={"text": 1}, text_outputs=tag_text_outputs)
+    def tag_text_outputs(strings, pack, preprocessor):
+        words = tf.strings.split(strings["text"])  # [batch, (words)]
+        features, starts, first = preprocessor.pack_word_windows(words, stride)
+        out = head.outputs(_checked(features, starts, max_windows))
+        lengths = tf.reduce_sum(features["input_mask"], axis=1) - 2  # less [CLS] and [SEP]
+        windows = SlidingWindows(starts.row_lengths(), starts.value_rowids(), starts.flat_values, lengths)
+        window, index = max_context_windows(windows, (first.value_rowids(), first.flat_values))
+        tags = tf.gather_nd(out["label"], tf.stack([window, index + 1], axis=1))  # [CLS] is position 0
+        firsts = tf.cast(starts.row_starts(), tf.int32)  # each document's first window
+        documents = {k: tf.gather(out[k], firsts) for k in ("label_id", "label", "input_mask")}
+        return {**documents, "word_label": first.with_flat_values(tags).to_tensor("")}
+
+    return head._replace(text_inputs={"text": 1}, text_outputs=tag_text_outputs)
+
+
+def _document_logits(model, stride: int, max_windows: int):
+    """(strings, preprocessor) -> each document's logits: the mean of its windows'."""
 
     def document_logits(strings, preprocessor):
         features, starts = preprocessor.pack_windows(strings["text"], stride)
         logits = tf.cast(model(_checked(features, starts, max_windows), training=False)["logits"], tf.float32)
         return _document_mean(logits, starts)
 
-    if task == "classify":
-        names = _label_table(labels, model.num_classes)
+    return document_logits
 
-        def probabilities(strings, preprocessor):
-            return finite("probabilities", tf.nn.softmax(document_logits(strings, preprocessor), axis=-1))
 
-        def text_outputs(strings, pack, preprocessor):
-            p = probabilities(strings, preprocessor)
-            label_id = tf.argmax(p, axis=-1, output_type=tf.int32)
-            return {"probabilities": p, "label_id": label_id, "label": tf.gather(names, label_id)}
+def classifier_windows(head: ServingHead, model, labels, stride: int, max_windows: int) -> ServingHead:
+    """A classifier's `head` serving whole documents: the softmax of the mean of a document's
+    windows' logits."""
+    document_logits = _document_logits(model, stride, max_windows)
+    names = _label_table(labels, model.num_classes)
 
-        def api_text_outputs(strings, pack, preprocessor):
-            p = probabilities(strings, preprocessor)
-            return {"classes": tf.tile(names[None], [tf.shape(p)[0], 1]), "scores": p}
+    def probabilities(strings, preprocessor):
+        return finite("probabilities", tf.nn.softmax(document_logits(strings, preprocessor), axis=-1))
 
-    else:
+    def text_outputs(strings, pack, preprocessor):
+        p = probabilities(strings, preprocessor)
+        label_id = tf.argmax(p, axis=-1, output_type=tf.int32)
+        return {"probabilities": p, "label_id": label_id, "label": tf.gather(names, label_id)}
 
-        def text_outputs(strings, pack, preprocessor):
-            return {"score": finite("score", document_logits(strings, preprocessor)[:, 0])}
+    def api_text_outputs(strings, pack, preprocessor):
+        p = probabilities(strings, preprocessor)
+        return {"classes": tf.tile(names[None], [tf.shape(p)[0], 1]), "scores": p}
 
-        def api_text_outputs(strings, pack, preprocessor):
-            return {"outputs": text_outputs(strings, pack, preprocessor)["score"]}
+    return head._replace(text_inputs={"text": 1}, text_outputs=text_outputs, api_text_outputs=api_text_outputs)
+
+
+def regressor_windows(head: ServingHead, model, labels, stride: int, max_windows: int) -> ServingHead:
+    """A regressor's `head` serving whole documents: the mean of a document's windows' scores."""
+    document_logits = _document_logits(model, stride, max_windows)
+
+    def text_outputs(strings, pack, preprocessor):
+        return {"score": finite("score", document_logits(strings, preprocessor)[:, 0])}
+
+    def api_text_outputs(strings, pack, preprocessor):
+        return {"outputs": text_outputs(strings, pack, preprocessor)["score"]}
 
     return head._replace(text_inputs={"text": 1}, text_outputs=text_outputs, api_text_outputs=api_text_outputs)

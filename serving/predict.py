@@ -4,8 +4,8 @@ The file is read with the task's reader and the server's answers are turned into
 JSON (`kbert.finetuning.tasks`), so local and server prediction print the same lines for the
 same model. Which task a served model has, the server tells: `served_task` reads it from the
 signatures `kbert.serving.export` writes (`served_by`), and `served_rows` asks the server for
-that task's rows. A sentence-embedding model's rows are those `kbert embed` writes:
-{"embedding": [...]} per text.
+that task's rows (each task's `served_by` and `served_answers`). A sentence-embedding model's
+rows are those `kbert embed` writes: {"embedding": [...]} per text.
 """
 
 from __future__ import annotations
@@ -13,40 +13,23 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-import numpy as np
-
 from kbert.embedding import json_vector, one_text_per_row
 from kbert.errors import KbertError, listing, on_command_line, option
 from kbert.files import require_path
 from kbert.finetuning import readers
 from kbert.finetuning.options import FinetuneOptions, resolve_options
-from kbert.finetuning.predict import check_start, pooled_row, stream_rows
-from kbert.finetuning.tasks import choice_row, classify_row, get_task
+from kbert.finetuning.predict import pooled_row
+from kbert.finetuning.rows import check_start, stream_rows
+from kbert.finetuning.tasks import TASKS, get_task
+from kbert.finetuning.tasks.base import served_texts_b
 from kbert.serving.client import Client
-from kbert.serving.heads import API_METHODS, CLASSIFY_API, EMBEDDING, REGRESS_API, SERVED_TASKS
+from kbert.serving.heads import EMBEDDING, SERVED_TASKS
 
 # What `kbert predict --server` reads, for its messages.
 _SERVED_KINDS = f"the tasks {', '.join(SERVED_TASKS)}, encoders and sentence-embedding models"
 
 
-def served_texts_b(path, texts_b, signatures, client):
-    """None, or texts_b if the served model takes pairs; an error if the file has pairs it cannot take."""
-    takes_b = "text_b" in signatures.get("serving_default", {}).get("inputs", {})
-    if texts_b is not None and not takes_b:
-        if any(texts_b):
-            raise KbertError(
-                f"{path} has sentence pairs (text_b), but the served model {client.model_name} "
-                f"takes single texts: give one text per row"
-            )
-        return None
-    return texts_b
-
-
 # === Which task a server's model has ===
-
-
-def _has_api(signatures, api):
-    return signatures.get(api, {}).get("method_name") == API_METHODS[api]
 
 
 def served_by(task: str, signatures: dict) -> bool:
@@ -57,16 +40,7 @@ def served_by(task: str, signatures: dict) -> bool:
     >>> served_by("tag", {"serving_default": {"inputs": {"text": {}}, "outputs": {"word_label": {}}}})
     True
     """
-    default = signatures.get("serving_default", {})
-    if task == "classify":
-        return _has_api(signatures, CLASSIFY_API)
-    if task == "regress":
-        return _has_api(signatures, REGRESS_API)
-    if task == "tag":
-        return "word_label" in default.get("outputs", {})
-    if task == "choice":
-        return "endings" in default.get("inputs", {})
-    return False
+    return task in TASKS and TASKS[task].served_by(signatures)
 
 
 def served_task(signatures: dict) -> str | None:
@@ -93,38 +67,6 @@ def served_task(signatures: dict) -> str | None:
 
 
 # === Each task's rows, from the server's answers ===
-
-
-def _text_answers(task, client, texts_b_allowed):
-    def answer(part, first):
-        texts_b = part.texts_b if texts_b_allowed else None
-        if task == "regress":
-            return [{"prediction": round(float(value), 6)} for value in client.regress(part.texts, texts_b)]
-        rows = client.classify(part.texts, texts_b)
-        return [classify_row([label for label, _ in row], [score for _, score in row]) for row in rows]
-
-    return answer
-
-
-def _tag_answers(client):
-    def answer(part, first):
-        out = client.predict_text([" ".join(words) for words in part.words])
-        return [
-            {"words": words, "tags": [str(tag) for tag in tags[: len(words)]]}
-            for words, tags in zip(part.words, out["word_label"])
-        ]
-
-    return answer
-
-
-def _choice_answers(client):
-    def answer(part, first):
-        out = client.predict(
-            {"text": np.asarray(part.contexts, dtype=object), "endings": np.asarray(part.endings, dtype=object)}
-        )
-        return [choice_row(row) for row in out["probabilities"]]
-
-    return answer
 
 
 def _embedding_answers(client):
@@ -159,27 +101,21 @@ def served_rows(
         options: `FinetuneOptions`. batch_size (examples per request), format, skip_bad_rows.
         start: int. The first example to predict.
     """
-    if task is not None and task not in (*SERVED_TASKS, EMBEDDING):
-        raise KbertError(f"{_served_reader()} reads {_SERVED_KINDS}, not {task!r}")
-    if task in (None, EMBEDDING):
+    if task is None or task == EMBEDDING:  # an encoder's: the file's texts
         examples = readers.read_feature_texts(path, format=options.format, skip_bad_rows=options.skip_bad_rows)
         readers.report_skipped(path, examples)
-        if task == EMBEDDING:
+        if task is None:
+            texts_b_allowed = served_texts_b(path, examples.texts_b, signatures, client) is not None
+            answer = _feature_answers(client, texts_b_allowed)
+        else:
             examples = one_text_per_row(path, examples, _served_reader())
-            return stream_rows(
-                examples, _embedding_answers(client), options.batch_size, start, with_lines=options.skip_bad_rows
-            )
+            answer = _embedding_answers(client)
     else:
-        examples = get_task(task).read_examples(path, options=options, require_labels=False, training=False)
-    if task in (None, "classify", "regress"):
-        texts_b_allowed = served_texts_b(path, examples.texts_b, signatures, client) is not None
-        answer = (
-            _feature_answers(client, texts_b_allowed) if task is None else _text_answers(task, client, texts_b_allowed)
-        )
-    elif task == "tag":
-        answer = _tag_answers(client)
-    else:
-        answer = _choice_answers(client)
+        if task not in SERVED_TASKS:
+            raise KbertError(f"{_served_reader()} reads {_SERVED_KINDS}, not {task!r}")
+        served = get_task(task)
+        examples = served.read_examples(path, options=options, require_labels=False, training=False)
+        answer = served.served_answers(client, examples, signatures, path)
     return stream_rows(examples, answer, options.batch_size, start, with_lines=options.skip_bad_rows)
 
 

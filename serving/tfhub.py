@@ -43,11 +43,11 @@ import tensorflow as tf
 
 from kbert.backend.tensorflow_compat import auto_trackable
 from kbert.config import sequence_length
-from kbert.embedding import embedding_of
 from kbert.errors import KbertError, option
 from kbert.files import atomic_output_dir, count_lines
 from kbert.model import fused
 from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
+from kbert.model.embedding_record import embedding_of
 from kbert.model.layers import attention_adder
 from kbert.model.pooling import l2_normalize, pool
 from kbert.model_dir import CONFIG_FILE

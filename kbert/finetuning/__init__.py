@@ -1,6 +1,7 @@
 """Fine-tuning: one small head per task on a pretrained BERT, trained with `model.fit`.
 
-- `tasks`: one record per task (reader, head, loss, metric, prediction JSON, serving outputs);
+- `tasks`: one file per task (reader, head, losses, metrics, prediction JSON, what its model
+  records, what its export serves), on `tasks.base.Task`;
 - `readers`: the file formats (CSV/TSV/JSONL, GLUE layouts, CoNLL, SWAG) -> examples, with
   `formats` (which format a file is, and whether it has the shape its task reads);
 - `encoding`: examples -> model inputs, packed by `kbert.text.preprocessing.BertPreprocessor`
@@ -10,5 +11,6 @@
   each word's window, and one answer per document;
 - `metrics`: each task's scores;
 - `train`: `kbert finetune`;
-- `predict`: `kbert predict`, `kbert evaluate` and feature extraction, shared with `kbert predict --server`.
+- `predict`: `kbert predict`, `kbert evaluate` and feature extraction; `rows`: the one batch loop
+  of local and served prediction and of `kbert embed`.
 """

@@ -12,6 +12,7 @@ serving/predict.py, which builds on this module).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -20,12 +21,15 @@ import keras
 import numpy as np
 
 from kbert.config import sequence_length
-from kbert.embedding import Embedder, embedding_of, embedding_settings, json_vector, one_text_per_row
+from kbert.embedding import Embedder, json_vector, one_text_per_row
 from kbert.errors import KbertError, option
-from kbert.finetuning import encoding, ranking, readers
+from kbert.finetuning import encoding, readers
 from kbert.finetuning.options import FinetuneOptions, resolve_options
-from kbert.finetuning.tasks import EMBED, example_lines, get_task, json_floats, predict_outputs, select_examples
+from kbert.finetuning.rows import check_start, stream_rows
+from kbert.finetuning.tasks import TASKS, get_task
+from kbert.finetuning.tasks.base import json_floats
 from kbert.model.bert import encoder_of
+from kbert.model.embedding_record import embedding_of
 from kbert.model_dir import model_kind
 from kbert.sources import open_model
 from kbert.text.preprocessing import BertPreprocessor
@@ -49,20 +53,6 @@ def _prepare(model_dir, options, overrides):
     return model, task, opts, BertPreprocessor(model.vocab_file, model.do_lower_case, length)
 
 
-def _read(task, path, preprocessor, labels, opts, require_labels):
-    data = task.read(
-        path,
-        preprocessor=preprocessor,
-        labels=labels,
-        options=opts,
-        require_labels=require_labels,
-        training=False,
-    )
-    if data.truncated:
-        log.warning("%s: %d of %d examples were truncated", path, data.truncated, data.size)
-    return data
-
-
 def evaluate(
     model_dir, input_path, options: FinetuneOptions | None = None, *, task: str | None = None, **overrides
 ) -> dict:
@@ -81,27 +71,22 @@ def evaluate(
     """
     model, model_task, opts, preprocessor = _prepare(model_dir, options, overrides)
     task = _scored_task(model_dir, model, model_task, task)
-    if task is not None and task.name == "embed":
-        return _evaluate_pairs(model, input_path, opts, os.fspath(model_dir))
-    if opts.pooling is not None:
-        raise KbertError(
-            f"{option('pooling')} applies to embedding models (and {option('task', 'embed')}); {model_dir} is "
-            f"fine-tuned for {task.name if task else 'no task'}: drop it"
-        )
-    if task is None:
-        raise KbertError(
-            f"{model_dir} is a{'n' if model_kind(model) == 'encoder' else ''} {model_kind(model)}, "
-            f"which has no task to score; evaluate a model with a task head (written by kbert "
-            f"finetune, or by kbert.save)"
-        )
-    labels = model.task_info.get("labels")
-    data = _read(task, input_path, preprocessor, labels, opts, require_labels=True)
-    if data.size == 0:
-        raise KbertError(f"{input_path} has no usable rows to evaluate")
-    result = task.score(
-        data, predict_outputs(model, data, opts.batch_size), options=opts, do_lower_case=model.do_lower_case
+    if task is None or not task.embeds:  # an embedding model's ranking takes a pooling; a task head's, none
+        if opts.pooling is not None:
+            raise KbertError(
+                f"{option('pooling')} applies to embedding models (and {option('task', 'embed')}); {model_dir} is "
+                f"fine-tuned for {task.name if task else 'no task'}: drop it"
+            )
+        if task is None:
+            raise KbertError(
+                f"{model_dir} is a{'n' if model_kind(model) == 'encoder' else ''} {model_kind(model)}, "
+                f"which has no task to score; evaluate a model with a task head (written by kbert "
+                f"finetune, or by kbert.save)"
+            )
+    packer = functools.partial(BertPreprocessor, model.vocab_file, model.do_lower_case)
+    result = task.evaluate(
+        model, input_path, opts, preprocessor=preprocessor, packer=packer, where=os.fspath(model_dir)
     )
-    result["examples"] = len(data.raw) if task.name == "squad" else data.documents  # documents, not windows
     return json_floats({k: v for k, v in result.items() if not isinstance(v, dict)})
 
 
@@ -109,38 +94,20 @@ def _scored_task(model_dir, model, model_task, task: str | None):
     """The task `evaluate` scores: the model's; or embed, for a model with an embedding record or
     when asked of a model without a task head."""
     if task is None:
-        embeds = model_task is None and embedding_of(model) is not None
-        return EMBED if embeds else model_task
+        if model_task is None and embedding_of(model) is not None:
+            return next(task for task in TASKS.values() if task.embeds)
+        return model_task
     wanted = get_task(task)
     if model_task is not None and model_task.name != wanted.name:
         raise KbertError(
             f"{model_dir} is fine-tuned for {model_task.name}, not {wanted.name}: drop {option('task', task)}"
         )
-    if model_task is None and wanted.name != "embed":
+    if model_task is None and not wanted.embeds:
         raise KbertError(
             f"{option('task', task)}: {model_dir} has no {task} head to score; a model without a task head is scored "
             f"as an embedding model only ({option('task', 'embed')})"
         )
     return wanted
-
-
-def _evaluate_pairs(model, input_path, opts, where) -> dict:
-    if opts.pooling is None and embedding_of(model) is None:  # ranking compares cosines: no normalize to choose
-        raise KbertError(
-            f"{where} records no sentence-embedding pooling (fine-tuning with "
-            f"{option('task', 'embed', command='finetune')} and kbert convert from-hf record one); pass "
-            f"{option('pooling')} cls|mean|max|mean_sqrt_len to rank with one"
-        )
-    settings = embedding_settings(model, opts.pooling, None, opts.max_seq_length, where)
-    preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, settings.max_seq_length)
-    data = EMBED.read(
-        input_path, preprocessor=preprocessor, labels=None, options=opts, require_labels=True, training=False
-    )
-    embedder = ranking.unit_vectors(encoder_of(model), settings.pooling)
-    vectors = ranking.pair_vectors(embedder, data.features, opts.batch_size)
-    result = EMBED.score(data, vectors, options=opts, do_lower_case=model.do_lower_case)
-    result["examples"] = data.size
-    return json_floats(result)
 
 
 def predict(
@@ -178,7 +145,7 @@ def predict(
     layers = layer_indexes(layers)
     model, task, opts, preprocessor = _prepare(model_dir, options, overrides)
     tally = _Tally()
-    if task is EMBED:  # an embedding model: its vectors, or with `layers` per-token features
+    if task is not None and task.embeds:  # an embedding model: its vectors, or with `layers` per-token features
         task = None
     if task is None and not layers and embedding_of(model) is not None:
         examples = readers.read_feature_texts(input_path, format=opts.format, skip_bad_rows=opts.skip_bad_rows)
@@ -266,53 +233,6 @@ class _Tally:
                 int(counts[counts > 1].sum()),
                 int(counts.sum()),
             )
-
-
-def check_start(start):
-    """A one-line error unless `start` (examples to skip) is a whole number, 0 or more."""
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise KbertError(f"start {start!r}: give the number of examples to skip, 0 or more")
-
-
-def stream_rows(examples, answer, batch_size: int, start: int = 0, with_lines: bool = False) -> Iterator[dict]:
-    """The rows of a file's `examples` from example `start` on, `batch_size` examples at a
-    time: the one loop of local and served prediction.
-
-    Args:
-        examples: a file's examples (`Task.read_examples`, `readers.read_feature_texts`).
-        answer: callable. Given a batch of examples (`select_examples`) and the index of its
-            first, returns one JSON-ready dict per example, in order.
-        batch_size: int. Examples per batch.
-        start: int. The first example to answer (resuming); an error if past the end.
-        with_lines: bool. Add each row's input line (`"line"`, 1-based), where rows of the
-            input may have been skipped (`--skip-bad-rows`).
-
-    Example:
-    >>> from kbert.finetuning.readers import TextExamples
-    >>> examples = TextExamples(["a", "b", "c"], None, None, "tsv", [2], 0, lines=[1, 3, 4])
-    >>> list(stream_rows(examples, lambda part, first: [{"text": t} for t in part.texts], 2, start=1, with_lines=True))
-    [{'line': 3, 'text': 'b'}, {'line': 4, 'text': 'c'}]
-    """
-    n = len(examples)
-    if start > n:
-        raise KbertError(
-            f"the output to resume already has {start} rows, but the input has only {n} "
-            f"examples: it is not this input's output; pass {option('overwrite', True)} to start again"
-        )
-    return _stream(examples, answer, batch_size, start, with_lines)
-
-
-def _stream(examples, answer, batch_size, start, with_lines):
-    n = len(examples)
-    for first in range(start, n, batch_size):
-        part = select_examples(examples, first, min(first + batch_size, n))
-        lines = example_lines(part) if with_lines else None
-        rows = answer(part, first)
-        if lines is None:
-            yield from rows
-        else:
-            for line, row in zip(lines, rows, strict=True):
-                yield {"line": line, **row}
 
 
 def predict_batches(model, features: dict, batch_size: int) -> dict:

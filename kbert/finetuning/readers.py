@@ -193,13 +193,13 @@ PAIR_COLUMNS = ("query", "document", "negative")
 
 
 def read_text_examples(
-    path, task: str = "classify", format: str = "auto", skip_bad_rows: bool = False, require_labels: bool = True
+    path, scores: bool = False, format: str = "auto", skip_bad_rows: bool = False, require_labels: bool = True
 ) -> TextExamples:
     """Read a classification or regression file (CSV, TSV, JSON Lines or a GLUE TSV).
 
     Args:
         path: str or PathLike. The file.
-        task: str. "classify" (labels are str class names) or "regress" (labels are floats).
+        scores: bool. Labels are numbers (floats: regress), not str class names (classify).
         format: str. "auto" (by extension, then by a TSV's header) or one of `TEXT_FORMATS`.
         skip_bad_rows: bool. Skip rows that cannot be read, and list them in `skipped_rows`,
             instead of failing.
@@ -229,18 +229,13 @@ def read_text_examples(
     (['Hi.'], ['Hello.'], ['1'], 'mrpc')
     """
     path = os.fspath(path)
-    if task not in ("classify", "regress"):
-        raise KbertError(
-            f"task {task!r} does not read text rows; use classify or regress "
-            "(tag reads CoNLL files with read_tagged_examples)"
-        )
     if format != "auto" and format not in TEXT_FORMATS:
         raise KbertError(f"unknown data format {format!r}; use auto or one of {', '.join(TEXT_FORMATS)}")
     text, replaced = _read_file(path)
     detect = format == "auto"
     if detect:
         format = format_from_extension(path, text)
-    reader = _TextExampleCollector(path, task, skip_bad_rows, require_labels)
+    reader = _TextExampleCollector(path, scores, skip_bad_rows, require_labels)
     if format == "jsonl":
         _read_jsonl(reader, text)
     else:
@@ -612,9 +607,7 @@ def read_feature_texts(path, format: str = "auto", skip_bad_rows: bool = False) 
         or header
         or glue_layout([f.strip() for f in first]) not in ("tsv", "cola")
     ):
-        return read_text_examples(
-            path, task="classify", format=format, skip_bad_rows=skip_bad_rows, require_labels=False
-        )
+        return read_text_examples(path, format=format, skip_bad_rows=skip_bad_rows, require_labels=False)
     return _read_plain_lines(path)
 
 
@@ -655,8 +648,8 @@ def _read_file(path: str) -> tuple[str, int]:
 class _TextExampleCollector:
     """Collects examples and bad rows while a file is read."""
 
-    def __init__(self, path, task, skip_bad_rows, require_labels):
-        self.path, self.task = path, task
+    def __init__(self, path, scores, skip_bad_rows, require_labels):
+        self.path, self.scores = path, scores
         self.skip_bad_rows, self.require_labels = skip_bad_rows, require_labels
         self.texts, self.texts_b, self.labels, self.bad, self.lines = [], [], [], [], []
         self.has_b = False
@@ -671,7 +664,7 @@ class _TextExampleCollector:
             value = value.strip()
             if not value:
                 return None, "empty label"
-        if self.task == "regress":
+        if self.scores:
             if isinstance(value, str):
                 try:
                     number = float(value)
@@ -707,12 +700,7 @@ class _TextExampleCollector:
 
     def examples(self, replaced) -> TextExamples:
         self.bad.sort()
-        if (
-            self.task == "regress"
-            and not self.texts
-            and self.bad
-            and all(why.endswith("is not a number") for _, why in self.bad)
-        ):
+        if self.scores and not self.texts and self.bad and all(why.endswith("is not a number") for _, why in self.bad):
             raise KbertError(
                 f"{self.path}: no label is a number (line {self.bad[0][0]}: {self.bad[0][1]}); "
                 f"{option('task', 'regress', command='finetune')} needs a number per row (a score such as 3.8): "

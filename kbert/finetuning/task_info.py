@@ -10,6 +10,7 @@ from __future__ import annotations
 import numbers
 
 from kbert.errors import KbertError
+from kbert.finetuning.tasks import TASKS, get_task, head_task, head_tasks
 from kbert.model.kinds import model_kind
 
 # What fine-tuning records in bert_config.json besides the original keys. long_text (classify,
@@ -17,12 +18,7 @@ from kbert.model.kinds import model_kind
 # max_seq_length tokens starting doc_stride tokens apart; doc_stride is also squad's.
 TASK_KEYS = ("task", "labels", "max_seq_length", "text_pairs", "long_text", "doc_stride", "max_query_length")
 # The tasks each head serves (the first is the default of a head saved without one).
-HEAD_TASKS = {
-    "classifier": ("classify", "regress"),
-    "tagger": ("tag",),
-    "span_predictor": ("squad",),
-    "multiple_choice": ("choice",),
-}
+HEAD_TASKS = head_tasks()
 
 
 def head_task_info(
@@ -56,8 +52,9 @@ def head_task_info(
         if v is not None
     }
     if kind not in HEAD_TASKS:
-        if kind == "encoder" and _embed_task(model, given):
-            return {"task": "embed"}
+        record = _encoder_record(model, given) if kind == "encoder" else None
+        if record is not None:
+            return record
         if given:
             raise KbertError(
                 f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} a task head; a {kind} has "
@@ -69,46 +66,20 @@ def head_task_info(
         info = {}  # another task: nothing recorded for the old one applies
     info.update(given)
     num_classes = int(model.num_classes)
-    task = info.setdefault("task", "regress" if kind == "classifier" and num_classes == 1 else HEAD_TASKS[kind][0])
-    if task not in HEAD_TASKS[kind]:
+    name = info.setdefault("task", head_task(kind, num_classes).name)
+    if name not in HEAD_TASKS[kind]:
         known = [t for tasks in HEAD_TASKS.values() for t in tasks]
-        if task not in known:
-            raise KbertError(f"unknown task {task!r}; use one of {', '.join(known)}")
+        if name not in known:
+            raise KbertError(f"unknown task {name!r}; use one of {', '.join(known)}")
         raise KbertError(
-            f"task {task!r} does not fit a {kind} (bert_{kind}); its tasks are {', '.join(HEAD_TASKS[kind])}"
+            f"task {name!r} does not fit a {kind} (bert_{kind}); its tasks are {', '.join(HEAD_TASKS[kind])}"
         )
-    if task in ("classify", "tag"):
-        if task == "classify" and num_classes < 2:
-            raise KbertError(
-                f'a classifier with {num_classes} output is a regressor: save it with task="regress", '
-                f"or build it with num_classes=2 or more"
-            )
-        names = info.get("labels")
-        names = [str(i) for i in range(num_classes)] if names is None else names
-        if isinstance(names, (str, bytes)) or not all(
-            isinstance(n, (str, int)) and not isinstance(n, bool) for n in names
-        ):
-            raise KbertError(
-                f"labels must be a list of label names (str), one per output, e.g. "
-                f"{[str(i) for i in range(num_classes)]}; got {names!r}"[:300]
-            )
-        names = [str(n) for n in names]
-        if len(names) != num_classes or len(set(names)) != len(names):
-            raise KbertError(
-                f"labels {names[:8]}{'...' if len(names) > 8 else ''}: the {kind} has {num_classes} "
-                f"outputs, so give {num_classes} different label names, in output order"
-            )
-        info["labels"] = names
-    elif info.get("labels") is not None:
-        raise KbertError(f"labels apply to classify and tag; a {task} model has none: save it without labels")
-    else:
-        info.pop("labels", None)
-    if task == "regress" and num_classes != 1:
-        raise KbertError(f"task regress needs a classifier with one output (num_classes=1); this one has {num_classes}")
+    task = get_task(name)
+    task.check_head(info, num_classes, kind)
     limit = model.config.max_position_embeddings
     length = info.get("max_seq_length")
     if length is None:
-        info["max_seq_length"] = min(384 if task == "squad" else 128, limit)
+        info["max_seq_length"] = min(task.max_seq_length, limit)
     elif isinstance(length, bool) or not isinstance(length, numbers.Integral) or not 3 <= length <= limit:
         raise KbertError(
             f"max_seq_length {length!r}: give the tokens per example the model was trained with, "
@@ -117,8 +88,8 @@ def head_task_info(
     else:
         info["max_seq_length"] = int(length)
     if "text_pairs" in info:
-        if task not in ("classify", "regress"):
-            raise KbertError(f"text_pairs applies to classify and regress; a {task} model has none")
+        if not task.text_pairs:
+            raise KbertError(f"text_pairs applies to classify and regress; a {task.name} model has none")
         if not isinstance(info["text_pairs"], bool):
             raise KbertError(
                 f"text_pairs must be True (trained on sentence pairs) or False, got {info['text_pairs']!r}"
@@ -127,26 +98,21 @@ def head_task_info(
     return {k: info[k] for k in TASK_KEYS if k in info}
 
 
-def _embed_task(model, given: dict) -> bool:
-    """Whether an encoder is what `kbert finetune --task embed` writes: its task embed (given,
-    declared, or in its config), with the embedding record that says how to pool its vectors."""
-    declared = (getattr(model, "task_info", None) or {}).get("task") or model.config.extras.get("task")
-    if given.get("task", declared) != "embed" or set(given) - {"task"}:
-        return False
-    if "embedding" not in model.config.extras:
-        raise KbertError(
-            "task embed needs the sentence-embedding record (bert_config.json's embedding: pooling, normalize), "
-            "which kbert finetune --task embed writes; save the encoder without a task"
-        )
-    return True
+def _encoder_record(model, given: dict) -> dict | None:
+    """The task metadata of an encoder that is a task's model (embed's), or None."""
+    for task in TASKS.values():
+        record = task.encoder_record(model, given)
+        if record is not None:
+            return record
+    return None
 
 
-def _check_long_text(info: dict, task: str):
+def _check_long_text(info: dict, task):
     """long_text and its doc_stride, as kbert.finetuning.options.window_stride takes them."""
     if "long_text" not in info:
         return
-    if task not in ("classify", "regress", "tag"):
-        raise KbertError(f"long_text applies to classify, regress and tag; a {task} model has none")
+    if not task.windows:
+        raise KbertError(f"long_text applies to classify, regress and tag; a {task.name} model has none")
     if info["long_text"] not in ("truncate", "windows"):
         raise KbertError(f"long_text {info['long_text']!r}: give 'truncate' or 'windows'")
     if info["long_text"] == "windows":

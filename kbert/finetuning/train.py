@@ -44,11 +44,11 @@ from kbert import backend
 from kbert.config import sequence_length
 from kbert.errors import KbertError, on_command_line, op_error_text, option
 from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir
-from kbert.finetuning.options import SQUAD_DOC_STRIDE, FinetuneOptions, resolve_options, window_stride
+from kbert.finetuning.options import FinetuneOptions, resolve_options, window_stride
 from kbert.finetuning.run_state import STATE_FILE
 from kbert.finetuning.squad_decoding import write_predictions_json
-from kbert.finetuning.tasks import Task, TaskData, best_metric, get_task, json_floats, predict_outputs, squad_answers
-from kbert.model.bert import BertClassifier, BertMultipleChoice
+from kbert.finetuning.tasks import Task, best_metric, get_task
+from kbert.finetuning.tasks.base import TaskData, json_floats
 from kbert.model_dir import CHECKPOINTS_DIR, save
 from kbert.outputs import writes
 from kbert.sources import open_model
@@ -108,7 +108,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     # --- setup ---
     opts = resolve_options(options, overrides)  # checks every number: one line each
     task = get_task(task)
-    _check_options(opts, task)
+    task.check_options(opts)
     strategy = backend.finetuning_placement(opts.strategy)  # a tf.distribute strategy, or one device
     check_output_dir(os.fspath(output), opts.overwrite)
     backend.use_mixed_precision(opts.mixed_precision)
@@ -156,10 +156,11 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     result["train_examples_per_second"] = round((saver.step - start_step) * opts.batch_size / max(elapsed, 1e-9), 2)
     if opts.resume:
         result["resumed_from_step"] = start_step
-    # A head on the pooled output (classify, regress, choice) trains the pooler; tag and squad
-    # leave it as the base had it, a converter's fresh one included.
-    reads_pooler = isinstance(model, (BertClassifier, BertMultipleChoice))
-    model.fresh_heads = () if reads_pooler else tuple(h for h in getattr(base, "fresh_heads", ()) if h == "pooler")
+    # A head on the pooled output trains the pooler; the others leave it as the base had it, a
+    # converter's fresh one included.
+    model.fresh_heads = (
+        () if task.trains_pooler else tuple(h for h in getattr(base, "fresh_heads", ()) if h == "pooler")
+    )
     _write_output(task.saved(model), output, run_dir, result, tracker, opts.overwrite)
     return json_floats(result)
 
@@ -181,8 +182,7 @@ def _read_data(task: Task, base, train, dev, opts, max_seq_length: int, replicas
         raise KbertError(
             f"{train} has no usable rows; check the file (or {option('skip_bad_rows', True)} dropped them all)"
         )
-    if task.name == "classify" and len(labels) < 2:
-        raise KbertError(f"{train} has only one label ({labels[0]!r}); classification needs at least two")
+    task.check_training_data(train, train_data)
     _warn_truncated(train, train_data, max_seq_length)
     dev_data = None
     if dev:
@@ -217,24 +217,13 @@ def _task_info(task: Task, opts, max_seq_length: int, train_data) -> dict:
     task_info = {"task": task.name, "max_seq_length": max_seq_length}
     if train_data.labels is not None:
         task_info["labels"] = train_data.labels
-    if task.name == "squad":
-        task_info.update(doc_stride=opts.doc_stride or SQUAD_DOC_STRIDE, max_query_length=opts.max_query_length)
     if task.windows:
         # What predict, evaluate and export do with a text longer than max_seq_length: truncate
         # it, or read it whole in windows that start doc_stride tokens apart (absent: truncate).
         task_info["long_text"] = opts.long_text
         if opts.long_text == "windows":
             task_info["doc_stride"] = opts.doc_stride
-    if task.name == "embed":  # how the encoder's vectors are pooled, and whether batches hold hard negatives
-        task_info["embedding"] = {
-            "pooling": opts.pooling,
-            "normalize": opts.normalize,
-            "max_seq_length": max_seq_length,
-        }
-        task_info["negatives"] = train_data.raw.negatives is not None
-    if task.name in ("classify", "regress"):
-        # Whether inputs are sentence pairs: the export's serving signature takes text_b only then.
-        task_info["text_pairs"] = train_data.raw.texts_b is not None
+    task_info.update(task.record(opts, max_seq_length, train_data))
     return task_info
 
 
@@ -253,8 +242,7 @@ def _fingerprint(model_dir, task: Task, train, dev, opts, max_seq_length: int, t
         "max_seq_length": max_seq_length,
         "long_text": opts.long_text,  # a run started before --long-text existed truncated (_RunCheckpoints.resume)
     }
-    if task.name == "embed":
-        fingerprint.update(pooling=opts.pooling, normalize=opts.normalize)
+    fingerprint.update(task.fingerprint(opts))
     if opts.long_text == "windows":
         fingerprint["doc_stride"] = opts.doc_stride
     return fingerprint
@@ -312,35 +300,6 @@ def _write_output(model, output, run_dir: str, result: dict, tracker, overwrite:
         if os.path.isdir(os.path.join(run_dir, "logs")):
             os.replace(os.path.join(run_dir, "logs"), os.path.join(tmp, "logs"))
     shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _check_options(opts: FinetuneOptions, task: Task):
-    """What training asks beyond `FinetuneOptions`' own checks."""
-    given = [name for name in ("pooling", "normalize") if getattr(opts, name) is not None]
-    if given and task.name != "embed":
-        raise KbertError(
-            f"{option(given[0])} applies to {option('task', 'embed')}; drop it for {option('task', task.name)}"
-        )
-    if opts.max_seq_length is not None and opts.max_seq_length < 8:
-        raise KbertError(f"{option('max_seq_length')} must be at least 8 to fine-tune, got {opts.max_seq_length}")
-    if opts.long_text == "windows" and not task.windows:
-        why = (
-            f"squad reads long contexts in windows already ({option('doc_stride')})"
-            if task.name == "squad"
-            else f"{task.name} packs each context with each ending as a pair"
-        )
-        raise KbertError(
-            f"{option('long_text', 'windows')} applies to classify, regress and tag; {why}: drop "
-            f"{option('long_text', 'windows')} for {option('task', task.name)}"
-        )
-    if opts.doc_stride is not None and opts.long_text != "windows" and task.name != "squad":
-        log.warning(
-            "%s applies to %s and to %s; %s ignores it",
-            option("doc_stride"),
-            option("task", "squad"),
-            option("long_text", "windows"),
-            option("task", task.name),
-        )
 
 
 def window_order(windows, seed: int) -> np.ndarray:
@@ -432,7 +391,7 @@ class _BestEpoch(keras.callbacks.Callback):
         self.loss_sum, self.loss_batches, self.fit_mean, self.fit_batches = 0.0, 0, 0.0, 0
         row = {"epoch": epoch + 1, "loss": loss_sum / max(loss_batches, 1)}
         if self.dev_data is not None:
-            outputs = predict_outputs(self.model, self.dev_data, self.opts.batch_size)
+            outputs = self.task.outputs(self.model, self.dev_data, self.opts.batch_size)
             metrics = self.task.score(self.dev_data, outputs, options=self.opts, do_lower_case=self.do_lower_case)
             name, value = best_metric(self.task.name, metrics)
             row.update({f"dev_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
@@ -450,8 +409,8 @@ class _BestEpoch(keras.callbacks.Callback):
             self.best_value, self.best_epoch, self.stale = value, epoch + 1, 0
             self.best_weights = self.model.get_weights()
             self.best_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-            if self.task.name == "squad" and self.dev_data is not None:
-                self.best_predictions, _ = squad_answers(
+            if self.dev_data is not None:  # squad: its predictions.json
+                self.best_predictions = self.task.best_predictions(
                     self.dev_data, outputs, options=self.opts, do_lower_case=self.do_lower_case
                 )
         else:

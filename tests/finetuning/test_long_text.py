@@ -372,7 +372,7 @@ def test_tag_training_labels_sit_on_every_window_holding_a_words_first_piece():
 
 
 def test_a_document_of_one_window_gives_todays_answer_bit_for_bit(saved_heads, tmp_path):
-    from kbert.finetuning.tasks import _document_logits, predict_outputs
+    from kbert.finetuning.tasks.classify import document_logits
 
     work, models = saved_heads
     texts = [" ".join(FILLER[i : i + 9]) + "." for i in range(0, 13)]  # all fit in 14 tokens
@@ -387,7 +387,7 @@ def test_a_document_of_one_window_gives_todays_answer_bit_for_bit(saved_heads, t
                 options=options, require_labels=False, training=False,
             )  # fmt: skip
             assert data.truncated == 0 and data.size == len(texts)
-            answers.append(_document_logits(data, predict_outputs(models[task], data, 32)))
+            answers.append(document_logits(data, TASKS[task].outputs(models[task], data, 32)))
         assert answers[0].tobytes() == answers[1].tobytes()
     from kbert.finetuning.predict import predict
 

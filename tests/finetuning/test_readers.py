@@ -406,15 +406,15 @@ GLUE_CASES = [
 )
 def test_glue_layouts_are_recognised(tmp_path, content, task, fmt, texts, texts_b, labels):
     path = write(tmp_path, "train.tsv", content)
-    got = read_text_examples(path, task=task, require_labels=labels is not None)
+    got = read_text_examples(path, scores=task == "regress", require_labels=labels is not None)
     assert (got.format, got.texts, got.texts_b, got.labels) == (fmt, texts, texts_b, labels)
     assert got.skipped_rows == [] and got.replaced_bytes == 0
     # The same file named explicitly reads the same.
-    explicit = read_text_examples(path, task=task, format=fmt, require_labels=labels is not None)
+    explicit = read_text_examples(path, scores=task == "regress", format=fmt, require_labels=labels is not None)
     assert (explicit.texts, explicit.texts_b, explicit.labels) == (texts, texts_b, labels)
     if labels is None:  # a test set: labels are required for training
         with pytest.raises(KbertError, match="no label column"):
-            read_text_examples(path, task=task)
+            read_text_examples(path, scores=task == "regress")
 
 
 def test_glue_reads_like_the_original_processors(original):
@@ -481,7 +481,7 @@ def test_jsonl_with_pairs_numbers_and_optional_labels(tmp_path):
     got = read_text_examples(path)
     assert (got.format, got.texts, got.texts_b, got.labels) == ("jsonl", ["a", "c"], ["b", ""], ["1", "x"])
     regress = write(tmp_path, "r.json", '{"text": "a", "label": 0.5}\n{"text": "b", "label": "2"}\n')
-    assert read_text_examples(regress, task="regress").labels == [0.5, 2.0]
+    assert read_text_examples(regress, scores=True).labels == [0.5, 2.0]
     unlabelled = write(tmp_path, "p.jsonl", '{"text": "a"}\n{"text": "b"}\n')
     got = read_text_examples(unlabelled, require_labels=False)
     assert (got.texts, got.texts_b, got.labels) == (["a", "b"], None, None)
@@ -590,21 +590,21 @@ def test_bad_rows_fail_with_line_numbers_or_are_skipped(tmp_path):
 def test_bad_jsonl_rows(tmp_path, lines, task, reason):
     path = write(tmp_path, "data.jsonl", "\n".join(lines) + "\n")
     with pytest.raises(KbertError) as error:
-        read_text_examples(path, task=task)
+        read_text_examples(path, scores=task == "regress")
     message = str(error.value)
     assert "at line 2 (line 2: " in message and reason in message
-    got = read_text_examples(path, task=task, skip_bad_rows=True)
+    got = read_text_examples(path, scores=task == "regress", skip_bad_rows=True)
     assert (got.texts, got.skipped_rows) == (["a"], [2])
 
 
 def test_regress_label_that_is_not_a_number_in_tsv(tmp_path):
     path = write(tmp_path, "data.tsv", "text\tlabel\na\t0.5\nb\tgood\nc\t \n")
     with pytest.raises(KbertError, match=r"lines 3, 4 \(line 3: label 'good' is not a number\)"):
-        read_text_examples(path, task="regress")
-    got = read_text_examples(path, task="regress", skip_bad_rows=True)
+        read_text_examples(path, scores=True)
+    got = read_text_examples(path, scores=True, skip_bad_rows=True)
     assert (got.labels, got.skipped_rows) == ([0.5], [3, 4])
     with pytest.raises(KbertError, match=r"at line 4 \(line 4: empty label\)"):
-        read_text_examples(path, task="classify")
+        read_text_examples(path)
 
 
 def test_all_rows_bad_even_when_skipping(tmp_path):

@@ -1,7 +1,9 @@
 """kbert.finetuning.tasks: what each task reads, scores and prints, on hand-worked numbers. (What an export
 serves for each task is tests/serving/test_heads.py.)"""
 
+import ast
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,7 +12,8 @@ import pytest
 from conftest import TINY
 from kbert.errors import KbertError, command_line_names
 from kbert.finetuning.options import FinetuneOptions
-from kbert.finetuning.tasks import TASKS, TaskData, best_metric, get_task, json_floats
+from kbert.finetuning.tasks import TASKS, best_metric, get_task
+from kbert.finetuning.tasks.base import TaskData, json_floats
 from kbert.text.preprocessing import BertPreprocessor
 
 OPTS = FinetuneOptions()
@@ -234,3 +237,50 @@ def test_json_floats_rounds_every_kind_of_float_and_nothing_else():
     out = json_floats(values)
     assert out == {"f1": 0.666667, "loss": 0.1, "mcc": 0.333333, "examples": 7, "task": "tag"}
     assert [type(v) for v in out.values()] == [float, float, float, np.int64, str]
+
+
+# === A task is one file ===
+
+REPO = Path(__file__).resolve().parents[2]
+# The places outside kbert/finetuning/tasks/ that still name a task: an unfinished run's default
+# length for its resume command, and Hugging Face's config of a regressor (problem_type).
+NAMES_A_TASK = {"kbert/finetuning/run_state.py", "converters/hf.py"}
+
+
+def _task_name_comparisons(path):
+    """(line, source) of each comparison of something about a task with a task's name."""
+    names = set(TASKS)
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        constants = {
+            c.value
+            for side in sides
+            for c in ast.walk(side)
+            if isinstance(c, ast.Constant) and isinstance(c.value, str)
+        }
+        if constants & names and "task" in ast.unparse(node).lower():
+            yield node.lineno, ast.unparse(node)
+
+
+def test_only_the_task_files_branch_on_a_tasks_name():
+    found = {}
+    for folder in ("kbert", "cli", "serving", "converters"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            relative = path.relative_to(REPO).as_posix()
+            if relative.startswith("kbert/finetuning/tasks/") or relative in NAMES_A_TASK:
+                continue
+            comparisons = list(_task_name_comparisons(path))
+            if comparisons:
+                found[relative] = comparisons
+    assert found == {}, "ask the task (kbert.finetuning.tasks) instead of comparing its name"
+
+
+def test_every_task_is_a_task_with_its_own_file():
+    from kbert.finetuning.tasks.base import Task
+
+    for name, task in TASKS.items():
+        assert isinstance(task, Task) and task.name == name
+        assert type(task).__module__ == f"kbert.finetuning.tasks.{name}"

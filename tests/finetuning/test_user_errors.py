@@ -99,7 +99,7 @@ def test_classify_refuses_scores_and_names_regress(tmp_path, tiny_model_dir):
 def test_regress_refuses_class_names_and_classify_refuses_conll(tmp_path):
     names = write_tsv(tmp_path / "names.tsv", sentiment_rows(8, 0))
     with pytest.raises(KbertError) as raised:
-        read_text_examples(names, task="regress")
+        read_text_examples(names, scores=True)
     assert re.search(
         r"no label is a number \(line 2: label '(pos|neg)' is not a number\); task='regress' needs "
         r"a number per row \(a score such as 3\.8\): for class names use task='classify'",

@@ -9,9 +9,10 @@ import pytest
 
 from kbert.errors import KbertError, command_line_names
 from kbert.finetuning.options import FinetuneOptions
-from kbert.finetuning.predict import stream_rows
+from kbert.finetuning.rows import stream_rows
+from kbert.finetuning.tasks.base import served_texts_b
 from kbert.serving.heads import EMBEDDING, SERVED_TASKS
-from kbert.serving.predict import served_by, served_rows, served_task, served_texts_b
+from kbert.serving.predict import served_by, served_rows, served_task
 
 # Signatures as kbert.serving.export writes them, one export per task.
 SIGNATURES = {
