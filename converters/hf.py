@@ -546,10 +546,9 @@ def _task_config(model) -> dict:
     """A classifier's labels and loss as BertForSequenceClassification's config reads them."""
     if type(model) is not BertClassifier:
         return {}
-    info = head_task_info(model)
-    if info["task"] == "regress":
+    if model.num_classes == 1:  # a regressor: its one logit is the prediction
         return {"num_labels": 1, "problem_type": "regression", "classifier_dropout": model.dropout_rate}
-    labels = info["labels"]
+    labels = head_task_info(model)["labels"]
     return {
         "id2label": {str(i): label for i, label in enumerate(labels)},
         "label2id": {label: i for i, label in enumerate(labels)},

@@ -8,8 +8,10 @@ import json
 import os
 import shlex
 
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.files import PARTIAL_SUFFIX
 from kbert.finetuning.options import FinetuneOptions
+from kbert.finetuning.tasks import TASKS
 from kbert.model_dir import UnfinishedRun, is_model_dir
 
 # What an unfinished run (OUTPUT.partial/) holds besides its checkpoints (kbert.finetuning.train).
@@ -59,7 +61,7 @@ def interrupted_finetuning_message(path, state: dict) -> str:
         for k in ("epochs", "batch_size", "learning_rate", "seed")
         if k in run and run[k] != getattr(defaults, k)
     ]
-    default_length = 384 if run.get("task") == "squad" else 128
+    default_length = TASKS[run["task"]].max_seq_length if run.get("task") in TASKS else DEFAULT_MAX_SEQ_LENGTH
     if run.get("max_seq_length") not in (None, default_length):
         flags.append(f"--max-seq-length {run['max_seq_length']}")
     batches = max(1, int(run.get("train_examples", 0)) // max(1, int(run.get("batch_size", 1))))
