@@ -65,8 +65,8 @@ def test_bad_inputs_are_one_line(tmp_path):
 
 
 def test_both_packers_are_packers_and_pack_as_pack_texts():
+    from kbert.text.graph_packer import BertPreprocessor
     from kbert.text.packing import Packer, PythonPreprocessor
-    from kbert.text.preprocessing import BertPreprocessor
 
     texts, texts_b = LINES[:-1], LINES[1:]
     python = PythonPreprocessor(UNCASED_VOCAB, sequence_length=16)
