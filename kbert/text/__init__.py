@@ -9,5 +9,5 @@
   graph: the one packing fine-tuning data and exports share;
 - `windows`: `sliding_windows`, run_squad.py's overlapping windows over long documents and the window
   that owns each token, in numpy or in the graph (`graph_window_ops`: the TensorFlow ops it runs on tensors);
-- `vocab_builder`: `kbert vocab`, a WordPiece vocabulary from text.
+- `vocab_builder`: `kbert vocab`, a WordPiece vocabulary from text (`tf_text_vocab`: TF Text's learner).
 """
