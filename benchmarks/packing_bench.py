@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from kbert.finetuning.encoding import encode_tagged, encode_texts
 from kbert.text import unicode_classes
-from kbert.text.preprocessing import BertPreprocessor
+from kbert.text.graph_packer import BertPreprocessor
 from kbert.text.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -33,7 +33,7 @@ from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabu
 from kbert.model_dir import check_vocab, fresh_heads_of, lower_case_for
 from kbert.outputs import writes
 from kbert.sources import open_model
-from kbert.text.preprocessing import BertPreprocessor
+from kbert.text.graph_packer import BertPreprocessor
 from kbert.text.tokenizer import load_vocab, vocab_tokens
 
 log = logging.getLogger("kbert")

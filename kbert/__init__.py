@@ -32,7 +32,7 @@ _EXPORTS = {
     "BertMultipleChoice": "kbert.model.bert",
     "bert_multiple_choice": "kbert.model.bert",
     "Vocabulary": "kbert.model.bert",
-    "BertPreprocessor": "kbert.text.preprocessing",
+    "BertPreprocessor": "kbert.text.graph_packer",
     "load": "kbert.sources",
     "embed": "kbert.embedding",
     "save": "kbert.model_dir",

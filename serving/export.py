@@ -84,7 +84,7 @@ from kbert.serving.signatures import (
     set_method_name,
 )
 from kbert.sources import open_model
-from kbert.text.preprocessing import BertPreprocessor
+from kbert.text.graph_packer import BertPreprocessor
 
 log = logging.getLogger("kbert")
 

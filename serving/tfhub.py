@@ -53,8 +53,8 @@ from kbert.model.pooling import l2_normalize, pool
 from kbert.model_dir import CONFIG_FILE
 from kbert.outputs import writes
 from kbert.sources import open_model
+from kbert.text.graph_packer import pack_token_ids
 from kbert.text.graph_tokenizer import GraphTokenizer
-from kbert.text.preprocessing import pack_token_ids
 from kbert.text.tokenizer import load_vocab
 
 log = logging.getLogger("kbert")

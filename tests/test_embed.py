@@ -181,7 +181,7 @@ def test_long_texts_in_windows_are_the_mean_of_their_windows(tiny_models, tmp_pa
 
     import kbert
     from kbert.finetuning.encoding import encode_text_windows
-    from kbert.text.preprocessing import BertPreprocessor
+    from kbert.text.graph_packer import BertPreprocessor
 
     texts = [" ".join(texts_of(6, seed=3)), "gold dust.", " ".join(texts_of(6, seed=4))]
     ours = kbert.embed(tiny_models["max"], texts, long_text="windows", doc_stride=10, batch_size=4)

@@ -21,8 +21,8 @@ import tensorflow_text  # noqa: F401  (the TF Hub preprocessor's ops, as its use
 import kbert
 from conftest import TINY, run_kbert
 from helpers import original_code_report, original_outputs, saved_weights, write_tsv
+from kbert.text.graph_packer import BertPreprocessor
 from kbert.text.graph_tokenizer import GraphTokenizer
-from kbert.text.preprocessing import BertPreprocessor
 from test_create_data import read_examples
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them

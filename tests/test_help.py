@@ -186,6 +186,7 @@ OPTION_NAMING_MODULES = [
     "kbert/pretraining/tf_engine.py",
     "kbert/pretraining/train.py",
     "kbert/sources.py",
+    "kbert/text/tf_text_vocab.py",
     "kbert/text/vocab_builder.py",
     "kbert/text/vocab_pipeline.py",
     "kbert/training/interruption.py",

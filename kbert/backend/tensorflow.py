@@ -245,7 +245,7 @@ def op_errors() -> tuple:
 
 def make_preprocessor(vocab_file, do_lower_case: bool, sequence_length: int):
     """The in-graph `BertPreprocessor`: the packing every export runs in its SavedModel."""
-    from kbert.text.preprocessing import BertPreprocessor
+    from kbert.text.graph_packer import BertPreprocessor
 
     return BertPreprocessor(vocab_file, do_lower_case, sequence_length)
 

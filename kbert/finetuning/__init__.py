@@ -4,7 +4,7 @@
   records, what its export serves), on `tasks.base.Task`;
 - `readers`: the file formats (CSV/TSV/JSONL, GLUE layouts, CoNLL, SWAG) -> examples, with
   `formats` (which format a file is, and whether it has the shape its task reads);
-- `encoding`: examples -> model inputs, packed by `kbert.text.preprocessing.BertPreprocessor`
+- `encoding`: examples -> model inputs, packed by `kbert.text.graph_packer.BertPreprocessor`
   (run_classifier.py's packing, tags on first pieces), the packing exports run;
 - `squad`: `run_squad.py`'s reading, windows and scoring; `squad_decoding`: its answers;
 - `windows`: documents longer than the window (`--long-text windows`): whose each window is,

@@ -1,10 +1,10 @@
 """Fine-tuning features: examples read by `kbert.finetuning.readers` -> model inputs, as numpy arrays.
 
-The packing is `kbert.text.preprocessing.BertPreprocessor`'s, the one every export runs in its
+The packing is `kbert.text.graph_packer.BertPreprocessor`'s, the one every export runs in its
 SavedModel: `encode_texts` packs as run_classifier.py's `convert_single_example`,
 `encode_tagged` packs CoNLL words with each word's tag on its first WordPiece, and
-`encode_choices` packs one sentence pair per (context, ending). A file is packed once, in
-batches run in parallel, and kept as numpy arrays for `model.fit` and `predict`.
+`encode_choices` packs one sentence pair per (context, ending). A file is packed once (by the
+graph packer in batches run in parallel) and kept as numpy arrays for `model.fit` and `predict`.
 
 With `--long-text windows`, `encode_text_windows` and `encode_tagged_windows` pack each
 document whole, as overlapping windows (`BertPreprocessor.pack_windows`, in the graph like the
@@ -13,71 +13,19 @@ rest), and say which window is which document's (`kbert.finetuning.windows.Windo
 On Keras' JAX and PyTorch backends, where TensorFlow may be absent, the packer is a
 `kbert.text.packing.PythonPreprocessor`: the same packing in Python and numpy, with the Python
 tokenizer (the original's `FullTokenizer`), giving the same ids. Every function here takes either
-(a `kbert.text.packing.Packer`).
+(a `kbert.text.packing.Packer`) and calls the same methods on it: Python lists in, numpy out.
 """
 
 from __future__ import annotations
-
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from kbert.config import ENCODER_INPUTS
 from kbert.errors import KbertError
 from kbert.finetuning.windows import Windows, containing_windows, max_context_windows
-from kbert.text.packing import Packer, PythonPreprocessor
+from kbert.text.packing import Packer, Rows
 
-# Examples per call of the packer: at most _BATCH, and the file split evenly between the two
-# threads below. Larger calls are faster per example (each distinct word is tokenized once
-# per call) up to about this size (benchmarked in docs/performance.md, "Fine-tuning inputs").
-_BATCH = 25_000
-_THREADS = 2
 _MAX_LISTED = 10  # tags named in an error message
-
-
-def _strings(values):
-    """str -> a tf.string tensor; a lone surrogate (JSON's "\\ud800") goes in as the invalid
-    UTF-8 a client would send, which the tokenizer drops, rather than failing the whole file."""
-    import tensorflow as tf  # only the in-graph packer's path comes here
-
-    try:
-        return tf.constant(values, tf.string, shape=[len(values)])
-    except (UnicodeEncodeError, ValueError):  # TensorFlow's conversion raises either, by version
-        return tf.constant([v.encode("utf-8", "surrogatepass") for v in values], tf.string, shape=[len(values)])
-
-
-def _pack_batches(pack, columns, n: int) -> list:
-    """`pack` over batches of rows of `columns`, two at a time (TF's kernels run without
-    holding the GIL), results in order. Eagerly: a tf.function would be traced first, and
-    tracing the tokenizer's graph costs more than packing a file of ten thousand examples,
-    while at these batch sizes the ops' own work is nearly all of the time."""
-    threads = min(_THREADS, os.cpu_count() or 1)
-    batch = max(1, min(_BATCH, -(-n // threads)))
-    with ThreadPoolExecutor(threads) as pool:
-        return list(pool.map(lambda i: pack(*(c[i : i + batch] for c in columns)), range(0, n, batch)))
-
-
-def _features(batches, n: int, length: int) -> dict[str, np.ndarray]:
-    """The in-graph packer's features of every batch, as one file's numpy arrays."""
-    if not batches:
-        return {name: np.zeros((n, length), np.int32) for name in ENCODER_INPUTS}
-    return {name: np.concatenate([features[name].numpy() for features in batches]) for name in ENCODER_INPUTS}
-
-
-def _flat(batches, rows_of) -> tuple[np.ndarray, np.ndarray]:
-    """(row lengths, values) of one RaggedTensor per batch (`rows_of(batch)`), all batches' together."""
-    if not batches:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    ragged = [rows_of(batch) for batch in batches]
-    return np.concatenate([r.row_lengths().numpy() for r in ragged]), np.concatenate(
-        [r.flat_values.numpy() for r in ragged]
-    )
-
-
-def _flat_lists(rows) -> tuple[np.ndarray, np.ndarray]:
-    """(row lengths, values) of the Python packer's lists of lists, as `_flat` gives the graph's."""
-    return np.asarray([len(row) for row in rows], np.int64), np.asarray([v for row in rows for v in row], np.int64)
 
 
 def encode_texts(preprocessor: Packer, texts, texts_b=None) -> tuple[dict[str, np.ndarray], int]:
@@ -100,7 +48,7 @@ def encode_texts(preprocessor: Packer, texts, texts_b=None) -> tuple[dict[str, n
         "input_mask" and "segment_ids", and how many examples lost tokens.
 
     Example:
-    >>> from kbert.text.preprocessing import BertPreprocessor
+    >>> from kbert.text.graph_packer import BertPreprocessor
     >>> from kbert.text.tokenizer import Tokenizer
     >>> vocab = "tests/fixtures/vocab-uncased.txt"
     >>> features, truncated = encode_texts(BertPreprocessor(vocab, sequence_length=8), ["Is it?"], ["Yes."])
@@ -115,20 +63,15 @@ def encode_texts(preprocessor: Packer, texts, texts_b=None) -> tuple[dict[str, n
     n = len(texts)
     if texts_b is not None and len(texts_b) != n:
         raise ValueError(f"{n} texts but {len(texts_b)} texts_b")
-    if isinstance(preprocessor, PythonPreprocessor):
-        features, cut = preprocessor.pack(texts, texts_b)
-        return features, int(np.count_nonzero(cut))
-    columns = [_strings(texts)] if texts_b is None else [_strings(texts), _strings([b or "" for b in texts_b])]
-    batches = _pack_batches(preprocessor.pack, columns, n)
-    truncated = sum(int(np.count_nonzero(cut)) for _, cut in batches)
-    return _features([features for features, _ in batches], n, preprocessor.sequence_length), truncated
+    features, cut = preprocessor.encode(texts, texts_b)
+    return features, int(np.count_nonzero(cut))
 
 
-def _windows(features, counts, start) -> tuple[dict[str, np.ndarray], Windows]:
+def _windows(features, starts: Rows) -> tuple[dict[str, np.ndarray], Windows]:
     """A file's windows, from their features and the windows' starts (each document's number of
     windows, and each window's start): features and `Windows`. A window's length is its mask
     less [CLS] and [SEP], and a document ends where its last window does."""
-    start = start.astype(np.int32)
+    counts, start = starts.lengths, starts.values.astype(np.int32)
     length = (features["input_mask"].sum(1) - 2).astype(np.int32)
     document = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
     last = np.cumsum(counts) - 1
@@ -140,7 +83,7 @@ def encode_text_windows(preprocessor: Packer, texts, doc_stride: int) -> tuple[d
 
     Each window is packed as a single text, "[CLS] window [SEP]", its windows of
     sequence_length - 2 tokens starting every `doc_stride` tokens, the last ending at the
-    text's end (`kbert.text.preprocessing.window_starts`). A text that fits is one window,
+    text's end (`kbert.text.graph_packer.window_starts`). A text that fits is one window,
     packed exactly as `encode_texts` packs it.
 
     Args:
@@ -155,7 +98,7 @@ def encode_text_windows(preprocessor: Packer, texts, doc_stride: int) -> tuple[d
         which document each window is, where it starts and how long it is.
 
     Example:
-    >>> from kbert.text.preprocessing import BertPreprocessor
+    >>> from kbert.text.graph_packer import BertPreprocessor
     >>> from kbert.text.tokenizer import Tokenizer
     >>> vocab = "tests/fixtures/vocab-uncased.txt"
     >>> features, windows = encode_text_windows(BertPreprocessor(vocab, sequence_length=6),
@@ -166,12 +109,7 @@ def encode_text_windows(preprocessor: Packer, texts, doc_stride: int) -> tuple[d
     >>> windows.document.tolist(), windows.start.tolist(), windows.length.tolist()
     ([0, 0, 1], [0, 2, 0], [4, 4, 2])
     """
-    if isinstance(preprocessor, PythonPreprocessor):
-        features, starts = preprocessor.pack_windows(texts, doc_stride)
-        return _windows(features, *_flat_lists(starts))
-    batches = _pack_batches(lambda t: preprocessor.pack_windows(t, doc_stride), [_strings(texts)], len(texts))
-    features = _features([b[0] for b in batches], len(texts), preprocessor.sequence_length)
-    return _windows(features, *_flat(batches, lambda b: b[1]))
+    return _windows(*preprocessor.encode_windows(texts, doc_stride))
 
 
 def _check_tags(words, tags, label_ids):
@@ -216,7 +154,7 @@ def encode_tagged(preprocessor: Packer, words, tags, label_ids: dict[str, int]):
         KbertError: a tag is not in `label_ids`.
 
     Example:
-    >>> from kbert.text.preprocessing import BertPreprocessor
+    >>> from kbert.text.graph_packer import BertPreprocessor
     >>> from kbert.text.tokenizer import Tokenizer
     >>> vocab = "tests/fixtures/vocab-uncased.txt"
     >>> features, labels, positions, truncated = encode_tagged(
@@ -230,20 +168,8 @@ def encode_tagged(preprocessor: Packer, words, tags, label_ids: dict[str, int]):
     if tags is not None:
         _check_tags(words, tags, label_ids)
     n, length = len(words), preprocessor.sequence_length
-    if isinstance(preprocessor, PythonPreprocessor):
-        features, positions, cut = preprocessor.pack_words(words)
-        first, truncated = _flat_lists(positions)[1], int(np.count_nonzero(cut))
-    else:
-        import tensorflow as tf
-
-        sentences = tf.RaggedTensor.from_row_lengths(
-            _strings([word for sentence in words for word in sentence]),
-            np.asarray([len(sentence) for sentence in words], np.int64),
-        )
-        batches = _pack_batches(preprocessor.pack_words, [sentences], n)
-        features = _features([features for features, _, _ in batches], n, length)
-        positions = [row for _, starts, _ in batches for row in starts.to_list()]
-        first, truncated = _flat(batches, lambda b: b[1])[1], sum(int(np.count_nonzero(cut)) for _, _, cut in batches)
+    features, positions, cut = preprocessor.encode_words(words)
+    first, positions, truncated = positions.values, positions.to_list(), int(np.count_nonzero(cut))
     labels = np.full((n, length), -1, np.int32)
     if tags is not None and n:
         rows = np.repeat(np.arange(n), [len(sentence) for sentence in words])
@@ -281,7 +207,7 @@ def encode_tagged_windows(preprocessor: Packer, words, tags, label_ids: dict[str
 
     Example (windows of 3 pieces, stride 2: "peter is una", "una ##ffa ##ble"; "una" ends the
     first window and starts the second, a tie of contexts the first window wins):
-    >>> from kbert.text.preprocessing import BertPreprocessor
+    >>> from kbert.text.graph_packer import BertPreprocessor
     >>> vocab = "tests/fixtures/vocab-uncased.txt"
     >>> features, labels, windows, (window, position) = encode_tagged_windows(
     ...     BertPreprocessor(vocab, sequence_length=5), [["Peter", "is", "unaffable"]], [["B-PER", "O", "B-MISC"]],
@@ -297,17 +223,9 @@ def encode_tagged_windows(preprocessor: Packer, words, tags, label_ids: dict[str
     sizes = np.asarray([len(sentence) for sentence in words], np.int64)
     if not n:
         return _tagged_windows(None, words, sizes, tags, label_ids, length)
-    if isinstance(preprocessor, PythonPreprocessor):
-        features, starts, first = preprocessor.pack_word_windows(words, doc_stride)
-        features, windows = _windows(features, *_flat_lists(starts))
-        return _tagged_windows((features, windows, _flat_lists(first)[1]), words, sizes, tags, label_ids)
-    import tensorflow as tf
-
-    sentences = tf.RaggedTensor.from_row_lengths(_strings([word for sentence in words for word in sentence]), sizes)
-    batches = _pack_batches(lambda s: preprocessor.pack_word_windows(s, doc_stride), [sentences], n)
-    features, windows = _windows(_features([b[0] for b in batches], n, length), *_flat(batches, lambda b: b[1]))
-    first = _flat(batches, lambda b: b[2])[1].astype(np.int64)
-    return _tagged_windows((features, windows, first), words, sizes, tags, label_ids)
+    features, starts, first = preprocessor.encode_word_windows(words, doc_stride)
+    features, windows = _windows(features, starts)
+    return _tagged_windows((features, windows, first.values.astype(np.int64)), words, sizes, tags, label_ids)
 
 
 def _tagged_windows(packed, words, sizes, tags, label_ids, length=None):
@@ -315,7 +233,12 @@ def _tagged_windows(packed, words, sizes, tags, label_ids, length=None):
     first piece in its document), None for no documents."""
     if packed is None:
         empty = np.zeros(0, np.int64)
-        return _features([], 0, length), np.zeros((0, length), np.int32), Windows.from_starts([], [], 0), (empty, empty)
+        return (
+            {name: np.zeros((0, length), np.int32) for name in ENCODER_INPUTS},
+            np.zeros((0, length), np.int32),
+            Windows.from_starts([], [], 0),
+            (empty, empty),
+        )
     features, windows, first = packed
     length = features["input_ids"].shape[1]
     document = np.repeat(np.arange(len(words)), sizes)
@@ -341,7 +264,7 @@ def encode_choices(preprocessor: Packer, contexts, endings) -> tuple[dict[str, n
         "input_mask" and "segment_ids", and how many pairs lost tokens.
 
     Example:
-    >>> from kbert.text.preprocessing import BertPreprocessor
+    >>> from kbert.text.graph_packer import BertPreprocessor
     >>> from kbert.text.tokenizer import Tokenizer
     >>> vocab = "tests/fixtures/vocab-uncased.txt"
     >>> features, truncated = encode_choices(

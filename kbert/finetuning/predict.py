@@ -32,7 +32,7 @@ from kbert.model.bert import encoder_of
 from kbert.model.embedding_record import embedding_of
 from kbert.model_dir import model_kind
 from kbert.sources import open_model
-from kbert.text.preprocessing import BertPreprocessor
+from kbert.text.graph_packer import BertPreprocessor
 from kbert.text.tokenizer import Tokenizer
 
 log = logging.getLogger("kbert")

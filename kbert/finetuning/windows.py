@@ -2,7 +2,7 @@
 what, and one answer per document from the answers of its windows.
 
 The windows themselves are made in the graph, with the rest of the packing
-(`kbert.text.preprocessing.window_starts`, `pack_token_windows`, `pack_word_windows`); this
+(`kbert.text.graph_packer.window_starts`, `pack_token_windows`, `pack_word_windows`); this
 module works on what they return, in numpy, with the rules of `kbert.text.windows`:
 
     Windows               each window's document, first token and length

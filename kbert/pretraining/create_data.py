@@ -6,7 +6,7 @@ The rest of it, one job a module:
 - `python_random`: `random.shuffle` and `randint`, the same draws with fewer Python calls;
 - `record_encoder`: tf.train.Example bytes, without TensorFlow (`kbert.records` frames them);
 - `worker_pool`: the spawned worker processes, and peak memory;
-- `record_statistics`: `compute_statistics`, what any writer's records hold (with TensorFlow).
+- `record_statistics`: `compute_statistics`, what any writer's records hold (read by `kbert.records`).
 
 It is faster because: kbert.Tokenizer is; every document is tokenized once, not once per
 pass; a token is held as the protobuf bytes of its id, so a record's bytes are assembled with

@@ -1,9 +1,9 @@
-"""What pretraining records hold, read back from the records with TensorFlow.
+"""What pretraining records hold, read back from the records.
 
 `compute_statistics` reads any writer's records (kbert's, the original script's, the Beam
 pipeline's) and reports the shares create-data's own counts report, so two writers' outputs can
-be compared. It is the one part of create-data that imports TensorFlow, and only when called, so
-importing it does not load TensorFlow.
+be compared. The records are read by `kbert.records`, without TensorFlow, every frame's
+checksums checked.
 """
 
 from __future__ import annotations
@@ -11,8 +11,14 @@ from __future__ import annotations
 import collections
 import os
 
+import numpy as np
+
 from kbert.errors import KbertError
+from kbert.records import parse_example, read_frames
 from kbert.text.tokenizer import load_vocab
+
+_KEYS = ("input_ids", "input_mask", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
+_BATCH = 4096  # records summed at a time: the float sums add up in the same order whatever the file size
 
 
 def compute_statistics(tfrecord_paths, vocab_file) -> dict:
@@ -37,37 +43,27 @@ def compute_statistics(tfrecord_paths, vocab_file) -> dict:
     >>> compute_statistics([out], "tests/fixtures/vocab-uncased.txt")["instances"]
     11
     """
-    import numpy as np  # here, not at the top: see the module doc
-    import tensorflow as tf
-
     paths = [os.fspath(p) for p in tfrecord_paths]
     mask_id = load_vocab(vocab_file)["[MASK]"]
-    first = next(iter(tf.data.TFRecordDataset(paths[:1])), None)
+    first = next(read_frames(paths[0]), None)
     if first is None:
         raise KbertError(f"{paths[0]}: no records")
-    example = tf.train.Example.FromString(first.numpy()).features.feature
-    seq = len(example["input_ids"].int64_list.value)
-    preds = len(example["masked_lm_ids"].int64_list.value)
-    spec = {name: tf.io.FixedLenFeature([seq], tf.int64) for name in ("input_ids", "input_mask")}
-    spec.update({name: tf.io.FixedLenFeature([preds], tf.int64) for name in ("masked_lm_positions", "masked_lm_ids")})
-    spec["masked_lm_weights"] = tf.io.FixedLenFeature([preds], tf.float32)
-    spec["next_sentence_labels"] = tf.io.FixedLenFeature([1], tf.int64)
-    data = tf.data.TFRecordDataset(paths).batch(4096).map(lambda r: tf.io.parse_example(r, spec))
+    example = _example(paths[0], *first)
+    lengths = {name: len(example.get(name, ())) for name in _KEYS}  # a missing one: _batches says so
     sums = collections.Counter()
-    for batch in data:
-        b = {k: v.numpy() for k, v in batch.items()}
-        length = b["input_mask"].sum(axis=1)
-        weights = b["masked_lm_weights"] > 0
-        inputs = np.take_along_axis(b["input_ids"], b["masked_lm_positions"], axis=1)
+    for batch in _batches(paths, lengths):
+        length = batch["input_mask"].sum(axis=1)
+        weights = batch["masked_lm_weights"] > 0
+        inputs = np.take_along_axis(batch["input_ids"], batch["masked_lm_positions"], axis=1)
         is_mask = (inputs == mask_id) & weights
-        is_kept = (inputs == b["masked_lm_ids"]) & weights & ~is_mask
+        is_kept = (inputs == batch["masked_lm_ids"]) & weights & ~is_mask
         sums["instances"] += len(length)
         sums["tokens"] += int(length.sum())
-        sums["masked_share"] += float((b["masked_lm_weights"].sum(axis=1) / length).sum())
+        sums["masked_share"] += float((batch["masked_lm_weights"].sum(axis=1) / length).sum())
         sums["masked"] += int(weights.sum())
         sums["mask_token"] += int(is_mask.sum())
         sums["kept"] += int(is_kept.sum())
-        sums["random_next"] += int(b["next_sentence_labels"].sum())
+        sums["random_next"] += int(batch["next_sentence_labels"].sum())
     n, masked = max(sums["instances"], 1), max(sums["masked"], 1)
     return {
         "instances": sums["instances"],
@@ -78,3 +74,36 @@ def compute_statistics(tfrecord_paths, vocab_file) -> dict:
         "random_share": (sums["masked"] - sums["mask_token"] - sums["kept"]) / masked,
         "random_next_share": sums["random_next"] / n,
     }
+
+
+def _example(path, offset: int, data: bytes) -> dict:
+    """A record's Example, or a one-line error naming the file and the record."""
+    try:
+        return parse_example(data)
+    except ValueError:
+        raise KbertError(
+            f"{path}: the record at {offset} is not a tf.train.Example; pass pretraining records"
+        ) from None
+
+
+def _batches(paths, lengths: dict):
+    """The records' features, _BATCH records at a time: {name: [records, length]} numpy arrays,
+    int64 or float32 as stored. Every record must have the first record's lengths."""
+    rows = {name: [] for name in lengths}
+    for path in paths:
+        for offset, data in read_frames(path):
+            example = _example(path, offset, data)
+            for name, length in lengths.items():
+                values = example.get(name)
+                if values is None or len(values) != length:
+                    found = "lacks" if values is None else f"has {len(values)} values for"
+                    raise KbertError(
+                        f"{path}: the record at {offset} {found} {name} where the first record has {length}; "
+                        "pass records made with one max_seq_length and max_predictions_per_seq"
+                    )
+                rows[name].append(values)
+            if len(rows["input_ids"]) == _BATCH:
+                yield {name: np.stack(values) for name, values in rows.items()}
+                rows = {name: [] for name in lengths}
+    if rows["input_ids"]:
+        yield {name: np.stack(values) for name, values in rows.items()}

@@ -14,7 +14,7 @@ same ids: `Packer` is what the two share.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -24,37 +24,68 @@ from kbert.text.tokenizer import UNK, Tokenizer
 from kbert.text.windows import sliding_windows
 
 
-@runtime_checkable
-class Packer(Protocol):
-    """What fine-tuning asks of a packer: texts, pairs, words to tag, and long documents in
-    windows -> the encoder's three inputs (`kbert.config.ENCODER_INPUTS`), int32 [rows, sequence_length].
-
-    `kbert.text.preprocessing.BertPreprocessor` packs in the graph: it takes string tensors and
-    returns tensors, RaggedTensors where rows differ in length. `PythonPreprocessor` takes lists
-    and returns numpy arrays, and lists of lists where rows differ in length. Both give the same ids.
+class Rows(NamedTuple):
+    """Rows of different lengths in numpy: each row's length, and all rows' values one after another.
 
     Example:
-    >>> isinstance(PythonPreprocessor("tests/fixtures/vocab-uncased.txt"), Packer)
+    >>> rows = Rows.from_lists([[1, 2], [], [3]])
+    >>> rows.lengths.tolist(), rows.values.tolist(), rows.to_list()
+    ([2, 0, 1], [1, 2, 3], [[1, 2], [], [3]])
+    """
+
+    lengths: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def from_lists(cls, rows) -> Rows:
+        """Lists of ints -> int64 `Rows`."""
+        return cls(
+            np.asarray([len(row) for row in rows], np.int64), np.asarray([v for row in rows for v in row], np.int64)
+        )
+
+    def to_list(self) -> list:
+        """The rows as lists of Python ints."""
+        values, ends = self.values.tolist(), np.cumsum(self.lengths).tolist()
+        return [values[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+
+
+@runtime_checkable
+class Packer(Protocol):
+    """What fine-tuning asks of a packer: a file's texts, pairs, words to tag, and long documents
+    in windows -> the encoder's three inputs (`kbert.config.ENCODER_INPUTS`), numpy int32
+    [rows, sequence_length], and `Rows` where rows differ in length.
+
+    Its methods take Python lists of str and return numpy. `kbert.text.graph_packer.BertPreprocessor`
+    packs in the graph, in batches run two at a time; `PythonPreprocessor` packs in Python, with no
+    TensorFlow. Both give the same ids, dtypes and errors (`kbert.finetuning.encoding` calls either).
+
+    Example:
+    >>> pre = PythonPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=6)
+    >>> isinstance(pre, Packer)
     True
+    >>> features, starts = pre.encode_windows(["one two three four five"], stride=2)
+    >>> features["input_ids"].shape, starts.to_list()
+    ((2, 6), [[0, 2]])
     """
 
     vocab_file: str
     do_lower_case: bool
     sequence_length: int
 
-    def pack(self, texts, texts_b=None):
-        """Texts (and second texts, "" for none) -> (features, truncated: bool [rows])."""
+    def encode(self, texts, texts_b=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Texts (and second texts, "" or None for none) -> (features, truncated: bool [rows])."""
 
-    def pack_words(self, words):
+    def encode_words(self, sentences) -> tuple[dict[str, np.ndarray], Rows, np.ndarray]:
         """Sentences of words -> (features, each word's first-piece position ([CLS] is 0, -1 for
-        a word cut off) [sentences, (words)], truncated), each word tokenized on its own."""
+        a word cut off) as `Rows` [sentences, (words)], truncated: bool [sentences]), each word
+        tokenized on its own."""
 
-    def pack_windows(self, texts, stride):
-        """Documents -> (the features of each window, the windows' starts [documents, (windows)])."""
+    def encode_windows(self, texts, stride: int) -> tuple[dict[str, np.ndarray], Rows]:
+        """Documents -> (the features of each window, the windows' starts as `Rows` [documents, (windows)])."""
 
-    def pack_word_windows(self, words, stride):
+    def encode_word_windows(self, sentences, stride: int) -> tuple[dict[str, np.ndarray], Rows, Rows]:
         """Documents of words -> (the features of each window, the windows' starts, each word's
-        first piece counted from 0 in its document [documents, (words)])."""
+        first piece counted from 0 in its document as `Rows` [documents, (words)])."""
 
 
 def pack_texts(tokenizer, texts, texts_b=None, *, sequence_length: int = 128) -> dict[str, np.ndarray]:
@@ -193,7 +224,7 @@ def special_token_ids(vocab_file, vocab) -> tuple[int, int, int | None]:
 
 
 class PythonPreprocessor:
-    """`kbert.text.preprocessing.BertPreprocessor`'s packing in Python and numpy, with the
+    """`kbert.text.graph_packer.BertPreprocessor`'s packing in Python and numpy, with the
     Python tokenizer: the same ids, and no TensorFlow (a `Packer`).
 
     Its methods take Python lists and return numpy arrays (lists of lists where rows differ in
@@ -253,7 +284,7 @@ class PythonPreprocessor:
 
     def _windows(self, documents, stride: int):
         """(the three inputs of each window, the windows' starts) of documents given as token id
-        lists, as `kbert.text.preprocessing.pack_token_windows` packs them."""
+        lists, as `kbert.text.graph_packer.pack_token_windows` packs them."""
         room = self.sequence_length - 2
         windows = sliding_windows([len(tokens) for tokens in documents], room, stride, empty_window=True)
         starts = [[] for _ in documents]
@@ -274,3 +305,24 @@ class PythonPreprocessor:
         pieces = [self._word_pieces(words) for words in sentences]
         features, starts = self._windows([p for p, _ in pieces], stride)
         return features, starts, [first for _, first in pieces]
+
+    # === The Packer's methods: a whole file's lists, ragged results as `Rows` ===
+
+    def encode(self, texts, texts_b=None):
+        """`pack`, as a `Packer`."""
+        return self.pack(texts, texts_b)
+
+    def encode_words(self, sentences):
+        """`pack_words`, as a `Packer`: the positions as `Rows`."""
+        features, positions, truncated = self.pack_words(sentences)
+        return features, Rows.from_lists(positions), truncated
+
+    def encode_windows(self, texts, stride: int):
+        """`pack_windows`, as a `Packer`: the starts as `Rows`."""
+        features, starts = self.pack_windows(texts, stride)
+        return features, Rows.from_lists(starts)
+
+    def encode_word_windows(self, sentences, stride: int):
+        """`pack_word_windows`, as a `Packer`: the starts and first pieces as `Rows`."""
+        features, starts, first = self.pack_word_windows(sentences, stride)
+        return features, Rows.from_lists(starts), Rows.from_lists(first)

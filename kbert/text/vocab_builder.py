@@ -1,8 +1,9 @@
 """`kbert vocab`: learn a WordPiece vocab.txt from text, made for `kbert.Tokenizer`.
 
-The learner is tensorflow-text's (`tools.wordpiece_vocab.wordpiece_tokenizer_learner_lib`,
-the one behind TF Text's BERT vocabulary guide): tensorflow-text is already a dependency for
-in-graph tokenization, so this adds none, where Hugging Face `tokenizers` would add one.
+The learner is tensorflow-text's (`kbert.text.tf_text_vocab`, the one behind TF Text's BERT
+vocabulary guide): tensorflow-text is already a dependency for in-graph tokenization, so this
+adds none, where Hugging Face `tokenizers` would add one. It is imported only to learn, so
+counting words and measuring [UNK] (`kbert extend` uses both) load no TensorFlow.
 
 It learns from word counts, and the words are those kbert.Tokenizer hands to WordPiece: the
 text cleaned, split on whitespace, lower-cased and accent-stripped (unless cased), with
@@ -21,8 +22,6 @@ import collections
 import logging
 import os
 import time
-
-from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from kbert.errors import KbertError, option
 from kbert.files import TEXT_CHECK_BYTES, atomic_write_text, check_head_is_text
@@ -91,45 +90,6 @@ def count_words(input_files, do_lower_case: bool = True, on_progress=None) -> co
     for line in _lines(input_files, on_progress):
         counts.update(words.tokenize(line))
     return counts
-
-
-def learn_vocab(word_counts, size: int) -> list[str]:
-    """A WordPiece vocabulary of at most `size` entries: reserved tokens, characters, pieces.
-
-    Args:
-        word_counts: dict or Counter. {word: count}.
-        size: int. Entries at most, reserved tokens included.
-
-    Example:
-    >>> vocab = learn_vocab({"low": 5, "lower": 2, "newest": 6, "widest": 3}, 30)
-    >>> vocab[:5], vocab[5:8], vocab[15:19], vocab[-2:]
-    (['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'], ['d', 'e', 'i'], ['newest', 'low', 'widest', 'lower'], ['##t', '##w'])
-    """
-    # lower_thresh=1 lets a small corpus reach `size`; on a large one the search for the count
-    # threshold that gives `size` entries stops far above it.
-    vocab = learner.learn(dict(word_counts), size, RESERVED_TOKENS, lower_thresh=1, joiner=JOINER)
-    if len(vocab) <= size:
-        return vocab
-    # The threshold search can end a little over `size`. Drop the rarest pieces, never a
-    # character or its ## form: those are what lets any word be spelled without [UNK].
-    chars = {t for t in vocab if len(t) == 1 or (t.startswith(JOINER) and len(t) == len(JOINER) + 1)}
-    required = set(RESERVED_TOKENS) | chars
-    if len(required) > size:
-        raise KbertError(
-            f"{option('size', size)} is too small: the text has "
-            f"{sum(len(t) == 1 for t in chars)} distinct "
-            f"characters, which need {len(required)} entries with the reserved tokens; "
-            f"use {option('size', len(required))} or more"
-        )
-    room = size - len(required)
-    kept = []
-    for token in vocab:
-        if token in required:
-            kept.append(token)
-        elif room > 0:
-            kept.append(token)
-            room -= 1
-    return kept
 
 
 def unk_rate(input_files, vocab_file, do_lower_case: bool = True) -> float:
@@ -220,6 +180,9 @@ def build_vocab(
     log.info(
         "%s words, %s distinct; learning %s WordPieces", f"{sum(counts.values()):,}", f"{len(counts):,}", f"{size:,}"
     )
+    # Here, not at the top: TF Text's learner loads TensorFlow, which counting words does not need.
+    from kbert.text.tf_text_vocab import learn_vocab
+
     vocab = learn_vocab(counts, size)
     _write_lines_atomically(output, vocab)
     return {

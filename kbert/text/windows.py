@@ -4,7 +4,7 @@ google-research/bert's run_squad.py reads a document longer than the model's inp
 of `room` tokens, each starting `doc_stride` tokens after the last, and reads each token in the
 window where it has the most context (`_check_is_max_context`). kbert uses the same windows for
 SQuAD (`kbert.finetuning.squad`, in numpy) and for `--long-text windows` (packed in the graph by
-`kbert.text.preprocessing`, placed in numpy by `kbert.finetuning.windows`, served by
+`kbert.text.graph_packer`, placed in numpy by `kbert.finetuning.windows`, served by
 `kbert.serving.heads`). The arithmetic is written once, here, over the numpy or the TensorFlow
 ops that fit its inputs: numpy arrays or Python ints run in numpy without importing TensorFlow;
 tensors run as TensorFlow ops, eagerly or inside a tf.function.
@@ -16,7 +16,6 @@ tensors run as TensorFlow ops, eagerly or inside a tf.function.
 
 from __future__ import annotations
 
-import functools
 import sys
 import types
 from typing import NamedTuple
@@ -162,10 +161,15 @@ def holding_windows(windows, tokens):
 
 
 def _ops(*values):
-    """TensorFlow's ops if any of `values` is a tensor (TensorFlow is then imported already), else numpy's."""
+    """TensorFlow's ops (`kbert.text.graph_window_ops`) if any of `values` is a tensor, else numpy's.
+
+    TensorFlow is looked for among the loaded modules, not imported: a caller with a tensor has
+    loaded it already, and one with numpy arrays runs without it."""
     tf = sys.modules.get("tensorflow")
     if tf is not None and any(tf.is_tensor(v) for v in values):
-        return _tf_ops()
+        from kbert.text.graph_window_ops import GRAPH_OPS
+
+        return GRAPH_OPS
     return _NUMPY
 
 
@@ -201,29 +205,3 @@ _NUMPY = types.SimpleNamespace(
     segment_min=_numpy_segment(np.minimum, np.iinfo(np.int64).max),
     int_max=np.iinfo(np.int64).max,
 )
-
-
-@functools.cache
-def _tf_ops():
-    import tensorflow as tf
-
-    def ragged_range(low, high):
-        ranges = tf.ragged.range(tf.cast(low, tf.int32), tf.cast(high, tf.int32))
-        return ranges.flat_values, tf.cast(ranges.value_rowids(), tf.int32)
-
-    return types.SimpleNamespace(
-        ints=lambda x: tf.cast(x, tf.int32),
-        wide=lambda x: tf.cast(x, tf.int64),
-        float64=lambda x: tf.cast(x, tf.float64),
-        minimum=tf.minimum,
-        maximum=tf.maximum,
-        where=tf.where,
-        take=tf.gather,
-        size=lambda x: tf.size(x),
-        max_or_zero=lambda x: tf.maximum(tf.reduce_max(x), 0),
-        searchsorted=lambda a, v: tf.searchsorted(a, v, side="right"),
-        ragged_range=ragged_range,
-        segment_max=tf.math.unsorted_segment_max,
-        segment_min=tf.math.unsorted_segment_min,
-        int_max=tf.int32.max,
-    )

@@ -197,7 +197,7 @@ def test_the_in_batch_loss_is_multiple_negatives_ranking_loss(tmp_path):
     from kbert.finetuning.encoding import encode_texts
     from kbert.finetuning.ranking import InBatchNegatives, PairRanker
     from kbert.model.pooling import pool
-    from kbert.text.preprocessing import BertPreprocessor
+    from kbert.text.graph_packer import BertPreprocessor
 
     base = kbert.converters.load_tf1_checkpoint(TINY)
     ranker = PairRanker(base.encoder, "mean", negatives=True)

@@ -23,7 +23,7 @@ from kbert.finetuning import encoding
 from kbert.finetuning.options import FinetuneOptions, window_stride
 from kbert.finetuning.tasks import TASKS
 from kbert.finetuning.windows import Windows, containing_windows, document_mean, max_context_windows
-from kbert.text.preprocessing import BertPreprocessor, window_starts
+from kbert.text.graph_packer import BertPreprocessor, window_starts
 from kbert.text.tokenizer import Tokenizer
 
 TINY_VOCAB = os.path.join(TINY, "vocab.txt")

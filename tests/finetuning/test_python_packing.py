@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, UNCASED_VOCAB
+from kbert.errors import KbertError
 
 # === The Python packer against the in-graph one ===
 
@@ -27,8 +28,8 @@ def _real_texts():
 @pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
 def test_the_python_packer_gives_the_in_graph_packers_ids(lower):
     from kbert.finetuning import encoding
+    from kbert.text.graph_packer import BertPreprocessor
     from kbert.text.packing import PythonPreprocessor
-    from kbert.text.preprocessing import BertPreprocessor
 
     texts = _real_texts()
     pairs = texts[1:] + texts[:1]
@@ -63,14 +64,58 @@ def _assert_same(a, b, where):
         for field in ("document", "start", "length", "num_tokens"):
             _assert_same(getattr(a, field), getattr(b, field), f"{where}: {field}")
     else:
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype, f"{where}: {a.dtype} and {b.dtype}"
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=where)
+
+
+def test_both_packers_answer_the_packer_methods_alike():
+    """The `Packer` methods encoding.py calls: the same arrays, `Rows` and dtypes from either packer."""
+    from kbert.text.graph_packer import BertPreprocessor
+    from kbert.text.packing import PythonPreprocessor, Rows
+
+    texts = _real_texts()
+    words = [text.split() for text in texts]
+    graph, python = (
+        BertPreprocessor(UNCASED_VOCAB, sequence_length=12),
+        PythonPreprocessor(UNCASED_VOCAB, sequence_length=12),
+    )
+    for name, run in {
+        "encode": lambda p: p.encode(texts, texts[::-1]),
+        "encode_words": lambda p: p.encode_words(words),
+        "encode_windows": lambda p: p.encode_windows(texts, 4),
+        "encode_word_windows": lambda p: p.encode_word_windows(words, 4),
+    }.items():
+        got, want = run(graph), run(python)
+        assert [type(part) for part in got] == [type(part) for part in want], name
+        rows = [(g, w) for g, w in zip(got, want) if isinstance(g, Rows)]
+        for g, w in rows:
+            np.testing.assert_array_equal(g.lengths, w.lengths, err_msg=name)
+            np.testing.assert_array_equal(g.values, w.values, err_msg=name)
+            assert g.to_list() == w.to_list(), name
+        _assert_same(
+            [part for part in got if not isinstance(part, Rows)],
+            [part for part in want if not isinstance(part, Rows)],
+            name,
+        )
+
+
+def test_both_packers_refuse_words_without_unk_alike(tmp_path):
+    from kbert.text.graph_packer import BertPreprocessor
+    from kbert.text.packing import PythonPreprocessor
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[CLS]\n[SEP]\nhello\n")
+    for packer in (BertPreprocessor(vocab, sequence_length=8), PythonPreprocessor(vocab, sequence_length=8)):
+        with pytest.raises(KbertError, match=r"vocab.txt has no \[UNK\]; use the vocab.txt the model was trained with"):
+            packer.encode_words([["hello"]])
 
 
 def test_a_lone_surrogate_in_a_text_is_dropped_not_fatal():
     """JSON can carry a lone surrogate ("\\ud800"); the in-graph packer takes it as the invalid
     UTF-8 a client would send, which its tokenizer drops, rather than failing the whole file."""
     from kbert.finetuning.encoding import encode_texts
-    from kbert.text.preprocessing import BertPreprocessor
+    from kbert.text.graph_packer import BertPreprocessor
 
     packer = BertPreprocessor(UNCASED_VOCAB, sequence_length=16)
     got, _ = encode_texts(packer, [json.loads('"great \\ud800movie"'), "fine"])

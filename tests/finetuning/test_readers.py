@@ -21,7 +21,7 @@ from kbert.errors import KbertError, command_line_names
 from kbert.finetuning import readers
 from kbert.finetuning.encoding import encode_tagged, encode_texts
 from kbert.finetuning.readers import read_tagged_examples, read_text_examples
-from kbert.text.preprocessing import BertPreprocessor
+from kbert.text.graph_packer import BertPreprocessor
 from kbert.text.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(TESTS)

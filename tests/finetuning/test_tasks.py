@@ -14,7 +14,7 @@ from kbert.errors import KbertError, command_line_names
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.tasks import TASKS, best_metric, get_task
 from kbert.finetuning.tasks.base import TaskData, json_floats
-from kbert.text.preprocessing import BertPreprocessor
+from kbert.text.graph_packer import BertPreprocessor
 
 OPTS = FinetuneOptions()
 LN2, LN3 = math.log(2), math.log(3)

@@ -88,7 +88,7 @@ def kbert_reference(model_dir, texts, texts_b=None):
     import tensorflow as tf
 
     import kbert
-    from kbert.text.preprocessing import BertPreprocessor
+    from kbert.text.graph_packer import BertPreprocessor
 
     model = kbert.load(model_dir)
     limit = model.config.max_position_embeddings
@@ -319,7 +319,7 @@ def test_a_batch_runs_on_its_longest_text_rounded_up_to_8(exports, tiny_model_di
     import tensorflow as tf
 
     import kbert
-    from kbert.text.preprocessing import BertPreprocessor
+    from kbert.text.graph_packer import BertPreprocessor
 
     texts = tf.constant(["gold glorious great.", "gold glorious great. dead dust the dread. gold."])
     out = tf.saved_model.load(str(exports["encoder"])).signatures["serving_default"](text=texts)
@@ -344,7 +344,7 @@ def test_a_large_batch_runs_in_groups_of_similar_length_in_the_request_order(exp
 
     import kbert
     from kbert.serving.optimize import GROUP_ROWS
-    from kbert.text.preprocessing import BertPreprocessor
+    from kbert.text.graph_packer import BertPreprocessor
 
     assert GROUP_ROWS == 8
     short, long = "gold glorious great.", " ".join(["gold glorious great. dead dust the dread."] * 5)
@@ -438,7 +438,7 @@ def test_warmup_requests_run_against_the_export(exports, classifier_dir):
     from tensorflow_serving.apis import prediction_log_pb2
 
     import kbert
-    from kbert.text.preprocessing import BertPreprocessor
+    from kbert.text.graph_packer import BertPreprocessor
 
     path = str(exports["classifier"] / "assets.extra" / "tf_serving_warmup_requests")
     logs = [prediction_log_pb2.PredictionLog.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
@@ -545,7 +545,7 @@ def test_tagger_serves_a_label_per_token(tiny_model_dir, tmp_path):
 
     import kbert
     from kbert.serving.export import export_model
-    from kbert.text.preprocessing import BertPreprocessor
+    from kbert.text.graph_packer import BertPreprocessor
 
     base = kbert.load(tiny_model_dir)
     model = kbert.bert_tagger(base, 3)

@@ -140,7 +140,7 @@ def test_serving_default_takes_text_and_gives_kbert_embeds_vectors(export, model
 def test_serve_ids_and_serve_examples_give_serving_defaults_vectors(export, model_dir, texts_file):
     import tensorflow as tf
 
-    from kbert.text.preprocessing import BertPreprocessor
+    from kbert.text.graph_packer import BertPreprocessor
 
     texts = lines_of(texts_file)
     served = serving_session(export[1] / "1")
@@ -219,7 +219,7 @@ def test_the_served_head_pools_as_the_record_says(model_dir, pooling, normalize)
     import kbert
     from kbert.serving.heads import serve_embedding
     from kbert.serving.optimize import optimize
-    from kbert.text.preprocessing import BertPreprocessor
+    from kbert.text.graph_packer import BertPreprocessor
 
     model = kbert.load(model_dir)
     model.config.extras["embedding"] = {"pooling": pooling, "normalize": normalize, "max_seq_length": LENGTH}

@@ -10,7 +10,7 @@ from conftest import UNCASED_VOCAB
 from kbert.errors import KbertError
 from kbert.finetuning.tasks import TASKS
 from kbert.serving.heads import SERVED_TASKS, require_served, serve_encoder, serving_head
-from kbert.text.preprocessing import BertPreprocessor
+from kbert.text.graph_packer import BertPreprocessor
 from kbert.text.tokenizer import Tokenizer
 
 LN2, LN3 = math.log(2), math.log(3)

@@ -65,8 +65,8 @@ def test_bad_inputs_are_one_line(tmp_path):
 
 
 def test_both_packers_are_packers_and_pack_as_pack_texts():
+    from kbert.text.graph_packer import BertPreprocessor
     from kbert.text.packing import Packer, PythonPreprocessor
-    from kbert.text.preprocessing import BertPreprocessor
 
     texts, texts_b = LINES[:-1], LINES[1:]
     python = PythonPreprocessor(UNCASED_VOCAB, sequence_length=16)
@@ -81,3 +81,13 @@ def test_both_packers_are_packers_and_pack_as_pack_texts():
         ["One two.", "One two three four five six seven eight nine ten eleven twelve thirteen fourteen."]
     )
     assert truncated.tolist() == [False, True]
+
+
+def test_rows_hold_ragged_lists_and_give_them_back():
+    from kbert.text.packing import Rows
+
+    for lists in ([], [[]], [[1, 2], [], [3]], [[-1], [0, 5, 7]]):
+        rows = Rows.from_lists(lists)
+        assert rows.lengths.dtype == rows.values.dtype == np.int64
+        assert rows.to_list() == lists
+        assert all(type(v) is int for row in rows.to_list() for v in row)

@@ -17,19 +17,26 @@ tokenizer's.
 Documents longer than the window (`kbert finetune --long-text windows`) are packed whole, as
 overlapping windows (`window_starts`, `pack_token_windows`, `pack_word_windows`): SQuAD's doc
 spans over the document's tokens, each window packed as a single text of its own.
+
+`BertPreprocessor` is a `kbert.text.packing.Packer`: its `encode*` methods take a whole file's
+Python strings, pack it in batches two at a time, and return numpy arrays, as
+`kbert.text.packing.PythonPreprocessor` does in Python.
 """
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 import kbert.config
+from kbert.config import ENCODER_INPUTS
 from kbert.model_dir import VOCAB_FILE, load_config
 from kbert.text.graph_tokenizer import GraphTokenizer
-from kbert.text.packing import checked_sequence_length, require_tokens, special_token_ids
+from kbert.text.packing import Rows, checked_sequence_length, require_tokens, special_token_ids
 from kbert.text.tokenizer import UNK, load_vocab
 from kbert.text.windows import sliding_windows
 
@@ -272,6 +279,65 @@ def pack_word_pieces(pieces, sequence_length, cls_id: int, sep_id: int, unk_id: 
     return packed, pieces.with_values(first), tokens.row_lengths() > sequence_length - 2
 
 
+# === A whole file through the packer, in numpy (the `Packer` methods) ===
+
+# Examples per call of the packer: at most _BATCH, and the file split evenly between the two
+# threads below. Larger calls are faster per example (each distinct word is tokenized once
+# per call) up to about this size (benchmarked in docs/performance.md, "Fine-tuning inputs").
+_BATCH = 25_000
+_THREADS = 2
+
+
+def _strings(values):
+    """str -> a tf.string tensor; a lone surrogate (JSON's "\\ud800") goes in as the invalid
+    UTF-8 a client would send, which the tokenizer drops, rather than failing the whole file."""
+    try:
+        return tf.constant(values, tf.string, shape=[len(values)])
+    except (UnicodeEncodeError, ValueError):  # TensorFlow's conversion raises either, by version
+        return tf.constant([v.encode("utf-8", "surrogatepass") for v in values], tf.string, shape=[len(values)])
+
+
+def _word_strings(sentences):
+    """Sentences of words (lists of str) -> a string RaggedTensor [sentences, (words)]."""
+    return tf.RaggedTensor.from_row_lengths(
+        _strings([word for sentence in sentences for word in sentence]),
+        np.asarray([len(sentence) for sentence in sentences], np.int64),
+    )
+
+
+def _pack_batches(pack, columns, n: int) -> list:
+    """`pack` over batches of rows of `columns`, two at a time (TF's kernels run without
+    holding the GIL), results in order. Eagerly: a tf.function would be traced first, and
+    tracing the tokenizer's graph costs more than packing a file of ten thousand examples,
+    while at these batch sizes the ops' own work is nearly all of the time."""
+    threads = min(_THREADS, os.cpu_count() or 1)
+    batch = max(1, min(_BATCH, -(-n // threads)))
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda i: pack(*(c[i : i + batch] for c in columns)), range(0, n, batch)))
+
+
+def _features(batches, n: int, length: int) -> dict[str, np.ndarray]:
+    """The features of every batch, as one file's numpy arrays."""
+    if not batches:
+        return {name: np.zeros((n, length), np.int32) for name in ENCODER_INPUTS}
+    return {name: np.concatenate([features[name].numpy() for features in batches]) for name in ENCODER_INPUTS}
+
+
+def _rows(ragged) -> Rows:
+    """One RaggedTensor [rows, (values)] per batch, as one file's `Rows`."""
+    if not ragged:
+        return Rows(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return Rows(
+        np.concatenate([r.row_lengths().numpy() for r in ragged]),
+        np.concatenate([r.flat_values.numpy() for r in ragged]),
+    )
+
+
+def _truncated(cuts) -> np.ndarray:
+    """One bool tensor [rows] per batch, as one file's bool array."""
+    return np.concatenate([cut.numpy() for cut in cuts]) if cuts else np.zeros(0, bool)
+
+
 @keras.saving.register_keras_serializable(package="kbert")
 class BertPreprocessor(keras.layers.Layer):
     """Strings [batch] (or a pair of them) -> {"input_ids", "input_mask", "segment_ids"} int32 [batch, length].
@@ -411,6 +477,62 @@ class BertPreprocessor(keras.layers.Layer):
             require_tokens(self.vocab_file, {}, UNK)
         pieces = tf.RaggedTensor.from_row_lengths(self.tokenizer(words.flat_values), words.row_lengths())
         return pack_word_windows(pieces, self.sequence_length, stride, self.cls_id, self.sep_id, self.unk_id)
+
+    # === The Packer's methods: a whole file's lists -> numpy, in batches run two at a time ===
+
+    def encode(self, texts, texts_b=None):
+        """A file's texts (and second texts, "" or None for none) -> (the three inputs, truncated),
+        numpy, as `pack` packs them (a `kbert.text.packing.Packer`).
+
+        >>> pre = BertPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=5)
+        >>> features, truncated = pre.encode(["Is it here?"], ["Yes."])
+        >>> features["input_ids"].tolist(), truncated.tolist()
+        ([[101, 2003, 102, 2748, 102]], [True])
+        """
+        columns = [_strings(texts)] if texts_b is None else [_strings(texts), _strings([b or "" for b in texts_b])]
+        batches = _pack_batches(self.pack, columns, len(texts))
+        features = _features([features for features, _ in batches], len(texts), self.sequence_length)
+        return features, _truncated([cut for _, cut in batches])
+
+    def encode_words(self, sentences):
+        """A file's sentences of words -> (the three inputs, each word's first-piece position as
+        `Rows`, truncated), numpy, as `pack_words` packs them.
+
+        >>> pre = BertPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=5)
+        >>> features, positions, truncated = pre.encode_words([["Peter", "is", "unaffable"]])
+        >>> positions.to_list(), truncated.tolist()
+        ([[1, 2, 3]], [True])
+        """
+        batches = _pack_batches(self.pack_words, [_word_strings(sentences)], len(sentences))
+        features = _features([features for features, _, _ in batches], len(sentences), self.sequence_length)
+        return features, _rows([positions for _, positions, _ in batches]), _truncated([cut for _, _, cut in batches])
+
+    def encode_windows(self, texts, stride: int):
+        """A file's texts of any length -> (the three inputs of each window, the windows' starts as
+        `Rows`), numpy, as `pack_windows` packs them.
+
+        >>> pre = BertPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=5)
+        >>> features, starts = pre.encode_windows(["Is it here?", "Yes."], stride=2)
+        >>> features["input_ids"].shape, starts.to_list()
+        ((3, 5), [[0, 2], [0]])
+        """
+        batches = _pack_batches(lambda t: self.pack_windows(t, stride), [_strings(texts)], len(texts))
+        features = _features([features for features, _ in batches], len(texts), self.sequence_length)
+        return features, _rows([starts for _, starts in batches])
+
+    def encode_word_windows(self, sentences, stride: int):
+        """A file's sentences of words of any length -> (the three inputs of each window, the
+        windows' starts, each word's first piece in its sentence; both as `Rows`), numpy, as
+        `pack_word_windows` packs them.
+
+        >>> pre = BertPreprocessor("tests/fixtures/vocab-uncased.txt", sequence_length=5)
+        >>> features, starts, first = pre.encode_word_windows([["Peter", "is", "unaffable"]], 2)
+        >>> starts.to_list(), first.to_list()
+        ([[0, 2]], [[0, 1, 2]])
+        """
+        batches = _pack_batches(lambda s: self.pack_word_windows(s, stride), [_word_strings(sentences)], len(sentences))
+        features = _features([b[0] for b in batches], len(sentences), self.sequence_length)
+        return features, _rows([b[1] for b in batches]), _rows([b[2] for b in batches])
 
     def get_config(self):
         config = super().get_config()

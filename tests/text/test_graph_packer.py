@@ -8,7 +8,7 @@ import tensorflow as tf
 import kbert
 from conftest import FIXTURES, UNCASED_VOCAB
 from helpers import original_packing
-from kbert.text.preprocessing import BertPreprocessor, truncated_pair_lengths
+from kbert.text.graph_packer import BertPreprocessor, truncated_pair_lengths
 from kbert.text.tokenizer import Tokenizer
 
 
