@@ -7,6 +7,12 @@ import json
 import os
 
 from kbert.errors import KbertError, option
+from kbert.files import require_path
+
+# A kbert model directory's config and vocabulary, as google-research's checkpoints name them
+# (kbert.model_dir has the rest of the format).
+CONFIG_FILE = "bert_config.json"
+VOCAB_FILE = "vocab.txt"
 
 # hidden_act values and the activation each one means (DESIGN.md, "Numerics").
 # "gelu" is the exact erf form: the released checkpoints were trained with it.
@@ -179,3 +185,9 @@ class BertConfig:
     def to_json_file(self, path: str | os.PathLike):
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.to_json_string())
+
+
+def load_config(model_dir) -> BertConfig:
+    """The `BertConfig` of a kbert model directory (its bert_config.json, kbert's keys in `extras`)."""
+    require_path(model_dir, "model directory", "pass a directory written by kbert (convert, pretrain, finetune)")
+    return BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))

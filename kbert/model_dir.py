@@ -22,7 +22,7 @@ import os
 import shutil
 from collections.abc import Callable
 
-from kbert.config import BertConfig
+from kbert.config import CONFIG_FILE, VOCAB_FILE, BertConfig, load_config
 from kbert.errors import KbertError, first_line, os_error_or
 from kbert.files import atomic_output_dir, count_lines, require_path, save_weights
 from kbert.finetuning.task_info import HEAD_TASKS, TASK_KEYS, head_task_info
@@ -34,8 +34,6 @@ from kbert.outputs import writes
 
 log = logging.getLogger("kbert")
 
-CONFIG_FILE = "bert_config.json"
-VOCAB_FILE = "vocab.txt"
 WEIGHTS_FILE = "model.weights.h5"
 # Where `kbert pretrain` keeps its checkpoints inside --model-dir, and `kbert finetune` inside OUTPUT.partial/.
 CHECKPOINTS_DIR = "checkpoints"
@@ -230,11 +228,6 @@ class UnfinishedRun:
     command: str
     recognise: Callable
     message: Callable
-
-
-def load_config(model_dir) -> BertConfig:
-    require_path(model_dir, "model directory", "pass a directory written by kbert (convert, pretrain, finetune)")
-    return BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
 
 
 def load(model_dir):

@@ -33,8 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 import kbert.config
-from kbert.config import ENCODER_INPUTS
-from kbert.model_dir import VOCAB_FILE, load_config
+from kbert.config import ENCODER_INPUTS, VOCAB_FILE, load_config
 from kbert.text.graph_tokenizer import GraphTokenizer
 from kbert.text.packing import Rows, checked_sequence_length, require_tokens, special_token_ids
 from kbert.text.tokenizer import UNK, load_vocab

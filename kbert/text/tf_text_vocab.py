@@ -11,7 +11,7 @@ from __future__ import annotations
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from kbert.errors import KbertError, option
-from kbert.text.vocab_builder import JOINER, RESERVED_TOKENS
+from kbert.text.tokenizer import JOINER, RESERVED_TOKENS
 
 
 def learn_vocab(word_counts, size: int) -> list[str]:

@@ -16,10 +16,14 @@ import os
 import re
 import unicodedata
 
+from kbert.config import VOCAB_FILE, load_config
 from kbert.errors import KbertError
 from kbert.text import unicode_classes
 
 UNK = "[UNK]"
+# The reserved tokens every BERT vocabulary starts with, and the prefix of a piece that continues a word.
+RESERVED_TOKENS = ["[PAD]", UNK, "[CLS]", "[SEP]", "[MASK]"]
+JOINER = "##"
 MAX_CHARS_PER_WORD = 200
 _CACHE_LIMIT = 500_000
 
@@ -117,10 +121,6 @@ class Tokenizer:
     @classmethod
     def from_model_dir(cls, model_dir) -> Tokenizer:
         """The tokenizer of a kbert model directory (its vocab.txt and do_lower_case)."""
-        # Not at the top: this module must stay free of TensorFlow (create-data's worker processes
-        # and the SQuAD reader import it), and kbert.model_dir is where models are rebuilt.
-        from kbert.model_dir import VOCAB_FILE, load_config
-
         config = load_config(model_dir)
         return cls(os.path.join(model_dir, VOCAB_FILE), config.extras.get("do_lower_case", True))
 
@@ -171,7 +171,7 @@ class Tokenizer:
         while start < len(token):
             end = len(token)
             while end > start:
-                piece = token[start:end] if start == 0 else "##" + token[start:end]
+                piece = token[start:end] if start == 0 else JOINER + token[start:end]
                 if piece in vocab:
                     break
                 end -= 1

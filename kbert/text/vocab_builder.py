@@ -26,10 +26,8 @@ import time
 from kbert.errors import KbertError, option
 from kbert.files import TEXT_CHECK_BYTES, atomic_write_text, check_head_is_text
 from kbert.outputs import writes
-from kbert.text.tokenizer import UNK, Tokenizer, character_tables
+from kbert.text.tokenizer import RESERVED_TOKENS, UNK, Tokenizer, character_tables
 
-RESERVED_TOKENS = ["[PAD]", UNK, "[CLS]", "[SEP]", "[MASK]"]
-JOINER = "##"
 log = logging.getLogger("kbert")
 
 
