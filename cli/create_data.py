@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from kbert.cli.common import bytes_progress, print_result
+from kbert.cli.common import MORE_INPUTS, bytes_progress, print_result
 from kbert.cli.frame import TEXT, TEXT_FILES, Output, command
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 
@@ -25,7 +25,7 @@ def create_data(
         "--input",
         help="Text: one sentence per line, a blank line between documents. Files or globs, quoted or not, comma-separated or repeated, or more files after it (--input data/*.txt): the same files on every runner.",
     ),
-    more_inputs: list[str] | None = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False),
+    more_inputs: list[str] | None = MORE_INPUTS,
     vocab: Path = typer.Option(..., "--vocab", help="vocab.txt of the model (or from `kbert vocab`)."),
     output: str = typer.Option(
         ..., "--output", help="TFRecord file to write; with --shards N, the prefix of OUTPUT-0000i-of-0000N."

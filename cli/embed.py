@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from kbert.cli.common import print_result, print_rows
+from kbert.cli.common import OVERWRITE_ROWS, RESUME_ROWS, print_result, print_rows
 from kbert.cli.frame import FILE_OR_STREAM, MODEL, TEXT, command
 from kbert.outputs import is_stream
 from kbert.sources import ACCEPTED
@@ -65,14 +65,8 @@ def embed(
         "--normalize/--no-normalize",
         help="L2-normalise each vector. Default: the model's (no, for a model with no pooling recorded).",
     ),
-    resume: bool = typer.Option(
-        False, "--resume", help="With --output: go on from the rows FILE.partial has from a run that did not finish."
-    ),
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help="With --output: replace an existing FILE, or (without --resume) drop an unfinished run's rows.",
-    ),
+    resume: bool = RESUME_ROWS,
+    overwrite: bool = OVERWRITE_ROWS,
 ):
     """Embed texts with a sentence-embedding model; prints one JSON vector per text (with --output, writes
     them to FILE and prints a summary)."""

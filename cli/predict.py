@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from kbert.cli.common import print_result, print_rows
+from kbert.cli.common import OVERWRITE_ROWS, RESUME_ROWS, print_result, print_rows
 from kbert.cli.finetune import FORMATS
 from kbert.cli.frame import FILE_OR_STREAM, MODEL, TEXT, command
 from kbert.outputs import is_stream
@@ -46,14 +46,8 @@ def predict(
         "--output",
         help="Write the JSON lines to this file instead of stdout: batch by batch to FILE.partial, renamed to FILE at the end; resumable with --resume. - (or /dev/stdout) is stdout.",
     ),
-    resume: bool = typer.Option(
-        False, "--resume", help="With --output: go on from the rows FILE.partial has from a run that did not finish."
-    ),
-    overwrite: bool = typer.Option(
-        False,
-        "--overwrite",
-        help="With --output: replace an existing FILE, or (without --resume) drop an unfinished run's rows.",
-    ),
+    resume: bool = RESUME_ROWS,
+    overwrite: bool = OVERWRITE_ROWS,
     timeout: float = typer.Option(
         60.0, min=0, help="With --server: seconds one request may take, retries while the server is down included."
     ),

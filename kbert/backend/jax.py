@@ -4,24 +4,10 @@ and everything else as `kbert.backend.portable` does it without TensorFlow."""
 from __future__ import annotations
 
 from kbert.backend import portable
-from kbert.errors import KbertError, option
 
-# The answers shared with PyTorch, as kbert gives them without TensorFlow.
-adamw_kernels = portable.adamw_kernels
-Checkpointer = portable.Checkpointer
-empty = portable.empty
-epoch_batches = portable.epoch_batches
-epoch_logger = portable.epoch_logger
-event_writer = portable.event_writer
-fill_weight = portable.fill_weight
-finetuning_placement = portable.finetuning_placement
-fused = portable.fused
-make_preprocessor = portable.make_preprocessor
-matmul_transposed = portable.matmul_transposed
-op_errors = portable.op_errors
-set_random_seed = portable.set_random_seed
-shuffled_order = portable.shuffled_order
-take_positions = portable.take_positions
+# Every other answer is the one shared with PyTorch: `kbert.backend.portable`'s.
+from kbert.backend.portable import *  # noqa: F403
+from kbert.errors import KbertError, option
 
 # Keras' layers are plain Python objects here: a layer may hold others before Layer.__init__ runs.
 LAYERS_ARE_MODULES = False

@@ -24,6 +24,25 @@ from keras import ops
 from kbert.backend.placement import check_strategy
 from kbert.errors import KbertError, option
 
+# The answers JAX and PyTorch take from here as they are (`from kbert.backend.portable import *`).
+__all__ = [
+    "Checkpointer",
+    "adamw_kernels",
+    "empty",
+    "epoch_batches",
+    "epoch_logger",
+    "event_writer",
+    "fill_weight",
+    "finetuning_placement",
+    "fused",
+    "make_preprocessor",
+    "matmul_transposed",
+    "op_errors",
+    "set_random_seed",
+    "shuffled_order",
+    "take_positions",
+]
+
 # === Placement ===
 
 

@@ -5,23 +5,10 @@ TensorFlow."""
 from __future__ import annotations
 
 from kbert.backend import portable
-from kbert.errors import KbertError, option
 
-# The answers shared with JAX, as kbert gives them without TensorFlow.
-adamw_kernels = portable.adamw_kernels
-Checkpointer = portable.Checkpointer
-empty = portable.empty
-epoch_batches = portable.epoch_batches
-epoch_logger = portable.epoch_logger
-event_writer = portable.event_writer
-fill_weight = portable.fill_weight
-finetuning_placement = portable.finetuning_placement
-fused = portable.fused
-make_preprocessor = portable.make_preprocessor
-matmul_transposed = portable.matmul_transposed
-op_errors = portable.op_errors
-shuffled_order = portable.shuffled_order
-take_positions = portable.take_positions
+# Every other answer is the one shared with JAX: `kbert.backend.portable`'s.
+from kbert.backend.portable import *  # noqa: F403
+from kbert.errors import KbertError, option
 
 # A Keras layer is a torch.nn.Module here, which refuses a sub-module set before its own __init__.
 LAYERS_ARE_MODULES = True

@@ -48,6 +48,7 @@ import logging
 import math
 import os
 from collections import Counter
+from typing import ClassVar
 
 from kbert.errors import KbertError, option
 from kbert.finetuning.formats import (
@@ -69,11 +70,25 @@ log = logging.getLogger("kbert")
 _MAX_LISTED = 10  # bad rows and JSON keys named in an error message
 
 
+@dataclasses.dataclass(kw_only=True)
 class _Rows:
     """What every file's examples share: their count, the line each starts on, and a slice of
-    them (prediction runs over a file a batch at a time)."""
+    them (prediction runs over a file a batch at a time). Each kind's own fields come first; these
+    three are given by keyword.
 
-    _PER_EXAMPLE: tuple = ()  # the fields that hold one entry per example
+    Args:
+        skipped_rows: list of int. 1-based line numbers of the rows skipped as bad (tag: of the
+            bad lines whose sentences were skipped).
+        replaced_bytes: int. Invalid UTF-8 sequences replaced with U+FFFD.
+        lines: list of int. The 1-based line each example starts on (tag: each sentence's first
+            word).
+    """
+
+    skipped_rows: list[int]
+    replaced_bytes: int
+    lines: list[int] = dataclasses.field(default_factory=list)
+
+    _PER_EXAMPLE: ClassVar[tuple] = ()  # the fields that hold one entry per example
 
     def __len__(self) -> int:
         return len(self.lines)
@@ -97,19 +112,13 @@ class TextExamples(_Rows):
         labels: list, or None. str class names (classify) or floats (regress); None when the
             file has no labels (prediction input, GLUE test sets).
         format: str. The format that was read: one of `TEXT_FORMATS`.
-        skipped_rows: list of int. 1-based line numbers of the rows skipped as bad.
-        replaced_bytes: int. Invalid UTF-8 sequences replaced with U+FFFD.
-        lines: list of int. The 1-based line each example starts on.
+        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`_Rows`).
     """
 
     texts: list[str]
     texts_b: list[str] | None
     labels: list | None
     format: str
-    skipped_rows: list[int]
-    replaced_bytes: int
-    lines: list[int] = dataclasses.field(default_factory=list)
-
     _PER_EXAMPLE = ("texts", "texts_b", "labels", "lines")
 
 
@@ -120,18 +129,11 @@ class TaggedExamples(_Rows):
     Args:
         words: list of list of str. The words of each sentence.
         tags: list of list of str, or None. One tag per word; None when the file has no tags.
-        skipped_rows: list of int. 1-based line numbers of the bad lines whose sentences were
-            skipped.
-        replaced_bytes: int. Invalid UTF-8 sequences replaced with U+FFFD.
-        lines: list of int. The 1-based line of each sentence's first word.
+        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`_Rows`).
     """
 
     words: list[list[str]]
     tags: list[list[str]] | None
-    skipped_rows: list[int]
-    replaced_bytes: int
-    lines: list[int] = dataclasses.field(default_factory=list)
-
     _PER_EXAMPLE = ("words", "tags", "lines")
 
 
@@ -144,18 +146,12 @@ class ChoiceExamples(_Rows):
         endings: list of list of str. The full candidate endings of each question (SWAG's
             `sent2 + " " + endingK`), the same number for every question.
         labels: list of int, or None. The index of the right ending; None without labels.
-        skipped_rows: list of int. 1-based line numbers of the rows skipped as bad.
-        replaced_bytes: int. Invalid UTF-8 sequences replaced with U+FFFD.
-        lines: list of int. The 1-based line each question's row starts on.
+        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`_Rows`).
     """
 
     contexts: list[str]
     endings: list[list[str]]
     labels: list[int] | None
-    skipped_rows: list[int]
-    replaced_bytes: int
-    lines: list[int] = dataclasses.field(default_factory=list)
-
     _PER_EXAMPLE = ("contexts", "endings", "labels", "lines")
 
 
@@ -169,19 +165,13 @@ class PairExamples(_Rows):
         negatives: list of str, or None. A hard negative per row: a document that does not
             answer it; None when the file has no negative column.
         format: str. The format that was read: csv, tsv or jsonl.
-        skipped_rows: list of int. 1-based line numbers of the rows skipped as bad.
-        replaced_bytes: int. Invalid UTF-8 sequences replaced with U+FFFD.
-        lines: list of int. The 1-based line each row starts on.
+        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`_Rows`).
     """
 
     queries: list[str]
     documents: list[str]
     negatives: list[str] | None
     format: str
-    skipped_rows: list[int]
-    replaced_bytes: int
-    lines: list[int] = dataclasses.field(default_factory=list)
-
     _PER_EXAMPLE = ("queries", "documents", "negatives", "lines")
 
 
@@ -620,7 +610,9 @@ def _read_plain_lines(path: str) -> TextExamples:
             texts.append(pair[0])
             texts_b.append(pair[1] if len(pair) > 1 else "")
             lines.append(line_no)
-    return TextExamples(texts, texts_b if any(texts_b) else None, None, "lines", [], replaced, lines)
+    return TextExamples(
+        texts, texts_b if any(texts_b) else None, None, "lines", skipped_rows=[], replaced_bytes=replaced, lines=lines
+    )
 
 
 def _read_file(path: str) -> tuple[str, int]:

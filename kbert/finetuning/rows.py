@@ -52,7 +52,7 @@ def stream_rows(examples, answer, batch_size: int, start: int = 0, with_lines: b
 
     Example:
     >>> from kbert.finetuning.readers import TextExamples
-    >>> examples = TextExamples(["a", "b", "c"], None, None, "tsv", [2], 0, lines=[1, 3, 4])
+    >>> examples = TextExamples(["a", "b", "c"], None, None, "tsv", skipped_rows=[2], replaced_bytes=0, lines=[1, 3, 4])
     >>> list(stream_rows(examples, lambda part, first: [{"text": t} for t in part.texts], 2, start=1, with_lines=True))
     [{'line': 3, 'text': 'b'}, {'line': 4, 'text': 'c'}]
     """

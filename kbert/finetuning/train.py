@@ -30,6 +30,7 @@ backend's default device (the GPU where there is one).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import json
 import logging
@@ -169,14 +170,8 @@ def _read_data(task: Task, base, train, dev, opts, max_seq_length: int, replicas
     """(train, dev) `TaskData` (dev None without a file), read with the packing every export runs
     in its SavedModel, and checked: usable rows, two labels to classify, a batch the replicas split."""
     preprocessor = backend.make_preprocessor(base.vocab_file, base.do_lower_case, max_seq_length)
-    train_data = task.read(
-        train,
-        preprocessor=preprocessor,
-        labels=None,
-        options=opts,
-        require_labels=True,
-        training=True,
-    )
+    read = functools.partial(task.read, preprocessor=preprocessor, options=opts, require_labels=True)
+    train_data = read(train, labels=None, training=True)
     labels = train_data.labels
     if train_data.size == 0:
         raise KbertError(
@@ -186,14 +181,7 @@ def _read_data(task: Task, base, train, dev, opts, max_seq_length: int, replicas
     _warn_truncated(train, train_data, max_seq_length)
     dev_data = None
     if dev:
-        dev_data = task.read(
-            dev,
-            preprocessor=preprocessor,
-            labels=labels,
-            options=opts,
-            require_labels=True,
-            training=False,
-        )
+        dev_data = read(dev, labels=labels, training=False)  # scored against the training file's labels
         _warn_truncated(dev, dev_data, max_seq_length)
     log.info(
         "%s: %d training examples%s%s, %d replica%s",

@@ -65,6 +65,11 @@ def _as_config(config) -> BertConfig:
     return config if isinstance(config, BertConfig) else BertConfig.from_dict(config)
 
 
+def _config_and_vocabulary(config, encoder, vocabulary) -> tuple:
+    # A model on a given encoder reads that encoder's vocabulary unless it is given one.
+    return _as_config(config), vocabulary or (encoder.vocabulary if encoder is not None else None)
+
+
 def _int_inputs(names):
     # Sequence length is None: any length up to max_position_embeddings.
     return {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in names}
@@ -211,9 +216,8 @@ class BertPretrainer(_Described, keras.Model):
     """
 
     def __init__(self, config, encoder: BertEncoder | None = None, *, vocabulary=None, **kwargs):
-        config = _as_config(config)
+        config, vocabulary = _config_and_vocabulary(config, encoder, vocabulary)
         kwargs.setdefault("name", "bert_pretrainer")
-        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
         # === Layers ===
         self.encoder = encoder if encoder is not None else BertEncoder(config, vocabulary=vocabulary)
         self.mlm_head = MaskedLMHead(config, self.encoder.embeddings.word_embeddings, name="mlm_head")
@@ -270,8 +274,7 @@ class _LabelHead(_TaskModel):
         task_info=None,
         **kwargs,
     ):
-        config = _as_config(config)
-        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
+        config, vocabulary = _config_and_vocabulary(config, encoder, vocabulary)
         kwargs.setdefault("name", self.DEFAULT_NAME)
         # === Layers ===
         self.dropout = keras.layers.Dropout(dropout, name="dropout")
@@ -345,8 +348,7 @@ class BertSpanPredictor(_TaskModel):
     """
 
     def __init__(self, config, encoder: BertEncoder | None = None, *, vocabulary=None, task_info=None, **kwargs):
-        config = _as_config(config)
-        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
+        config, vocabulary = _config_and_vocabulary(config, encoder, vocabulary)
         kwargs.setdefault("name", "bert_span_predictor")
         # === Layers ===
         self.head = OutputProjection(config, 2, name="squad_head")
@@ -420,8 +422,7 @@ class BertMultipleChoice(_TaskModel):
         task_info=None,
         **kwargs,
     ):
-        config = _as_config(config)
-        vocabulary = vocabulary or (encoder.vocabulary if encoder is not None else None)
+        config, vocabulary = _config_and_vocabulary(config, encoder, vocabulary)
         kwargs.setdefault("name", "bert_multiple_choice")
         # === Layers ===
         self.encoder = encoder if encoder is not None else BertEncoder(config, vocabulary=vocabulary)

@@ -19,6 +19,7 @@ import numpy as np
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.errors import KbertError, option
+from kbert.finetuning import readers
 from kbert.finetuning.options import FinetuneOptions, window_stride
 
 log = logging.getLogger("kbert")
@@ -85,7 +86,13 @@ class Task:
     def read_examples(self, path, *, options: FinetuneOptions, require_labels: bool, training: bool):
         """The file's examples (kbert.finetuning.readers' TextExamples, TaggedExamples,
         ChoiceExamples; SQuAD's list of questions): the rows as read, before any tokenizing, with
-        `len` and `select(first, stop)`."""
+        `len` and `select(first, stop)`. The rows skipped as bad are logged."""
+        examples = self.read_rows(path, options=options, require_labels=require_labels)
+        readers.report_skipped(path, examples)
+        return examples
+
+    def read_rows(self, path, *, options: FinetuneOptions, require_labels: bool):
+        """The file's rows, read by the task's reader of `kbert.finetuning.readers`."""
         raise NotImplementedError
 
     def encode(

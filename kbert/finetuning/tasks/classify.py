@@ -121,16 +121,14 @@ class Classify(Task):
 
     # === Reading and encoding ===
 
-    def read_examples(self, path, *, options, require_labels, training):
-        examples = readers.read_text_examples(
+    def read_rows(self, path, *, options, require_labels):
+        return readers.read_text_examples(
             path,
             scores=self.scores,
             format=options.format,
             skip_bad_rows=options.skip_bad_rows,
             require_labels=require_labels,
         )
-        readers.report_skipped(path, examples)
-        return examples
 
     def encode(self, examples, *, path, preprocessor, labels, options, require_labels, training):
         windows = None

@@ -58,10 +58,8 @@ class Embed(Task):
 
     # === Reading and encoding ===
 
-    def read_examples(self, path, *, options, require_labels, training):
-        examples = readers.read_pair_examples(path, format=options.format, skip_bad_rows=options.skip_bad_rows)
-        readers.report_skipped(path, examples)
-        return examples
+    def read_rows(self, path, *, options, require_labels):
+        return readers.read_pair_examples(path, format=options.format, skip_bad_rows=options.skip_bad_rows)
 
     def encode(self, examples, *, path, preprocessor, labels, options, require_labels, training):
         features, truncated, texts = {}, 0, 0

@@ -52,12 +52,8 @@ class Tag(Task):
     windows = True
     served = True
 
-    def read_examples(self, path, *, options, require_labels, training):
-        examples = readers.read_tagged_examples(
-            path, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels
-        )
-        readers.report_skipped(path, examples)
-        return examples
+    def read_rows(self, path, *, options, require_labels):
+        return readers.read_tagged_examples(path, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels)
 
     def encode(self, examples, *, path, preprocessor, labels, options, require_labels, training):
         tags = examples.tags
