@@ -31,9 +31,8 @@ import zipfile
 import keras
 import numpy as np
 
-from kbert.errors import KbertError, first_line
+from kbert.errors import KbertError, first_line, op_error_text, option, os_error_parts
 from kbert.files import give_umask_mode, sweep_stale_temporaries, temporary_name
-from kbert.training.interruption import checkpoint_write_failed, random_state_variables
 
 STATE_FILE = "state.npz"
 MANIFEST_FILE = "manifest.json"
@@ -212,3 +211,37 @@ def _fsync_dir(path: str):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def random_state_variables(model) -> list:
+    """The model's random-number states (Keras seed generators, which draw dropout masks).
+
+    `model.weights` leaves them out; a checkpoint that keeps them resumes with the same
+    dropout draws as an uninterrupted run.
+    """
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+def checkpoint_write_failed(step: int, previous_step: int | None, error: BaseException) -> KbertError:
+    """The one line for a checkpoint that could not be written (disk full, permission denied):
+    TensorFlow records a checkpoint as complete last, so the previous one is still the latest.
+
+    `previous_step`: the step of the last checkpoint saved, None (or 0) if none was.
+
+    >>> print(checkpoint_write_failed(8, 4, OSError(28, "No space left on device", "run/checkpoints/ckpt-8_temp/x")))
+    writing the checkpoint for step 8 failed: run/checkpoints: no space left on device; the previous checkpoint (step 4) is intact: free some space there (or choose a path on another disk), then resume=True
+    >>> print(checkpoint_write_failed(2, None, RuntimeError("disk on fire")))
+    writing the checkpoint for step 2 failed (disk on fire); no checkpoint was saved: fix the cause, then run again
+    """
+    parts = os_error_parts(error)
+    what = f": {parts[0]}: {parts[1]}" if parts else f" ({op_error_text(error)})"
+    fix = parts[2].replace(", then run again", "") if parts else "fix the cause"
+    if previous_step:
+        return KbertError(
+            f"writing the checkpoint for step {step} failed{what}; the previous checkpoint (step {previous_step}) "
+            f"is intact: {fix}, then {option('resume', True)}"
+        )
+    return KbertError(
+        f"writing the checkpoint for step {step} failed{what}; no checkpoint was saved: {fix}, then run again"
+    )
