@@ -41,7 +41,7 @@ def import_tensorflow_quietly(command: str = "this command", backend_only: bool 
         return
     missing = [name for name in ("tensorflow", "tensorflow_text") if importlib.util.find_spec(name) is None]
     if missing:
-        from kbert.errors import KbertError
+        from kbert.runtime.errors import KbertError
 
         if backend_only:
             raise KbertError(
@@ -188,7 +188,7 @@ OVERWRITE_ROWS = typer.Option(
 def print_rows(rows, output=None):
     """Each row as a JSON line on stdout (or the stream `--output` names: `-`, /dev/stdout, a pipe)
     as it is computed; a stop says how many rows were printed (`kbert predict`, `kbert embed`)."""
-    from kbert.errors import Interrupted
+    from kbert.runtime.errors import Interrupted
 
     stream = sys.stdout if output is None or str(output) == "-" else open(output, "w", encoding="utf-8")
     printed = 0

@@ -21,7 +21,7 @@ from kbert.cli.frame import (
     TFHUB_MODEL,
     command,
 )
-from kbert.sources import ACCEPTED as SOURCES
+from kbert.formats.sources import ACCEPTED as SOURCES
 
 # The converters are imported inside each command, not here: they import TensorFlow, which
 # `kbert --help` should not wait for.
@@ -83,7 +83,7 @@ def to_tf1(
     from kbert.converters import save_tf1_checkpoint
     from kbert.converters.loading import heads_left_out, parameters_of
     from kbert.converters.tf1 import CKPT_PREFIX
-    from kbert.sources import open_model
+    from kbert.formats.sources import open_model
 
     model = open_model(model_dir)
     left_out = heads_left_out(model, include_fresh_heads)
@@ -137,7 +137,7 @@ def to_hf(
     as BertForSequenceClassification with its labels; a sentence-embedding model as a sentence-transformers
     folder too); heads a converter created are left out."""
     from kbert.converters.hf import WEIGHTS_FILE, save_hf_model
-    from kbert.sources import open_model
+    from kbert.formats.sources import open_model
 
     model = open_model(model_dir)
     written = save_hf_model(model, out_dir, overwrite=overwrite, include_fresh_heads=include_fresh_heads)

@@ -9,7 +9,7 @@ import typer
 
 from kbert.cli.common import MORE_INPUTS, bytes_progress, print_result
 from kbert.cli.frame import TEXT, TEXT_FILES, Output, command
-from kbert.config import DEFAULT_MAX_SEQ_LENGTH
+from kbert.model.config import DEFAULT_MAX_SEQ_LENGTH
 
 
 # long: one typer option per flag, as --help lists them; the body is a few calls
@@ -72,8 +72,8 @@ def create_data(
     # (which import the kbert script again) would otherwise pay for them.
     from rich.progress import TextColumn
 
-    from kbert.errors import KbertError
     from kbert.pretraining.create_data import DataOptions, create_pretraining_data
+    from kbert.runtime.errors import KbertError
 
     inputs = [*input, *(more_inputs or [])]  # globs expanded by the frame, the same files on every runner
     if runner != "local":

@@ -9,8 +9,8 @@ import typer
 
 from kbert.cli.common import OVERWRITE_ROWS, RESUME_ROWS, print_result, print_rows
 from kbert.cli.frame import FILE_OR_STREAM, MODEL, TEXT, command
-from kbert.outputs import is_stream
-from kbert.sources import ACCEPTED
+from kbert.formats.sources import ACCEPTED
+from kbert.runtime.files import is_stream
 
 OUTPUT_FORMATS = ("jsonl", "npy")
 
@@ -70,7 +70,7 @@ def embed(
 ):
     """Embed texts with a sentence-embedding model; prints one JSON vector per text (with --output, writes
     them to FILE and prints a summary)."""
-    from kbert.errors import KbertError
+    from kbert.runtime.errors import KbertError
 
     if format not in OUTPUT_FORMATS:
         raise KbertError(f"--format {format}: give jsonl or npy")
@@ -85,7 +85,7 @@ def embed(
             f"--output {output} is a stream, which has no rows to resume or replace; drop "
             f"{'--resume' if resume else '--overwrite'}, or give a file path"
         )
-    from kbert.embedding import embed_file, json_vector
+    from kbert.finetuning.embedding import embed_file, json_vector
 
     settings = dict(
         batch_size=batch_size,
@@ -119,7 +119,7 @@ def _save_npy(path: str, vectors) -> dict:
     """Write the vectors as one float32 array, atomically: FILE is the whole array or untouched."""
     import numpy as np
 
-    from kbert.files import sweep_stale_temporaries, temporary_name
+    from kbert.runtime.files import sweep_stale_temporaries, temporary_name
 
     array = np.stack(list(vectors))  # an input has at least one text (readers refuse an empty file)
     sweep_stale_temporaries(path)

@@ -9,9 +9,9 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.cli.frame import DIR_IN_PLACE, MODEL, command
-from kbert.errors import KbertError
-from kbert.outputs import check_apart
-from kbert.sources import ACCEPTED
+from kbert.formats.sources import ACCEPTED
+from kbert.runtime.errors import KbertError
+from kbert.runtime.files import check_apart
 
 
 # The serving export writes EXPORT_BASE in place (a new version beside the others); --format tfhub

@@ -9,7 +9,7 @@ import typer
 
 from kbert.cli.common import bytes_progress, print_result
 from kbert.cli.frame import DIR, MODEL, TEXT, TEXT_FILES, command
-from kbert.sources import ACCEPTED
+from kbert.formats.sources import ACCEPTED
 
 # Not imported from kbert.extend: `kbert extend --help` would pay for TensorFlow.
 DEFAULT_MIN_COUNT = 5
@@ -58,9 +58,9 @@ def extend(
     overwrite: bool = typer.Option(False, help="Replace OUT if it exists and is not empty."),
 ):
     """Grow a model into a new model directory: more positions, more words, or both; prints JSON."""
-    from kbert.errors import KbertError
     from kbert.extend import choose_words
     from kbert.extend import extend as extend_model
+    from kbert.runtime.errors import KbertError
 
     if dry_run and not words and not corpus:
         raise KbertError(

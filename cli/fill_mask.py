@@ -9,7 +9,7 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.cli.frame import MODEL, command
-from kbert.sources import ACCEPTED
+from kbert.formats.sources import ACCEPTED
 
 
 @command(inputs={"model_dir": MODEL})

@@ -13,7 +13,7 @@ Before the command's body runs (and so before TensorFlow loads a model), the fra
   process cannot write;
 - sweeps what dead writers of each output left beside it, and takes each output's lock.
 While the body runs, SIGTERM stops it as Ctrl-C does, and every child process it started is
-stopped and reaped when it ends (`kbert.processes`). An output directory the command made and
+stopped and reaped when it ends (`kbert.runtime.processes`). An output directory the command made and
 left empty (an export base, after Ctrl-C) is removed.
 
 Numbers are declared where typer declares them (`typer.Option(32, min=1)`);
@@ -33,22 +33,31 @@ import os
 import shutil
 
 from kbert.cli.common import import_tensorflow_quietly
-from kbert.errors import KbertError, os_error_parts
-from kbert.files import TEXT_CHECK_BYTES, check_head_is_text, expand_inputs, sweep_stale_temporaries
-from kbert.outputs import check_apart, check_writable, claim_output, is_stream, is_url
-from kbert.processes import stop_cleanly
-from kbert.sources import KINDS, check_source, source_kind
+from kbert.formats.sources import KINDS, check_source, source_kind
+from kbert.runtime.errors import KbertError, os_error_parts
+from kbert.runtime.files import (
+    TEXT_CHECK_BYTES,
+    check_apart,
+    check_head_is_text,
+    check_writable,
+    claim_output,
+    expand_inputs,
+    is_stream,
+    is_url,
+    sweep_stale_temporaries,
+)
+from kbert.runtime.processes import stop_cleanly
 
 
 @dataclasses.dataclass(frozen=True)
 class Input:
     """What an input parameter must be.
 
-    kind: "file", "dir", "model" (a model source: `kbert.sources.source_kind` names its kind), or "any".
+    kind: "file", "dir", "model" (a model source: `kbert.formats.sources.source_kind` names its kind), or "any".
     content: "text", "json", "records" (TFRecords) or None (not looked into).
     globs: the value is a list of paths and globs, comma-separated lists too (expand_inputs).
     what: what the user should pass, in words, for the message when it is missing.
-    accepts: for a model, the source kinds taken (`kbert.sources.KINDS`, and "run" for an
+    accepts: for a model, the source kinds taken (`kbert.formats.sources.KINDS`, and "run" for an
         unfinished training run's folder); None: every kind of model.
     """
 
@@ -82,7 +91,7 @@ TEXT = Input("file", "text")
 TEXT_FILES = Input("file", "text", globs=True)
 JSON = Input("file", "json")
 RECORDS = Input("file", "records", globs=True)
-MODEL = Input("model")  # any model source kbert reads (kbert.sources.open_model)
+MODEL = Input("model")  # any model source kbert reads (kbert.formats.sources.open_model)
 MODEL_OR_RUN = Input("model", accepts=(*KINDS, "run"))  # convert inspect: unfinished runs too
 TF1_CHECKPOINT = Input("model", accepts=("tf1",))
 HF_MODEL = Input("model", accepts=("hf",))
@@ -216,6 +225,9 @@ def check_input(path: str, declared: Input, flag: str):
                 if source_kind(path) == "run" and "run" not in (declared.accepts or ()):
                     # The run's last checkpoint, named in the message, is TensorFlow's to find on its backend.
                     import_tensorflow_quietly(backend_only=True)
+                    # Each trainer registers how its unfinished runs are told apart and finished.
+                    import kbert.finetuning.run_state
+                    import kbert.pretraining.run_record  # noqa: F401
             check_source(path, declared.accepts)
         except KbertError as e:
             raise KbertError(f"{flag} {e}") from None
@@ -257,7 +269,7 @@ def check_content(path: str, declared: Input, flag: str):
         except ValueError as e:
             raise KbertError(f"{flag} {path}: not valid JSON ({e}); is the file complete?") from None
     if declared.content == "records":
-        from kbert.records import check_records_file
+        from kbert.formats.records import check_records_file
 
         check_records_file(path, flag)
 

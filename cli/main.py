@@ -12,7 +12,7 @@ from typer import Abort
 from kbert._compat import command_line_errors
 from kbert.cli import convert, create_data, embed, export, extend, fill_mask, finetune, predict, pretrain, vocab
 from kbert.cli.common import HelpCommand, quiet_tensorflow, setup_logging
-from kbert.errors import Interrupted, KbertError, command_line_names, first_line, os_error_line
+from kbert.runtime.errors import Interrupted, KbertError, command_line_names, first_line, os_error_line
 
 NoArgsIsHelpError, UsageError = command_line_errors()
 

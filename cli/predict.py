@@ -13,7 +13,7 @@ import typer
 from kbert.cli.common import OVERWRITE_ROWS, RESUME_ROWS, print_result, print_rows
 from kbert.cli.finetune import FORMATS
 from kbert.cli.frame import FILE_OR_STREAM, MODEL, TEXT, command
-from kbert.outputs import is_stream
+from kbert.runtime.files import is_stream
 
 
 # long: one typer option per flag, as --help lists them, then the choice of a local or a served model
@@ -59,7 +59,7 @@ def predict(
 ):
     """Predict; prints one JSON object per input example (with --output, writes them to FILE and prints a summary)."""
 
-    from kbert.errors import KbertError
+    from kbert.runtime.errors import KbertError
 
     if output is None and (resume or overwrite):
         raise KbertError(f"{'--resume' if resume else '--overwrite'} applies to an --output file; give --output FILE")

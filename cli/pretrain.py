@@ -10,8 +10,8 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.cli.frame import JSON, MODEL, RECORDS, TEXT, Output, command
+from kbert.formats.sources import ACCEPTED
 from kbert.pretraining.options import PretrainOptions
-from kbert.sources import ACCEPTED
 
 # Each flag's default is the PretrainOptions field's: one place says what `kbert pretrain` does by default.
 DEFAULTS = PretrainOptions()

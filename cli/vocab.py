@@ -34,7 +34,7 @@ def vocab(
     """Learn a WordPiece vocabulary; prints its size and [UNK] rate on the text as JSON."""
     # Here, not at the top: it imports TensorFlow (the learner is tensorflow-text's), which
     # `kbert --help` should not wait for.
-    from kbert.errors import KbertError
+    from kbert.runtime.errors import KbertError
     from kbert.text.vocab_builder import build_vocab
 
     word_counts = None

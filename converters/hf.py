@@ -21,7 +21,6 @@ import weakref
 
 import numpy as np
 
-from kbert.config import BertConfig
 from kbert.converters.loading import (
     HEAD_PATHS,
     POOLER_PATH,
@@ -41,19 +40,19 @@ from kbert.converters.names import (
     tf1_to_kbert_paths,
 )
 from kbert.converters.safetensors_file import RESAVE, SafetensorsFile, write_safetensors
-from kbert.errors import KbertError, listing, option
-from kbert.files import atomic_output_dir, count_lines
 from kbert.finetuning.task_info import head_task_info
-from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary
-from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
-from kbert.model_dir import (
+from kbert.formats.model_dir import (
     HEADS,
     VOCAB_FILE,
     fresh_heads_of,
     lower_case_for,
     stored_head_provenance,
 )
-from kbert.outputs import writes
+from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary
+from kbert.model.config import BertConfig
+from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
+from kbert.runtime.errors import KbertError, listing, option
+from kbert.runtime.files import atomic_output_dir, count_lines, writes
 from kbert.text.tokenizer import load_vocab
 
 log = logging.getLogger("kbert")

@@ -17,17 +17,12 @@ import re
 import h5py
 import numpy as np
 
-from kbert.config import BertConfig
 from kbert.converters.hf import describe_hf
 from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
 from kbert.converters.tf1 import data_problems, find_checkpoint, is_optimizer_state, open_reader
-from kbert.errors import KbertError, plural
-from kbert.files import count_lines
 from kbert.finetuning.run_state import interrupted_finetuning, interrupted_finetuning_message
 from kbert.finetuning.task_info import TASK_KEYS
-from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
-from kbert.model.kinds import model_kind
-from kbert.model_dir import (
+from kbert.formats.model_dir import (
     CONFIG_FILE,
     VOCAB_FILE,
     WEIGHTS_FILE,
@@ -36,15 +31,20 @@ from kbert.model_dir import (
     recorded_fresh_heads,
     stored_head_provenance,
 )
+from kbert.formats.sources import KINDS, open_model, refuse_run, source_kind
+from kbert.model.config import BertConfig
+from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
+from kbert.model.kinds import model_kind
 from kbert.pretraining.run_record import interrupted_pretraining, interrupted_pretraining_message
-from kbert.sources import KINDS, open_model, refuse_run, source_kind
+from kbert.runtime.errors import KbertError, plural
+from kbert.runtime.files import count_lines
 
 # Where each head's variables live in a google-research checkpoint.
 TF1_HEADS = {**HEADS, "pooler": "bert/pooler/"}
 
 
 def describe(src) -> dict:
-    """A JSON-ready summary of SRC: any model source (`kbert.sources.source_kind`), or the
+    """A JSON-ready summary of SRC: any model source (`kbert.formats.sources.source_kind`), or the
     folder of an unfinished pretrain or finetune run.
 
     Example:

@@ -23,16 +23,15 @@ import keras
 import keras_hub
 import numpy as np
 
-from kbert.config import BertConfig
 from kbert.converters.loading import Converted
 from kbert.converters.named import named_arrays, pretrainer_from_named
 from kbert.converters.names import KERAS_HUB_CLASSIFIER_HEAD
-from kbert.errors import KbertError, first_line, listing, option
-from kbert.files import atomic_output_dir, check_free_space, weights_file_bytes
+from kbert.formats.model_dir import check_vocab, fresh_heads_of, lower_case_for
+from kbert.formats.sources import open_model
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary, encoder_of
-from kbert.model_dir import check_vocab, fresh_heads_of, lower_case_for
-from kbert.outputs import writes
-from kbert.sources import open_model
+from kbert.model.config import BertConfig
+from kbert.runtime.errors import KbertError, first_line, listing, option
+from kbert.runtime.files import atomic_output_dir, check_free_space, weights_file_bytes, writes
 from kbert.text.graph_packer import BertPreprocessor
 from kbert.text.tokenizer import load_vocab, vocab_tokens
 
@@ -222,7 +221,7 @@ def _write_preset(tmp: str, scratch: str, model, config, backbone, mlm_arrays) -
             },
             "classifier",
         )
-        # h5py crashes on a disk that fills as it writes: see kbert.files.save_weights.
+        # h5py crashes on a disk that fills as it writes: see kbert.runtime.files.save_weights.
         check_free_space(tmp, weights_file_bytes(task), "the preset's weights")
         task.save_to_preset(tmp)  # backbone, preprocessor (with the tokenizer), task
     elif mlm_arrays is not None:

@@ -38,12 +38,12 @@ from typing import NamedTuple
 import numpy as np
 
 from kbert.backend import fill_weight
-from kbert.config import BertConfig
 from kbert.converters.names import suspect_field, tf1_to_kbert_paths
-from kbert.errors import KbertError, listing, plural
+from kbert.formats.model_dir import check_vocab, fresh_heads_of
 from kbert.model.bert import BertPretrainer, Vocabulary
+from kbert.model.config import BertConfig
 from kbert.model.initializers import original_initializer, unfilled
-from kbert.model_dir import check_vocab, fresh_heads_of
+from kbert.runtime.errors import KbertError, listing, plural
 
 # The parts a source may lack as a whole, by their kbert path prefix. Listed in this order in
 # reports. The pooler is optional only where a format says so (Hugging Face's BertModel files

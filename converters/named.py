@@ -12,10 +12,10 @@ import logging
 
 import numpy as np
 
-from kbert.config import BertConfig
 from kbert.converters.loading import Stored, load_pretrainer, stored_weights
 from kbert.converters.names import names_to_kbert_paths, split_heads_shape
 from kbert.model.bert import encoder_of
+from kbert.model.config import BertConfig
 
 log = logging.getLogger("kbert")
 
@@ -39,7 +39,7 @@ def pretrainer_from_named(config: BertConfig, arrays: dict, column: str, where: 
     >>> pretrainer_from_named(config, {}, "keras_hub", "empty")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: empty: 23 weights missing from the source (...); is this a BERT of that format?
+    kbert.runtime.errors.KbertError: empty: 23 weights missing from the source (...); is this a BERT of that format?
     """
     split = column in ("model_garden", "keras_hub")
     paths = names_to_kbert_paths(column, config.num_hidden_layers)  # {source name: kbert path}

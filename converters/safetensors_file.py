@@ -15,7 +15,7 @@ import struct
 
 import numpy as np
 
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 
 # How to turn a model in another format into safetensors, for the errors that refuse one.
 RESAVE = (

@@ -18,7 +18,6 @@ import shutil
 import numpy as np
 import tensorflow as tf
 
-from kbert.config import BertConfig
 from kbert.converters.loading import (
     HEAD_PATHS,
     POOLER_PATH,
@@ -29,12 +28,19 @@ from kbert.converters.loading import (
     stored_weights,
 )
 from kbert.converters.names import HEADS, TF1_CLASSIFIER_HEAD, tf1_to_kbert_paths
-from kbert.errors import KbertError, first_line, listing, option, os_error_or, plural
-from kbert.files import atomic_output_dir
+from kbert.formats.model_dir import (
+    CONFIG_FILE,
+    VOCAB_FILE,
+    check_vocab,
+    fresh_heads_of,
+    lower_case_for,
+    recorded_fresh_heads,
+)
+from kbert.formats.model_dir import HEADS as HEADS_IN_ORDER
 from kbert.model.bert import BertClassifier, Vocabulary
-from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, check_vocab, fresh_heads_of, lower_case_for, recorded_fresh_heads
-from kbert.model_dir import HEADS as HEADS_IN_ORDER
-from kbert.outputs import writes
+from kbert.model.config import BertConfig
+from kbert.runtime.errors import KbertError, first_line, listing, option, os_error_or, plural
+from kbert.runtime.files import atomic_output_dir, writes
 
 log = logging.getLogger("kbert")
 

@@ -17,8 +17,8 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "BertConfig": "kbert.config",
-    "KbertError": "kbert.errors",
+    "BertConfig": "kbert.model.config",
+    "KbertError": "kbert.runtime.errors",
     "BertEncoder": "kbert.model.bert",
     "BertPretrainer": "kbert.model.bert",
     "bert_encoder": "kbert.model.bert",
@@ -33,9 +33,9 @@ _EXPORTS = {
     "bert_multiple_choice": "kbert.model.bert",
     "Vocabulary": "kbert.model.bert",
     "BertPreprocessor": "kbert.text.graph_packer",
-    "load": "kbert.sources",
-    "embed": "kbert.embedding",
-    "save": "kbert.model_dir",
+    "load": "kbert.formats.sources",
+    "embed": "kbert.finetuning.embedding",
+    "save": "kbert.formats.model_dir",
     "Tokenizer": "kbert.text.tokenizer",
     "pack_texts": "kbert.text.packing",
     "GraphTokenizer": "kbert.text.graph_tokenizer",
@@ -45,6 +45,9 @@ __all__ = sorted(_EXPORTS) + ["converters"]
 
 
 def __getattr__(name):
+    if name == "load":  # refuses an unfinished run's folder as its trainer describes it
+        importlib.import_module("kbert.pretraining.run_record")
+        importlib.import_module("kbert.finetuning.run_state")
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     if name in ("converters", "serving", "cli"):

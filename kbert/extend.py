@@ -29,13 +29,12 @@ import tempfile
 import numpy as np
 
 from kbert import new_words
-from kbert.errors import KbertError, option
-from kbert.files import atomic_write_text
+from kbert.formats.model_dir import model_kind, save
+from kbert.formats.sources import describe_source, open_model
 from kbert.model.bert import Vocabulary, encoder_of
 from kbert.model.initializers import unfilled
-from kbert.model_dir import model_kind, save
-from kbert.outputs import writes
-from kbert.sources import describe_source, open_model
+from kbert.runtime.errors import KbertError, option
+from kbert.runtime.files import atomic_write_text, writes
 from kbert.text.tokenizer import Tokenizer, vocab_tokens
 
 log = logging.getLogger("kbert")
@@ -68,10 +67,10 @@ def check_positions(current: int, requested) -> int:
     1024
     >>> check_positions(512, 10**9)
     Traceback (most recent call last):
-    kbert.errors.KbertError: max_position_embeddings=1000000000: at most 32768 (full attention at N tokens holds N² scores a head, 4 GiB each at 32768); for longer texts, fine-tune with `kbert finetune --long-text windows`
+    kbert.runtime.errors.KbertError: max_position_embeddings=1000000000: at most 32768 (full attention at N tokens holds N² scores a head, 4 GiB each at 32768); for longer texts, fine-tune with `kbert finetune --long-text windows`
     >>> check_positions(512, 512)
     Traceback (most recent call last):
-    kbert.errors.KbertError: max_position_embeddings=512: the model has 512 positions already; give more than 512 (extend only grows a model)
+    kbert.runtime.errors.KbertError: max_position_embeddings=512: the model has 512 positions already; give more than 512 (extend only grows a model)
     """
     if isinstance(requested, bool) or not isinstance(requested, numbers.Integral):
         raise KbertError(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from kbert.errors import KbertError, option
+from kbert.runtime.errors import KbertError, option
 from kbert.text.tokenizer import MAX_CHARS_PER_WORD, Tokenizer
 from kbert.text.vocab_builder import WordTokenizer
 
@@ -58,7 +58,7 @@ def check_words(words, tokenizer: Tokenizer, flag: str | None = None) -> list[st
     ['kubernetes', 'systemd']
     >>> check_words(["e-mail", "the"], tokenizer)
     Traceback (most recent call last):
-    kbert.errors.KbertError: words_file: 'e-mail' is not one word to the tokenizer (it reads 'e', '-', 'mail'): give words without spaces or punctuation
+    kbert.runtime.errors.KbertError: words_file: 'e-mail' is not one word to the tokenizer (it reads 'e', '-', 'mail'): give words without spaces or punctuation
     """
     flag = flag or option("words_file", flag="--words")
     basic = WordTokenizer(tokenizer.do_lower_case)

@@ -23,8 +23,8 @@ def main():
 
     import kbert
     from kbert.extend import _regrown
+    from kbert.formats.model_dir import save
     from kbert.model.bert import encoder_of
-    from kbert.model_dir import save
 
     model = kbert.load(args.model_dir)
     before = model.config.max_position_embeddings

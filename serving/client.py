@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 
 log = logging.getLogger("kbert")
 
@@ -113,7 +113,7 @@ class Client:
     >>> Client("localhost", "sentiment")
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: server address 'localhost': give HOST:PORT (gRPC) or http://HOST:PORT (REST)
+    kbert.runtime.errors.KbertError: server address 'localhost': give HOST:PORT (gRPC) or http://HOST:PORT (REST)
     """
 
     def __init__(

@@ -49,15 +49,15 @@ import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 from kbert.backend.tensorflow_compat import write_export_archive
-from kbert.config import sequence_length
-from kbert.errors import KbertError, option
-from kbert.files import atomic_output_dir
 from kbert.finetuning.options import window_stride
 from kbert.finetuning.tasks import get_task, head_task
+from kbert.formats.sources import open_model
 from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
+from kbert.model.config import sequence_length
 from kbert.model.embedding_record import embedding_of
 from kbert.model.kinds import model_kind
-from kbert.outputs import writes
+from kbert.runtime.errors import KbertError, option
+from kbert.runtime.files import atomic_output_dir, writes
 from kbert.serving.heads import (
     API_METHODS,
     MAX_WINDOWS,
@@ -83,7 +83,6 @@ from kbert.serving.signatures import (
     exported_signatures,  # noqa: F401
     set_method_name,
 )
-from kbert.sources import open_model
 from kbert.text.graph_packer import BertPreprocessor
 
 log = logging.getLogger("kbert")

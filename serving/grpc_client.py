@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 from kbert.serving.client import NUMPY_DTYPES, Unavailable, as_bytes, decode_strings, is_text, one_line
 
 _MAX_MESSAGE = 2**31 - 1  # tensorflow_model_server accepts messages up to INT_MAX bytes too

@@ -13,7 +13,7 @@ picks the head, built here:
 SQuAD models are not served yet (export would need their question/context windows).
 
 `serve_embedding` serves a sentence-embedding model (an encoder whose bert_config.json records
-its pooling, `kbert.embedding`): `embedding`, each text's vector as `kbert embed` computes it.
+its pooling, `kbert.finetuning.embedding`): `embedding`, each text's vector as `kbert embed` computes it.
 
 Example:
 >>> SERVED_TASKS, API_METHODS[CLASSIFY_API]
@@ -29,13 +29,13 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from kbert.errors import KbertError, option
 from kbert.finetuning.tasks import TASKS, get_task
 from kbert.finetuning.tasks.classify import CLASSIFY_API, CLASSIFY_METHOD
 from kbert.finetuning.tasks.regress import REGRESS_API, REGRESS_METHOD
 from kbert.model.bert import encoder_of
 from kbert.model.embedding_record import embedding_of
 from kbert.model.pooling import SentencePooling
+from kbert.runtime.errors import KbertError, option
 from kbert.text.windows import SlidingWindows, max_context_windows
 
 # TF Serving's Classify and Regress APIs: the signature names an export adds for them, and
@@ -231,7 +231,7 @@ def require_served(task: str):
     >>> require_served("squad")
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: kbert export serves ... the classify, regress, tag, choice tasks; a squad model needs ...
+    kbert.runtime.errors.KbertError: kbert export serves ... the classify, regress, tag, choice tasks; a squad model needs ...
     """
     if not get_task(task).served:  # an unknown task: the one-line error that lists them
         raise KbertError(

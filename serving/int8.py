@@ -46,7 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbert.backend.tensorflow_compat import add_op_to_graph, op_registered, run_op_eagerly
-from kbert.errors import KbertError, option
+from kbert.runtime.errors import KbertError, option
 
 # GELU's smallest value is about -0.16997 (erf form) and -0.17004 (tanh form): a GELU output
 # shifted up by this much is never negative.

@@ -16,8 +16,8 @@ import re
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from kbert.errors import first_line
-from kbert.files import atomic_write_text
+from kbert.runtime.errors import first_line
+from kbert.runtime.files import atomic_write_text
 
 log = logging.getLogger("kbert")
 

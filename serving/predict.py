@@ -13,15 +13,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from kbert.embedding import json_vector, one_text_per_row
-from kbert.errors import KbertError, listing, on_command_line, option
-from kbert.files import require_path
 from kbert.finetuning import readers
+from kbert.finetuning.embedding import json_vector, one_text_per_row
 from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.predict import pooled_row
 from kbert.finetuning.rows import check_start, stream_rows
 from kbert.finetuning.tasks import TASKS, get_task
 from kbert.finetuning.tasks.base import served_texts_b
+from kbert.runtime.errors import KbertError, listing, on_command_line, option
+from kbert.runtime.files import require_path
 from kbert.serving.client import Client
 from kbert.serving.heads import EMBEDDING, SERVED_TASKS
 
@@ -128,7 +128,7 @@ def served_options(options: FinetuneOptions | None = None, **overrides) -> Finet
     >>> served_options(max_seq_length=64)
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: max_seq_length applies to a local model; the served model's export fixed it (`kbert export --max-seq-length`)
+    kbert.runtime.errors.KbertError: max_seq_length applies to a local model; the served model's export fixed it (`kbert export --max-seq-length`)
     """
     opts = resolve_options(options, overrides)  # checks batch_size: one line
     if opts.max_seq_length is not None:

@@ -17,7 +17,7 @@ import urllib.request
 
 import numpy as np
 
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 from kbert.serving.client import NUMPY_DTYPES, Unavailable, decode_strings, one_line
 
 

@@ -21,7 +21,7 @@ int32 `masked_lm_positions` [batch, P] give `mlm_logits` [batch, P, vocab] too. 
 `encoder_outputs_0`, `encoder_outputs_1`, ... kbert adds `nsp` (the
 encoder's inputs -> `nsp_logits` [batch, 2]) for pretraining models, so that
 `kbert convert from-tfhub` gets every weight back. A sentence-embedding model's encoder (its
-bert_config.json records its pooling, `kbert.embedding`) also returns `embedding` [batch, H]:
+bert_config.json records its pooling, `kbert.finetuning.embedding`) also returns `embedding` [batch, H]:
 each text's vector, pooled over its real tokens and normalised as the record says, the vector
 `kbert embed` gives; `default` stays `pooled_output`, as TF Hub's interface has it.
 
@@ -41,18 +41,17 @@ import os
 import keras
 import tensorflow as tf
 
+from kbert.backend import tensorflow_fused as fused
 from kbert.backend.tensorflow_compat import auto_trackable
-from kbert.config import sequence_length
-from kbert.errors import KbertError, option
-from kbert.files import atomic_output_dir, count_lines
-from kbert.model import fused
+from kbert.formats.model_dir import CONFIG_FILE
+from kbert.formats.sources import open_model
 from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
+from kbert.model.config import sequence_length
 from kbert.model.embedding_record import embedding_of
 from kbert.model.layers import attention_adder
 from kbert.model.pooling import l2_normalize, pool
-from kbert.model_dir import CONFIG_FILE
-from kbert.outputs import writes
-from kbert.sources import open_model
+from kbert.runtime.errors import KbertError, option
+from kbert.runtime.files import atomic_output_dir, count_lines, writes
 from kbert.text.graph_packer import pack_token_ids
 from kbert.text.graph_tokenizer import GraphTokenizer
 from kbert.text.tokenizer import load_vocab

@@ -148,7 +148,7 @@ def tree(root: Path):
     (root / "read-only").chmod(0o555)
 
 
-# Each kind of model source (kbert.sources.KINDS) with one of its weight files cut in half.
+# Each kind of model source (kbert.formats.sources.KINDS) with one of its weight files cut in half.
 TRUNCATED_SOURCES = {
     "tf1": ("T/model", "bert_model.ckpt.data-00000-of-00001"),
     "hf": ("T/hf", "model.safetensors"),

@@ -264,7 +264,7 @@ def test_bad_options_are_one_line(tiny_kbert_model, tmp_path, flags, said):
 
 def test_a_table_of_text_pairs_is_refused_and_a_line_with_the_pair_marker_is_one_text(tiny_kbert_model, tmp_path):
     import kbert
-    from kbert.embedding import read_texts
+    from kbert.finetuning.embedding import read_texts
 
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("text\ttext_b\ngold.\tdust.\n")

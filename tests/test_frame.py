@@ -24,7 +24,7 @@ from conftest import (
     run_kbert,
     sigint_state,
 )
-from kbert.processes import child_processes
+from kbert.runtime.processes import child_processes
 
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
 
@@ -245,7 +245,7 @@ def test_ctrl_c_during_export_leaves_no_export_base(tmp_path, tiny_model_dir):
 
 def test_a_next_run_sweeps_what_a_killed_one_left(tmp_path):
     """kill -9 leaves the hidden temporary an output is built in (`kbert export --format tfhub`,
-    a conversion: every directory output is built by kbert.files.atomic_output_dir); the next
+    a conversion: every directory output is built by kbert.runtime.files.atomic_output_dir); the next
     run of the same output removes it, as its pid no longer runs (a live writer's is left alone)."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -297,9 +297,9 @@ def test_a_stop_that_hangs_while_unwinding_still_exits_in_time(tmp_path):
     temporaries and the lock the unwinding had yet to remove, and exits with the same line and
     status, which stays true."""
     code = (
-        "import sys, time, kbert.processes as p\n"
-        "from kbert.files import temporary_name\n"
-        "from kbert.locks import output_lock\n"
+        "import sys, time, kbert.runtime.processes as p\n"
+        "from kbert.runtime.files import temporary_name\n"
+        "from kbert.runtime.locks import output_lock\n"
         "p.STOP_SECONDS = 1.0\n"
         "with p.stop_cleanly('kbert create-data'), output_lock(sys.argv[1]):\n"
         "    open(temporary_name(sys.argv[1]), 'w').write('half')\n"
@@ -329,7 +329,7 @@ def test_a_stop_whose_interpreter_shutdown_hangs_still_exits_in_time():
     pool's threads): STOP_SECONDS later the process exits with the signal's status, without a
     second message."""
     code = (
-        "import atexit, sys, time, kbert.processes as p\n"
+        "import atexit, sys, time, kbert.runtime.processes as p\n"
         "p.STOP_SECONDS = 1.0\n"
         "atexit.register(time.sleep, 60)\n"  # a shutdown that would hang
         "try:\n"

@@ -16,7 +16,7 @@ import typer.main
 
 from conftest import TINY, run_kbert
 from kbert.cli.main import app
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -113,8 +113,8 @@ def test_export_errors_name_python_arguments_from_python_and_flags_on_the_comman
 
 
 def test_sequence_length_names_the_argument_or_the_flag():
-    from kbert.config import sequence_length
-    from kbert.errors import command_line_names
+    from kbert.model.config import sequence_length
+    from kbert.runtime.errors import command_line_names
 
     with pytest.raises(KbertError, match=r"^max_seq_length=600 exceeds"):
         sequence_length(600, 512)
@@ -147,17 +147,17 @@ def test_a_shared_error_names_the_command_that_has_the_flag(tmp_path):
     assert result.stderr.strip().endswith("there or pass --vocab"), result.stderr
 
 
-# Modules of the Python API whose messages name options through kbert.errors.option, so that
+# Modules of the Python API whose messages name options through kbert.runtime.errors.option, so that
 # they say `max_seq_length=600` to a Python caller and `--max-seq-length 600` on the command line.
 OPTION_NAMING_MODULES = [
-    "kbert/beam.py",
-    "kbert/config.py",
-    "kbert/embedding.py",
+    "kbert/runtime/beam.py",
+    "kbert/model/config.py",
+    "kbert/finetuning/embedding.py",
     "kbert/extend.py",
-    "kbert/files.py",
-    "kbert/locks.py",
+    "kbert/runtime/files.py",
+    "kbert/runtime/locks.py",
     "kbert/model/embedding_record.py",
-    "kbert/model_dir.py",
+    "kbert/formats/model_dir.py",
     "kbert/finetuning/formats.py",
     "kbert/finetuning/options.py",
     "kbert/finetuning/output.py",
@@ -173,7 +173,7 @@ OPTION_NAMING_MODULES = [
     "kbert/finetuning/tasks/squad.py",
     "kbert/finetuning/train.py",
     "kbert/new_words.py",
-    "kbert/outputs.py",
+    "kbert/runtime/files.py",
     "kbert/pretraining/beam_pipeline.py",
     "kbert/pretraining/create_data.py",
     "kbert/pretraining/fill_mask.py",
@@ -185,7 +185,7 @@ OPTION_NAMING_MODULES = [
     "kbert/pretraining/tf_dataset.py",
     "kbert/pretraining/tf_engine.py",
     "kbert/pretraining/train.py",
-    "kbert/sources.py",
+    "kbert/formats/sources.py",
     "kbert/text/tf_text_vocab.py",
     "kbert/text/vocab_builder.py",
     "kbert/text/vocab_pipeline.py",
@@ -234,7 +234,7 @@ def test_messages_name_options_through_option(path):
         for line, text in message_texts(path)
         if FLAG.search(QUOTED_COMMAND.sub("", text.replace("\n", " ")))
     ]
-    assert not written, f"{path}: name these options with kbert.errors.option(): {written}"
+    assert not written, f"{path}: name these options with kbert.runtime.errors.option(): {written}"
 
 
 @pytest.mark.slow

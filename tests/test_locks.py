@@ -1,4 +1,4 @@
-"""One writer per output (kbert/locks.py): a second writer is refused with one line naming the
+"""One writer per output (kbert/runtime/locks.py): a second writer is refused with one line naming the
 holder (pid, host, command, start time) before it touches anything, and a lock whose holder is
 gone is taken over with a one-line notice. Every holder here is a process of its own, and
 every kill a real signal."""
@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import FIXTURES, TINY, assert_user_error, kbert_command, run_kbert
-from kbert.locks import lock_path
+from kbert.runtime.locks import lock_path
 
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
 CONFIG = os.path.join(TINY, "bert_config.json")
@@ -26,7 +26,7 @@ HOST = socket.gethostname()
 # Holds the lock of argv[1] until its stdin closes.
 HOLDER = """
 import sys
-from kbert.locks import output_lock
+from kbert.runtime.locks import output_lock
 with output_lock(sys.argv[1], "kbert holder " + sys.argv[1]):
     print("held", flush=True)
     sys.stdin.read()
@@ -127,7 +127,7 @@ def test_a_failed_run_leaves_neither_its_lock_nor_the_folders_made_for_it(tmp_pa
 
 ORPHAN = """
 import os, sys, time
-from kbert.locks import output_lock
+from kbert.runtime.locks import output_lock
 lock = output_lock(sys.argv[1], "kbert parent")
 lock.__enter__()
 child = os.fork()
@@ -258,10 +258,10 @@ def test_a_second_pretrain_is_refused_and_a_killed_ones_lock_taken_over(tmp_path
 
 def test_library_writers_take_the_lock_as_the_commands_do(tmp_path, tiny_model_dir, records):
     """A script that calls the library gets the same one writer per output as the CLI."""
-    from kbert.errors import KbertError
     from kbert.finetuning.train import finetune
     from kbert.pretraining.create_data import create_pretraining_data
     from kbert.pretraining.train import pretrain
+    from kbert.runtime.errors import KbertError
     from kbert.serving.export import export_model
     from kbert.text.vocab_builder import build_vocab
 

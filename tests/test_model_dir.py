@@ -1,4 +1,4 @@
-"""`kbert.model_dir`: the one opener of model sources and the one place casing is decided.
+"""`kbert.formats.model_dir`: the one opener of model sources and the one place casing is decided.
 
 A google-research checkpoint records no casing; its folder name does (cased_L-12_H-768_A-12).
 Each command that takes a checkpoint directly (finetune, predict, export) must tokenize a
@@ -19,9 +19,9 @@ import pytest
 import kbert
 from conftest import TINY, assert_user_error, kbert_command, run_kbert
 from helpers import sentiment_rows, write_tsv
-from kbert.errors import KbertError
-from kbert.model_dir import lower_case_for
-from kbert.sources import describe_source, open_model
+from kbert.formats.model_dir import lower_case_for
+from kbert.formats.sources import describe_source, open_model
+from kbert.runtime.errors import KbertError
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 

@@ -1,4 +1,4 @@
-"""Outputs are checked before the work (kbert/outputs.py): never an input, nor inside one (nor
+"""Outputs are checked before the work (kbert/runtime/files.py): never an input, nor inside one (nor
 holding one when replaced whole), with a one-line error naming the directory. An unwritable
 output is one of the bad-input sweep's cases for every command (tests/test_bad_input_sweep.py)."""
 

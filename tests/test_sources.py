@@ -1,4 +1,4 @@
-"""kbert.sources: every kind of model source told apart by `source_kind` and opened by `open_model`.
+"""kbert.formats.sources: every kind of model source told apart by `source_kind` and opened by `open_model`.
 
 The tiny checkpoint's outputs come from the original code (fixtures/tf1-tiny/expected.npz); the
 sources that hold its weights must reproduce them. The TF Hub, keras-hub and .keras sources are
@@ -18,8 +18,8 @@ import pytest
 import kbert
 from conftest import FIXTURES, TINY, assert_user_error, run_kbert
 from helpers import ENCODER_KEYS, EXPECTED, original_outputs
-from kbert.errors import KbertError
-from kbert.sources import KINDS, describe_source, open_model, source_kind
+from kbert.formats.sources import KINDS, describe_source, open_model, source_kind
+from kbert.runtime.errors import KbertError
 
 HF_TINY = os.path.join(FIXTURES, "hf-tiny")
 

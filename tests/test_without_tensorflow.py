@@ -7,9 +7,9 @@ per backend does everything below and prints a JSON report, which the tests read
 
 - `import kbert`, `kbert --help`, `--version` and every command's --help; `kbert.load` of a kbert
   model directory and a `.keras` file, `kbert.save`, a Hugging Face folder and safetensors file
-  opened as a source (`kbert.sources.open_model`, as `kbert finetune` opens one), the tokenizer;
+  opened as a source (`kbert.formats.sources.open_model`, as `kbert finetune` opens one), the tokenizer;
 - a command that needs TensorFlow (`export`, `convert from-tf1`) says so in one line;
-- a training checkpoint (`kbert.training.checkpoints`) saved and restored bit for bit;
+- a training checkpoint (`kbert.backend.checkpoints`) saved and restored bit for bit;
 - `kbert finetune` of every task (on PyTorch: classify), its TensorBoard logs, and on JAX a
   run stopped by SIGTERM then resumed, which must end with the uninterrupted run's weights, bit for
   bit; the model fine-tuned on JAX is then exported by `kbert export` on TensorFlow, in this process.
@@ -86,13 +86,13 @@ again = kbert.load(os.path.join(job["work"], "saved"))
 report["save_load"] = all(np.array_equal(a, b) for a, b in zip(model.get_weights(), again.get_weights()))
 model.save(os.path.join(job["work"], "model.keras"))
 report["keras_file"] = type(kbert.load(os.path.join(job["work"], "model.keras"))).__name__
-from kbert.sources import open_model
+from kbert.formats.sources import open_model
 report["hf"] = [type(open_model(p)).__name__ for p in (job["hf"], job["hf"] + "/model.safetensors")] if "hf" in job else None
 report["tokens"] = kbert.Tokenizer(os.path.join(job["model_dir"], "vocab.txt")).tokenize("The city, at the camp.")
 
 # === A training checkpoint, bit for bit ===
-from kbert.training.checkpoints import latest_training_state, restore_training_state, save_training_state
-from kbert.training.interruption import random_state_variables
+from kbert.backend.checkpoints import latest_training_state, restore_training_state, save_training_state
+from kbert.backend.checkpoints import random_state_variables
 from kbert.training.optimization import BertAdamW, WarmupLinearDecay
 
 def small():
@@ -361,8 +361,8 @@ def _weights(model_dir) -> dict:
 def test_a_run_resumes_on_the_kind_of_backend_it_started_on(tmp_path):
     import keras
 
-    from kbert.errors import KbertError
     from kbert.finetuning.train import _RunCheckpoints
+    from kbert.runtime.errors import KbertError
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")

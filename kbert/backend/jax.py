@@ -7,7 +7,7 @@ from kbert.backend import portable
 
 # Every other answer is the one shared with PyTorch: `kbert.backend.portable`'s.
 from kbert.backend.portable import *  # noqa: F403
-from kbert.errors import KbertError, option
+from kbert.runtime.errors import KbertError, option
 
 # Keras' layers are plain Python objects here: a layer may hold others before Layer.__init__ runs.
 LAYERS_ARE_MODULES = False

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 
 STRATEGIES = ("auto", "cpu", "gpu", "mirrored", "multi-worker", "tpu")
 

@@ -1,7 +1,7 @@
 """The answers JAX and PyTorch share: what kbert does without TensorFlow.
 
 Each epoch's batches are numpy arrays in the order numpy's generator draws, checkpoints are
-`kbert.training.checkpoints`', TensorBoard logs `kbert.training.event_log`'s, text is packed by
+`kbert.backend.checkpoints`', TensorBoard logs `kbert.backend.event_log`'s, text is packed by
 the Python tokenizer and numpy, and the model's few special ops are plain `keras.ops`.
 
 Example:
@@ -22,7 +22,7 @@ import numpy as np
 from keras import ops
 
 from kbert.backend.placement import check_strategy
-from kbert.errors import KbertError, option
+from kbert.runtime.errors import KbertError, option
 
 # The answers JAX and PyTorch take from here as they are (`from kbert.backend.portable import *`).
 __all__ = [
@@ -136,7 +136,7 @@ def epoch_batches(train_data, opts):
 
 
 class Checkpointer:
-    """A run's training checkpoints (weights, optimizer, dropout seeds) as `kbert.training.checkpoints`
+    """A run's training checkpoints (weights, optimizer, dropout seeds) as `kbert.backend.checkpoints`
     writes them: renamed into place once complete, the newest `keep` kept. Its runs record the
     backend they ran on, and resume on JAX or PyTorch, not on TensorFlow."""
 
@@ -147,12 +147,12 @@ class Checkpointer:
         """Save at `step`; `model` is the model as a Keras callback reads it (on JAX, reading
         `Callback.model` puts the step's values back into the variables). A failed write raises
         `checkpoint_write_failed`'s line itself."""
-        from kbert.training.checkpoints import save_training_state
+        from kbert.backend.checkpoints import save_training_state
 
         save_training_state(self.ckpt_dir, step, model, model.optimizer, keep=self.keep)
 
     def restore(self, path: str):
-        from kbert.training.checkpoints import restore_training_state
+        from kbert.backend.checkpoints import restore_training_state
 
         restore_training_state(path, self.model, self.model.optimizer)
 
@@ -167,7 +167,7 @@ class Checkpointer:
 
 def event_writer(log_dir: str):
     """A writer of TensorBoard scalars in `log_dir`: `.scalars(step, {tag: value})`."""
-    from kbert.training.event_log import EventLog
+    from kbert.backend.event_log import EventLog
 
     return EventLog(log_dir)
 

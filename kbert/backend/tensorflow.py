@@ -17,11 +17,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kbert.backend import tensorflow_fused as fused  # noqa: F401 (the layers train through it: `kbert.backend.fused`)
+from kbert.backend.checkpoints import random_state_variables
 from kbert.backend.placement import check_strategy
 from kbert.backend.portable import check_filled_shape
-from kbert.errors import KbertError, first_line, option
-from kbert.model import fused  # noqa: F401 (the layers train through it: `kbert.backend.fused`)
-from kbert.training.interruption import random_state_variables
+from kbert.runtime.errors import KbertError, first_line, option
 
 # Tests (and CPU-only users who want to try mirrored training) split the CPU into N logical
 # devices; this must happen before TensorFlow initialises its devices.
@@ -259,7 +259,7 @@ def make_preprocessor(vocab_file, do_lower_case: bool, sequence_length: int):
 # - `matmul_transposed`: transpose_b reads the [vocab, H] word-embedding table as it is stored,
 #   where a transpose would copy all its rows every step, and its gradient once more;
 # - `empty`: `tf.raw_ops.Empty`, memory left as it was, for weights a loader assigns next.
-# Training runs through `kbert.model.fused`'s XLA kernels (`fused`, imported above).
+# Training runs through `kbert.backend.tensorflow_fused`'s XLA kernels (`fused`, imported above).
 
 
 def take_positions(x, positions):

@@ -8,7 +8,7 @@ from kbert.backend import portable
 
 # Every other answer is the one shared with JAX: `kbert.backend.portable`'s.
 from kbert.backend.portable import *  # noqa: F403
-from kbert.errors import KbertError, option
+from kbert.runtime.errors import KbertError, option
 
 # A Keras layer is a torch.nn.Module here, which refuses a sub-module set before its own __init__.
 LAYERS_ARE_MODULES = True

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kbert.config import ENCODER_INPUTS
-from kbert.errors import KbertError
 from kbert.finetuning.windows import Windows, containing_windows, max_context_windows
+from kbert.model.config import ENCODER_INPUTS
+from kbert.runtime.errors import KbertError
 from kbert.text.packing import Packer, Rows
 
 _MAX_LISTED = 10  # tags named in an error message

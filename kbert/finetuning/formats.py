@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from kbert.errors import KbertError, option
+from kbert.runtime.errors import KbertError, option
 
 TEXT_FORMATS = ("csv", "tsv", "jsonl", "mrpc", "cola", "sst2", "stsb", "mnli", "qnli", "qqp", "rte")
 TEXT_NAMES = ("text", "text_a")  # generic files: the column or key of the (first) text

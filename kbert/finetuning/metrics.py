@@ -23,7 +23,7 @@ import numbers
 
 import numpy as np
 
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 
 # === Classification ===
 

@@ -6,7 +6,7 @@ import dataclasses
 import math
 import numbers
 
-from kbert.errors import KbertError, option
+from kbert.runtime.errors import KbertError, option
 
 STRATEGIES = ("auto", "cpu", "gpu", "mirrored")
 # --long-text: what classify, regress and tag do with a text longer than the window.
@@ -28,7 +28,7 @@ class FinetuneOptions:
     >>> FinetuneOptions(batch_size=0)
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: batch_size must be at least 1, got 0
+    kbert.runtime.errors.KbertError: batch_size must be at least 1, got 0
     """
 
     epochs: int = 3
@@ -113,7 +113,7 @@ def resolve_options(options: FinetuneOptions | None, overrides: dict) -> Finetun
     >>> resolve_options(None, {"batch": 8})
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress, pooling, normalize
+    kbert.runtime.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress, pooling, normalize
     """
     if options is not None and not isinstance(options, FinetuneOptions):
         raise KbertError(f"options must be a FinetuneOptions, not {type(options).__name__}")
@@ -136,7 +136,7 @@ def window_stride(doc_stride: int | None, sequence_length: int) -> int:
     >>> window_stride(126, 128)
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: doc_stride=126 must be less than the 126 tokens a window holds (max_seq_length=128 less [CLS] and [SEP]), so that windows overlap; use doc_stride=63 (the default) or less, or a larger max_seq_length
+    kbert.runtime.errors.KbertError: doc_stride=126 must be less than the 126 tokens a window holds (max_seq_length=128 less [CLS] and [SEP]), so that windows overlap; use doc_stride=63 (the default) or less, or a larger max_seq_length
     """
     room = sequence_length - 2
     if room < 2:

@@ -26,9 +26,8 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 
-from kbert.errors import Interrupted, KbertError, on_command_line, option, os_error_or
-from kbert.files import PARTIAL_SUFFIX, atomic_write_text
-from kbert.outputs import is_stream, writes
+from kbert.runtime.errors import Interrupted, KbertError, on_command_line, option, os_error_or
+from kbert.runtime.files import PARTIAL_SUFFIX, atomic_write_text, is_stream, writes
 
 log = logging.getLogger("kbert")
 

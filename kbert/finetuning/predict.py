@@ -20,18 +20,18 @@ from collections.abc import Iterator
 import keras
 import numpy as np
 
-from kbert.config import sequence_length
-from kbert.embedding import Embedder, json_vector, one_text_per_row
-from kbert.errors import KbertError, option
 from kbert.finetuning import encoding, readers
+from kbert.finetuning.embedding import Embedder, json_vector, one_text_per_row
 from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.rows import check_start, stream_rows
 from kbert.finetuning.tasks import TASKS, get_task
 from kbert.finetuning.tasks.base import json_floats
+from kbert.formats.model_dir import model_kind
+from kbert.formats.sources import open_model
 from kbert.model.bert import encoder_of
+from kbert.model.config import sequence_length
 from kbert.model.embedding_record import embedding_of
-from kbert.model_dir import model_kind
-from kbert.sources import open_model
+from kbert.runtime.errors import KbertError, option
 from kbert.text.graph_packer import BertPreprocessor
 from kbert.text.tokenizer import Tokenizer
 
@@ -176,7 +176,7 @@ def layer_indexes(layers) -> list[int] | None:
     >>> layer_indexes("last")
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: layers='last': give comma-separated layer indexes, e.g. -1,-2
+    kbert.runtime.errors.KbertError: layers='last': give comma-separated layer indexes, e.g. -1,-2
     """
     if not layers:
         return None

@@ -50,7 +50,6 @@ import os
 from collections import Counter
 from typing import ClassVar
 
-from kbert.errors import KbertError, option
 from kbert.finetuning.formats import (
     COLA_LABEL,
     COLA_TEXT,
@@ -64,6 +63,7 @@ from kbert.finetuning.formats import (
     looks_like_conll,
     refuse_text_rows,
 )
+from kbert.runtime.errors import KbertError, option
 
 log = logging.getLogger("kbert")
 

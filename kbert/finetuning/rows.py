@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kbert.errors import KbertError, option
+from kbert.runtime.errors import KbertError, option
 
 
 def check_start(start):
@@ -17,7 +17,7 @@ def check_start(start):
     >>> check_start(-1)
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: start -1: give the number of examples to skip, 0 or more
+    kbert.runtime.errors.KbertError: start -1: give the number of examples to skip, 0 or more
     """
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise KbertError(f"start {start!r}: give the number of examples to skip, 0 or more")

@@ -8,11 +8,11 @@ import json
 import os
 import shlex
 
-from kbert.config import DEFAULT_MAX_SEQ_LENGTH
-from kbert.files import PARTIAL_SUFFIX
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.tasks import TASKS
-from kbert.model_dir import UnfinishedRun, is_model_dir
+from kbert.formats.model_dir import UnfinishedRun, is_model_dir, register_unfinished_run
+from kbert.model.config import DEFAULT_MAX_SEQ_LENGTH
+from kbert.runtime.files import PARTIAL_SUFFIX
 
 # What an unfinished run (OUTPUT.partial/) holds besides its checkpoints (kbert.finetuning.train).
 STATE_FILE = "state.json"
@@ -73,4 +73,6 @@ def interrupted_finetuning_message(path, state: dict) -> str:
 
 
 # How every command that is handed an OUTPUT.partial/ tells it apart and names the command that finishes it.
-UNFINISHED_FINETUNING = UnfinishedRun("kbert finetune", interrupted_finetuning, interrupted_finetuning_message)
+UNFINISHED_FINETUNING = register_unfinished_run(
+    UnfinishedRun("kbert finetune", interrupted_finetuning, interrupted_finetuning_message)
+)

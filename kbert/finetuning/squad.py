@@ -26,7 +26,7 @@ import string
 
 import numpy as np
 
-from kbert.errors import KbertError, option
+from kbert.runtime.errors import KbertError, option
 from kbert.text.windows import sliding_windows
 
 log = logging.getLogger("kbert")

@@ -18,7 +18,7 @@ import unicodedata
 
 import numpy as np
 
-from kbert.files import atomic_write_text
+from kbert.runtime.files import atomic_write_text
 from kbert.text.tokenizer import character_tables
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numbers
 
-from kbert.errors import KbertError
 from kbert.finetuning.tasks import TASKS, get_task, head_task, head_tasks
 from kbert.model.kinds import model_kind
+from kbert.runtime.errors import KbertError
 
 # What fine-tuning records in bert_config.json besides the original keys. long_text (classify,
 # regress, tag): "truncate" (also when absent) or "windows", documents read whole in windows of
@@ -43,7 +43,7 @@ def head_task_info(
     >>> head_task_info(kbert.bert_classifier(config, 2), task="tag")
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: task 'tag' does not fit a classifier (bert_classifier); its tasks are classify, regress
+    kbert.runtime.errors.KbertError: task 'tag' does not fit a classifier (bert_classifier); its tasks are classify, regress
     """
     kind = model_kind(model)
     given = {

@@ -23,7 +23,7 @@ Fine-tuning runs on one device or under MirroredStrategy, where Keras' `model.fi
 On Keras' JAX and PyTorch backends the run needs no TensorFlow: the Python tokenizer and numpy
 pack the data (`kbert.text.packing.PythonPreprocessor`, the same ids), each epoch's batches
 are numpy arrays in the order numpy's generator draws from `seed + epoch`, checkpoints are
-`kbert.training.checkpoints`' and the TensorBoard logs `kbert.training.event_log`'s. It runs on the
+`kbert.backend.checkpoints`' and the TensorBoard logs `kbert.backend.event_log`'s. It runs on the
 backend's default device (the GPU where there is one).
 """
 
@@ -42,18 +42,18 @@ import keras
 import numpy as np
 
 from kbert import backend
-from kbert.config import sequence_length
-from kbert.errors import KbertError, on_command_line, op_error_text, option
-from kbert.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir
+from kbert.backend.checkpoints import checkpoint_write_failed
 from kbert.finetuning.options import FinetuneOptions, resolve_options, window_stride
 from kbert.finetuning.run_state import STATE_FILE
 from kbert.finetuning.squad_decoding import write_predictions_json
 from kbert.finetuning.tasks import Task, best_metric, get_task
 from kbert.finetuning.tasks.base import TaskData, json_floats
-from kbert.model_dir import CHECKPOINTS_DIR, save
-from kbert.outputs import writes
-from kbert.sources import open_model
-from kbert.training.interruption import StopSignals, checkpoint_write_failed
+from kbert.formats.model_dir import CHECKPOINTS_DIR, save
+from kbert.formats.sources import open_model
+from kbert.model.config import sequence_length
+from kbert.runtime.errors import KbertError, on_command_line, op_error_text, option
+from kbert.runtime.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir, writes
+from kbert.training.interruption import StopSignals
 from kbert.training.optimization import BertAdamW, WarmupLinearDecay
 from kbert.training.progress import Progress
 
@@ -93,7 +93,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
 
     Args:
         model_dir: str. A kbert model directory (converted or pretrained) or a google-research
-            checkpoint directory (its casing decided by `kbert.model_dir.lower_case_for`).
+            checkpoint directory (its casing decided by `kbert.formats.model_dir.lower_case_for`).
         task: str. A name in `kbert.finetuning.tasks.TASKS`: classify | regress | tag | squad | choice | embed.
         train, dev: str. Data files (see `kbert finetune --help` for the formats).
         output: str. The fine-tuned kbert model directory: bert_config.json (with task, labels,
@@ -419,7 +419,7 @@ class _RunCheckpoints(keras.callbacks.Callback):
     under temporary names and records it as complete last), then the best epoch's weights, then
     state.json (written atomically) naming both. A resume reads state.json, so a crash between
     the steps resumes from the previous save, which is kept until the next one is complete. On
-    JAX and PyTorch the checkpoint is `kbert.training.checkpoints`' (the same contents, renamed
+    JAX and PyTorch the checkpoint is `kbert.backend.checkpoints`' (the same contents, renamed
     into place once complete), and state.json says so: a run resumes on the kind it was started on.
     """
 

@@ -6,7 +6,7 @@ constructor takes, and `get_config` returns, everything needed to use it on text
 - `vocabulary`: the vocab.txt and casing its tokenizer needs (`Vocabulary`); a `.keras` file
   carries the vocab.txt inside (`save_assets`), so a model saved with `model.save` is whole;
 - `task_info` (task models): the task, label names, sequence length and whether it reads text
-  pairs, which `kbert predict`, `evaluate` and `export` read (`kbert.model_dir.head_task_info`
+  pairs, which `kbert predict`, `evaluate` and `export` read (`kbert.formats.model_dir.head_task_info`
   checks them and fills in defaults).
 """
 
@@ -23,7 +23,7 @@ from keras import ops
 
 from kbert._compat import track_attribute
 from kbert.backend import LAYERS_ARE_MODULES
-from kbert.config import ENCODER_INPUTS, BertConfig
+from kbert.model.config import ENCODER_INPUTS, BertConfig
 from kbert.model.layers import (
     BertEmbeddings,
     MaskedLMHead,
@@ -304,7 +304,7 @@ class BertClassifier(_LabelHead):
         dropout: float. Dropout on the pooled output; 0.1 in run_classifier.py.
         vocabulary: `Vocabulary` or its dict; default: the encoder's.
         task_info: dict. task ("classify" or "regress"), labels, max_seq_length, text_pairs:
-            what predict, evaluate and export read (see `kbert.model_dir.head_task_info`).
+            what predict, evaluate and export read (see `kbert.formats.model_dir.head_task_info`).
 
     Example:
     >>> import numpy as np, kbert

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from kbert.config import BertConfig, sequence_length
-from kbert.errors import KbertError, on_command_line, option
+from kbert.model.config import BertConfig, sequence_length
 from kbert.model.kinds import model_kind
 from kbert.model.pooling import POOLING_MODES
+from kbert.runtime.errors import KbertError, on_command_line, option
 
 # The key of the record in bert_config.json.
 EMBEDDING_KEY = "embedding"
@@ -38,7 +38,7 @@ def check_embedding(config: BertConfig, where) -> dict | None:
     >>> check_embedding(BertConfig(vocab_size=10, extras={"embedding": {"pooling": "sum"}}), "bert_config.json")
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: bert_config.json: embedding pooling 'sum' is not one of cls, mean, max, mean_sqrt_len; fix bert_config.json or convert the model again
+    kbert.runtime.errors.KbertError: bert_config.json: embedding pooling 'sum' is not one of cls, mean, max, mean_sqrt_len; fix bert_config.json or convert the model again
     """
     record = config.extras.get(EMBEDDING_KEY)
     if record is None:
@@ -95,7 +95,7 @@ def check_pooling(pooling=None, normalize=None):
     >>> check_pooling("sum")
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: pooling='sum': use one of cls, mean, max, mean_sqrt_len
+    kbert.runtime.errors.KbertError: pooling='sum': use one of cls, mean, max, mean_sqrt_len
     """
     if pooling is not None and pooling not in POOLING_MODES:
         raise KbertError(f"{option('pooling', pooling)}: use one of {', '.join(POOLING_MODES)}")
@@ -121,7 +121,7 @@ def embedding_settings(
     ...                    num_attention_heads=2, intermediate_size=16)), where="plain-bert")
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: plain-bert records no sentence-embedding pooling (kbert convert from-hf records a sentence-transformers model's); pass pooling='cls', 'mean', 'max' or 'mean_sqrt_len' to choose one (and normalize=True for unit-length vectors)
+    kbert.runtime.errors.KbertError: plain-bert records no sentence-embedding pooling (kbert convert from-hf records a sentence-transformers model's); pass pooling='cls', 'mean', 'max' or 'mean_sqrt_len' to choose one (and normalize=True for unit-length vectors)
     """
     record = embedding_of(model) or {}
     if pooling is None and not record:

@@ -9,8 +9,8 @@
 
 from __future__ import annotations
 
-from kbert.errors import KbertError
 from kbert.model import bert
+from kbert.runtime.errors import KbertError
 
 
 def model_classes() -> dict:

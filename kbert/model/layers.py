@@ -9,7 +9,7 @@ Why not keras-hub's `PositionEmbedding`: importing keras_hub costs every process
 start-up time (docs/performance.md, "Figures behind the code's comments"), for a slice of one table.
 
 The math is `keras.ops`, the same on TensorFlow, JAX and PyTorch. On TensorFlow, training runs
-through `kbert.model.fused`'s XLA kernels and inference through the plain Keras ops; `use_fused`
+through `kbert.backend.tensorflow_fused`'s XLA kernels and inference through the plain Keras ops; `use_fused`
 alone decides which, and tests/model/test_layers.py checks that both paths agree. The other
 backends have no fused kernels and run the plain ops throughout (`kbert.backend` picks what a
 backend runs, once).
@@ -25,7 +25,7 @@ import keras
 from keras import ops
 
 from kbert.backend import fused, matmul_transposed, take_positions
-from kbert.config import BertConfig
+from kbert.model.config import BertConfig
 from kbert.model.initializers import initializer
 
 
@@ -56,7 +56,7 @@ def exact_gelu(x):
 
 
 def use_fused(training, *denses) -> bool:
-    """Whether this call runs `kbert.model.fused`'s training kernels rather than the plain ops.
+    """Whether this call runs `kbert.backend.tensorflow_fused`'s training kernels rather than the plain ops.
 
     True when training on TensorFlow, unless inside `fused.disabled()` or one of `denses` (the
     Dense layers whose kernel and bias the fused kernel would apply itself) is not a plain Dense.

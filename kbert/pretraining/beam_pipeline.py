@@ -45,8 +45,14 @@ import time
 import uuid
 from fractions import Fraction
 
-# apache_beam and FileSystems as kbert.beam imports them (with Beam's import-time log quiet).
-from kbert.beam import (
+from kbert.formats.records import tfrecord_frames
+from kbert.pretraining import create_data
+from kbert.pretraining.create_data import read_chunks
+from kbert.pretraining.instances import DataOptions, InstanceBuilder, InstanceCounts
+from kbert.pretraining.worker_pool import own_peak_kib
+
+# apache_beam and FileSystems as kbert.runtime.beam imports them (with Beam's import-time log quiet).
+from kbert.runtime.beam import (
     FileSystems,
     beam,
     create_file,
@@ -60,12 +66,7 @@ from kbert.beam import (
     run,
     write_atomically,
 )
-from kbert.errors import KbertError, first_line, option
-from kbert.pretraining import create_data
-from kbert.pretraining.create_data import read_chunks
-from kbert.pretraining.instances import DataOptions, InstanceBuilder, InstanceCounts
-from kbert.pretraining.worker_pool import own_peak_kib
-from kbert.records import tfrecord_frames
+from kbert.runtime.errors import KbertError, first_line, option
 from kbert.text.tokenizer import load_vocab
 
 STATISTICS_FILE = "statistics.json"

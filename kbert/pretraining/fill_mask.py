@@ -7,10 +7,10 @@ import shlex
 import keras
 import numpy as np
 
-from kbert.errors import KbertError, option
+from kbert.formats.model_dir import model_kind
+from kbert.formats.sources import open_model
 from kbert.model.bert import BertPretrainer
-from kbert.model_dir import model_kind
-from kbert.sources import open_model
+from kbert.runtime.errors import KbertError, option
 from kbert.text.tokenizer import Tokenizer
 
 MASK = "[MASK]"

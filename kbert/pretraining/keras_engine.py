@@ -2,7 +2,7 @@
 
 `kbert.pretraining.train`'s loop runs it with `KERAS_BACKEND=jax` or `torch`, and no TensorFlow is
 imported: the records are read by `record_reader` (CRC-checked, batched in a background thread),
-checkpoints are `kbert.training.checkpoints`' and the TensorBoard logs `kbert.training.event_log`'s.
+checkpoints are `kbert.backend.checkpoints`' and the TensorBoard logs `kbert.backend.event_log`'s.
 Everything a user sees is the TensorFlow engine's: the same options and run record, model, losses
 and BertAdamW (warmup, linear decay, global-norm clip 1.0, weight decay), checkpoints every
 `save_every` steps, `resume` from the last one, SIGTERM/SIGINT saving the step reached, progress,
@@ -32,15 +32,15 @@ import keras
 from keras import ops
 
 from kbert.backend import pretraining_placement, use_mixed_precision
-from kbert.errors import KbertError, option
+from kbert.backend.checkpoints import latest_training_state, restore_training_state, save_training_state
+from kbert.backend.event_log import EventLog
 from kbert.model.bert import BertPretrainer
 from kbert.pretraining import record_checks
 from kbert.pretraining.losses import pretraining_losses
 from kbert.pretraining.options import PretrainOptions
 from kbert.pretraining.record_reader import numpy_batches
 from kbert.pretraining.run_setup import ModelStart, Training, copied_in_scope
-from kbert.training.checkpoints import latest_training_state, restore_training_state, save_training_state
-from kbert.training.event_log import EventLog
+from kbert.runtime.errors import KbertError, option
 from kbert.training.interruption import StopSignals
 from kbert.training.optimization import make_optimizer
 
@@ -93,13 +93,13 @@ class PretrainingModel(keras.Model):
 
 class KerasEngine:
     """What `kbert.pretraining.train`'s loop asks of JAX or PyTorch: Keras devices, the TF-free
-    record reader, `fit` over N steps, `evaluate`, kbert.training.checkpoints, EventLog logs.
+    record reader, `fit` over N steps, `evaluate`, kbert.backend.checkpoints, EventLog logs.
 
     Args:
         backend: str. Keras' backend, "jax" or "torch".
     """
 
-    checkpoint_kind = "keras"  # kbert.training.checkpoints' ckpt-N folders
+    checkpoint_kind = "keras"  # kbert.backend.checkpoints' ckpt-N folders
     other_backends = "TensorFlow"
     resume_advice = "resume with KERAS_BACKEND=tensorflow"
     check_records = staticmethod(record_checks.check_records)

@@ -18,12 +18,12 @@ import os
 import re
 import shlex
 
-from kbert.errors import KbertError, on_command_line, option, plural
-from kbert.files import atomic_write_text
-from kbert.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, UnfinishedRun, is_model_dir
+from kbert.backend.checkpoints import latest_training_state
+from kbert.formats.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, UnfinishedRun, is_model_dir, register_unfinished_run
 from kbert.pretraining.options import PretrainOptions
 from kbert.pretraining.record_checks import find_files
-from kbert.training.checkpoints import latest_training_state
+from kbert.runtime.errors import KbertError, on_command_line, option, plural
+from kbert.runtime.files import atomic_write_text
 
 log = logging.getLogger("kbert")
 
@@ -248,4 +248,6 @@ def interrupted_pretraining_message(path, prefix: str) -> str:
 
 
 # How every command that is handed a stopped run's --model-dir tells it apart and names its resume.
-UNFINISHED_PRETRAINING = UnfinishedRun("kbert pretrain", interrupted_pretraining, interrupted_pretraining_message)
+UNFINISHED_PRETRAINING = register_unfinished_run(
+    UnfinishedRun("kbert pretrain", interrupted_pretraining, interrupted_pretraining_message)
+)

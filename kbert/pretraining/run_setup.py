@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from kbert.config import BertConfig
-from kbert.errors import KbertError, option
+from kbert.backend.checkpoints import latest_training_state
+from kbert.formats.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, VOCAB_FILE, check_vocab
+from kbert.formats.sources import open_model
 from kbert.model.bert import BertPretrainer
+from kbert.model.config import BertConfig
 from kbert.model.initializers import unfilled
-from kbert.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, VOCAB_FILE, check_vocab
 from kbert.pretraining.fill_mask import what_it_is
 from kbert.pretraining.options import PretrainOptions
 from kbert.pretraining.record_checks import find_files
@@ -32,8 +33,7 @@ from kbert.pretraining.run_record import (
     given_options,
     read_run,
 )
-from kbert.sources import open_model
-from kbert.training.checkpoints import latest_training_state
+from kbert.runtime.errors import KbertError, option
 
 
 @dataclasses.dataclass
@@ -150,7 +150,7 @@ def _model_start(
                 f"or choose a new {option('model_dir')}"
             )
         if init:
-            # Any model source (kbert.sources.open_model), opened outside the strategy's scope: a
+            # Any model source (kbert.formats.sources.open_model), opened outside the strategy's scope: a
             # converter assigns its variables directly, which mirrored variables do not allow.
             initial = open_model(init, do_lower_case)
             if not isinstance(initial, BertPretrainer):
@@ -192,7 +192,7 @@ def _checked_records(engine, files, opts, config) -> list | None:
 
 def _checkpoint_kinds(engine, ckpt_dir: str) -> set:
     """Which engines wrote the checkpoints in `ckpt_dir`: "tensorflow" (tf.train.Checkpoint's, named
-    by its `checkpoint` state file) and "keras" (kbert.training.checkpoints' ckpt-N folders, JAX's
+    by its `checkpoint` state file) and "keras" (kbert.backend.checkpoints' ckpt-N folders, JAX's
     and PyTorch's)."""
     found = set()
     if engine.tensorflow_checkpoint_in(ckpt_dir):

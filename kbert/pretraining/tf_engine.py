@@ -20,13 +20,13 @@ import keras
 import tensorflow as tf
 
 from kbert.backend import is_chief, pretraining_placement, use_mixed_precision
-from kbert.errors import KbertError, op_error_text, option
+from kbert.backend.checkpoints import checkpoint_write_failed, random_state_variables
 from kbert.model.bert import BertPretrainer
 from kbert.pretraining.options import PretrainOptions
 from kbert.pretraining.run_setup import ModelStart, Training, copied_in_scope
 from kbert.pretraining.tf_dataset import check_records, find_corrupt_record, pretraining_dataset
 from kbert.pretraining.tf_losses import pretraining_losses
-from kbert.training.interruption import checkpoint_write_failed, random_state_variables
+from kbert.runtime.errors import KbertError, op_error_text, option
 from kbert.training.optimization import make_optimizer
 
 log = logging.getLogger("kbert")
@@ -161,7 +161,7 @@ class TensorFlowEngine:
 
 
 class SummaryLog:
-    """TensorBoard scalars through tf.summary, as `kbert.training.event_log.EventLog` writes them
+    """TensorBoard scalars through tf.summary, as `kbert.backend.event_log.EventLog` writes them
     without TensorFlow: `scalars(step, values)`, flushed each time.
 
     Example:

@@ -7,7 +7,7 @@ between backends:
 - `tf_engine.TensorFlowEngine` (KERAS_BACKEND=tensorflow): a custom `strategy.run` loop on any
   tf.distribute strategy, tf.data input and tf.train.CheckpointManager checkpoints;
 - `keras_engine.KerasEngine` (JAX and PyTorch): Keras' own `fit`, kbert's TF-free record reader
-  and `kbert.training.checkpoints`; no TensorFlow is imported.
+  and `kbert.backend.checkpoints`; no TensorFlow is imported.
 
 Per step, on every replica:
 
@@ -40,12 +40,12 @@ import time
 import keras
 
 from kbert.backend import writes_shared_files
-from kbert.errors import KbertError, option
-from kbert.model_dir import WEIGHTS_FILE, write_model_files
-from kbert.outputs import claim_output
+from kbert.formats.model_dir import WEIGHTS_FILE, write_model_files
 from kbert.pretraining.options import PretrainOptions
 from kbert.pretraining.run_record import record_run, recorded_options
 from kbert.pretraining.run_setup import ModelStart, RunSetup, Training, has_checkpoint, set_up_run
+from kbert.runtime.errors import KbertError, option
+from kbert.runtime.files import claim_output
 from kbert.training.interruption import StopSignals
 from kbert.training.progress import Progress, keep_history_until, write_loss_plot
 
@@ -90,7 +90,7 @@ def pretrain(
     ...                            vocab_file="vocab.txt", steps=1000, batch_size=32)  # doctest: +SKIP
     >>> kbert.pretraining.train.pretrain("out/bert", resume=True)  # after SIGTERM  # doctest: +SKIP
     """
-    # The run's writer locks --model-dir, as the CLI does (kbert.outputs.claim_output); the other
+    # The run's writer locks --model-dir, as the CLI does (kbert.runtime.files.claim_output); the other
     # workers of a multi-worker run write theirs aside and do not. A bare resume runs on the
     # recorded strategy.
     strategy = overrides.get("strategy", (options or PretrainOptions()).strategy)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
-from kbert.errors import KbertError, option
+from kbert.runtime.errors import KbertError, option
 from kbert.text.tokenizer import JOINER, RESERVED_TOKENS
 
 

@@ -16,8 +16,8 @@ import os
 import re
 import unicodedata
 
-from kbert.config import VOCAB_FILE, load_config
-from kbert.errors import KbertError
+from kbert.model.config import VOCAB_FILE, load_config
+from kbert.runtime.errors import KbertError
 from kbert.text import unicode_classes
 
 UNK = "[UNK]"

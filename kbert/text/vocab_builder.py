@@ -23,9 +23,8 @@ import logging
 import os
 import time
 
-from kbert.errors import KbertError, option
-from kbert.files import TEXT_CHECK_BYTES, atomic_write_text, check_head_is_text
-from kbert.outputs import writes
+from kbert.runtime.errors import KbertError, option
+from kbert.runtime.files import TEXT_CHECK_BYTES, atomic_write_text, check_head_is_text, writes
 from kbert.text.tokenizer import RESERVED_TOKENS, UNK, Tokenizer, character_tables
 
 log = logging.getLogger("kbert")

@@ -10,7 +10,7 @@ The counts come back to the launcher through files in the pipeline's temp locati
 folder, which only runners on this machine share), removed when the counts are read or the job
 fails. Workers write them without Beam's file sink: the words are keyed by one of COUNT_FILES
 files, grouped, and each group is written whole (a temporary file renamed), as create-data's
-shards are, so any runner runs it (see kbert.beam). The job's last step writes how many words it
+shards are, so any runner runs it (see kbert.runtime.beam). The job's last step writes how many words it
 wrote: a job that succeeded without it wrote somewhere the launcher does not see.
 """
 
@@ -24,7 +24,7 @@ import tempfile
 import uuid
 import zlib
 
-from kbert.beam import (
+from kbert.runtime.beam import (
     FileSystems,
     beam,
     expand_inputs,
@@ -37,8 +37,8 @@ from kbert.beam import (
     temp_location,
     write_atomically,
 )
-from kbert.errors import KbertError, option
-from kbert.files import TEXT_CHECK_BYTES, check_head_is_text
+from kbert.runtime.errors import KbertError, option
+from kbert.runtime.files import TEXT_CHECK_BYTES, check_head_is_text
 from kbert.text.vocab_builder import WordTokenizer
 
 COUNT_FILES = 16  # the counts' files: up to this many workers write them at once
@@ -113,7 +113,7 @@ def beam_word_counts(
         output: str or None. The vocab.txt that will be written; the counts do not go beside it
             (kept for callers).
         do_lower_case: bool. Lower-case and strip accents.
-        runner: str. One of kbert.beam.RUNNERS.
+        runner: str. One of kbert.runtime.beam.RUNNERS.
         flags: str. Beam's pipeline options as one shell string.
 
     Example:

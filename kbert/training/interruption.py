@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 
-from kbert.errors import Interrupted
+from kbert.runtime.errors import Interrupted
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

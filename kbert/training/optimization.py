@@ -30,7 +30,7 @@ from keras import ops
 
 from kbert._compat import optimizer_variable_index
 from kbert.backend import adamw_kernels
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 
 NO_DECAY = ("layer_norm", "LayerNorm", "bias")
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
-from kbert.files import atomic_write_text
+from kbert.runtime.files import atomic_write_text
 
 
 class Progress:

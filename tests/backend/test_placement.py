@@ -6,7 +6,7 @@ import pytest
 
 from kbert.backend.placement import writes_shared_files
 from kbert.backend.tensorflow import make_strategy
-from kbert.errors import KbertError, command_line_names
+from kbert.runtime.errors import KbertError, command_line_names
 
 WORKERS = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
 WITH_CHIEF = {"chief": ["127.0.0.1:0"], "worker": ["127.0.0.1:1", "127.0.0.1:2"]}

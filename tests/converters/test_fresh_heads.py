@@ -263,7 +263,7 @@ def test_casing_survives_to_tf1_and_back(tiny_model_dir, tmp_path):
     assert json.load(open(tmp_path / "tf1" / "bert_config.json"))["do_lower_case"] is False
     report = json.loads(run_kbert("convert", "from-tf1", tmp_path / "tf1", tmp_path / "back").stdout)
     assert report["do_lower_case"] is False and report["do_lower_case_from"] == "bert_config.json"
-    from kbert.sources import describe_source, open_model
+    from kbert.formats.sources import describe_source, open_model
 
     assert describe_source(tmp_path / "tf1").do_lower_case is False  # what every other command reads
     assert open_model(tmp_path / "tf1").do_lower_case is False

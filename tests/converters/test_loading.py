@@ -6,7 +6,7 @@ import pytest
 import kbert
 from kbert.converters.loading import Stored, load_pretrainer, stored_weights
 from kbert.converters.names import tf1_to_kbert_paths
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 
 CONFIG = kbert.BertConfig(
     vocab_size=40,

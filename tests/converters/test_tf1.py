@@ -11,7 +11,7 @@ import tensorflow as tf
 import kbert
 from conftest import TINY, assert_user_error, run_kbert
 from kbert.converters import load_tf1_checkpoint, save_tf1_checkpoint
-from kbert.files import atomic_output_dir
+from kbert.runtime.files import atomic_output_dir
 
 
 def _read(prefix):

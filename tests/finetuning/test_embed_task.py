@@ -99,7 +99,7 @@ def test_pairs_are_read_by_header_or_by_position_in_every_format(tmp_path):
 
 
 def test_bad_rows_name_their_lines_or_are_skipped(tmp_path):
-    from kbert.errors import KbertError
+    from kbert.runtime.errors import KbertError
 
     path = tmp_path / "train.tsv"
     path.write_text("query\tdocument\ntea\tBrew it.\n \tNo query.\nvet\t\nonly one column\ncat\tA pet.\n")
@@ -124,7 +124,7 @@ def test_bad_rows_name_their_lines_or_are_skipped(tmp_path):
     ids=["one-column", "four-columns", "half-a-header", "header-only"],
 )
 def test_files_of_another_shape_are_one_line(tmp_path, content, said):
-    from kbert.errors import KbertError
+    from kbert.runtime.errors import KbertError
 
     path = tmp_path / "pairs.tsv"
     path.write_text(content)

@@ -18,11 +18,11 @@ import pytest
 
 from conftest import FIXTURES, TINY, UNCASED_VOCAB, assert_user_error, run_kbert
 from helpers import FILLER, NEGATIVE, POSITIVE, write_conll, write_tsv
-from kbert.errors import KbertError
 from kbert.finetuning import encoding
 from kbert.finetuning.options import FinetuneOptions, window_stride
 from kbert.finetuning.tasks import TASKS
 from kbert.finetuning.windows import Windows, containing_windows, document_mean, max_context_windows
+from kbert.runtime.errors import KbertError
 from kbert.text.graph_packer import BertPreprocessor, window_starts
 from kbert.text.tokenizer import Tokenizer
 

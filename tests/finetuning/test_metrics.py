@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from kbert.errors import KbertError
 from kbert.finetuning import metrics
 from kbert.finetuning.metrics import classification_metrics, entities, regression_metrics, tagging_metrics
+from kbert.runtime.errors import KbertError
 
 
 def assert_python_floats(scores):

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from conftest import assert_user_error, run_kbert
-from kbert.errors import Interrupted, KbertError, command_line_names
 from kbert.finetuning.output import partial_path, skip_rows, write_rows
+from kbert.runtime.errors import Interrupted, KbertError, command_line_names
 
 # The flags of `kbert predict` that its messages about --output name.
 FLAGS = {"--input", "--output", "--resume", "--overwrite"}

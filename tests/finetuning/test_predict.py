@@ -360,7 +360,7 @@ def test_a_killed_job_resumes_without_repeating_or_skipping(encoder_job, tmp_pat
         out,
         check=False,
     )
-    # The killed job's lock is taken over with a notice (kbert.locks), then the partial is refused.
+    # The killed job's lock is taken over with a notice (kbert.runtime.locks), then the partial is refused.
     assert_user_error(again, "pass --resume to go on from them", alone=False)
     assert again.stderr.startswith(f"kbert: taking over the lock of {out} left by a process that ended")
     result = run_kbert(

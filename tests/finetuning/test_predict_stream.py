@@ -219,8 +219,8 @@ def test_rows_name_their_input_line_when_bad_rows_are_skipped(classifier, tmp_pa
 
 
 def test_predict_takes_labels_the_model_never_saw_and_evaluate_refuses_them(classifier, tmp_path):
-    from kbert.errors import KbertError
     from kbert.finetuning.predict import evaluate, predict
+    from kbert.runtime.errors import KbertError
 
     source = write_tsv(tmp_path / "in.tsv", [("gold.", "pos"), ("dull.", "meh")], header=("text", "label"))
     assert [row["label"] in ("neg", "pos") for row in predict(classifier, source)] == [True, True]

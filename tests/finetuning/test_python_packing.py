@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, UNCASED_VOCAB
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 
 # === The Python packer against the in-graph one ===
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, REFERENCE, TESTS, UNCASED_VOCAB
-from kbert.errors import KbertError, command_line_names
 from kbert.finetuning import readers
 from kbert.finetuning.encoding import encode_tagged, encode_texts
 from kbert.finetuning.readers import read_tagged_examples, read_text_examples
+from kbert.runtime.errors import KbertError, command_line_names
 from kbert.text.graph_packer import BertPreprocessor
 from kbert.text.tokenizer import Tokenizer
 

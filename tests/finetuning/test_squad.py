@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from conftest import REFERENCE, TESTS, UNCASED_VOCAB
-from kbert.errors import KbertError, command_line_names
 from kbert.finetuning.squad import SquadExample, read_squad, squad_evaluate, squad_features
 from kbert.finetuning.squad_decoding import get_final_text, squad_predictions, write_predictions_json
+from kbert.runtime.errors import KbertError, command_line_names
 from kbert.text.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(TESTS)

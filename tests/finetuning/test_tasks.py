@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import TINY
-from kbert.errors import KbertError, command_line_names
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.tasks import TASKS, best_metric, get_task
 from kbert.finetuning.tasks.base import TaskData, json_floats
+from kbert.runtime.errors import KbertError, command_line_names
 from kbert.text.graph_packer import BertPreprocessor
 
 OPTS = FinetuneOptions()

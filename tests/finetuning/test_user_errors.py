@@ -18,9 +18,9 @@ import pytest
 
 from conftest import assert_user_error, run_kbert
 from helpers import conll_sentences, sentiment_rows, write_conll, write_tsv
-from kbert.errors import KbertError
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.readers import read_tagged_examples, read_text_examples
+from kbert.runtime.errors import KbertError
 
 TRAIN = ["--epochs", "1", "--batch-size", "16", "--max-seq-length", "16"]
 
@@ -170,8 +170,8 @@ def test_predict_on_a_tagger_names_conll_for_a_classify_tsv(tmp_path, tagger_dir
     ],
 )
 def test_options_check_every_number(field, value, fragment):
-    from kbert.errors import command_line_names
     from kbert.finetuning.options import resolve_options
+    from kbert.runtime.errors import command_line_names
 
     with pytest.raises(KbertError) as raised:
         FinetuneOptions(**{field: value})

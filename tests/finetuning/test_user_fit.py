@@ -195,7 +195,7 @@ def test_kbert_save_records_the_task_predict_and_evaluate_need(user_classifier, 
 )
 def test_kbert_save_refuses_metadata_that_does_not_fit_the_head(user_classifier, tmp_path, kwargs, fragment):
     import kbert
-    from kbert.errors import KbertError
+    from kbert.runtime.errors import KbertError
 
     if fragment is None:  # accepted
         kbert.save(user_classifier, tmp_path / "ok", **kwargs)
@@ -209,7 +209,7 @@ def test_kbert_save_refuses_metadata_that_does_not_fit_the_head(user_classifier,
 
 def test_kbert_save_refuses_a_task_for_an_encoder(tiny_model_dir, tmp_path):
     import kbert
-    from kbert.errors import KbertError
+    from kbert.runtime.errors import KbertError
 
     with pytest.raises(KbertError, match="task, labels describe a task head; a pretrainer has none"):
         kbert.save(kbert.load(tiny_model_dir), tmp_path / "m", task="classify", labels=["a", "b"])

@@ -1,4 +1,4 @@
-"""kbert.model.fused's training kernels against the plain TensorFlow ops they replace: same values,
+"""kbert.backend.tensorflow_fused's training kernels against the plain TensorFlow ops they replace: same values,
 same gradients (float32 to float32 rounding; bfloat16 against a float32 reference)."""
 
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kbert.model import fused
+from kbert.backend import tensorflow_fused as fused
 
 SEED = tf.constant([7, 11])
 

@@ -1,4 +1,4 @@
-"""Each layer's training path (kbert.model.fused's kernels) against its plain path (the Keras ops
+"""Each layer's training path (kbert.backend.tensorflow_fused's kernels) against its plain path (the Keras ops
 inference runs, here with training=True inside `fused.disabled()`): the same values and the same
 gradients with respect to every weight, float32 to float32 rounding. With dropout on, both paths
 draw their masks from the same seed generators, so they agree too."""
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kbert.config import BertConfig
-from kbert.model import fused, layers
+from kbert.backend import tensorflow_fused as fused
+from kbert.model import layers
+from kbert.model.config import BertConfig
 
 KERNELS = ("gelu", "dropout", "bias_dropout", "attention_probs", "layer_norm", "bias_add_float32")
 

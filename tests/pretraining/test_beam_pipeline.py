@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import UNCASED_VOCAB, assert_user_error, kbert_command, popen_interruptible, run_kbert, sigint_state
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 from test_create_data import (  # noqa: F401 (fixture)
     SAMPLE,
     compute_statistics,
@@ -240,7 +240,7 @@ def test_stale_temporaries_are_swept_and_a_failed_job_leaves_none(corpus, monkey
 
 def test_inputs_are_named_as_on_the_local_path(corpus, local_run, tmp_path):
     """A quoted glob, comma-separated globs, a directory: Beam takes --input as the local path
-    does (kbert.files.expand_inputs), called as a library too (where no CLI expands them)."""
+    does (kbert.runtime.files.expand_inputs), called as a library too (where no CLI expands them)."""
     from kbert.pretraining.beam_pipeline import run_pipeline
     from kbert.pretraining.create_data import DataOptions
     from kbert.text.vocab_builder import count_words

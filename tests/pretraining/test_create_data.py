@@ -25,12 +25,12 @@ from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.
 
 from conftest import FIXTURES, UNCASED_VOCAB, assert_user_error, run_kbert
 from kbert import Tokenizer
-from kbert.errors import KbertError, command_line_names
 from kbert.pretraining import create_data, python_random
 from kbert.pretraining.create_data import create_pretraining_data
 from kbert.pretraining.instances import InstanceBuilder, truncate_seq_pair
 from kbert.pretraining.record_encoder import FEATURES
 from kbert.pretraining.record_statistics import compute_statistics
+from kbert.runtime.errors import KbertError, command_line_names
 
 SAMPLE = os.path.join(FIXTURES, "sample_text.txt")
 

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from conftest import TINY, run_kbert
-from kbert.errors import KbertError, command_line_names
 from kbert.pretraining.fill_mask import fill_mask
+from kbert.runtime.errors import KbertError, command_line_names
 
 
 def test_top_k_over_the_whole_vocabulary_names_every_id(tiny_model_dir):

@@ -15,9 +15,9 @@ import pytest
 
 from conftest import TINY, assert_user_error, run_kbert
 from kbert.cli.pretrain import pretrain_command
-from kbert.errors import KbertError, command_line_names
 from kbert.pretraining.options import PretrainOptions
 from kbert.pretraining.train import pretrain
+from kbert.runtime.errors import KbertError, command_line_names
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
 

@@ -1,4 +1,4 @@
-"""compute_statistics reads records with kbert.records (no TensorFlow) and gives what tf.data's
+"""compute_statistics reads records with kbert.formats.records (no TensorFlow) and gives what tf.data's
 parse of the same records gives, to the last bit; damaged or mixed records are one line."""
 
 import collections
@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import FIXTURES, UNCASED_VOCAB
-from kbert.errors import KbertError
 from kbert.pretraining.create_data import create_pretraining_data
 from kbert.pretraining.record_statistics import compute_statistics
+from kbert.runtime.errors import KbertError
 from kbert.text.tokenizer import load_vocab
 
 

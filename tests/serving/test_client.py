@@ -22,7 +22,7 @@ import pytest
 
 from conftest import CLASSIFIER_LENGTH, TINY, assert_user_error, run_kbert
 from helpers import STANDIN_SERVER, write_tsv
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 from kbert.serving import Client
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them

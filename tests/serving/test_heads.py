@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import UNCASED_VOCAB
-from kbert.errors import KbertError
 from kbert.finetuning.tasks import TASKS
+from kbert.runtime.errors import KbertError
 from kbert.serving.heads import SERVED_TASKS, require_served, serve_encoder, serving_head
 from kbert.text.graph_packer import BertPreprocessor
 from kbert.text.tokenizer import Tokenizer

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kbert.errors import KbertError, command_line_names
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.rows import stream_rows
 from kbert.finetuning.tasks.base import served_texts_b
+from kbert.runtime.errors import KbertError, command_line_names
 from kbert.serving.heads import EMBEDDING, SERVED_TASKS
 from kbert.serving.predict import served_by, served_rows, served_task
 

@@ -10,7 +10,7 @@ import pytest
 import kbert
 from conftest import FIXTURES, TINY, UNCASED_VOCAB
 from helpers import original_packing
-from kbert.errors import KbertError
+from kbert.runtime.errors import KbertError
 
 LINES = [line.strip() for line in open(f"{FIXTURES}/sample_text.txt", encoding="utf-8") if line.strip()]
 # Pairs whose truncation takes from a, from b, from both on a tie; an empty b (a single text, as in

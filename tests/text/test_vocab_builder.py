@@ -10,8 +10,8 @@ from bert import tokenization  # google-research/bert, PyPI bert-tensorflow 1.0.
 
 import kbert
 from conftest import FIXTURES, assert_user_error, run_kbert
-from kbert.errors import KbertError, command_line_names
 from kbert.pretraining.create_data import create_pretraining_data
+from kbert.runtime.errors import KbertError, command_line_names
 from kbert.text import vocab_builder
 from kbert.text.tf_text_vocab import learn_vocab
 from kbert.text.vocab_builder import RESERVED_TOKENS, WordTokenizer, build_vocab, count_words

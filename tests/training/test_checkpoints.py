@@ -1,4 +1,4 @@
-"""kbert.training.checkpoints: a training checkpoint saved and restored bit for bit, its rotation,
+"""kbert.backend.checkpoints: a training checkpoint saved and restored bit for bit, its rotation,
 and one line for a damaged checkpoint or a failed write. (On JAX and PyTorch, in a Python without
 TensorFlow: tests/test_without_tensorflow.py.)"""
 
@@ -17,8 +17,12 @@ def test_a_checkpoint_round_trips_bit_for_bit_on_tensorflow(tmp_path):
     import keras
 
     import kbert
-    from kbert.training.checkpoints import latest_training_state, restore_training_state, save_training_state
-    from kbert.training.interruption import random_state_variables
+    from kbert.backend.checkpoints import (
+        latest_training_state,
+        random_state_variables,
+        restore_training_state,
+        save_training_state,
+    )
     from kbert.training.optimization import BertAdamW
 
     def fresh():
@@ -62,7 +66,7 @@ def small_model():
 
 
 def test_no_checkpoint_yet(tmp_path):
-    from kbert.training.checkpoints import latest_training_state
+    from kbert.backend.checkpoints import latest_training_state
 
     assert latest_training_state(tmp_path / "none") is None
     (tmp_path / ".ckpt-7.tmp-1-abcdef01").mkdir()  # a save that never finished
@@ -70,8 +74,8 @@ def test_no_checkpoint_yet(tmp_path):
 
 
 def test_a_damaged_or_truncated_checkpoint_is_one_line(small_model, tmp_path):
-    from kbert.errors import KbertError
-    from kbert.training.checkpoints import restore_training_state, save_training_state
+    from kbert.backend.checkpoints import restore_training_state, save_training_state
+    from kbert.runtime.errors import KbertError
 
     path = save_training_state(tmp_path, 1, small_model, small_model.optimizer)
     state = os.path.join(path, "state.npz")
@@ -96,8 +100,8 @@ def test_a_damaged_or_truncated_checkpoint_is_one_line(small_model, tmp_path):
 def test_a_checkpoint_of_another_model_is_one_line(small_model, tmp_path):
     import keras
 
-    from kbert.errors import KbertError
-    from kbert.training.checkpoints import restore_training_state, save_training_state
+    from kbert.backend.checkpoints import restore_training_state, save_training_state
+    from kbert.runtime.errors import KbertError
 
     path = save_training_state(tmp_path, 1, small_model, small_model.optimizer)
     other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(5)])
@@ -107,8 +111,8 @@ def test_a_checkpoint_of_another_model_is_one_line(small_model, tmp_path):
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint(small_model, tmp_path):
-    from kbert.errors import KbertError
-    from kbert.training.checkpoints import latest_training_state, save_training_state
+    from kbert.backend.checkpoints import latest_training_state, save_training_state
+    from kbert.runtime.errors import KbertError
 
     folder = tmp_path / "ckpt"
     save_training_state(folder, 4, small_model, small_model.optimizer)
@@ -116,7 +120,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(small_model, tmp_path):
     try:
         script = (
             "import sys, keras, numpy as np\n"
-            "from kbert.training.checkpoints import save_training_state\n"
+            "from kbert.backend.checkpoints import save_training_state\n"
             "m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]); m.compile(optimizer='adam', loss='mse')\n"
             "m.fit(np.ones((2, 3)), np.ones((2, 2)), verbose=0)\n"
             "save_training_state(sys.argv[1], 8, m, m.optimizer)\n"

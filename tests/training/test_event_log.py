@@ -1,4 +1,4 @@
-"""kbert.training.event_log: event files written without TensorFlow, read back by TensorFlow's own
+"""kbert.backend.event_log: event files written without TensorFlow, read back by TensorFlow's own
 reader and by TensorBoard's, which must see the same steps, tags and values."""
 
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from kbert.training.event_log import EventLog
+from kbert.backend.event_log import EventLog
 
 STEPS = [(0, {"loss": 11.25}), (7, {"loss": 9.5, "mlm_accuracy": 0.125}), (300, {"loss": float("nan"), "lr": 1e-4})]
 

@@ -9,8 +9,9 @@ import threading
 
 import pytest
 
-from kbert.errors import KbertError, command_line_names
-from kbert.training.interruption import StopSignals, checkpoint_write_failed, random_state_variables
+from kbert.backend.checkpoints import checkpoint_write_failed, random_state_variables
+from kbert.runtime.errors import KbertError, command_line_names
+from kbert.training.interruption import StopSignals
 
 SECOND_SIGNAL = """
 import os, signal, sys, time

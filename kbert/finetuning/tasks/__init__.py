@@ -29,7 +29,6 @@ Example:
 
 from __future__ import annotations
 
-from kbert.errors import KbertError
 from kbert.finetuning.tasks.base import Task, finetune_option
 from kbert.finetuning.tasks.choice import CHOICE
 from kbert.finetuning.tasks.classify import CLASSIFY
@@ -37,6 +36,7 @@ from kbert.finetuning.tasks.embed import EMBED
 from kbert.finetuning.tasks.regress import REGRESS
 from kbert.finetuning.tasks.squad import SQUAD
 from kbert.finetuning.tasks.tag import TAG
+from kbert.runtime.errors import KbertError
 
 TASKS = {task.name: task for task in (CLASSIFY, REGRESS, TAG, SQUAD, CHOICE, EMBED)}
 

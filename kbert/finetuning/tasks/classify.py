@@ -19,7 +19,6 @@ import math
 import keras
 import numpy as np
 
-from kbert.errors import KbertError
 from kbert.finetuning import encoding, metrics, readers
 from kbert.finetuning.options import window_stride
 from kbert.finetuning.tasks.base import (
@@ -33,6 +32,7 @@ from kbert.finetuning.tasks.base import (
 )
 from kbert.finetuning.windows import document_mean
 from kbert.model import bert
+from kbert.runtime.errors import KbertError
 
 # TF Serving's Classify API: the signature name an export adds for it, and the method name TF
 # Serving requires of it.
@@ -76,7 +76,7 @@ def refuse_scores(path, labels):
     >>> refuse_scores("train.tsv", ["3.800", "0.500", "5.000"])
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: train.tsv: the labels are numbers with fractions (3 values from 0.5 to 5, e.g. '3.800'): task='classify' would make a class of each value; for a score per example use task='regress', for classes label each row with a name or a whole number
+    kbert.runtime.errors.KbertError: train.tsv: the labels are numbers with fractions (3 values from 0.5 to 5, e.g. '3.800'): task='classify' would make a class of each value; for a score per example use task='regress', for classes label each row with a name or a whole number
     """
     values = []
     for label in labels:

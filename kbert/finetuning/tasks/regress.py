@@ -14,11 +14,11 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from kbert.errors import KbertError
 from kbert.finetuning import metrics
 from kbert.finetuning.tasks.base import served_texts_b
 from kbert.finetuning.tasks.classify import Classify, document_gold, document_logits
 from kbert.model import bert
+from kbert.runtime.errors import KbertError
 
 # TF Serving's Regress API: the signature name an export adds for it, and its method name.
 REGRESS_API, REGRESS_METHOD = "regress", "tensorflow/serving/regress"

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import keras
 
-from kbert.errors import KbertError, option
 from kbert.finetuning import squad_decoding
 from kbert.finetuning.options import SQUAD_DOC_STRIDE, FinetuneOptions
 from kbert.finetuning.squad import read_squad, squad_evaluate, squad_features
 from kbert.finetuning.tasks.base import Task, TaskData
 from kbert.model import bert
+from kbert.runtime.errors import KbertError, option
 from kbert.text.tokenizer import Tokenizer
 
 

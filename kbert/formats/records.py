@@ -27,7 +27,7 @@ import struct
 
 import google_crc32c
 
-from kbert.errors import KbertError, os_error_or
+from kbert.runtime.errors import KbertError, os_error_or
 
 _HEADER = struct.Struct("<QI")  # the length and its CRC
 _CRC = struct.Struct("<I")  # the record's CRC, after it
@@ -78,7 +78,7 @@ def check_records_file(path, flag: str = "") -> int:
     >>> os.truncate(path, 40)
     >>> check_records_file(path)
     Traceback (most recent call last):
-    kbert.errors.KbertError: ...data.tfrecord: truncated TFRecord file (its record 2 ends past the file's end, at byte 43 of 40); make the records again, or leave this file out
+    kbert.runtime.errors.KbertError: ...data.tfrecord: truncated TFRecord file (its record 2 ends past the file's end, at byte 43 of 40); make the records again, or leave this file out
     """
     name = f"{flag} {path}".strip()
     size = os.path.getsize(path)

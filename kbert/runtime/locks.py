@@ -29,8 +29,8 @@ import socket
 import sys
 import time
 
-from kbert.errors import KbertError
-from kbert.processes import at_forced_exit
+from kbert.runtime.errors import KbertError
+from kbert.runtime.processes import at_forced_exit
 
 log = logging.getLogger("kbert")
 
@@ -79,11 +79,11 @@ def output_lock(output, command: str | None = None):
     >>> with output_lock(out, "kbert convert from-tf1 tiny model") as lock:
     ...     with output_lock(out) as again:  # this process already holds it
     ...         print(again == lock)
-    ...     other = subprocess.run([sys.executable, "-c", "import sys; from kbert.locks import output_lock; "
+    ...     other = subprocess.run([sys.executable, "-c", "import sys; from kbert.runtime.locks import output_lock; "
     ...                             "output_lock(sys.argv[1]).__enter__()", out], capture_output=True, text=True)
     True
     >>> print(other.stderr.strip().splitlines()[-1])
-    kbert.errors.KbertError: ... is being written by another process (pid ..., command `kbert convert from-tf1 tiny model`, started ...); wait for it to end or stop it, or choose another output
+    kbert.runtime.errors.KbertError: ... is being written by another process (pid ..., command `kbert convert from-tf1 tiny model`, started ...); wait for it to end or stop it, or choose another output
     >>> os.path.exists(lock)
     False
     """
@@ -176,7 +176,7 @@ def _acquire(path: str, output: str) -> int:
 
 
 def _open_lock_file(path: str, output: str) -> int:
-    # An unwritable folder is refused before this (kbert.outputs.check_writable); what is left
+    # An unwritable folder is refused before this (kbert.runtime.files.check_writable); what is left
     # is a lock file another user's crashed run left behind.
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

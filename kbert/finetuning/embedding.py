@@ -24,7 +24,6 @@ import keras
 import numpy as np
 
 from kbert.backend import make_preprocessor
-from kbert.errors import KbertError, option
 from kbert.finetuning import readers
 from kbert.finetuning.encoding import encode_text_windows, encode_texts
 from kbert.finetuning.options import window_stride
@@ -33,6 +32,7 @@ from kbert.finetuning.windows import document_mean
 from kbert.model.bert import encoder_of
 from kbert.model.embedding_record import check_pooling, embedding_settings
 from kbert.model.pooling import SentencePooling, l2_normalize
+from kbert.runtime.errors import KbertError, option
 
 log = logging.getLogger("kbert")
 
@@ -45,7 +45,7 @@ def check_options(pooling=None, normalize=None, long_text="truncate", doc_stride
     >>> check_options(long_text="chunks")
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: long_text='chunks': give truncate or windows
+    kbert.runtime.errors.KbertError: long_text='chunks': give truncate or windows
     """
     check_pooling(pooling, normalize)
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
@@ -282,7 +282,7 @@ def embed_file(model_or_path, input_path, start: int = 0, *, batch_size: int = 3
 def _open(model_or_path, where):
     if where is None:
         return model_or_path
-    from kbert.sources import open_model
+    from kbert.formats.sources import open_model
 
     return open_model(where)
 

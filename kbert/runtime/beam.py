@@ -22,10 +22,10 @@ import signal
 import threading
 import uuid
 
-from kbert import files
 from kbert._compat import add_beam_options
-from kbert.errors import Interrupted, KbertError, first_line, on_command_line, option
-from kbert.outputs import is_url  # re-exported: the Beam pipelines import it from here
+from kbert.runtime import files
+from kbert.runtime.errors import Interrupted, KbertError, first_line, on_command_line, option
+from kbert.runtime.files import is_url  # re-exported: the Beam pipelines import it from here
 
 
 def _debug() -> bool:
@@ -165,7 +165,7 @@ def remove_stale(output: str, kinds=("kbert-temp", "beam-temp")):
 
 
 def expand_inputs(patterns) -> list[str]:
-    """Input files as the local path names them (`kbert.files.expand_inputs`: comma-separated
+    """Input files as the local path names them (`kbert.runtime.files.expand_inputs`: comma-separated
     paths or globs, each glob's matches sorted, a directory refused), local ones absolute, as
     workers need them; paths and globs of Beam's remote file systems matched by Beam."""
     found = []

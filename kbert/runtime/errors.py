@@ -216,7 +216,7 @@ def user_path(path: str) -> str:
         if part.endswith("_temp") and i:  # TensorFlow's checkpoint shards, before their rename
             return os.sep.join(parts[:i]) or os.sep
         match = re.fullmatch(r"\.(.+)\.tmp-\d+-[0-9a-f]{8}|\.tmp-(.+)|\.(.+)\.tmp", part)
-        if match:  # kbert.files.temporary_name's, and model_dir.write_model_files'
+        if match:  # kbert.runtime.files.temporary_name's, and model_dir.write_model_files'
             parts[i] = next(g for g in match.groups() if g)
             return os.sep.join(parts[: i + 1])
     return path

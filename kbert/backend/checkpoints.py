@@ -31,8 +31,8 @@ import zipfile
 import keras
 import numpy as np
 
-from kbert.errors import KbertError, first_line, op_error_text, option, os_error_parts
-from kbert.files import give_umask_mode, sweep_stale_temporaries, temporary_name
+from kbert.runtime.errors import KbertError, first_line, op_error_text, option, os_error_parts
+from kbert.runtime.files import give_umask_mode, sweep_stale_temporaries, temporary_name
 
 STATE_FILE = "state.npz"
 MANIFEST_FILE = "manifest.json"

@@ -17,14 +17,14 @@ import sys
 import threading
 import time
 
-from kbert.errors import Interrupted
+from kbert.runtime.errors import Interrupted
 
 _PR_SET_PDEATHSIG = 1
 # How long a command has to unwind after SIGTERM before it exits regardless (its workers die
 # with it: `die_with_parent`).
 STOP_SECONDS = 10.0
 # What must go before a stopped command exits without finishing its unwinding: its
-# temporaries and its locks (`kbert.files`, `kbert.locks` register them), so that what it
+# temporaries and its locks (`kbert.runtime.files`, `kbert.runtime.locks` register them), so that what it
 # prints on the way out stays true.
 _AT_FORCED_EXIT: list = []
 

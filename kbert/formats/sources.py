@@ -29,10 +29,10 @@ import logging
 import os
 from collections.abc import Callable
 
-from kbert.errors import KbertError, option
-from kbert.outputs import is_url
+from kbert.runtime.errors import KbertError, option
+from kbert.runtime.files import is_url
 
-# The converters and kbert.model_dir are imported where they are used: they import TensorFlow
+# The converters and kbert.formats.model_dir are imported where they are used: they import TensorFlow
 # (keras-hub's converter adds a second more), which checking a path must not wait for.
 
 log = logging.getLogger("kbert")
@@ -83,9 +83,9 @@ def _open_keras_hub(source, do_lower_case):
 
 
 def _describe_kbert(source) -> SourceInfo:
-    from kbert.config import BertConfig
-    from kbert.files import require_path
-    from kbert.model_dir import CONFIG_FILE, VOCAB_FILE, lower_case_for
+    from kbert.formats.model_dir import CONFIG_FILE, VOCAB_FILE, lower_case_for
+    from kbert.model.config import BertConfig
+    from kbert.runtime.files import require_path
 
     config = BertConfig.from_json_file(os.path.join(source, CONFIG_FILE))
     vocab = os.path.join(source, VOCAB_FILE)
@@ -94,9 +94,9 @@ def _describe_kbert(source) -> SourceInfo:
 
 
 def _describe_tf1(source) -> SourceInfo:
-    from kbert.config import BertConfig
     from kbert.converters.tf1 import find_checkpoint
-    from kbert.model_dir import lower_case_for
+    from kbert.formats.model_dir import lower_case_for
+    from kbert.model.config import BertConfig
 
     checkpoint = find_checkpoint(source)
     config = BertConfig.from_json_file(checkpoint.config_file)
@@ -123,7 +123,7 @@ ACCEPTED = (
     "folder or model.safetensors, a TF Hub encoder SavedModel or a keras-hub preset folder"
 )
 
-# The file names that tell the kinds apart (kbert.model_dir's, kbert.converters.hf's and keras-hub's;
+# The file names that tell the kinds apart (kbert.formats.model_dir's, kbert.converters.hf's and keras-hub's;
 # written out here because importing those modules loads TensorFlow).
 _KBERT_CONFIG = "bert_config.json"  # kbert model directories and google-research checkpoints
 _KBERT_WEIGHTS = "model.weights.h5"  # kbert model directories and keras-hub presets
@@ -156,7 +156,7 @@ def source_kind(path, wanted: str = ACCEPTED) -> str:
     >>> source_kind("tests/fixtures")
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: tests/fixtures: not a model (no bert_config.json, config.json, model.weights.h5, model.safetensors, saved_model.pb or checkpoint *.index here); pass a kbert model directory, a .keras file, a google-research checkpoint (folder or prefix), a Hugging Face folder or model.safetensors, a TF Hub encoder SavedModel or a keras-hub preset folder
+    kbert.runtime.errors.KbertError: tests/fixtures: not a model (no bert_config.json, config.json, model.weights.h5, model.safetensors, saved_model.pb or checkpoint *.index here); pass a kbert model directory, a .keras file, a google-research checkpoint (folder or prefix), a Hugging Face folder or model.safetensors, a TF Hub encoder SavedModel or a keras-hub preset folder
     """
     path = os.fspath(path)
     if is_url(path):
@@ -226,7 +226,7 @@ def check_source(path, accepts=None) -> str:
     >>> check_source("tests/fixtures/tf1-tiny", accepts=("hf",))
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: tests/fixtures/tf1-tiny: a google-research checkpoint, not a Hugging Face model; use kbert convert from-tf1
+    kbert.runtime.errors.KbertError: tests/fixtures/tf1-tiny: a google-research checkpoint, not a Hugging Face model; use kbert convert from-tf1
     """
     accepts = tuple(accepts or KINDS)
     wanted = " or ".join(KINDS[k] for k in accepts if k in KINDS)
@@ -243,26 +243,10 @@ def check_source(path, accepts=None) -> str:
     raise KbertError(f"{path}: {KINDS[kind]}, not {wanted}; {fix}")
 
 
-def unfinished_runs() -> tuple:
-    """Each trainer's `kbert.model_dir.UnfinishedRun`: pretraining's, then fine-tuning's."""
-    from kbert.finetuning.run_state import UNFINISHED_FINETUNING
-    from kbert.pretraining.run_record import UNFINISHED_PRETRAINING
-
-    return UNFINISHED_PRETRAINING, UNFINISHED_FINETUNING
-
-
-def check_not_interrupted(path):
-    """Raise a one-line `KbertError` for the folder of a training run that stopped before writing
-    its model: where it stopped and how to continue it, where "no weights file" would send the
-    user astray. Each trainer recognises its own runs."""
-    for run in unfinished_runs():
-        recorded = run.recognise(path)
-        if recorded:
-            raise KbertError(run.message(path, recorded))
-
-
 def refuse_run(path):
     """Raise the one line for an unfinished run's folder: where it stopped and how to finish it."""
+    from kbert.formats.model_dir import check_not_interrupted
+
     check_not_interrupted(path)  # raises, naming the checkpoint or the unfinished fine-tuning
     raise KbertError(
         f"{os.fspath(path)}: a training run that stopped before writing its model (no model.weights.h5); "
@@ -271,13 +255,14 @@ def refuse_run(path):
 
 
 def load(path):
-    """The model saved in a kbert model directory or `.keras` file (`kbert.model_dir.load`), after
+    """The model saved in a kbert model directory or `.keras` file (`kbert.formats.model_dir.load`), after
     refusing the folder of an unfinished run in one line that says how to finish it.
 
     Example:
     >>> model = kbert.load("out/tiny")  # doctest: +SKIP
     """
-    from kbert.model_dir import load as load_model_dir
+    from kbert.formats.model_dir import check_not_interrupted
+    from kbert.formats.model_dir import load as load_model_dir
 
     check_not_interrupted(path)
     return load_model_dir(path)
@@ -319,7 +304,7 @@ def open_model(source, do_lower_case: bool | None = None):
 
     A kbert model directory or .keras file is loaded (`kbert.load`); any other kind is converted
     in memory by its converter, into a pretrainer whose `fresh_heads` name the heads the source
-    lacked. Where a source records no casing, `kbert.model_dir.lower_case_for` decides from its
+    lacked. Where a source records no casing, `kbert.formats.model_dir.lower_case_for` decides from its
     folder name, and the log says so. `do_lower_case` overrides the casing in every case.
 
     Example:

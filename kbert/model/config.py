@@ -6,11 +6,11 @@ import dataclasses
 import json
 import os
 
-from kbert.errors import KbertError, option
-from kbert.files import require_path
+from kbert.runtime.errors import KbertError, option
+from kbert.runtime.files import require_path
 
 # A kbert model directory's config and vocabulary, as google-research's checkpoints name them
-# (kbert.model_dir has the rest of the format).
+# (kbert.formats.model_dir has the rest of the format).
 CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
 
@@ -36,11 +36,11 @@ def sequence_length(
     >>> sequence_length(600, 512)
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: max_seq_length=600 exceeds the model's max_position_embeddings 512; lower it
+    kbert.runtime.errors.KbertError: max_seq_length=600 exceeds the model's max_position_embeddings 512; lower it
     >>> sequence_length(0, 512)
     Traceback (most recent call last):
     ...
-    kbert.errors.KbertError: max_seq_length=0: give at least 3 ([CLS], a token, [SEP])
+    kbert.runtime.errors.KbertError: max_seq_length=0: give at least 3 ([CLS], a token, [SEP])
     """
     if requested is not None:  # 0 is a mistake to name, not "unset"
         if requested < 3:

@@ -1,7 +1,7 @@
 """kbert model directories: `bert_config.json` + `vocab.txt` + `model.weights.h5`.
 
 `save` writes one, `load` reads one (or a `.keras` file), and `lower_case_for` is the one rule
-for a source's casing. Every other kind of model source is opened by `kbert.sources.open_model`.
+for a source's casing. Every other kind of model source is opened by `kbert.formats.sources.open_model`.
 
 `bert_config.json` keeps the original keys, plus kbert's own: `kbert_model` (which model
 class the weights belong to) and `do_lower_case`. `kbert.load` rebuilds the model from the
@@ -22,15 +22,14 @@ import os
 import shutil
 from collections.abc import Callable
 
-from kbert.config import CONFIG_FILE, VOCAB_FILE, BertConfig, load_config
-from kbert.errors import KbertError, first_line, os_error_or
-from kbert.files import atomic_output_dir, count_lines, require_path, save_weights
 from kbert.finetuning.task_info import HEAD_TASKS, TASK_KEYS, head_task_info
 from kbert.model import bert
+from kbert.model.config import CONFIG_FILE, VOCAB_FILE, BertConfig, load_config
 from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.model.initializers import unfilled
 from kbert.model.kinds import model_classes, model_kind
-from kbert.outputs import writes
+from kbert.runtime.errors import KbertError, first_line, os_error_or
+from kbert.runtime.files import atomic_output_dir, count_lines, require_path, save_weights, writes
 
 log = logging.getLogger("kbert")
 
@@ -220,7 +219,7 @@ def load_keras_file(path):
 class UnfinishedRun:
     """How a trainer's unfinished run is told apart from a model: the folder a training command
     leaves before it writes model.weights.h5. Each trainer defines one beside its run format
-    (`kbert.pretraining.run_record`, `kbert.finetuning.run_state`); `kbert.sources` asks them.
+    (`kbert.pretraining.run_record`, `kbert.finetuning.run_state`) and registers it here.
 
     `recognise(path)` returns what the run recorded (a checkpoint, a state), or None when `path`
     is not such a run; `message(path, recorded)` is the one line that says how to finish it."""
@@ -228,6 +227,27 @@ class UnfinishedRun:
     command: str
     recognise: Callable
     message: Callable
+
+
+# Each trainer's UnfinishedRun, registered when its run format's module is imported
+# (kbert.pretraining.run_record, kbert.finetuning.run_state): the format knows no trainer.
+UNFINISHED_RUNS: list[UnfinishedRun] = []
+
+
+def register_unfinished_run(run: UnfinishedRun) -> UnfinishedRun:
+    """Add a trainer's way of telling its unfinished runs apart to `UNFINISHED_RUNS`."""
+    UNFINISHED_RUNS.append(run)
+    return run
+
+
+def check_not_interrupted(path):
+    """Raise a one-line `KbertError` for the folder of a training run that stopped before writing
+    its model: where it stopped and how to continue it, where "no weights file" would send the
+    user astray. Each registered trainer recognises its own runs."""
+    for run in UNFINISHED_RUNS:
+        recorded = run.recognise(path)
+        if recorded:
+            raise KbertError(run.message(path, recorded))
 
 
 def load(model_dir):
