@@ -114,8 +114,8 @@ def check_outputs() -> dict:
     import keras
     import numpy as np
 
+    from kbert.config import BertConfig
     from kbert.model.bert import BertPretrainer
-    from kbert.model.config import BertConfig
 
     keras.mixed_precision.set_global_policy("float32")
     backend = keras.backend.backend()
@@ -159,8 +159,8 @@ def per_step(running_means: list) -> list:
 def run_kbert(size: dict, shape, records: str, steps: int, warmup: int) -> dict:
     import keras
 
+    from kbert.config import BertConfig
     from kbert.model.bert import BertPretrainer
-    from kbert.model.config import BertConfig
     from kbert.pretraining.losses import pretraining_losses
     from kbert.training.optimization import BertAdamW, WarmupLinearDecay
 

@@ -9,7 +9,7 @@ import typer
 
 from kbert.cli.common import MORE_INPUTS, bytes_progress, print_result
 from kbert.cli.frame import TEXT, TEXT_FILES, Output, command
-from kbert.model.config import DEFAULT_MAX_SEQ_LENGTH
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 
 
 # long: one typer option per flag, as --help lists them; the body is a few calls

@@ -269,7 +269,7 @@ def check_content(path: str, declared: Input, flag: str):
         except ValueError as e:
             raise KbertError(f"{flag} {path}: not valid JSON ({e}); is the file complete?") from None
     if declared.content == "records":
-        from kbert.formats.records import check_records_file
+        from kbert.runtime.records import check_records_file
 
         check_records_file(path, flag)
 

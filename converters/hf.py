@@ -21,6 +21,7 @@ import weakref
 
 import numpy as np
 
+from kbert.config import BertConfig
 from kbert.converters.loading import (
     HEAD_PATHS,
     POOLER_PATH,
@@ -49,7 +50,6 @@ from kbert.formats.model_dir import (
     stored_head_provenance,
 )
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary
-from kbert.model.config import BertConfig
 from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.runtime.errors import KbertError, listing, option
 from kbert.runtime.files import atomic_output_dir, count_lines, writes

@@ -17,6 +17,7 @@ import re
 import h5py
 import numpy as np
 
+from kbert.config import BertConfig
 from kbert.converters.hf import describe_hf
 from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
 from kbert.converters.tf1 import data_problems, find_checkpoint, is_optimizer_state, open_reader
@@ -32,7 +33,6 @@ from kbert.formats.model_dir import (
     stored_head_provenance,
 )
 from kbert.formats.sources import KINDS, open_model, refuse_run, source_kind
-from kbert.model.config import BertConfig
 from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.model.kinds import model_kind
 from kbert.pretraining.run_record import interrupted_pretraining, interrupted_pretraining_message

@@ -23,13 +23,13 @@ import keras
 import keras_hub
 import numpy as np
 
+from kbert.config import BertConfig
 from kbert.converters.loading import Converted
 from kbert.converters.named import named_arrays, pretrainer_from_named
 from kbert.converters.names import KERAS_HUB_CLASSIFIER_HEAD
 from kbert.formats.model_dir import check_vocab, fresh_heads_of, lower_case_for
 from kbert.formats.sources import open_model
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary, encoder_of
-from kbert.model.config import BertConfig
 from kbert.runtime.errors import KbertError, first_line, listing, option
 from kbert.runtime.files import atomic_output_dir, check_free_space, weights_file_bytes, writes
 from kbert.text.graph_packer import BertPreprocessor

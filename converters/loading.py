@@ -38,10 +38,10 @@ from typing import NamedTuple
 import numpy as np
 
 from kbert.backend import fill_weight
+from kbert.config import BertConfig
 from kbert.converters.names import suspect_field, tf1_to_kbert_paths
 from kbert.formats.model_dir import check_vocab, fresh_heads_of
 from kbert.model.bert import BertPretrainer, Vocabulary
-from kbert.model.config import BertConfig
 from kbert.model.initializers import original_initializer, unfilled
 from kbert.runtime.errors import KbertError, listing, plural
 

@@ -12,10 +12,10 @@ import logging
 
 import numpy as np
 
+from kbert.config import BertConfig
 from kbert.converters.loading import Stored, load_pretrainer, stored_weights
 from kbert.converters.names import names_to_kbert_paths, split_heads_shape
 from kbert.model.bert import encoder_of
-from kbert.model.config import BertConfig
 
 log = logging.getLogger("kbert")
 

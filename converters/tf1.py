@@ -18,6 +18,7 @@ import shutil
 import numpy as np
 import tensorflow as tf
 
+from kbert.config import BertConfig
 from kbert.converters.loading import (
     HEAD_PATHS,
     POOLER_PATH,
@@ -38,7 +39,6 @@ from kbert.formats.model_dir import (
 )
 from kbert.formats.model_dir import HEADS as HEADS_IN_ORDER
 from kbert.model.bert import BertClassifier, Vocabulary
-from kbert.model.config import BertConfig
 from kbert.runtime.errors import KbertError, first_line, listing, option, os_error_or, plural
 from kbert.runtime.files import atomic_output_dir, writes
 

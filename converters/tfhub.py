@@ -24,11 +24,11 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2, trackable_object_graph_pb2
 
+from kbert.config import BertConfig
 from kbert.converters.loading import Converted
 from kbert.converters.named import pretrainer_from_named
 from kbert.formats.model_dir import CONFIG_FILE, check_vocab, lower_case_for
 from kbert.model.bert import Vocabulary
-from kbert.model.config import BertConfig
 from kbert.runtime.errors import KbertError, first_line, listing, option, os_error_or
 
 log = logging.getLogger("kbert")

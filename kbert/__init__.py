@@ -17,7 +17,7 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "BertConfig": "kbert.model.config",
+    "BertConfig": "kbert.config",
     "KbertError": "kbert.runtime.errors",
     "BertEncoder": "kbert.model.bert",
     "BertPretrainer": "kbert.model.bert",

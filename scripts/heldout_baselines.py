@@ -14,7 +14,7 @@ import math
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-from kbert.model.config import DEFAULT_MAX_SEQ_LENGTH
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.pretraining.tf_dataset import pretraining_dataset
 
 

@@ -49,11 +49,11 @@ import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 from kbert.backend.tensorflow_compat import write_export_archive
+from kbert.config import sequence_length
 from kbert.finetuning.options import window_stride
 from kbert.finetuning.tasks import get_task, head_task
 from kbert.formats.sources import open_model
 from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
-from kbert.model.config import sequence_length
 from kbert.model.embedding_record import embedding_of
 from kbert.model.kinds import model_kind
 from kbert.runtime.errors import KbertError, option

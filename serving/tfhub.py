@@ -43,10 +43,10 @@ import tensorflow as tf
 
 from kbert.backend import tensorflow_fused as fused
 from kbert.backend.tensorflow_compat import auto_trackable
+from kbert.config import sequence_length
 from kbert.formats.model_dir import CONFIG_FILE
 from kbert.formats.sources import open_model
 from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
-from kbert.model.config import sequence_length
 from kbert.model.embedding_record import embedding_of
 from kbert.model.layers import attention_adder
 from kbert.model.pooling import l2_normalize, pool

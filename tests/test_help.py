@@ -113,7 +113,7 @@ def test_export_errors_name_python_arguments_from_python_and_flags_on_the_comman
 
 
 def test_sequence_length_names_the_argument_or_the_flag():
-    from kbert.model.config import sequence_length
+    from kbert.config import sequence_length
     from kbert.runtime.errors import command_line_names
 
     with pytest.raises(KbertError, match=r"^max_seq_length=600 exceeds"):
@@ -151,7 +151,7 @@ def test_a_shared_error_names_the_command_that_has_the_flag(tmp_path):
 # they say `max_seq_length=600` to a Python caller and `--max-seq-length 600` on the command line.
 OPTION_NAMING_MODULES = [
     "kbert/runtime/beam.py",
-    "kbert/model/config.py",
+    "kbert/config.py",
     "kbert/finetuning/embedding.py",
     "kbert/extend.py",
     "kbert/runtime/files.py",

@@ -1,10 +1,10 @@
-"""kbert.formats.records: TFRecord frames and tf.train.Example's wire format, against TensorFlow's and
+"""kbert.runtime.records: TFRecord frames and tf.train.Example's wire format, against TensorFlow's and
 protobuf's own readers and writers."""
 
 import numpy as np
 import pytest
 
-from kbert.formats.records import decode_varint, encode_varint, parse_example, read_frames, tfrecord_frames
+from kbert.runtime.records import decode_varint, encode_varint, parse_example, read_frames, tfrecord_frames
 
 
 def test_varints_are_protobufs():

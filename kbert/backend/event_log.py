@@ -1,6 +1,6 @@
 """TensorBoard event files written in pure Python, for training on any Keras backend.
 
-TensorBoard reads `events.out.tfevents.*` files: TFRecord frames (`kbert.formats.records`
+TensorBoard reads `events.out.tfevents.*` files: TFRecord frames (`kbert.runtime.records`
 frames them, CRC32C and all) around serialized `Event` protos. Training loops that run without
 TensorFlow write their scalars here, and TensorBoard shows them as it shows `tf.summary` scalars.
 
@@ -17,7 +17,7 @@ import socket
 import struct
 import time
 
-from kbert.formats.records import encode_varint, tfrecord_frames
+from kbert.runtime.records import encode_varint, tfrecord_frames
 
 _files = itertools.count()  # tells apart two logs opened in the same second by one process
 

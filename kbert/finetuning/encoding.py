@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kbert.config import ENCODER_INPUTS
 from kbert.finetuning.windows import Windows, containing_windows, max_context_windows
-from kbert.model.config import ENCODER_INPUTS
 from kbert.runtime.errors import KbertError
 from kbert.text.packing import Packer, Rows
 

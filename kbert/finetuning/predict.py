@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import keras
 import numpy as np
 
+from kbert.config import sequence_length
 from kbert.finetuning import encoding, readers
 from kbert.finetuning.embedding import Embedder, json_vector, one_text_per_row
 from kbert.finetuning.options import FinetuneOptions, resolve_options
@@ -29,7 +30,6 @@ from kbert.finetuning.tasks.base import json_floats
 from kbert.formats.model_dir import model_kind
 from kbert.formats.sources import open_model
 from kbert.model.bert import encoder_of
-from kbert.model.config import sequence_length
 from kbert.model.embedding_record import embedding_of
 from kbert.runtime.errors import KbertError, option
 from kbert.text.graph_packer import BertPreprocessor

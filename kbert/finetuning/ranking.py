@@ -26,9 +26,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from kbert.config import ENCODER_INPUTS
 from kbert.finetuning.metrics import ranking_metrics, top_documents
 from kbert.model.bert import BertEncoder
-from kbert.model.config import ENCODER_INPUTS
 from kbert.model.pooling import SentencePooling
 
 SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss default: cosine * 20

@@ -8,10 +8,10 @@ import json
 import os
 import shlex
 
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.finetuning.options import FinetuneOptions
 from kbert.finetuning.tasks import TASKS
 from kbert.formats.model_dir import UnfinishedRun, is_model_dir, register_unfinished_run
-from kbert.model.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.runtime.files import PARTIAL_SUFFIX
 
 # What an unfinished run (OUTPUT.partial/) holds besides its checkpoints (kbert.finetuning.train).

@@ -43,6 +43,7 @@ import numpy as np
 
 from kbert import backend
 from kbert.backend.checkpoints import checkpoint_write_failed
+from kbert.config import sequence_length
 from kbert.finetuning.options import FinetuneOptions, resolve_options, window_stride
 from kbert.finetuning.run_state import STATE_FILE
 from kbert.finetuning.squad_decoding import write_predictions_json
@@ -50,7 +51,6 @@ from kbert.finetuning.tasks import Task, best_metric, get_task
 from kbert.finetuning.tasks.base import TaskData, json_floats
 from kbert.formats.model_dir import CHECKPOINTS_DIR, save
 from kbert.formats.sources import open_model
-from kbert.model.config import sequence_length
 from kbert.runtime.errors import KbertError, on_command_line, op_error_text, option
 from kbert.runtime.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir, writes
 from kbert.training.interruption import StopSignals

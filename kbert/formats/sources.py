@@ -83,8 +83,8 @@ def _open_keras_hub(source, do_lower_case):
 
 
 def _describe_kbert(source) -> SourceInfo:
+    from kbert.config import BertConfig
     from kbert.formats.model_dir import CONFIG_FILE, VOCAB_FILE, lower_case_for
-    from kbert.model.config import BertConfig
     from kbert.runtime.files import require_path
 
     config = BertConfig.from_json_file(os.path.join(source, CONFIG_FILE))
@@ -94,9 +94,9 @@ def _describe_kbert(source) -> SourceInfo:
 
 
 def _describe_tf1(source) -> SourceInfo:
+    from kbert.config import BertConfig
     from kbert.converters.tf1 import find_checkpoint
     from kbert.formats.model_dir import lower_case_for
-    from kbert.model.config import BertConfig
 
     checkpoint = find_checkpoint(source)
     config = BertConfig.from_json_file(checkpoint.config_file)

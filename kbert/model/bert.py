@@ -23,7 +23,7 @@ from keras import ops
 
 from kbert._compat import track_attribute
 from kbert.backend import LAYERS_ARE_MODULES
-from kbert.model.config import ENCODER_INPUTS, BertConfig
+from kbert.config import ENCODER_INPUTS, BertConfig
 from kbert.model.layers import (
     BertEmbeddings,
     MaskedLMHead,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kbert.model.config import BertConfig, sequence_length
+from kbert.config import BertConfig, sequence_length
 from kbert.model.kinds import model_kind
 from kbert.model.pooling import POOLING_MODES
 from kbert.runtime.errors import KbertError, on_command_line, option

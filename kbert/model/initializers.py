@@ -19,7 +19,7 @@ import contextlib
 import keras
 
 from kbert.backend import empty
-from kbert.model.config import BertConfig
+from kbert.config import BertConfig
 
 # The weight names (the last part of a path) that start at 0 and at 1; any other weight draws.
 ZERO_WEIGHTS = ("bias", "beta", "output_bias")

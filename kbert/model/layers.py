@@ -25,7 +25,7 @@ import keras
 from keras import ops
 
 from kbert.backend import fused, matmul_transposed, take_positions
-from kbert.model.config import BertConfig
+from kbert.config import BertConfig
 from kbert.model.initializers import initializer
 
 

@@ -45,7 +45,6 @@ import time
 import uuid
 from fractions import Fraction
 
-from kbert.formats.records import tfrecord_frames
 from kbert.pretraining import create_data
 from kbert.pretraining.create_data import read_chunks
 from kbert.pretraining.instances import DataOptions, InstanceBuilder, InstanceCounts
@@ -67,6 +66,7 @@ from kbert.runtime.beam import (
     write_atomically,
 )
 from kbert.runtime.errors import KbertError, first_line, option
+from kbert.runtime.records import tfrecord_frames
 from kbert.text.tokenizer import load_vocab
 
 STATISTICS_FILE = "statistics.json"

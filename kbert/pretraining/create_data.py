@@ -4,9 +4,9 @@ This module is the command: its options, reading the text in chunks, and writing
 The rest of it, one job a module:
 - `instances`: the algorithm, beside the original's functions, and where and why it differs;
 - `python_random`: `random.shuffle` and `randint`, the same draws with fewer Python calls;
-- `record_encoder`: tf.train.Example bytes, without TensorFlow (`kbert.formats.records` frames them);
+- `record_encoder`: tf.train.Example bytes, without TensorFlow (`kbert.runtime.records` frames them);
 - `worker_pool`: the spawned worker processes, and peak memory;
-- `record_statistics`: `compute_statistics`, what any writer's records hold (read by `kbert.formats.records`).
+- `record_statistics`: `compute_statistics`, what any writer's records hold (read by `kbert.runtime.records`).
 
 It is faster because: kbert.Tokenizer is; every document is tokenized once, not once per
 pass; a token is held as the protobuf bytes of its id, so a record's bytes are assembled with
@@ -27,7 +27,7 @@ import contextlib
 import os
 import time
 
-from kbert.model.config import DEFAULT_MAX_SEQ_LENGTH
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.pretraining.instances import DataOptions, InstanceCounts
 from kbert.pretraining.worker_pool import chunk_results, peak_rss_mib
 from kbert.runtime.errors import KbertError, on_command_line, option

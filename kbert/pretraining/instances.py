@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from kbert.model.config import DEFAULT_MAX_SEQ_LENGTH
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.pretraining.python_random import randbelow, shuffle
 from kbert.pretraining.record_encoder import ExampleBytes
 from kbert.runtime.errors import KbertError, option

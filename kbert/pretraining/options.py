@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kbert.model.config import DEFAULT_MAX_SEQ_LENGTH
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 
 
 @dataclasses.dataclass

@@ -14,9 +14,9 @@ import glob
 import logging
 import os
 
-from kbert.formats.records import check_records_file
 from kbert.pretraining.record_encoder import INPUT_KEYS, LABEL_KEYS
 from kbert.runtime.errors import KbertError, on_command_line, option
+from kbert.runtime.records import check_records_file
 
 # Records of each file whose token ids check_records compares with the vocabulary: enough to
 # catch records made with another vocab.txt, which shows in the first records already.
@@ -59,13 +59,13 @@ def find_files(pattern: str, flag: str = "--data") -> list[str]:
 def check_records(
     files, max_seq_length: int, max_predictions_per_seq: int, flag: str = "--data", vocab_size: int | None = None
 ):
-    """Walk every file's record framing to its end (`kbert.formats.records.check_records_file`: the
+    """Walk every file's record framing to its end (`kbert.runtime.records.check_records_file`: the
     headers only), then read its first record: a cut-short, corrupt or wrongly sized file is
     named here, before anything is written, rather than failing deep in the run. With
     `vocab_size`, the token ids of each file's first CHECKED_RECORDS records must lie in the
     vocabulary (made with another vocab.txt, they would fail in a gather mid-run on a CPU, and
     read zeros unnoticed on a GPU)."""
-    from kbert.formats.records import parse_example, read_frames
+    from kbert.runtime.records import parse_example, read_frames
 
     for path in files:
         check_records_file(path, named(flag))

@@ -2,7 +2,7 @@
 
 The original builds a `tf.train.Example` per instance and writes it with a TFRecordWriter.
 Here a token is held as the protobuf bytes of its id, so a record's bytes are assembled with a
-few joins of precomputed pieces (`ExampleBytes`), and `kbert.formats.records.tfrecord_frames` frames them
+few joins of precomputed pieces (`ExampleBytes`), and `kbert.runtime.records.tfrecord_frames` frames them
 as a TFRecord file holds them. Neither needs TensorFlow, whose start-up alone was a sixth of
 create-data's time on the Debian corpus; the tests decode the records with the original
 run_pretraining.py's reader.
@@ -10,8 +10,8 @@ run_pretraining.py's reader.
 
 from __future__ import annotations
 
-from kbert.formats.records import encode_varint
-from kbert.model.config import ENCODER_INPUTS
+from kbert.config import ENCODER_INPUTS
+from kbert.runtime.records import encode_varint
 
 # The features of create_pretraining_data.py's records: the pretrainer's inputs, then its labels.
 INPUT_KEYS = (*ENCODER_INPUTS, "masked_lm_positions")
@@ -30,7 +30,7 @@ class ExampleBytes:
     input_mask / weights / label entries) are built once and a record is one bytes.join.
 
     Example:
-    >>> from kbert.formats.records import parse_example
+    >>> from kbert.runtime.records import parse_example
     >>> record = ExampleBytes(8, 2, 100).record([b"\\x65", b"\\x07", b"\\x66"], 1, [1], [b"\\x09"], True)
     >>> example = parse_example(record)
     >>> example["input_ids"].tolist(), example["masked_lm_weights"].tolist()

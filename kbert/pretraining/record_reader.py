@@ -3,7 +3,7 @@
 The reading half of `record_encoder`: on a machine with JAX or PyTorch and no TensorFlow,
 `numpy_batches` gives the (features, labels) batches that `tf_dataset.pretraining_dataset` gives
 with tf.data -- the same keys, int32 ids, float32 weights -- from the records `kbert create-data`
-(or create_pretraining_data.py) writes. The frames and the Examples are `kbert.formats.records`': every
+(or create_pretraining_data.py) writes. The frames and the Examples are `kbert.runtime.records`': every
 frame's two checksums are checked, so a damaged file is one line naming it and the record's
 offset, in TensorFlow's words.
 """
@@ -15,10 +15,10 @@ import threading
 
 import numpy as np
 
-from kbert.formats.records import parse_example, read_frames
-from kbert.model.config import ENCODER_INPUTS
+from kbert.config import ENCODER_INPUTS
 from kbert.pretraining.record_encoder import INPUT_KEYS, LABEL_KEYS
 from kbert.runtime.errors import KbertError
+from kbert.runtime.records import parse_example, read_frames
 
 FLOAT_KEYS = ("masked_lm_weights",)
 
@@ -147,7 +147,7 @@ def numpy_batches(
     Example:
     >>> import os, tempfile
     >>> from kbert.pretraining.record_encoder import ExampleBytes
-    >>> from kbert.formats.records import tfrecord_frames
+    >>> from kbert.runtime.records import tfrecord_frames
     >>> encoder = ExampleBytes(8, 2, 100)
     >>> records = [encoder.record([b"\\x65", bytes([n]), b"\\x66"], 1, [1], [b"\\x09"], n % 2 == 1) for n in range(5)]
     >>> path = os.path.join(tempfile.mkdtemp(), "x.tfrecord")

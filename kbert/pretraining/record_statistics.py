@@ -2,7 +2,7 @@
 
 `compute_statistics` reads any writer's records (kbert's, the original script's, the Beam
 pipeline's) and reports the shares create-data's own counts report, so two writers' outputs can
-be compared. The records are read by `kbert.formats.records`, without TensorFlow, every frame's
+be compared. The records are read by `kbert.runtime.records`, without TensorFlow, every frame's
 checksums checked.
 """
 
@@ -13,8 +13,8 @@ import os
 
 import numpy as np
 
-from kbert.formats.records import parse_example, read_frames
 from kbert.runtime.errors import KbertError
+from kbert.runtime.records import parse_example, read_frames
 from kbert.text.tokenizer import load_vocab
 
 _KEYS = ("input_ids", "input_mask", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")

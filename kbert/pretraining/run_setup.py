@@ -17,10 +17,10 @@ import dataclasses
 import os
 
 from kbert.backend.checkpoints import latest_training_state
+from kbert.config import BertConfig
 from kbert.formats.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, VOCAB_FILE, check_vocab
 from kbert.formats.sources import open_model
 from kbert.model.bert import BertPretrainer
-from kbert.model.config import BertConfig
 from kbert.model.initializers import unfilled
 from kbert.pretraining.fill_mask import what_it_is
 from kbert.pretraining.options import PretrainOptions

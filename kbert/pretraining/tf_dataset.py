@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from kbert.formats.records import check_records_file
 from kbert.pretraining.record_checks import (
     CHECKED_RECORDS,
     named,
@@ -20,6 +19,7 @@ from kbert.pretraining.record_checks import (
 )
 from kbert.pretraining.record_encoder import INPUT_KEYS, LABEL_KEYS
 from kbert.runtime.errors import KbertError, op_error_text
+from kbert.runtime.records import check_records_file
 
 
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int):

@@ -18,9 +18,9 @@ import signal
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-from kbert.formats.records import tfrecord_frames
 from kbert.pretraining.instances import InstanceBuilder
 from kbert.runtime.processes import die_with_parent
+from kbert.runtime.records import tfrecord_frames
 
 _BUILDER: InstanceBuilder | None = None
 

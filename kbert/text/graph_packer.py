@@ -32,8 +32,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import kbert.model.config
-from kbert.model.config import ENCODER_INPUTS, VOCAB_FILE, load_config
+import kbert.config
+from kbert.config import ENCODER_INPUTS, VOCAB_FILE, load_config
 from kbert.text.graph_tokenizer import GraphTokenizer
 from kbert.text.packing import Rows, checked_sequence_length, require_tokens, special_token_ids
 from kbert.text.tokenizer import UNK, load_vocab
@@ -360,7 +360,7 @@ class BertPreprocessor(keras.layers.Layer):
         self,
         vocab_file,
         do_lower_case: bool = True,
-        sequence_length: int = kbert.model.config.DEFAULT_MAX_SEQ_LENGTH,
+        sequence_length: int = kbert.config.DEFAULT_MAX_SEQ_LENGTH,
         **kwargs,
     ):
         kwargs.pop("trainable", None)  # nothing to train; from_config passes it back
@@ -403,7 +403,7 @@ class BertPreprocessor(keras.layers.Layer):
                 f"{config.max_position_embeddings}; pass sequence_length="
                 f"{config.max_position_embeddings} or less"
             )
-        length = sequence_length or kbert.model.config.sequence_length(
+        length = sequence_length or kbert.config.sequence_length(
             None, config.max_position_embeddings, trained=trained_length
         )
         return cls(vocab, lower, length)

@@ -18,7 +18,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from kbert.model.config import DEFAULT_MAX_SEQ_LENGTH, ENCODER_INPUTS
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH, ENCODER_INPUTS
 from kbert.runtime.errors import KbertError
 from kbert.text.tokenizer import UNK, Tokenizer
 from kbert.text.windows import sliding_windows
@@ -52,7 +52,7 @@ class Rows(NamedTuple):
 @runtime_checkable
 class Packer(Protocol):
     """What fine-tuning asks of a packer: a file's texts, pairs, words to tag, and long documents
-    in windows -> the encoder's three inputs (`kbert.model.config.ENCODER_INPUTS`), numpy int32
+    in windows -> the encoder's three inputs (`kbert.config.ENCODER_INPUTS`), numpy int32
     [rows, sequence_length], and `Rows` where rows differ in length.
 
     Its methods take Python lists of str and return numpy. `kbert.text.graph_packer.BertPreprocessor`

@@ -16,7 +16,7 @@ import os
 import re
 import unicodedata
 
-from kbert.model.config import VOCAB_FILE, load_config
+from kbert.config import VOCAB_FILE, load_config
 from kbert.runtime.errors import KbertError
 from kbert.text import unicode_classes
 

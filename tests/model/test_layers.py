@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 from kbert.backend import tensorflow_fused as fused
+from kbert.config import BertConfig
 from kbert.model import layers
-from kbert.model.config import BertConfig
 
 KERNELS = ("gelu", "dropout", "bias_dropout", "attention_probs", "layer_norm", "bias_add_float32")
 

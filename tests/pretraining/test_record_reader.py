@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, UNCASED_VOCAB, run_kbert
-from kbert.formats.records import parse_example, read_frames
 from kbert.pretraining.record_reader import numpy_batches
 from kbert.pretraining.tf_dataset import feature_spec
 from kbert.runtime.errors import KbertError
+from kbert.runtime.records import parse_example, read_frames
 
 SEQ, PREDS = 64, 10
 
@@ -154,7 +154,7 @@ def test_it_imports_no_tensorflow(records):
 
 @pytest.mark.parametrize("data", [b"\x0f", b"\x80", b"\x0a\xff\xff\xff\xff\x0f", b"plain text, not a proto"])
 def test_a_frame_that_is_not_an_example_is_one_line(tmp_path, data):
-    from kbert.formats.records import tfrecord_frames
+    from kbert.runtime.records import tfrecord_frames
 
     path = tmp_path / "other.tfrecord"
     path.write_bytes(tfrecord_frames([data])[0])

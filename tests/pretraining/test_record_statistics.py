@@ -1,4 +1,4 @@
-"""compute_statistics reads records with kbert.formats.records (no TensorFlow) and gives what tf.data's
+"""compute_statistics reads records with kbert.runtime.records (no TensorFlow) and gives what tf.data's
 parse of the same records gives, to the last bit; damaged or mixed records are one line."""
 
 import collections

@@ -17,9 +17,9 @@ import logging
 
 import numpy as np
 
+from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.finetuning import readers
 from kbert.finetuning.options import FinetuneOptions, window_stride
-from kbert.model.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.runtime.errors import KbertError, option
 
 log = logging.getLogger("kbert")

@@ -19,10 +19,10 @@ import logging
 
 import numpy as np
 
+from kbert.config import BertConfig
 from kbert.finetuning import encoding, ranking, readers
 from kbert.finetuning.tasks.base import Task, TaskData
 from kbert.model import bert
-from kbert.model.config import BertConfig
 from kbert.model.embedding_record import EMBEDDING_KEY, embedding_of, embedding_settings
 from kbert.runtime.errors import KbertError, option
 
