@@ -22,9 +22,9 @@ import os
 import shutil
 from collections.abc import Callable
 
+from kbert.config import CONFIG_FILE, VOCAB_FILE, BertConfig, load_config
 from kbert.finetuning.task_info import HEAD_TASKS, TASK_KEYS, head_task_info
 from kbert.model import bert
-from kbert.model.config import CONFIG_FILE, VOCAB_FILE, BertConfig, load_config
 from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.model.initializers import unfilled
 from kbert.model.kinds import model_classes, model_kind
