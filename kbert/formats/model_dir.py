@@ -240,16 +240,6 @@ def register_unfinished_run(run: UnfinishedRun) -> UnfinishedRun:
     return run
 
 
-def check_not_interrupted(path):
-    """Raise a one-line `KbertError` for the folder of a training run that stopped before writing
-    its model: where it stopped and how to continue it, where "no weights file" would send the
-    user astray. Each registered trainer recognises its own runs."""
-    for run in UNFINISHED_RUNS:
-        recorded = run.recognise(path)
-        if recorded:
-            raise KbertError(run.message(path, recorded))
-
-
 def load(model_dir):
     """The model saved in a kbert model directory, with its weights, its `vocabulary` (vocab.txt
     and casing) and, for a task model, its `task_info`.

@@ -142,10 +142,11 @@ _SAVED_MODEL = "saved_model.pb"
 _RUN_MARKS = ("checkpoints", "state.json")
 
 
-def source_kind(path, wanted: str = ACCEPTED) -> str:
+def source_kind(path, wanted: str = ACCEPTED, missing: str | None = None) -> str:
     """Which kind of model source `path` is: a key of `KINDS`, or "run" for the folder of an
     unfinished training run. Decided from file names only; what the files hold is checked when
-    the source is opened. `wanted`: what the caller takes, in words, for the messages.
+    the source is opened. `wanted`: what the caller takes, in words, for the messages; `missing`:
+    the line for a path that is not there, where the caller has one of its own.
 
     Raises a one-line `KbertError` for a path that is none of them: missing, an empty folder, a
     file or folder of something else, a folder with a config but no weights.
@@ -166,7 +167,7 @@ def source_kind(path, wanted: str = ACCEPTED) -> str:
     if os.path.isfile(path):
         return _file_kind(path)
     if not os.path.isdir(path):
-        raise KbertError(f"{path}: no such model directory, file or checkpoint; check the path")
+        raise KbertError(missing or f"{path}: no such model directory, file or checkpoint; check the path")
     names = set(os.listdir(path))
     if not names:
         raise KbertError(f"{path}: the directory is empty; pass {wanted}")
@@ -231,9 +232,8 @@ def check_source(path, accepts=None) -> str:
     accepts = tuple(accepts or KINDS)
     wanted = " or ".join(KINDS[k] for k in accepts if k in KINDS)
     path = os.fspath(path)
-    if len(accepts) == 1 and not is_url(path) and not os.path.exists(path) and not os.path.exists(path + ".index"):
-        raise KbertError(f"{path}: no such file or folder; pass {wanted}")
-    kind = source_kind(path, wanted if accepts != tuple(KINDS) else ACCEPTED)
+    missing = f"{path}: no such file or folder; pass {wanted}" if len(accepts) == 1 else None
+    kind = source_kind(path, wanted if accepts != tuple(KINDS) else ACCEPTED, missing)
     if kind in accepts:
         return kind
     if kind == "run":
@@ -243,10 +243,20 @@ def check_source(path, accepts=None) -> str:
     raise KbertError(f"{path}: {KINDS[kind]}, not {wanted}; {fix}")
 
 
+def check_not_interrupted(path):
+    """Raise a one-line `KbertError` for the folder of a training run that stopped before writing
+    its model: where it stopped and how to continue it, where "no weights file" would send the
+    user astray. Each trainer recognises its own runs (`kbert.formats.model_dir.UNFINISHED_RUNS`)."""
+    from kbert.formats.model_dir import UNFINISHED_RUNS
+
+    for run in UNFINISHED_RUNS:
+        recorded = run.recognise(path)
+        if recorded:
+            raise KbertError(run.message(path, recorded))
+
+
 def refuse_run(path):
     """Raise the one line for an unfinished run's folder: where it stopped and how to finish it."""
-    from kbert.formats.model_dir import check_not_interrupted
-
     check_not_interrupted(path)  # raises, naming the checkpoint or the unfinished fine-tuning
     raise KbertError(
         f"{os.fspath(path)}: a training run that stopped before writing its model (no model.weights.h5); "
@@ -261,7 +271,6 @@ def load(path):
     Example:
     >>> model = kbert.load("out/tiny")  # doctest: +SKIP
     """
-    from kbert.formats.model_dir import check_not_interrupted
     from kbert.formats.model_dir import load as load_model_dir
 
     check_not_interrupted(path)
