@@ -11,7 +11,6 @@ session shows it: statements in order, and the value of each bare expression pri
 tests compare with what the README's comments say.
 """
 
-import json
 import os
 import re
 import shutil
@@ -44,7 +43,8 @@ for node in tree.body:
         exec(compile(ast.Module([node], []), path, "exec"), namespace)
 """
 
-# Each block, by a line only it has (tfhub-* and keras-hub are in docs/conversion.md).
+# Each block, by a line only it has (tfhub-* and keras-hub are in docs/conversion.md). The model-fit
+# block runs on each Keras backend in tests/model/test_backends.py.
 MARKERS = {
     "python-api": 'kbert.BertConfig.from_json_file("bert_config.json")',
     "tfhub-tf-keras": 'hub.KerasLayer("OUT/preprocessor")',
@@ -137,21 +137,6 @@ def test_keras_hub_block(tmp_path, tiny_model_dir):
     values = run_block(block("keras-hub"), tmp_path)
     assert len(values) == 1 and values[0].startswith("array([[") and values[0].endswith("dtype=float32)")
     assert values[0].count("[") == 3  # [2 texts, 3 classes]
-
-
-def test_model_fit_block(tmp_path):
-    small_real_vocab_bert(tmp_path / "bert-base")
-    data = 'texts = ["a great movie", "a dull film", "great", "dull"] * 8\nlabels = [1, 0, 1, 0] * 8\n'
-    run_block(data + block("model-fit"), tmp_path)
-    # The .keras file is the whole classifier: the CLI reads its labels, vocabulary and casing.
-    test = tmp_path / "test.tsv"
-    test.write_text("text\tlabel\na great movie\tpos\na dull film\tneg\n")
-    rows = [
-        json.loads(line)
-        for line in run_kbert("predict", tmp_path / "classifier.keras", "--input", test).stdout.splitlines()
-    ]
-    assert len(rows) == 2 and all(set(row["probabilities"]) == {"neg", "pos"} for row in rows)
-    assert (tmp_path / "out" / "clf" / "model.weights.h5").is_file()
 
 
 def test_client_block(tmp_path):

@@ -1,17 +1,21 @@
 """The model, its heads, the optimizer and the losses on each Keras backend: TensorFlow, JAX, PyTorch.
 
-Keras reads KERAS_BACKEND once, when it is first imported, so each backend runs in a Python of its
-own: the script below, which prints one JSON report. It loads the model directory converted (on
+Keras reads KERAS_BACKEND once, when it is first imported, so JAX and PyTorch each run in a Python
+of their own, and TensorFlow, the test process's backend, in this one: the script below, which
+prints one JSON report. It loads the model directory converted (on
 TensorFlow, by the fixture) from the original's checkpoint and compares its outputs with the
 original's (fixtures/tf1-tiny/expected.npz); trains each task head with its task's loss and the
 original's optimizer; runs the optimizer and the pretraining losses against numpy references of
 the original's arithmetic; and saves a fine-tuned classifier, which the other backends then load.
 """
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -136,13 +140,30 @@ print(json.dumps(report))
 """
 
 
-def run_on(backend, script, job, cwd=None):
+def run_on(backend, script, job):
+    """`script` run on Keras' `backend` with `job` as its argument; returns its last printed line as
+    JSON. The test process's own backend runs it here, as `python -c` would, sparing a new process
+    its TensorFlow import; another backend needs a Python of its own."""
+    if backend == keras.config.backend():
+        return _run_here(script, job)
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=TESTS)
     result = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(job)], capture_output=True, text=True, env=env, cwd=cwd, timeout=600
+        [sys.executable, "-c", script, json.dumps(job)], capture_output=True, text=True, env=env, timeout=600
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _run_here(script, job):
+    stdout, argv = io.StringIO(), sys.argv
+    sys.argv = ["-c", json.dumps(job)]
+    try:  # what it prints to stderr (Keras' warnings) is set aside, as for a process of its own
+        with warnings.catch_warnings(), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            exec(compile(script, "<script>", "exec"), {"__name__": "__main__"})
+    finally:
+        sys.argv = argv
+    return json.loads(stdout.getvalue().strip().splitlines()[-1])
 
 
 # === Independent references: the original's arithmetic in numpy, float64 ===
@@ -311,7 +332,8 @@ def test_weights_saved_on_one_backend_load_on_the_others(reports, loaded_by):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_readme_model_fit_block_runs_on_each_backend(backend, tmp_path, monkeypatch):
     """README's model.fit example, as written, on each backend; the CLI (on TensorFlow) then reads the
-    `.keras` file it saved."""
+    `.keras` file it saved (the whole classifier: its labels, vocabulary and casing), and the kbert
+    model directory it saved is there."""
     small_real_vocab_bert(tmp_path / "bert-base")
     texts, labels = sentiment_texts(32, seed=0)
     data = f"texts = {texts!r}\nlabels = {[int(label) for label in labels]!r}\n"
@@ -326,6 +348,7 @@ def test_readme_model_fit_block_runs_on_each_backend(backend, tmp_path, monkeypa
         for line in run_kbert("predict", tmp_path / "classifier.keras", "--input", test).stdout.splitlines()
     ]
     assert len(rows) == 4 and all(set(row["probabilities"]) == {"neg", "pos"} for row in rows)
+    assert (tmp_path / "out" / "clf" / "model.weights.h5").is_file()
     assert keras.config.backend() == "tensorflow"
 
 
