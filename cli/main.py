@@ -12,7 +12,7 @@ from typer import Abort
 from kbert._compat import command_line_errors
 from kbert.cli import convert, create_data, embed, export, extend, fill_mask, finetune, predict, pretrain, vocab
 from kbert.cli.common import HelpCommand, quiet_tensorflow, setup_logging
-from kbert.runtime.errors import Interrupted, KbertError, command_line_names, first_line, os_error_line
+from kbert.runtime.errors import Interrupted, KbertError, command_line_names, first_line, os_error_line, stop_behind
 
 NoArgsIsHelpError, UsageError = command_line_errors()
 
@@ -105,6 +105,10 @@ def main(argv=None):
         print("kbert: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as e:  # a bug, not a user error: still one line unless --debug
+        stop = stop_behind(e)
+        if stop is not None:  # raised while a signal's stop was unwinding: the stop is what happened
+            print(f"kbert: {stop}" if isinstance(stop, Interrupted) else "kbert: interrupted", file=sys.stderr)
+            sys.exit(getattr(stop, "exit_code", 130))
         if debug:
             raise
         if os_error_line(e):  # a full disk, a permission: the path and the cause, which the user can fix

@@ -26,7 +26,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 
-from kbert.runtime.errors import Interrupted, KbertError, on_command_line, option, os_error_or
+from kbert.runtime.errors import Interrupted, KbertError, on_command_line, option, os_error_or, stop_behind
 from kbert.runtime.files import PARTIAL_SUFFIX, atomic_write_text, is_stream, writes
 
 log = logging.getLogger("kbert")
@@ -158,9 +158,10 @@ def _write_locked(fd: int, path: str, partial: str, make_rows, resume: bool, sou
             written += 1
         os.fsync(fd)
         os.replace(partial, path)
-    except (Interrupted, KeyboardInterrupt) as stop:
-        raise _interrupted(stop, partial, kept, written) from None
-    except BaseException:
+    except BaseException as error:
+        stop = stop_behind(error)
+        if stop is not None:
+            raise _interrupted(stop, partial, kept, written) from None
         _after_failure(partial, kept, written)
         raise
     _remove(partial + INPUT_SUFFIX)

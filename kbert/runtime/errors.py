@@ -22,6 +22,30 @@ class Interrupted(Exception):
         self.exit_code = exit_code
 
 
+def stop_behind(error: BaseException) -> BaseException | None:
+    """The stop (`Interrupted`, `KeyboardInterrupt`) that `error` was raised while handling, or
+    None. A signal's exception can land inside library code, whose own clean-up then fails with
+    an error of its own (a thread being started, when it lands in `Thread.start`): the run was
+    still stopped by the signal, and says so.
+
+    >>> try:
+    ...     try:
+    ...         raise Interrupted("kbert predict stopped by SIGTERM", 143)
+    ...     except Interrupted:
+    ...         raise KeyError("a thread's clean-up")
+    ... except KeyError as e:
+    ...     stop_behind(e).exit_code
+    143
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, (Interrupted, KeyboardInterrupt)):
+            return error
+        seen.add(id(error))
+        error = error.__context__
+    return None
+
+
 # The options of the `kbert` command that is running (kbert.cli.main sets them for the command's
 # length), or None when Python code called kbert: a message names an option as the user typed
 # it, `--max-seq-length 128`, or as the argument the caller passed, `max_seq_length=128`.

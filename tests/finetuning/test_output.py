@@ -187,6 +187,23 @@ def test_a_stopped_run_says_how_to_go_on_as_its_caller_would(tmp_path):
     assert lines(partial) == [{"n": 0}, {"n": 1}]
 
 
+def test_an_error_raised_while_a_stop_unwinds_is_reported_as_the_stop(tmp_path):
+    # SIGTERM's exception can land inside Thread.start (the packer's thread pool), whose clean-up
+    # then raises KeyError with the stop as its context: the run was still stopped by the signal.
+    def stopped_inside_a_library(start):
+        yield from ({"n": i} for i in range(start, 2))
+        try:
+            raise Interrupted("kbert predict stopped by SIGTERM; at the batch in flight", 143)
+        except Interrupted:
+            raise KeyError("<Thread(ThreadPoolExecutor-1_0)>") from None
+
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(Interrupted) as raised:
+        write_rows(out, stopped_inside_a_library)
+    assert raised.value.exit_code == 143 and "keeps the 2 rows written so far" in str(raised.value)
+    assert lines(partial_path(out)) == [{"n": 0}, {"n": 1}]
+
+
 def test_resuming_more_rows_than_the_input_has_is_refused(tmp_path):
     out = tmp_path / "out.jsonl"
     open(partial_path(out), "w").write("{}\n" * 5)
