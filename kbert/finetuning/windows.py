@@ -28,8 +28,7 @@ import dataclasses
 
 import numpy as np
 
-from kbert.text.windows import holding_windows
-from kbert.text.windows import max_context_windows as _owners
+from kbert.text import windows as text_windows
 
 
 @dataclasses.dataclass
@@ -93,7 +92,7 @@ def containing_windows(windows: Windows, document, token) -> tuple[np.ndarray, n
     >>> [a.tolist() for a in containing_windows(windows, [0, 0, 0], [0, 4, 9])]
     [[0, 1, 1, 2], [0, 0, 1, 2]]
     """
-    return holding_windows(windows, (np.asarray(document).reshape(-1), np.asarray(token).reshape(-1)))
+    return text_windows.holding_windows(windows, (np.asarray(document).reshape(-1), np.asarray(token).reshape(-1)))
 
 
 def max_context_windows(windows: Windows, document, token) -> tuple[np.ndarray, np.ndarray]:
@@ -121,7 +120,9 @@ def max_context_windows(windows: Windows, document, token) -> tuple[np.ndarray, 
     >>> [a.tolist() for a in max_context_windows(windows, [0, 0, 0], [4, 5, 9])]
     [[0, 1, 2], [5, 3, 4]]
     """
-    window, index = _owners(windows, (np.asarray(document).reshape(-1), np.asarray(token).reshape(-1)))
+    window, index = text_windows.max_context_windows(
+        windows, (np.asarray(document).reshape(-1), np.asarray(token).reshape(-1))
+    )
     return window, index + 1
 
 
