@@ -224,10 +224,17 @@ def _weights(model_dir):
     return out
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list:
+    """`n` distinct ports free on 127.0.0.1: all held at once while they are picked, so that two
+    workers of one cluster are never handed the same port (which hangs both)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 WORKER = """
@@ -243,7 +250,7 @@ print(json.dumps(result))
 
 
 def test_multi_worker_two_processes_end_identical(tmp_path, original_records):
-    ports = [_free_port(), _free_port()]
+    ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     processes = []
     for index in range(2):
@@ -266,7 +273,11 @@ def test_multi_worker_two_processes_end_identical(tmp_path, original_records):
                 text=True,
             )
         )
-    outputs = [p.communicate(timeout=300) for p in processes]
+    try:
+        outputs = [p.communicate(timeout=300) for p in processes]
+    finally:  # a worker that waits for its peer forever must not outlive the test
+        for p in processes:
+            p.kill()
     for p, (_out, err) in zip(processes, outputs):
         assert p.returncode == 0, err[-3000:]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
@@ -282,7 +293,7 @@ def test_multi_worker_two_processes_end_identical(tmp_path, original_records):
 def test_tpu_without_a_tpu_is_a_clear_error(tmp_path, original_records):
     # A TPU address on 127.0.0.1 where nothing listens: the TPUClusterResolver is built and the
     # worker probed (tests send traffic only to 127.0.0.1, so no TPU name lookup here).
-    address = f"grpc://127.0.0.1:{_free_port()}"
+    address = f"grpc://127.0.0.1:{free_ports(1)[0]}"
     result = _pretrain(
         tmp_path / "bert", original_records, "--steps", "2", "--strategy", "tpu", "--tpu", address, check=False
     )

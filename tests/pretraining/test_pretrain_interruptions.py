@@ -18,7 +18,7 @@ import pytest
 
 from conftest import TINY, assert_user_error, fail_nth_checkpoint, kbert_command, run_kbert
 from helpers import largest_difference, saved_weights
-from test_pretrain import SAMPLE, SHAPE, VOCAB, _free_port
+from test_pretrain import SAMPLE, SHAPE, VOCAB, free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -181,7 +181,7 @@ def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, sam
     out = tmp_path / "bert"
 
     def workers(*extra, model_dir=out):
-        cluster["worker"] = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
+        cluster["worker"] = [f"127.0.0.1:{port}" for port in free_ports(2)]
         processes = []
         for index in range(2):
             env = dict(
