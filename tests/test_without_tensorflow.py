@@ -10,9 +10,10 @@ per backend does everything below and prints a JSON report, which the tests read
   opened as a source (`kbert.formats.sources.open_model`, as `kbert finetune` opens one), the tokenizer;
 - a command that needs TensorFlow (`export`, `convert from-tf1`) says so in one line;
 - a training checkpoint (`kbert.backend.checkpoints`) saved and restored bit for bit;
-- `kbert finetune` of every task (on PyTorch: classify), its TensorBoard logs, and on JAX a
-  run stopped by SIGTERM then resumed, which must end with the uninterrupted run's weights, bit for
-  bit; the model fine-tuned on JAX is then exported by `kbert export` on TensorFlow, in this process.
+- `kbert finetune` of every task (on PyTorch: classify), its TensorBoard logs, and on each backend a
+  run stopped by SIGTERM mid-epoch then resumed, which must end with the uninterrupted run's weights,
+  bit for bit; the model fine-tuned on JAX is then exported by `kbert export` on TensorFlow, in this
+  process.
 """
 
 import json
@@ -241,7 +242,7 @@ def jax_run(tmp_path_factory, tiny_model_dir):
 @pytest.fixture(scope="module")
 def torch_run(tmp_path_factory, tiny_model_dir):
     work = tmp_path_factory.mktemp("torch")
-    return work, _run(work, "torch", tiny_model_dir, tasks=["classify"])
+    return work, _run(work, "torch", tiny_model_dir, tasks=["classify"], interrupt_at=5)
 
 
 @pytest.fixture(params=["jax", "torch"])
@@ -309,8 +310,9 @@ def test_every_task_fine_tunes(report):
     assert sorted(report["tasks"]) == sorted(expected)
 
 
-def test_a_run_stopped_by_sigterm_resumes_to_the_same_weights_on_jax(jax_run):
-    work, report = jax_run
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_a_run_stopped_by_sigterm_resumes_to_the_same_weights(backend, request):
+    work, report = request.getfixturevalue(f"{backend}_run")
     stopped = report["interrupted"]
     assert stopped["code"] == 143, stopped["stderr"]
     assert "interrupted at step 5" in stopped["stderr"] and "--resume" in stopped["stderr"]

@@ -11,9 +11,11 @@ What it answers:
 - placement: `finetuning_placement(strategy)` (a tf.distribute strategy, or one default
   device), `pretraining_placement(strategy, tpu)` (a strategy, or Keras devices), `has_gpu()`,
   and for multi-worker runs `is_chief(strategy)` and `writes_shared_files(strategy)`;
-- seeds and precision: `set_random_seed(seed)`, `use_mixed_precision(enabled)`;
-- the batches of an epoch: `epoch_batches(train_data, opts)` (tf.data, or numpy batches) and
-  `shuffled_order(n, seed)`;
+- seeds and precision: `set_random_seed(seed)`, `generator_states()` and
+  `restore_generator_states(states)` (the backend's own random states a checkpoint keeps),
+  `use_mixed_precision(enabled)`;
+- the batches of an epoch: `epoch_batches(train_data, opts)` (tf.data, or numpy batches),
+  `shuffled_order(n, seed)` and `keras_batches(batches)` (what `fit` reads them through);
 - a training run's files: `Checkpointer(ckpt_dir, model, keep)`, `event_writer(log_dir)` and
   `epoch_logger(log_dir)` (TensorFlow's checkpoints and summaries, or kbert's own);
 - errors: `op_errors()`, the backend's op errors that a one-line message stands in for;
@@ -57,7 +59,10 @@ has_gpu = _running.has_gpu
 finetuning_placement = _running.finetuning_placement
 pretraining_placement = _running.pretraining_placement
 set_random_seed = _running.set_random_seed
+generator_states = _running.generator_states
+restore_generator_states = _running.restore_generator_states
 epoch_batches = _running.epoch_batches
+keras_batches = _running.keras_batches
 shuffled_order = _running.shuffled_order
 Checkpointer = _running.Checkpointer
 event_writer = _running.event_writer

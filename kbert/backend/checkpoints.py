@@ -1,9 +1,9 @@
 """Training checkpoints that any Keras backend writes and reads: no TensorFlow needed.
 
 A checkpoint is a directory `CKPT_DIR/ckpt-STEP/` holding `state.npz` (the model's weights, the
-optimizer's variables by path, its iteration count among them, and the model's seed-generator
-states, which draw dropout masks) and `manifest.json` (the step, each array's name, shape and
-dtype, and the caller's `extra`). It is built under a temporary name beside its final one and
+optimizer's variables by path, its iteration count among them, the model's seed-generator
+states, and the backend's own generators that dropout draws from beside them: PyTorch's) and
+`manifest.json` (the step, each array's name, shape and dtype, and the caller's `extra`). It is built under a temporary name beside its final one and
 renamed into place once complete, so a kill mid-save leaves the previous checkpoint as it was;
 only the newest `keep` are kept. `latest_training_state` finds the newest complete one and
 `restore_training_state` puts it back into a model and optimizer of the same architecture.
@@ -47,7 +47,8 @@ def save_training_state(ckpt_dir: str, step: int, model, optimizer, extra: dict 
     Args:
         ckpt_dir: str. The folder of a run's checkpoints (made if missing).
         step: int. The training step reached: the checkpoint's number.
-        model: keras.Model. Its weights and seed-generator states are saved.
+        model: keras.Model. Its weights and seed-generator states are saved, with the backend's
+            own generators that its dropout draws from (`kbert.backend.generator_states`).
         optimizer: keras.optimizers.Optimizer. Its variables (slots, iteration count) are saved.
         extra: dict. Anything JSON can hold that the caller needs back on restore.
         keep: int. How many checkpoints to keep, the newest.
@@ -72,6 +73,12 @@ def save_training_state(ckpt_dir: str, step: int, model, optimizer, extra: dict 
             rows.append({"name": name, "key": key, "shape": list(value.shape), "dtype": value.dtype.name})
             # Types numpy does not know by name (bfloat16) travel as their bits: `_array` views them back.
             arrays[key] = value.view(f"u{value.dtype.itemsize}") if value.dtype.kind == "V" else value
+    # Read last: the same moment as the variables, after the step that drew from them.
+    manifest["generators"] = []
+    for i, (name, value) in enumerate(sorted(backend_generator_states().items())):
+        key = f"generators/{i}"
+        manifest["generators"].append({"name": name, "key": key, "shape": list(value.shape), "dtype": value.dtype.name})
+        arrays[key] = value
     manifest_text = json.dumps(manifest, indent=1)
     tmp = None
     try:
@@ -119,6 +126,7 @@ def restore_training_state(path: str, model, optimizer) -> dict:
     The optimizer's variables are built first if they are not yet. Every variable of the model,
     the optimizer and the seed generators must be in the checkpoint with its shape: a checkpoint
     of another architecture, or a truncated or damaged one, raises a one-line `KbertError`.
+    The backend's own generators are put back too, as the checkpoint holds them.
     """
     path = os.fspath(path)
     if not optimizer.built:
@@ -151,6 +159,8 @@ def restore_training_state(path: str, model, optimizer) -> dict:
                             "started with, or start over"
                         )
                     values[id(variable)] = (variable, value)
+            # A checkpoint written before these were kept has none: its run goes on from fresh ones.
+            generators = {row["name"]: _array(stored[row["key"]], row) for row in manifest.get("generators", [])}
     except KbertError:
         raise
     except FileNotFoundError as e:
@@ -166,6 +176,7 @@ def restore_training_state(path: str, model, optimizer) -> dict:
     # Assigned only once every value has been read and checked: a bad checkpoint changes nothing.
     for variable, value in values.values():
         variable.assign(value)
+    backend_restore_generator_states(generators)
     return manifest.get("extra", {})
 
 
@@ -211,6 +222,19 @@ def _fsync_dir(path: str):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def backend_generator_states() -> dict:
+    """The backend's own random states beside Keras' seed generators (`kbert.backend.generator_states`)."""
+    from kbert import backend  # imported here: kbert.backend's TensorFlow module imports this one
+
+    return backend.generator_states()
+
+
+def backend_restore_generator_states(states: dict):
+    from kbert import backend
+
+    backend.restore_generator_states(states)
 
 
 def random_state_variables(model) -> list:

@@ -35,9 +35,12 @@ __all__ = [
     "fill_weight",
     "finetuning_placement",
     "fused",
+    "generator_states",
+    "keras_batches",
     "make_preprocessor",
     "matmul_transposed",
     "op_errors",
+    "restore_generator_states",
     "set_random_seed",
     "shuffled_order",
     "take_positions",
@@ -95,6 +98,17 @@ def set_random_seed(seed: int):
     np.random.seed(seed)
 
 
+def generator_states() -> dict:
+    """The backend's own random-number states that training draws from, beyond Keras' seed
+    generators (which a checkpoint keeps with the model): {name: uint8 array}. On JAX, none:
+    every dropout mask comes from a seed generator."""
+    return {}
+
+
+def restore_generator_states(states: dict):
+    """Put back what `generator_states` returned; names this backend does not have are left alone."""
+
+
 # === The batches of an epoch ===
 
 
@@ -130,6 +144,12 @@ class Batches(keras.utils.PyDataset):
 def epoch_batches(train_data, opts):
     """epoch_data(epoch, skip_batches): one epoch's `Batches`, from a given batch on."""
     return lambda epoch, skip_batches: Batches(train_data, opts, epoch, skip_batches)
+
+
+def keras_batches(batches):
+    """`batches` (a `keras.utils.PyDataset`, or an iterable of (features, labels) batches) as
+    Keras' `fit` and `evaluate` read them: as they are, on JAX."""
+    return batches
 
 
 # === Checkpoints and event logs ===

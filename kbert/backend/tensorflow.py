@@ -149,6 +149,16 @@ def set_random_seed(seed: int):
     keras.utils.set_random_seed(seed)
 
 
+def generator_states() -> dict:
+    """TensorFlow's generators beyond Keras' seed generators that training draws from: none (its
+    checkpoints are tf.train.Checkpoint's, which keep the seed generators)."""
+    return {}
+
+
+def restore_generator_states(states: dict):
+    """Nothing to put back: `generator_states` has none."""
+
+
 # === The batches of an epoch ===
 
 
@@ -157,6 +167,11 @@ def shuffled_order(n: int, seed: int) -> np.ndarray:
     at most 100,000 rows, the order `epoch_batches` draws."""
     order = tf.data.Dataset.range(n).shuffle(min(n, 100_000), seed=seed, reshuffle_each_iteration=False)
     return next(iter(order.batch(max(n, 1)))).numpy() if n else np.zeros(0, np.int64)
+
+
+def keras_batches(batches):
+    """`batches` as Keras' `fit` and `evaluate` read them: as they are."""
+    return batches
 
 
 def epoch_batches(train_data, opts):

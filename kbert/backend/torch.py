@@ -4,6 +4,8 @@ TensorFlow."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from kbert.backend import portable
 
 # Every other answer is the one shared with JAX: `kbert.backend.portable`'s.
@@ -27,6 +29,45 @@ def set_random_seed(seed: int):
 
     portable.set_random_seed(seed)
     torch.manual_seed(seed)
+
+
+def generator_states() -> dict:
+    """PyTorch's own generators, the CPU's and each GPU's: {"torch/cpu" or "torch/cuda:N": uint8 state}.
+
+    Keras' Dropout without a seed draws its masks from them, not from its seed generator (on
+    PyTorch it calls torch's dropout, which takes no seed), so a resume that did not put them
+    back would draw other masks than the uninterrupted run.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> states = generator_states()
+    >>> first = torch.rand(3)
+    >>> restore_generator_states(states)
+    >>> bool(torch.equal(torch.rand(3), first))
+    True
+    """
+    import torch
+
+    states = {"torch/cpu": torch.get_rng_state().numpy()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # no GPU kernel ran: nothing drawn there
+        for index, state in enumerate(torch.cuda.get_rng_state_all()):
+            states[f"torch/cuda:{index}"] = state.cpu().numpy()
+    return states
+
+
+def restore_generator_states(states: dict):
+    """Put back what `generator_states` returned. The states of GPUs this machine lacks are
+    left out: a run resumed on other devices draws other masks anyway."""
+    import torch
+
+    for name, state in states.items():
+        value = torch.from_numpy(np.array(state, dtype=np.uint8))
+        if name == "torch/cpu":
+            torch.set_rng_state(value)
+        elif name.startswith("torch/cuda:") and torch.cuda.is_available():
+            index = int(name.split(":")[1])
+            if index < torch.cuda.device_count():
+                torch.cuda.set_rng_state(value, device=index)
 
 
 def keras_devices(name: str = "auto", tpu: str | None = None) -> list:
@@ -62,3 +103,55 @@ def keras_devices(name: str = "auto", tpu: str | None = None) -> list:
 def pretraining_placement(strategy: str, tpu: str | None = None) -> list:
     """Where pretraining runs: the Keras device for --strategy."""
     return keras_devices(strategy, tpu)
+
+
+# === The batches of an epoch ===
+
+
+def epoch_batches(train_data, opts):
+    """epoch_data(epoch, skip_batches): one epoch's `portable.Batches`, from a given batch on,
+    read through `keras_batches`."""
+    batches = portable.epoch_batches(train_data, opts)
+    return lambda epoch, skip_batches: keras_batches(batches(epoch, skip_batches))
+
+
+def keras_batches(batches):
+    """`batches` (a `keras.utils.PyDataset`, or an iterable of (features, labels) batches) as
+    Keras' `fit` and `evaluate` read them: a torch DataLoader over them, in their order, with a
+    generator of its own.
+
+    Keras would wrap them in a DataLoader of its own, whose every pass draws a seed from
+    PyTorch's global generator; Keras' Dropout draws its masks from that generator too (on the
+    CPU). Each `fit` call would then shift the masks of the steps after it, so a run resumed
+    mid-epoch (one `fit` call more than the uninterrupted run) would draw other masks.
+
+    >>> import numpy as np
+    >>> loader = keras_batches([({"x": np.ones((2, 3), "float32")}, np.zeros(2, "int32"))])
+    >>> [(tuple(features["x"].shape), str(labels.dtype)) for features, labels in loader]
+    [((2, 3), 'torch.int32')]
+    """
+    import keras
+    import torch
+
+    if isinstance(batches, keras.utils.PyDataset):
+        batches = _PyDatasetBatches(batches)
+
+    class OnDevice(torch.utils.data.IterableDataset):
+        """The batches as Keras' own DataLoader gives them: tensors on Keras' device."""
+
+        def __iter__(self):
+            for batch in batches:
+                yield keras.tree.map_structure(keras.ops.convert_to_tensor, batch, none_is_leaf=False)
+
+    # batch_size=None: each item is a batch already.
+    return torch.utils.data.DataLoader(OnDevice(), batch_size=None, generator=torch.Generator())
+
+
+class _PyDatasetBatches:
+    """A PyDataset's batches, in order: its `len()` of them (a PyDataset need not stop by itself)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return (self.dataset[index] for index in range(len(self.dataset)))

@@ -31,7 +31,7 @@ import os
 import keras
 from keras import ops
 
-from kbert.backend import pretraining_placement, use_mixed_precision
+from kbert.backend import keras_batches, pretraining_placement, use_mixed_precision
 from kbert.backend.checkpoints import latest_training_state, restore_training_state, save_training_state
 from kbert.backend.event_log import EventLog
 from kbert.model.bert import BertPretrainer
@@ -182,7 +182,12 @@ class KerasEngine:
         None: the loop asks the signals itself, after the held-out scores)."""
         steps_run = _StepsRun(signals, self.model)
         self.model.fit(
-            _take(self.batches, n), steps_per_epoch=n, epochs=1, verbose=0, shuffle=False, callbacks=[steps_run]
+            keras_batches(_take(self.batches, n)),
+            steps_per_epoch=n,
+            epochs=1,
+            verbose=0,
+            shuffle=False,
+            callbacks=[steps_run],
         )
         metrics = {k: float(v) for k, v in self.model.get_metrics_result().items() if k in METRIC_NAMES}
         return metrics, steps_run.steps, None
@@ -193,7 +198,7 @@ class KerasEngine:
     def evaluate(self, opts: PretrainOptions, last_saved: int) -> dict:
         """Held-out losses and accuracies: their means over the first `eval_steps` batches of the eval data."""
         scores = self.model.evaluate(
-            _take(_eval_batches(self.eval_files, opts), opts.eval_steps),
+            keras_batches(_take(_eval_batches(self.eval_files, opts), opts.eval_steps)),
             steps=opts.eval_steps,
             verbose=0,
             return_dict=True,
