@@ -1,11 +1,11 @@
 """`kbert pretrain` on JAX and PyTorch in a Python where TensorFlow is not installed.
 
 Each backend runs in one process of its own (TensorFlow blocked by a sitecustomize.py), which calls
-the `kbert` command line's entry point several times: on JAX a run interrupted by a real SIGTERM and
-resumed must end with the weights of the run that was never interrupted, bit for bit, and a run
-over two (host) devices must make the update of one device on the global batch. The model trained
-on JAX is then read, here, by TensorFlow: `kbert.load` and `kbert export` take it as it is, and
-both give the outputs JAX gave.
+the `kbert` command line's entry point several times: a run interrupted by a real signal (SIGTERM on
+JAX, SIGINT on PyTorch) and resumed must end with the weights of the run that was never
+interrupted, bit for bit, and on JAX a run over two (host) devices must make the update of one
+device on the global batch. The model trained on JAX is then read, here, by TensorFlow: `kbert.load`
+and `kbert export` take it as it is, and both give the outputs JAX gave.
 """
 
 import json
@@ -90,7 +90,27 @@ print(json.dumps(runs))
 TORCH_SCRIPT = (
     RUNNER
     + r"""
-print(json.dumps({name: kbert(*args) for name, args in spec["runs"].items()}))
+import keras
+
+from kbert.pretraining.keras_engine import PretrainingModel
+
+# A real SIGINT, raised by the step that `stop_at` names (as it computes its loss): the stop
+# comes mid-loop, where the resumed run's fit calls fall on other steps than the uninterrupted run's.
+stop_at, compute_loss = None, PretrainingModel.compute_loss
+
+
+def stopping(self, *args, **kwargs):
+    if stop_at is not None and int(keras.ops.convert_to_numpy(self.optimizer.iterations)) + 1 == stop_at:
+        signal.raise_signal(signal.SIGINT)
+    return compute_loss(self, *args, **kwargs)
+
+
+PretrainingModel.compute_loss = stopping
+runs = {}
+for name, extra in spec["runs"].items():
+    stop_at = extra.get("stop_at")
+    runs[name] = kbert(*extra["args"])
+print(json.dumps(runs))
 """
 )
 
@@ -291,26 +311,39 @@ def test_a_model_pretrained_on_jax_loads_and_exports_on_tensorflow(jax_runs, tmp
     np.testing.assert_allclose(served["pooled_output"].numpy(), on_jax["pooled_output"], atol=1e-5, rtol=0)
 
 
-def test_pytorch_pretrains_without_tensorflow(tmp_path, records):
+@pytest.fixture(scope="module")
+def torch_runs(tmp_path_factory, records):
+    work = tmp_path_factory.mktemp("torch")
+    # Four steps a loop: the stop at step 6 falls inside the second.
+    run = ["--steps", "12", "--save-every", "4", "--steps-per-loop", "4", "--eval-data", records, "--eval-steps", "1"]
     spec = {
         "runs": {
-            "run": _pretrain(
-                tmp_path / "bert",
-                records,
-                "--steps",
-                "4",
-                "--save-every",
-                "2",
-                "--eval-data",
-                records,
-                "--eval-steps",
-                "1",
-            ),
-            "mirrored": _pretrain(tmp_path / "m", records, "--strategy", "mirrored"),
-            "bfloat16": _pretrain(tmp_path / "bf16", records, "--steps", "2", "--mixed-precision"),
+            "run": {
+                "args": _pretrain(
+                    work / "bert",
+                    records,
+                    "--steps",
+                    "4",
+                    "--save-every",
+                    "2",
+                    "--eval-data",
+                    records,
+                    "--eval-steps",
+                    "1",
+                )
+            },
+            "mirrored": {"args": _pretrain(work / "m", records, "--strategy", "mirrored")},
+            "bfloat16": {"args": _pretrain(work / "bf16", records, "--steps", "2", "--mixed-precision")},
+            "reference": {"args": _pretrain(work / "reference", records, *run)},
+            "interrupted": {"args": _pretrain(work / "resumed", records, *run), "stop_at": 6},
+            "resumed": {"args": _pretrain(work / "resumed", records, "--resume")},
         }
     }
-    runs = _run(TORCH_SCRIPT, tmp_path, "torch", spec)
+    return work, _run(TORCH_SCRIPT, work, "torch", spec)
+
+
+def test_pytorch_pretrains_without_tensorflow(torch_runs):
+    tmp_path, runs = torch_runs
     assert runs["run"]["code"] == 0, runs["run"]["stderr"][-2000:]
     result = json.loads(runs["run"]["stdout"])
     assert result["step"] == 4 and result["backend"] == "torch" and set(result["eval"]) >= {"loss", "mlm_accuracy"}
@@ -326,3 +359,22 @@ def test_pytorch_pretrains_without_tensorflow(tmp_path, records):
         "kbert: error: --strategy mirrored is not available on PyTorch, where kbert trains on one device; "
         "use --strategy auto, or KERAS_BACKEND=jax or tensorflow to train on several\n"
     )
+
+
+def test_a_pytorch_run_stopped_by_sigint_resumes_to_the_uninterrupted_weights(torch_runs):
+    work, runs = torch_runs
+    assert runs["reference"]["code"] == 0, runs["reference"]["stderr"][-2000:]
+    interrupted = runs["interrupted"]
+    assert interrupted["code"] == 130, interrupted["stderr"][-2000:]
+    last = interrupted["stderr"].strip().splitlines()[-1]
+    step = int(last.split("interrupted at step ")[1].split(":")[0])
+    assert step in (6, 7)  # the step the signal came in, or the next: inside a loop of four
+    assert last.endswith(f"checkpoint saved; continue with `kbert pretrain --model-dir {work / 'resumed'} --resume`")
+    assert runs["resumed"]["code"] == 0, runs["resumed"]["stderr"][-2000:]
+    result = json.loads(runs["resumed"]["stdout"])
+    assert result["step"] == 12 and result["resumed_from"] == step and result["backend"] == "torch"
+    # Dropout is on: the same masks, the same batches, the same optimizer state, bit for bit.
+    assert json.load(open(CONFIG))["hidden_dropout_prob"] > 0
+    assert largest_difference(saved_weights(work / "resumed"), saved_weights(work / "reference")) == 0.0
+    reference, resumed = (json.loads(runs[name]["stdout"]) for name in ("reference", "resumed"))
+    assert resumed["loss"] == reference["loss"] and resumed["eval"] == reference["eval"]
