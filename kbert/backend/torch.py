@@ -125,10 +125,10 @@ def keras_batches(batches):
     CPU). Each `fit` call would then shift the masks of the steps after it, so a run resumed
     mid-epoch (one `fit` call more than the uninterrupted run) would draw other masks.
 
-    >>> import numpy as np
-    >>> loader = keras_batches([({"x": np.ones((2, 3), "float32")}, np.zeros(2, "int32"))])
-    >>> [(tuple(features["x"].shape), str(labels.dtype)) for features, labels in loader]
-    [((2, 3), 'torch.int32')]
+    >>> import keras, numpy as np
+    >>> loader = keras_batches([({"x": np.ones((2, 3), "float32")}, np.arange(2, dtype="int32"))])
+    >>> [(tuple(features["x"].shape), keras.ops.convert_to_numpy(labels).tolist()) for features, labels in loader]
+    [((2, 3), [0, 1])]
     """
     import keras
     import torch
