@@ -314,7 +314,7 @@ def test_a_model_pretrained_on_jax_loads_and_exports_on_tensorflow(jax_runs, tmp
 @pytest.fixture(scope="module")
 def torch_runs(tmp_path_factory, records):
     work = tmp_path_factory.mktemp("torch")
-    # Four steps a loop: the stop at step 6 falls inside the second.
+    # Four steps a loop: the stop at step 6 falls inside the second; the last loop, 9-12, is whole in both runs.
     run = ["--steps", "12", "--save-every", "4", "--steps-per-loop", "4", "--eval-data", records, "--eval-steps", "1"]
     spec = {
         "runs": {
