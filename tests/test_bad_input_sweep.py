@@ -319,6 +319,8 @@ WHOLE_CASES = [
     ("pretrain", "init-empty-dir", f"{_PRETRAIN_INIT} T/empty-dir"),
     ("pretrain", "init-a-folder-of-no-model", f"{_PRETRAIN_INIT} T/notes"),
     *[("pretrain", f"init-truncated-{kind}", f"{_PRETRAIN_INIT} {truncated_path(kind)}") for kind in TRUNCATED_SOURCES],
+    ("pretrain", "init-with-config-and-vocab", f"{VALID['pretrain']} --init T/kbert"),
+    ("pretrain", "init-with-vocab", f"{_PRETRAIN_INIT} T/kbert --vocab T/model/vocab.txt"),
     (
         "pretrain",
         "data-of-another-vocabulary",
