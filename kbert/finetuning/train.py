@@ -157,6 +157,8 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         result["epoch"] = tracker.best_epoch
         steps = saver.step - start_step
         result["train_examples_per_second"] = round(steps * opts.batch_size / max(elapsed, 1e-9), 2)
+        # The length the saved model records: predict, evaluate, embed and export read texts at it unless told.
+        result["max_seq_length"] = max_seq_length
         if opts.resume:
             result["resumed_from_step"] = start_step
         # A head on the pooled output trains the pooler; the others leave it as the base had it, a

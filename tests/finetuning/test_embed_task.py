@@ -295,11 +295,19 @@ def test_a_sentence_transformers_source_keeps_its_pooling(tmp_path, pairs):
         (["--no-normalize", "--max-seq-length", "12"], {"pooling": "cls", "normalize": False, "max_seq_length": 12}),
     ):
         out = tmp_path / f"out{len(flags)}"
-        run_kbert(
+        result = run_kbert(
             "finetune", source, "--task", "embed", "--train", train, "--output", out, "--epochs", "1",
             "--batch-size", "16", *flags,
         )  # fmt: skip
         assert json.loads((out / "bert_config.json").read_text())["embedding"] == want
+        # The length every later command reads texts at is said: in the result, and where it is not the source's.
+        assert json.loads(result.stdout)["max_seq_length"] == want["max_seq_length"]
+        shorter = (
+            f"{source} embeds texts of up to 24 tokens; the fine-tuned model records --max-seq-length 12, its "
+            "training length, so kbert embed, predict, evaluate and export keep 12 tokens of a text unless given "
+            "another --max-seq-length"
+        )
+        assert (shorter in result.stderr) == bool(flags), result.stderr
 
 
 # === Refusals ===
