@@ -112,6 +112,8 @@ def tree(root: Path):
     (root / "pairs.tsv").write_text("text\ttext_b\tlabel\ngold.\tfresh.\tpos\ndead.\tdust.\tneg\n")
     (root / "query-pairs.tsv").write_text("query\tdocument\ngold.\tfresh.\ndead.\tdust.\n")  # finetune --task embed
     (root / "empty-query.tsv").write_text("query\tdocument\ngold.\tfresh.\n \tdust.\n")
+    # A classify file without its header, given as pairs: its "documents" are two labels.
+    (root / "labelled.tsv").write_text("".join(f"gold fresh {i}.\t{'pos' if i % 2 else 'neg'}\n" for i in range(12)))
     (root / "plain.txt").write_text("a file where a directory belongs\n")
     (root / "words.txt").write_text("philammon\n")  # a word of text.txt the tiny vocabulary splits
     (root / "known-word.txt").write_text("philammon\nthe\n")
@@ -370,6 +372,10 @@ WHOLE_CASES = [
     ("finetune", "embed-one-column", f"{_FINETUNE_EMBED} --pooling mean --train T/text.txt"),
     ("finetune", "embed-empty-query", f"{_FINETUNE_EMBED} --pooling mean --train T/empty-query.tsv"),
     ("finetune", "embed-no-pooling-recorded", f"{_FINETUNE_EMBED} --train T/query-pairs.tsv"),
+    ("finetune", "embed-a-classify-file", f"{_FINETUNE_EMBED} --pooling mean --train T/train.tsv"),
+    ("finetune", "embed-labels-as-documents", f"{_FINETUNE_EMBED} --pooling mean --train T/labelled.tsv"),
+    ("evaluate", "embed-a-classify-file", "evaluate T/kbert --task embed --pooling mean --input T/train.tsv"),
+    ("evaluate", "embed-labels-as-documents", "evaluate T/kbert --task embed --pooling mean --input T/labelled.tsv"),
     ("finetune", "embed-pooling-unknown", f"{_FINETUNE_EMBED} --pooling sum --train T/query-pairs.tsv"),
     ("finetune", "pooling-without-embed", f"{_FINETUNE} --pooling mean"),
     ("evaluate", "embed-no-pooling-recorded", "evaluate T/kbert --task embed --input T/query-pairs.tsv"),

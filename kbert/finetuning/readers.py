@@ -63,11 +63,13 @@ from kbert.finetuning.formats import (
     looks_like_conll,
     refuse_text_rows,
 )
+from kbert.finetuning.pair_columns import check_pairs, pair_columns
 from kbert.runtime.errors import KbertError, option
 
 log = logging.getLogger("kbert")
 
 _MAX_LISTED = 10  # bad rows and JSON keys named in an error message
+_HEADER_SAMPLE = 101  # the first rows, a pairs file's first included, that tell a header from a pair
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -399,9 +401,14 @@ def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool
 def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) -> PairExamples:
     """Read (query, document[, negative]) pairs: a TSV, CSV or JSON Lines file.
 
-    A table whose first row names `query` and `document` (and optionally `negative`) is read
-    by those names, in any order, other columns ignored; any other table is headerless: its
-    first column is the query, its second the document, a third the hard negative. JSON Lines
+    A table whose first row names `query` and `document` (and optionally `negative`; or
+    sentence-transformers' anchor, positive, negative; or question, answer) is read by those
+    names, in any order, other columns ignored. Any other table's columns are read by position:
+    the first is the query, the second the document, a third the hard negative; a first row of
+    other column names (text, label, ...), or of one-word cells above longer rows, is a header
+    and skipped (`kbert.finetuning.pair_columns`). The log says which columns were read. A
+    header naming a label column, or documents of a handful of one-word values (a classify
+    file), are refused. JSON Lines
     hold one object per line with `query` and `document` strings (and `negative`), or a list
     of two (three) strings. TSV is read as for classify (a `"` is an ordinary character), CSV
     with normal quoting.
@@ -443,10 +450,11 @@ def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) 
     text, replaced = _read_file(path)
     if format == "auto":
         format = format_from_extension(path, text)
+    columns = None
     if format == "jsonl":
         rows, bad, has_negative = _pair_rows_jsonl(path, text)
     else:
-        rows, bad, has_negative = _pair_rows_table(path, text, format)
+        rows, bad, has_negative, columns = _pair_rows_table(path, text, format)
     kept = []
     for line_no, fields in rows:
         empty = next((name for name, value in zip(PAIR_COLUMNS, fields) if not value.strip()), None)
@@ -457,6 +465,9 @@ def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) 
     rows = kept
     bad.sort()
     _check_bad_rows(path, bad, skip_bad_rows, len(rows))
+    check_pairs(path, [fields[1] for _, fields in rows])
+    if columns is not None:
+        log.info("%s: %s", path, columns.describe())
     return PairExamples(
         queries=[fields[0] for _, fields in rows],
         documents=[fields[1] for _, fields in rows],
@@ -469,33 +480,19 @@ def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) 
 
 
 def _pair_rows_table(path: str, text: str, format: str):
-    """([(line, [query, document(, negative)])], bad rows, whether there are negatives) of a CSV/TSV."""
+    """([(line, [query, document(, negative)])], bad rows, whether there are negatives, `PairColumns`)
+    of a CSV/TSV."""
     quoting = format == "csv"
     rows = _table_rows(text, "," if quoting else "\t", quoting)
     if not rows:
         raise KbertError(f"{path}: the file is empty; pass a file with a query and a document per row")
-    first = [f.strip().lower() for f in rows[0][1] or []]
-    named = [name for name in PAIR_COLUMNS if name in first]
-    if "query" in named and "document" in named:
-        columns, width, body = [first.index(name) for name in named], len(first), rows[1:]
-        if not body:
-            raise KbertError(f"{path}: has a header but no rows; add a query and its document per row")
-    elif named:
-        raise KbertError(
-            f"{path}: the header ({', '.join(first[:8])}) names {', '.join(named)} but not both query and "
-            f"document; name the columns query, document (and negative), or leave the header out"
-        )
-    else:
-        width = len(rows[0][1] or [])
-        if width < 2 or width > 3:
-            said = "one column" if width == 1 else f"{width} columns and no header"
-            raise KbertError(
-                f"{path}: {said}; a pairs file holds a query and a document per row (and a hard negative): "
-                f"a header naming query, document (and negative), or two (three) {'comma' if quoting else 'tab'}-"
-                f"separated columns in that order"
-            )
-        columns, body = list(range(width)), rows
     separator = "comma" if quoting else "tab"
+    first = rows[0][1] or []
+    columns = pair_columns(path, first, [fields for _, fields, _ in rows[1:_HEADER_SAMPLE] if fields], separator)
+    body = rows[1:] if columns.header is not None else rows
+    if not body:
+        raise KbertError(f"{path}: has a header but no rows; add a query and its document per row")
+    width = len(first)
     pairs, bad = [], []
     for line_no, fields, complaint in body:
         if fields is None:
@@ -503,8 +500,8 @@ def _pair_rows_table(path: str, text: str, format: str):
         elif len(fields) != width:
             bad.append((line_no, f"expected {width} {separator}-separated columns, found {len(fields)}"))
         else:
-            pairs.append((line_no, [fields[i] for i in columns]))
-    return pairs, bad, len(columns) == 3
+            pairs.append((line_no, [fields[i] for i in columns.indexes]))
+    return pairs, bad, len(columns.indexes) == 3, columns
 
 
 def _pair_rows_jsonl(path: str, text: str):
