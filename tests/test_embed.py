@@ -256,6 +256,21 @@ def test_a_model_with_no_pooling_recorded_is_one_line_naming_pooling(tmp_path):
         kbert.embed(HF_TINY, ["gold dust."])
 
 
+def test_blank_lines_are_said_in_every_output_format(tiny_kbert_model, tmp_path):
+    """Row N is not line N after a blank line: said on stderr, whatever the output (a vector per text)."""
+    source = tmp_path / "texts.txt"
+    source.write_text("gold dust.\n\nthe camp.\n")
+    for flags in (
+        [],
+        ["--output", str(tmp_path / "v.jsonl")],
+        ["--output", str(tmp_path / "v.npy"), "--format", "npy"],
+    ):
+        result = run_kbert("embed", tiny_kbert_model, "--input", source, "--pooling", "mean", *flags)
+        said = f"{source}: skipped 1 blank line (line 2); the rows follow the other lines, in order"
+        assert said in result.stderr, (flags, result.stderr)
+    assert np.load(tmp_path / "v.npy").shape[0] == 2
+
+
 @pytest.mark.parametrize(
     "flags, said",
     [

@@ -242,6 +242,24 @@ def test_rows_name_their_input_line_when_bad_rows_are_skipped(classifier, tmp_pa
     assert "line" not in alone[0]  # without --skip-bad-rows every row is its line's, in order
 
 
+def test_blank_lines_that_move_rows_off_their_line_numbers_are_said(classifier, tiny_model_dir, tmp_path):
+    """A blank line has no row, so the rows after it are not numbered as their lines: said on stderr,
+    for a task's table and an encoder's lines alike (trailing blank lines move nothing: not said)."""
+    table = tmp_path / "in.tsv"
+    table.write_text("text\tlabel\ngold glorious.\tpos\n\ndull awful.\tneg\n\n\n")
+    lines = tmp_path / "in.txt"
+    lines.write_text("\ngold glorious.\n\n\ndull awful.\n\n")
+    for model, source, said in [
+        (classifier, table, "skipped 1 blank line (line 3)"),
+        (tiny_model_dir, lines, "skipped 3 blank lines (lines 1, 3, 4)"),
+    ]:
+        result = run_kbert("predict", model, "--input", source, "--max-seq-length", "16")
+        assert len(result.stdout.splitlines()) == 2
+        assert f"{source}: {said}; the rows follow the other lines, in order" in result.stderr, result.stderr
+    lines.write_text("gold glorious.\ndull awful.\n\n\n")
+    assert "blank" not in run_kbert("predict", tiny_model_dir, "--input", lines, "--max-seq-length", "16").stderr
+
+
 def test_predict_takes_labels_the_model_never_saw_and_evaluate_refuses_them(classifier, tmp_path):
     from kbert.finetuning.predict import evaluate, predict
     from kbert.runtime.errors import KbertError
