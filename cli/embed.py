@@ -108,9 +108,11 @@ def embed(
         return ({"embedding": json_vector(vector)} for vector in vectors)
 
     if output is not None and not is_stream(output):
-        from kbert.finetuning.output import write_rows
+        from kbert.finetuning.output import model_identity, write_rows
 
-        print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=input))
+        # What shapes a vector besides the text: a resume with any other is refused.
+        made_by = {"model": model_identity(model_dir), **{k: v for k, v in settings.items() if k != "batch_size"}}
+        print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=input, made_by=made_by))
         return
     print_rows(rows(0), output)
 

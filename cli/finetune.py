@@ -128,6 +128,7 @@ def finetune(
 
     SIGTERM or Ctrl-C saves a checkpoint after the batch in flight; --resume continues from it."""
     from kbert.finetuning.train import finetune as finetune_model
+    from kbert.training.interruption import ignore_stops
 
     options = FinetuneOptions(
         epochs=epochs,
@@ -154,4 +155,6 @@ def finetune(
         normalize=normalize,
     )
     result = finetune_model(str(model_dir), task, str(train), str(output), dev=dev and str(dev), options=options)
+    # Finished is finished: a Ctrl-C from here to the exit (printing, TensorFlow's teardown) is no stop.
+    ignore_stops()
     print_result(result)

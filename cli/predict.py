@@ -106,9 +106,17 @@ def predict(
             )
 
     if output is not None and (resume or overwrite or not is_stream(output)):
-        from kbert.finetuning.output import write_rows
+        from kbert.finetuning.output import model_identity, write_rows
 
-        print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=input))
+        # What shapes a row besides the input: a resume with any other is refused.
+        made_by = {
+            "model": {"server": server, "model": model} if server is not None else model_identity(model_dir),
+            "layers": layers,
+            "max_seq_length": max_seq_length,
+            "format": format,
+            "skip_bad_rows": skip_bad_rows,
+        }
+        print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=input, made_by=made_by))
         return
     print_rows(rows(0), output)
 

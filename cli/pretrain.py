@@ -37,9 +37,11 @@ def pretrain_command(
         help="TFRecords from create_pretraining_data.py or kbert create-data (file, glob, or comma-separated). Required, except with --resume.",
     ),
     config: Path | None = typer.Option(
-        None, "--config", help="bert_config.json, to start from scratch (with --vocab)."
+        None, "--config", help="bert_config.json, to start from scratch (with --vocab; not with --init)."
     ),
-    vocab: Path | None = typer.Option(None, "--vocab", help="vocab.txt, to start from scratch (with --config)."),
+    vocab: Path | None = typer.Option(
+        None, "--vocab", help="vocab.txt, to start from scratch (with --config; not with --init)."
+    ),
     init: Path | None = typer.Option(
         None,
         "--init",

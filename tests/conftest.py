@@ -127,6 +127,8 @@ def _run_in_this_process(args, env):
     saved_env, policy = dict(os.environ), keras.mixed_precision.global_policy()
     kbert_log = logging.getLogger("kbert")
     saved_handlers = list(kbert_log.handlers)
+    # A finished finetune ignores SIGINT and SIGTERM to its exit: put them back for the next test.
+    saved_signals = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     os.environ.pop("KBERT_DEBUG", None)
     code = 0
     try:
@@ -144,6 +146,8 @@ def _run_in_this_process(args, env):
         os.environ.update(saved_env)
         keras.mixed_precision.set_global_policy(policy)
         kbert_log.handlers[:] = saved_handlers
+        for number, handler in saved_signals.items():
+            signal.signal(number, handler)
     return subprocess.CompletedProcess(["kbert"] + args, code, stdout.getvalue(), stderr.getvalue())
 
 

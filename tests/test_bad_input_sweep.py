@@ -112,6 +112,8 @@ def tree(root: Path):
     (root / "pairs.tsv").write_text("text\ttext_b\tlabel\ngold.\tfresh.\tpos\ndead.\tdust.\tneg\n")
     (root / "query-pairs.tsv").write_text("query\tdocument\ngold.\tfresh.\ndead.\tdust.\n")  # finetune --task embed
     (root / "empty-query.tsv").write_text("query\tdocument\ngold.\tfresh.\n \tdust.\n")
+    # A classify file without its header, given as pairs: its "documents" are two labels.
+    (root / "labelled.tsv").write_text("".join(f"gold fresh {i}.\t{'pos' if i % 2 else 'neg'}\n" for i in range(12)))
     (root / "plain.txt").write_text("a file where a directory belongs\n")
     (root / "words.txt").write_text("philammon\n")  # a word of text.txt the tiny vocabulary splits
     (root / "known-word.txt").write_text("philammon\nthe\n")
@@ -144,8 +146,32 @@ def tree(root: Path):
     # Real records whose ids come from the 30,522-word vocabulary: not the tiny model's.
     run_kbert("create-data", "--input", root / "text.txt", "--vocab", root / "vocab.txt", "--output",
               root / "uncased.tfrecord", "--dupe-factor", "1", "--workers", "1")  # fmt: skip
+    stopped_runs(root)
     (root / "read-only").mkdir()
     (root / "read-only").chmod(0o555)
+
+
+def stopped_runs(root: Path):
+    """T/stopped-predictions.jsonl.partial and T/stopped-embeddings.jsonl.partial: a row each, of
+    runs of T/kbert stopped after it, recorded as `kbert predict` and `kbert embed` record theirs.
+    (In T itself: a refused command's lock, made and removed beside its output, leaves no trace on
+    an entry the sweep compares.)"""
+    from kbert.finetuning.output import model_identity, write_rows
+    from kbert.runtime.errors import Interrupted
+
+    def one_row_then_stop(start):
+        yield {"label": "pos"}
+        raise KeyboardInterrupt
+
+    model = model_identity(root / "kbert")
+    predicted = {"model": model, "layers": None, "max_seq_length": None, "format": "auto", "skip_bad_rows": False}
+    embedded = {"model": model, "max_seq_length": None, "pooling": "mean", "normalize": None, "long_text": "truncate"}
+    for name, source, made_by in [
+        ("predictions", "train.tsv", predicted),
+        ("embeddings", "text.txt", dict(embedded, doc_stride=None)),
+    ]:
+        with pytest.raises(Interrupted):
+            write_rows(root / f"stopped-{name}.jsonl", one_row_then_stop, source=root / source, made_by=made_by)
 
 
 # Each kind of model source (kbert.formats.sources.KINDS) with one of its weight files cut in half.
@@ -287,12 +313,16 @@ _FINETUNE = "finetune T/kbert --task classify --train T/train.tsv --output T/out
 _PRETRAIN_INIT = "pretrain --model-dir T/out/run --data T/data.tfrecord --init"
 _EMBED = "embed T/kbert --input T/text.txt --pooling mean"
 _FINETUNE_EMBED = "finetune T/kbert --task embed --output T/out/ft"
+_PREDICT_STOPPED = "predict T/kbert --input T/train.tsv --output T/stopped-predictions.jsonl"
+_EMBED_STOPPED = "embed T/kbert --input T/text.txt --pooling mean --output T/stopped-embeddings.jsonl"
 WHOLE_CASES = [
     # --init is not in pretrain's valid invocation (it starts from --config): its model sources here.
     ("pretrain", "init-missing", f"{_PRETRAIN_INIT} T/nowhere/missing"),
     ("pretrain", "init-empty-dir", f"{_PRETRAIN_INIT} T/empty-dir"),
     ("pretrain", "init-a-folder-of-no-model", f"{_PRETRAIN_INIT} T/notes"),
     *[("pretrain", f"init-truncated-{kind}", f"{_PRETRAIN_INIT} {truncated_path(kind)}") for kind in TRUNCATED_SOURCES],
+    ("pretrain", "init-with-config-and-vocab", f"{VALID['pretrain']} --init T/kbert"),
+    ("pretrain", "init-with-vocab", f"{_PRETRAIN_INIT} T/kbert --vocab T/model/vocab.txt"),
     (
         "pretrain",
         "data-of-another-vocabulary",
@@ -342,10 +372,20 @@ WHOLE_CASES = [
     ("finetune", "embed-one-column", f"{_FINETUNE_EMBED} --pooling mean --train T/text.txt"),
     ("finetune", "embed-empty-query", f"{_FINETUNE_EMBED} --pooling mean --train T/empty-query.tsv"),
     ("finetune", "embed-no-pooling-recorded", f"{_FINETUNE_EMBED} --train T/query-pairs.tsv"),
+    ("finetune", "embed-a-classify-file", f"{_FINETUNE_EMBED} --pooling mean --train T/train.tsv"),
+    ("finetune", "embed-labels-as-documents", f"{_FINETUNE_EMBED} --pooling mean --train T/labelled.tsv"),
+    ("evaluate", "embed-a-classify-file", "evaluate T/kbert --task embed --pooling mean --input T/train.tsv"),
+    ("evaluate", "embed-labels-as-documents", "evaluate T/kbert --task embed --pooling mean --input T/labelled.tsv"),
     ("finetune", "embed-pooling-unknown", f"{_FINETUNE_EMBED} --pooling sum --train T/query-pairs.tsv"),
     ("finetune", "pooling-without-embed", f"{_FINETUNE} --pooling mean"),
     ("evaluate", "embed-no-pooling-recorded", "evaluate T/kbert --task embed --input T/query-pairs.tsv"),
     ("evaluate", "task-without-its-head", "evaluate T/kbert --task classify --input T/train.tsv"),
+    # --resume of rows another model, or other options, made.
+    ("predict", "resume-another-model", f"{_PREDICT_STOPPED.replace('T/kbert', 'T/model')} --resume"),
+    ("predict", "resume-another-max-seq-length", f"{_PREDICT_STOPPED} --resume --max-seq-length 16"),
+    ("predict", "resume-with-layers", f"{_PREDICT_STOPPED} --resume --layers -1"),
+    ("embed", "resume-another-model", f"{_EMBED_STOPPED.replace('T/kbert', 'T/embedding')} --resume"),
+    ("embed", "resume-another-pooling", f"{_EMBED_STOPPED} --resume --pooling cls --no-normalize"),
 ]
 
 CASES = [

@@ -220,6 +220,20 @@ def test_a_killed_run_resumes_to_the_uninterrupted_rows(tiny_models, tmp_path):
     job.communicate(timeout=120)
     kept = open(partial, "rb").read().count(b"\n")
     assert 256 <= kept < 6_000 and not out.exists()
+    rows = open(partial, "rb").read()
+    # Vectors of another pooling or normalisation, or of another model, would follow these: refused.
+    for other, said in [
+        (["--pooling", "cls", "--no-normalize"], "made with the default --pooling and the default --normalize, "
+         "and this run has --pooling cls and no --normalize"),
+        (["--max-seq-length", "32"], "made with --max-seq-length 16, and this run has --max-seq-length 32"),
+    ]:  # fmt: skip
+        flags = args[:-2] + other if other[0] == "--max-seq-length" else args + other
+        assert_user_error(
+            run_kbert(*flags, "--resume", check=False), said, "or pass --overwrite to start again", alone=False
+        )
+    another = ["embed", str(tiny_models["max"]), *args[2:]]
+    assert_user_error(run_kbert(*another, "--resume", check=False), f"holds the rows of {model}, not of", alone=False)
+    assert open(partial, "rb").read() == rows
     result = run_kbert(*args, "--resume")
     assert json.loads(result.stdout) == {"output": str(out), "rows": 6_000, "rows_kept": kept}
     resumed = np.array([json.loads(line)["embedding"] for line in open(out)])
@@ -240,6 +254,21 @@ def test_a_model_with_no_pooling_recorded_is_one_line_naming_pooling(tmp_path):
     assert_user_error(result, "records no sentence-embedding pooling", "--pooling cls|mean|max|mean_sqrt_len")
     with pytest.raises(kbert.KbertError, match="pooling='cls', 'mean', 'max' or 'mean_sqrt_len'"):
         kbert.embed(HF_TINY, ["gold dust."])
+
+
+def test_blank_lines_are_said_in_every_output_format(tiny_kbert_model, tmp_path):
+    """Row N is not line N after a blank line: said on stderr, whatever the output (a vector per text)."""
+    source = tmp_path / "texts.txt"
+    source.write_text("gold dust.\n\nthe camp.\n")
+    for flags in (
+        [],
+        ["--output", str(tmp_path / "v.jsonl")],
+        ["--output", str(tmp_path / "v.npy"), "--format", "npy"],
+    ):
+        result = run_kbert("embed", tiny_kbert_model, "--input", source, "--pooling", "mean", *flags)
+        said = f"{source}: skipped 1 blank line (line 2); the rows follow the other lines, in order"
+        assert said in result.stderr, (flags, result.stderr)
+    assert np.load(tmp_path / "v.npy").shape[0] == 2
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,10 @@ An `--output` that is a symbolic link is written through: the file it points to 
 the link stays. SIGTERM or Ctrl-C keeps the rows written so far, and says how many.
 
 Beside the partial file, `FILE.partial.input` records which input the rows are of (its path,
-size and a hash of its first and last MiB): `--resume` with another input is refused, naming
-both, where it would append another file's predictions to these.
+size and a hash of its first and last MiB) and what made them: the model (`model_identity`: a
+hash of its files) and every option that shapes a row (`--max-seq-length`, `--layers`,
+`--pooling`, ...). `--resume` with another input, another model or another such option is
+refused, naming both, where it would append other rows to these.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 
-from kbert.runtime.errors import Interrupted, KbertError, on_command_line, option, os_error_or, stop_behind
+from kbert.runtime.errors import (
+    Interrupted,
+    KbertError,
+    on_command_line,
+    option,
+    os_error_or,
+    stop_behind,
+)
 from kbert.runtime.files import PARTIAL_SUFFIX, atomic_write_text, is_stream, writes
 
 log = logging.getLogger("kbert")
@@ -34,6 +43,9 @@ log = logging.getLogger("kbert")
 INPUT_SUFFIX = ".input"  # FILE.partial.input: the identity of the input FILE.partial's rows are of
 _HASHED = 1 << 20  # bytes hashed at each end of an input for its identity
 _CHUNK = 1 << 20  # bytes read at a time when counting the lines of a partial file
+# A model's files are hashed at their ends and at this many blocks between: training changes every
+# weight, so any block tells two models apart, and a model of gigabytes is told in a few MiB.
+_SAMPLES, _SAMPLE = 16, 1 << 16
 
 
 def partial_path(path) -> str:
@@ -69,9 +81,69 @@ def input_identity(path) -> dict:
     return {"path": path, "size": size, "sha256": digest.hexdigest()}
 
 
+def model_identity(path) -> dict:
+    """What tells one model from another, cheaply: its path and a SHA-256 over its files (names,
+    sizes, the first and last MiB of each and blocks between), the weights and bert_config.json's
+    head record among them. A model moved elsewhere keeps its identity; one trained further or
+    written by another run gets another. A TF1 checkpoint's prefix stands for its files.
+
+    >>> import os, tempfile
+    >>> model = tempfile.mkdtemp()
+    >>> _ = open(os.path.join(model, "model.weights.h5"), "wb").write(bytes(1000))
+    >>> first = model_identity(model)
+    >>> _ = open(os.path.join(model, "model.weights.h5"), "wb").write(bytes(999) + b"1")
+    >>> sorted(first), first["sha256"] == model_identity(model)["sha256"]
+    (['path', 'sha256'], False)
+    """
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        files = sorted(
+            os.path.join(folder, name)
+            for folder, folders, names in os.walk(path)
+            for name in names
+            if not name.startswith(".")  # a lock, an editor's or a system's file: not the model
+        )
+    elif os.path.exists(path):
+        files = [path]
+    else:  # a checkpoint's prefix: model.ckpt.index, model.ckpt.data-00000-of-00001
+        folder, prefix = os.path.split(path)
+        files = sorted(os.path.join(folder, n) for n in os.listdir(folder or ".") if n.startswith(prefix + "."))
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{os.path.relpath(file, path if os.path.isdir(path) else os.path.dirname(path))}\0".encode())
+        try:
+            digest.update(_sampled_digest(file))
+        except OSError as e:
+            raise KbertError(f"{file}: cannot read the model ({e.strerror or e}); check the path") from None
+    return {"path": path, "sha256": digest.hexdigest()}
+
+
+def _sampled_digest(file: str) -> bytes:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        digest.update(size.to_bytes(8, "little"))
+        if size <= 2 * _HASHED + _SAMPLES * _SAMPLE:
+            digest.update(f.read())
+            return digest.digest()
+        digest.update(f.read(_HASHED))
+        for k in range(1, _SAMPLES + 1):
+            f.seek(_HASHED + k * (size - 2 * _HASHED) // (_SAMPLES + 1))
+            digest.update(f.read(_SAMPLE))
+        f.seek(size - _HASHED)
+        digest.update(f.read(_HASHED))
+    return digest.digest()
+
+
 @writes("path", inputs=("source",))
 def write_rows(
-    path, make_rows: Callable[[int], Iterable[dict]], *, resume: bool = False, overwrite: bool = False, source=None
+    path,
+    make_rows: Callable[[int], Iterable[dict]],
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    source=None,
+    made_by: dict | None = None,
 ) -> dict:
     """Write `make_rows(start)` to `path` as JSON lines, atomically and resumably.
 
@@ -85,6 +157,10 @@ def write_rows(
             partial rows (without `resume`) and start again.
         source: str or PathLike. The input file the rows are predicted from: recorded beside
             the partial file, and with `resume` it must be the input the earlier run recorded.
+        made_by: dict. What shapes the rows besides the input, recorded beside the partial file
+            in the same way: "model" (`model_identity`, or a served model's {"server", "model"})
+            and each row-shaping option by its argument name ({"max_seq_length": 16, ...}). With
+            `resume`, each must be what the earlier run recorded.
 
     Returns:
         dict: {"output": path, "rows": rows in the file, "rows_kept": rows an earlier run wrote}.
@@ -116,7 +192,7 @@ def write_rows(
     fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         _lock(fd, partial)  # before anything touches the file: another process may be writing it
-        return _write_locked(fd, path, partial, make_rows, resume, source)
+        return _write_locked(fd, path, partial, make_rows, resume, source, made_by)
     finally:
         os.close(fd)
 
@@ -139,9 +215,9 @@ def skip_rows(rows: Iterable[dict], start: int) -> Iterator[dict]:
         )
 
 
-def _write_locked(fd: int, path: str, partial: str, make_rows, resume: bool, source) -> dict:
+def _write_locked(fd: int, path: str, partial: str, make_rows, resume: bool, source, made_by) -> dict:
     try:
-        _record_input(partial, source, resume)
+        _record_input(partial, source, resume, made_by)
     except BaseException:
         if not os.path.getsize(partial):  # rows are kept, never an empty file this call made
             os.remove(partial)
@@ -168,14 +244,16 @@ def _write_locked(fd: int, path: str, partial: str, make_rows, resume: bool, sou
     return {"output": path, "rows": kept + written, "rows_kept": kept}
 
 
-def _record_input(partial: str, source, resume: bool):
-    """Check (resuming) and record which input the partial file's rows are of."""
+def _record_input(partial: str, source, resume: bool, made_by: dict | None = None):
+    """Check (resuming) and record which input the partial file's rows are of, and what made them."""
     record = partial + INPUT_SUFFIX
-    if source is None:
+    if source is None and made_by is None:
         if not resume:
             _remove(record)  # an earlier run's record would not describe these rows
         return
-    identity = input_identity(source)
+    identity = input_identity(source) if source is not None else {}
+    if made_by is not None:
+        identity["made_by"] = made_by
     if resume and os.path.getsize(partial):
         try:
             with open(record, encoding="utf-8") as f:
@@ -188,16 +266,67 @@ def _record_input(partial: str, source, resume: bool):
                 f"{record} is damaged, so the input of the rows in {partial} is unknown; pass "
                 f"{option('overwrite', True)} to start again",
             ) from None
-        if recorded and (recorded.get("size"), recorded.get("sha256")) != (identity["size"], identity["sha256"]):
-            same_path = recorded.get("path") == identity["path"]
-            earlier = "an earlier version of it" if same_path else recorded.get("path")
-            raise KbertError(
-                f"{option('resume', True)}: {partial} holds the rows of {earlier} ({recorded.get('size')} bytes), "
-                f"not of {option('source', os.fspath(source), flag='--input')} ({identity['size']} bytes"
-                f"{', changed since' if same_path else ''}); resume with the input it started on, or "
-                f"pass {option('overwrite', True)} to start again"
-            )
+        if recorded and source is not None and "sha256" in recorded:
+            _check_same_input(partial, recorded, identity, source)
+        if recorded and made_by is not None and isinstance(recorded.get("made_by"), dict):
+            _check_made_alike(partial, recorded["made_by"], made_by)
     atomic_write_text(record, json.dumps(identity) + "\n")
+
+
+def _check_same_input(partial: str, recorded: dict, identity: dict, source):
+    if (recorded.get("size"), recorded.get("sha256")) != (identity["size"], identity["sha256"]):
+        same_path = recorded.get("path") == identity["path"]
+        earlier = "an earlier version of it" if same_path else recorded.get("path")
+        raise KbertError(
+            f"{option('resume', True)}: {partial} holds the rows of {earlier} ({recorded.get('size')} bytes), "
+            f"not of {option('source', os.fspath(source), flag='--input')} ({identity['size']} bytes"
+            f"{', changed since' if same_path else ''}); resume with the input it started on, or "
+            f"pass {option('overwrite', True)} to start again"
+        )
+
+
+def _check_made_alike(partial: str, recorded: dict, made_by: dict):
+    """Refuse rows of another model, or made with another row-shaping option, naming both."""
+    model, earlier_model = made_by.get("model"), recorded.get("model")
+    if model is not None and earlier_model is not None and _model_key(model) != _model_key(earlier_model):
+        same_path = "path" in model and earlier_model.get("path") == model.get("path")
+        earlier = "an earlier version of it" if same_path else _model_said(earlier_model)
+        raise KbertError(
+            f"{option('resume', True)}: {partial} holds the rows of {earlier}, not of {_model_said(model)}"
+            f"{' (changed since)' if same_path else ''}: another model's rows would follow them; resume with the "
+            f"model it started with, or pass {option('overwrite', True)} to start again"
+        )
+    changed = [name for name in made_by if name != "model" and name in recorded and recorded[name] != made_by[name]]
+    if changed:
+        then = " and ".join(_option_said(name, recorded[name]) for name in changed)
+        now = " and ".join(_option_said(name, made_by[name]) for name in changed)
+        raise KbertError(
+            f"{option('resume', True)}: {partial} holds rows made with {then}, and this run has {now}: rows of "
+            f"another shape would follow them; resume with the options it started with, or pass {option('overwrite', True)} "
+            f"to start again"
+        )
+
+
+def _model_key(model: dict):
+    return model.get("sha256") or (model.get("server"), model.get("model"))
+
+
+def _model_said(model: dict) -> str:
+    if "server" in model:
+        return f"the model {model.get('model')} served at {model.get('server')}"
+    return str(model.get("path"))
+
+
+def _option_said(name: str, value) -> str:
+    """An option's recorded value as a message says it: `--max-seq-length 16`, `no --normalize`,
+    `the default --pooling`."""
+    if not on_command_line():
+        return option(name, value)
+    if value is None:
+        return f"the default {option(name)}"
+    if isinstance(value, bool):
+        return option(name, True) if value else f"no {option(name)}"
+    return option(name, value)
 
 
 def _remove(path: str):

@@ -63,11 +63,13 @@ from kbert.finetuning.formats import (
     looks_like_conll,
     refuse_text_rows,
 )
+from kbert.finetuning.pair_columns import check_pairs, pair_columns
 from kbert.runtime.errors import KbertError, option
 
 log = logging.getLogger("kbert")
 
 _MAX_LISTED = 10  # bad rows and JSON keys named in an error message
+_HEADER_SAMPLE = 101  # the first rows, a pairs file's first included, that tell a header from a pair
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -82,11 +84,14 @@ class _Rows:
         replaced_bytes: int. Invalid UTF-8 sequences replaced with U+FFFD.
         lines: list of int. The 1-based line each example starts on (tag: each sentence's first
             word).
+        blank_lines: list of int. The blank lines skipped before the last example: each moves the
+            examples after it off their line numbers (`report_skipped` says so).
     """
 
     skipped_rows: list[int]
     replaced_bytes: int
     lines: list[int] = dataclasses.field(default_factory=list)
+    blank_lines: list[int] = dataclasses.field(default_factory=list)
 
     _PER_EXAMPLE: ClassVar[tuple] = ()  # the fields that hold one entry per example
 
@@ -399,9 +404,14 @@ def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool
 def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) -> PairExamples:
     """Read (query, document[, negative]) pairs: a TSV, CSV or JSON Lines file.
 
-    A table whose first row names `query` and `document` (and optionally `negative`) is read
-    by those names, in any order, other columns ignored; any other table is headerless: its
-    first column is the query, its second the document, a third the hard negative. JSON Lines
+    A table whose first row names `query` and `document` (and optionally `negative`; or
+    sentence-transformers' anchor, positive, negative; or question, answer) is read by those
+    names, in any order, other columns ignored. Any other table's columns are read by position:
+    the first is the query, the second the document, a third the hard negative; a first row of
+    other column names (text, label, ...), or of one-word cells above longer rows, is a header
+    and skipped (`kbert.finetuning.pair_columns`). The log says which columns were read. A
+    header naming a label column, or documents of a handful of one-word values (a classify
+    file), are refused. JSON Lines
     hold one object per line with `query` and `document` strings (and `negative`), or a list
     of two (three) strings. TSV is read as for classify (a `"` is an ordinary character), CSV
     with normal quoting.
@@ -443,10 +453,11 @@ def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) 
     text, replaced = _read_file(path)
     if format == "auto":
         format = format_from_extension(path, text)
+    columns, blank = None, []
     if format == "jsonl":
-        rows, bad, has_negative = _pair_rows_jsonl(path, text)
+        rows, bad, has_negative = _pair_rows_jsonl(path, text, blank)
     else:
-        rows, bad, has_negative = _pair_rows_table(path, text, format)
+        rows, bad, has_negative, columns = _pair_rows_table(path, text, format, blank)
     kept = []
     for line_no, fields in rows:
         empty = next((name for name, value in zip(PAIR_COLUMNS, fields) if not value.strip()), None)
@@ -457,6 +468,9 @@ def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) 
     rows = kept
     bad.sort()
     _check_bad_rows(path, bad, skip_bad_rows, len(rows))
+    check_pairs(path, [fields[1] for _, fields in rows])
+    if columns is not None:
+        log.info("%s: %s", path, columns.describe())
     return PairExamples(
         queries=[fields[0] for _, fields in rows],
         documents=[fields[1] for _, fields in rows],
@@ -465,37 +479,24 @@ def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) 
         skipped_rows=[n for n, _ in bad],
         replaced_bytes=replaced,
         lines=[n for n, _ in rows],
+        blank_lines=_before_last(blank, [n for n, _ in rows]),
     )
 
 
-def _pair_rows_table(path: str, text: str, format: str):
-    """([(line, [query, document(, negative)])], bad rows, whether there are negatives) of a CSV/TSV."""
+def _pair_rows_table(path: str, text: str, format: str, blank: list):
+    """([(line, [query, document(, negative)])], bad rows, whether there are negatives, `PairColumns`)
+    of a CSV/TSV."""
     quoting = format == "csv"
-    rows = _table_rows(text, "," if quoting else "\t", quoting)
+    rows = _table_rows(text, "," if quoting else "\t", quoting, blank)
     if not rows:
         raise KbertError(f"{path}: the file is empty; pass a file with a query and a document per row")
-    first = [f.strip().lower() for f in rows[0][1] or []]
-    named = [name for name in PAIR_COLUMNS if name in first]
-    if "query" in named and "document" in named:
-        columns, width, body = [first.index(name) for name in named], len(first), rows[1:]
-        if not body:
-            raise KbertError(f"{path}: has a header but no rows; add a query and its document per row")
-    elif named:
-        raise KbertError(
-            f"{path}: the header ({', '.join(first[:8])}) names {', '.join(named)} but not both query and "
-            f"document; name the columns query, document (and negative), or leave the header out"
-        )
-    else:
-        width = len(rows[0][1] or [])
-        if width < 2 or width > 3:
-            said = "one column" if width == 1 else f"{width} columns and no header"
-            raise KbertError(
-                f"{path}: {said}; a pairs file holds a query and a document per row (and a hard negative): "
-                f"a header naming query, document (and negative), or two (three) {'comma' if quoting else 'tab'}-"
-                f"separated columns in that order"
-            )
-        columns, body = list(range(width)), rows
     separator = "comma" if quoting else "tab"
+    first = rows[0][1] or []
+    columns = pair_columns(path, first, [fields for _, fields, _ in rows[1:_HEADER_SAMPLE] if fields], separator)
+    body = rows[1:] if columns.header is not None else rows
+    if not body:
+        raise KbertError(f"{path}: has a header but no rows; add a query and its document per row")
+    width = len(first)
     pairs, bad = [], []
     for line_no, fields, complaint in body:
         if fields is None:
@@ -503,11 +504,11 @@ def _pair_rows_table(path: str, text: str, format: str):
         elif len(fields) != width:
             bad.append((line_no, f"expected {width} {separator}-separated columns, found {len(fields)}"))
         else:
-            pairs.append((line_no, [fields[i] for i in columns]))
-    return pairs, bad, len(columns) == 3
+            pairs.append((line_no, [fields[i] for i in columns.indexes]))
+    return pairs, bad, len(columns.indexes) == 3, columns
 
 
-def _pair_rows_jsonl(path: str, text: str):
+def _pair_rows_jsonl(path: str, text: str, blank: list):
     """As `_pair_rows_table`, for JSON Lines: objects with query, document (negative), or lists."""
     stripped = text.lstrip()
     if stripped.startswith("["):  # a list of strings per line is a row; a whole file's JSON array is not
@@ -523,6 +524,7 @@ def _pair_rows_jsonl(path: str, text: str):
     found, bad = [], []
     for line_no, line in enumerate(io.StringIO(text, newline=None), 1):
         if not line.strip():
+            blank.append(line_no)
             continue
         try:
             row = json.loads(line)
@@ -555,13 +557,24 @@ def _pair_rows_jsonl(path: str, text: str):
 
 
 def report_skipped(path, examples):
-    """Log (to stderr) the rows `skip_bad_rows` dropped and the invalid UTF-8 that was replaced."""
+    """Log (to stderr) the rows `skip_bad_rows` dropped, the blank lines skipped before the last
+    example, and the invalid UTF-8 that was replaced."""
     skipped = examples.skipped_rows
     if skipped:
         shown = ", ".join(map(str, skipped[:10])) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
         log.warning("%s: skipped %d bad rows (lines %s)", path, len(skipped), shown)
     if examples.replaced_bytes:
         log.warning("%s: replaced %d invalid UTF-8 byte sequences with U+FFFD", path, examples.replaced_bytes)
+    blank = getattr(examples, "blank_lines", None)
+    if blank:  # every command says it: a row's number is then not its line's
+        log.warning(
+            "%s: skipped %d blank line%s (%s %s); the rows follow the other lines, in order",
+            path,
+            len(blank),
+            "" if len(blank) == 1 else "s",
+            "line" if len(blank) == 1 else "lines",
+            ", ".join(map(str, blank[:10])) + (f" and {len(blank) - 10} more" if len(blank) > 10 else ""),
+        )
 
 
 def read_feature_texts(path, format: str = "auto", skip_bad_rows: bool = False) -> TextExamples:
@@ -603,15 +616,24 @@ def read_feature_texts(path, format: str = "auto", skip_bad_rows: bool = False) 
 
 def _read_plain_lines(path: str) -> TextExamples:
     text, replaced = _read_file(path)
-    texts, texts_b, lines = [], [], []
+    texts, texts_b, lines, blank = [], [], [], []
     for line_no, line in enumerate(text.splitlines(), 1):
         if line.strip():
             pair = line.strip().split(" ||| ", 1)
             texts.append(pair[0])
             texts_b.append(pair[1] if len(pair) > 1 else "")
             lines.append(line_no)
+        else:
+            blank.append(line_no)
     return TextExamples(
-        texts, texts_b if any(texts_b) else None, None, "lines", skipped_rows=[], replaced_bytes=replaced, lines=lines
+        texts,
+        texts_b if any(texts_b) else None,
+        None,
+        "lines",
+        skipped_rows=[],
+        replaced_bytes=replaced,
+        lines=lines,
+        blank_lines=_before_last(blank, lines),
     )
 
 
@@ -644,6 +666,7 @@ class _TextExampleCollector:
         self.path, self.scores = path, scores
         self.skip_bad_rows, self.require_labels = skip_bad_rows, require_labels
         self.texts, self.texts_b, self.labels, self.bad, self.lines = [], [], [], [], []
+        self.blank = []  # blank lines' numbers
         self.has_b = False
         self.has_label_column = False
         self.format = None
@@ -710,7 +733,17 @@ class _TextExampleCollector:
             skipped_rows=[n for n, _ in self.bad],
             replaced_bytes=replaced,
             lines=self.lines,
+            blank_lines=_before_last(self.blank, self.lines),
         )
+
+
+def _before_last(blank: list, lines: list) -> list:
+    """The blank lines that come before the last example (those after it move no example).
+
+    >>> _before_last([1, 4, 9], [2, 3, 5, 6])
+    [1, 4]
+    """
+    return [n for n in blank if lines and n < lines[-1]]
 
 
 def _check_bad_rows(path, bad, skip_bad_rows, kept):
@@ -730,8 +763,11 @@ def _check_bad_rows(path, bad, skip_bad_rows, kept):
         )
 
 
-def _table_rows(text: str, delimiter: str, quoting: bool) -> list[tuple[int, list | None, str]]:
-    """[(first line number, fields or None, csv's complaint)] for each non-blank row."""
+def _table_rows(
+    text: str, delimiter: str, quoting: bool, blank: list | None = None
+) -> list[tuple[int, list | None, str]]:
+    """[(first line number, fields or None, csv's complaint)] for each non-blank row; the blank
+    rows' line numbers go to `blank`, if given."""
     # A long text (a whole document in one cell) is not an error; csv's default cap is 128 KiB.
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
     options = {"delimiter": delimiter} if quoting else {"delimiter": delimiter, "quotechar": None}
@@ -748,12 +784,14 @@ def _table_rows(text: str, delimiter: str, quoting: bool) -> list[tuple[int, lis
             continue
         if fields:
             rows.append((start, fields, ""))
+        elif blank is not None:
+            blank.append(start)
 
 
 def _read_table(reader: _TextExampleCollector, text: str, format: str, detect_glue: bool):
     path = reader.path
     quoting = format == "csv"
-    rows = _table_rows(text, "," if quoting else "\t", quoting)
+    rows = _table_rows(text, "," if quoting else "\t", quoting, reader.blank)
     if not rows:
         raise KbertError(f"{path}: the file is empty; pass a file with one example per row")
     first = [f.strip() for f in rows[0][1] or []]
@@ -804,6 +842,7 @@ def _read_jsonl(reader: _TextExampleCollector, text: str):
     rows = []
     for line_no, line in enumerate(io.StringIO(text, newline=None), 1):
         if not line.strip():
+            reader.blank.append(line_no)
             continue
         try:
             row = json.loads(line)

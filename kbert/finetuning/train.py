@@ -53,7 +53,7 @@ from kbert.formats.model_dir import CHECKPOINTS_DIR, save
 from kbert.formats.sources import open_model
 from kbert.runtime.errors import KbertError, on_command_line, op_error_text, option
 from kbert.runtime.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir, writes
-from kbert.training.interruption import StopSignals
+from kbert.training.interruption import FinishingSignals, StopSignals
 from kbert.training.optimization import BertAdamW, WarmupLinearDecay
 from kbert.training.progress import Progress
 
@@ -149,21 +149,25 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     _fit_epochs(model, task, opts, train_data, tracker, saver, step, total_steps, steps_per_epoch)
     elapsed = time.perf_counter() - start
 
-    # --- finish: keep the best epoch ---
-    if tracker.best_weights is not None:
-        model.set_weights(tracker.best_weights)
-    result = dict(tracker.best_metrics or {})
-    result["epoch"] = tracker.best_epoch
-    result["train_examples_per_second"] = round((saver.step - start_step) * opts.batch_size / max(elapsed, 1e-9), 2)
-    if opts.resume:
-        result["resumed_from_step"] = start_step
-    # A head on the pooled output trains the pooler; the others leave it as the base had it, a
-    # converter's fresh one included.
-    model.fresh_heads = (
-        () if task.trains_pooler else tuple(h for h in getattr(base, "fresh_heads", ()) if h == "pooler")
-    )
-    _write_output(task.saved(model), output, run_dir, result, tracker, opts.overwrite)
-    return json_floats(result)
+    # --- finish: keep the best epoch; training is over, so a signal now waits for the output ---
+    with FinishingSignals(os.fspath(output)):
+        if tracker.best_weights is not None:
+            model.set_weights(tracker.best_weights)
+        result = dict(tracker.best_metrics or {})
+        result["epoch"] = tracker.best_epoch
+        steps = saver.step - start_step
+        result["train_examples_per_second"] = round(steps * opts.batch_size / max(elapsed, 1e-9), 2)
+        # The length the saved model records: predict, evaluate, embed and export read texts at it unless told.
+        result["max_seq_length"] = max_seq_length
+        if opts.resume:
+            result["resumed_from_step"] = start_step
+        # A head on the pooled output trains the pooler; the others leave it as the base had it, a
+        # converter's fresh one included.
+        model.fresh_heads = (
+            () if task.trains_pooler else tuple(h for h in getattr(base, "fresh_heads", ()) if h == "pooler")
+        )
+        _write_output(task.saved(model), output, run_dir, result, tracker, opts.overwrite)
+        return json_floats(result)
 
 
 def _read_data(task: Task, base, train, dev, opts, max_seq_length: int, replicas: int):

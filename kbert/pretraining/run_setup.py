@@ -87,6 +87,28 @@ def set_up_run(engine, model_dir, data, config_file, vocab_file, init, do_lower_
     return RunSetup(opts, run, placement, start, files, eval_files, ckpt_dir)
 
 
+def check_one_start(config_file, vocab_file, init):
+    """One line unless the run starts one way: from scratch (`config_file`, `vocab_file`) or from
+    `init`'s model, whose config and vocabulary it keeps.
+
+    >>> check_one_start("bert_config.json", None, "uncased_L-12_H-768_A-12")
+    Traceback (most recent call last):
+    ...
+    kbert.runtime.errors.KbertError: config_file='bert_config.json' and init='uncased_L-12_H-768_A-12': a run starts from scratch (config_file, vocab_file) or continues from a model (init), which brings its own config and vocabulary; drop one
+    """
+    if init and (config_file or vocab_file):
+        given = [
+            option(name, value, flag=flag)
+            for name, value, flag in (("config_file", config_file, "--config"), ("vocab_file", vocab_file, "--vocab"))
+            if value
+        ]
+        raise KbertError(
+            f"{' and '.join([*given, option('init', init)])}: a run starts from scratch "
+            f"({option('config_file', flag='--config')}, {option('vocab_file', flag='--vocab')}) or continues from "
+            f"a model ({option('init')}), which brings its own config and vocabulary; drop one"
+        )
+
+
 def has_checkpoint(engine, ckpt_dir: str) -> bool:
     """Whether `ckpt_dir` holds a complete checkpoint of either engine."""
     return bool(_checkpoint_kinds(engine, ckpt_dir))

@@ -43,7 +43,7 @@ from kbert.backend import writes_shared_files
 from kbert.formats.model_dir import WEIGHTS_FILE, write_model_files
 from kbert.pretraining.options import PretrainOptions
 from kbert.pretraining.run_record import record_run, recorded_options
-from kbert.pretraining.run_setup import ModelStart, RunSetup, Training, has_checkpoint, set_up_run
+from kbert.pretraining.run_setup import ModelStart, RunSetup, Training, check_one_start, has_checkpoint, set_up_run
 from kbert.runtime.errors import KbertError, option
 from kbert.runtime.files import claim_output
 from kbert.training.interruption import StopSignals
@@ -81,7 +81,8 @@ def pretrain(
             `kbert create-data`. With `resume`, default: the recorded files.
         config_file, vocab_file: str. Start from scratch with this bert_config.json and vocab.
         init: str. Or start from this kbert model directory (e.g. `kbert convert from-tf1`),
-            for continued pretraining or phase 2 at sequence length 512.
+            for continued pretraining or phase 2 at sequence length 512; not with `config_file`
+            or `vocab_file` (the model brings its own).
         options: `PretrainOptions`; keyword arguments override single fields.
         return_model: bool. Return `(metrics, model)` instead of the metrics alone.
 
@@ -90,6 +91,7 @@ def pretrain(
     ...                            vocab_file="vocab.txt", steps=1000, batch_size=32)  # doctest: +SKIP
     >>> kbert.pretraining.train.pretrain("out/bert", resume=True)  # after SIGTERM  # doctest: +SKIP
     """
+    check_one_start(config_file, vocab_file, init)
     # The run's writer locks --model-dir, as the CLI does (kbert.runtime.files.claim_output); the other
     # workers of a multi-worker run write theirs aside and do not. A bare resume runs on the
     # recorded strategy.

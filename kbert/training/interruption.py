@@ -76,3 +76,73 @@ class StopSignals:
             f"interrupted at step {step}: {what}; continue with {resume}",
             exit_code=128 + int(self.requested or signal.SIGTERM),
         )
+
+
+class FinishingSignals:
+    """A context for the end of a run whose training is done: SIGTERM and SIGINT no longer stop it.
+
+    Training has ended and its last checkpoint is saved; what is left is writing the output and
+    clearing the run's own files. A first signal now is said and waited out (the output comes
+    whole, and the run ends as a finished one, exit 0); a second one still means "now". On leaving,
+    the handlers that were there before are back, and a signal that came is said to have come
+    after the end. Outside the main thread it does nothing.
+
+    Example:
+    >>> with FinishingSignals("out/model") as finishing:
+    ...     pass  # write out/model
+    >>> finishing.received is None
+    True
+    """
+
+    def __init__(self, output: str):
+        self.output = output
+        self.received = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for number in SIGNALS:
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, error_type, *exc):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
+        if self.received is not None and error_type is None:
+            print(
+                f"kbert: {self.output} is complete: the run had finished training when "
+                f"{signal.Signals(self.received).name} came",
+                file=sys.stderr,
+                flush=True,
+            )
+        return False
+
+    def _handle(self, number, frame):
+        if self.received is None:
+            self.received = number
+            print(
+                f"kbert: {signal.Signals(number).name} received after training ended: writing {self.output} first "
+                f"(send it again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        print(
+            f"kbert: second {signal.Signals(number).name}: stopped at once, while writing {self.output}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(128 + number)
+
+
+def ignore_stops():
+    """SIGTERM and SIGINT do nothing from here to the process's exit: what a command calls once its
+    work is complete, so that a late Ctrl-C (while it prints its result, or while TensorFlow tears
+    down) cannot turn a finished run into exit 130. Ignored signals stay ignored through Python's
+    finalization, which puts other handlers back to the default. Outside the main thread it does
+    nothing.
+    """
+    if threading.current_thread() is threading.main_thread():
+        for number in SIGNALS:
+            signal.signal(number, signal.SIG_IGN)

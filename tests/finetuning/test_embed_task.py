@@ -7,6 +7,7 @@ the pooling kept from a sentence-transformers source, an interrupted run resumed
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -130,6 +131,53 @@ def test_files_of_another_shape_are_one_line(tmp_path, content, said):
     path.write_text(content)
     with pytest.raises(KbertError, match=said):
         read(path)
+
+
+def test_a_header_of_other_column_names_is_skipped_not_trained_on(tmp_path):
+    rows = "How do I brew tea?\tPut the kettle on.\nMy cat is sick.\tCall the vet.\n"
+    for header, want in [
+        ("question\tanswer\n", ["How do I brew tea?", "My cat is sick."]),  # named: read by its names
+        ("answer\tquestion\n", ["Put the kettle on.", "Call the vet."]),
+        ("anchor\tpositive\n", ["How do I brew tea?", "My cat is sick."]),  # sentence-transformers' names
+        ("q\td\n", ["How do I brew tea?", "My cat is sick."]),  # short names above longer rows
+        ("sentence1\tsentence2\n", ["How do I brew tea?", "My cat is sick."]),  # another file's names
+    ]:
+        (tmp_path / "pairs.tsv").write_text(header + rows)
+        examples = read(tmp_path / "pairs.tsv")
+        assert examples.queries == want and examples.lines == [2, 3], header
+    # Without one, the first row is a pair like the others.
+    (tmp_path / "pairs.tsv").write_text("tea\tBrew it.\n" + rows)
+    assert read(tmp_path / "pairs.tsv").queries == ["tea", "How do I brew tea?", "My cat is sick."]
+
+
+@pytest.mark.parametrize(
+    "content,said",
+    [
+        ("text\tlabel\ngold fresh.\tpos\ndead dust.\tneg\n", "its header (text, label) names a label column"),
+        (
+            "".join(f"text number {i}.\t{'pos' if i % 2 else 'neg'}\n" for i in range(20)),
+            "its 20 documents take only 2 distinct one-word values (neg, pos), as a label column does: it does not "
+            "look like pairs",
+        ),
+    ],
+    ids=["classify-header", "classify-without-header"],
+)
+def test_a_classify_file_given_as_pairs_is_refused(tmp_path, content, said):
+    from kbert.runtime.errors import KbertError
+
+    path = tmp_path / "train.tsv"
+    path.write_text(content)
+    with pytest.raises(KbertError, match=re.escape(said)):
+        read(path)
+
+
+def test_evaluate_says_which_columns_it_read(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("q\td\n" + "".join(f"{q}\t{d}\n" for q, d in pair_rows(8, 3)))
+    result = run_kbert("evaluate", TINY, "--input", path, "--task", "embed", "--pooling", "mean")
+    assert json.loads(result.stdout)["examples"] == 8
+    said = f"{path}: line 1 (q, d) is a header; read the query from column 1 and the document from column 2"
+    assert said in result.stderr, result.stderr
 
 
 # === Ranking metrics: the definitions, and sentence-transformers' evaluator ===
@@ -295,11 +343,19 @@ def test_a_sentence_transformers_source_keeps_its_pooling(tmp_path, pairs):
         (["--no-normalize", "--max-seq-length", "12"], {"pooling": "cls", "normalize": False, "max_seq_length": 12}),
     ):
         out = tmp_path / f"out{len(flags)}"
-        run_kbert(
+        result = run_kbert(
             "finetune", source, "--task", "embed", "--train", train, "--output", out, "--epochs", "1",
             "--batch-size", "16", *flags,
         )  # fmt: skip
         assert json.loads((out / "bert_config.json").read_text())["embedding"] == want
+        # The length every later command reads texts at is said: in the result, and where it is not the source's.
+        assert json.loads(result.stdout)["max_seq_length"] == want["max_seq_length"]
+        shorter = (
+            f"{source} embeds texts of up to 24 tokens; the fine-tuned model records --max-seq-length 12, its "
+            "training length, so kbert embed, predict, evaluate and export keep 12 tokens of a text unless given "
+            "another --max-seq-length"
+        )
+        assert (shorter in result.stderr) == bool(flags), result.stderr
 
 
 # === Refusals ===

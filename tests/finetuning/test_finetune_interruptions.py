@@ -167,3 +167,49 @@ def test_resume_refusals(tmp_path, data):
     """--resume where no run was interrupted (the refusals of an interrupted run: the signals test)."""
     result = refused(tmp_path / "model", data, "--resume")
     assert result.returncode == 1 and "no unfinished run" in result.stderr.strip().splitlines()[-1]
+
+
+# === a signal after training ended: finished is finished ===
+
+
+def short_run(tmp_path):
+    train = write_tsv(tmp_path / "train.tsv", sentiment_rows(32, 0))
+    flags = ["--task", "classify", "--epochs", "1", "--batch-size", "16", "--max-seq-length", "16"]
+    return [str(TINY), "--train", str(train), "--output", str(tmp_path / "model"), *flags]
+
+
+def test_a_signal_while_the_output_is_written_waits_for_it_and_the_run_ends_finished(tmp_path, monkeypatch, capfd):
+    """SIGINT once training has ended (here: the moment the output is in place, before the run's own
+    files are cleared): the run ends as a finished one, its output whole, and says so."""
+    import kbert.finetuning.train as train_module
+
+    write_output = train_module._write_output
+
+    def write_then_signal(*args, **kwargs):
+        write_output(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C arriving just after the rename
+
+    monkeypatch.setattr(train_module, "_write_output", write_then_signal)
+    out, train = tmp_path / "model", write_tsv(tmp_path / "train.tsv", sentiment_rows(32, 0))
+    result = train_module.finetune(TINY, "classify", train, out, epochs=1, batch_size=16, max_seq_length=16)
+    assert result["epoch"] == 1 and (out / "model.weights.h5").exists()
+    assert not os.path.exists(f"{out}.partial")  # the run's own files cleared too
+    stderr = capfd.readouterr().err
+    assert f"kbert: SIGINT received after training ended: writing {out} first" in stderr
+    assert f"kbert: {out} is complete: the run had finished training when SIGINT came" in stderr
+
+
+def test_a_ctrl_c_after_the_run_is_complete_is_no_stop(tmp_path, monkeypatch):
+    """The command's last moments (its result printed, TensorFlow's teardown): exit 0, not 130."""
+    import kbert.cli.finetune as finetune_command
+
+    print_result = finetune_command.print_result
+
+    def signal_then_print(result):
+        os.kill(os.getpid(), signal.SIGINT)
+        print_result(result)
+
+    monkeypatch.setattr(finetune_command, "print_result", signal_then_print)
+    result = run_kbert("finetune", *short_run(tmp_path), check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["epoch"] == 1 and (tmp_path / "model" / "model.weights.h5").exists()

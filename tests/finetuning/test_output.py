@@ -10,7 +10,7 @@ import os
 import pytest
 
 from conftest import assert_user_error, run_kbert
-from kbert.finetuning.output import partial_path, skip_rows, write_rows
+from kbert.finetuning.output import model_identity, partial_path, skip_rows, write_rows
 from kbert.runtime.errors import Interrupted, KbertError, command_line_names
 
 # The flags of `kbert predict` that its messages about --output name.
@@ -294,6 +294,92 @@ def test_partials_without_a_record_still_resume(tmp_path):
     with pytest.raises(KbertError, match="cannot read the input"):
         write_rows(tmp_path / "other.jsonl", numbered(2), source=tmp_path / "missing.tsv")
     assert not os.path.exists(partial_path(tmp_path / "other.jsonl"))
+
+
+# === --resume goes on only with the model and the options the rows were made with ===
+
+
+def _model(folder, weights: bytes, head: str = "classify"):
+    folder.mkdir()
+    (folder / "model.weights.h5").write_bytes(weights)
+    (folder / "bert_config.json").write_text(json.dumps({"task": head}))
+    return folder
+
+
+def test_resume_with_another_model_is_refused_naming_both(tmp_path):
+    data = tmp_path / "in.tsv"
+    data.write_text("text\ngold.\ndead.\nfire.\n")
+    first = _model(tmp_path / "first", bytes(3 << 20))
+    # The same bytes but one in the middle of a large weights file; the same weights, another head.
+    retrained = _model(tmp_path / "retrained", bytes(3 << 19) + b"\1" + bytes((3 << 19) - 1))
+    other_head = _model(tmp_path / "other-head", bytes(3 << 20), head="regress")
+    out = tmp_path / "out.jsonl"
+    made_by = {"model": model_identity(first), "max_seq_length": None}
+    with pytest.raises(RuntimeError):
+        write_rows(out, numbered(3, fail_after=2), source=data, made_by=made_by)
+    kept = open(partial_path(out), "rb").read()
+    for other in (retrained, other_head):
+        with command_line_names(FLAGS), pytest.raises(KbertError) as raised:
+            write_rows(out, numbered(3), resume=True, source=data, made_by=dict(made_by, model=model_identity(other)))
+        assert str(raised.value) == (
+            f"--resume: {partial_path(out)} holds the rows of {first}, not of {other}: another model's rows would "
+            f"follow them; resume with the model it started with, or pass --overwrite to start again"
+        )
+    (first / "bert_config.json").write_text(json.dumps({"task": "tag"}))  # the same folder, changed since
+    with pytest.raises(
+        KbertError, match=r"holds the rows of an earlier version of it, not of .*first \(changed since\)"
+    ):
+        write_rows(out, numbered(3), resume=True, source=data, made_by=dict(made_by, model=model_identity(first)))
+    assert open(partial_path(out), "rb").read() == kept  # untouched
+    # The model moved elsewhere is the same model.
+    (first / "bert_config.json").write_text(json.dumps({"task": "classify"}))
+    moved = tmp_path / "moved"
+    os.rename(first, moved)
+    same = dict(made_by, model=model_identity(moved))
+    assert write_rows(out, numbered(3), resume=True, source=data, made_by=same)["rows_kept"] == 2
+
+
+@pytest.mark.parametrize(
+    "then, now, said",
+    [
+        (
+            {"max_seq_length": None},
+            {"max_seq_length": 16},
+            "made with the default --max-seq-length, and this run has --max-seq-length 16",
+        ),
+        (
+            {"pooling": "mean", "normalize": None},
+            {"pooling": "cls", "normalize": False},
+            "made with --pooling mean and the default --normalize, and this run has --pooling cls and no --normalize",
+        ),
+        (
+            {"skip_bad_rows": True},
+            {"skip_bad_rows": False},
+            "made with --skip-bad-rows, and this run has no --skip-bad-rows",
+        ),
+    ],
+)
+def test_resume_with_other_row_shaping_options_is_refused(tmp_path, then, now, said):
+    data = tmp_path / "in.tsv"
+    data.write_text("text\ngold.\ndead.\nfire.\n")
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(RuntimeError):
+        write_rows(out, numbered(3, fail_after=2), source=data, made_by=then)
+    with (
+        command_line_names(FLAGS | {f"--{name.replace('_', '-')}" for name in now}),
+        pytest.raises(KbertError) as raised,
+    ):
+        write_rows(out, numbered(3), resume=True, source=data, made_by=now)
+    assert str(raised.value) == (
+        f"--resume: {partial_path(out)} holds rows {said}: rows of another shape would follow them; resume with "
+        f"the options it started with, or pass --overwrite to start again"
+    )
+    assert lines(partial_path(out)) == [{"n": 0}, {"n": 1}]
+    with pytest.raises(
+        KbertError, match=r"holds rows made with .*=.*, and this run has .*=.*; resume with the options"
+    ):
+        write_rows(out, numbered(3), resume=True, source=data, made_by=now)  # as Python callers are told
+    assert write_rows(out, numbered(3), resume=True, source=data, made_by=then)["rows_kept"] == 2
 
 
 # === a stream has no rows to resume or replace ===

@@ -1,6 +1,7 @@
 """Local `kbert predict --output` writes each chunk of rows as it is done: a run killed (kill -9),
 stopped (SIGTERM) or interrupted (Ctrl-C) keeps every finished row, says so, and `--resume`
-goes on without repeating or losing one, for an encoder and for a `--long-text windows`
+goes on without repeating or losing one (and refuses to append another model's rows, or rows of
+other options), for an encoder and for a `--long-text windows`
 classifier. And the smaller promises of `kbert predict`: rows that name their input line with
 --skip-bad-rows, labels the model never saw, an encoder's TSV header, streams and symbolic links
 as --output.
@@ -8,6 +9,7 @@ as --output.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -16,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import kbert_command, popen_interruptible, run_kbert
+from conftest import assert_user_error, kbert_command, popen_interruptible, run_kbert
 from helpers import FILLER, NEGATIVE, POSITIVE, write_tsv
 from kbert.finetuning.output import partial_path
 
@@ -96,6 +98,28 @@ def test_a_killed_local_run_keeps_its_rows_and_resumes(tiny_model_dir, encoder_i
     job = start_predict(tiny_model_dir, source, out, "--max-seq-length", "16")
     written, _, _ = stop_mid_run(job, partial_path(out), signal.SIGKILL, 256, 12_000)
     assert not out.exists()
+    kept = open(partial_path(out), "rb").read()
+    # Another model, or another option that shapes a row, would append rows unlike these: refused.
+    retrained = tmp_path / "retrained"
+    shutil.copytree(tiny_model_dir, retrained)
+    config = json.loads((retrained / "bert_config.json").read_text())
+    (retrained / "bert_config.json").write_text(json.dumps(dict(config, hidden_dropout_prob=0.2)))
+    for model, flags, said in [
+        (retrained, ["--max-seq-length", "16"], f"holds the rows of {tiny_model_dir}, not of {retrained}"),
+        (
+            tiny_model_dir,
+            ["--max-seq-length", "32"],
+            "made with --max-seq-length 16, and this run has --max-seq-length 32",
+        ),
+        (
+            tiny_model_dir,
+            ["--max-seq-length", "16", "--layers", "-1"],
+            "the default --layers, and this run has --layers -1",
+        ),
+    ]:
+        refused = run_kbert("predict", model, "--input", source, "--output", out, *flags, "--resume", check=False)
+        assert_user_error(refused, said, "or pass --overwrite to start again", alone=False)
+        assert open(partial_path(out), "rb").read() == kept
     result = run_kbert(
         "predict", tiny_model_dir, "--input", source, "--output", out, "--max-seq-length", "16", "--resume"
     )
@@ -216,6 +240,24 @@ def test_rows_name_their_input_line_when_bad_rows_are_skipped(classifier, tmp_pa
     alone = list(predict(classifier, write_tsv(tmp_path / "one.tsv", [("dull awful.",)], header=("text",))))
     assert {k: v for k, v in rows[1].items() if k != "line"} == alone[0]
     assert "line" not in alone[0]  # without --skip-bad-rows every row is its line's, in order
+
+
+def test_blank_lines_that_move_rows_off_their_line_numbers_are_said(classifier, tiny_model_dir, tmp_path):
+    """A blank line has no row, so the rows after it are not numbered as their lines: said on stderr,
+    for a task's table and an encoder's lines alike (trailing blank lines move nothing: not said)."""
+    table = tmp_path / "in.tsv"
+    table.write_text("text\tlabel\ngold glorious.\tpos\n\ndull awful.\tneg\n\n\n")
+    lines = tmp_path / "in.txt"
+    lines.write_text("\ngold glorious.\n\n\ndull awful.\n\n")
+    for model, source, said in [
+        (classifier, table, "skipped 1 blank line (line 3)"),
+        (tiny_model_dir, lines, "skipped 3 blank lines (lines 1, 3, 4)"),
+    ]:
+        result = run_kbert("predict", model, "--input", source, "--max-seq-length", "16")
+        assert len(result.stdout.splitlines()) == 2
+        assert f"{source}: {said}; the rows follow the other lines, in order" in result.stderr, result.stderr
+    lines.write_text("gold glorious.\ndull awful.\n\n\n")
+    assert "blank" not in run_kbert("predict", tiny_model_dir, "--input", lines, "--max-seq-length", "16").stderr
 
 
 def test_predict_takes_labels_the_model_never_saw_and_evaluate_refuses_them(classifier, tmp_path):

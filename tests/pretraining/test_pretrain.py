@@ -357,6 +357,24 @@ def test_fill_mask_bad_input(tmp_path, tiny_model_dir):
     )
 
 
+def test_init_with_config_or_vocab_is_refused(tmp_path, tiny_model_dir, original_records):
+    """--init brings its model's config and vocabulary: a --config or --vocab beside it would be
+    ignored (and recorded as used), so the pair is refused before anything is written."""
+    config = os.path.join(TINY, "bert_config.json")
+    for given, said in [
+        (["--config", config, "--vocab", VOCAB], f"--config {config} and --vocab {VOCAB} and --init {tiny_model_dir}"),
+        (["--vocab", VOCAB], f"--vocab {VOCAB} and --init {tiny_model_dir}"),
+    ]:
+        args = ["--model-dir", tmp_path / "run", "--data", original_records, "--init", tiny_model_dir, *given]
+        result = run_kbert("pretrain", *args, "--steps", "1", check=False)
+        assert_user_error(
+            result,
+            f"{said}: a run starts from scratch (--config, --vocab) or continues from a model (--init), which brings "
+            "its own config and vocabulary; drop one",
+        )
+        assert not (tmp_path / "run").exists()
+
+
 def test_python_callers_read_their_own_argument_names(tmp_path):
     # pretrain() from Python names its keyword arguments; the same check under the `kbert pretrain`
     # command names its flags, as the CLI's tests read them.

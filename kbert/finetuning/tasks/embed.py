@@ -88,6 +88,19 @@ class Embed(Task):
         """The pooling, normalisation and length of the sentence vectors: the ones given, over the
         base model's embedding record (a model with none needs a pooling)."""
         settings = embedding_settings(base, options.pooling, options.normalize, options.max_seq_length, where)
+        recorded = (embedding_of(base) or {}).get("max_seq_length")
+        if recorded is not None and recorded != settings.max_seq_length:
+            # As sentence-transformers saves the max_seq_length it trained with: said, as it changes what
+            # every later command reads.
+            log.warning(
+                "%s embeds texts of up to %d tokens; the fine-tuned model records %s, its training length, so "
+                "kbert embed, predict, evaluate and export keep %d tokens of a text unless given another %s",
+                where,
+                recorded,
+                option("max_seq_length", settings.max_seq_length),
+                settings.max_seq_length,
+                option("max_seq_length"),
+            )
         return dataclasses.replace(
             options, pooling=settings.pooling, normalize=settings.normalize, max_seq_length=settings.max_seq_length
         )
