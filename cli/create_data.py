@@ -10,8 +10,13 @@ import typer
 
 from kbert.cli.common import bytes_progress, print_result
 from kbert.cli.frame import TEXT, TEXT_FILES, Output, command
-from kbert.cli.options import MoreInputs
+from kbert.cli.options import GLOBBED_FILES, MoreInputs, text_inputs
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
+
+Inputs = text_inputs(
+    f"Text: one sentence per line, a blank line between documents. {GLOBBED_FILES.capitalize()}: the same files "
+    "on every runner."
+)
 
 
 # long: one typer option per flag, as --help lists them; the body is a few calls
@@ -22,11 +27,7 @@ from kbert.config import DEFAULT_MAX_SEQ_LENGTH
     tensorflow=False,
 )  # its start-up would be seconds of a run of tens of seconds
 def create_data(
-    input: list[str] = typer.Option(
-        ...,
-        "--input",
-        help="Text: one sentence per line, a blank line between documents. Files or globs, quoted or not, comma-separated or repeated, or more files after it (--input data/*.txt): the same files on every runner.",
-    ),
+    input: Inputs = ...,
     more_inputs: MoreInputs = None,
     vocab: Path = typer.Option(..., "--vocab", help="vocab.txt of the model (or from `kbert vocab`)."),
     output: str = typer.Option(

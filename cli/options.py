@@ -18,8 +18,18 @@ FORMATS = "auto, csv, tsv, jsonl, or a GLUE layout: mrpc, cola, sst2, stsb, mnli
 DataFormat = Annotated[str, typer.Option("--format", help=f"Data format: {FORMATS}.")]
 SkipMalformedRows = Annotated[bool, typer.Option("--skip-bad-rows", help="Skip malformed rows instead of failing.")]
 
-# The files after --input of the commands that read plain text (`kbert vocab`, `kbert create-data`).
+# The text files of the commands that read plain text (`kbert vocab`, `kbert create-data`): --input,
+# then the files after it; the frame expands the globs, the same way on every runner.
+GLOBBED_FILES = (
+    "files or globs, quoted or not, comma-separated or repeated, or more files after it (--input data/*.txt)"
+)
 MoreInputs = Annotated[list[str] | None, typer.Argument(metavar="FILE", help="More input files.", show_default=False)]
+
+
+def text_inputs(help: str):
+    """The --input of a command that reads plain text, `help` saying what the text is."""
+    return Annotated[list[str], typer.Option("--input", help=help)]
+
 
 # The rows that `kbert predict` and `kbert embed` write to --output.
 ResumeRows = Annotated[
