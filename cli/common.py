@@ -8,7 +8,6 @@ import os
 import sys
 import warnings
 
-import typer
 from typer.core import TyperCommand
 
 from kbert._compat import typer_parameter_type
@@ -168,21 +167,6 @@ class HelpCommand(TyperCommand):
             if sections[key]:
                 with formatter.section(title):
                     formatter.write_dl(sections[key])
-
-
-# The files after --input of the commands that read plain text (`kbert vocab`, `kbert create-data`).
-MORE_INPUTS = typer.Argument(None, metavar="FILE", help="More input files.", show_default=False)
-
-# The options of the commands that write rows to --output (`kbert predict`, `kbert embed`), declared
-# once so that both say the same.
-RESUME_ROWS = typer.Option(
-    False, "--resume", help="With --output: go on from the rows FILE.partial has from a run that did not finish."
-)
-OVERWRITE_ROWS = typer.Option(
-    False,
-    "--overwrite",
-    help="With --output: replace an existing FILE, or (without --resume) drop an unfinished run's rows.",
-)
 
 
 def print_rows(rows, output=None):

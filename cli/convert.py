@@ -21,6 +21,7 @@ from kbert.cli.frame import (
     TFHUB_MODEL,
     command,
 )
+from kbert.cli.options import OutModelDir
 from kbert.formats.sources import ACCEPTED as SOURCES
 
 # The converters are imported inside each command, not here: they import TensorFlow, which
@@ -44,7 +45,7 @@ def from_tf1(
     src: Path = typer.Argument(
         ..., help="Checkpoint directory (bert_config.json, vocab.txt, *.ckpt) or prefix like DIR/model.ckpt-20000."
     ),
-    out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
+    out_model_dir: OutModelDir = ...,
     config: Path | None = typer.Option(None, help="bert_config.json, if not beside the checkpoint."),
     vocab: Path | None = typer.Option(None, help="vocab.txt, if not beside the checkpoint."),
     lowercase: bool | None = typer.Option(
@@ -105,7 +106,7 @@ def from_hf(
         ...,
         help="Hugging Face BERT directory (config.json, model.safetensors, vocab.txt or tokenizer.json), or its model.safetensors.",
     ),
-    out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
+    out_model_dir: OutModelDir = ...,
     lowercase: bool | None = typer.Option(
         None,
         "--lowercase/--no-lowercase",
@@ -161,7 +162,7 @@ def from_tfhub(
         ...,
         help="A TF Hub BERT encoder SavedModel directory (Model Garden's export_tfhub, or kbert export --format tfhub).",
     ),
-    out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
+    out_model_dir: OutModelDir = ...,
     preprocessor: Path | None = typer.Option(
         None, help="Its preprocessor SavedModel: the vocabulary and casing are read from there."
     ),
@@ -207,7 +208,7 @@ def to_keras_hub(
 @command(inputs={"src": KERAS_HUB_PRESET}, outputs={"out_model_dir": DIR})
 def from_keras_hub(
     src: Path = typer.Argument(..., help="A keras-hub BERT preset directory (as save_to_preset writes it)."),
-    out_model_dir: Path = typer.Argument(..., help="kbert model directory to write."),
+    out_model_dir: OutModelDir = ...,
     lowercase: bool | None = typer.Option(
         None, "--lowercase/--no-lowercase", help="Uncased vocabulary? Default: the preset tokenizer's lowercase."
     ),

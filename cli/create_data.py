@@ -3,13 +3,20 @@ create_pretraining_data.py makes them (same features, same algorithm), streamed 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import typer
 
-from kbert.cli.common import MORE_INPUTS, bytes_progress, print_result
+from kbert.cli.common import bytes_progress, print_result
 from kbert.cli.frame import TEXT, TEXT_FILES, Output, command
+from kbert.cli.options import GLOBBED_FILES, MoreInputs, text_inputs
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
+
+Inputs = text_inputs(
+    f"Text: one sentence per line, a blank line between documents. {GLOBBED_FILES.capitalize()}: the same files "
+    "on every runner."
+)
 
 
 # long: one typer option per flag, as --help lists them; the body is a few calls
@@ -20,12 +27,8 @@ from kbert.config import DEFAULT_MAX_SEQ_LENGTH
     tensorflow=False,
 )  # its start-up would be seconds of a run of tens of seconds
 def create_data(
-    input: list[str] = typer.Option(
-        ...,
-        "--input",
-        help="Text: one sentence per line, a blank line between documents. Files or globs, quoted or not, comma-separated or repeated, or more files after it (--input data/*.txt): the same files on every runner.",
-    ),
-    more_inputs: list[str] | None = MORE_INPUTS,
+    input: Inputs = ...,
+    more_inputs: MoreInputs = None,
     vocab: Path = typer.Option(..., "--vocab", help="vocab.txt of the model (or from `kbert vocab`)."),
     output: str = typer.Option(
         ..., "--output", help="TFRecord file to write; with --shards N, the prefix of OUTPUT-0000i-of-0000N."
@@ -76,6 +79,11 @@ def create_data(
     from kbert.runtime.errors import KbertError
 
     inputs = [*input, *(more_inputs or [])]  # globs expanded by the frame, the same files on every runner
+    options = DataOptions(
+        max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor, short_seq_prob, whole_word_mask, seed
+    )
+    # Where the records go and how the text is cut into work: the same on every runner.
+    writing = dict(shards=shards, overwrite=overwrite, chunk_docs=chunk_docs, chunk_bytes=chunk_bytes)
     if runner != "local":
         try:
             from kbert.pretraining.beam_pipeline import run_pipeline
@@ -86,9 +94,6 @@ def create_data(
                 "--workers is for --runner local; Beam runners take theirs in --pipeline-options "
                 "(e.g. --direct_num_workers=2, --num_workers=N on Dataflow)"
             )
-        options = DataOptions(
-            max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor, short_seq_prob, whole_word_mask, seed
-        )
         print_result(
             run_pipeline(
                 [str(p) for p in inputs],
@@ -98,10 +103,7 @@ def create_data(
                 flags=pipeline_options,
                 do_lower_case=lowercase,
                 options=options,
-                shards=shards,
-                overwrite=overwrite,
-                chunk_docs=chunk_docs,
-                chunk_bytes=chunk_bytes,
+                **writing,
             )
         )
         return
@@ -120,18 +122,9 @@ def create_data(
             vocab,
             output,
             do_lower_case=lowercase,
-            max_seq_length=max_seq_length,
-            max_predictions_per_seq=max_predictions_per_seq,
-            masked_lm_prob=masked_lm_prob,
-            dupe_factor=dupe_factor,
-            short_seq_prob=short_seq_prob,
-            seed=seed,
-            whole_word_mask=whole_word_mask,
-            shards=shards,
+            **dataclasses.asdict(options),
             workers=workers,
-            overwrite=overwrite,
-            chunk_docs=chunk_docs,
-            chunk_bytes=chunk_bytes,
             on_progress=on_progress,
+            **writing,
         )
     print_result(result)

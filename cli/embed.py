@@ -7,8 +7,9 @@ from pathlib import Path
 
 import typer
 
-from kbert.cli.common import OVERWRITE_ROWS, RESUME_ROWS, print_result, print_rows
+from kbert.cli.common import print_result, print_rows
 from kbert.cli.frame import FILE_OR_STREAM, MODEL, TEXT, command
+from kbert.cli.options import OverwriteRows, ResumeRows
 from kbert.formats.sources import ACCEPTED
 from kbert.runtime.files import is_stream
 
@@ -65,8 +66,8 @@ def embed(
         "--normalize/--no-normalize",
         help="L2-normalise each vector. Default: the model's (no, for a model with no pooling recorded).",
     ),
-    resume: bool = RESUME_ROWS,
-    overwrite: bool = OVERWRITE_ROWS,
+    resume: ResumeRows = False,
+    overwrite: OverwriteRows = False,
 ):
     """Embed texts with a sentence-embedding model; prints one JSON vector per text (with --output, writes
     them to FILE and prints a summary)."""

@@ -66,21 +66,19 @@ def extend(
         raise KbertError(
             "--dry-run shows the words that --words FILE or --corpus FILES --max-new N would add: pass one"
         )
+    # The words to add: the same choice for --dry-run and for the model it writes.
+    choice = dict(words_file=words, corpus=corpus or (), max_new=max_new, min_count=min_count, do_lower_case=lowercase)
     with corpus_progress() as on_progress:
         if dry_run:
-            result = choose_words(model_dir, words, corpus or (), max_new, min_count, lowercase, on_progress)
+            result = choose_words(model_dir, **choice, on_progress=on_progress)
         else:
             result = extend_model(
                 model_dir,
                 out,
                 max_position_embeddings=max_position_embeddings,
-                words_file=words,
-                corpus=corpus or (),
-                max_new=max_new,
-                min_count=min_count,
-                do_lower_case=lowercase,
                 overwrite=overwrite,
                 on_progress=on_progress,
+                **choice,
             )
     print_result(result)
 

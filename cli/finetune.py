@@ -12,12 +12,11 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.cli.frame import DIR, MODEL, TEXT, command
+from kbert.cli.options import DataFormat, options_from
 from kbert.finetuning.options import FinetuneOptions
 
 # Each fine-tuning flag's default is the FinetuneOptions field's.
 DEFAULTS = FinetuneOptions()
-
-FORMATS = "auto, csv, tsv, jsonl, or a GLUE layout: mrpc, cola, sst2, stsb, mnli, qnli, qqp, rte"
 
 
 # long: one typer option per flag, as --help lists them; the body is one call
@@ -71,7 +70,7 @@ def finetune(
     patience: int | None = typer.Option(
         DEFAULTS.patience, min=0, help="Early stopping: stop after N epochs without a better dev score."
     ),
-    format: str = typer.Option(DEFAULTS.format, "--format", help=f"Data format: {FORMATS}."),
+    format: DataFormat = DEFAULTS.format,
     skip_bad_rows: bool = typer.Option(
         DEFAULTS.skip_bad_rows, "--skip-bad-rows", help="Skip rows with missing or extra columns instead of failing."
     ),
@@ -127,33 +126,12 @@ def finetune(
     """Fine-tune BERT on a labelled file (or on query-document pairs); prints the best epoch's dev metrics as JSON.
 
     SIGTERM or Ctrl-C saves a checkpoint after the batch in flight; --resume continues from it."""
+    # Every flag but MODEL_DIR, --task, --train, --output and --dev is the FinetuneOptions field of
+    # the same name.
+    options = options_from(FinetuneOptions, locals())
     from kbert.finetuning.train import finetune as finetune_model
     from kbert.training.interruption import ignore_stops
 
-    options = FinetuneOptions(
-        epochs=epochs,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        max_seq_length=max_seq_length,
-        warmup_proportion=warmup_proportion,
-        seed=seed,
-        mixed_precision=mixed_precision,
-        strategy=strategy,
-        patience=patience,
-        format=format,
-        skip_bad_rows=skip_bad_rows,
-        long_text=long_text,
-        doc_stride=doc_stride,
-        max_query_length=max_query_length,
-        n_best_size=n_best_size,
-        max_answer_length=max_answer_length,
-        null_score_diff_threshold=null_score_diff_threshold,
-        overwrite=overwrite,
-        resume=resume,
-        save_every=save_every,
-        pooling=pooling,
-        normalize=normalize,
-    )
     result = finetune_model(str(model_dir), task, str(train), str(output), dev=dev and str(dev), options=options)
     # Finished is finished: a Ctrl-C from here to the exit (printing, TensorFlow's teardown) is no stop.
     ignore_stops()

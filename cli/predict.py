@@ -10,9 +10,9 @@ from pathlib import Path
 
 import typer
 
-from kbert.cli.common import OVERWRITE_ROWS, RESUME_ROWS, print_result, print_rows
-from kbert.cli.finetune import FORMATS
+from kbert.cli.common import print_result, print_rows
 from kbert.cli.frame import FILE_OR_STREAM, MODEL, TEXT, command
+from kbert.cli.options import DataFormat, OverwriteRows, ResumeRows, SkipMalformedRows
 from kbert.runtime.files import is_stream
 
 
@@ -39,15 +39,15 @@ def predict(
     ),
     batch_size: int = typer.Option(32, min=1, help="Examples per batch (per request with --server)."),
     max_seq_length: int | None = typer.Option(None, min=3, help="Default: the length the model was fine-tuned with."),
-    format: str = typer.Option("auto", "--format", help=f"Data format: {FORMATS}."),
-    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
+    format: DataFormat = "auto",
+    skip_bad_rows: SkipMalformedRows = False,
     output: Path | None = typer.Option(
         None,
         "--output",
         help="Write the JSON lines to this file instead of stdout: batch by batch to FILE.partial, renamed to FILE at the end; resumable with --resume. - (or /dev/stdout) is stdout.",
     ),
-    resume: bool = RESUME_ROWS,
-    overwrite: bool = OVERWRITE_ROWS,
+    resume: ResumeRows = False,
+    overwrite: OverwriteRows = False,
     timeout: float = typer.Option(
         60.0, min=0, help="With --server: seconds one request may take, retries while the server is down included."
     ),
@@ -68,6 +68,8 @@ def predict(
             "give MODEL_DIR to predict with a local model, or --server HOST:PORT --model NAME "
             "for one that TF Serving serves"
         )
+    # How the input is read and batched: the same for a local and a served model.
+    reading = dict(batch_size=batch_size, max_seq_length=max_seq_length, format=format, skip_bad_rows=skip_bad_rows)
     if server is not None:
         if model_dir is not None:
             raise KbertError(f"give either MODEL_DIR ({model_dir}) or --server ({server}), not both")
@@ -81,9 +83,7 @@ def predict(
         from kbert.serving.client import Client
         from kbert.serving.predict import predict_served, served_options
 
-        options = served_options(
-            batch_size=batch_size, format=format, skip_bad_rows=skip_bad_rows, max_seq_length=max_seq_length
-        )
+        options = served_options(**reading)
         client = Client(server, model, timeout=timeout, retries=retries)
 
         def rows(start):
@@ -94,16 +94,7 @@ def predict(
         from kbert.finetuning.predict import predict as predict_rows
 
         def rows(start):
-            return predict_rows(
-                str(model_dir),
-                str(input),
-                layers=layers,
-                batch_size=batch_size,
-                max_seq_length=max_seq_length,
-                format=format,
-                skip_bad_rows=skip_bad_rows,
-                start=start,
-            )
+            return predict_rows(str(model_dir), str(input), layers=layers, start=start, **reading)
 
     if output is not None and (resume or overwrite or not is_stream(output)):
         from kbert.finetuning.output import model_identity, write_rows
@@ -142,21 +133,12 @@ def evaluate(
         None, help="embed: cls | mean | max | mean_sqrt_len; default the model's embedding record."
     ),
     batch_size: int = typer.Option(32, min=1, help="Examples per batch."),
-    format: str = typer.Option("auto", "--format", help=f"Data format: {FORMATS}."),
-    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
+    format: DataFormat = "auto",
+    skip_bad_rows: SkipMalformedRows = False,
 ):
     """Score a fine-tuned model on labelled data; prints one JSON object of metrics (embedding models: recall@1,
     recall@10, mrr@10, ndcg@10)."""
     from kbert.finetuning.predict import evaluate as evaluate_model
 
-    print_result(
-        evaluate_model(
-            str(model_dir),
-            str(input),
-            task=task,
-            batch_size=batch_size,
-            format=format,
-            skip_bad_rows=skip_bad_rows,
-            pooling=pooling,
-        )
-    )
+    reading = dict(batch_size=batch_size, format=format, skip_bad_rows=skip_bad_rows)
+    print_result(evaluate_model(str(model_dir), str(input), task=task, pooling=pooling, **reading))

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from kbert.cli.common import MORE_INPUTS, print_result
+from kbert.cli.common import print_result
 from kbert.cli.frame import FILE, TEXT_FILES, command
+from kbert.cli.options import GLOBBED_FILES, MoreInputs, text_inputs
+
+Inputs = text_inputs(f"Text files to learn from: {GLOBBED_FILES}.")
 
 
 @command(inputs={"input": TEXT_FILES, "more_inputs": TEXT_FILES}, outputs={"output": FILE})
 def vocab(
-    input: list[str] = typer.Option(
-        ...,
-        "--input",
-        help="Text files to learn from: files or globs, quoted or not, comma-separated or repeated, or more files after it (--input data/*.txt).",
-    ),
-    more_inputs: list[str] | None = MORE_INPUTS,
+    input: Inputs = ...,
+    more_inputs: MoreInputs = None,
     output: str = typer.Option(..., "--output", help="vocab.txt to write."),
     size: int = typer.Option(
         30522, min=1, help="Entries at most, the 5 reserved tokens included (the learner lands within 5% below)."

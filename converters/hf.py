@@ -41,7 +41,7 @@ from kbert.converters.names import (
     tf1_to_kbert_paths,
 )
 from kbert.converters.safetensors_file import RESAVE, SafetensorsFile, write_safetensors
-from kbert.finetuning.task_info import head_task_info
+from kbert.finetuning.tasks import head_task_info
 from kbert.formats.model_dir import (
     HEADS,
     VOCAB_FILE,

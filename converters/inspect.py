@@ -17,12 +17,12 @@ import re
 import h5py
 import numpy as np
 
+import kbert.finetuning.tasks  # noqa: F401  (a .keras task model's record, checked and completed by its task)
 from kbert.config import BertConfig
 from kbert.converters.hf import describe_hf
 from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
 from kbert.converters.tf1 import data_problems, find_checkpoint, is_optimizer_state, open_reader
 from kbert.finetuning.run_state import interrupted_finetuning, interrupted_finetuning_message
-from kbert.finetuning.task_info import TASK_KEYS
 from kbert.formats.model_dir import (
     CONFIG_FILE,
     VOCAB_FILE,
@@ -34,7 +34,7 @@ from kbert.formats.model_dir import (
 )
 from kbert.formats.sources import KINDS, open_model, refuse_run, source_kind
 from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
-from kbert.model.kinds import model_kind
+from kbert.model.kinds import TASK_KEYS, model_kind
 from kbert.pretraining.run_record import interrupted_pretraining, interrupted_pretraining_message
 from kbert.runtime.errors import KbertError, plural
 from kbert.runtime.files import count_lines

@@ -48,6 +48,8 @@ def __getattr__(name):
     if name == "load":  # refuses an unfinished run's folder as its trainer describes it
         importlib.import_module("kbert.pretraining.run_record")
         importlib.import_module("kbert.finetuning.run_state")
+    if name in ("load", "save"):  # a task model's record, checked and completed by its task
+        importlib.import_module("kbert.finetuning.tasks")
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     if name in ("converters", "serving", "cli"):

@@ -28,6 +28,7 @@ import tempfile
 
 import numpy as np
 
+import kbert.finetuning.tasks  # noqa: F401  (how save checks a grown task model's record: its task's answer)
 from kbert import new_words
 from kbert.formats.model_dir import model_kind, save
 from kbert.formats.sources import describe_source, open_model

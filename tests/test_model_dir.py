@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -280,3 +281,38 @@ def test_a_keras_file_is_a_whole_model_and_anything_else_is_one_line(tiny_model_
     assert_user_error(
         run_kbert("predict", tmp_path / "bare.keras", "--input", data, check=False), "the model declares no vocabulary"
     )
+
+
+# === The directory format knows no trainer and no task ===
+
+
+def test_the_directory_format_imports_no_trainer():
+    """model_dir and sources sit below pretraining/ and finetuning/: they ask the tasks through
+    register_head_describer (and the trainers through register_unfinished_run), never import them."""
+    import ast
+    import pathlib
+
+    for name in ("model_dir.py", "sources.py"):
+        tree = ast.parse((pathlib.Path(kbert.__file__).parent / "formats" / name).read_text())
+        imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+        imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+        upward = [m for m in imported if m and m.startswith(("kbert.finetuning", "kbert.pretraining"))]
+        assert not upward, f"formats/{name} imports {upward}"
+
+
+def test_the_head_kinds_are_the_kinds_the_tasks_serve():
+    from kbert.finetuning.tasks import HEAD_TASKS
+    from kbert.model.kinds import HEAD_KINDS
+
+    assert sorted(HEAD_TASKS) == sorted(HEAD_KINDS)
+
+
+def test_importing_any_task_tells_the_format_how_to_describe_a_head():
+    """Whatever imports one task (finetune, predict, export) has the describer the format asks."""
+    code = (
+        "import kbert.finetuning.tasks.tag\n"
+        "from kbert.formats.model_dir import HEAD_DESCRIBERS\n"
+        "from kbert.finetuning.tasks import head_task_info\n"
+        "assert HEAD_DESCRIBERS == [head_task_info], HEAD_DESCRIBERS\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "KERAS_BACKEND": "jax"})

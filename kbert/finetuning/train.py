@@ -205,7 +205,7 @@ def _read_data(task: Task, base, train, dev, opts, max_seq_length: int, replicas
 
 
 def _task_info(task: Task, opts, max_seq_length: int, train_data) -> dict:
-    """What the fine-tuned model records for predict, evaluate and export (`kbert.finetuning.task_info`)."""
+    """What the fine-tuned model records for predict, evaluate and export (`kbert.finetuning.tasks.head_task_info`)."""
     task_info = {"task": task.name, "max_seq_length": max_seq_length}
     if train_data.labels is not None:
         task_info["labels"] = train_data.labels

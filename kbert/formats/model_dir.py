@@ -8,9 +8,10 @@ class the weights belong to) and `do_lower_case`. `kbert.load` rebuilds the mode
 config and loads the weights, so the directory stays readable by anything that reads
 google-research/bert's config.
 
-What a task head records (task, labels, ...) is checked by `kbert.finetuning.task_info`; the
-folder of a run that stopped before writing its model is named by its trainer's module
-(`kbert.pretraining.run_record`, `kbert.finetuning.run_state`).
+What a task head records (task, labels, ...) is checked and completed by its task, which the
+fine-tuning tasks register here (`register_head_describer`); the folder of a run that stopped
+before writing its model is named by its trainer's module (`kbert.pretraining.run_record`,
+`kbert.finetuning.run_state`), which registers it likewise. The format knows no trainer and no task.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ import shutil
 from collections.abc import Callable
 
 from kbert.config import CONFIG_FILE, VOCAB_FILE, BertConfig, load_config
-from kbert.finetuning.task_info import HEAD_TASKS, TASK_KEYS, head_task_info
 from kbert.model import bert
 from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.model.initializers import unfilled
-from kbert.model.kinds import model_classes, model_kind
+from kbert.model.kinds import HEAD_KINDS, TASK_KEYS, model_classes, model_kind
 from kbert.runtime.errors import KbertError, first_line, os_error_or
 from kbert.runtime.files import atomic_output_dir, count_lines, require_path, save_weights, writes
 
@@ -111,7 +111,7 @@ def _describe(model, config: BertConfig, do_lower_case: bool, task_info: dict):
     which heads a converter created (`fresh_heads`, left out when every head was read or trained)."""
     for key in TASK_KEYS + ("num_classes", "fresh_heads"):  # a head's metadata must not outlive the head
         config.extras.pop(key, None)
-    if model_kind(model) in HEAD_TASKS:  # a task head's encoder no longer makes the sentence vectors
+    if model_kind(model) in HEAD_KINDS:  # a task head's encoder no longer makes the sentence vectors
         config.extras.pop(EMBEDDING_KEY, None)
     config.extras.update(kbert_model=model_kind(model), do_lower_case=bool(do_lower_case))
     fresh = fresh_heads_of(model)
@@ -119,7 +119,7 @@ def _describe(model, config: BertConfig, do_lower_case: bool, task_info: dict):
         config.extras["fresh_heads"] = list(fresh)
     if hasattr(model, "num_classes"):
         config.extras["num_classes"] = model.num_classes
-    # So that predict/evaluate/export need no flags: task, labels, max_seq_length (head_task_info).
+    # So that predict/evaluate/export need no flags: task, labels, max_seq_length (head_record).
     config.extras.update(task_info)
 
 
@@ -140,8 +140,8 @@ def save(
 
     A model with a task head (`bert_classifier`, `bert_tagger`, `bert_span_predictor`,
     `bert_multiple_choice`) is saved with the task metadata `kbert predict`, `kbert evaluate`
-    and `kbert export` read (see `head_task_info` for the defaults): pass `labels` to name a
-    classifier's or tagger's outputs, as `kbert finetune` does.
+    and `kbert export` read (see `kbert.finetuning.tasks.head_task_info` for the defaults):
+    pass `labels` to name a classifier's or tagger's outputs, as `kbert finetune` does.
 
     Args:
         model: a kbert model (`bert_encoder`, `bert_pretrainer`, or one with a task head).
@@ -169,7 +169,7 @@ def save(
         raise KbertError("kbert.save needs the vocabulary: pass vocab_file=PATH/vocab.txt")
     if do_lower_case is None:
         do_lower_case = getattr(model, "do_lower_case", True)
-    task_info = head_task_info(model, task, labels, max_seq_length, text_pairs)
+    task_info = head_record(model, task, labels, max_seq_length, text_pairs)
     config = BertConfig.from_dict(model.config.to_dict())
     check_vocab(vocab_file, config)
     _describe(model, config, do_lower_case, task_info)
@@ -207,9 +207,9 @@ def load_keras_file(path):
             f"{path}: the model declares no vocabulary, so its text cannot be tokenized; build it on a "
             f"loaded model (kbert.bert_classifier(kbert.load(DIR), ...)) or pass vocabulary="
         )
-    if model_kind(model) in HEAD_TASKS:  # what it declares, checked, with its head's defaults filled in
+    if model_kind(model) in HEAD_KINDS:  # what it declares, checked, with its head's defaults filled in
         try:
-            model.task_info = head_task_info(model)
+            model.task_info = head_record(model)
         except KbertError as e:
             raise KbertError(f"{path}: {e}") from None
     return model
@@ -240,6 +240,34 @@ def register_unfinished_run(run: UnfinishedRun) -> UnfinishedRun:
     return run
 
 
+# How a model's task record is checked and completed: its task's answer
+# (`kbert.finetuning.tasks.head_task_info`), registered when the fine-tuning tasks are imported,
+# as whatever trains, predicts with or serves a task model does, and `kbert.save` and `kbert.load`.
+HEAD_DESCRIBERS: list[Callable] = []
+
+
+def register_head_describer(describe: Callable) -> Callable:
+    """Set how `head_record` checks and completes a model's task record:
+    `describe(model, task, labels, max_seq_length, text_pairs) -> dict`."""
+    HEAD_DESCRIBERS[:] = [describe]
+    return describe
+
+
+def head_record(model, task=None, labels=None, max_seq_length=None, text_pairs=None) -> dict:
+    """The task record bert_config.json keeps for `model`: the arguments given over what
+    `model.task_info` declares, checked and completed by its task (`register_head_describer`).
+    Where no task was ever imported (pretraining, fill-mask), a task model keeps what it declares
+    and any other has none."""
+    if HEAD_DESCRIBERS:
+        return HEAD_DESCRIBERS[0](model, task, labels, max_seq_length, text_pairs)
+    if model_kind(model) not in HEAD_KINDS:
+        return {}
+    given = {"task": task, "labels": labels, "max_seq_length": max_seq_length, "text_pairs": text_pairs}
+    declared = getattr(model, "task_info", None) or {}
+    merged = {**declared, **{k: v for k, v in given.items() if v is not None}}
+    return {k: merged[k] for k in TASK_KEYS if k in merged}
+
+
 def load(model_dir):
     """The model saved in a kbert model directory, with its weights, its `vocabulary` (vocab.txt
     and casing) and, for a task model, its `task_info`.
@@ -260,7 +288,7 @@ def load(model_dir):
             f"{model_dir}: unknown kbert_model {kind!r} in bert_config.json; expected one of {', '.join(builders)}"
         )
     head = {"num_classes": int(config.extras.get("num_classes", 2))} if kind in ("classifier", "tagger") else {}
-    if kind in HEAD_TASKS:
+    if kind in HEAD_KINDS:
         head["task_info"] = {k: config.extras[k] for k in TASK_KEYS if k in config.extras}
     vocabulary = bert.Vocabulary(os.path.join(model_dir, VOCAB_FILE), bool(config.extras.get("do_lower_case", True)))
     fresh_heads = recorded_fresh_heads(config, os.path.join(model_dir, CONFIG_FILE))
@@ -275,10 +303,10 @@ def load(model_dir):
         raise os_error_or(
             e, f"{weights}: cannot load ({first_line(e)}); the file is damaged or does not match bert_config.json"
         ) from None
-    if kind in HEAD_TASKS and "task" not in model.task_info:
+    if kind in HEAD_KINDS and "task" not in model.task_info:
         # A head saved without its task (before kbert.save recorded one): its kind's, as saved now.
         with contextlib.suppress(KbertError):
-            model.task_info = head_task_info(model)
+            model.task_info = head_record(model)
     return model
 
 
@@ -308,7 +336,7 @@ def write_model_files(model, model_dir, vocab_file: str, do_lower_case: bool, we
     """Write (or replace) the model-directory files inside an existing directory, each one
     atomically: used by training, whose directory also holds checkpoints and logs."""
     config = BertConfig.from_dict(model.config.to_dict())
-    _describe(model, config, do_lower_case, head_task_info(model))
+    _describe(model, config, do_lower_case, head_record(model))
     os.makedirs(model_dir, exist_ok=True)
 
     def replace(name, write, tmp_name=None):

@@ -12,6 +12,15 @@ from __future__ import annotations
 from kbert.model import bert
 from kbert.runtime.errors import KbertError
 
+# The kinds whose model carries a task head, and with it a task record (`task_info`).
+HEAD_KINDS = ("classifier", "tagger", "span_predictor", "multiple_choice")
+# A task model's record in bert_config.json, besides the original keys: what `kbert predict`,
+# `evaluate` and `export` read, so that none of them needs the task's flags again. long_text
+# (classify, regress, tag): "truncate" (also when absent) or "windows", documents read whole in
+# windows of max_seq_length tokens starting doc_stride tokens apart; doc_stride is also squad's.
+# Each task checks and completes its own (`kbert.finetuning.tasks.head_task_info`).
+TASK_KEYS = ("task", "labels", "max_seq_length", "text_pairs", "long_text", "doc_stride", "max_query_length")
+
 
 def model_classes() -> dict:
     """{kind: class} for every kbert model, as `bert_config.json`'s `kbert_model` names them."""

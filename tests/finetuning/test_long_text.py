@@ -201,7 +201,7 @@ def test_the_default_stride_is_half_the_window_and_bad_strides_are_refused():
 
 def test_the_model_directory_checks_what_it_records(tmp_path, tiny_model_dir):
     import kbert
-    from kbert.finetuning.task_info import head_task_info
+    from kbert.finetuning.tasks import head_task_info
 
     base = kbert.load(tiny_model_dir)
     classifier = kbert.bert_classifier(base, 2)

@@ -4,7 +4,7 @@ and `TaskData`, one file read and encoded for it.
 A task's methods are called with keyword arguments by the code they serve: `kbert finetune`
 (`kbert.finetuning.train`: read, check, build, losses, score, record), `kbert predict` and
 `evaluate` (`kbert.finetuning.predict`: read, encode, outputs, rows), `kbert.save` and
-`kbert.load` (`kbert.finetuning.task_info`: what a head records, checked), and `kbert export` and
+`kbert.load` (`tasks.head_task_info`: what a head records, checked), and `kbert export` and
 `kbert predict --server` (serving/: the head an export serves, and how the server's answers
 become rows). The TensorFlow graphs an export serves are built by `kbert.serving.heads`, which
 an export hands to the task (`heads`), so that reading a task needs no TensorFlow.
@@ -106,16 +106,9 @@ class Task:
     def read(self, path, *, preprocessor, labels, options, require_labels, training) -> TaskData:
         """A whole file, read and encoded (training and scoring; prediction encodes a batch of
         examples at a time, `kbert.finetuning.predict`)."""
-        examples = self.read_examples(path, options=options, require_labels=require_labels, training=training)
-        data = self.encode(
-            examples,
-            path=path,
-            preprocessor=preprocessor,
-            labels=labels,
-            options=options,
-            require_labels=require_labels,
-            training=training,
-        )
+        reading = dict(options=options, require_labels=require_labels, training=training)  # the same for both
+        examples = self.read_examples(path, **reading)
+        data = self.encode(examples, path=path, preprocessor=preprocessor, labels=labels, **reading)
         log_windows(path, data.windows, preprocessor, options)
         return data
 
@@ -166,7 +159,7 @@ class Task:
 
     def record(self, opts: FinetuneOptions, max_seq_length: int, data: TaskData) -> dict:
         """What the fine-tuned model records besides task, max_seq_length, labels and long_text
-        (`kbert.finetuning.task_info`)."""
+        (`kbert.finetuning.tasks.head_task_info`)."""
         return {}
 
     def fingerprint(self, opts: FinetuneOptions) -> dict:
@@ -224,7 +217,7 @@ class Task:
         """One JSON-ready dict per example."""
         raise NotImplementedError
 
-    # === What a head records (kbert.finetuning.task_info) ===
+    # === What a head records (head_task_info in kbert.finetuning.tasks) ===
 
     def check_head(self, info: dict, num_classes: int, kind: str):
         """`info` (the head's task metadata) checked against a head of `num_classes` outputs,
