@@ -30,7 +30,29 @@ from kbert.runtime.errors import Interrupted
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class StopSignals:
+class _SignalHandlers:
+    """Installs `_handle` for SIGTERM and SIGINT on entering, from the main thread only (where
+    Python can install handlers), and can put the previous ones back."""
+
+    def __enter__(self):
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for number in SIGNALS:
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def _restore(self):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous = {}
+
+
+def _stop_now(number: int, message: str):
+    print(f"kbert: second {signal.Signals(number).name}: {message}", file=sys.stderr, flush=True)
+    os._exit(128 + number)  # not sys.exit: it would run TensorFlow's teardown mid-write
+
+
+class StopSignals(_SignalHandlers):
     """A context in which SIGTERM and SIGINT ask the training loop to stop at the next step.
 
     `requested` is the signal number received first, or None. Outside the main thread (where
@@ -40,20 +62,12 @@ class StopSignals:
     def __init__(self, second_signal_message: str = "stopped at once; the last saved checkpoint is intact"):
         self.requested = None
         self.second_signal_message = second_signal_message
-        self._previous = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for number in SIGNALS:
-                self._previous[number] = signal.signal(number, self._handle)
-        return self
 
     def __exit__(self, *exc):
         # After a stop request the handlers stay: a second signal while the run saves its last
         # files or exits still means "now", not a traceback from the default handler.
         if self.requested is None:
-            for number, handler in self._previous.items():
-                signal.signal(number, handler)
+            self._restore()
         self._previous = {}
         return False
 
@@ -67,8 +81,7 @@ class StopSignals:
                 flush=True,
             )
             return
-        print(f"kbert: second {signal.Signals(number).name}: {self.second_signal_message}", file=sys.stderr, flush=True)
-        os._exit(128 + number)  # not sys.exit: it would run TensorFlow's teardown mid-write
+        _stop_now(number, self.second_signal_message)
 
     def interrupted(self, step: int, what: str, resume: str) -> Interrupted:
         """The exception to raise once the checkpoint at `step` is saved."""
@@ -78,7 +91,7 @@ class StopSignals:
         )
 
 
-class FinishingSignals:
+class FinishingSignals(_SignalHandlers):
     """A context for the end of a run whose training is done: SIGTERM and SIGINT no longer stop it.
 
     Training has ended and its last checkpoint is saved; what is left is writing the output and
@@ -97,18 +110,9 @@ class FinishingSignals:
     def __init__(self, output: str):
         self.output = output
         self.received = None
-        self._previous = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for number in SIGNALS:
-                self._previous[number] = signal.signal(number, self._handle)
-        return self
 
     def __exit__(self, error_type, *exc):
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
-        self._previous = {}
+        self._restore()
         if self.received is not None and error_type is None:
             print(
                 f"kbert: {self.output} is complete: the run had finished training when "
@@ -128,12 +132,7 @@ class FinishingSignals:
                 flush=True,
             )
             return
-        print(
-            f"kbert: second {signal.Signals(number).name}: stopped at once, while writing {self.output}",
-            file=sys.stderr,
-            flush=True,
-        )
-        os._exit(128 + number)
+        _stop_now(number, f"stopped at once, while writing {self.output}")
 
 
 def ignore_stops():
