@@ -18,7 +18,7 @@ NoArgsIsHelpError, UsageError = command_line_errors()
 
 app = typer.Typer(
     name="kbert",
-    help="BERT for Keras 3 on TensorFlow: convert, pretrain, fine-tune and serve google-research/bert models.",
+    help="BERT for Keras 3 on TensorFlow, JAX or PyTorch: convert, pretrain, fine-tune and serve google-research/bert models.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -214,14 +214,7 @@ class _Tally:
 
     def report_after(self, rows, path, preprocessor, opts) -> Iterator[dict]:
         yield from rows
-        if self.truncated:
-            log.warning(
-                "%s: %d of %d examples longer than %s were truncated",
-                path,
-                self.truncated,
-                self.examples,
-                option("max_seq_length", preprocessor.sequence_length),
-            )
+        encoding.log_truncated(path, self.truncated, self.examples, preprocessor.sequence_length)
         if self.windows:
             counts = np.concatenate(self.windows)
             log.info(

@@ -19,6 +19,7 @@ import numpy as np
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.finetuning import readers
+from kbert.finetuning.encoding import log_truncated
 from kbert.finetuning.options import FinetuneOptions, window_stride
 from kbert.runtime.errors import KbertError, option
 
@@ -201,8 +202,7 @@ class Task:
             require_labels=True,
             training=False,
         )
-        if data.truncated:
-            log.warning("%s: %d of %d examples were truncated", path, data.truncated, data.size)
+        log_truncated(path, data.truncated, data.size, preprocessor.sequence_length)
         if data.size == 0:
             raise KbertError(f"{path} has no usable rows to evaluate")
         result = self.score(
