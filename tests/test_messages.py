@@ -31,6 +31,13 @@ def test_to_hf_says_it_takes_classifiers():
     assert "a classifier or regressor" in help_text
 
 
+def test_export_says_which_classifiers_take_text_b():
+    """A classifier fine-tuned on single texts exports `text` only (tests/test_readme.py serves one)."""
+    help_text = " ".join(run_kbert("export", "--help").stdout.split())
+    assert "yes for classifiers and regressors" not in help_text
+    assert "fine-tuned on pairs takes text and text_b, one fine-tuned on single texts text only" in help_text
+
+
 def test_a_finished_file_is_not_resumed_in_words_of_one_command(tmp_path):
     """`--resume` of a complete --output file: predict and embed share the line, so it names neither."""
     import pytest

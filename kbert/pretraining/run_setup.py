@@ -34,6 +34,7 @@ from kbert.pretraining.run_record import (
     read_run,
 )
 from kbert.runtime.errors import KbertError, option
+from kbert.runtime.files import count_lines
 
 
 @dataclasses.dataclass
@@ -162,6 +163,12 @@ def _model_start(
             vocab_file, do_lower_case = initial.vocab_file, initial.do_lower_case
         elif config_file and vocab_file:
             config = BertConfig.from_json_file(config_file)
+            entries = count_lines(vocab_file)
+            if entries != config.vocab_size:  # a new model: its config is the user's to match to the vocabulary
+                raise KbertError(
+                    f"{vocab_file} has {entries} entries but {config_file} says vocab_size {config.vocab_size}; "
+                    f"a new model's vocab_size is its vocab.txt's: set it to {entries} in {config_file}"
+                )
         else:
             raise KbertError(
                 f"say where the model starts: {option('config_file', 'bert_config.json', flag='--config')} "
