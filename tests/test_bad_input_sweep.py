@@ -346,6 +346,17 @@ WHOLE_CASES = [
     ("finetune", "pooling-without-embed", f"{_FINETUNE} --pooling mean"),
     ("evaluate", "embed-no-pooling-recorded", "evaluate T/kbert --task embed --input T/query-pairs.tsv"),
     ("evaluate", "task-without-its-head", "evaluate T/kbert --task classify --input T/train.tsv"),
+    # A new model whose config does not fit its vocabulary; a glob the shell expanded (unquoted).
+    (
+        "pretrain",
+        "vocab-of-another-size",
+        "pretrain --model-dir T/out/run --data T/data.tfrecord --config T/model/bert_config.json --vocab T/vocab.txt",
+    ),
+    (
+        "pretrain",
+        "data-glob-unquoted",
+        "pretrain --model-dir T/out/run --data T/data.tfrecord T/truncated.tfrecord --init T/kbert",
+    ),
 ]
 
 CASES = [

@@ -328,6 +328,22 @@ def test_a_glob_that_matches_nothing_names_the_files_beside_it(tmp_path, monkeyp
     assert not (tmp_path / "run").exists()
 
 
+def test_an_unquoted_glob_is_answered_with_how_to_quote_it(tmp_path, monkeypatch):
+    """The shell expands `--data data/*.tfrecord` into several words; the line says to quote it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for i in range(2):
+        (tmp_path / "data" / f"train.tfrecord-{i:05d}-of-00002").write_bytes(b"")
+    shards = ["data/train.tfrecord-00000-of-00002", "data/train.tfrecord-00001-of-00002"]
+    result = run_kbert("pretrain", "--model-dir", "run", "--data", *shards, "--init", TINY, check=False)
+    assert_user_error(
+        result,
+        f"--data takes one value, and the shell passed it 2 files ({' '.join(shards)}): quote the glob, "
+        "--data 'data/train.tfrecord-0000*', so that kbert expands it, or join the files with commas",
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_new_model_whose_config_does_not_fit_its_vocabulary(tmp_path, original_records):
     """From scratch, bert_config.json is the user's to match to vocab.txt: the line says the number."""
     config = json.loads(open(os.path.join(TINY, "bert_config.json")).read())
