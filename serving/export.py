@@ -260,10 +260,10 @@ def export_model(
     if task_info.get("long_text") == "windows":
         # Whole documents, in the windows the model was fine-tuned on (kbert.serving.heads.serve_windows).
         windows = (window_stride(task_info.get("doc_stride"), length), max_windows or MAX_WINDOWS)
-    elif max_windows is not None:
-        log.warning(
-            "%s is for models fine-tuned with `kbert finetune --long-text windows`; this one truncates: ignored",
-            option("max_windows"),
+    elif max_windows is not None:  # it would go unread: a mistake, refused as every such option is
+        raise KbertError(
+            f"{option('max_windows')} applies to models fine-tuned with `kbert finetune --long-text windows`; "
+            f"{model_dir} truncates long texts: drop {option('max_windows')}"
         )
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows)
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)

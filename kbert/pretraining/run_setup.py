@@ -236,3 +236,14 @@ def _check_options(opts: PretrainOptions):
             raise KbertError(f"{option(name)} must be a positive integer, got {value!r}")
     if not opts.learning_rate > 0:
         raise KbertError(f"{option('learning_rate')} must be positive, got {opts.learning_rate}")
+    # Options that would go unread are a mistake: refused, as every command refuses them.
+    if opts.tpu is not None and opts.strategy != "tpu":
+        raise KbertError(
+            f"{option('tpu', opts.tpu)} names the TPU of {option('strategy', 'tpu')}, and the strategy is "
+            f"{opts.strategy}: add {option('strategy', 'tpu')}, or drop {option('tpu')}"
+        )
+    if opts.eval_every is not None and not opts.eval_data:
+        raise KbertError(
+            f"{option('eval_every')} applies to a run with {option('eval_data')}: add the held-out records, "
+            f"or drop {option('eval_every')}"
+        )
