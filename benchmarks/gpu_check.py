@@ -15,8 +15,10 @@ Runs on a machine that has JAX, PyTorch and transformers but neither TensorFlow 
    on PyTorch eager and under torch.compile, and keras-hub's BertMaskedLM on JAX;
 
 and prints one JSON object (sequences/s after the warm-up steps, each step's loss), written
-through benchmarks/record.py unless --smoke. Each run is a process of its own (Keras picks its
-backend once per process); a run that fails is reported with its error and the others go on.
+through benchmarks/record.py unless --smoke, to --output or else into the temp folder (never into
+the tracked benchmarks/results/ unless asked). Each run is a process of its own (Keras picks its
+backend once per process); a run that fails is reported with its error, the others go on, and
+the exit status is 1.
 
 `--smoke` runs everything tiny on the CPU (two layers, a few steps) so that the script is tested
 where there is no GPU (tests/test_gpu_check.py); there the runs of one backend share a process,
@@ -30,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import subprocess
@@ -377,7 +380,11 @@ def main(argv=None):
     parser.add_argument(
         "--budget", type=int, default=480, help="seconds for all runs; the runs left when it is spent are skipped"
     )
-    parser.add_argument("--output", help="where to write the JSON (default: benchmarks/results/DATE-MACHINE-NAME.json)")
+    parser.add_argument(
+        "--output",
+        help="where to write the JSON (default: DATE-MACHINE-NAME.json in the temp folder, outside the checkout; "
+        "pass benchmarks/results/... to record a run there)",
+    )
     parser.add_argument(
         "--make-weights", action="store_true", help="write the tiny model's .weights.h5 (needs TensorFlow)"
     )
@@ -425,19 +432,42 @@ def main(argv=None):
                 report["runs"].update(zip(names, (results[run] for run in group)))
     report["ratios"] = ratios(report["runs"], shapes)
     report["seconds"] = round(time.perf_counter() - started, 1)
+    write_report(report, args)
+    failed = failed_runs(report["runs"])
+    if failed:  # the report says why; the exit status says that it did not all run
+        print(f"gpu_check: {len(failed)} of {len(report['runs'])} runs failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def failed_runs(runs: dict) -> list:
+    """The runs that ended in an error; those the --budget left out were not run, and did not fail.
+
+    >>> failed_runs({"a": {"sequences_per_second": 9.5}, "b": {"error": "ValueError: x"},
+    ...              "c": {"error": "not run: the --budget of 0 s was spent"}})
+    ['b']
+    """
+    return [name for name, run in runs.items() if "error" in run and not run["error"].startswith("not run:")]
+
+
+def write_report(report: dict, args):
+    """Print the report; write it (with the date, machine and code) to --output, by default into the
+    temp folder: a check run from the checkout leaves the tracked benchmarks/results/ as it was."""
     if args.smoke and not args.output:
         print(json.dumps(report, indent=1))
-        return 0
+        return
     sys.path.insert(0, HERE)
     try:
         import record
     except ImportError:
         print(json.dumps(report, indent=1))
-        return 0
+        return
     gpus = {r.get("device") for r in report["runs"].values() if r.get("device")}
     report["machine"] = {"accelerator": ", ".join(sorted(gpus))}
-    record.emit(report, "gpu-check-smoke" if args.smoke else "gpu-check", args.output)
-    return 0
+    name = "gpu-check-smoke" if args.smoke else "gpu-check"
+    today = datetime.date.today().isoformat()
+    output = args.output or os.path.join(tempfile.gettempdir(), f"{today}-{record.machine_name()}-{name}.json")
+    record.emit(report, name, output)
 
 
 def make_weights() -> int:

@@ -127,7 +127,10 @@ def from_hf(
 @app.command("to-hf")
 @command(inputs={"model_dir": MODEL}, outputs={"out_dir": DIR})
 def to_hf(
-    model_dir: Path = typer.Argument(..., help=f"The model (a pretrainer or an encoder): {SOURCES}."),
+    model_dir: Path = typer.Argument(
+        ...,
+        help=f"The model (an encoder, a pretrainer, or a classifier or regressor: BertForSequenceClassification): {SOURCES}.",
+    ),
     out_dir: Path = typer.Argument(
         ..., help="Directory for config.json, model.safetensors, vocab.txt, tokenizer_config.json."
     ),

@@ -31,7 +31,9 @@ def export(
     text_pairs: bool | None = typer.Option(
         None,
         "--text-pairs/--single-text",
-        help="Whether serving_default takes text_b (default: yes for classifiers and regressors).",
+        help="Whether serving_default takes text_b (default: as the model was fine-tuned: a classifier or regressor "
+        "fine-tuned on pairs takes text and text_b, one fine-tuned on single texts text only; one that records "
+        "neither, text_b too; other models text only).",
     ),
     precision: str = typer.Option(
         "float32",
@@ -64,7 +66,7 @@ def export(
     """Export a model for TF Serving (serving_default, serve_ids, serve_examples; classify or regress), or in
     TF Hub's BERT format with --format tfhub; prints JSON."""
     from kbert.serving.export import BATCHING_PARAMETERS, MODELS_CONFIG, export_model, exported_signatures
-    from kbert.serving.signatures import holds_no_variables
+    from kbert.serving.signatures import holds_no_variables, signature_inputs
     from kbert.serving.tfhub import export_tfhub
 
     if export_format == "tfhub":
@@ -112,6 +114,7 @@ def export(
             "precision": precision,
             "constant_weights": holds_no_variables(path),
             "signatures": exported_signatures(path),
+            "serving_default_inputs": signature_inputs(path),  # what a client sends: text, and text_b for pairs
             **_windows_info(path),
             "model_config_file": os.path.join(base, MODELS_CONFIG),
             "batching_parameters_file": os.path.join(base, BATCHING_PARAMETERS),

@@ -128,7 +128,7 @@ def command(
 
         @functools.wraps(function)
         def run(**values):
-            name = function.__name__.replace("_command", "").replace("_", "-")
+            name = command_name(function)
             with contextlib.ExitStack() as stack:
                 stack.enter_context(stop_cleanly(f"kbert {name}"))
                 for parameter in above_zero:
@@ -166,6 +166,16 @@ def command(
         return run
 
     return wrap
+
+
+def command_name(function) -> str:
+    """The name a user types for a command's function, as its messages say it: `pretrain_command`
+    is pretrain, `create_data` create-data, and `inspect_` (named so beside the module) inspect.
+
+    >>> command_name(command_name)
+    'command-name'
+    """
+    return function.__name__.replace("_command", "").strip("_").replace("_", "-")
 
 
 def option_name(signature, parameter: str) -> str:

@@ -3,6 +3,7 @@ user errors into one line on stderr and exit status 1 (tracebacks only with --de
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
@@ -18,7 +19,7 @@ NoArgsIsHelpError, UsageError = command_line_errors()
 
 app = typer.Typer(
     name="kbert",
-    help="BERT for Keras 3 on TensorFlow: convert, pretrain, fine-tune and serve google-research/bert models.",
+    help="BERT for Keras 3 on TensorFlow, JAX or PyTorch: convert, pretrain, fine-tune and serve google-research/bert models.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -57,6 +58,28 @@ def _flags_of(argv) -> set:
     return {flag for param in command.params for flag in param.opts + param.secondary_opts if flag.startswith("--")}
 
 
+def _expanded_glob(argv, message: str) -> str | None:
+    """The line for paths left over after an option that takes one value (`--data data/*.tfrecord`,
+    unquoted: the shell expanded it into several words), or None for other extra arguments.
+
+    >>> _expanded_glob(["pretrain", "--data", "docs/model.md", "docs/layout.md"], "Got unexpected extra argument(s) (x)")
+    "--data takes one value, and the shell passed it 2 files (docs/model.md docs/layout.md): quote the glob, --data 'docs/*', so that kbert expands it, or join the files with commas"
+    """
+    if not message.startswith("Got unexpected extra argument"):
+        return None
+    for i, word in enumerate(argv):
+        if not word.startswith("--") or "=" in word or i + 2 >= len(argv):
+            continue
+        following = list(itertools.takewhile(lambda w: not w.startswith("-"), argv[i + 1 :]))
+        if len(following) > 1 and all(os.path.exists(path) for path in following):
+            pattern = os.path.commonprefix(following) + "*"
+            return (
+                f"{word} takes one value, and the shell passed it {len(following)} files ({' '.join(following)}): "
+                f"quote the glob, {word} '{pattern}', so that kbert expands it, or join the files with commas"
+            )
+    return None
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks (or set KBERT_DEBUG=1)."),
@@ -87,6 +110,10 @@ def main(argv=None):
             sys.exit(e.exit_code)
         # A mistyped flag or a value out of range is a user error like any other: one line, exit 1.
         command = e.ctx.command_path if e.ctx is not None else "kbert"
+        expanded = _expanded_glob(argv, e.format_message())
+        if expanded:
+            print(f"kbert: error: {expanded}", file=sys.stderr)
+            sys.exit(1)
         print(
             f"kbert: error: {first_line(e.format_message(), 300).rstrip('.')}; see `{command} --help`", file=sys.stderr
         )

@@ -34,7 +34,7 @@ def pretrain_command(
     data: str | None = typer.Option(
         None,
         "--data",
-        help="TFRecords from create_pretraining_data.py or kbert create-data (file, glob, or comma-separated). Required, except with --resume.",
+        help="TFRecords from create_pretraining_data.py or kbert create-data (a file, a quoted glob such as 'data/train.tfrecord-*', or comma-separated). Required, except with --resume.",
     ),
     config: Path | None = typer.Option(
         None, "--config", help="bert_config.json, to start from scratch (with --vocab; not with --init)."

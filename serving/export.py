@@ -211,10 +211,11 @@ def export_model(
             length the model was fine-tuned with, else 128, capped at max_position_embeddings.
         overwrite: bool. Replace an existing version directory.
         name: str. The model name in models.config; default: the base name of `export_base`.
-        text_pairs: bool. Whether `serving_default` takes `text_b`; default: yes for classifiers
-            and regressors (a request with an empty `text_b` is a single text, as in
-            run_classifier.py), no otherwise. bert_config.json does not record whether a model
-            was fine-tuned on pairs, so a single-text classifier's clients send `text_b` "".
+        text_pairs: bool. Whether `serving_default` takes `text_b`; default: as the model was
+            fine-tuned (`kbert finetune` records `text_pairs`): a classifier or regressor
+            fine-tuned on pairs takes `text_b` (an empty one is a single text, as in
+            run_classifier.py), one fine-tuned on single texts takes `text` only, one saved
+            without the record takes `text_b` too; other models take `text` only.
         precision: str. "float32" (the trained model's numbers); "bfloat16": weights and
             matmuls in bfloat16: faster on CPUs with AVX512-BF16 or AMX, with outputs slightly off
             float32's (softmax and LayerNorm statistics stay in float32; the outputs are float32);
@@ -259,10 +260,10 @@ def export_model(
     if task_info.get("long_text") == "windows":
         # Whole documents, in the windows the model was fine-tuned on (kbert.serving.heads.serve_windows).
         windows = (window_stride(task_info.get("doc_stride"), length), max_windows or MAX_WINDOWS)
-    elif max_windows is not None:
-        log.warning(
-            "%s is for models fine-tuned with `kbert finetune --long-text windows`; this one truncates: ignored",
-            option("max_windows"),
+    elif max_windows is not None:  # it would go unread: a mistake, refused as every such option is
+        raise KbertError(
+            f"{option('max_windows')} applies to models fine-tuned with `kbert finetune --long-text windows`; "
+            f"{model_dir} truncates long texts: drop {option('max_windows')}"
         )
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows)
     preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)

@@ -45,6 +45,15 @@ def exported_signatures(path: str) -> dict:
     }
 
 
+def signature_inputs(path: str, name: str = "serving_default") -> list:
+    """The input names a signature of the SavedModel at `path` takes (`text`, `text_b`, ...),
+    read from saved_model.pb: what a client sends."""
+    saved_model = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        saved_model.ParseFromString(f.read())
+    return sorted(saved_model.meta_graphs[0].signature_def[name].inputs)
+
+
 def holds_no_variables(path: str) -> bool:
     """Whether a written SavedModel keeps its weights as graph constants (a model too large for
     them keeps variables)."""

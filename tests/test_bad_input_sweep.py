@@ -147,6 +147,15 @@ def tree(root: Path):
     run_kbert("create-data", "--input", root / "text.txt", "--vocab", root / "vocab.txt", "--output",
               root / "uncased.tfrecord", "--dupe-factor", "1", "--workers", "1")  # fmt: skip
     stopped_runs(root)
+    run_kbert("create-data", "--input", root / "text.txt", "--vocab", root / "model" / "vocab.txt", "--output",
+              root / "tiny.tfrecord", "--max-seq-length", "32", "--max-predictions-per-seq", "5", "--dupe-factor", "1",
+              "--workers", "1")  # fmt: skip
+    # A classifier, for the options a task's head does not read (predict --layers).
+    import kbert
+
+    kbert.save(
+        kbert.bert_classifier(kbert.load(root / "kbert"), 2, task_info={"labels": ["neg", "pos"]}), root / "classifier"
+    )
     (root / "read-only").mkdir()
     (root / "read-only").chmod(0o555)
 
@@ -315,6 +324,10 @@ _EMBED = "embed T/kbert --input T/text.txt --pooling mean"
 _FINETUNE_EMBED = "finetune T/kbert --task embed --output T/out/ft"
 _PREDICT_STOPPED = "predict T/kbert --input T/train.tsv --output T/stopped-predictions.jsonl"
 _EMBED_STOPPED = "embed T/kbert --input T/text.txt --pooling mean --output T/stopped-embeddings.jsonl"
+_PRETRAIN_NEW = (  # a run that would train: real records of the tiny vocabulary, one step
+    "pretrain --model-dir T/out/run --data T/tiny.tfrecord --init T/kbert --max-seq-length 32 "
+    "--max-predictions-per-seq 5 --steps 1 --batch-size 2"
+)
 WHOLE_CASES = [
     # --init is not in pretrain's valid invocation (it starts from --config): its model sources here.
     ("pretrain", "init-missing", f"{_PRETRAIN_INIT} T/nowhere/missing"),
@@ -386,6 +399,33 @@ WHOLE_CASES = [
     ("predict", "resume-with-layers", f"{_PREDICT_STOPPED} --resume --layers -1"),
     ("embed", "resume-another-model", f"{_EMBED_STOPPED.replace('T/kbert', 'T/embedding')} --resume"),
     ("embed", "resume-another-pooling", f"{_EMBED_STOPPED} --resume --pooling cls --no-normalize"),
+    # A new model whose config does not fit its vocabulary; a glob the shell expanded (unquoted).
+    (
+        "pretrain",
+        "vocab-of-another-size",
+        "pretrain --model-dir T/out/run --data T/data.tfrecord --config T/model/bert_config.json --vocab T/vocab.txt",
+    ),
+    (
+        "pretrain",
+        "data-glob-unquoted",
+        "pretrain --model-dir T/out/run --data T/data.tfrecord T/truncated.tfrecord --init T/kbert",
+    ),
+    # Options that do not apply to what runs: each would go unread, so each is refused.
+    ("pretrain", "tpu-without-strategy-tpu", f"{_PRETRAIN_NEW} --tpu my-tpu"),
+    ("pretrain", "eval-every-without-eval-data", f"{_PRETRAIN_NEW} --eval-every 5"),
+    *[
+        ("finetune", f"{flag[2:]}-without-squad", f"{_FINETUNE} {flag} {value}")
+        for flag, value in (
+            ("--max-query-length", "32"),
+            ("--n-best-size", "5"),
+            ("--max-answer-length", "10"),
+            ("--null-score-diff-threshold", "1.5"),
+        )
+    ],
+    ("finetune", "doc-stride-without-windows", f"{_FINETUNE} --doc-stride 8"),
+    ("finetune", "normalize-without-embed", f"{_FINETUNE} --normalize"),
+    ("predict", "layers-of-a-classifier", "predict T/classifier --input T/train.tsv --layers -1"),
+    ("export", "max-windows-of-a-truncating-model", "export T/kbert T/out/export --max-windows 4"),
 ]
 
 CASES = [

@@ -162,6 +162,22 @@ def test_reads_replaced_puts_constants_in_a_traced_graph():
     np.testing.assert_allclose(call(x).numpy(), x @ values[id(layer.kernel)] + values[id(layer.bias)], rtol=1e-6)
 
 
+# === TensorFlow: the C++ log's level ===
+
+
+def test_the_native_log_level_is_set_and_read():
+    """absl's SetMinLogLevel and MinLogLevel, as libtensorflow_framework exports them."""
+    hook = "absl's SetMinLogLevel/MinLogLevel in libtensorflow_framework (ABSL_NAMESPACES)"
+    users = "Python sessions' quiet model.fit (kbert.backend.tensorflow.quiet_native_warnings)"
+    before = tensorflow_compat.native_log_level()
+    assert before is not None, changed(tf, hook, "not exported", users)
+    try:
+        assert tensorflow_compat.set_native_log_level(1), changed(tf, hook, "not exported", users)
+        assert tensorflow_compat.native_log_level() == 1, changed(tf, hook, "the level set is not read back", users)
+    finally:
+        tensorflow_compat.set_native_log_level(before)
+
+
 # === TensorFlow: ops by their registered names ===
 
 INT8 = "int8 exports (kbert.serving.int8)"

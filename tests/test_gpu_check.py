@@ -76,3 +76,39 @@ def test_runs_past_the_budget_are_reported_as_not_run(tmp_path):
         "kbert-jax 4x32": {"error": "not run: the --budget of 0 s was spent"},
         "hf-torch-eager 4x32": {"error": "not run: the --budget of 0 s was spent"},
     }
+
+
+def test_a_failed_run_makes_the_exit_status_1(monkeypatch, capsys):
+    """The whole check (--smoke too) reports every run and exits 1 when one of them failed."""
+    monkeypatch.syspath_prepend(os.path.dirname(SCRIPT))
+    import gpu_check
+
+    def spawn(runs, shape, records, args, check_outputs, timeout):
+        assert os.path.getsize(records) > 0  # the records were made, for real
+        return {run: {"error": "RuntimeError: CUDA out of memory"} for run in runs}
+
+    monkeypatch.setattr(gpu_check, "spawn", spawn)
+    assert gpu_check.main(["--smoke", "--runs", "kbert-jax"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["runs"] == {"kbert-jax 4x32": {"error": "RuntimeError: CUDA out of memory"}}
+    assert "gpu_check: 1 of 1 runs failed: kbert-jax 4x32" in captured.err
+
+
+def test_the_default_output_is_outside_the_checkout(tmp_path, monkeypatch, capsys):
+    """Without --output the report goes to the temp folder; benchmarks/results/ is left as it was."""
+    monkeypatch.syspath_prepend(os.path.dirname(SCRIPT))
+    import tempfile
+
+    import gpu_check
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    results = os.path.join(ROOT, "benchmarks", "results")
+    before = sorted(os.listdir(results))
+    # The full check with --budget 0: the records are made and the report written, and no run starts.
+    assert gpu_check.main(["--budget", "0", "--runs", "kbert-jax"]) == 0
+    assert sorted(os.listdir(results)) == before
+    (written,) = list(tmp_path.glob("*-gpu-check.json"))
+    assert json.loads(written.read_text())["runs"] == {
+        name: {"error": "not run: the --budget of 0 s was spent"} for name in ("kbert-jax 256x128", "kbert-jax 32x512")
+    }
+    assert f"written to {written}" in capsys.readouterr().err

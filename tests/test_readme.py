@@ -1,5 +1,8 @@
-"""Every Python block of README.md and docs/conversion.md runs as written, each in a fresh Python in a
-directory of its own.
+"""Every block of README.md runs as written, or is listed here with the reason it cannot
+(`NOT_RUN`); so does every Python block of docs/conversion.md. Python blocks run each in a fresh
+Python in a directory of its own; shell blocks run their `kbert` lines in order in a directory of
+their own, with the few changes `SHELL_CHANGES` lists, each with its reason (a tiny model, a few
+steps).
 
 The blocks name what a reader has at hand (`bert_config.json`, `uncased_L-12_H-768_A-12/`,
 `vocab.txt`, `bert-base`, `OUT`, a TF Serving at localhost): each block's directory holds small
@@ -11,16 +14,18 @@ session shows it: statements in order, and the value of each bare expression pri
 tests compare with what the README's comments say.
 """
 
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import TINY, UNCASED_VOCAB, run_kbert
-from helpers import start_standin_server
+from conftest import FIXTURES, TINY, UNCASED_VOCAB, run_kbert
+from helpers import sentiment_rows, start_standin_server, write_tsv
 
 pytestmark = pytest.mark.slow  # a fresh Python per block, exports and a server: about 2 minutes
 
@@ -53,6 +58,77 @@ MARKERS = {
     "model-fit": "kbert.bert_classifier(pretrained, num_classes=2,",
     "client": "from kbert.serving import Client",
 }
+
+
+# Each shell block of the README (and its synopsis of the convert commands), by a line only it has.
+SHELL_MARKERS = {
+    "two-commands": "make quickstart",
+    "pretraining": "kbert create-data --input corpus.txt",
+    "fine-tuning": "kbert finetune MODEL_DIR --task classify",
+    "converting": "kbert convert inspect SRC",
+    "serving": "kbert export out/clf exports/sentiment",
+}
+
+# What of the README's blocks does not run here, and why.
+NOT_RUN = {
+    "make test": "it runs the whole suite, this test among it",
+    "make quickstart": "scripts/quickstart.sh runs nine kbert processes, minutes of this machine, and writes "
+    "quickstart-out/ in the checkout; run it by hand",
+    "converting": "a synopsis of the convert commands' arguments (SRC, OUT_MODEL_DIR), not commands; each command "
+    "runs in tests/converters/",
+    "tensorflow_model_server": "the binary cannot be installed here: the stand-in (tests/serving/standin_server.py) "
+    "serves the same models.config in its place",
+}
+
+# The changes a shell block's lines get here, (block, as written, as run) with the reason for each.
+SHELL_CHANGES = [
+    # A tiny model (bert_config.json is tf1-tiny's) trains 2 steps, not 100,000.
+    ("pretraining", "--steps 100000 --batch-size 256", "--steps 2 --batch-size 4"),
+    # The run above finished: --resume continues it only to more steps. (A stopped run's bit-for-bit
+    # resume is tests/pretraining/'s.)
+    (
+        "pretraining",
+        "kbert pretrain --model-dir out/bert --resume",
+        "kbert pretrain --model-dir out/bert --resume --steps 3",
+    ),
+]
+
+
+def all_blocks(page=PAGES[0]) -> list:
+    """(language, text) of every fenced block of a page."""
+    with open(page, encoding="utf-8") as f:
+        return re.findall(r"^```(\w*)\n(.*?)^```", f.read(), flags=re.M | re.S)
+
+
+def shell_block(name: str) -> str:
+    (found,) = [text for language, text in all_blocks() if language != "python" and SHELL_MARKERS[name] in text]
+    return found
+
+
+def shell_commands(name: str) -> list:
+    """The block's commands as argv lists: continued lines joined, comments dropped, the `[--flag]`
+    of an optional flag run as given, and SHELL_CHANGES made."""
+    text = shell_block(name).replace("\\\n", " ")
+    commands = []
+    for line in text.splitlines():
+        for block, written, run in SHELL_CHANGES:
+            line = line.replace(written, run) if block == name else line
+        words = shlex.split(re.sub(r"\[(--[^\]]*)\]", r"\1", line), comments=True)
+        if words:
+            commands.append(words)
+    return commands
+
+
+def run_shell_block(name: str, cwd, monkeypatch, skip=()) -> dict:
+    """Run the block's kbert commands in order in `cwd`; returns {the command's first words: its stdout}."""
+    monkeypatch.chdir(cwd)
+    printed = {}
+    for words in shell_commands(name):
+        if words[0] in skip:
+            continue
+        assert words[0] == "kbert", words  # every other command is listed in NOT_RUN
+        printed[" ".join(words[:3])] = run_kbert(*words[1:]).stdout
+    return printed
 
 
 def python_blocks() -> list:
@@ -102,10 +178,72 @@ def small_real_vocab_bert(path, max_positions=128):
 
 
 def test_every_block_is_run_here():
-    """A new Python block in the README or docs/conversion.md needs its inputs made here, so it fails this first."""
+    """A new block in the README (or Python block in docs/conversion.md) needs its inputs made here, or
+    its reason in NOT_RUN, so it fails this first."""
     names = [[name for name, marker in MARKERS.items() if marker in code] for code in python_blocks()]
     assert sorted(n for found in names for n in found) == sorted(MARKERS)
     assert all(len(found) == 1 for found in names), names
+    others = [text for language, text in all_blocks() if language != "python"]
+    names = [[name for name, marker in SHELL_MARKERS.items() if marker in text] for text in others]
+    assert sorted(n for found in names for n in found) == sorted(SHELL_MARKERS)
+    assert all(len(found) == 1 for found in names), names
+    # A shell block's commands run here (kbert, and curl against the stand-in), or say why not.
+    for name in set(SHELL_MARKERS) - set(NOT_RUN):
+        for words in shell_commands(name):
+            assert words[0] in ("kbert", "curl") or words[0] in NOT_RUN or " ".join(words) in NOT_RUN, (name, words)
+
+
+def test_pretraining_block(tmp_path, monkeypatch):
+    sample = os.path.join(FIXTURES, "sample_text.txt")
+    shutil.copy(sample, tmp_path / "corpus.txt")
+    # A domain's words, seen often enough (--min-count) for `extend --corpus` to choose them.
+    (tmp_path / "debian.txt").write_text(open(sample).read() + "\n" + "the daemon restarts systemd units.\n" * 6)
+    vocab, *rest = shell_commands("pretraining")
+    monkeypatch.chdir(tmp_path)
+    run_kbert(*vocab[1:])
+    # As the text after the block says, a new model's vocab_size is its vocab.txt's line count; its
+    # positions hold create-data's 128-token records.
+    config = json.loads(open(os.path.join(TINY, "bert_config.json")).read())
+    size = len((tmp_path / "vocab.txt").read_text().splitlines())
+    (tmp_path / "bert_config.json").write_text(json.dumps(dict(config, vocab_size=size, max_position_embeddings=128)))
+    printed = [json.loads(run_kbert(*words[1:]).stdout.splitlines()[-1]) for words in rest]
+    made, trained, resumed, longer, more_words, filled = printed
+    assert sorted(os.path.basename(f) for f in made["output_files"]) == [
+        f"train.tfrecord-{i:05d}-of-00004" for i in range(4)
+    ]
+    assert trained["step"] == 2 and trained["mixed_precision"] == "mixed_bfloat16"
+    assert resumed["step"] == 3 and resumed["resumed_from"] == 2
+    assert longer["max_position_embeddings"] == {"from": 128, "to": 1024}
+    assert "systemd" in more_words["new_words"]["words"]
+    assert filled["masks"][0]["predictions"]
+
+
+def test_fine_tuning_and_serving_blocks(tmp_path, monkeypatch, tiny_model_dir):
+    """The fine-tuning block, then the serving block on the single-text classifier it made: its export
+    takes `text` only, as the curl line sends."""
+    os.symlink(tiny_model_dir, tmp_path / "MODEL_DIR")  # "any model kbert reads"
+    for name, seed in (("train.tsv", 0), ("dev.tsv", 1), ("test.tsv", 2)):
+        write_tsv(tmp_path / name, sentiment_rows(32, seed))
+    write_tsv(tmp_path / "new.tsv", [(text,) for text, _ in sentiment_rows(4, 3)], header=("text",))
+    printed = run_shell_block("fine-tuning", tmp_path, monkeypatch)
+    assert "accuracy" in json.loads(printed["kbert finetune MODEL_DIR"])
+    rows = [json.loads(line) for line in printed["kbert predict out/clf"].splitlines()]
+    assert len(rows) == 4 and all(sorted(row["probabilities"]) == ["neg", "pos"] for row in rows)
+    assert {"accuracy", "macro_f1", "mcc"} <= set(json.loads(printed["kbert evaluate out/clf"]))
+
+    export, server, curl = shell_commands("serving")
+    assert server[0] == "tensorflow_model_server"  # NOT_RUN: the stand-in serves the same models.config
+    exported = json.loads(run_kbert(*export[1:]).stdout)
+    assert exported["serving_default_inputs"] == ["text"]  # fine-tuned on single texts
+    process, ready = start_standin_server([exported["model_config_file"]], tmp_path / "server.log")
+    try:
+        curl = [w.replace("localhost:8501", f"127.0.0.1:{ready['rest_port']}") for w in curl]
+        answer = subprocess.run(curl, capture_output=True, text=True, timeout=60)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    outputs = json.loads(answer.stdout)["outputs"]
+    assert outputs["label"][0] in ("neg", "pos") and len(outputs["probabilities"][0]) == 2, answer.stdout
 
 
 def test_python_api_block(tmp_path):

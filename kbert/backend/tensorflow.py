@@ -31,6 +31,22 @@ LOGICAL_CPUS_ENV = "KBERT_LOGICAL_CPUS"
 LAYERS_ARE_MODULES = False
 
 
+def quiet_native_warnings():
+    """Keep TensorFlow's C++ warnings off stderr in a Python session, as the CLI keeps them off its
+    own: grappler's cost-model notes during `model.fit` ("Error in PredictCost() for the op ...")
+    read as errors and are not. Its errors still print. TF_CPP_MIN_LOG_LEVEL=0 (show everything) or
+    KBERT_DEBUG=1 leaves TensorFlow's level as it is, and so does a level of 2 or 3, which hides
+    the warnings already. (`import tensorflow` sets 1, its default, where the user set nothing.)"""
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") != "1" or os.environ.get("KBERT_DEBUG") == "1":
+        return
+    from kbert.backend.tensorflow_compat import LOG_ERRORS, set_native_log_level
+
+    set_native_log_level(LOG_ERRORS)
+
+
+quiet_native_warnings()  # when kbert first runs on TensorFlow: before any model is built or fit
+
+
 # === Placement ===
 
 

@@ -1,5 +1,5 @@
-"""The private APIs of TensorFlow that kbert uses, all here: ops by their registered names (the
-int8 kernels) and SavedModel internals (the exports).
+"""The private APIs of TensorFlow that kbert uses, all here: the C++ log's level (absl's), ops by
+their registered names (the int8 kernels) and SavedModel internals (the exports).
 
 Each is used because TensorFlow (or Keras' ExportArchive, which writes a SavedModel through it) has
 no public way to do the thing, and each entry says why. tests/test_compat.py checks every one
@@ -15,6 +15,62 @@ Example:
 from __future__ import annotations
 
 import tensorflow as tf
+
+# === TensorFlow's C++ log ===
+
+# TensorFlow reads TF_CPP_MIN_LOG_LEVEL once, at its first C++ log line, which `import tensorflow`
+# (or `import keras`) has printed before kbert is imported; absl's SetMinLogLevel, which
+# libtensorflow_framework exports under absl's versioned namespace, sets the same level later.
+ABSL_SET_MIN_LOG_LEVEL = "_ZN4absl{namespace}14SetMinLogLevelENS0_18LogSeverityAtLeastE"
+ABSL_MIN_LOG_LEVEL = "_ZN4absl{namespace}11MinLogLevelEv"
+ABSL_NAMESPACES = ("12lts_20250814",)  # TensorFlow 2.21's absl (lts_20250814), length-prefixed as C++ names are
+LOG_ERRORS = 2  # absl::LogSeverityAtLeast::kError: errors and fatal errors print, warnings and info do not
+
+
+def _absl_function(template: str):
+    import ctypes
+    import os
+
+    try:
+        library = ctypes.CDLL(os.path.join(os.path.dirname(tf.__file__), "libtensorflow_framework.so.2"))
+    except OSError:
+        return None
+    for namespace in ABSL_NAMESPACES:
+        try:
+            return getattr(library, template.format(namespace=namespace))
+        except AttributeError:
+            continue
+    return None
+
+
+def set_native_log_level(level: int) -> bool:
+    """Set the lowest severity TensorFlow's C++ code logs from now on (0 info, 1 warning, 2 error),
+    as TF_CPP_MIN_LOG_LEVEL does before TensorFlow's first log line; False where this build
+    exports no such function (the level is then left as it was)."""
+    import ctypes
+
+    function = _absl_function(ABSL_SET_MIN_LOG_LEVEL)
+    if function is None:
+        return False
+    function.argtypes, function.restype = [ctypes.c_int], None
+    function(level)
+    return True
+
+
+def native_log_level() -> int | None:
+    """The lowest severity TensorFlow's C++ code logs now (None where this build does not say).
+
+    >>> native_log_level() in (0, 1, 2, 3)
+    True
+    """
+    import ctypes
+
+    function = _absl_function(ABSL_MIN_LOG_LEVEL)
+    if function is None:
+        return None
+    function.argtypes, function.restype = [], ctypes.c_int
+    return function()
+
 
 # === TensorFlow: ops that tf.raw_ops does not offer ===
 

@@ -18,14 +18,41 @@ tokenizer (the original's `FullTokenizer`), giving the same ids. Every function 
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from kbert.config import ENCODER_INPUTS
 from kbert.finetuning.windows import Windows, containing_windows, max_context_windows
-from kbert.runtime.errors import KbertError
+from kbert.runtime.errors import KbertError, option
 from kbert.text.packing import Packer, Rows
 
 _MAX_LISTED = 10  # tags named in an error message
+
+log = logging.getLogger("kbert")
+
+
+def log_truncated(path, truncated: int, total: int, max_seq_length: int, what: str = "examples"):
+    """The one warning for texts cut to the sequence length, in every command's words (finetune,
+    predict, evaluate): how many of how many, and the option that sets the length.
+
+    >>> import io, logging
+    >>> handler = logging.StreamHandler(stream := io.StringIO())
+    >>> logging.getLogger("kbert").addHandler(handler)
+    >>> log_truncated("test.tsv", 2, 10, 16)
+    >>> logging.getLogger("kbert").removeHandler(handler)
+    >>> stream.getvalue()
+    'test.tsv: 2 of 10 examples longer than max_seq_length=16 were truncated\\n'
+    """
+    if truncated:
+        log.warning(
+            "%s: %d of %d %s longer than %s were truncated",
+            path,
+            truncated,
+            total,
+            what,
+            option("max_seq_length", max_seq_length),
+        )
 
 
 def encode_texts(preprocessor: Packer, texts, texts_b=None) -> tuple[dict[str, np.ndarray], int]:

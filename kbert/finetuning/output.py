@@ -348,8 +348,8 @@ def _check_output(path: str, partial: str, resume: bool, overwrite: bool):
     if os.path.exists(path) and not overwrite:
         if resume and not os.path.exists(partial):
             raise KbertError(
-                f"{path} is complete, with no unfinished run to resume; pass {option('overwrite', True)} to predict "
-                "again"
+                f"{path} is complete, with no unfinished run to resume; pass {option('overwrite', True)} to write "
+                "it again"
             )
         fix = (
             f"pass {option('overwrite', True)} too, to replace it when the run ends"

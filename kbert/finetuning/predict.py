@@ -145,6 +145,11 @@ def predict(
     layers = layer_indexes(layers)
     model, task, opts, preprocessor = _prepare(model_dir, options, overrides)
     tally = _Tally()
+    if layers and task is not None and not task.embeds:  # a task's head answers; the layers would go unread
+        raise KbertError(
+            f"{option('layers')} applies to encoders and pretrained models (per-token features); "
+            f"{os.fspath(model_dir)} is fine-tuned for {task.name}: drop {option('layers')}"
+        )
     if task is not None and task.embeds:  # an embedding model: its vectors, or with `layers` per-token features
         task = None
     if task is None and not layers and embedding_of(model) is not None:
@@ -214,14 +219,7 @@ class _Tally:
 
     def report_after(self, rows, path, preprocessor, opts) -> Iterator[dict]:
         yield from rows
-        if self.truncated:
-            log.warning(
-                "%s: %d of %d examples longer than %s were truncated",
-                path,
-                self.truncated,
-                self.examples,
-                option("max_seq_length", preprocessor.sequence_length),
-            )
+        encoding.log_truncated(path, self.truncated, self.examples, preprocessor.sequence_length)
         if self.windows:
             counts = np.concatenate(self.windows)
             log.info(

@@ -44,6 +44,7 @@ import numpy as np
 from kbert import backend
 from kbert.backend.checkpoints import checkpoint_write_failed
 from kbert.config import sequence_length
+from kbert.finetuning.encoding import log_truncated
 from kbert.finetuning.options import FinetuneOptions, resolve_options, window_stride
 from kbert.finetuning.run_state import STATE_FILE
 from kbert.finetuning.squad_decoding import write_predictions_json
@@ -77,14 +78,7 @@ def make_finetune_optimizer(learning_rate, total_steps, warmup_steps):
 
 
 def _warn_truncated(path, data: TaskData, max_seq_length):
-    if data.truncated:
-        log.warning(
-            "%s: %d of %d examples longer than %s were truncated",
-            path,
-            data.truncated,
-            data.size,
-            option("max_seq_length", max_seq_length),
-        )
+    log_truncated(path, data.truncated, data.size, max_seq_length)
 
 
 @writes("output", inputs=("model_dir", "train", "dev"))

@@ -233,7 +233,8 @@ def check_source(path, accepts=None) -> str:
     wanted = " or ".join(KINDS[k] for k in accepts if k in KINDS)
     path = os.fspath(path)
     missing = f"{path}: no such file or folder; pass {wanted}" if len(accepts) == 1 else None
-    kind = source_kind(path, wanted if accepts != tuple(KINDS) else ACCEPTED, missing)
+    # Every model kind (convert inspect takes unfinished runs too): the one list every command gives.
+    kind = source_kind(path, ACCEPTED if set(KINDS) <= set(accepts) else wanted, missing)
     if kind in accepts:
         return kind
     if kind == "run":

@@ -16,6 +16,7 @@ import os
 
 from kbert.pretraining.record_encoder import INPUT_KEYS, LABEL_KEYS
 from kbert.runtime.errors import KbertError, on_command_line, option
+from kbert.runtime.files import folder_of_glob
 from kbert.runtime.records import check_records_file
 
 # Records of each file whose token ids check_records compares with the vocabulary: enough to
@@ -39,7 +40,7 @@ def find_files(pattern: str, flag: str = "--data") -> list[str]:
     >>> find_files("no/such/*.tfrecord")
     Traceback (most recent call last):
     ...
-    kbert.runtime.errors.KbertError: data 'no/such/*.tfrecord' matches no files; make records with `kbert create-data` and pass their path or a glob such as 'data/*.tfrecord'
+    kbert.runtime.errors.KbertError: data 'no/such/*.tfrecord' matches no files; no/such/ does not exist; make records with `kbert create-data` and pass their path or a glob such as 'data/train.tfrecord-*'
     """
     files = sorted({f for part in pattern.split(",") if part for f in glob.glob(part)})
     files = [f for f in files if os.path.isfile(f)]
@@ -49,9 +50,10 @@ def find_files(pattern: str, flag: str = "--data") -> list[str]:
             logging.getLogger("kbert").warning(f"{named(flag)} {path}: the file is empty; skipped")
         files = [f for f in files if f not in empty]
     if not files:
+        beside = [folder_of_glob(part) for part in pattern.split(",") if part and glob.has_magic(part)]
         raise KbertError(
-            f"{named(flag)} {pattern!r} matches no files; make records with `kbert create-data` "
-            f"and pass their path or a glob such as 'data/*.tfrecord'"
+            f"{named(flag)} {pattern!r} matches no files; {'; '.join(b for b in beside if b) + '; ' if any(beside) else ''}"
+            "make records with `kbert create-data` and pass their path or a glob such as 'data/train.tfrecord-*'"
         )
     return files
 

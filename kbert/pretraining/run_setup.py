@@ -34,6 +34,7 @@ from kbert.pretraining.run_record import (
     read_run,
 )
 from kbert.runtime.errors import KbertError, option
+from kbert.runtime.files import count_lines
 
 
 @dataclasses.dataclass
@@ -184,6 +185,12 @@ def _model_start(
             vocab_file, do_lower_case = initial.vocab_file, initial.do_lower_case
         elif config_file and vocab_file:
             config = BertConfig.from_json_file(config_file)
+            entries = count_lines(vocab_file)
+            if entries != config.vocab_size:  # a new model: its config is the user's to match to the vocabulary
+                raise KbertError(
+                    f"{vocab_file} has {entries} entries but {config_file} says vocab_size {config.vocab_size}; "
+                    f"a new model's vocab_size is its vocab.txt's: set it to {entries} in {config_file}"
+                )
         else:
             raise KbertError(
                 f"say where the model starts: {option('config_file', 'bert_config.json', flag='--config')} "
@@ -251,3 +258,14 @@ def _check_options(opts: PretrainOptions):
             raise KbertError(f"{option(name)} must be a positive integer, got {value!r}")
     if not opts.learning_rate > 0:
         raise KbertError(f"{option('learning_rate')} must be positive, got {opts.learning_rate}")
+    # Options that would go unread are a mistake: refused, as every command refuses them.
+    if opts.tpu is not None and opts.strategy != "tpu":
+        raise KbertError(
+            f"{option('tpu', opts.tpu)} names the TPU of {option('strategy', 'tpu')}, and the strategy is "
+            f"{opts.strategy}: add {option('strategy', 'tpu')}, or drop {option('tpu')}"
+        )
+    if opts.eval_every is not None and not opts.eval_data:
+        raise KbertError(
+            f"{option('eval_every')} applies to a run with {option('eval_data')}: add the held-out records, "
+            f"or drop {option('eval_every')}"
+        )

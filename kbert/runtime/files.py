@@ -307,6 +307,32 @@ def atomic_write_text(path, text: str):
         raise
 
 
+def folder_of_glob(pattern: str, most: int = 3) -> str:
+    """What the folder of a glob that matched nothing holds, said in the error line: the names a
+    user can write a glob for (create-data's shards end in -00000-of-00004, not in .tfrecord).
+    Empty when the folder part is itself a glob.
+
+    Example:
+    >>> folder_of_glob("tests/fixtures/tf1-tiny/*.ckpt")
+    'tests/fixtures/tf1-tiny/ holds README.md, bert_config.json, bert_model.ckpt.data-00000-of-00001 and 3 more'
+    >>> folder_of_glob("no/such/*.txt")
+    'no/such/ does not exist'
+    """
+    import glob
+
+    folder = os.path.dirname(pattern)
+    if glob.has_magic(folder):
+        return ""
+    shown = (folder or ".") + "/" if not folder.endswith("/") else folder
+    if not os.path.isdir(folder or "."):
+        return f"{shown} does not exist"
+    names = sorted(name + "/" * os.path.isdir(os.path.join(folder, name)) for name in os.listdir(folder or "."))
+    if not names:
+        return f"{shown} is empty"
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"{shown} holds {', '.join(names[:most])}{more}"
+
+
 def expand_inputs(patterns, what: str = "text file") -> list[str]:
     """The files a list of --input values names, as create_pretraining_data.py reads them:
     each value is a comma-separated list of paths or globs (quoted or not), expanded in the
@@ -320,7 +346,7 @@ def expand_inputs(patterns, what: str = "text file") -> list[str]:
     ['tests/fixtures/sample_text.txt', 'tests/fixtures/tf1-tiny/vocab.txt']
     >>> expand_inputs(["tests/fixtures/*.missing"])
     Traceback (most recent call last):
-    kbert.runtime.errors.KbertError: tests/fixtures/*.missing: no file matches; pass text files, or a glob that matches some
+    kbert.runtime.errors.KbertError: tests/fixtures/*.missing: no file matches; tests/fixtures/ holds README.md, hf-tiny/, model-garden-tfhub/ and 4 more; pass text files, or a glob that matches some
     """
     import glob
 
@@ -344,7 +370,10 @@ def expand_inputs(patterns, what: str = "text file") -> list[str]:
                 if "://" not in path and not os.path.exists(path):
                     raise KbertError(f"{path}: no such {what}; check the path")
             if not matches:
-                raise KbertError(f"{pattern}: no file matches; pass {what}s, or a glob that matches some")
+                beside = folder_of_glob(pattern)
+                raise KbertError(
+                    f"{pattern}: no file matches; {beside + '; ' if beside else ''}pass {what}s, or a glob that matches some"
+                )
             files += [p for p in matches if p not in files]
     if not files:
         named = f"{option('input')} FILE" if on_command_line() else f"the paths of some {what}s"

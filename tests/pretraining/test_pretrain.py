@@ -303,12 +303,58 @@ def test_tpu_without_a_tpu_is_a_clear_error(tmp_path, original_records):
 def test_missing_and_corrupt_data(tmp_path, original_records):
     assert_user_error(
         _pretrain(tmp_path / "a", tmp_path / "none-*.tfrecord", "--steps", "2", check=False),
-        "none-*.tfrecord: no file matches; pass TFRecord files",
+        "none-*.tfrecord: no file matches; ",
+        "; pass TFRecord files",
     )
     bad = tmp_path / "bad.tfrecord"
     bad.write_bytes(b"\x00garbage" * 100)
     assert_user_error(_pretrain(tmp_path / "b", bad, "--steps", "2", check=False), str(bad), "not a TFRecord file")
     assert not (tmp_path / "b").exists()
+
+
+def test_a_glob_that_matches_nothing_names_the_files_beside_it(tmp_path, monkeypatch):
+    """create-data --shards 4 writes train.tfrecord-0000i-of-00004: a --data 'data/*.tfrecord' is
+    answered with what data/ holds, so the user sees the names to write a glob for."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for i in range(4):
+        (tmp_path / "data" / f"train.tfrecord-{i:05d}-of-00004").write_bytes(b"")
+    result = _pretrain(tmp_path / "run", "data/*.tfrecord", "--steps", "2", check=False)
+    assert_user_error(
+        result,
+        "--data data/*.tfrecord: no file matches; data/ holds train.tfrecord-00000-of-00004, "
+        "train.tfrecord-00001-of-00004, train.tfrecord-00002-of-00004 and 1 more; pass TFRecord files",
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unquoted_glob_is_answered_with_how_to_quote_it(tmp_path, monkeypatch):
+    """The shell expands `--data data/*.tfrecord` into several words; the line says to quote it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for i in range(2):
+        (tmp_path / "data" / f"train.tfrecord-{i:05d}-of-00002").write_bytes(b"")
+    shards = ["data/train.tfrecord-00000-of-00002", "data/train.tfrecord-00001-of-00002"]
+    result = run_kbert("pretrain", "--model-dir", "run", "--data", *shards, "--init", TINY, check=False)
+    assert_user_error(
+        result,
+        f"--data takes one value, and the shell passed it 2 files ({' '.join(shards)}): quote the glob, "
+        "--data 'data/train.tfrecord-0000*', so that kbert expands it, or join the files with commas",
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_new_model_whose_config_does_not_fit_its_vocabulary(tmp_path, original_records):
+    """From scratch, bert_config.json is the user's to match to vocab.txt: the line says the number."""
+    config = json.loads(open(os.path.join(TINY, "bert_config.json")).read())
+    (tmp_path / "bert_config.json").write_text(json.dumps(dict(config, vocab_size=512)))
+    result = _pretrain(
+        tmp_path / "other", original_records, "--steps", "2", check=False, config=tmp_path / "bert_config.json"
+    )
+    assert_user_error(
+        result, f"has 300 entries but {tmp_path / 'bert_config.json'} says vocab_size 512", "set it to 300 in"
+    )
+    assert not (tmp_path / "other").exists()
 
 
 def test_lengths_that_differ_from_the_flags(tmp_path, original_records):

@@ -410,6 +410,7 @@ def test_classify_signature_gives_every_label_and_its_score(served, exports):
     assert sorted(classified) == ["classes", "scores"]
     assert classified["classes"] == [["neg", "pos"]] * len(TEXTS)
     np.testing.assert_allclose(classified["scores"], by_text["probabilities"], atol=1e-6)
+    assert exports["run"]["serving_default_inputs"] == ["text"]  # an encoder: single texts
     assert exports["run"]["signatures"] == {
         "serve_examples": "tensorflow/serving/predict",
         "serve_ids": "tensorflow/serving/predict",

@@ -19,6 +19,7 @@ import numpy as np
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.finetuning import readers
+from kbert.finetuning.encoding import log_truncated
 from kbert.finetuning.options import FinetuneOptions, window_stride
 from kbert.runtime.errors import KbertError, option
 
@@ -64,6 +65,8 @@ class Task:
             own windows).
         trains_pooler: bool. Its head reads the pooled output, so training trains the pooler
             (a converter's fresh pooler is fresh no more).
+        own_options: tuple of str. The `FinetuneOptions` fields only this task reads (squad: its
+            answer decoding; embed: the pooling): given to another task, they are refused.
     """
 
     name: str = ""
@@ -77,6 +80,7 @@ class Task:
     served: bool = False
     reads_doc_stride: bool = False
     trains_pooler: bool = False
+    own_options: tuple = ()
 
     def __repr__(self):
         return f"<task {self.name}>"
@@ -121,11 +125,7 @@ class Task:
 
     def check_options(self, opts: FinetuneOptions):
         """What training asks of the options for this task, beyond `FinetuneOptions`' own checks."""
-        given = [name for name in ("pooling", "normalize") if getattr(opts, name) is not None]
-        if given and not self.embeds:
-            raise KbertError(
-                f"{option(given[0])} applies to {option('task', 'embed')}; drop it for {option('task', self.name)}"
-            )
+        self.check_options_apply(opts)
         if opts.max_seq_length is not None and opts.max_seq_length < 8:
             raise KbertError(f"{option('max_seq_length')} must be at least 8 to fine-tune, got {opts.max_seq_length}")
         if opts.long_text == "windows" and not self.windows:
@@ -134,13 +134,25 @@ class Task:
                 f"drop {option('long_text', 'windows')} for {option('task', self.name)}"
             )
         if opts.doc_stride is not None and opts.long_text != "windows" and not self.reads_doc_stride:
-            log.warning(
-                "%s applies to %s and to %s; %s ignores it",
-                option("doc_stride"),
-                option("task", "squad"),
-                option("long_text", "windows"),
-                option("task", self.name),
+            add = f" (or add {option('long_text', 'windows')})" if self.windows else ""
+            raise KbertError(
+                f"{option('doc_stride')} applies to {option('task', 'squad')} and to {option('long_text', 'windows')}; "
+                f"drop it for {option('task', self.name)}{add}"
             )
+
+    def check_options_apply(self, opts: FinetuneOptions):
+        """Refuse an option that another task owns (`own_options`) and this one would ignore: given
+        other than its default, it can only be a mistake (a SQuAD option on classify), so it is
+        refused in one line rather than run without a word."""
+        from kbert.finetuning.tasks import TASKS  # here: that module imports this one
+
+        defaults = FinetuneOptions()
+        for other in TASKS.values():
+            for name in other.own_options:
+                if name not in self.own_options and getattr(opts, name) != getattr(defaults, name):
+                    raise KbertError(
+                        f"{option(name)} applies to {option('task', other.name)}; drop it for {option('task', self.name)}"
+                    )
 
     def why_no_windows(self) -> str:
         """Why the task takes no `--long-text windows` (said when it is given)."""
@@ -194,8 +206,7 @@ class Task:
             require_labels=True,
             training=False,
         )
-        if data.truncated:
-            log.warning("%s: %d of %d examples were truncated", path, data.truncated, data.size)
+        log_truncated(path, data.truncated, data.size, preprocessor.sequence_length)
         if data.size == 0:
             raise KbertError(f"{path} has no usable rows to evaluate")
         result = self.score(

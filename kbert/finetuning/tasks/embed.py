@@ -55,6 +55,7 @@ class Embed(Task):
     name = "embed"
     metric = "ndcg@10"
     embeds = True
+    own_options = ("pooling", "normalize")
 
     # === Reading and encoding ===
 

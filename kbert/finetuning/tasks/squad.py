@@ -47,6 +47,7 @@ class Squad(Task):
     max_seq_length = 384
     head = "span_predictor"
     reads_doc_stride = True
+    own_options = ("max_query_length", "n_best_size", "max_answer_length", "null_score_diff_threshold")
 
     def read_examples(self, path, *, options, require_labels, training):
         examples = read_squad(path, is_training=training)
