@@ -27,13 +27,15 @@ def keras_backend() -> str:
     return os.environ.get("KERAS_BACKEND", "tensorflow")
 
 
-def import_tensorflow_quietly(command: str = "this command", backend_only: bool = False):
+def import_tensorflow_quietly(command: str = "this command", backend_only: bool = False, keras_on_tensorflow=False):
     """Import TensorFlow with fd 2 pointed at /dev/null: its C++ start-up lines (oneDNN, CUDA
     probes) ignore TF_CPP_MIN_LOG_LEVEL in 2.21 and would bury the one line a user needs.
 
-    `backend_only`: `command` needs TensorFlow only on Keras' TensorFlow backend (it trains on
-    JAX and PyTorch without it): nothing is imported on the others. Where TensorFlow is not
-    installed, a command that needs it is refused in one line.
+    `backend_only`: `command` needs TensorFlow only on Keras' TensorFlow backend (it runs on
+    JAX and PyTorch without it): nothing is imported on the others. `keras_on_tensorflow`:
+    `command` builds TensorFlow graphs from Keras layers (a SavedModel), which only Keras'
+    TensorFlow backend makes; on another it is refused in one line that says how to run it.
+    Where TensorFlow is not installed, a command that needs it is refused in one line.
     """
     import importlib.util
 
@@ -51,6 +53,14 @@ def import_tensorflow_quietly(command: str = "this command", backend_only: bool 
             )
         raise KbertError(
             f"{command} needs TensorFlow, and {missing[0]} is not installed: pip install tensorflow tensorflow-text"
+        )
+    if keras_on_tensorflow and keras_backend() != "tensorflow":
+        from kbert.runtime.errors import KbertError
+
+        # Keras picks its backend once, at import: this process cannot switch to TensorFlow's.
+        raise KbertError(
+            f"{command} builds a TensorFlow SavedModel, which needs Keras' TensorFlow backend, and KERAS_BACKEND "
+            f"is {keras_backend()}: run it with KERAS_BACKEND=tensorflow (a model trained on any backend exports)"
         )
     if os.environ.get("KBERT_DEBUG") == "1" or "tensorflow" in sys.modules:
         return

@@ -113,8 +113,9 @@ def command(
         inputs: {parameter name: Input}.
         outputs: {parameter name: Output}.
         above_zero: names of number parameters that must be above 0 (typer's `min` allows it).
-        tensorflow: bool or "backend". Import TensorFlow (quietly) once the checks pass; create-data never
-            needs it; "backend": only on Keras' TensorFlow backend (the command also runs on JAX and PyTorch).
+        tensorflow: bool, "backend" or "keras". Import TensorFlow (quietly) once the checks pass; create-data
+            never needs it; "backend": only on Keras' TensorFlow backend (the command also runs on JAX and
+            PyTorch); "keras": TensorFlow and Keras' TensorFlow backend (the command builds a SavedModel).
             Where TensorFlow is not installed, a command that needs it says so in one line.
     """
     inputs, outputs = dict(inputs or {}), dict(outputs or {})
@@ -152,7 +153,11 @@ def command(
                         stack.enter_context(_claim(values[parameter], output, values))
                     if tensorflow:
                         group = "convert " if function.__module__.endswith(".convert") else ""  # kbert's one group
-                        import_tensorflow_quietly(f"kbert {group}{name}", backend_only=tensorflow == "backend")
+                        import_tensorflow_quietly(
+                            f"kbert {group}{name}",
+                            backend_only=tensorflow == "backend",
+                            keras_on_tensorflow=tensorflow == "keras",
+                        )
                     return function(**values)
                 except KbertError:
                     raise  # already the one line, whatever words it quotes

@@ -16,6 +16,8 @@ per backend does everything below and prints a JSON report, which the tests read
 """
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -28,12 +30,14 @@ from helpers import (
     TENSORFLOW_MODULES,
     conll_sentences,
     sentiment_rows,
+    sentiment_texts,
     swag_rows,
     without_tensorflow_env,
     write_conll,
     write_swag,
     write_tsv,
 )
+from kbert.converters.safetensors_file import SafetensorsFile
 
 SCRIPT = r"""
 import contextlib, io, json, os, signal, sys, time
@@ -166,6 +170,33 @@ if job.get("interrupt_at"):
     probabilities = keras.ops.softmax(tuned(packed)["logits"], axis=-1)
     report["probe"] = {"texts": texts, "probabilities": keras.ops.convert_to_numpy(probabilities).tolist()}
 
+# === Inference: the commands that make no TensorFlow artefact ===
+# Each is run as given, "{out}" standing for an output path of its own; the test runs the same
+# commands on TensorFlow and compares.
+report["inference"] = {}
+import re
+def with_outputs(args, name):
+    where = lambda m: os.path.join(job["work"], "inference", m.group(1) or name)
+    return [re.sub(r"\{out(?::(\w+))?\}", where, a) for a in args]
+for name, args in job["inference"].items():
+    report["inference"][name] = dict(run(*with_outputs(args, name)), args=args)
+
+# predict --output stopped by SIGTERM after its first chunk of rows, then --resume.
+import kbert.finetuning.predict as predict_module
+predict_batches = predict_module.predict_batches
+calls = []
+def stop_at_second(*args, **kwargs):  # a real SIGTERM, once the first chunk's rows are written
+    calls.append(1)
+    if len(calls) == 2:
+        signal.raise_signal(signal.SIGTERM)
+    return predict_batches(*args, **kwargs)
+out = os.path.join(job["work"], "resumed.jsonl")
+predict_module.predict_batches = stop_at_second
+report["stopped_predict"] = run(*job["resume"], "--output", out)
+predict_module.predict_batches = predict_batches
+report["stopped_rows"] = sum(1 for _ in open(out + ".partial")) if os.path.exists(out + ".partial") else None
+report["resumed_predict"] = dict(run(*job["resume"], "--output", out, "--resume"), out=out, args=job["resume"])
+
 report["seconds"] = time.perf_counter() - START
 report["tensorflow_still_blocked"] = all(sys.modules.get(m, 0) is None for m in job["blocked"])
 print(json.dumps(report))
@@ -200,17 +231,51 @@ def _data(folder) -> dict:
         "choice": str(write_swag(folder / "choice.csv", swag_rows(16, 0))),
         "squad": str(folder / "squad.json"),
         "embed": str(write_tsv(folder / "pairs.tsv", pairs, header=("query", "document"))),
+        "texts": str(write_lines(folder / "texts.txt", sentiment_texts(300, 4)[0])),
     }
 
 
+def write_lines(path, texts):
+    path.write_text("".join(text + "\n" for text in texts))
+    return path
+
+
+def _inference(work, data: dict, model_dir, tasks: list) -> dict:
+    """The commands the script runs after fine-tuning, by name: predict and evaluate of each model it
+    fine-tuned, and on the tiny model embed, fill-mask, the converters and inspect. "{out}" is an
+    output path of the command's own, "{out:NAME}" command NAME's."""
+    runs = {}
+    for task in tasks:
+        runs[f"predict_{task}"] = ["predict", str(work / task), "--input", data[task]]
+        runs[f"evaluate_{task}"] = ["evaluate", str(work / task), "--input", data[task]]
+    model_dir = str(model_dir)
+    more = {
+        "evaluate_as_embedding": ["evaluate", model_dir, "--input", data["embed"], "--task", "embed", "--pooling", "mean"],
+        "embed": ["embed", model_dir, "--input", data["texts"], "--pooling", "mean", "--output", "{out}.jsonl"],
+        "features": ["predict", model_dir, "--input", data["classify_dev"], "--layers", "-1,-2"],
+        "fill_mask": ["fill-mask", model_dir, "the [MASK] city at the [MASK] ."],
+        "to_hf": ["convert", "to-hf", model_dir, "{out}"],
+        "from_hf": ["convert", "from-hf", f"{FIXTURES}/hf-tiny", "{out}"],
+        "predict_converted": ["predict", "{out:from_hf}", "--input", data["classify_dev"]],
+        "inspect": ["convert", "inspect", model_dir],
+        "inspect_hf": ["convert", "inspect", f"{FIXTURES}/hf-tiny"],
+        "to_keras_hub": ["convert", "to-keras-hub", model_dir, "{out}"],
+        "from_keras_hub": ["convert", "from-keras-hub", "{out:to_keras_hub}", "{out}"],
+    }  # fmt: skip
+    return {**runs, **more}
+
+
 def _run(work, backend: str, tiny_model_dir, **job) -> dict:
+    data = _data(work / "data")
     job = dict(
         job,
         model_dir=str(tiny_model_dir),
         tiny=TINY,
         work=str(work),
-        data=_data(work / "data"),
+        data=data,
         blocked=list(TENSORFLOW_MODULES),
+        inference=_inference(work, data, tiny_model_dir, job["tasks"]),
+        resume=["predict", str(tiny_model_dir), "--input", data["texts"]],
     )
     (work / "job.json").write_text(json.dumps(job))
     (work / "script.py").write_text(SCRIPT)
@@ -352,8 +417,12 @@ def test_a_model_fine_tuned_on_jax_exports_on_tensorflow(jax_run, tmp_path):
 
 
 def _weights(model_dir) -> dict:
+    return _h5_arrays(model_dir / "model.weights.h5")
+
+
+def _h5_arrays(path) -> dict:
     found = {}
-    with h5py.File(model_dir / "model.weights.h5", "r") as f:
+    with h5py.File(path, "r") as f:
         f.visititems(lambda name, item: found.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
     return found
 
@@ -373,3 +442,111 @@ def test_a_run_resumes_on_the_kind_of_backend_it_started_on(tmp_path):
     (run / "state.json").write_text(json.dumps(state))
     with pytest.raises(KbertError, match="started on Keras' jax backend.*resume it with KERAS_BACKEND=jax"):
         _RunCheckpoints(str(run), model, None, fingerprint, steps_per_epoch=4, save_every=2).resume()
+
+
+# === Inference on JAX and PyTorch: TensorFlow's answers ===
+
+# What two runs of one command write differently whatever the backend: keras-hub's save time.
+_DIFFERS_BY_RUN = {"date_saved"}
+
+
+@pytest.fixture(params=["jax", "torch"])
+def backend_run(request):
+    return request.getfixturevalue(f"{request.param}_run")
+
+
+def _outputs(args: list, name: str, folder) -> list:
+    """`args` with its "{out}" and "{out:NAME}" placeholders pointing into `folder`."""
+    return [re.sub(r"\{out(?::(\w+))?\}", lambda m: os.path.join(folder, m.group(1) or name), a) for a in args]
+
+
+def _differences(ours, theirs, where="") -> list:
+    """Where two JSON values differ: numbers by more than 1e-5 (float32), anything else at all."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        if ours.keys() != theirs.keys():
+            return [f"{where}: keys {sorted(ours)} != {sorted(theirs)}"]
+        keys = [k for k in ours if k not in _DIFFERS_BY_RUN]
+        return [d for k in keys for d in _differences(ours[k], theirs[k], f"{where}.{k}")]
+    if isinstance(ours, list) and isinstance(theirs, list):
+        if len(ours) != len(theirs):
+            return [f"{where}: {len(ours)} items != {len(theirs)}"]
+        return [d for i, (a, b) in enumerate(zip(ours, theirs)) for d in _differences(a, b, f"{where}[{i}]")]
+    numbers = (int, float)
+    if isinstance(ours, numbers) and isinstance(theirs, numbers) and not isinstance(ours, bool):
+        return [] if abs(ours - theirs) <= 1e-5 else [f"{where}: {ours} != {theirs}"]
+    return [] if ours == theirs else [f"{where}: {ours!r} != {theirs!r}"]
+
+
+def _json_lines(text: str, folder=None) -> list:
+    """JSON lines, with `folder` (where the command wrote) named OUT."""
+    text = text.replace(str(folder), "OUT") if folder else text
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _file_differences(ours, theirs) -> list:
+    """Where two files differ: weights (.h5, .safetensors) by more than 1e-5, JSON as `_differences`
+    says, anything else byte for byte."""
+    where = os.path.basename(ours)
+    if ours.endswith(".h5"):
+        a, b = _h5_arrays(ours), _h5_arrays(theirs)
+        if a.keys() != b.keys():
+            return [f"{where}: weights {sorted(a.keys() ^ b.keys())[:5]}"]
+        # A head the converter created (bert_config.json's fresh_heads) holds random weights, on any backend.
+        config = os.path.join(os.path.dirname(ours), "bert_config.json")
+        fresh = json.load(open(config)).get("fresh_heads", []) if os.path.isfile(config) else []
+        compared = [k for k in a if not any(f"/{head}_head/" in k for head in fresh)]
+        return [
+            f"{where}/{k}"
+            for k in compared
+            if a[k].shape != b[k].shape or not np.allclose(a[k], b[k], rtol=0, atol=1e-5)
+        ]
+    if ours.endswith(".safetensors"):
+        a, b = SafetensorsFile(ours), SafetensorsFile(theirs)
+        if a.shapes != b.shapes:
+            return [f"{where}: shapes differ"]
+        return [f"{where}/{k}" for k in a.shapes if not np.allclose(a.read(k), b.read(k), rtol=0, atol=1e-5)]
+    if ours.endswith((".json", ".jsonl")):
+        read = json.load if ours.endswith(".json") else lambda f: _json_lines(f.read())
+        with open(ours) as f, open(theirs) as g:
+            return _differences(read(f), read(g), where)
+    with open(ours, "rb") as f, open(theirs, "rb") as g:
+        return [] if f.read() == g.read() else [f"{where}: bytes differ"]
+
+
+def _written(folder) -> list:
+    return sorted(os.path.relpath(os.path.join(d, f), folder) for d, _, files in os.walk(folder) for f in files)
+
+
+def test_inference_gives_tensorflows_answers_without_tensorflow(backend_run, tmp_path):
+    """predict, evaluate, embed, fill-mask, the converters and inspect, run on JAX or PyTorch where
+    TensorFlow cannot be imported, print and write what they print and write on TensorFlow (here)."""
+    work, report = backend_run
+    ours_dir, theirs_dir = work / "inference", tmp_path / "inference"
+    expected_names = {f"{verb}_{task}" for task in report["tasks"] for verb in ("predict", "evaluate")}
+    assert expected_names <= report["inference"].keys() and "evaluate_classify" in expected_names
+    differences = []
+    for name, result in report["inference"].items():
+        assert result["code"] == 0, (name, result["stderr"][-2000:])
+        expected = run_kbert(*_outputs(result["args"], name, theirs_dir))
+        ours, theirs = _json_lines(result["stdout"], ours_dir), _json_lines(expected.stdout, theirs_dir)
+        assert ours and theirs, name
+        differences += _differences(ours, theirs, name)
+    assert _written(ours_dir) == _written(theirs_dir)
+    for path in _written(ours_dir):
+        differences += _file_differences(str(ours_dir / path), str(theirs_dir / path))
+    assert not differences, differences[:10]
+
+
+def test_predict_output_resumes_without_tensorflow(backend_run, tmp_path):
+    """predict --output stopped by SIGTERM after its first rows, then --resume: the whole file, as
+    TensorFlow writes it in one go."""
+    _, report = backend_run
+    assert report["stopped_predict"]["code"] == 143, report["stopped_predict"]["stderr"]
+    assert 0 < report["stopped_rows"] < 300
+    resumed = report["resumed_predict"]
+    assert resumed["code"] == 0, resumed["stderr"]
+    run_kbert(*resumed["args"], "--output", tmp_path / "whole.jsonl")
+    with open(resumed["out"]) as f, open(tmp_path / "whole.jsonl") as g:
+        ours, theirs = _json_lines(f.read()), _json_lines(g.read())
+    assert len(ours) == 300
+    assert not _differences(ours, theirs)
