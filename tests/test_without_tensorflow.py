@@ -74,6 +74,7 @@ for name, command in commands.items():
 report["help"] = {k: [v["code"], v["stdout"][:60], v["stderr"][-300:], v["seconds"]] for k, v in helps.items()}
 report["export"] = run("export", job["model_dir"], os.path.join(job["work"], "export"))
 report["from_tf1"] = run("convert", "from-tf1", job["tiny"], os.path.join(job["work"], "converted"))
+report["predict_server"] = run("predict", "--server", "localhost:1", "--model", "m", "--input", job["data"]["texts"])
 report["strategy"] = run("finetune", job["model_dir"], "--task", "classify", "--train", job["data"]["classify"],
                          "--output", os.path.join(job["work"], "mirrored"), "--strategy", "mirrored")
 os.environ["KERAS_BACKEND"] = "tensorflow"  # what the command line reads: a user who set no backend
@@ -328,7 +329,11 @@ def test_the_command_line_answers_without_tensorflow(report):
 
 
 def test_what_needs_tensorflow_says_so_in_one_line(report):
-    for name, command in (("export", "kbert export"), ("from_tf1", "kbert convert from-tf1")):
+    for name, command in (
+        ("export", "kbert export"),
+        ("from_tf1", "kbert convert from-tf1"),
+        ("predict_server", "kbert predict --server"),
+    ):
         result = report[name]
         lines = result["stderr"].strip().splitlines()
         assert result["code"] == 1 and len(lines) == 1, (name, result["stderr"])
@@ -550,3 +555,56 @@ def test_predict_output_resumes_without_tensorflow(backend_run, tmp_path):
         ours, theirs = _json_lines(f.read()), _json_lines(g.read())
     assert len(ours) == 300
     assert not _differences(ours, theirs)
+
+
+# === TensorFlow installed, Keras on JAX or PyTorch (KERAS_BACKEND set by a training shell, or keras.json) ===
+
+ON_ANOTHER_BACKEND = r"""
+import contextlib, io, json, sys
+job = json.load(open(sys.argv[1]))
+from kbert.cli.main import main
+
+def run(*args):
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
+
+print(json.dumps({name: run(*args) for name, args in job.items()}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_with_tensorflow_installed_every_keras_backend_predicts_evaluates_and_says_how_to_export(
+    backend, tiny_classifier, tmp_path
+):
+    rows = [(text, "the city.", label) for text, label in sentiment_rows(8, 5)]
+    data = write_tsv(tmp_path / "dev.tsv", rows, header=("text", "text_b", "label"))
+    export = tmp_path / "export"
+    job = {
+        "predict": ["predict", str(tiny_classifier), "--input", str(data)],
+        "evaluate": ["evaluate", str(tiny_classifier), "--input", str(data)],
+        "export": ["export", str(tiny_classifier), str(export)],
+    }
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    (tmp_path / "script.py").write_text(ON_ANOTHER_BACKEND)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "script.py"), str(tmp_path / "job.json")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("predict", "evaluate"):
+        assert report[name]["code"] == 0, (name, report[name]["stderr"][-2000:])
+        expected = run_kbert(*job[name])  # on TensorFlow, in this process
+        assert not _differences(_json_lines(report[name]["stdout"]), _json_lines(expected.stdout), name)
+    lines = report["export"]["stderr"].strip().splitlines()
+    assert report["export"]["code"] == 1 and len(lines) == 1, report["export"]["stderr"]
+    assert f"KERAS_BACKEND is {backend}: run it with KERAS_BACKEND=tensorflow" in lines[0], lines[0]
+    assert not export.exists()  # nothing half-made
