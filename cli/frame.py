@@ -104,6 +104,16 @@ DIR = Output("dir")
 DIR_IN_PLACE = Output("dir-in-place")
 
 
+# What each command's --help says of TensorFlow, by its `tensorflow` declaration.
+TENSORFLOW_HELP = {
+    True: "Needs TensorFlow (pip install tensorflow tensorflow-text), whatever KERAS_BACKEND says.",
+    "keras": "Needs TensorFlow and Keras' TensorFlow backend (KERAS_BACKEND=tensorflow, the default).",
+    "backend": "Runs on Keras' TensorFlow, JAX or PyTorch backend (KERAS_BACKEND), on JAX and PyTorch without "
+    "TensorFlow unless it reads a google-research checkpoint or a TF Hub SavedModel.",
+    False: "Needs no TensorFlow.",
+}
+
+
 def command(
     inputs: dict | None = None, outputs: dict | None = None, above_zero: tuple = (), tensorflow: bool | str = True
 ):
@@ -168,9 +178,16 @@ def command(
                     raise KbertError("{}: {}; {}".format(*parts)) from None
 
         run.inputs, run.outputs, run.above_zero = inputs, outputs, tuple(above_zero)
+        run.tensorflow = tensorflow
+        run.__doc__ = f"{inspect.cleandoc(function.__doc__ or '')}\n\n{TENSORFLOW_HELP[tensorflow]}".strip()
         return run
 
     return wrap
+
+
+def needs_tensorflow(commands: dict) -> list:
+    """The names of `commands` ({name: callback}) that need TensorFlow whatever the backend, or its backend."""
+    return [name for name, callback in commands.items() if getattr(callback, "tensorflow", False) in (True, "keras")]
 
 
 def option_name(signature, parameter: str) -> str:

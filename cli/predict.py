@@ -36,7 +36,7 @@ def predict(
     server: str | None = typer.Option(
         None,
         "--server",
-        help="Predict with a model TF Serving serves instead: HOST:PORT (gRPC) or http://HOST:PORT (REST).",
+        help="Predict with a model TF Serving serves instead: HOST:PORT (gRPC) or http://HOST:PORT (REST). Needs TensorFlow.",
     ),
     model: str | None = typer.Option(None, "--model", help="With --server: the model's name on the server."),
     layers: str | None = typer.Option(
