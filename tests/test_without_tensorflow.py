@@ -581,6 +581,8 @@ print(json.dumps({name: run(*args) for name, args in job.items()}))
 def test_with_tensorflow_installed_every_keras_backend_predicts_evaluates_and_says_how_to_export(
     backend, tiny_classifier, tmp_path
 ):
+    import tensorflow as tf
+
     rows = [(text, "the city.", label) for text, label in sentiment_rows(8, 5)]
     data = write_tsv(tmp_path / "dev.tsv", rows, header=("text", "text_b", "label"))
     export = tmp_path / "export"
@@ -588,6 +590,7 @@ def test_with_tensorflow_installed_every_keras_backend_predicts_evaluates_and_sa
         "predict": ["predict", str(tiny_classifier), "--input", str(data)],
         "evaluate": ["evaluate", str(tiny_classifier), "--input", str(data)],
         "export": ["export", str(tiny_classifier), str(export)],
+        "to_tf1": ["convert", "to-tf1", str(tiny_classifier), str(tmp_path / "tf1")],
     }
     (tmp_path / "job.json").write_text(json.dumps(job))
     (tmp_path / "script.py").write_text(ON_ANOTHER_BACKEND)
@@ -608,3 +611,11 @@ def test_with_tensorflow_installed_every_keras_backend_predicts_evaluates_and_sa
     assert report["export"]["code"] == 1 and len(lines) == 1, report["export"]["stderr"]
     assert f"KERAS_BACKEND is {backend}: run it with KERAS_BACKEND=tensorflow" in lines[0], lines[0]
     assert not export.exists()  # nothing half-made
+    # A checkpoint for the original code, written from the backend's weights, as TensorFlow writes it.
+    assert report["to_tf1"]["code"] == 0, report["to_tf1"]["stderr"]
+    run_kbert("convert", "to-tf1", tiny_classifier, tmp_path / "tf1-on-tensorflow")
+    ours, theirs = (tf.train.load_checkpoint(str(tmp_path / d)) for d in ("tf1", "tf1-on-tensorflow"))
+    names = ours.get_variable_to_shape_map()
+    assert names == theirs.get_variable_to_shape_map() and len(names) > 40
+    for name in names:
+        np.testing.assert_array_equal(ours.get_tensor(name), theirs.get_tensor(name), err_msg=name)
