@@ -258,6 +258,7 @@ def _inference(work, data: dict, model_dir, tasks: list) -> dict:
         "to_hf": ["convert", "to-hf", model_dir, "{out}"],
         "from_hf": ["convert", "from-hf", f"{FIXTURES}/hf-tiny", "{out}"],
         "predict_converted": ["predict", "{out:from_hf}", "--input", data["classify_dev"]],
+        "extend": ["extend", model_dir, "{out}", "--max-position-embeddings", "96"],
         "inspect": ["convert", "inspect", model_dir],
         "inspect_hf": ["convert", "inspect", f"{FIXTURES}/hf-tiny"],
         "to_keras_hub": ["convert", "to-keras-hub", model_dir, "{out}"],
@@ -451,8 +452,10 @@ def test_a_run_resumes_on_the_kind_of_backend_it_started_on(tmp_path):
 
 # === Inference on JAX and PyTorch: TensorFlow's answers ===
 
-# What two runs of one command write differently whatever the backend: keras-hub's save time.
+# What two runs of one command write differently whatever the backend: keras-hub's save time, and
+# in a preset's configs Keras' layer names, numbered by how many of the kind the process has made.
 _DIFFERS_BY_RUN = {"date_saved"}
+_DIFFERS_BY_PROCESS = {"name"}
 
 
 @pytest.fixture(params=["jax", "torch"])
@@ -465,17 +468,18 @@ def _outputs(args: list, name: str, folder) -> list:
     return [re.sub(r"\{out(?::(\w+))?\}", lambda m: os.path.join(folder, m.group(1) or name), a) for a in args]
 
 
-def _differences(ours, theirs, where="") -> list:
-    """Where two JSON values differ: numbers by more than 1e-5 (float32), anything else at all."""
+def _differences(ours, theirs, where="", ignored=_DIFFERS_BY_RUN) -> list:
+    """Where two JSON values differ: numbers by more than 1e-5 (float32), anything else at all
+    (but the `ignored` keys)."""
     if isinstance(ours, dict) and isinstance(theirs, dict):
         if ours.keys() != theirs.keys():
             return [f"{where}: keys {sorted(ours)} != {sorted(theirs)}"]
-        keys = [k for k in ours if k not in _DIFFERS_BY_RUN]
-        return [d for k in keys for d in _differences(ours[k], theirs[k], f"{where}.{k}")]
+        keys = [k for k in ours if k not in ignored]
+        return [d for k in keys for d in _differences(ours[k], theirs[k], f"{where}.{k}", ignored)]
     if isinstance(ours, list) and isinstance(theirs, list):
         if len(ours) != len(theirs):
             return [f"{where}: {len(ours)} items != {len(theirs)}"]
-        return [d for i, (a, b) in enumerate(zip(ours, theirs)) for d in _differences(a, b, f"{where}[{i}]")]
+        return [d for i, (a, b) in enumerate(zip(ours, theirs)) for d in _differences(a, b, f"{where}[{i}]", ignored)]
     numbers = (int, float)
     if isinstance(ours, numbers) and isinstance(theirs, numbers) and not isinstance(ours, bool):
         return [] if abs(ours - theirs) <= 1e-5 else [f"{where}: {ours} != {theirs}"]
@@ -512,8 +516,9 @@ def _file_differences(ours, theirs) -> list:
         return [f"{where}/{k}" for k in a.shapes if not np.allclose(a.read(k), b.read(k), rtol=0, atol=1e-5)]
     if ours.endswith((".json", ".jsonl")):
         read = json.load if ours.endswith(".json") else lambda f: _json_lines(f.read())
+        ignored = _DIFFERS_BY_RUN | (_DIFFERS_BY_PROCESS if ours.endswith(".json") else set())
         with open(ours) as f, open(theirs) as g:
-            return _differences(read(f), read(g), where)
+            return _differences(read(f), read(g), where, ignored)
     with open(ours, "rb") as f, open(theirs, "rb") as g:
         return [] if f.read() == g.read() else [f"{where}: bytes differ"]
 
