@@ -107,7 +107,7 @@ DIR_IN_PLACE = Output("dir-in-place")
 # What each command's --help says of TensorFlow, by its `tensorflow` declaration.
 TENSORFLOW_HELP = {
     True: "Needs TensorFlow (pip install tensorflow tensorflow-text), whatever KERAS_BACKEND says.",
-    "keras": "Needs TensorFlow and Keras' TensorFlow backend (KERAS_BACKEND=tensorflow, the default).",
+    "keras": "Needs TensorFlow; runs Keras on its TensorFlow backend, whatever KERAS_BACKEND says.",
     "backend": "Runs on Keras' TensorFlow, JAX or PyTorch backend (KERAS_BACKEND), on JAX and PyTorch without "
     "TensorFlow unless it reads a google-research checkpoint or a TF Hub SavedModel.",
     False: "Needs no TensorFlow.",
@@ -125,7 +125,8 @@ def command(
         above_zero: names of number parameters that must be above 0 (typer's `min` allows it).
         tensorflow: bool, "backend" or "keras". Import TensorFlow (quietly) once the checks pass; create-data
             never needs it; "backend": only on Keras' TensorFlow backend (the command also runs on JAX and
-            PyTorch); "keras": TensorFlow and Keras' TensorFlow backend (the command builds a SavedModel).
+            PyTorch); "keras": TensorFlow and Keras' TensorFlow backend, which the command switches to where
+            Keras is not imported yet (it builds a SavedModel).
             Where TensorFlow is not installed, a command that needs it says so in one line.
     """
     inputs, outputs = dict(inputs or {}), dict(outputs or {})

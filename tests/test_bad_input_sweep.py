@@ -409,19 +409,6 @@ def test_bad_value_gets_one_line_and_leaves_nothing(root, name, case, parameter,
     assert snapshot(root) == before, (args, set(snapshot(root)) ^ set(before))
 
 
-def test_export_on_another_keras_backend_gets_one_line_and_leaves_nothing(root):
-    """With TensorFlow installed, KERAS_BACKEND=jax (a training shell's, or keras.json's): export, which
-    builds a SavedModel on Keras' TensorFlow backend, says how to run it, in a process of its own."""
-    before = snapshot(root)
-    result = run_kbert("export", root / "kbert", root / "out" / "export", check=False, env={"KERAS_BACKEND": "jax"})
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == 1 and len(lines) == 1, result.stderr
-    assert lines[0].startswith("kbert: error: kbert export builds a TensorFlow SavedModel") and (
-        "run it with KERAS_BACKEND=tensorflow" in lines[0]
-    )
-    assert result.stdout == "" and snapshot(root) == before
-
-
 def test_predict_server_without_tensorflow_gets_one_line_and_leaves_nothing(root):
     """predict --server speaks TF Serving's protos, TensorFlow's: on JAX without it, one line says so."""
     before = snapshot(root)

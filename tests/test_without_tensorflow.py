@@ -583,9 +583,11 @@ print(json.dumps({name: run(*args) for name, args in job.items()}))
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_with_tensorflow_installed_every_keras_backend_predicts_evaluates_and_says_how_to_export(
+def test_with_tensorflow_installed_every_keras_backend_predicts_evaluates_and_converts(
     backend, tiny_classifier, tmp_path
 ):
+    """Predict and evaluate give TensorFlow's rows, and to-tf1 its checkpoint, with Keras on JAX or PyTorch;
+    export, in a Python whose Keras runs on another backend, says how to run it."""
     import tensorflow as tf
 
     rows = [(text, "the city.", label) for text, label in sentiment_rows(8, 5)]
@@ -612,10 +614,12 @@ def test_with_tensorflow_installed_every_keras_backend_predicts_evaluates_and_sa
         assert report[name]["code"] == 0, (name, report[name]["stderr"][-2000:])
         expected = run_kbert(*job[name])  # on TensorFlow, in this process
         assert not _differences(_json_lines(report[name]["stdout"]), _json_lines(expected.stdout), name)
+    # In a Python whose Keras already runs on another backend, export says how to run it.
     lines = report["export"]["stderr"].strip().splitlines()
     assert report["export"]["code"] == 1 and len(lines) == 1, report["export"]["stderr"]
-    assert f"KERAS_BACKEND is {backend}: run it with KERAS_BACKEND=tensorflow" in lines[0], lines[0]
+    assert f"Keras runs on {backend} here: run it with KERAS_BACKEND=tensorflow" in lines[0], lines[0]
     assert not export.exists()  # nothing half-made
+
     # A checkpoint for the original code, written from the backend's weights, as TensorFlow writes it.
     assert report["to_tf1"]["code"] == 0, report["to_tf1"]["stderr"]
     run_kbert("convert", "to-tf1", tiny_classifier, tmp_path / "tf1-on-tensorflow")
@@ -624,3 +628,21 @@ def test_with_tensorflow_installed_every_keras_backend_predicts_evaluates_and_sa
     assert names == theirs.get_variable_to_shape_map() and len(names) > 40
     for name in names:
         np.testing.assert_array_equal(ours.get_tensor(name), theirs.get_tensor(name), err_msg=name)
+
+
+def test_export_as_a_command_builds_on_tensorflow_whatever_keras_backend_says(tiny_classifier, tmp_path):
+    """`KERAS_BACKEND=jax kbert export` (a training shell's setting): Keras is not imported yet when
+    the command starts, so it runs on TensorFlow's backend and says so; the export is the one
+    TensorFlow's backend makes (here, in this process)."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the SavedModel's tokenizer ops)
+
+    on_jax = run_kbert("export", tiny_classifier, tmp_path / "on-jax", env={"KERAS_BACKEND": "jax"})
+    assert "KERAS_BACKEND is jax; export builds a TensorFlow SavedModel" in on_jax.stderr
+    run_kbert("export", tiny_classifier, tmp_path / "on-tensorflow")
+    served = []
+    for base in ("on-jax", "on-tensorflow"):
+        signature = tf.saved_model.load(str(tmp_path / base / "1")).signatures["serving_default"]
+        texts = tf.constant(["the gold city.", "dead dust in the camp."])
+        served.append(signature(text=texts, text_b=tf.constant(["the city."] * 2))["probabilities"].numpy())
+    np.testing.assert_allclose(served[0], served[1], atol=1e-6)
