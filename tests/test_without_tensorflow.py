@@ -74,6 +74,7 @@ for name, command in commands.items():
 report["help"] = {k: [v["code"], v["stdout"][:60], v["stderr"][-300:], v["seconds"]] for k, v in helps.items()}
 report["export"] = run("export", job["model_dir"], os.path.join(job["work"], "export"))
 report["from_tf1"] = run("convert", "from-tf1", job["tiny"], os.path.join(job["work"], "converted"))
+report["inspect_tf1"] = run("convert", "inspect", job["tiny"])
 report["predict_server"] = run("predict", "--server", "localhost:1", "--model", "m", "--input", job["data"]["texts"])
 report["strategy"] = run("finetune", job["model_dir"], "--task", "classify", "--train", job["data"]["classify"],
                          "--output", os.path.join(job["work"], "mirrored"), "--strategy", "mirrored")
@@ -354,6 +355,11 @@ def test_what_needs_tensorflow_says_so_in_one_line(report):
     lines = result["stderr"].strip().splitlines()
     assert result["code"] == 1 and len(lines) == 1, result["stderr"]
     assert "a google-research checkpoint is read with TensorFlow" in lines[0] and "kbert convert from-tf1" in lines[0]
+    # convert inspect reads a kbert model directory without TensorFlow (compared below), a checkpoint with it.
+    result = report["inspect_tf1"]
+    lines = result["stderr"].strip().splitlines()
+    assert result["code"] == 1 and len(lines) == 1, result["stderr"]
+    assert "a google-research checkpoint is read with TensorFlow, and tensorflow is not installed" in lines[0]
 
 
 def test_models_load_and_save_without_tensorflow(report):
