@@ -12,7 +12,14 @@ per backend does everything below and prints a JSON report, which the tests read
 - a training checkpoint (`kbert.backend.checkpoints`) saved and restored bit for bit;
 - `kbert finetune` of every task (on PyTorch: classify), its TensorBoard logs, and on JAX a
   run stopped by SIGTERM then resumed, which must end with the uninterrupted run's weights, bit for
-  bit; the model fine-tuned on JAX is then exported by `kbert export` on TensorFlow, in this process.
+  bit; the model fine-tuned on JAX is then exported by `kbert export` on TensorFlow, in this process;
+- inference: `predict` and `evaluate` of each model it fine-tuned, `embed`, `fill-mask`, `extend`,
+  `convert to-hf/from-hf/to-keras-hub/from-keras-hub` and `convert inspect`, each printing and writing
+  what the same command prints and writes on TensorFlow here (float32, 1e-5), and `predict --output`
+  stopped by SIGTERM then resumed.
+
+With TensorFlow installed and Keras on JAX or PyTorch, predict, evaluate and to-tf1 give TensorFlow's
+answers, and export builds its SavedModel on TensorFlow's backend.
 """
 
 import json
