@@ -26,13 +26,17 @@ def keras_backend() -> str:
     return os.environ.get("KERAS_BACKEND", "tensorflow")
 
 
-def import_tensorflow_quietly(command: str = "this command", backend_only: bool = False):
+def import_tensorflow_quietly(command: str = "this command", backend_only: bool = False, keras_on_tensorflow=False):
     """Import TensorFlow with fd 2 pointed at /dev/null: its C++ start-up lines (oneDNN, CUDA
     probes) ignore TF_CPP_MIN_LOG_LEVEL in 2.21 and would bury the one line a user needs.
 
-    `backend_only`: `command` needs TensorFlow only on Keras' TensorFlow backend (it trains on
-    JAX and PyTorch without it): nothing is imported on the others. Where TensorFlow is not
-    installed, a command that needs it is refused in one line.
+    `backend_only`: `command` needs TensorFlow only on Keras' TensorFlow backend (it runs on
+    JAX and PyTorch without it): nothing is imported on the others. `keras_on_tensorflow`:
+    `command` builds TensorFlow graphs from Keras layers (a SavedModel), which only Keras'
+    TensorFlow backend makes: where KERAS_BACKEND names another, the command runs on TensorFlow's
+    all the same if Keras is not imported yet (a command line's process), and is refused in one
+    line that says how to run it otherwise. Where TensorFlow is not installed, a command that
+    needs it is refused in one line.
     """
     import importlib.util
 
@@ -51,6 +55,21 @@ def import_tensorflow_quietly(command: str = "this command", backend_only: bool 
         raise KbertError(
             f"{command} needs TensorFlow, and {missing[0]} is not installed: pip install tensorflow tensorflow-text"
         )
+    if keras_on_tensorflow and keras_backend() != "tensorflow":
+        from kbert.runtime.errors import KbertError
+
+        if "keras" in sys.modules:  # Keras picked its backend at import: this process cannot switch
+            raise KbertError(
+                f"{command} builds a TensorFlow SavedModel, which needs Keras' TensorFlow backend, and Keras runs "
+                f"on {keras_backend()} here: run it with KERAS_BACKEND=tensorflow (a model trained on any backend "
+                "exports)"
+            )
+        logging.getLogger("kbert").info(
+            "KERAS_BACKEND is %s; %s builds a TensorFlow SavedModel, so Keras runs on TensorFlow for it",
+            keras_backend(),
+            command.removeprefix("kbert "),
+        )
+        os.environ["KERAS_BACKEND"] = "tensorflow"
     if os.environ.get("KBERT_DEBUG") == "1" or "tensorflow" in sys.modules:
         return
     sys.stderr.flush()

@@ -100,7 +100,7 @@ def to_tf1(
 
 
 @app.command("from-hf")
-@command(inputs={"src": HF_MODEL}, outputs={"out_model_dir": DIR})
+@command(inputs={"src": HF_MODEL}, outputs={"out_model_dir": DIR}, tensorflow="backend")
 def from_hf(
     src: Path = typer.Argument(
         ...,
@@ -125,7 +125,7 @@ def from_hf(
 
 
 @app.command("to-hf")
-@command(inputs={"model_dir": MODEL}, outputs={"out_dir": DIR})
+@command(inputs={"model_dir": MODEL}, outputs={"out_dir": DIR}, tensorflow="backend")
 def to_hf(
     model_dir: Path = typer.Argument(
         ...,
@@ -194,7 +194,7 @@ def from_tfhub(
 
 
 @app.command("to-keras-hub")
-@command(inputs={"model_dir": MODEL}, outputs={"out": DIR})
+@command(inputs={"model_dir": MODEL}, outputs={"out": DIR}, tensorflow="backend")
 def to_keras_hub(
     model_dir: Path = typer.Argument(..., help=f"The model (encoder, pretraining model or classifier): {SOURCES}."),
     out: Path = typer.Argument(..., help="keras-hub preset directory to write."),
@@ -208,7 +208,7 @@ def to_keras_hub(
 
 
 @app.command("from-keras-hub")
-@command(inputs={"src": KERAS_HUB_PRESET}, outputs={"out_model_dir": DIR})
+@command(inputs={"src": KERAS_HUB_PRESET}, outputs={"out_model_dir": DIR}, tensorflow="backend")
 def from_keras_hub(
     src: Path = typer.Argument(..., help="A keras-hub BERT preset directory (as save_to_preset writes it)."),
     out_model_dir: OutModelDir = ...,
@@ -227,7 +227,7 @@ def from_keras_hub(
 
 
 @app.command("inspect")
-@command(inputs={"src": MODEL_OR_RUN})
+@command(inputs={"src": MODEL_OR_RUN}, tensorflow="backend")
 def inspect_(
     src: Path = typer.Argument(
         ..., help=f"Any model kbert reads ({SOURCES}), or the folder of an unfinished pretrain or finetune run."

@@ -17,7 +17,7 @@ OUTPUT_FORMATS = ("jsonl", "npy")
 
 
 # long: one typer option per flag, as --help lists them, then the output's format
-@command(inputs={"model_dir": MODEL, "input": TEXT}, outputs={"output": FILE_OR_STREAM})
+@command(inputs={"model_dir": MODEL, "input": TEXT}, outputs={"output": FILE_OR_STREAM}, tensorflow="backend")
 def embed(
     model_dir: Path = typer.Argument(
         ...,

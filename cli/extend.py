@@ -15,7 +15,7 @@ from kbert.formats.sources import ACCEPTED
 DEFAULT_MIN_COUNT = 5
 
 
-@command(inputs={"model_dir": MODEL, "words": TEXT, "corpus": TEXT_FILES}, outputs={"out": DIR})
+@command(inputs={"model_dir": MODEL, "words": TEXT, "corpus": TEXT_FILES}, outputs={"out": DIR}, tensorflow="backend")
 def extend(
     model_dir: Path = typer.Argument(
         ...,

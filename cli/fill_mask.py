@@ -12,7 +12,7 @@ from kbert.cli.frame import MODEL, command
 from kbert.formats.sources import ACCEPTED
 
 
-@command(inputs={"model_dir": MODEL})
+@command(inputs={"model_dir": MODEL}, tensorflow="backend")
 def fill_mask_command(
     model_dir: Path = typer.Argument(..., help=f"A model with a trained MLM head: {ACCEPTED}."),
     text: str = typer.Argument(..., help='Text with one or more [MASK], e.g. "the capital of france is [MASK]."'),

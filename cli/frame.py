@@ -104,6 +104,16 @@ DIR = Output("dir")
 DIR_IN_PLACE = Output("dir-in-place")
 
 
+# What each command's --help says of TensorFlow, by its `tensorflow` declaration.
+TENSORFLOW_HELP = {
+    True: "Needs TensorFlow (pip install tensorflow tensorflow-text), whatever KERAS_BACKEND says.",
+    "keras": "Needs TensorFlow; runs Keras on its TensorFlow backend, whatever KERAS_BACKEND says.",
+    "backend": "Runs on Keras' TensorFlow, JAX or PyTorch backend (KERAS_BACKEND), on JAX and PyTorch without "
+    "TensorFlow unless it reads a google-research checkpoint or a TF Hub SavedModel.",
+    False: "Needs no TensorFlow.",
+}
+
+
 def command(
     inputs: dict | None = None, outputs: dict | None = None, above_zero: tuple = (), tensorflow: bool | str = True
 ):
@@ -113,8 +123,10 @@ def command(
         inputs: {parameter name: Input}.
         outputs: {parameter name: Output}.
         above_zero: names of number parameters that must be above 0 (typer's `min` allows it).
-        tensorflow: bool or "backend". Import TensorFlow (quietly) once the checks pass; create-data never
-            needs it; "backend": only on Keras' TensorFlow backend (the command also runs on JAX and PyTorch).
+        tensorflow: bool, "backend" or "keras". Import TensorFlow (quietly) once the checks pass; create-data
+            never needs it; "backend": only on Keras' TensorFlow backend (the command also runs on JAX and
+            PyTorch); "keras": TensorFlow and Keras' TensorFlow backend, which the command switches to where
+            Keras is not imported yet (it builds a SavedModel).
             Where TensorFlow is not installed, a command that needs it says so in one line.
     """
     inputs, outputs = dict(inputs or {}), dict(outputs or {})
@@ -152,7 +164,11 @@ def command(
                         stack.enter_context(_claim(values[parameter], output, values))
                     if tensorflow:
                         group = "convert " if function.__module__.endswith(".convert") else ""  # kbert's one group
-                        import_tensorflow_quietly(f"kbert {group}{name}", backend_only=tensorflow == "backend")
+                        import_tensorflow_quietly(
+                            f"kbert {group}{name}",
+                            backend_only=tensorflow == "backend",
+                            keras_on_tensorflow=tensorflow == "keras",
+                        )
                     return function(**values)
                 except KbertError:
                     raise  # already the one line, whatever words it quotes
@@ -163,6 +179,8 @@ def command(
                     raise KbertError("{}: {}; {}".format(*parts)) from None
 
         run.inputs, run.outputs, run.above_zero = inputs, outputs, tuple(above_zero)
+        run.tensorflow = tensorflow
+        run.__doc__ = f"{inspect.cleandoc(function.__doc__ or '')}\n\n{TENSORFLOW_HELP[tensorflow]}".strip()
         return run
 
     return wrap
@@ -176,6 +194,11 @@ def command_name(function) -> str:
     'command-name'
     """
     return function.__name__.replace("_command", "").strip("_").replace("_", "-")
+
+
+def needs_tensorflow(commands: dict) -> list:
+    """The names of `commands` ({name: callback}) that need TensorFlow whatever the backend, or its backend."""
+    return [name for name, callback in commands.items() if getattr(callback, "tensorflow", False) in (True, "keras")]
 
 
 def option_name(signature, parameter: str) -> str:

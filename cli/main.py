@@ -13,6 +13,7 @@ from typer import Abort
 from kbert._compat import command_line_errors
 from kbert.cli import convert, create_data, embed, export, extend, fill_mask, finetune, predict, pretrain, vocab
 from kbert.cli.common import HelpCommand, quiet_tensorflow, setup_logging
+from kbert.cli.frame import needs_tensorflow
 from kbert.runtime.errors import Interrupted, KbertError, command_line_names, first_line, os_error_line, stop_behind
 
 NoArgsIsHelpError, UsageError = command_line_errors()
@@ -36,8 +37,18 @@ app.command("evaluate")(predict.evaluate)
 app.command("embed")(embed.embed)
 app.command("export")(export.export)
 app.command("extend")(extend.extend)
+_COMMANDS = {
+    **{info.name: info.callback for info in app.registered_commands},
+    **{f"{g.name} {c.name}": c.callback for g in app.registered_groups for c in g.typer_instance.registered_commands},
+}
 for _info in app.registered_commands + [c for g in app.registered_groups for c in g.typer_instance.registered_commands]:
     _info.cls = HelpCommand  # --help names values FILE, DIR, N, not by typer's internal type names
+# Said once, from each command's declaration: which commands need TensorFlow.
+app.info.help += (
+    f"\n\nNeed TensorFlow: {', '.join(needs_tensorflow(_COMMANDS))}, and predict --server. Every other command "
+    "runs on Keras' JAX or PyTorch backend (KERAS_BACKEND) without it, on any model but a google-research "
+    "checkpoint or a TF Hub SavedModel."
+)
 
 
 def _print_version(value: bool):

@@ -17,7 +17,12 @@ from kbert.runtime.files import is_stream
 
 
 # long: one typer option per flag, as --help lists them, then the choice of a local or a served model
-@command(inputs={"model_dir": MODEL, "input": TEXT}, outputs={"output": FILE_OR_STREAM}, above_zero=("timeout",))
+@command(
+    inputs={"model_dir": MODEL, "input": TEXT},
+    outputs={"output": FILE_OR_STREAM},
+    above_zero=("timeout",),
+    tensorflow="backend",
+)
 def predict(
     model_dir: Path | None = typer.Argument(
         None,
@@ -31,7 +36,7 @@ def predict(
     server: str | None = typer.Option(
         None,
         "--server",
-        help="Predict with a model TF Serving serves instead: HOST:PORT (gRPC) or http://HOST:PORT (REST).",
+        help="Predict with a model TF Serving serves instead: HOST:PORT (gRPC) or http://HOST:PORT (REST). Needs TensorFlow.",
     ),
     model: str | None = typer.Option(None, "--model", help="With --server: the model's name on the server."),
     layers: str | None = typer.Option(
@@ -80,6 +85,10 @@ def predict(
                 "--layers applies to a local model (the served model returns its export's outputs); "
                 "pass MODEL_DIR instead of --server to get per-layer features"
             )
+        from kbert.cli.common import import_tensorflow_quietly
+
+        # The served model's heads and requests are TensorFlow's (kbert.serving), whatever the backend.
+        import_tensorflow_quietly("kbert predict --server")
         from kbert.serving.client import Client
         from kbert.serving.predict import predict_served, served_options
 
@@ -112,7 +121,7 @@ def predict(
     print_rows(rows(0), output)
 
 
-@command(inputs={"model_dir": MODEL, "input": TEXT})
+@command(inputs={"model_dir": MODEL, "input": TEXT}, tensorflow="backend")
 def evaluate(
     model_dir: Path = typer.Argument(
         ...,

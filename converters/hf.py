@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import weakref
 
+import keras
 import numpy as np
 
 from kbert.config import BertConfig
@@ -513,7 +514,8 @@ def hf_tensors(model, left_out=()) -> tuple:
         )
 
     def to_stored(path, value):
-        value = np.asarray(value, dtype="float32")
+        # convert_to_numpy, not np.asarray: a PyTorch weight carries grad, and refuses numpy().
+        value = keras.ops.convert_to_numpy(value).astype("float32", copy=False)
         return value.T if transposed.get(path) else value
 
     tensors = stored_weights(

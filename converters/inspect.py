@@ -21,7 +21,6 @@ import kbert.finetuning.tasks  # noqa: F401  (a .keras task model's record, chec
 from kbert.config import BertConfig
 from kbert.converters.hf import describe_hf
 from kbert.converters.names import HEADS, suspect_field, tf1_to_kbert_paths
-from kbert.converters.tf1 import data_problems, find_checkpoint, is_optimizer_state, open_reader
 from kbert.finetuning.run_state import interrupted_finetuning, interrupted_finetuning_message
 from kbert.formats.model_dir import (
     CONFIG_FILE,
@@ -32,7 +31,7 @@ from kbert.formats.model_dir import (
     recorded_fresh_heads,
     stored_head_provenance,
 )
-from kbert.formats.sources import KINDS, open_model, refuse_run, source_kind
+from kbert.formats.sources import KINDS, open_model, read_with_tensorflow, refuse_run, source_kind
 from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.model.kinds import TASK_KEYS, model_kind
 from kbert.pretraining.run_record import interrupted_pretraining, interrupted_pretraining_message
@@ -127,6 +126,8 @@ def _config_summary(path):
 
 
 def _describe_checkpoint(src) -> dict:
+    with read_with_tensorflow(src, "tf1"):  # TensorFlow reads the checkpoint: one line where it is missing
+        from kbert.converters.tf1 import data_problems, find_checkpoint, is_optimizer_state, open_reader
     try:
         source = find_checkpoint(src)
         config_file, vocab_file, prefix = source.config_file, source.vocab_file, source.prefix
@@ -174,6 +175,8 @@ def _describe_checkpoint(src) -> dict:
 def _describe_interrupted_run(src, prefix: str) -> dict:
     """A `kbert pretrain --model-dir` that stopped before writing model.weights.h5: its config,
     the checkpoint `--resume` continues from, and how to continue it."""
+    from kbert.converters.tf1 import open_reader  # the TensorFlow engine's checkpoint: TensorFlow reads it
+
     reader = open_reader(prefix)
     # tf.train.Checkpoint(weights=[...], optimizer=...) as kbert.pretraining.tf_engine saves it.
     weights = {

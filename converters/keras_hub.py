@@ -23,6 +23,7 @@ import keras
 import keras_hub
 import numpy as np
 
+from kbert.backend import make_preprocessor
 from kbert.config import BertConfig
 from kbert.converters.loading import Converted
 from kbert.converters.named import named_arrays, pretrainer_from_named
@@ -32,7 +33,6 @@ from kbert.formats.sources import open_model
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary, encoder_of
 from kbert.runtime.errors import KbertError, first_line, listing, option
 from kbert.runtime.files import atomic_output_dir, check_free_space, weights_file_bytes, writes
-from kbert.text.graph_packer import BertPreprocessor
 from kbert.text.tokenizer import load_vocab, vocab_tokens
 
 log = logging.getLogger("kbert")
@@ -95,10 +95,15 @@ def _set_weights(layer, arrays: dict, what: str):
         weight.assign(arrays[weight.path])
 
 
+def _numpy(x):
+    """A model output as numpy, on any backend (a PyTorch tensor that carries grad refuses np.asarray)."""
+    return keras.ops.convert_to_numpy(x)
+
+
 def _max_difference(encoder: BertEncoder, backbone, vocab_file: str, do_lower_case: bool) -> dict:
     """Max |kbert - keras-hub| of sequence_output and pooled_output on MEASURE_TEXTS (same ids)."""
     length = min(64, encoder.config.max_position_embeddings)
-    packed = BertPreprocessor(vocab_file, do_lower_case, length)(np.array(MEASURE_TEXTS))
+    packed, _ = make_preprocessor(vocab_file, do_lower_case, length).encode(list(MEASURE_TEXTS))
     ours = encoder(packed, training=False)
     theirs = backbone(
         {"token_ids": packed["input_ids"], "segment_ids": packed["segment_ids"], "padding_mask": packed["input_mask"]},
@@ -107,9 +112,9 @@ def _max_difference(encoder: BertEncoder, backbone, vocab_file: str, do_lower_ca
     mask = np.asarray(packed["input_mask"], bool)  # padding positions are not compared
     return {
         "sequence_output": float(
-            np.abs(np.asarray(ours["sequence_output"]) - np.asarray(theirs["sequence_output"]))[mask].max()
+            np.abs(_numpy(ours["sequence_output"]) - _numpy(theirs["sequence_output"]))[mask].max()
         ),
-        "pooled_output": float(np.abs(np.asarray(ours["pooled_output"]) - np.asarray(theirs["pooled_output"])).max()),
+        "pooled_output": float(np.abs(_numpy(ours["pooled_output"]) - _numpy(theirs["pooled_output"])).max()),
     }
 
 
@@ -121,7 +126,9 @@ KERAS_HUB_MLM_EPSILON = 1e-5
 def _masked_lm(backbone, mlm_arrays: dict, preprocessor=None):
     """keras-hub's BertMaskedLM on `backbone`, its head holding `mlm_arrays` (keras-hub paths)."""
     task = keras_hub.models.BertMaskedLM(backbone, preprocessor=preprocessor)
-    tied = {w.path: w.numpy() for w in backbone.token_embedding.weights}  # the head's tied word embeddings
+    tied = {
+        w.path: keras.ops.convert_to_numpy(w) for w in backbone.token_embedding.weights
+    }  # the head's tied word embeddings
     _set_weights(task.masked_lm_head, {**mlm_arrays, **tied}, "masked-LM head")
     return task
 
@@ -129,8 +136,8 @@ def _masked_lm(backbone, mlm_arrays: dict, preprocessor=None):
 def _mlm_difference(pretrainer, task, vocab_file: str, do_lower_case: bool) -> float:
     """Max |kbert - keras-hub| of the masked-LM logits on MEASURE_TEXTS, at three real tokens each."""
     length = min(64, pretrainer.config.max_position_embeddings)
-    packed = BertPreprocessor(vocab_file, do_lower_case, length)(np.array(MEASURE_TEXTS))
-    positions = keras.ops.convert_to_tensor(np.tile(np.array([[1, 2, 3]], dtype="int32"), (len(MEASURE_TEXTS), 1)))
+    packed, _ = make_preprocessor(vocab_file, do_lower_case, length).encode(list(MEASURE_TEXTS))
+    positions = np.tile(np.array([[1, 2, 3]], dtype="int32"), (len(MEASURE_TEXTS), 1))
     ours = pretrainer({**packed, "masked_lm_positions": positions}, training=False)["mlm_logits"]
     theirs = task(
         {
@@ -141,7 +148,7 @@ def _mlm_difference(pretrainer, task, vocab_file: str, do_lower_case: bool) -> f
         },
         training=False,
     )
-    return float(np.abs(np.asarray(ours) - np.asarray(theirs)).max())
+    return float(np.abs(_numpy(ours) - _numpy(theirs)).max())
 
 
 @writes("out_dir", inputs=("model_dir",))
@@ -212,7 +219,7 @@ def _write_preset(tmp: str, scratch: str, model, config, backbone, mlm_arrays) -
         task = keras_hub.models.BertTextClassifier(
             backbone, model.num_classes, preprocessor=preprocessor, dropout=model.dropout_rate
         )
-        head = {w.path: w.numpy() for w in model.weights}
+        head = {w.path: keras.ops.convert_to_numpy(w) for w in model.weights}
         _set_weights(
             task.output_dense,
             {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+import keras
 import numpy as np
 
 from kbert.config import BertConfig
@@ -81,7 +82,8 @@ def named_arrays(model, column: str) -> dict:
     split = column in ("model_garden", "keras_hub")
 
     def to_stored(path, value):
-        value = np.asarray(value, dtype="float32")
+        # convert_to_numpy, not np.asarray: a PyTorch weight carries grad, and refuses numpy().
+        value = keras.ops.convert_to_numpy(value).astype("float32", copy=False)
         return value.reshape(split_heads_shape(path, value.shape, config.num_attention_heads)) if split else value
 
     return stored_weights(

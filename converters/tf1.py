@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -336,7 +337,10 @@ def save_tf1_checkpoint(
             **({"fresh_heads": written_fresh} if written_fresh else {}),
         }
     )
-    names, tensors = list(values), [tf.convert_to_tensor(v) for v in values.values()]
+    # A weight of another Keras backend goes through numpy: a PyTorch one carries grad, which
+    # TensorFlow's conversion refuses. TensorFlow's own tensors are written as they are (no copy).
+    names = list(values)
+    tensors = [tf.convert_to_tensor(v if tf.is_tensor(v) else keras.ops.convert_to_numpy(v)) for v in values.values()]
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:
         config.to_json_file(os.path.join(tmp, CONFIG_FILE))
         shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_FILE))

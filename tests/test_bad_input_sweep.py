@@ -487,3 +487,20 @@ def test_bad_value_gets_one_line_and_leaves_nothing(root, name, case, parameter,
     assert "Traceback" not in result.stderr and "unexpected error" not in result.stderr
     assert result.stdout == ""
     assert snapshot(root) == before, (args, set(snapshot(root)) ^ set(before))
+
+
+def test_predict_server_without_tensorflow_gets_one_line_and_leaves_nothing(root):
+    """predict --server speaks TF Serving's protos, TensorFlow's: on JAX without it, one line says so."""
+    before = snapshot(root)
+    args = ["predict", "--server", "localhost:1", "--model", "m", "--input", str(root / "text.txt")]
+    result = subprocess.run(
+        [*WITHOUT_TENSORFLOW, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, KERAS_BACKEND="jax"),
+    )
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("kbert: error: kbert predict --server needs TensorFlow, and tensorflow is not installed")
+    assert result.stdout == "" and snapshot(root) == before

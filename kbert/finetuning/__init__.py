@@ -4,8 +4,9 @@
   records, what its export serves), on `tasks.base.Task`;
 - `readers`: the file formats (CSV/TSV/JSONL, GLUE layouts, CoNLL, SWAG) -> examples, with
   `formats` (which format a file is, and whether it has the shape its task reads);
-- `encoding`: examples -> model inputs, packed by `kbert.text.graph_packer.BertPreprocessor`
-  (run_classifier.py's packing, tags on first pieces), the packing exports run;
+- `encoding`: examples -> model inputs, packed by the backend's packer (`kbert.backend.make_preprocessor`:
+  `kbert.text.graph_packer.BertPreprocessor`, the packing exports run, or the same in Python on JAX and
+  PyTorch) as run_classifier.py packs them, tags on first pieces;
 - `squad`: `run_squad.py`'s reading, windows and scoring; `squad_decoding`: its answers;
 - `windows`: documents longer than the window (`--long-text windows`): whose each window is,
   each word's window, and one answer per document;

@@ -327,14 +327,16 @@ def open_model(source, do_lower_case: bool | None = None):
     if SOURCE_KINDS[kind].convert_command is None:
         return SOURCE_KINDS[kind].open(source, do_lower_case)
     log.debug("%s: %s, converted in memory", source, KINDS[kind])
-    with _tensorflow_read(source, kind):
+    with read_with_tensorflow(source, kind):
         return SOURCE_KINDS[kind].open(source, do_lower_case)
 
 
 @contextlib.contextmanager
-def _tensorflow_read(source, kind: str):
+def read_with_tensorflow(source, kind: str):
     """One line for a source whose converter needs TensorFlow where it is not installed (JAX or
-    PyTorch alone): google-research checkpoints and TF Hub SavedModels are TensorFlow's files."""
+    PyTorch alone): google-research checkpoints and TF Hub SavedModels are TensorFlow's files.
+
+    `kind` is the source's kind (`KINDS`): its convert command says how to go on."""
     try:
         yield
     except ImportError as e:

@@ -102,7 +102,8 @@ def fill_mask(model_dir, text: str, top_k: int = 5, model=None) -> dict:
         },
         training=False,
     )
-    probabilities = np.asarray(keras.ops.softmax(outputs["mlm_logits"], axis=-1))[0]
+    # convert_to_numpy, not np.asarray: a PyTorch tensor that carries grad refuses numpy().
+    probabilities = keras.ops.convert_to_numpy(keras.ops.softmax(outputs["mlm_logits"], axis=-1))[0]
     masks = []
     for position, probs in zip(positions[0], probabilities):
         best = np.argsort(-probs)[:top_k]
