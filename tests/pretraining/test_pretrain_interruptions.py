@@ -18,7 +18,7 @@ import pytest
 
 from conftest import TINY, assert_user_error, fail_nth_checkpoint, kbert_command, run_kbert
 from helpers import largest_difference, saved_weights
-from test_pretrain import SAMPLE, SHAPE, VOCAB, free_ports
+from test_pretrain import SAMPLE, SHAPE, VOCAB, PortTaken, check_ports, wait_for_workers, worker_envs
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +34,12 @@ def pretrain_args(model_dir, records, *extra):
 
 
 def start(model_dir, records, *extra, env=None):
-    """`kbert pretrain` in a process of its own, for a signal to interrupt."""
-    log = open(f"{model_dir}.{time.monotonic_ns()}.log", "w+")
+    """`kbert pretrain` in a process of its own, for a signal to interrupt; its stdout and stderr
+    go to files (`process.out`, `process.err`), as test_pretrain.start_worker's do."""
+    out, err = (open(f"{model_dir}.{time.monotonic_ns()}.{name}", "w+") for name in ("out", "err"))
     command = kbert_command() + pretrain_args(model_dir, records, *extra)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-    process.log = log
+    process = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
+    process.out, process.err = out, err
     return process
 
 
@@ -49,9 +50,8 @@ def pretrain_here(model_dir, records, *extra):
 
 
 def finish(process, timeout=300):
-    stdout, _ = process.communicate(timeout=timeout)
-    process.log.seek(0)
-    return process.returncode, stdout, process.log.read()
+    (result,) = wait_for_workers([process], timeout)
+    return result
 
 
 def logged_steps(model_dir):
@@ -62,10 +62,10 @@ def logged_steps(model_dir):
         return [json.loads(line)["step"] for line in f if line.endswith("\n") and '"split"' not in line]
 
 
-def wait_for(condition, process, timeout=180):
+def wait_for(condition, *processes, timeout=180):
     deadline = time.monotonic() + timeout
     while not condition():
-        assert process.poll() is None, "the run ended before it could be interrupted"
+        assert all(p.poll() is None for p in processes), "the run ended before it could be interrupted"
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
 
@@ -187,27 +187,37 @@ WORKER_STEPS = 24
 
 
 def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, sample_records):
-    out, started = tmp_path / "bert", []
+    for attempt in range(3):  # a cluster one of whose workers found its port taken starts again
+        try:
+            return one_workers_sigterm(tmp_path / f"attempt-{attempt}", sample_records)
+        except PortTaken:
+            if attempt == 2:
+                raise
+
+
+def one_workers_sigterm(work, sample_records):
+    out, started = work / "bert", []
+    work.mkdir()
 
     def workers(*extra, model_dir=out):
-        cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
         args = ["--strategy", "multi-worker", "--steps", str(WORKER_STEPS), *extra]
-        for index in range(2):
-            task = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-            started.append(start(model_dir, sample_records, *args, env=dict(os.environ, TF_CONFIG=json.dumps(task))))
+        started.extend(start(model_dir, sample_records, *args, env=env) for env in worker_envs(2))
         return started[-2:]
 
     try:
         # The same run never interrupted, started beside the one a signal interrupts (a cluster of
         # its own): two workers of one cluster spend much of each step waiting on each other.
-        reference = tmp_path / "reference"
+        reference = work / "reference"
         uninterrupted = workers(model_dir=reference)
         chief, other = workers()
-        wait_for(lambda: logged_steps(out) and logged_steps(out)[-1] >= 4, chief)
+        try:
+            wait_for(lambda: logged_steps(out) and logged_steps(out)[-1] >= 4, chief, other)
+        except AssertionError:
+            check_ports(wait_for_workers([chief, other], timeout=0))
+            raise
         other.send_signal(signal.SIGTERM)  # the non-chief worker is preempted
-        results = [finish(p) for p in (chief, other)]
         steps = []
-        for code, _, log in results:
+        for code, _, log in wait_for_workers([chief, other], expected=(0, 143)):
             assert code == 143, log[-3000:]
             line = log.strip().splitlines()[-1]
             assert line.startswith("kbert: interrupted at step ") and line.endswith(
@@ -217,10 +227,10 @@ def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, sam
         assert steps[0] == steps[1] == logged_steps(out)[-1]
         assert (out / "checkpoints" / f"ckpt-{steps[0]}.index").exists()
 
-        for code, stdout, log in [finish(p) for p in workers("--resume")]:
+        for code, stdout, log in check_ports(wait_for_workers(workers("--resume"))):
             assert code == 0, log[-3000:]
             assert f"resumed from step {steps[0]}" in log and json.loads(stdout)["step"] == WORKER_STEPS
-        for code, _, log in [finish(p) for p in uninterrupted]:
+        for code, _, log in check_ports(wait_for_workers(uninterrupted)):
             assert code == 0, log[-3000:]
     finally:  # a worker whose peer failed would wait for it forever
         for process in started:
