@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -237,6 +238,71 @@ def free_ports(n: int) -> list:
             s.close()
 
 
+def worker_envs(n: int) -> list:
+    """The environments of `n` workers of one multi-worker cluster on new ports of 127.0.0.1."""
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(n)]}
+    return [
+        dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        for index in range(n)
+    ]
+
+
+# What a worker says when its port was taken between free_ports and its own bind, seconds later
+# (by any process on the machine: an outgoing connection is given a free port too).
+PORT_TAKEN = "Could not start gRPC server"
+
+
+def wait_for_workers(processes, timeout=300, expected=(0,)) -> list:
+    """Each worker's (exit status, stdout, stderr), its output read from the files `start_worker`
+    gives it. The first worker to fail (an exit status not `expected`) ends the others: its peers
+    would wait for it until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in processes):
+        if any(p.poll() not in (None, *expected) for p in processes) or time.monotonic() > deadline:
+            for p in processes:
+                p.kill()
+                p.wait()
+            break
+        time.sleep(0.1)
+    results = []
+    for p in processes:
+        p.out.seek(0), p.err.seek(0)
+        results.append((p.returncode, p.out.read(), p.err.read()))
+    return results
+
+
+def start_worker(command, env, logs) -> subprocess.Popen:
+    """`command` as one worker, its stdout and stderr written to files in `logs` (no pipe fills up
+    while the workers are waited for together)."""
+    out, err = (open(os.path.join(logs, f"{time.monotonic_ns()}.{name}"), "w+") for name in ("out", "err"))
+    process = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True)
+    process.out, process.err = out, err
+    return process
+
+
+class PortTaken(Exception):
+    """A worker's port was taken before it could bind it: its cluster can start again on new ports."""
+
+
+def check_ports(results) -> list:
+    """`wait_for_workers`' results, unless a worker found its port taken (PortTaken)."""
+    if any(PORT_TAKEN in err for _, _, err in results):
+        raise PortTaken([err[-500:] for _, _, err in results])
+    return results
+
+
+def run_workers(commands, logs, attempts=3) -> list:
+    """`commands` run as the workers of one cluster, to their end: `wait_for_workers`' results. A
+    cluster one of whose workers found its port taken starts again, on new ports."""
+    for attempt in range(attempts):
+        processes = [start_worker(c, env, logs) for c, env in zip(commands, worker_envs(len(commands)))]
+        try:
+            return check_ports(wait_for_workers(processes))
+        except PortTaken:
+            if attempt + 1 == attempts:
+                raise
+
+
 WORKER = """
 import json, os, sys
 import numpy as np
@@ -250,37 +316,15 @@ print(json.dumps(result))
 
 
 def test_multi_worker_two_processes_end_identical(tmp_path, original_records):
-    ports = free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    processes = []
-    for index in range(2):
-        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
-        processes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    WORKER,
-                    str(tmp_path / "bert"),
-                    str(original_records),
-                    os.path.join(TINY, "bert_config.json"),
-                    VOCAB,
-                    str(tmp_path / f"worker{index}.npz"),
-                ],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    try:
-        outputs = [p.communicate(timeout=300) for p in processes]
-    finally:  # a worker that waits for its peer forever must not outlive the test
-        for p in processes:
-            p.kill()
-    for p, (_out, err) in zip(processes, outputs):
-        assert p.returncode == 0, err[-3000:]
-    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    config = os.path.join(TINY, "bert_config.json")
+    commands = [
+        [sys.executable, "-c", WORKER, tmp_path / "bert", original_records, config, VOCAB, tmp_path / f"worker{i}.npz"]
+        for i in range(2)
+    ]
+    outputs = run_workers([[str(a) for a in c] for c in commands], tmp_path)
+    for code, _, err in outputs:
+        assert code == 0, err[-3000:]
+    results = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in outputs]
     assert [r["replicas"] for r in results] == [2, 2] and [r["step"] for r in results] == [6, 6]
     first, second = np.load(tmp_path / "worker0.npz"), np.load(tmp_path / "worker1.npz")
     assert len(first.files) == 46

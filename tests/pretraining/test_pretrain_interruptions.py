@@ -18,7 +18,7 @@ import pytest
 
 from conftest import TINY, assert_user_error, fail_nth_checkpoint, kbert_command, run_kbert
 from helpers import largest_difference, saved_weights
-from test_pretrain import SAMPLE, SHAPE, VOCAB, free_ports
+from test_pretrain import SAMPLE, SHAPE, VOCAB, PortTaken, check_ports, wait_for_workers, worker_envs
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +34,12 @@ def pretrain_args(model_dir, records, *extra):
 
 
 def start(model_dir, records, *extra, env=None):
-    """`kbert pretrain` in a process of its own, for a signal to interrupt."""
-    log = open(f"{model_dir}.{time.monotonic_ns()}.log", "w+")
+    """`kbert pretrain` in a process of its own, for a signal to interrupt; its stdout and stderr
+    go to files (`process.out`, `process.err`), as test_pretrain.start_worker's do."""
+    out, err = (open(f"{model_dir}.{time.monotonic_ns()}.{name}", "w+") for name in ("out", "err"))
     command = kbert_command() + pretrain_args(model_dir, records, *extra)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-    process.log = log
+    process = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
+    process.out, process.err = out, err
     return process
 
 
@@ -49,9 +50,8 @@ def pretrain_here(model_dir, records, *extra):
 
 
 def finish(process, timeout=300):
-    stdout, _ = process.communicate(timeout=timeout)
-    process.log.seek(0)
-    return process.returncode, stdout, process.log.read()
+    (result,) = wait_for_workers([process], timeout)
+    return result
 
 
 def logged_steps(model_dir):
@@ -62,10 +62,10 @@ def logged_steps(model_dir):
         return [json.loads(line)["step"] for line in f if line.endswith("\n") and '"split"' not in line]
 
 
-def wait_for(condition, process, timeout=180):
+def wait_for(condition, *processes, timeout=180):
     deadline = time.monotonic() + timeout
     while not condition():
-        assert process.poll() is None, "the run ended before it could be interrupted"
+        assert all(p.poll() is None for p in processes), "the run ended before it could be interrupted"
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
 
@@ -148,7 +148,10 @@ def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path, sample
     latest = int(tf.train.latest_checkpoint(str(out / "checkpoints")).rsplit("-", 1)[1])
     assert latest >= 4
     # Flags that only change how it runs may differ: how often it saves, steps per compiled call.
-    code, stdout, log = pretrain_here(out, sample_records, "--resume", "--save-every", "6", "--steps-per-loop", "3")
+    # (Saving once, at the end, also spares the resumed run some fifty checkpoint writes.)
+    code, stdout, log = pretrain_here(
+        out, sample_records, "--resume", "--save-every", str(STEPS), "--steps-per-loop", "3"
+    )
     assert code == 0, log[-2000:]
     assert json.loads(stdout)["resumed_from"] == latest
     difference = largest_difference(saved_weights(out), uninterrupted)
@@ -171,50 +174,68 @@ def test_a_second_signal_stops_at_once_and_the_last_good_checkpoint_resumes(tmp_
     assert "Traceback" not in log
     latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
     assert latest is not None
-    code, stdout, log = pretrain_here(out, sample_records, "--resume", "--save-every", "2", "--steps-per-loop", "1")
+    # The resumed run saves once, at its end, in longer compiled calls (both may differ on resume).
+    code, stdout, log = pretrain_here(
+        out, sample_records, "--resume", "--save-every", str(STEPS), "--steps-per-loop", "10"
+    )
     assert code == 0, log[-2000:]
     assert f"resumed from step {int(latest.rsplit('-', 1)[1])}" in log and json.loads(stdout)["step"] == STEPS
 
 
+# The multi-worker runs: steps enough for a signal sent at step 4 to land well before the end.
+WORKER_STEPS = 24
+
+
 def test_one_workers_sigterm_makes_every_worker_save_the_same_step(tmp_path, sample_records):
-    cluster = {}
-    out = tmp_path / "bert"
+    for attempt in range(3):  # a cluster one of whose workers found its port taken starts again
+        try:
+            return one_workers_sigterm(tmp_path / f"attempt-{attempt}", sample_records)
+        except PortTaken:
+            if attempt == 2:
+                raise
+
+
+def one_workers_sigterm(work, sample_records):
+    out, started = work / "bert", []
+    work.mkdir()
 
     def workers(*extra, model_dir=out):
-        cluster["worker"] = [f"127.0.0.1:{port}" for port in free_ports(2)]
-        processes = []
-        for index in range(2):
-            env = dict(
-                os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-            )
-            processes.append(
-                start(model_dir, sample_records, "--strategy", "multi-worker", "--steps", "60", *extra, env=env)
-            )
-        return processes
+        args = ["--strategy", "multi-worker", "--steps", str(WORKER_STEPS), *extra]
+        started.extend(start(model_dir, sample_records, *args, env=env) for env in worker_envs(2))
+        return started[-2:]
 
-    chief, other = workers()
-    wait_for(lambda: logged_steps(out) and logged_steps(out)[-1] >= 4, chief)
-    other.send_signal(signal.SIGTERM)  # the non-chief worker is preempted
-    results = [finish(p) for p in (chief, other)]
-    steps = []
-    for code, _, log in results:
-        assert code == 143, log[-3000:]
-        line = log.strip().splitlines()[-1]
-        assert line.startswith("kbert: interrupted at step ") and line.endswith(
-            f"checkpoint saved; continue with `kbert pretrain --model-dir {out} --resume`"
-        )
-        steps.append(int(line.split("step ")[1].split(":")[0]))
-    assert steps[0] == steps[1] == logged_steps(out)[-1]
-    assert (out / "checkpoints" / f"ckpt-{steps[0]}.index").exists()
+    try:
+        # The same run never interrupted, started beside the one a signal interrupts (a cluster of
+        # its own): two workers of one cluster spend much of each step waiting on each other.
+        reference = work / "reference"
+        uninterrupted = workers(model_dir=reference)
+        chief, other = workers()
+        try:
+            wait_for(lambda: logged_steps(out) and logged_steps(out)[-1] >= 4, chief, other)
+        except AssertionError:
+            check_ports(wait_for_workers([chief, other], timeout=0))
+            raise
+        other.send_signal(signal.SIGTERM)  # the non-chief worker is preempted
+        steps = []
+        for code, _, log in wait_for_workers([chief, other], expected=(0, 143)):
+            assert code == 143, log[-3000:]
+            line = log.strip().splitlines()[-1]
+            assert line.startswith("kbert: interrupted at step ") and line.endswith(
+                f"checkpoint saved; continue with `kbert pretrain --model-dir {out} --resume`"
+            )
+            steps.append(int(line.split("step ")[1].split(":")[0]))
+        assert steps[0] == steps[1] == logged_steps(out)[-1]
+        assert (out / "checkpoints" / f"ckpt-{steps[0]}.index").exists()
 
-    processes = workers("--resume")
-    for code, stdout, log in (finish(p) for p in processes):
-        assert code == 0, log[-3000:]
-        assert f"resumed from step {steps[0]}" in log and json.loads(stdout)["step"] == 60
+        for code, stdout, log in check_ports(wait_for_workers(workers("--resume"))):
+            assert code == 0, log[-3000:]
+            assert f"resumed from step {steps[0]}" in log and json.loads(stdout)["step"] == WORKER_STEPS
+        for code, _, log in check_ports(wait_for_workers(uninterrupted)):
+            assert code == 0, log[-3000:]
+    finally:  # a worker whose peer failed would wait for it forever
+        for process in started:
+            process.kill()
     # The same run never interrupted ends with the same weights.
-    reference = tmp_path / "reference"
-    for code, _, log in [finish(p) for p in workers(model_dir=reference)]:
-        assert code == 0, log[-3000:]
     difference = largest_difference(saved_weights(out), saved_weights(reference))
     print(f"largest weight difference after a multi-worker interruption: {difference:.3g}")
     assert difference <= 1e-6
@@ -235,7 +256,7 @@ def test_a_failed_checkpoint_write_stops_with_one_line_and_resume_works(
         "checkpoint (step 4) is intact: fix the cause, then --resume"
     )
     assert tf.train.latest_checkpoint(str(out / "checkpoints")).endswith("ckpt-4")
-    code, stdout, log = pretrain_here(out, sample_records, "--save-every", "4", "--resume")
+    code, stdout, log = pretrain_here(out, sample_records, "--save-every", str(STEPS), "--resume")
     assert code == 0, log[-2000:]
     assert "resumed from step 4" in log and json.loads(stdout)["step"] == STEPS
     assert largest_difference(saved_weights(out), uninterrupted) <= 1e-6
