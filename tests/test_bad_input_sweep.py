@@ -436,8 +436,15 @@ CASES = [
 ] + [(name, case, None, argv) for name, case, argv in WHOLE_CASES]
 
 
+# Set by the sweep's runs off TensorFlow (below): the tree a TensorFlow process made for them.
+GIVEN_TREE = "KBERT_SWEEP_TREE"
+
+
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
+    if os.environ.get(GIVEN_TREE):
+        yield Path(os.environ[GIVEN_TREE])
+        return
     path = tmp_path_factory.mktemp("sweep")
     tree(path)
     yield path
@@ -504,3 +511,26 @@ def test_predict_server_without_tensorflow_gets_one_line_and_leaves_nothing(root
     assert result.returncode == 1 and len(lines) == 1, result.stderr
     assert lines[0].startswith("kbert: error: kbert predict --server needs TensorFlow, and tensorflow is not installed")
     assert result.stdout == "" and snapshot(root) == before
+
+
+@pytest.mark.skipif(bool(os.environ.get(GIVEN_TREE)), reason="this is the run off TensorFlow")
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_the_sweep_holds_on_jax_and_pytorch_without_tensorflow(root, backend, tmp_path):
+    """Every case above again, in a Python where TensorFlow cannot be imported and Keras runs on
+    JAX or PyTorch: a command that needs TensorFlow says so, the others refuse the bad value, each
+    in one line, leaving nothing behind. (The tree is this process's: making it takes TensorFlow.)"""
+    from helpers import without_tensorflow_env
+
+    env = dict(without_tensorflow_env(tmp_path, backend), **{GIVEN_TREE: str(root)})
+    pytest_args = ["-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-rf", __file__, "-k", "test_bad_value_gets"]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *pytest_args],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=os.path.dirname(__file__),
+        env=env,
+    )
+    failed = "\n".join(line for line in result.stdout.splitlines() if line.startswith("FAILED"))
+    assert result.returncode == 0, failed or result.stdout[-4000:] + result.stderr[-2000:]
+    assert f"{len(CASES)} passed" in result.stdout, result.stdout[-2000:]

@@ -301,9 +301,11 @@ def describe_source(source) -> SourceInfo:
     True
     """
     source = os.fspath(source)
-    kind = SOURCE_KINDS[check_source(source)]
+    name = check_source(source)
+    kind = SOURCE_KINDS[name]
     if kind.describe:
-        return kind.describe(source)
+        with read_with_tensorflow(source, name):  # a google-research checkpoint's reader is TensorFlow's
+            return kind.describe(source)
     model = open_model(source)
     return SourceInfo(model.config, model.vocab_file, model.do_lower_case, model)
 
