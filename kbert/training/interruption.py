@@ -47,8 +47,12 @@ class _SignalHandlers:
         self._previous = {}
 
 
+def _say(message: str):
+    print(f"kbert: {message}", file=sys.stderr, flush=True)  # at once: the process may end next
+
+
 def _stop_now(number: int, message: str):
-    print(f"kbert: second {signal.Signals(number).name}: {message}", file=sys.stderr, flush=True)
+    _say(f"second {signal.Signals(number).name}: {message}")
     os._exit(128 + number)  # not sys.exit: it would run TensorFlow's teardown mid-write
 
 
@@ -74,11 +78,9 @@ class StopSignals(_SignalHandlers):
     def _handle(self, number, frame):
         if self.requested is None:
             self.requested = number
-            print(
-                f"kbert: {signal.Signals(number).name} received: saving a checkpoint after the step in flight "
-                f"(send it again to stop at once)",
-                file=sys.stderr,
-                flush=True,
+            _say(
+                f"{signal.Signals(number).name} received: saving a checkpoint after the step in flight "
+                f"(send it again to stop at once)"
             )
             return
         _stop_now(number, self.second_signal_message)
@@ -114,22 +116,18 @@ class FinishingSignals(_SignalHandlers):
     def __exit__(self, error_type, *exc):
         self._restore()
         if self.received is not None and error_type is None:
-            print(
-                f"kbert: {self.output} is complete: the run had finished training when "
-                f"{signal.Signals(self.received).name} came",
-                file=sys.stderr,
-                flush=True,
+            _say(
+                f"{self.output} is complete: the run had finished training when "
+                f"{signal.Signals(self.received).name} came"
             )
         return False
 
     def _handle(self, number, frame):
         if self.received is None:
             self.received = number
-            print(
-                f"kbert: {signal.Signals(number).name} received after training ended: writing {self.output} first "
-                f"(send it again to stop at once)",
-                file=sys.stderr,
-                flush=True,
+            _say(
+                f"{signal.Signals(number).name} received after training ended: writing {self.output} first "
+                f"(send it again to stop at once)"
             )
             return
         _stop_now(number, f"stopped at once, while writing {self.output}")
