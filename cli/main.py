@@ -14,7 +14,15 @@ from kbert._compat import command_line_errors
 from kbert.cli import convert, create_data, embed, export, extend, fill_mask, finetune, predict, pretrain, vocab
 from kbert.cli.common import HelpCommand, quiet_tensorflow, setup_logging
 from kbert.cli.frame import needs_tensorflow
-from kbert.runtime.errors import Interrupted, KbertError, command_line_names, first_line, os_error_line, stop_behind
+from kbert.runtime.errors import (
+    Interrupted,
+    KbertError,
+    command_line_names,
+    first_line,
+    os_error_line,
+    record_signalled_stop,
+    stop_behind,
+)
 
 NoArgsIsHelpError, UsageError = command_line_errors()
 
@@ -110,6 +118,7 @@ def main(argv=None):
         os.environ["KBERT_DEBUG"] = "1"
     quiet_tensorflow()
     setup_logging(debug)
+    record_signalled_stop(None)  # an earlier command's stop, where Python calls main twice
     # TensorFlow is imported by the frame (kbert.cli.frame), once a command's inputs and outputs
     # are checked: a mistake is answered at once, and create-data never imports it.
     try:
@@ -132,6 +141,9 @@ def main(argv=None):
     except Abort:
         sys.exit(1)
     except KbertError as e:
+        stop = stop_behind(e)
+        if stop is not None:  # a signal's stop that a library turned into an error of its own
+            _exit_as_stopped(stop)
         if debug:
             raise
         print(f"kbert: error: {e}", file=sys.stderr)
@@ -145,8 +157,7 @@ def main(argv=None):
     except Exception as e:  # a bug, not a user error: still one line unless --debug
         stop = stop_behind(e)
         if stop is not None:  # raised while a signal's stop was unwinding: the stop is what happened
-            print(f"kbert: {stop}" if isinstance(stop, Interrupted) else "kbert: interrupted", file=sys.stderr)
-            sys.exit(getattr(stop, "exit_code", 130))
+            _exit_as_stopped(stop)
         if debug:
             raise
         if os_error_line(e):  # a full disk, a permission: the path and the cause, which the user can fix
@@ -162,6 +173,11 @@ def main(argv=None):
         if code == 130:
             print("kbert: interrupted", file=sys.stderr)
         sys.exit(code)
+
+
+def _exit_as_stopped(stop: BaseException):
+    print(f"kbert: {stop}" if isinstance(stop, Interrupted) else "kbert: interrupted", file=sys.stderr)
+    sys.exit(getattr(stop, "exit_code", 130))
 
 
 if __name__ == "__main__":

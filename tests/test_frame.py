@@ -349,3 +349,35 @@ def test_a_stop_whose_interpreter_shutdown_hangs_still_exits_in_time():
     assert stderr.strip().splitlines() == [
         "kbert: kbert create-data stopped by SIGTERM; its partial outputs were removed, nothing was written"
     ]
+
+
+@pytest.mark.parametrize("number, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_that_lands_in_library_code_still_ends_as_the_stop(number, code):
+    """A signal's exception can land inside a library that catches it and raises an error of its
+    own with no chain back (gRPC, serializing a request: "Exception serializing request!"), and in
+    `Thread.start`, which leaves the thread it was starting to fail on its first line. The command
+    still ends as stopped, with the signal's status and no thread's traceback."""
+    script = (
+        "import _thread, os, signal, sys, time, kbert.runtime.processes as p\n"
+        "from kbert.runtime.errors import stop_behind\n"
+        "try:\n"
+        "    with p.stop_cleanly('kbert predict'):\n"
+        "        try:\n"
+        f"            os.kill(os.getpid(), {int(number)})\n"
+        "            time.sleep(30)\n"
+        "        except BaseException:\n"
+        "            _thread.start_new_thread(lambda: 1 / 0, ())\n"  # the thread the landing broke
+        "            time.sleep(0.5)\n"
+        "            raise RuntimeError('Exception serializing request!') from None\n"
+        "except Exception as e:\n"  # as kbert.cli.main does
+        "    stop = stop_behind(e)\n"
+        "    print(f'kbert: {stop or e}', file=sys.stderr)\n"
+        "    sys.exit(getattr(stop, 'exit_code', 130) if stop is not None else 1)\n"
+    )
+    process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert process.returncode == code, process.stderr
+    assert "Traceback" not in process.stderr and "ZeroDivisionError" not in process.stderr
+    if number == signal.SIGTERM:
+        assert process.stderr.strip() == (
+            "kbert: kbert predict stopped by SIGTERM; its partial outputs were removed, nothing was written"
+        )

@@ -22,11 +22,29 @@ class Interrupted(Exception):
         self.exit_code = exit_code
 
 
+# The stop a signal raised in this command (`kbert.runtime.processes.stop_cleanly` records it),
+# or None. A signal's exception can land in library code that catches it and raises an error of
+# its own without the chain back to it (gRPC, serializing a request): the record still tells.
+_signalled_stop = None
+
+
+def record_signalled_stop(stop: BaseException | None):
+    """Remember the stop a signal handler is raising (None: a new command starts, none yet)."""
+    global _signalled_stop
+    _signalled_stop = stop
+
+
+def signalled_stop() -> BaseException | None:
+    """The stop a signal raised in the running command, or None."""
+    return _signalled_stop
+
+
 def stop_behind(error: BaseException) -> BaseException | None:
     """The stop (`Interrupted`, `KeyboardInterrupt`) that `error` was raised while handling, or
-    None. A signal's exception can land inside library code, whose own clean-up then fails with
-    an error of its own (a thread being started, when it lands in `Thread.start`): the run was
-    still stopped by the signal, and says so.
+    that a signal raised in this command, or None. A signal's exception can land inside library
+    code, whose own clean-up then fails with an error of its own (a thread being started, when it
+    lands in `Thread.start`; a request being serialized, in gRPC): the run was still stopped by
+    the signal, and says so.
 
     >>> try:
     ...     try:
@@ -43,7 +61,7 @@ def stop_behind(error: BaseException) -> BaseException | None:
             return error
         seen.add(id(error))
         error = error.__context__
-    return None
+    return _signalled_stop
 
 
 # The options of the `kbert` command that is running (kbert.cli.main sets them for the command's

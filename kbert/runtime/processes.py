@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from kbert.runtime.errors import Interrupted
+from kbert.runtime.errors import Interrupted, record_signalled_stop, signalled_stop
 
 _PR_SET_PDEATHSIG = 1
 # How long a command has to unwind after SIGTERM before it exits regardless (its workers die
@@ -121,14 +121,33 @@ class _Terminated(Interrupted):
     pass
 
 
+def _signalled(stop: BaseException) -> BaseException:
+    """`stop`, recorded as the one a signal raised, with the library errors its landing causes
+    elsewhere silenced: a signal that lands in `Thread.start` leaves the thread it was starting
+    to fail on its first line, and Python would print that thread's traceback."""
+    if signalled_stop() is None:
+        record_signalled_stop(stop)
+        previous_hook = sys.unraisablehook
+
+        def quiet_while_stopping(unraisable):
+            if signalled_stop() is None:  # a later command in this process: as before
+                previous_hook(unraisable)
+
+        sys.unraisablehook = quiet_while_stopping
+    return stop
+
+
 @contextlib.contextmanager
 def stop_cleanly(command: str):
     """Run a command's work so that SIGTERM stops it as Ctrl-C does, and every process it
     started (and their children) is stopped and reaped when it ends, whichever way.
 
     SIGTERM raises `Interrupted` (exit status 143) in the main thread, so the `finally` and
-    `except BaseException` blocks that remove temporary files run. Training loops install
-    their own handlers inside (they save a checkpoint first) and put these back after.
+    `except BaseException` blocks that remove temporary files run; SIGINT raises
+    `KeyboardInterrupt` as before. Either is recorded (`kbert.runtime.errors.signalled_stop`), so
+    the command ends as stopped even where a library turns the exception into one of its own.
+    Training loops install their own handlers inside (they save a checkpoint first) and put
+    these back after.
     """
     before = child_processes()
     previous = None
@@ -150,10 +169,17 @@ def stop_cleanly(command: str):
             deadline.append(threading.Timer(STOP_SECONDS, force_exit, (number,)))
             deadline[0].daemon = True
             deadline[0].start()
-        raise _Terminated(message, exit_code=128 + number)
+        raise _signalled(_Terminated(message, exit_code=128 + number))
 
+    def on_sigint(number, frame):
+        raise _signalled(KeyboardInterrupt())
+
+    record_signalled_stop(None)
+    previous_sigint = None
     if in_main_thread:
         previous = signal.signal(signal.SIGTERM, on_sigterm)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
+            previous_sigint = signal.signal(signal.SIGINT, on_sigint)
     try:
         yield
     finally:
@@ -166,6 +192,8 @@ def stop_cleanly(command: str):
             guard.start()
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+            if previous_sigint is not None:
+                signal.signal(signal.SIGINT, previous_sigint)
         started = child_processes() - before
         if started:
             stop_processes(started)
