@@ -1,0 +1,199 @@
+"""ModernBERT's layers, with transformers' `ModernBertModel` numerics: rotary positions with one
+theta for global and one for local layers, global attention on some layers and a sliding window
+on the others, fused QKV without biases, a GeGLU feed-forward and pre-LayerNorm blocks.
+
+Each layer's sublayers are named as transformers names its modules (`Wqkv`, `Wo`, `Wi`,
+`attn_norm`, `mlp_norm`), which the converter reads them by.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from keras import layers, ops
+
+from kbert.model.layers import activation
+from kbert.modernbert.config import SLIDING, ModernBertConfig
+
+# What a score a token may not see is set to before the softmax: its weight is then exactly 0,
+# and a row with nothing to see (a padding token far from every real one) stays finite.
+MASKED_SCORE = -1e9
+
+
+def layer_norm(config: ModernBertConfig, name: str):
+    return layers.LayerNormalization(epsilon=config.norm_eps, center=config.norm_bias, name=name)
+
+
+def inverse_frequencies(theta: float, head_size: int) -> np.ndarray:
+    """1 / theta^(2i/d) in float32, computed as transformers computes it (so the angles agree bit for bit).
+
+    >>> inverse_frequencies(10000.0, 4).tolist()
+    [1.0, 0.009999999776482582]
+    """
+    exponents = np.arange(0, head_size, 2, dtype=np.float32) / np.float32(head_size)
+    return (np.float32(1.0) / (np.float32(theta) ** exponents)).astype(np.float32)
+
+
+class RotaryAngles(layers.Layer):
+    """cos and sin [seq, head_size] of each position's rotation, for one theta."""
+
+    def __init__(self, theta: float, head_size: int, **kwargs):
+        super().__init__(**kwargs)
+        self.theta, self.head_size = float(theta), int(head_size)
+
+    def call(self, hidden):
+        positions = ops.cast(ops.arange(ops.shape(hidden)[1]), "float32")
+        freqs = positions[:, None] * ops.convert_to_tensor(inverse_frequencies(self.theta, self.head_size))[None, :]
+        angles = ops.concatenate([freqs, freqs], axis=-1)
+        return ops.cos(angles), ops.sin(angles)
+
+    def compute_output_spec(self, hidden):
+        from keras import KerasTensor
+
+        shape = (hidden.shape[1], self.head_size)
+        return KerasTensor(shape, dtype="float32"), KerasTensor(shape, dtype="float32")  # two: one would stand for both
+
+
+class AttentionMasks(layers.Layer):
+    """Which keys each query may see, [batch, 1, seq, seq] booleans: a global layer's (every real
+    token) and a sliding-window layer's (the real tokens at most `window` positions away)."""
+
+    def __init__(self, window: int, **kwargs):
+        super().__init__(**kwargs)
+        self.window = int(window)
+
+    def call(self, input_mask):
+        real = ops.cast(input_mask, "bool")[:, None, None, :]
+        positions = ops.arange(ops.shape(input_mask)[1])
+        near = ops.abs(positions[:, None] - positions[None, :]) <= self.window
+        seen = ops.logical_and(real, ops.ones_like(near)[None, None])
+        return seen, ops.logical_and(seen, near[None, None])
+
+    def compute_output_spec(self, input_mask):
+        from keras import KerasTensor
+
+        batch, seq = input_mask.shape
+        shape = (batch, 1, seq, seq)
+        return KerasTensor(shape, dtype="bool"), KerasTensor(shape, dtype="bool")
+
+
+def _rotate(x, cos, sin):
+    half = ops.shape(x)[-1] // 2
+    rotated = ops.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(layers.Layer):
+    """Multi-head self-attention with fused, bias-free QKV and rotary positions."""
+
+    def __init__(self, config: ModernBertConfig, **kwargs):
+        super().__init__(**kwargs)
+        self.heads, self.head_size = config.num_attention_heads, config.head_size
+        self.Wqkv = layers.Dense(3 * config.hidden_size, use_bias=config.attention_bias, name="Wqkv")
+        self.Wo = layers.Dense(config.hidden_size, use_bias=config.attention_bias, name="Wo")
+
+    def build(self, input_shape):
+        self.Wqkv.build(input_shape)
+        self.Wo.build(input_shape)
+
+    def call(self, hidden, seen, cos, sin):
+        batch, seq = ops.shape(hidden)[0], ops.shape(hidden)[1]
+        qkv = ops.reshape(self.Wqkv(hidden), (batch, seq, 3, self.heads, self.head_size))
+        q, k, v = (ops.transpose(qkv[:, :, i], (0, 2, 1, 3)) for i in range(3))  # [batch, heads, seq, size]
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * (self.head_size**-0.5)
+        scores = ops.where(seen, ops.cast(scores, "float32"), MASKED_SCORE)
+        weights = ops.cast(ops.softmax(scores, axis=-1), v.dtype)
+        context = ops.transpose(ops.matmul(weights, v), (0, 2, 1, 3))
+        return self.Wo(ops.reshape(context, (batch, seq, self.heads * self.head_size)))
+
+    def compute_output_spec(self, hidden, seen, cos, sin):
+        from keras import KerasTensor
+
+        return KerasTensor(hidden.shape, dtype=self.compute_dtype)
+
+
+class EncoderLayer(layers.Layer):
+    """One pre-LayerNorm block: x + attention(norm(x)), then x + Wo(act(a) · g) with a, g = Wi(norm(x)).
+    The first layer has no attention norm (the embeddings' norm precedes it)."""
+
+    def __init__(self, config: ModernBertConfig, index: int, **kwargs):
+        super().__init__(**kwargs)
+        self.layer_type = config.layer_types[index]
+        self.sliding = self.layer_type == SLIDING
+        self.attn_norm = layer_norm(config, "attn_norm") if index else None
+        self.attn = Attention(config, name="attn")
+        self.mlp_norm = layer_norm(config, "mlp_norm")
+        self.Wi = layers.Dense(2 * config.intermediate_size, use_bias=config.mlp_bias, name="Wi")
+        self.Wo = layers.Dense(config.hidden_size, use_bias=config.mlp_bias, name="Wo")
+        self.act = activation(config.hidden_activation)
+
+    def build(self, input_shape):
+        for layer in (self.attn_norm, self.attn, self.mlp_norm, self.Wi):
+            if layer is not None:
+                layer.build(input_shape)
+        self.Wo.build(tuple(input_shape[:-1]) + (self.Wi.units // 2,))
+
+    def call(self, hidden, masks, rotary):
+        seen = masks[1] if self.sliding else masks[0]
+        cos, sin = rotary[self.layer_type]
+        normed = hidden if self.attn_norm is None else self.attn_norm(hidden)
+        hidden = hidden + self.attn(normed, seen, cos, sin)
+        value, gate = ops.split(self.Wi(self.mlp_norm(hidden)), 2, axis=-1)
+        return hidden + self.Wo(self.act(value) * gate)
+
+    def compute_output_spec(self, hidden, masks, rotary):
+        from keras import KerasTensor
+
+        return KerasTensor(hidden.shape, dtype=self.compute_dtype)
+
+
+class PredictionHead(layers.Layer):
+    """transformers' `ModernBertPredictionHead`: dense, activation, norm (the MLM and task heads' first part)."""
+
+    def __init__(self, config: ModernBertConfig, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = layers.Dense(config.hidden_size, use_bias=config.classifier_bias, name="dense")
+        self.norm = layer_norm(config, "norm")
+        self.act = activation(config.classifier_activation)
+
+    def build(self, input_shape):
+        self.dense.build(input_shape)
+        self.norm.build(input_shape)
+
+    def call(self, hidden):
+        return self.norm(self.act(self.dense(hidden)))
+
+
+class TiedDecoder(layers.Layer):
+    """Logits against the token-embedding table, plus the decoder's bias."""
+
+    def __init__(self, embeddings: layers.Embedding, use_bias: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.embeddings, self.use_bias = embeddings, use_bias
+
+    def build(self, input_shape):
+        if self.use_bias:
+            self.bias = self.add_weight(name="bias", shape=(self.embeddings.input_dim,), initializer="zeros")
+
+    def call(self, hidden):
+        logits = ops.matmul(hidden, ops.transpose(self.embeddings.embeddings))
+        return logits + self.bias if self.use_bias else logits
+
+
+class Pool(layers.Layer):
+    """A sequence's vector for the classifier: its first token's (`cls`) or the mean of its real tokens'."""
+
+    def __init__(self, pooling: str, **kwargs):
+        super().__init__(**kwargs)
+        self.pooling = pooling
+
+    def call(self, hidden, input_mask):
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        mask = ops.cast(input_mask, hidden.dtype)[..., None]
+        return ops.sum(hidden * mask, axis=1) / ops.sum(mask, axis=1)
+
+    def compute_output_spec(self, hidden, input_mask):
+        from keras import KerasTensor
+
+        return KerasTensor((hidden.shape[0], hidden.shape[2]), dtype=self.compute_dtype)
