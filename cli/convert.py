@@ -104,7 +104,7 @@ def to_tf1(
 def from_hf(
     src: Path = typer.Argument(
         ...,
-        help="Hugging Face BERT directory (config.json, model.safetensors, vocab.txt or tokenizer.json), or its model.safetensors.",
+        help="Hugging Face BERT or ModernBERT directory (config.json, model.safetensors, vocab.txt or tokenizer.json), or its model.safetensors.",
     ),
     out_model_dir: OutModelDir = ...,
     lowercase: bool | None = typer.Option(
@@ -114,8 +114,9 @@ def from_hf(
     ),
     overwrite: bool = typer.Option(False, help="Replace OUT_MODEL_DIR if it exists and is not empty."),
 ):
-    """Convert a Hugging Face BERT (safetensors only; pickles are refused) into a kbert model directory; a
-    sentence-transformers folder's pooling and normalisation are recorded for kbert embed."""
+    """Convert a Hugging Face BERT or ModernBERT (Ettin's encoders too; safetensors only; pickles are
+    refused) into a kbert model directory; a sentence-transformers folder's pooling and normalisation
+    are recorded for kbert embed."""
     from kbert.converters.hf import convert_hf_model
 
     model, report = convert_hf_model(src, do_lower_case=lowercase)
@@ -137,7 +138,7 @@ def to_hf(
     overwrite: bool = typer.Option(False, help="Replace OUT_DIR if it exists and is not empty."),
     include_fresh_heads: bool = typer.Option(False, "--include-fresh-heads", help=FRESH_HEADS_HELP),
 ):
-    """Write a kbert model as a Hugging Face BERT that transformers' from_pretrained loads (a classifier
+    """Write a kbert model as a Hugging Face BERT or ModernBERT that transformers' from_pretrained loads (a classifier
     as BertForSequenceClassification with its labels; a sentence-embedding model as a sentence-transformers
     folder too); heads a converter created are left out."""
     from kbert.converters.hf import WEIGHTS_FILE, save_hf_model
@@ -151,7 +152,7 @@ def to_hf(
             "architecture": written["architecture"],
             "parameters": written["parameters"],
             "left_out_fresh_heads": written["left_out"],
-            "do_lower_case": model.do_lower_case,
+            **({"do_lower_case": model.do_lower_case} if hasattr(model, "do_lower_case") else {}),
             # Written as a sentence-transformers folder too (modules.json, 1_Pooling, ...).
             **({"embedding": written["embedding"]} if written.get("embedding") else {}),
         }
@@ -244,6 +245,20 @@ def save_converted(model, report: dict, out_model_dir, overwrite: bool, named=()
     it came from (`named`), what was loaded and made fresh, the converter's `details`, the casing
     and where it was read, and a sentence-transformers folder's pooling."""
     kbert.save(model, out_model_dir, overwrite=overwrite)  # the model declares its vocabulary and casing
+    if report.get("family") == "modernbert":  # a byte-level BPE: no casing to report
+        print_result(
+            {
+                "model_dir": str(out_model_dir),
+                **{k: report[k] for k in named},
+                "family": report["family"],
+                "architecture": report["architecture"],
+                "parameters": int(model.count_params()),
+                "weights_loaded": report["loaded"],
+                "fresh_heads": report["fresh_heads"],
+                "dtypes": report["dtypes"],
+            }
+        )
+        return
     print_result(
         {
             "model_dir": str(out_model_dir),

@@ -32,6 +32,12 @@ from kbert.converters.loading import (
     model_to_write,
     stored_weights,
 )
+from kbert.converters.modernbert_hf import (
+    convert_modernbert,
+    describe_modernbert_hf,
+    is_modernbert_config,
+    save_modernbert_hf,
+)
 from kbert.converters.names import (
     HF_BUFFERS,
     HF_OPTIONAL,
@@ -398,6 +404,8 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
     """`load_hf_model`'s model (same arguments) and its report."""
     source = find_hf_model(src)
     values = _read_json(source.config_file, "config")
+    if is_modernbert_config(values):  # a ModernBERT or an Ettin encoder: its family's converter
+        return convert_modernbert(source, values)
     config = config_from_hf(values, source.config_file)
     recorded_fresh = _recorded_fresh_heads(values, source.config_file)
     vocab_file, vocab_origin = _vocab_file(source.folder, config, source.config_file)
@@ -590,6 +598,8 @@ def save_hf_model(
     Example:
     >>> kbert.converters.save_hf_model(kbert.load("out/tiny"), "out/tiny-hf")  # doctest: +SKIP
     """
+    if getattr(model, "family", None) == "modernbert":
+        return save_modernbert_hf(model, out_dir, overwrite=overwrite)
     vocab_file, do_lower_case, config, left_out = model_to_write(
         model, "save_hf_model", vocab_file, do_lower_case, include_fresh_heads
     )
@@ -645,6 +655,8 @@ def describe_hf(src) -> dict:
     """A JSON-ready summary of a Hugging Face BERT, read from headers only (no weights)."""
     source = find_hf_model(src)
     values = _read_json(source.config_file, "config")
+    if is_modernbert_config(values):
+        return describe_modernbert_hf(source, values)
     keys = _open_weights(source)
     config = config_from_hf(values, source.config_file)
     weights = {c: v for c, v in keys.items() if c not in HF_BUFFERS and c not in HF_TIED}

@@ -11,6 +11,7 @@ the file or variable, what was expected and what was found.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -34,6 +35,8 @@ from kbert.formats.model_dir import (
 from kbert.formats.sources import KINDS, open_model, read_with_tensorflow, refuse_run, source_kind
 from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.model.kinds import TASK_KEYS, model_kind
+from kbert.modernbert import directory as modernbert_directory
+from kbert.modernbert.config import ModernBertConfig
 from kbert.pretraining.run_record import interrupted_pretraining, interrupted_pretraining_message
 from kbert.runtime.errors import KbertError, plural
 from kbert.runtime.files import count_lines
@@ -278,6 +281,8 @@ def _model_dir_problems(config: BertConfig, shapes: dict) -> list:
 
 
 def _describe_model_dir(src) -> dict:
+    if modernbert_directory.is_modernbert_dir(src):
+        return _describe_modernbert_dir(src)
     config = BertConfig.from_json_file(os.path.join(src, CONFIG_FILE))
     weights_path = os.path.join(src, WEIGHTS_FILE)
     shapes = _weights_file_shapes(weights_path)
@@ -306,6 +311,23 @@ def _describe_model_dir(src) -> dict:
         **{k: config.extras[k] for k in TASK_KEYS if k in config.extras},
         # How kbert embed pools (and normalises) its vectors: a sentence-embedding model's.
         **_embedding_entry(config, os.path.join(src, CONFIG_FILE)),
+    }
+
+
+def _describe_modernbert_dir(src) -> dict:
+    """A ModernBERT's model directory: its family, kind and config, read without building the model."""
+    config_file = os.path.join(src, modernbert_directory.CONFIG_FILE)
+    with open(config_file, encoding="utf-8") as f:
+        values = json.load(f)
+    kind = values.get("kbert_model", "encoder")
+    shapes = _weights_file_shapes(os.path.join(src, modernbert_directory.WEIGHTS_FILE))
+    return {
+        "kind": f"kbert model directory ({kind})",
+        "family": values.get(modernbert_directory.FAMILY_KEY),
+        "model_dir": src,
+        "config": ModernBertConfig.from_hf(values, config_file).to_hf(),
+        "parameters": sum(int(np.prod(shape)) for shape in shapes.values()),
+        **{k: values[k] for k in TASK_KEYS if k in values},
     }
 
 

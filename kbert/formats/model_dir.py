@@ -28,6 +28,7 @@ from kbert.model import bert
 from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.model.initializers import unfilled
 from kbert.model.kinds import HEAD_KINDS, TASK_KEYS, model_classes, model_kind
+from kbert.modernbert import directory as modernbert_directory
 from kbert.runtime.errors import KbertError, first_line, os_error_or
 from kbert.runtime.files import atomic_output_dir, count_lines, require_path, save_weights, writes
 
@@ -164,6 +165,11 @@ def save(
     >>> classifier = kbert.bert_classifier(kbert.load("out/tiny"), num_classes=2)  # doctest: +SKIP
     >>> kbert.save(classifier, "out/clf", task="classify", labels=["neg", "pos"])  # doctest: +SKIP
     """
+    if getattr(model, "family", None) == modernbert_directory.FAMILY:
+        record = {key: value for key, value in (("task", task), ("labels", labels)) if value is not None}
+        if max_seq_length is not None:
+            record["max_seq_length"] = max_seq_length
+        return modernbert_directory.save(model, model_dir, overwrite, {**model.task_info, **record})
     vocab_file = vocab_file or getattr(model, "vocab_file", None)
     if not vocab_file:
         raise KbertError("kbert.save needs the vocabulary: pass vocab_file=PATH/vocab.txt")
@@ -278,6 +284,8 @@ def load(model_dir):
     model_dir = os.fspath(model_dir)
     if is_keras_file(model_dir):
         return load_keras_file(model_dir)
+    if modernbert_directory.is_modernbert_dir(model_dir):
+        return modernbert_directory.load(model_dir)
     config = load_config(model_dir)
     weights = os.path.join(model_dir, WEIGHTS_FILE)
     require_path(weights, "weights file", "the model directory is incomplete; convert or train it again")

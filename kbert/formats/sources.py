@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -173,7 +174,9 @@ def source_kind(path, wanted: str = ACCEPTED, missing: str | None = None) -> str
         raise KbertError(f"{path}: the directory is empty; pass {wanted}")
     if _KBERT_WEIGHTS in names:
         # keras-hub's save_to_preset writes config.json beside its model.weights.h5; kbert writes bert_config.json.
-        return "keras_hub" if _JSON_CONFIG in names and _KBERT_CONFIG not in names else "kbert"
+        if _JSON_CONFIG in names and _KBERT_CONFIG not in names and not _kbert_family(path):
+            return "keras_hub"
+        return "kbert"
     if _SAVED_MODEL in names:
         return "tfhub"
     if names & set(_HF_WEIGHTS):
@@ -198,6 +201,16 @@ def source_kind(path, wanted: str = ACCEPTED, missing: str | None = None) -> str
         f"{path}: not a model (no {_KBERT_CONFIG}, {_JSON_CONFIG}, {_KBERT_WEIGHTS}, model.safetensors, "
         f"{_SAVED_MODEL} or checkpoint *.index here); pass {wanted}"
     )
+
+
+def _kbert_family(path: str) -> bool:
+    """Whether a folder's config.json is a kbert model directory's of another family than BERT
+    (a ModernBERT's: `kbert_family`), not a keras-hub preset's."""
+    try:
+        with open(os.path.join(path, _JSON_CONFIG), encoding="utf-8") as f:
+            return isinstance(json.load(f).get("kbert_family"), str)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _file_kind(path: str) -> str:
