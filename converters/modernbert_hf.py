@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 
 import keras
 import numpy as np
@@ -34,7 +33,7 @@ from kbert.modernbert.models import (
     ModernBertMaskedLM,
     ModernBertTagger,
 )
-from kbert.modernbert.tokenizer import TOKENIZER_FILES, tokenizer_files_in
+from kbert.modernbert.tokenizer import copy_tokenizer_files, tokenizer_files_in
 from kbert.runtime.errors import KbertError, listing
 from kbert.runtime.files import atomic_output_dir, writes
 
@@ -221,8 +220,7 @@ def hf_tensors(model) -> tuple:
     for name, (variable, transposed) in hf_names(model).items():
         value = keras.ops.convert_to_numpy(variable).astype("float32", copy=False)
         tensors[name] = value.T if transposed else value
-    if isinstance(model, ModernBertMaskedLM):  # written out too, so that any loader, tying or not, finds it
-        tensors[TIED_DECODER] = tensors["model.embeddings.tok_embeddings.weight"]
+    # decoder.weight is left out, as transformers' save_pretrained leaves it: it is the token embeddings.
     return tensors, architecture
 
 
@@ -247,20 +245,6 @@ def save_modernbert_hf(model, out_dir, overwrite: bool = False) -> dict:
         copy_tokenizer_files(model, tmp)
     return {
         "architecture": architecture,
-        "parameters": int(sum(np.size(v) for name, v in tensors.items() if name != TIED_DECODER)),
+        "parameters": int(sum(np.size(v) for v in tensors.values())),
         "left_out": [],
     }
-
-
-def copy_tokenizer_files(model, folder: str):
-    """The tokenizer.json (and tokenizer_config.json, special_tokens_map.json where the model has
-    them) into `folder`."""
-    source = getattr(model, "tokenizer_folder", None) or (
-        os.path.dirname(model.tokenizer_file) if model.tokenizer_file else None
-    )
-    if source is None:
-        raise KbertError("the model declares no tokenizer.json; build it on a converted or loaded ModernBERT")
-    for name in TOKENIZER_FILES:
-        path = os.path.join(source, name)
-        if os.path.isfile(path):
-            shutil.copyfile(path, os.path.join(folder, name))

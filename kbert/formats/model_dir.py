@@ -1,6 +1,7 @@
 """kbert model directories: `bert_config.json` + `vocab.txt` + `model.weights.h5`.
 
-`save` writes one, `load` reads one (or a `.keras` file), and `lower_case_for` is the one rule
+`save` writes one, `load` reads one (or a `.keras` file; a ModernBERT's directory is its family's,
+`kbert.modernbert.directory`), and `lower_case_for` is the one rule
 for a source's casing. Every other kind of model source is opened by `kbert.formats.sources.open_model`.
 
 `bert_config.json` keeps the original keys, plus kbert's own: `kbert_model` (which model

@@ -7,7 +7,8 @@ as a kbert model with its weights and vocabulary, converting on the fly where th
 kbert's own; `describe_source(source)` gives its config, vocabulary and casing.
 
 The kinds, by their names in `KINDS`:
-- "kbert": a kbert model directory (bert_config.json, vocab.txt, model.weights.h5);
+- "kbert": a kbert model directory (bert_config.json, vocab.txt, model.weights.h5; a ModernBERT's has
+  config.json, tokenizer.json and model.weights.h5);
 - "keras": a `.keras` file of a kbert model (`model.save`);
 - "tf1": a google-research checkpoint, its folder or a prefix such as DIR/model.ckpt-20000;
 - "hf": a Hugging Face BERT folder (config.json + model.safetensors), or its .safetensors file;

@@ -14,7 +14,7 @@ import os
 from kbert.model.initializers import unfilled
 from kbert.modernbert.config import ModernBertConfig
 from kbert.modernbert.models import FAMILY, MODEL_CLASSES
-from kbert.modernbert.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES
+from kbert.modernbert.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES, copy_tokenizer_files
 from kbert.runtime.errors import KbertError, first_line, os_error_or
 from kbert.runtime.files import atomic_output_dir, require_path, save_weights
 
@@ -44,8 +44,6 @@ def kind_of(model) -> str:
 
 def save(model, model_dir, overwrite: bool = False, task_info: dict | None = None):
     """Write a kbert ModernBERT as a model directory, atomically."""
-    from kbert.converters.modernbert_hf import copy_tokenizer_files
-
     values = model.config.to_hf()
     values.update({FAMILY_KEY: FAMILY, "kbert_model": kind_of(model)})
     if hasattr(model, "num_classes"):

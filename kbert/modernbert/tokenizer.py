@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 
@@ -59,12 +60,13 @@ class BpeTokenizer:
 
     def encode(self, texts, texts_b=None, max_length: int | None = None) -> list:
         """Each text's (or pair's) ids with the special tokens, cut to `max_length` as transformers
-        cuts them (longest first)."""
+        cuts them (longest first); an empty second text packs as none."""
         if max_length is not None:
             self._tokenizer.enable_truncation(max_length, strategy="longest_first")
         else:
             self._tokenizer.no_truncation()
-        inputs = list(texts) if texts_b is None else list(zip(texts, texts_b))
+        # An empty second text packs as no second text, as transformers' tokenizer packs it.
+        inputs = list(texts) if texts_b is None else [(a, b) if b else a for a, b in zip(texts, texts_b)]
         return [encoding.ids for encoding in self._tokenizer.encode_batch(inputs)]
 
     def pack(self, texts, texts_b=None, max_length: int | None = None) -> dict:
@@ -77,3 +79,17 @@ class BpeTokenizer:
             ids[i, : len(row)] = row
             mask[i, : len(row)] = 1
         return {"input_ids": ids, "input_mask": mask}
+
+
+def copy_tokenizer_files(model, folder: str):
+    """The tokenizer.json (and tokenizer_config.json, special_tokens_map.json where the model has
+    them) into `folder`."""
+    source = getattr(model, "tokenizer_folder", None) or (
+        os.path.dirname(model.tokenizer_file) if model.tokenizer_file else None
+    )
+    if source is None:
+        raise KbertError("the model declares no tokenizer.json; build it on a converted or loaded ModernBERT")
+    for name in TOKENIZER_FILES:
+        path = os.path.join(source, name)
+        if os.path.isfile(path):
+            shutil.copyfile(path, os.path.join(folder, name))
