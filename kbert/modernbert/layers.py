@@ -53,41 +53,68 @@ class RotaryAngles(layers.Layer):
         return KerasTensor(shape, dtype="float32"), KerasTensor(shape, dtype="float32")  # two: one would stand for both
 
 
-class AttentionMasks(layers.Layer):
-    """Which keys each query may see, [batch, 1, seq, seq] booleans: a global layer's (every real
-    token) and a sliding-window layer's (the real tokens at most `window` positions away)."""
-
-    def __init__(self, window: int, **kwargs):
-        super().__init__(**kwargs)
-        self.window = int(window)
-
-    def call(self, input_mask):
-        real = ops.cast(input_mask, "bool")[:, None, None, :]
-        positions = ops.arange(ops.shape(input_mask)[1])
-        near = ops.abs(positions[:, None] - positions[None, :]) <= self.window
-        seen = ops.logical_and(real, ops.ones_like(near)[None, None])
-        return seen, ops.logical_and(seen, near[None, None])
-
-    def compute_output_spec(self, input_mask):
-        from keras import KerasTensor
-
-        batch, seq = input_mask.shape
-        shape = (batch, 1, seq, seq)
-        return KerasTensor(shape, dtype="bool"), KerasTensor(shape, dtype="bool")
-
-
 def _rotate(x, cos, sin):
     half = ops.shape(x)[-1] // 2
     rotated = ops.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated * sin
 
 
-class Attention(layers.Layer):
-    """Multi-head self-attention with fused, bias-free QKV and rotary positions."""
+def _attend(q, k, v, seen):
+    """softmax(q·kᵀ/√d, over what each query may see)·v; scores in float32."""
+    scores = ops.matmul(q, ops.swapaxes(k, -1, -2)) * (ops.shape(q)[-1] ** -0.5)
+    scores = ops.where(seen, ops.cast(scores, "float32"), MASKED_SCORE)
+    return ops.matmul(ops.cast(ops.softmax(scores, axis=-1), v.dtype), v)
 
-    def __init__(self, config: ModernBertConfig, **kwargs):
+
+def window_offsets(window: int) -> np.ndarray:
+    """Which of three consecutive blocks' keys a query of the middle block may see: [w, 3w]
+    booleans, |query - key| <= w, for blocks of `window` tokens.
+
+    >>> window_offsets(1).astype(int).tolist()
+    [[1, 1, 1]]
+    """
+    query = np.arange(window)[:, None] + window
+    key = np.arange(3 * window)[None, :]
+    return np.abs(query - key) <= window
+
+
+def windowed_attention(q, k, v, real, window: int):
+    """Attention of each token to the real tokens at most `window` positions away, in blocks of
+    `window` tokens: a block's queries see their own block and the two beside it, so the scores
+    take [seq, 3·window] per head, not [seq, seq]. The same weights as the full masked softmax:
+    a key it leaves out is one the mask would have given weight 0.
+
+    q, k, v: [batch, heads, seq, size]; real: [batch, seq] booleans.
+    """
+    batch, heads, seq, size = ops.shape(q)[0], ops.shape(q)[1], ops.shape(q)[2], ops.shape(q)[3]
+    blocks = (seq + window - 1) // window
+    padding = blocks * window - seq
+
+    def in_blocks(x):  # [batch, heads, blocks, window, size]
+        x = ops.pad(x, ((0, 0), (0, 0), (0, padding), (0, 0)))
+        return ops.reshape(x, (batch, heads, blocks, window, size))
+
+    def beside(x, axis):  # the block before, the block, the block after, side by side along `axis`
+        edge = [(0, 0)] * len(x.shape)
+        edge[2] = (1, 1)
+        x = ops.pad(x, edge)
+        return ops.concatenate([x[:, :, :-2], x[:, :, 1:-1], x[:, :, 2:]], axis=axis)
+
+    keys, values = beside(in_blocks(k), 3), beside(in_blocks(v), 3)  # [batch, heads, blocks, 3·window, size]
+    key_real = ops.reshape(ops.pad(real, ((0, 0), (0, padding))), (batch, 1, blocks, window))
+    key_real = beside(key_real, 3)[:, :, :, None, :]  # [batch, 1, blocks, 1, 3·window]
+    seen = ops.logical_and(key_real, ops.convert_to_tensor(window_offsets(window)))
+    context = _attend(in_blocks(q), keys, values, seen)  # [batch, heads, blocks, window, size]
+    return ops.reshape(context, (batch, heads, blocks * window, size))[:, :, :seq]
+
+
+class Attention(layers.Layer):
+    """Multi-head self-attention with fused, bias-free QKV and rotary positions: over every real
+    token (`window` None), or over those at most `window` positions away."""
+
+    def __init__(self, config: ModernBertConfig, window: int | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.heads, self.head_size = config.num_attention_heads, config.head_size
+        self.heads, self.head_size, self.window = config.num_attention_heads, config.head_size, window
         self.Wqkv = layers.Dense(3 * config.hidden_size, use_bias=config.attention_bias, name="Wqkv")
         self.Wo = layers.Dense(config.hidden_size, use_bias=config.attention_bias, name="Wo")
 
@@ -95,18 +122,20 @@ class Attention(layers.Layer):
         self.Wqkv.build(input_shape)
         self.Wo.build(input_shape)
 
-    def call(self, hidden, seen, cos, sin):
+    def call(self, hidden, input_mask, cos, sin):
         batch, seq = ops.shape(hidden)[0], ops.shape(hidden)[1]
         qkv = ops.reshape(self.Wqkv(hidden), (batch, seq, 3, self.heads, self.head_size))
         q, k, v = (ops.transpose(qkv[:, :, i], (0, 2, 1, 3)) for i in range(3))  # [batch, heads, seq, size]
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * (self.head_size**-0.5)
-        scores = ops.where(seen, ops.cast(scores, "float32"), MASKED_SCORE)
-        weights = ops.cast(ops.softmax(scores, axis=-1), v.dtype)
-        context = ops.transpose(ops.matmul(weights, v), (0, 2, 1, 3))
+        real = ops.cast(input_mask, "bool")
+        if self.window is None:
+            context = _attend(q, k, v, real[:, None, None, :])
+        else:
+            context = windowed_attention(q, k, v, real, self.window)
+        context = ops.transpose(context, (0, 2, 1, 3))
         return self.Wo(ops.reshape(context, (batch, seq, self.heads * self.head_size)))
 
-    def compute_output_spec(self, hidden, seen, cos, sin):
+    def compute_output_spec(self, hidden, input_mask, cos, sin):
         from keras import KerasTensor
 
         return KerasTensor(hidden.shape, dtype=self.compute_dtype)
@@ -121,7 +150,7 @@ class EncoderLayer(layers.Layer):
         self.layer_type = config.layer_types[index]
         self.sliding = self.layer_type == SLIDING
         self.attn_norm = layer_norm(config, "attn_norm") if index else None
-        self.attn = Attention(config, name="attn")
+        self.attn = Attention(config, config.window if self.sliding else None, name="attn")
         self.mlp_norm = layer_norm(config, "mlp_norm")
         self.Wi = layers.Dense(2 * config.intermediate_size, use_bias=config.mlp_bias, name="Wi")
         self.Wo = layers.Dense(config.hidden_size, use_bias=config.mlp_bias, name="Wo")
@@ -133,15 +162,14 @@ class EncoderLayer(layers.Layer):
                 layer.build(input_shape)
         self.Wo.build(tuple(input_shape[:-1]) + (self.Wi.units // 2,))
 
-    def call(self, hidden, masks, rotary):
-        seen = masks[1] if self.sliding else masks[0]
+    def call(self, hidden, input_mask, rotary):
         cos, sin = rotary[self.layer_type]
         normed = hidden if self.attn_norm is None else self.attn_norm(hidden)
-        hidden = hidden + self.attn(normed, seen, cos, sin)
+        hidden = hidden + self.attn(normed, input_mask, cos, sin)
         value, gate = ops.split(self.Wi(self.mlp_norm(hidden)), 2, axis=-1)
         return hidden + self.Wo(self.act(value) * gate)
 
-    def compute_output_spec(self, hidden, masks, rotary):
+    def compute_output_spec(self, hidden, input_mask, rotary):
         from keras import KerasTensor
 
         return KerasTensor(hidden.shape, dtype=self.compute_dtype)

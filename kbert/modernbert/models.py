@@ -28,7 +28,6 @@ from keras import layers
 from kbert.backend import take_positions
 from kbert.modernbert.config import FULL, SLIDING, ModernBertConfig
 from kbert.modernbert.layers import (
-    AttentionMasks,
     EncoderLayer,
     Pool,
     PredictionHead,
@@ -95,14 +94,13 @@ class ModernBertEncoder(_ModernBertModel):
 
         inputs = _inputs()
         hidden = embeddings_norm(tok_embeddings(inputs["input_ids"]))
-        masks = AttentionMasks(config.window, name="attention_masks")(inputs["input_mask"])
         rotary = {
             kind: RotaryAngles(config.rope_theta(kind), config.head_size, name=f"rotary_{kind}")(hidden)
             for kind in (FULL, SLIDING)
             if kind in config.layer_types
         }
         for layer in encoder_layers:
-            hidden = layer(hidden, masks, rotary)
+            hidden = layer(hidden, inputs["input_mask"], rotary)
         super().__init__(inputs=inputs, outputs={"sequence_output": final_norm(hidden)}, **kwargs)
         self.tok_embeddings, self.embeddings_norm = tok_embeddings, embeddings_norm
         self.encoder_layers, self.final_norm = encoder_layers, final_norm
