@@ -108,6 +108,27 @@ def windowed_attention(q, k, v, real, window: int):
     return ops.reshape(context, (batch, heads, blocks * window, size))[:, :, :seq]
 
 
+# Queries a global layer scores at once: its scores then take [chunk, seq] per head, not [seq, seq].
+QUERY_CHUNK = 512
+
+
+def global_attention(q, k, v, real, chunk: int = QUERY_CHUNK):
+    """Attention of each token to every real token, `chunk` queries at a time (one after the
+    other), so that a long text's scores never stand whole in memory.
+
+    q, k, v: [batch, heads, seq, size]; real: [batch, seq] booleans.
+    """
+    batch, heads, seq, size = ops.shape(q)[0], ops.shape(q)[1], ops.shape(q)[2], ops.shape(q)[3]
+    chunk = ops.minimum(seq, chunk) if not isinstance(seq, int) else min(seq, chunk)
+    chunks = (seq + chunk - 1) // chunk
+    q = ops.pad(q, ((0, 0), (0, 0), (0, chunks * chunk - seq), (0, 0)))
+    q = ops.transpose(ops.reshape(q, (batch, heads, chunks, chunk, size)), (2, 0, 1, 3, 4))
+    seen = real[:, None, None, :]
+    context = ops.map(lambda part: _attend(part, k, v, seen), q)  # [chunks, batch, heads, chunk, size]
+    context = ops.reshape(ops.transpose(context, (1, 2, 0, 3, 4)), (batch, heads, chunks * chunk, size))
+    return context[:, :, :seq]
+
+
 class Attention(layers.Layer):
     """Multi-head self-attention with fused, bias-free QKV and rotary positions: over every real
     token (`window` None), or over those at most `window` positions away."""
@@ -129,7 +150,7 @@ class Attention(layers.Layer):
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         real = ops.cast(input_mask, "bool")
         if self.window is None:
-            context = _attend(q, k, v, real[:, None, None, :])
+            context = global_attention(q, k, v, real)
         else:
             context = windowed_attention(q, k, v, real, self.window)
         context = ops.transpose(context, (0, 2, 1, 3))

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from kbert.modernbert.layers import MASKED_SCORE, windowed_attention
+from kbert.modernbert.layers import MASKED_SCORE, global_attention, windowed_attention
 
 
 def full_window_attention(q, k, v, real, window):
@@ -26,4 +26,16 @@ def test_blocks_give_the_full_masked_attention(seq, window):
     ours = keras.ops.convert_to_numpy(windowed_attention(q, k, v, real, window))
     expected = full_window_attention(q, k, v, real, window)
     keep = real[:, None, :, None].repeat(3, 1)  # the real queries' rows
+    np.testing.assert_allclose(np.where(keep, ours, 0), np.where(keep, expected, 0), atol=1e-5)
+
+
+@pytest.mark.parametrize("seq, chunk", [(1, 4), (7, 4), (8, 4), (9, 16)])
+def test_global_attention_in_chunks_of_queries_gives_the_whole_one(seq, chunk):
+    rng = np.random.default_rng(seq + chunk)
+    q, k, v = (rng.normal(size=(2, 3, seq, 8)).astype("float32") for _ in range(3))
+    real = np.ones((2, seq), bool)
+    real[1, max(1, seq - 2) :] = False
+    ours = keras.ops.convert_to_numpy(global_attention(q, k, v, real, chunk))
+    expected = full_window_attention(q, k, v, real, window=seq)
+    keep = real[:, None, :, None].repeat(3, 1)
     np.testing.assert_allclose(np.where(keep, ours, 0), np.where(keep, expected, 0), atol=1e-5)
