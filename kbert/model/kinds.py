@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from kbert.model import bert
+from kbert.modernbert.models import MODEL_CLASSES as MODERNBERT_CLASSES
 from kbert.runtime.errors import KbertError
 
 # The kinds whose model carries a task head, and with it a task record (`task_info`).
@@ -37,6 +38,9 @@ def model_classes() -> dict:
 def model_kind(model) -> str:
     """The kind of a kbert model (`model_classes`), or a one-line error for any other model."""
     for kind, cls in model_classes().items():
+        if type(model) is cls:
+            return kind
+    for kind, cls in MODERNBERT_CLASSES.items():
         if type(model) is cls:
             return kind
     raise KbertError(

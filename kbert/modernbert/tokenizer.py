@@ -58,6 +58,10 @@ class BpeTokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
 
+    def decode(self, ids) -> str:
+        """The text of `ids`, special tokens included (one id: its token as text)."""
+        return self._tokenizer.decode(list(ids), skip_special_tokens=False)
+
     def encode(self, texts, texts_b=None, max_length: int | None = None) -> list:
         """Each text's (or pair's) ids with the special tokens, cut to `max_length` as transformers
         cuts them (longest first); an empty second text packs as none."""

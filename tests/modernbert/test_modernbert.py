@@ -284,3 +284,23 @@ def test_strict_conversion_refuses_unknown_and_misshapen_weights_in_one_line(fol
             case
         ] in done.stderr
         assert not (tmp_path / f"{case}-out").exists()
+
+
+def test_fill_mask_gives_the_pipelines_predictions(folders):
+    from transformers import pipeline
+
+    hf_folder, _, kbert_dir = folders["masked_lm"]
+    text = "The man went to the [MASK] and bought a [MASK] of milk."
+    ours = json.loads(run_kbert("fill-mask", kbert_dir, text, "--top-k", "3").stdout)
+    theirs = pipeline("fill-mask", model=str(hf_folder), top_k=3)(text)
+    assert len(ours["masks"]) == 2
+    for mask, expected in zip(ours["masks"], theirs):
+        assert [p["id"] for p in mask["predictions"]] == [e["token"] for e in expected]
+        for p, e in zip(mask["predictions"], expected):
+            assert abs(p["probability"] - e["score"]) < 1e-5
+
+
+def test_fill_mask_on_a_classifier_says_it_has_no_masked_lm_head(folders):
+    _, _, kbert_dir = folders["classifier_mean"]
+    done = run_kbert("fill-mask", kbert_dir, "a [MASK] here", check=False)
+    assert done.returncode == 1 and "has no masked-LM head: it is a classifier" in done.stderr, done.stderr
