@@ -256,6 +256,7 @@ def save_converted(model, report: dict, out_model_dir, overwrite: bool, named=()
                 "weights_loaded": report["loaded"],
                 "fresh_heads": report["fresh_heads"],
                 "dtypes": report["dtypes"],
+                **({"embedding": report["embedding"]} if report.get("embedding") else {}),
             }
         )
         return

@@ -405,7 +405,12 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
     source = find_hf_model(src)
     values = _read_json(source.config_file, "config")
     if is_modernbert_config(values):  # a ModernBERT or an Ettin encoder: its family's converter
-        return convert_modernbert(source, values)
+        converted = convert_modernbert(source, values)
+        # A sentence-transformers folder's pooling, as for a BERT's (a byte-level BPE never lower-cases).
+        embedding = sentence_transformers_embedding(source.folder, converted.model.config, False)
+        if embedding:
+            converted.model.config.extras[EMBEDDING_KEY] = embedding
+        return Converted(converted.model, {**converted.report, "embedding": embedding})
     config = config_from_hf(values, source.config_file)
     recorded_fresh = _recorded_fresh_heads(values, source.config_file)
     vocab_file, vocab_origin = _vocab_file(source.folder, config, source.config_file)
@@ -599,7 +604,17 @@ def save_hf_model(
     >>> kbert.converters.save_hf_model(kbert.load("out/tiny"), "out/tiny-hf")  # doctest: +SKIP
     """
     if getattr(model, "family", None) == "modernbert":
-        return save_modernbert_hf(model, out_dir, overwrite=overwrite)
+        embedding = check_embedding(model.config, "the model's config")
+        hidden = model.config.hidden_size
+        written = save_modernbert_hf(
+            model,
+            out_dir,
+            overwrite=overwrite,
+            write_more=(lambda folder: write_sentence_transformers_files(folder, embedding, hidden))
+            if embedding
+            else None,
+        )
+        return {**written, "embedding": embedding}
     vocab_file, do_lower_case, config, left_out = model_to_write(
         model, "save_hf_model", vocab_file, do_lower_case, include_fresh_heads
     )

@@ -225,12 +225,13 @@ def hf_tensors(model) -> tuple:
 
 
 @writes("out_dir")
-def save_modernbert_hf(model, out_dir, overwrite: bool = False) -> dict:
+def save_modernbert_hf(model, out_dir, overwrite: bool = False, write_more=None) -> dict:
     """Write a kbert ModernBERT as the Hugging Face folder of its transformers class, atomically:
-    config.json, model.safetensors and the tokenizer's files."""
+    config.json, model.safetensors and the tokenizer's files; `write_more(folder)` adds files
+    (a sentence-transformers folder's) before the folder takes its name."""
     tensors, architecture = hf_tensors(model)
     values = model.config.to_hf()
-    for key in ("kbert_model", "kbert_family", "task", "labels"):
+    for key in ("kbert_model", "kbert_family", "task", "labels", "embedding"):
         values.pop(key, None)
     values["architectures"] = [architecture]
     if isinstance(model, (ModernBertClassifier, ModernBertTagger)):
@@ -243,6 +244,8 @@ def save_modernbert_hf(model, out_dir, overwrite: bool = False) -> dict:
         with open(os.path.join(tmp, HF_CONFIG_FILE), "w", encoding="utf-8") as f:
             f.write(json.dumps(values, indent=2) + "\n")
         copy_tokenizer_files(model, tmp)
+        if write_more is not None:
+            write_more(tmp)
     return {
         "architecture": architecture,
         "parameters": int(sum(np.size(v) for v in tensors.values())),

@@ -23,14 +23,13 @@ import os
 import keras
 import numpy as np
 
-from kbert.backend import make_preprocessor
 from kbert.finetuning import readers
 from kbert.finetuning.encoding import encode_text_windows, encode_texts
 from kbert.finetuning.options import window_stride
 from kbert.finetuning.rows import check_start, stream_rows
 from kbert.finetuning.windows import document_mean
-from kbert.model.bert import encoder_of
 from kbert.model.embedding_record import check_pooling, embedding_settings
+from kbert.model.families import encoder_of, make_packer
 from kbert.model.pooling import SentencePooling, l2_normalize
 from kbert.runtime.errors import KbertError, option
 
@@ -100,7 +99,7 @@ class Embedder:
         self.batch_size = int(batch_size)
         self.dimensions = encoder.config.hidden_size
         self.truncated = 0
-        self.preprocessor = make_preprocessor(model.vocab_file, model.do_lower_case, self.settings.max_seq_length)
+        self.preprocessor = make_packer(model, self.settings.max_seq_length)
         # Pooled, not normalised: with windows, a document's vector is normalised after the mean.
         pooled = SentencePooling(self.settings.pooling, name="sentence_pooling")(
             encoder.output["sequence_output"], encoder.input["input_mask"]

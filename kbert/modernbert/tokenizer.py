@@ -58,6 +58,11 @@ class BpeTokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
 
+    def tokens_only(self, text: str) -> list:
+        """The ids of `text`'s tokens, without the template's special tokens."""
+        self._tokenizer.no_truncation()
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
     def decode(self, ids) -> str:
         """The text of `ids`, special tokens included (one id: its token as text)."""
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -304,3 +304,24 @@ def test_fill_mask_on_a_classifier_says_it_has_no_masked_lm_head(folders):
     _, _, kbert_dir = folders["classifier_mean"]
     done = run_kbert("fill-mask", kbert_dir, "a [MASK] here", check=False)
     assert done.returncode == 1 and "has no masked-LM head: it is a classifier" in done.stderr, done.stderr
+
+
+def test_a_sentence_transformers_modernbert_embeds_as_encode_does_and_goes_back(folders, tmp_path):
+    from sentence_transformers import SentenceTransformer, models
+
+    hf_folder, _, _ = folders["masked_lm"]
+    transformer = models.Transformer(str(hf_folder), max_seq_length=24)
+    modules = [transformer, models.Pooling(transformer.get_word_embedding_dimension(), "mean"), models.Normalize()]
+    SentenceTransformer(modules=modules, device="cpu").save(str(tmp_path / "st"))
+    st = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    converted = json.loads(run_kbert("convert", "from-hf", tmp_path / "st", tmp_path / "kbert").stdout)
+    assert converted["embedding"] == {"pooling": "mean", "normalize": True, "max_seq_length": 24}
+    texts = [*HARD_TEXTS, *TEXTS]
+    (tmp_path / "texts.txt").write_text("\n".join(t.replace("\n", " ").strip() or "." for t in texts) + "\n")
+    lines = (tmp_path / "texts.txt").read_text().splitlines()
+    run_kbert("embed", tmp_path / "kbert", "--input", tmp_path / "texts.txt", "--output", tmp_path / "v.jsonl")
+    ours = np.array([json.loads(line)["embedding"] for line in (tmp_path / "v.jsonl").read_text().splitlines()])
+    np.testing.assert_allclose(ours, st.encode(lines, batch_size=4), atol=1e-5)
+    run_kbert("convert", "to-hf", tmp_path / "kbert", tmp_path / "back")
+    again = SentenceTransformer(str(tmp_path / "back"), device="cpu")
+    np.testing.assert_allclose(again.encode(lines), st.encode(lines), atol=1e-6)

@@ -1,0 +1,41 @@
+"""The model families, and what differs between them for code that reads any model: its encoder,
+and the packer that turns its texts into its inputs. BERT: WordPiece from vocab.txt, with segment
+ids; ModernBERT: the byte-level BPE of its tokenizer.json, without them.
+
+>>> import kbert
+>>> config = kbert.BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1,
+...                           num_attention_heads=2, intermediate_size=16)
+>>> family_of(kbert.bert_encoder(config))
+'bert'
+"""
+
+from __future__ import annotations
+
+from kbert.backend import make_preprocessor
+from kbert.model import bert
+from kbert.modernbert.models import FAMILY as MODERNBERT
+from kbert.modernbert.models import ModernBertEncoder
+
+BERT = "bert"
+
+
+def family_of(model) -> str:
+    """ "bert" or "modernbert": the family a kbert model belongs to."""
+    return getattr(model, "family", BERT)
+
+
+def encoder_of(model):
+    """The encoder of a kbert model of any family (the model itself, or the one its heads sit on),
+    or None for anything else."""
+    if family_of(model) == MODERNBERT:
+        return model if isinstance(model, ModernBertEncoder) else getattr(model, "encoder", None)
+    return bert.encoder_of(model)
+
+
+def make_packer(model, sequence_length: int):
+    """The packer (`kbert.text.packing.Packer`) of a model's texts into its inputs."""
+    if family_of(model) == MODERNBERT:
+        from kbert.modernbert.packing import BpePacker
+
+        return BpePacker(model.tokenizer_file, model.config.pad_token_id, sequence_length)
+    return make_preprocessor(model.vocab_file, model.do_lower_case, sequence_length)

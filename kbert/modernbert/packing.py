@@ -1,0 +1,70 @@
+"""ModernBERT's packer: texts, pairs and long documents in windows -> `input_ids` and `input_mask`
+[rows, sequence_length], the `Packer` interface fine-tuning and `embed` read (kbert.text.packing),
+with the tokenizer.json's own template (`[CLS] a [SEP]`, `[CLS] a [SEP] b [SEP]`) and truncation
+(longest first, as transformers cuts a pair). ModernBERT has no segment ids.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kbert.modernbert.tokenizer import BpeTokenizer
+from kbert.runtime.errors import KbertError
+from kbert.text.packing import Rows
+from kbert.text.windows import sliding_windows
+
+
+class BpePacker:
+    """A ModernBERT's `Packer`.
+
+    Args:
+        tokenizer_file: its tokenizer.json.
+        pad_token_id: its config's.
+        sequence_length: every row's length.
+    """
+
+    do_lower_case = False
+
+    def __init__(self, tokenizer_file, pad_token_id: int, sequence_length: int):
+        if sequence_length < 3:
+            raise KbertError(f"sequence length {sequence_length}: a ModernBERT row needs 3 or more tokens")
+        self.tokenizer = BpeTokenizer(tokenizer_file, pad_token_id)
+        self.vocab_file = self.tokenizer.tokenizer_file
+        self.sequence_length = int(sequence_length)
+        self.cls_id = self.tokenizer.encode([""])[0][0]  # the template's first token
+        self.sep_id = self.tokenizer.encode([""])[0][-1]
+
+    def _fill(self, rows) -> dict:
+        ids = np.full((len(rows), self.sequence_length), self.tokenizer.pad_token_id, np.int32)
+        mask = np.zeros((len(rows), self.sequence_length), np.int32)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return {"input_ids": ids, "input_mask": mask}
+
+    def encode(self, texts, texts_b=None):
+        """Texts (and second texts, "" or None for none) -> (features, truncated: bool [rows])."""
+        texts_b = None if texts_b is None else [b or "" for b in texts_b]
+        whole = self.tokenizer.encode(texts, texts_b)
+        cut = self.tokenizer.encode(texts, texts_b, max_length=self.sequence_length)
+        truncated = np.array([len(a) != len(b) for a, b in zip(whole, cut)], bool)
+        return self._fill(cut), truncated
+
+    def encode_windows(self, texts, stride: int):
+        """Documents -> (the features of each window, each document's windows' starts as `Rows`):
+        windows of sequence_length - 2 tokens, `stride` tokens apart, each packed as a text."""
+        room = self.sequence_length - 2
+        documents = [self.tokenizer.tokens_only(text) for text in texts]
+        windows = sliding_windows([len(tokens) for tokens in documents], room, stride, empty_window=True)
+        starts = [[] for _ in documents]
+        rows = []
+        for document, start in zip(windows.document.tolist(), windows.start.tolist()):
+            starts[document].append(start)
+            rows.append([self.cls_id, *documents[document][start : start + room], self.sep_id])
+        return self._fill(rows), Rows.from_lists(starts)
+
+    def encode_words(self, sentences):
+        raise KbertError("tagging words with a ModernBERT is not supported yet; tag with a BERT")
+
+    def encode_word_windows(self, sentences, stride: int):
+        raise KbertError("tagging words with a ModernBERT is not supported yet; tag with a BERT")
