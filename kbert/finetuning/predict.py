@@ -20,7 +20,6 @@ from collections.abc import Iterator
 import keras
 import numpy as np
 
-from kbert.backend import make_preprocessor
 from kbert.config import sequence_length
 from kbert.finetuning import encoding, readers
 from kbert.finetuning.embedding import Embedder, json_vector, one_text_per_row
@@ -30,8 +29,8 @@ from kbert.finetuning.tasks import TASKS, get_task
 from kbert.finetuning.tasks.base import json_floats
 from kbert.formats.model_dir import model_kind
 from kbert.formats.sources import open_model
-from kbert.model.bert import encoder_of
 from kbert.model.embedding_record import embedding_of
+from kbert.model.families import encoder_of, make_packer
 from kbert.runtime.errors import KbertError, option
 from kbert.text.tokenizer import Tokenizer
 
@@ -50,7 +49,7 @@ def _prepare(model_dir, options, overrides):
     opts = dataclasses.replace(opts, **recorded)
     task = get_task(info["task"]) if info.get("task") else None
     length = sequence_length(opts.max_seq_length, model.config.max_position_embeddings, info.get("max_seq_length"))
-    return model, task, opts, make_preprocessor(model.vocab_file, model.do_lower_case, length)
+    return model, task, opts, make_packer(model, length)
 
 
 def evaluate(
@@ -83,7 +82,7 @@ def evaluate(
                 f"which has no task to score; evaluate a model with a task head (written by kbert "
                 f"finetune, or by kbert.save)"
             )
-    packer = functools.partial(make_preprocessor, model.vocab_file, model.do_lower_case)
+    packer = functools.partial(make_packer, model)
     result = task.evaluate(
         model, input_path, opts, preprocessor=preprocessor, packer=packer, where=os.fspath(model_dir)
     )
@@ -273,7 +272,7 @@ def features(model, input_path, max_seq_length, layers=None, batch_size=32) -> I
     """extract_features.py's output for an encoder or pretrained model: the pooled embedding
     (`{"pooled_output": [...]}`), or with `layers` the per-token values of those layers (-1 = last)."""
     resolve_options(None, {"batch_size": batch_size, "max_seq_length": max_seq_length})  # one-line checks
-    preprocessor = make_preprocessor(model.vocab_file, model.do_lower_case, max_seq_length)
+    preprocessor = make_packer(model, max_seq_length)
     examples = readers.read_feature_texts(input_path)
     tally = _Tally()
     rows = stream_rows(

@@ -52,6 +52,7 @@ from kbert.finetuning.tasks import Task, best_metric, get_task
 from kbert.finetuning.tasks.base import TaskData, json_floats
 from kbert.formats.model_dir import CHECKPOINTS_DIR, save
 from kbert.formats.sources import open_model
+from kbert.model.families import make_packer
 from kbert.runtime.errors import KbertError, on_command_line, op_error_text, option
 from kbert.runtime.files import PARTIAL_SUFFIX, atomic_output_dir, atomic_write_text, check_output_dir, writes
 from kbert.training.interruption import FinishingSignals, StopSignals
@@ -167,7 +168,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
 def _read_data(task: Task, base, train, dev, opts, max_seq_length: int, replicas: int):
     """(train, dev) `TaskData` (dev None without a file), read with the packing every export runs
     in its SavedModel, and checked: usable rows, two labels to classify, a batch the replicas split."""
-    preprocessor = backend.make_preprocessor(base.vocab_file, base.do_lower_case, max_seq_length)
+    preprocessor = make_packer(base, max_seq_length)
     read = functools.partial(task.read, preprocessor=preprocessor, options=opts, require_labels=True)
     train_data = read(train, labels=None, training=True)
     labels = train_data.labels

@@ -14,7 +14,7 @@ from __future__ import annotations
 from kbert.backend import make_preprocessor
 from kbert.model import bert
 from kbert.modernbert.models import FAMILY as MODERNBERT
-from kbert.modernbert.models import ModernBertEncoder
+from kbert.modernbert.models import ModernBertClassifier, ModernBertEncoder, ModernBertTagger
 
 BERT = "bert"
 
@@ -39,3 +39,24 @@ def make_packer(model, sequence_length: int):
 
         return BpePacker(model.tokenizer_file, model.config.pad_token_id, sequence_length)
     return make_preprocessor(model.vocab_file, model.do_lower_case, sequence_length)
+
+
+def classifier(base, num_classes: int, *, task_info=None):
+    """A classifier (`num_classes` 1: a regressor) on a model of either family, sharing its encoder."""
+    if family_of(base) == MODERNBERT:
+        return _modernbert_head(ModernBertClassifier, base, num_classes, task_info)
+    return bert.bert_classifier(base, num_classes, task_info=task_info)
+
+
+def tagger(base, num_classes: int, *, task_info=None):
+    """A tagger (logits per token) on a model of either family, sharing its encoder."""
+    if family_of(base) == MODERNBERT:
+        return _modernbert_head(ModernBertTagger, base, num_classes, task_info)
+    return bert.bert_tagger(base, num_classes, task_info=task_info)
+
+
+def _modernbert_head(cls, base, num_classes, task_info):
+    encoder = encoder_of(base)
+    head = cls(encoder.config, num_classes, encoder, tokenizer_file=encoder.tokenizer_file, task_info=task_info)
+    head.tokenizer_folder = getattr(base, "tokenizer_folder", None)
+    return head

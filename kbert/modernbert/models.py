@@ -56,6 +56,8 @@ class _ModernBertModel(keras.Model):
     ids belong to, the heads a converter created fresh, and for task models its task record."""
 
     family = FAMILY
+    # A byte-level BPE keeps case: what code asking any model for its casing reads.
+    do_lower_case = False
 
     def _declare(self, config, tokenizer_file, task_info=None):
         self.config = config

@@ -325,3 +325,50 @@ def test_a_sentence_transformers_modernbert_embeds_as_encode_does_and_goes_back(
     run_kbert("convert", "to-hf", tmp_path / "kbert", tmp_path / "back")
     again = SentenceTransformer(str(tmp_path / "back"), device="cpu")
     np.testing.assert_allclose(again.encode(lines), st.encode(lines), atol=1e-6)
+
+
+SENTIMENT = [
+    ("a great and wonderful film", "pos"),
+    ("i loved it, truly good", "pos"),
+    ("excellent acting and a fine story", "pos"),
+    ("a terrible and boring film", "neg"),
+    ("i hated it, truly bad", "neg"),
+    ("awful acting and a dull story", "neg"),
+]
+
+
+def test_a_finetuned_modernbert_predicts_evaluates_and_goes_to_transformers_alike(folders, tmp_path):
+    hf_folder, _, _ = folders["masked_lm"]
+    train = tmp_path / "train.tsv"
+    train.write_text("text\tlabel\n" + "".join(f"{t}\t{label}\n" for t, label in SENTIMENT * 4))
+    result = json.loads(
+        run_kbert(
+            "finetune", hf_folder, "--task", "classify", "--train", train, "--dev", train, "--output",
+            tmp_path / "clf", "--epochs", "2", "--max-seq-length", "24", "--batch-size", "8",
+            "--learning-rate", "1e-3",
+        ).stdout
+    )  # fmt: skip
+    assert result["max_seq_length"] == 24 and 0 <= result["accuracy"] <= 1
+    rows = [json.loads(line) for line in run_kbert("predict", tmp_path / "clf", "--input", train).stdout.splitlines()]
+    scores = json.loads(run_kbert("evaluate", tmp_path / "clf", "--input", train).stdout)
+    assert scores["examples"] == len(rows) == len(SENTIMENT) * 4
+    run_kbert("convert", "to-hf", tmp_path / "clf", tmp_path / "hf")
+    from transformers import AutoTokenizer, ModernBertForSequenceClassification
+
+    model = ModernBertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    texts = [t for t, _ in SENTIMENT]
+    with torch.no_grad():
+        expected = model(**tokenizer(texts, return_tensors="pt", padding=True)).logits.softmax(-1).numpy()
+    labels = [model.config.id2label[i] for i in range(2)]
+    ours = np.array([[row["probabilities"][label] for label in labels] for row in rows[: len(texts)]])
+    np.testing.assert_allclose(ours, expected, atol=1e-5)
+
+
+def test_tagging_with_a_modernbert_is_refused_in_one_line(folders, tmp_path):
+    hf_folder, _, _ = folders["masked_lm"]
+    train = tmp_path / "train.conll"
+    train.write_text("EU\tB-ORG\nrejects\tO\n\nPeter\tB-PER\nwins\tO\n")
+    done = run_kbert("finetune", hf_folder, "--task", "tag", "--train", train, "--output", tmp_path / "o", check=False)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "ModernBERT" in done.stderr, done.stderr
+    assert not (tmp_path / "o").exists()

@@ -31,7 +31,7 @@ from kbert.finetuning.tasks.base import (
     softmax,
 )
 from kbert.finetuning.windows import document_mean
-from kbert.model import bert
+from kbert.model import families
 from kbert.runtime.errors import KbertError
 
 # TF Serving's Classify API: the signature name an export adds for it, and the method name TF
@@ -167,7 +167,7 @@ class Classify(Task):
             raise KbertError(f"{path} has only one label ({data.labels[0]!r}); classification needs at least two")
 
     def build(self, base, *, labels, task_info=None):
-        return bert.bert_classifier(base, len(labels), task_info=task_info)
+        return families.classifier(base, len(labels), task_info=task_info)
 
     def losses(self):
         return {"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, None

@@ -17,7 +17,7 @@ import numpy as np
 from kbert.finetuning import metrics
 from kbert.finetuning.tasks.base import served_texts_b
 from kbert.finetuning.tasks.classify import Classify, document_gold, document_logits
-from kbert.model import bert
+from kbert.model import families
 from kbert.runtime.errors import KbertError
 
 # TF Serving's Regress API: the signature name an export adds for it, and its method name.
@@ -39,7 +39,7 @@ class Regress(Classify):
         pass
 
     def build(self, base, *, labels, task_info=None):
-        return bert.bert_classifier(base, 1, task_info=task_info)
+        return families.classifier(base, 1, task_info=task_info)
 
     def losses(self):
         return {"logits": keras.losses.MeanSquaredError()}, None

@@ -19,7 +19,7 @@ import numpy as np
 from kbert.finetuning import encoding, metrics, readers
 from kbert.finetuning.options import window_stride
 from kbert.finetuning.tasks.base import Task, TaskData, label_names
-from kbert.model import bert
+from kbert.model import families
 
 
 def fallback_tag(labels):
@@ -83,7 +83,7 @@ class Tag(Task):
         )
 
     def build(self, base, *, labels, task_info=None):
-        return bert.bert_tagger(base, len(labels), task_info=task_info)
+        return families.tagger(base, len(labels), task_info=task_info)
 
     def losses(self):
         # -1 marks positions with no label: [CLS], [SEP], padding, and non-first WordPieces.
