@@ -374,10 +374,47 @@ def test_a_stop_that_lands_in_library_code_still_ends_as_the_stop(number, code):
         "    print(f'kbert: {stop or e}', file=sys.stderr)\n"
         "    sys.exit(getattr(stop, 'exit_code', 130) if stop is not None else 1)\n"
     )
-    process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert process.returncode == code, process.stderr
-    assert "Traceback" not in process.stderr and "ZeroDivisionError" not in process.stderr
+    process = popen_interruptible(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == code, stderr
+    assert "Traceback" not in stderr and "ZeroDivisionError" not in stderr
     if number == signal.SIGTERM:
-        assert process.stderr.strip() == (
+        assert stderr.strip() == (
             "kbert: kbert predict stopped by SIGTERM; its partial outputs were removed, nothing was written"
         )
+
+
+@pytest.mark.parametrize("number, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_that_python_swallows_is_raised_again(number, code):
+    """A signal's exception that lands in a garbage-collector callback (JAX registers one) is
+    swallowed by Python ("Exception ignored in ..."): the command would run on to the end as if
+    no signal had come. It is raised again, and the command stops."""
+    script = (
+        "import gc, os, sys, time, kbert.runtime.processes as p\n"
+        "from kbert.runtime.errors import Interrupted\n"
+        "def callback(phase, info):\n"
+        "    if phase == 'start' and not fired:\n"
+        "        fired.append(1)\n"
+        f"        os.kill(os.getpid(), {int(number)})\n"
+        "        time.sleep(0.2)\n"  # the handler runs here, inside the callback
+        "fired = []\n"
+        "gc.callbacks.append(callback)\n"
+        "try:\n"
+        "    with p.stop_cleanly('kbert predict'):\n"
+        "        gc.collect()\n"
+        "        for _ in range(100):\n"
+        "            time.sleep(0.01)\n"
+        "        print('ran on to the end', flush=True)\n"
+        "except Interrupted as e:\n"
+        "    sys.exit(e.exit_code)\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n"
+    )
+    process = popen_interruptible(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == code and stdout == "", (stdout, stderr)
+    assert "Exception ignored" not in stderr, stderr

@@ -121,10 +121,19 @@ class _Terminated(Interrupted):
     pass
 
 
-def _signalled(stop: BaseException) -> BaseException:
-    """`stop`, recorded as the one a signal raised, with the library errors its landing causes
-    elsewhere silenced: a signal that lands in `Thread.start` leaves the thread it was starting
-    to fail on its first line, and Python would print that thread's traceback."""
+# How soon a swallowed stop's signal is sent again: time for Python to leave what swallowed it.
+RESEND_SECONDS = 0.05
+
+
+def _signalled(stop: BaseException, number: int) -> BaseException:
+    """`stop`, recorded as the one signal `number` raised, with what its landing in the wrong
+    place would do undone:
+
+    - where Python swallows it (a garbage-collector callback, a finalizer: "Exception ignored
+      in ..."), the command would run on as if no signal had come, so the signal is sent again;
+    - where it lands in `Thread.start`, the thread it was starting fails on its first line, and
+      Python would print that thread's traceback: it is not printed.
+    """
     if signalled_stop() is None:
         record_signalled_stop(stop)
         previous_hook = sys.unraisablehook
@@ -132,6 +141,11 @@ def _signalled(stop: BaseException) -> BaseException:
         def quiet_while_stopping(unraisable):
             if signalled_stop() is None:  # a later command in this process: as before
                 previous_hook(unraisable)
+            elif isinstance(unraisable.exc_value, type(signalled_stop())):
+                # Sent again from beside: raised here, it would only be swallowed again.
+                again = threading.Timer(RESEND_SECONDS, os.kill, (os.getpid(), number))
+                again.daemon = True
+                again.start()
 
         sys.unraisablehook = quiet_while_stopping
     return stop
@@ -169,10 +183,10 @@ def stop_cleanly(command: str):
             deadline.append(threading.Timer(STOP_SECONDS, force_exit, (number,)))
             deadline[0].daemon = True
             deadline[0].start()
-        raise _signalled(_Terminated(message, exit_code=128 + number))
+        raise _signalled(_Terminated(message, exit_code=128 + number), number)
 
     def on_sigint(number, frame):
-        raise _signalled(KeyboardInterrupt())
+        raise _signalled(KeyboardInterrupt(), number)
 
     record_signalled_stop(None)
     previous_sigint = None
