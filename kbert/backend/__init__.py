@@ -21,9 +21,10 @@ What it answers:
 - errors: `op_errors()`, the backend's op errors that a one-line message stands in for;
 - text: `make_preprocessor(vocab_file, do_lower_case, sequence_length)`, the packer of
   fine-tuning's inputs (in the graph on TensorFlow, Python and numpy elsewhere);
-- the model and optimizer: `take_positions`, `matmul_transposed`, `empty`, `fused` (the XLA
-  kernels training runs through, or None), `adamw_kernels(adamw)`, `fill_weight(variable,
-  make_value)`, and `LAYERS_ARE_MODULES` (PyTorch's layers are torch.nn.Modules).
+- the model and optimizer: `take_positions`, `real_token_index` (the rows that are not
+  padding), `matmul_transposed`, `empty`, `fused` (the XLA kernels training runs through, or
+  None), `adamw_kernels(adamw)`, `fill_weight(variable, make_value)`, and `LAYERS_ARE_MODULES`
+  (PyTorch's layers are torch.nn.Modules).
 
 Example:
 >>> import numpy as np
@@ -70,6 +71,7 @@ epoch_logger = _running.epoch_logger
 op_errors = _running.op_errors
 make_preprocessor = _running.make_preprocessor
 take_positions = _running.take_positions
+real_token_index = _running.real_token_index
 matmul_transposed = _running.matmul_transposed
 empty = _running.empty
 fused = _running.fused

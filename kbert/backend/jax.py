@@ -3,6 +3,8 @@ and everything else as `kbert.backend.portable` does it without TensorFlow."""
 
 from __future__ import annotations
 
+import keras
+
 from kbert.backend import portable
 
 # Every other answer is the one shared with PyTorch: `kbert.backend.portable`'s.
@@ -60,3 +62,9 @@ def keras_devices(name: str = "auto", tpu: str | None = None) -> list:
 def pretraining_placement(strategy: str, tpu: str | None = None) -> list:
     """Where pretraining runs: the Keras devices for --strategy."""
     return keras_devices(strategy, tpu)
+
+
+def real_token_index(input_mask):
+    """Every row of the flattened [batch · seq]: under jit a shape cannot depend on the mask's
+    values, so the layers that elsewhere skip padding run on all of it (the same values)."""
+    return keras.ops.arange(keras.ops.shape(input_mask)[0] * keras.ops.shape(input_mask)[1], dtype="int32")

@@ -40,6 +40,7 @@ __all__ = [
     "make_preprocessor",
     "matmul_transposed",
     "op_errors",
+    "real_token_index",
     "restore_generator_states",
     "set_random_seed",
     "shuffled_order",
@@ -231,6 +232,13 @@ def make_preprocessor(vocab_file, do_lower_case: bool, sequence_length: int):
 def take_positions(x, positions):
     """x[b, positions[b, p]] for every b and p: [batch, seq, H] and int [batch, P] -> [batch, P, H]."""
     return ops.take_along_axis(x, ops.expand_dims(ops.cast(positions, "int32"), -1), axis=1)
+
+
+def real_token_index(input_mask):
+    """int32 [real tokens]: where the real tokens of a [batch, seq] mask stand in its flattened
+    [batch · seq] rows, for layers that skip padding. (JAX, whose shapes are fixed when it traces,
+    gives every row: `kbert.backend.jax`.)"""
+    return ops.cast(ops.nonzero(ops.reshape(input_mask, (-1,)))[0], "int32")
 
 
 def matmul_transposed(a, b):

@@ -298,6 +298,12 @@ def take_positions(x, positions):
     return tf.gather(x, keras.ops.cast(positions, "int32"), batch_dims=1)
 
 
+def real_token_index(input_mask):
+    """int32 [real tokens]: where the real tokens of a [batch, seq] mask stand in its flattened
+    [batch · seq] rows, for layers that skip padding."""
+    return tf.cast(tf.where(tf.reshape(input_mask, [-1]) > 0)[:, 0], tf.int32)
+
+
 def matmul_transposed(a, b):
     """a · bᵀ for 2-D a [n, k] and b [m, k]."""
     return tf.linalg.matmul(a, b, transpose_b=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from keras import layers, ops
 
+from kbert.backend import real_token_index
 from kbert.model.layers import activation
 from kbert.modernbert.config import SLIDING, ModernBertConfig
 
@@ -40,16 +41,16 @@ class RotaryAngles(layers.Layer):
         super().__init__(**kwargs)
         self.theta, self.head_size = float(theta), int(head_size)
 
-    def call(self, hidden):
-        positions = ops.cast(ops.arange(ops.shape(hidden)[1]), "float32")
+    def call(self, input_mask):
+        positions = ops.cast(ops.arange(ops.shape(input_mask)[1]), "float32")
         freqs = positions[:, None] * ops.convert_to_tensor(inverse_frequencies(self.theta, self.head_size))[None, :]
         angles = ops.concatenate([freqs, freqs], axis=-1)
         return ops.cos(angles), ops.sin(angles)
 
-    def compute_output_spec(self, hidden):
+    def compute_output_spec(self, input_mask):
         from keras import KerasTensor
 
-        shape = (hidden.shape[1], self.head_size)
+        shape = (input_mask.shape[1], self.head_size)
         return KerasTensor(shape, dtype="float32"), KerasTensor(shape, dtype="float32")  # two: one would stand for both
 
 
@@ -143,9 +144,11 @@ class Attention(layers.Layer):
         self.Wqkv.build(input_shape)
         self.Wo.build(input_shape)
 
-    def call(self, hidden, input_mask, cos, sin):
-        batch, seq = ops.shape(hidden)[0], ops.shape(hidden)[1]
-        qkv = ops.reshape(self.Wqkv(hidden), (batch, seq, 3, self.heads, self.head_size))
+    def call(self, tokens, input_mask, index, cos, sin):
+        batch, seq = ops.shape(input_mask)[0], ops.shape(input_mask)[1]
+        width = 3 * self.heads * self.head_size
+        qkv = ops.scatter(index[:, None], self.Wqkv(tokens), (batch * seq, width))  # back in [batch, seq] places
+        qkv = ops.reshape(qkv, (batch, seq, 3, self.heads, self.head_size))
         q, k, v = (ops.transpose(qkv[:, :, i], (0, 2, 1, 3)) for i in range(3))  # [batch, heads, seq, size]
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         real = ops.cast(input_mask, "bool")
@@ -154,17 +157,22 @@ class Attention(layers.Layer):
         else:
             context = windowed_attention(q, k, v, real, self.window)
         context = ops.transpose(context, (0, 2, 1, 3))
-        return self.Wo(ops.reshape(context, (batch, seq, self.heads * self.head_size)))
+        context = ops.reshape(context, (batch * seq, self.heads * self.head_size))
+        return self.Wo(ops.take(context, index, axis=0))
 
-    def compute_output_spec(self, hidden, input_mask, cos, sin):
+    def compute_output_spec(self, tokens, input_mask, index, cos, sin):
         from keras import KerasTensor
 
-        return KerasTensor(hidden.shape, dtype=self.compute_dtype)
+        return KerasTensor(tokens.shape, dtype=self.compute_dtype)
 
 
 class EncoderLayer(layers.Layer):
     """One pre-LayerNorm block: x + attention(norm(x)), then x + Wo(act(a) · g) with a, g = Wi(norm(x)).
-    The first layer has no attention norm (the embeddings' norm precedes it)."""
+    The first layer has no attention norm (the embeddings' norm precedes it).
+
+    It runs on the real tokens only, [real tokens, H] (`RealTokens`): padding costs nothing but
+    in the attention's scores, where each text's tokens are put back in their places.
+    """
 
     def __init__(self, config: ModernBertConfig, index: int, **kwargs):
         super().__init__(**kwargs)
@@ -183,14 +191,14 @@ class EncoderLayer(layers.Layer):
                 layer.build(input_shape)
         self.Wo.build(tuple(input_shape[:-1]) + (self.Wi.units // 2,))
 
-    def call(self, hidden, input_mask, rotary):
+    def call(self, hidden, input_mask, index, rotary):
         cos, sin = rotary[self.layer_type]
         normed = hidden if self.attn_norm is None else self.attn_norm(hidden)
-        hidden = hidden + self.attn(normed, input_mask, cos, sin)
+        hidden = hidden + self.attn(normed, input_mask, index, cos, sin)
         value, gate = ops.split(self.Wi(self.mlp_norm(hidden)), 2, axis=-1)
         return hidden + self.Wo(self.act(value) * gate)
 
-    def compute_output_spec(self, hidden, input_mask, rotary):
+    def compute_output_spec(self, hidden, input_mask, index, rotary):
         from keras import KerasTensor
 
         return KerasTensor(hidden.shape, dtype=self.compute_dtype)
@@ -246,3 +254,42 @@ class Pool(layers.Layer):
         from keras import KerasTensor
 
         return KerasTensor((hidden.shape[0], hidden.shape[2]), dtype=self.compute_dtype)
+
+
+class RealTokens(layers.Layer):
+    """Where the real tokens stand in the flattened [batch · seq] rows (`kbert.backend.real_token_index`)."""
+
+    def call(self, input_mask):
+        return real_token_index(input_mask)
+
+    def compute_output_spec(self, input_mask):
+        from keras import KerasTensor
+
+        return KerasTensor((None,), dtype="int32")
+
+
+class TakeTokens(layers.Layer):
+    """The rows of a [batch, seq, ...] tensor at `index`: [real tokens, ...]."""
+
+    def call(self, x, index):
+        flat = ops.reshape(x, (-1, *x.shape[2:]))
+        return ops.take(flat, index, axis=0)
+
+    def compute_output_spec(self, x, index):
+        from keras import KerasTensor
+
+        return KerasTensor((None, *x.shape[2:]), dtype=x.dtype)
+
+
+class PutTokens(layers.Layer):
+    """[real tokens, H] back in their [batch, seq, H] places (padding: zeros)."""
+
+    def call(self, tokens, index, input_mask):
+        batch, seq = ops.shape(input_mask)[0], ops.shape(input_mask)[1]
+        flat = ops.scatter(index[:, None], tokens, (batch * seq, tokens.shape[-1]))
+        return ops.reshape(flat, (batch, seq, tokens.shape[-1]))
+
+    def compute_output_spec(self, tokens, index, input_mask):
+        from keras import KerasTensor
+
+        return KerasTensor((input_mask.shape[0], input_mask.shape[1], tokens.shape[-1]), dtype=tokens.dtype)

@@ -31,7 +31,10 @@ from kbert.modernbert.layers import (
     EncoderLayer,
     Pool,
     PredictionHead,
+    PutTokens,
+    RealTokens,
     RotaryAngles,
+    TakeTokens,
     TiedDecoder,
     layer_norm,
 )
@@ -95,15 +98,19 @@ class ModernBertEncoder(_ModernBertModel):
         final_norm = layer_norm(config, "final_norm")
 
         inputs = _inputs()
-        hidden = embeddings_norm(tok_embeddings(inputs["input_ids"]))
+        mask = inputs["input_mask"]
+        # The layers run on the real tokens only (JAX: every token), [real tokens, H].
+        index = RealTokens(name="real_tokens")(mask)
+        hidden = embeddings_norm(tok_embeddings(TakeTokens(name="real_ids")(inputs["input_ids"], index)))
         rotary = {
-            kind: RotaryAngles(config.rope_theta(kind), config.head_size, name=f"rotary_{kind}")(hidden)
+            kind: RotaryAngles(config.rope_theta(kind), config.head_size, name=f"rotary_{kind}")(mask)
             for kind in (FULL, SLIDING)
             if kind in config.layer_types
         }
         for layer in encoder_layers:
-            hidden = layer(hidden, inputs["input_mask"], rotary)
-        super().__init__(inputs=inputs, outputs={"sequence_output": final_norm(hidden)}, **kwargs)
+            hidden = layer(hidden, mask, index, rotary)
+        sequence = PutTokens(name="sequence")(final_norm(hidden), index, mask)
+        super().__init__(inputs=inputs, outputs={"sequence_output": sequence}, **kwargs)
         self.tok_embeddings, self.embeddings_norm = tok_embeddings, embeddings_norm
         self.encoder_layers, self.final_norm = encoder_layers, final_norm
         self._declare(config, tokenizer_file)
