@@ -283,6 +283,11 @@ def features(model, input_path, max_seq_length, layers=None, batch_size=32) -> I
 
 def _feature_answers(model, preprocessor, layers, tally, batch_size):
     encoder = encoder_of(model)
+    if not hasattr(encoder, "transformer_layers"):  # a ModernBERT: no pooler, no per-layer outputs here
+        raise KbertError(
+            f"a {type(encoder).__name__} has no pooled output and gives no per-layer features; for one "
+            f"vector per text use kbert embed with {option('pooling')} cls or mean"
+        )
     if layers:
         n = len(encoder.transformer_layers)
         for index in layers:

@@ -372,3 +372,11 @@ def test_tagging_with_a_modernbert_is_refused_in_one_line(folders, tmp_path):
     done = run_kbert("finetune", hf_folder, "--task", "tag", "--train", train, "--output", tmp_path / "o", check=False)
     assert done.returncode == 1 and done.stderr.count("\n") == 1 and "ModernBERT" in done.stderr, done.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_features_of_a_modernbert_are_refused_in_one_line_pointing_to_embed(folders, tmp_path):
+    _, _, kbert_dir = folders["masked_lm"]
+    (tmp_path / "in.txt").write_text("one text\n")
+    done = run_kbert("predict", kbert_dir, "--input", tmp_path / "in.txt", check=False)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "no pooled output" in done.stderr and "kbert embed" in done.stderr
