@@ -10,6 +10,7 @@ import typer
 import kbert
 from kbert.cli.common import print_result
 from kbert.cli.frame import (
+    ANY_MODEL,
     DIR,
     HF_MODEL,
     JSON,
@@ -126,7 +127,7 @@ def from_hf(
 
 
 @app.command("to-hf")
-@command(inputs={"model_dir": MODEL}, outputs={"out_dir": DIR}, tensorflow="backend")
+@command(inputs={"model_dir": ANY_MODEL}, outputs={"out_dir": DIR}, tensorflow="backend")
 def to_hf(
     model_dir: Path = typer.Argument(
         ...,

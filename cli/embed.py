@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from kbert.cli.common import print_result, print_rows
-from kbert.cli.frame import FILE_OR_STREAM, MODEL, TEXT, command
+from kbert.cli.frame import ANY_MODEL, FILE_OR_STREAM, TEXT, command
 from kbert.cli.options import OverwriteRows, ResumeRows
 from kbert.formats.sources import ACCEPTED
 from kbert.runtime.files import is_stream
@@ -17,7 +17,7 @@ OUTPUT_FORMATS = ("jsonl", "npy")
 
 
 # long: one typer option per flag, as --help lists them, then the output's format
-@command(inputs={"model_dir": MODEL, "input": TEXT}, outputs={"output": FILE_OR_STREAM}, tensorflow="backend")
+@command(inputs={"model_dir": ANY_MODEL, "input": TEXT}, outputs={"output": FILE_OR_STREAM}, tensorflow="backend")
 def embed(
     model_dir: Path = typer.Argument(
         ...,

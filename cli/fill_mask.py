@@ -8,11 +8,11 @@ from pathlib import Path
 import typer
 
 from kbert.cli.common import print_result
-from kbert.cli.frame import MODEL, command
+from kbert.cli.frame import ANY_MODEL, command
 from kbert.formats.sources import ACCEPTED
 
 
-@command(inputs={"model_dir": MODEL}, tensorflow="backend")
+@command(inputs={"model_dir": ANY_MODEL}, tensorflow="backend")
 def fill_mask_command(
     model_dir: Path = typer.Argument(..., help=f"A model with a trained MLM head: {ACCEPTED}."),
     text: str = typer.Argument(..., help='Text with one or more [MASK], e.g. "the capital of france is [MASK]."'),

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from kbert.cli.common import print_result
-from kbert.cli.frame import DIR, MODEL, TEXT, command
+from kbert.cli.frame import ANY_MODEL, DIR, TEXT, command
 from kbert.cli.options import DataFormat, options_from
 from kbert.finetuning.options import FinetuneOptions
 
@@ -21,7 +21,7 @@ DEFAULTS = FinetuneOptions()
 
 # long: one typer option per flag, as --help lists them; the body is one call
 @command(
-    inputs={"model_dir": MODEL, "train": TEXT, "dev": TEXT},
+    inputs={"model_dir": ANY_MODEL, "train": TEXT, "dev": TEXT},
     outputs={"output": DIR},
     above_zero=("learning_rate",),
     tensorflow="backend",  # on JAX and PyTorch it trains without TensorFlow

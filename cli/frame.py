@@ -33,7 +33,7 @@ import os
 import shutil
 
 from kbert.cli.common import import_tensorflow_quietly
-from kbert.formats.sources import KINDS, check_source, source_kind
+from kbert.formats.sources import KINDS, check_source, source_family, source_kind
 from kbert.runtime.errors import KbertError, os_error_parts
 from kbert.runtime.files import (
     TEXT_CHECK_BYTES,
@@ -59,6 +59,7 @@ class Input:
     what: what the user should pass, in words, for the message when it is missing.
     accepts: for a model, the source kinds taken (`kbert.formats.sources.KINDS`, and "run" for an
         unfinished training run's folder); None: every kind of model.
+    families: for a model, the model families taken (`kbert.formats.sources.source_family`).
     """
 
     kind: str
@@ -66,6 +67,7 @@ class Input:
     globs: bool = False
     what: str | None = None
     accepts: tuple | None = None
+    families: tuple = ("bert",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,10 +93,12 @@ TEXT = Input("file", "text")
 TEXT_FILES = Input("file", "text", globs=True)
 JSON = Input("file", "json")
 RECORDS = Input("file", "records", globs=True)
-MODEL = Input("model")  # any model source kbert reads (kbert.formats.sources.open_model)
-MODEL_OR_RUN = Input("model", accepts=(*KINDS, "run"))  # convert inspect: unfinished runs too
+FAMILIES = ("bert", "modernbert")
+MODEL = Input("model")  # any BERT source kbert reads (kbert.formats.sources.open_model)
+ANY_MODEL = Input("model", families=FAMILIES)  # a BERT or a ModernBERT
+MODEL_OR_RUN = Input("model", accepts=(*KINDS, "run"), families=FAMILIES)  # convert inspect: unfinished runs too
 TF1_CHECKPOINT = Input("model", accepts=("tf1",))
-HF_MODEL = Input("model", accepts=("hf",))
+HF_MODEL = Input("model", accepts=("hf",), families=FAMILIES)
 TFHUB_MODEL = Input("model", accepts=("tfhub",))
 KERAS_HUB_PRESET = Input("model", accepts=("keras_hub",))
 
@@ -264,6 +268,12 @@ def check_input(path: str, declared: Input, flag: str):
             check_source(path, declared.accepts)
         except KbertError as e:
             raise KbertError(f"{flag} {e}") from None
+        if source_family(path) not in declared.families:
+            raise KbertError(
+                f"{flag} {path}: a ModernBERT, and this command takes BERT models only so far; a ModernBERT "
+                f"converts from and to Hugging Face, fills masks, embeds, fine-tunes to classify or regress, "
+                f"predicts and evaluates (docs/modernbert.md)"
+            )
         return
     if is_url(path):
         return  # a remote file system's (gs://, ...): its runner checks it

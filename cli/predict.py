@@ -11,14 +11,14 @@ from pathlib import Path
 import typer
 
 from kbert.cli.common import print_result, print_rows
-from kbert.cli.frame import FILE_OR_STREAM, MODEL, TEXT, command
+from kbert.cli.frame import ANY_MODEL, FILE_OR_STREAM, TEXT, command
 from kbert.cli.options import DataFormat, OverwriteRows, ResumeRows, SkipMalformedRows
 from kbert.runtime.files import is_stream
 
 
 # long: one typer option per flag, as --help lists them, then the choice of a local or a served model
 @command(
-    inputs={"model_dir": MODEL, "input": TEXT},
+    inputs={"model_dir": ANY_MODEL, "input": TEXT},
     outputs={"output": FILE_OR_STREAM},
     above_zero=("timeout",),
     tensorflow="backend",
@@ -121,7 +121,7 @@ def predict(
     print_rows(rows(0), output)
 
 
-@command(inputs={"model_dir": MODEL, "input": TEXT}, tensorflow="backend")
+@command(inputs={"model_dir": ANY_MODEL, "input": TEXT}, tensorflow="backend")
 def evaluate(
     model_dir: Path = typer.Argument(
         ...,

@@ -214,6 +214,28 @@ def _kbert_family(path: str) -> bool:
         return False
 
 
+def source_family(path) -> str:
+    """The model family of a source `source_kind` names: "modernbert" for a ModernBERT's kbert model
+    directory or Hugging Face folder (their config.json says so), else "bert". Read from config.json
+    alone; nothing is loaded.
+
+    >>> source_family("tests/fixtures/tf1-tiny")
+    'bert'
+    """
+    path = os.fspath(path)
+    kind = source_kind(path)
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    if kind not in ("kbert", "hf") or not os.path.isfile(os.path.join(folder, _JSON_CONFIG)):
+        return "bert"
+    try:
+        with open(os.path.join(folder, _JSON_CONFIG), encoding="utf-8") as f:
+            values = json.load(f)
+        family = values.get("kbert_family") or values.get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return "bert"  # its reader says what is wrong with it
+    return "modernbert" if family == "modernbert" else "bert"
+
+
 def _file_kind(path: str) -> str:
     if path.endswith(".keras"):
         return "keras"

@@ -380,3 +380,21 @@ def test_features_of_a_modernbert_are_refused_in_one_line_pointing_to_embed(fold
     done = run_kbert("predict", kbert_dir, "--input", tmp_path / "in.txt", check=False)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert "no pooled output" in done.stderr and "kbert embed" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export", "{model}", "{out}"],
+        ["convert", "to-tf1", "{model}", "{out}"],
+        ["convert", "to-keras-hub", "{model}", "{out}"],
+        ["extend", "{model}", "{out}", "--max-position-embeddings", "1024"],
+    ],
+)
+def test_commands_that_take_bert_only_say_so_of_a_modernbert_in_one_line(folders, tmp_path, command):
+    _, _, kbert_dir = folders["masked_lm"]
+    args = [part.format(model=kbert_dir, out=tmp_path / "out") for part in command]
+    done = run_kbert(*args, check=False)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "a ModernBERT, and this command takes BERT models only so far" in done.stderr
+    assert not (tmp_path / "out").exists()
