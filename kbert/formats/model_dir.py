@@ -30,8 +30,8 @@ from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
 from kbert.model.initializers import unfilled
 from kbert.model.kinds import HEAD_KINDS, TASK_KEYS, model_classes, model_kind
 from kbert.modernbert import directory as modernbert_directory
-from kbert.runtime.errors import KbertError, first_line, os_error_or
-from kbert.runtime.files import atomic_output_dir, count_lines, require_path, save_weights, writes
+from kbert.runtime.errors import KbertError, first_line
+from kbert.runtime.files import atomic_output_dir, count_lines, load_weights, require_path, save_weights, writes
 
 log = logging.getLogger("kbert")
 
@@ -306,12 +306,7 @@ def load(model_dir):
     with unfilled():
         model = builders[kind](config, **head, vocabulary=vocabulary)
     model.fresh_heads = tuple(h for h in heads_of(kind) if h in fresh_heads)
-    try:
-        model.load_weights(weights)
-    except (ValueError, OSError) as e:
-        raise os_error_or(
-            e, f"{weights}: cannot load ({first_line(e)}); the file is damaged or does not match bert_config.json"
-        ) from None
+    load_weights(model, weights, CONFIG_FILE)
     if kind in HEAD_KINDS and "task" not in model.task_info:
         # A head saved without its task (before kbert.save recorded one): its kind's, as saved now.
         with contextlib.suppress(KbertError):

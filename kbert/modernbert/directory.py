@@ -16,7 +16,7 @@ from kbert.modernbert.config import ModernBertConfig
 from kbert.modernbert.models import FAMILY, MODEL_CLASSES
 from kbert.modernbert.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES, copy_tokenizer_files
 from kbert.runtime.errors import KbertError, first_line, os_error_or
-from kbert.runtime.files import atomic_output_dir, require_path, save_weights
+from kbert.runtime.files import atomic_output_dir, load_weights, require_path, save_weights
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
@@ -83,12 +83,7 @@ def load(model_dir):
         head = {"num_classes": int(extras["num_classes"]), "task_info": task_info}
     with unfilled():
         model = MODEL_CLASSES[kind](config, tokenizer_file=tokenizer_file, **head)
-    try:
-        model.load_weights(weights)
-    except (ValueError, OSError) as e:
-        raise os_error_or(
-            e, f"{weights}: cannot load ({first_line(e)}); the file is damaged or does not match config.json"
-        ) from None
+    load_weights(model, weights, CONFIG_FILE)
     model.tokenizer_folder = model_dir
     return model
 

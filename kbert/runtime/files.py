@@ -14,7 +14,7 @@ import shutil
 import stat
 import uuid
 
-from kbert.runtime.errors import KbertError, on_command_line, option, user_path
+from kbert.runtime.errors import KbertError, first_line, on_command_line, option, os_error_or, user_path
 from kbert.runtime.locks import output_lock
 from kbert.runtime.processes import at_forced_exit
 
@@ -264,6 +264,17 @@ def save_weights(model, path):
     """
     check_free_space(path, weights_file_bytes(model), os.path.basename(os.fspath(path)).removeprefix(".tmp-"))
     model.save_weights(path)
+
+
+def load_weights(model, path, config_name: str):
+    """`model.load_weights(path)`, or one line: the file is damaged, or not of the model its
+    `config_name` describes."""
+    try:
+        model.load_weights(path)
+    except (ValueError, OSError) as e:
+        raise os_error_or(
+            e, f"{path}: cannot load ({first_line(e)}); the file is damaged or does not match {config_name}"
+        ) from None
 
 
 def weights_file_bytes(model) -> int:
