@@ -398,3 +398,43 @@ def test_commands_that_take_bert_only_say_so_of_a_modernbert_in_one_line(folders
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert "a ModernBERT, and this command takes BERT models only so far" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+TRAIN_STEP = r"""
+import sys, numpy as np, keras, kbert
+model = kbert.load(sys.argv[1])
+ids = np.array([[1, 50, 60, 70, 2, 3, 3], [1, 80, 90, 2, 3, 3, 3]], "int32")
+model.compile(optimizer=keras.optimizers.SGD(0.5),
+              loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)})
+loss = model.train_on_batch({"input_ids": ids, "input_mask": (ids != 3).astype("int32")}, {"logits": np.array([0, 2])})
+np.savez(sys.argv[2], loss=np.asarray(loss), *[keras.ops.convert_to_numpy(w) for w in model.weights])
+"""
+
+
+def test_a_training_step_is_the_same_on_every_backend(folders, tmp_path):
+    """One SGD step of the classifier (`mean` pooling, every bias) moves every weight alike on
+    TensorFlow, JAX and PyTorch: the gradients agree, through the windowed and chunked attention
+    and the real-token gathers."""
+    _, _, kbert_dir = folders["classifier_mean"]
+    after = {}
+    for backend in ("tensorflow", "jax", "torch"):
+        out = tmp_path / f"{backend}.npz"
+        env = dict(os.environ, KERAS_BACKEND=backend)
+        done = subprocess.run(
+            [sys.executable, "-c", TRAIN_STEP, kbert_dir, out], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        after[backend] = np.load(out)
+    names = [k for k in after["tensorflow"].files if k.startswith("arr_")]
+    before = kbert_weights(kbert_dir)
+    assert max(float(np.abs(after["tensorflow"][k] - w).max()) for k, w in zip(names, before)) > 1e-3  # it moved
+    for backend in ("jax", "torch"):
+        assert abs(float(after[backend]["loss"]) - float(after["tensorflow"]["loss"])) < 1e-5
+        for name in names:
+            np.testing.assert_allclose(after[backend][name], after["tensorflow"][name], atol=1e-5, err_msg=backend)
+
+
+def kbert_weights(model_dir):
+    import kbert
+
+    return [keras.ops.convert_to_numpy(w) for w in kbert.load(model_dir).weights]
