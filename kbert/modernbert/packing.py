@@ -50,11 +50,8 @@ class BpePacker:
         truncated = np.array([len(a) != len(b) for a, b in zip(whole, cut)], bool)
         return self._fill(cut), truncated
 
-    def encode_windows(self, texts, stride: int):
-        """Documents -> (the features of each window, each document's windows' starts as `Rows`):
-        windows of sequence_length - 2 tokens, `stride` tokens apart, each packed as a text."""
+    def _windows(self, documents, stride: int):
         room = self.sequence_length - 2
-        documents = [self.tokenizer.tokens_only(text) for text in texts]
         windows = sliding_windows([len(tokens) for tokens in documents], room, stride, empty_window=True)
         starts = [[] for _ in documents]
         rows = []
@@ -63,8 +60,26 @@ class BpePacker:
             rows.append([self.cls_id, *documents[document][start : start + room], self.sep_id])
         return self._fill(rows), Rows.from_lists(starts)
 
+    def encode_windows(self, texts, stride: int):
+        """Documents -> (the features of each window, each document's windows' starts as `Rows`):
+        windows of sequence_length - 2 tokens, `stride` tokens apart, each packed as a text."""
+        return self._windows([self.tokenizer.tokens_only(text) for text in texts], stride)
+
     def encode_words(self, sentences):
-        raise KbertError("tagging words with a ModernBERT is not supported yet; tag with a BERT")
+        """Sentences of words -> (features, each word's first token's position ([CLS] is 0, -1 for
+        a word cut off) as `Rows`, truncated: bool [sentences])."""
+        room = self.sequence_length - 2
+        rows, positions, truncated = [], [], np.zeros(len(sentences), bool)
+        for i, words in enumerate(sentences):
+            pieces, first = self.tokenizer.word_pieces(words)
+            truncated[i] = len(pieces) > room
+            rows.append([self.cls_id, *pieces[:room], self.sep_id])
+            positions.append([f + 1 if 0 <= f < room else -1 for f in first])
+        return self._fill(rows), Rows.from_lists(positions), truncated
 
     def encode_word_windows(self, sentences, stride: int):
-        raise KbertError("tagging words with a ModernBERT is not supported yet; tag with a BERT")
+        """Documents of words -> (the features of each window, the windows' starts, each word's
+        first token counted from 0 in its document as `Rows`)."""
+        pieces = [self.tokenizer.word_pieces(words) for words in sentences]
+        features, starts = self._windows([ids for ids, _ in pieces], stride)
+        return features, starts, Rows.from_lists([first for _, first in pieces])

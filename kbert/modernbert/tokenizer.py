@@ -63,6 +63,18 @@ class BpeTokenizer:
         self._tokenizer.no_truncation()
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
+    def word_pieces(self, words) -> tuple:
+        """(the ids of `words`' tokens, without special tokens; each word's first token's index,
+        -1 for a word with none), each word tokenized on its own as transformers'
+        `is_split_into_words` tokenizes it."""
+        self._tokenizer.no_truncation()
+        encoding = self._tokenizer.encode(list(words), is_pretokenized=True, add_special_tokens=False)
+        first = [-1] * len(words)
+        for index, word in enumerate(encoding.word_ids):
+            if word is not None and first[word] < 0:
+                first[word] = index
+        return encoding.ids, first
+
     def decode(self, ids) -> str:
         """The text of `ids`, special tokens included (one id: its token as text)."""
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)

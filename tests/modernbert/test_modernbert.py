@@ -365,13 +365,43 @@ def test_a_finetuned_modernbert_predicts_evaluates_and_goes_to_transformers_alik
     np.testing.assert_allclose(ours, expected, atol=1e-5)
 
 
-def test_tagging_with_a_modernbert_is_refused_in_one_line(folders, tmp_path):
+def test_words_pack_as_transformers_packs_words_split_in_advance(folders):
+    """A tagger's words: each tokenized on its own (transformers' `is_split_into_words`), cut to
+    the length, each word's first token found (-1: cut off)."""
+    from transformers import AutoTokenizer
+
+    from kbert.modernbert.packing import BpePacker
+
+    hf_folder, _, kbert_dir = folders["masked_lm"]
+    theirs = AutoTokenizer.from_pretrained(hf_folder)
+    sentences = [["EU", "rejects", "German", "call"], ["Peter", "Blackburn", "🤗", "東京"], ["a"] * 40]
+    packer = BpePacker(kbert_dir / "tokenizer.json", theirs.pad_token_id, 24)
+    features, positions, truncated = packer.encode_words(sentences)
+    for row, words in enumerate(sentences):
+        expected = theirs(words, is_split_into_words=True, truncation=True, max_length=24)
+        width = len(expected["input_ids"])
+        assert features["input_ids"][row, :width].tolist() == expected["input_ids"]
+        assert features["input_mask"][row].sum() == width
+        word_ids = expected.word_ids()
+        first = [word_ids.index(w) if w in word_ids else -1 for w in range(len(words))]
+        assert positions.to_list()[row] == first
+    whole = [len(theirs(words, is_split_into_words=True)["input_ids"]) for words in sentences]
+    assert truncated.tolist() == [n > 24 for n in whole] and not all(truncated) and any(truncated)
+
+
+def test_a_modernbert_tagger_finetunes_and_tags_each_word(folders, tmp_path):
     hf_folder, _, _ = folders["masked_lm"]
     train = tmp_path / "train.conll"
-    train.write_text("EU\tB-ORG\nrejects\tO\n\nPeter\tB-PER\nwins\tO\n")
-    done = run_kbert("finetune", hf_folder, "--task", "tag", "--train", train, "--output", tmp_path / "o", check=False)
-    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "ModernBERT" in done.stderr, done.stderr
-    assert not (tmp_path / "o").exists()
+    train.write_text("EU\tB-ORG\nrejects\tO\nGerman\tB-MISC\n\nPeter\tB-PER\nwins\tO\n\n" * 4)
+    run_kbert(
+        "finetune", hf_folder, "--task", "tag", "--train", train, "--output", tmp_path / "tagger",
+        "--epochs", "1", "--max-seq-length", "16", "--batch-size", "4",
+    )  # fmt: skip
+    rows = [
+        json.loads(line) for line in run_kbert("predict", tmp_path / "tagger", "--input", train).stdout.splitlines()
+    ]
+    assert len(rows) == 8 and rows[0]["words"] == ["EU", "rejects", "German"] and len(rows[0]["tags"]) == 3
+    assert {tag for row in rows for tag in row["tags"]} <= {"B-ORG", "O", "B-MISC", "B-PER"}
 
 
 def test_features_of_a_modernbert_are_refused_in_one_line_pointing_to_embed(folders, tmp_path):
