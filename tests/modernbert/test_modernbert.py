@@ -311,7 +311,8 @@ def test_a_sentence_transformers_modernbert_embeds_as_encode_does_and_goes_back(
 
     hf_folder, _, _ = folders["masked_lm"]
     transformer = models.Transformer(str(hf_folder), max_seq_length=24)
-    modules = [transformer, models.Pooling(transformer.get_word_embedding_dimension(), "mean"), models.Normalize()]
+    width = transformer.get_embedding_dimension()
+    modules = [transformer, models.Pooling(width, "mean"), models.Normalize()]
     SentenceTransformer(modules=modules, device="cpu").save(str(tmp_path / "st"))
     st = SentenceTransformer(str(tmp_path / "st"), device="cpu")
     converted = json.loads(run_kbert("convert", "from-hf", tmp_path / "st", tmp_path / "kbert").stdout)
