@@ -271,7 +271,7 @@ def check_input(path: str, declared: Input, flag: str):
         if source_family(path) not in declared.families:
             raise KbertError(
                 f"{flag} {path}: a ModernBERT, and this command takes BERT models only so far; a ModernBERT "
-                f"converts from and to Hugging Face, fills masks, embeds, fine-tunes to classify or regress, "
+                f"converts from and to Hugging Face, fills masks, embeds, fine-tunes to classify, regress or tag, "
                 f"predicts and evaluates (docs/modernbert.md)"
             )
         return

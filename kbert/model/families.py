@@ -14,7 +14,7 @@ from __future__ import annotations
 from kbert.backend import make_preprocessor
 from kbert.model import bert
 from kbert.modernbert.models import FAMILY as MODERNBERT
-from kbert.modernbert.models import ModernBertClassifier, ModernBertEncoder, ModernBertTagger
+from kbert.modernbert.models import ModernBertClassifier, ModernBertEncoder, ModernBertMaskedLM, ModernBertTagger
 
 BERT = "bert"
 
@@ -39,6 +39,17 @@ def make_packer(model, sequence_length: int):
 
         return BpePacker(model.tokenizer_file, model.config.pad_token_id, sequence_length)
     return make_preprocessor(model.vocab_file, model.do_lower_case, sequence_length)
+
+
+def fill_masks(model, text: str, top_k: int, mask: str) -> dict | None:
+    """A masked LM's predictions at each `mask` in `text`, where the family reads text its own way
+    (a ModernBERT's masked LM: its tokenizer.json); None for any other model, which
+    `kbert.pretraining.fill_mask` fills (a BERT) or refuses."""
+    if not isinstance(model, ModernBertMaskedLM):
+        return None
+    from kbert.modernbert.fill_mask import fill_mask
+
+    return fill_mask(model, text, top_k, mask)
 
 
 def classifier(base, num_classes: int, *, task_info=None):

@@ -10,8 +10,7 @@ import numpy as np
 
 from kbert.modernbert.tokenizer import BpeTokenizer
 from kbert.runtime.errors import KbertError
-from kbert.text.packing import Rows
-from kbert.text.windows import sliding_windows
+from kbert.text.packing import Rows, window_rows
 
 
 class BpePacker:
@@ -51,13 +50,9 @@ class BpePacker:
         return self._fill(cut), truncated
 
     def _windows(self, documents, stride: int):
-        room = self.sequence_length - 2
-        windows = sliding_windows([len(tokens) for tokens in documents], room, stride, empty_window=True)
-        starts = [[] for _ in documents]
-        rows = []
-        for document, start in zip(windows.document.tolist(), windows.start.tolist()):
-            starts[document].append(start)
-            rows.append([self.cls_id, *documents[document][start : start + room], self.sep_id])
+        rows, starts = window_rows(
+            documents, self.sequence_length - 2, stride, lambda tokens: [self.cls_id, *tokens, self.sep_id]
+        )
         return self._fill(rows), Rows.from_lists(starts)
 
     def encode_windows(self, texts, stride: int):

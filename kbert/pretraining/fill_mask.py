@@ -10,8 +10,7 @@ import numpy as np
 from kbert.formats.model_dir import model_kind
 from kbert.formats.sources import open_model
 from kbert.model.bert import BertPretrainer
-from kbert.modernbert.fill_mask import fill_mask as fill_modernbert_masks
-from kbert.modernbert.models import ModernBertMaskedLM
+from kbert.model.families import fill_masks
 from kbert.runtime.errors import KbertError, option
 from kbert.text.tokenizer import Tokenizer
 
@@ -79,8 +78,9 @@ def fill_mask(model_dir, text: str, top_k: int = 5, model=None) -> dict:
     if top_k < 1:
         raise KbertError(f"{option('top_k')} must be at least 1, got {top_k}")
     model = model or open_model(model_dir)
-    if isinstance(model, ModernBertMaskedLM):
-        return fill_modernbert_masks(model, text, top_k, MASK)
+    filled = fill_masks(model, text, top_k, MASK)  # a family that reads text its own way
+    if filled is not None:
+        return filled
     if not isinstance(model, BertPretrainer):
         raise KbertError(
             f"{model_dir} has no masked-LM head: it is {what_it_is(model)}; fill-mask needs a "

@@ -178,6 +178,22 @@ def _single(tokens, sequence_length: int, cls_id: int, sep_id: int) -> tuple[lis
     return ids, len(ids)
 
 
+def window_rows(documents, room: int, stride: int, pack) -> tuple[list, list]:
+    """(each window's row, `pack(its tokens)`; each document's windows' starts) of documents given
+    as token id lists: run_squad.py's windows of `room` tokens, `stride` apart (`sliding_windows`).
+
+    >>> window_rows([[5, 6, 7]], room=2, stride=1, pack=list)
+    ([[5, 6], [6, 7]], [[0, 1]])
+    """
+    windows = sliding_windows([len(tokens) for tokens in documents], room, stride, empty_window=True)
+    starts = [[] for _ in documents]
+    rows = []
+    for document, start in zip(windows.document.tolist(), windows.start.tolist()):
+        starts[document].append(start)
+        rows.append(pack(documents[document][start : start + room]))
+    return rows, starts
+
+
 def _fill(rows, sequence_length: int) -> dict[str, np.ndarray]:
     """Rows of (ids, how many of them are segment 0) -> the three inputs, int32, zero padded."""
     out = {name: np.zeros((len(rows), sequence_length), np.int32) for name in ENCODER_INPUTS}
@@ -285,13 +301,7 @@ class PythonPreprocessor:
     def _windows(self, documents, stride: int):
         """(the three inputs of each window, the windows' starts) of documents given as token id
         lists, as `kbert.text.graph_packer.pack_token_windows` packs them."""
-        room = self.sequence_length - 2
-        windows = sliding_windows([len(tokens) for tokens in documents], room, stride, empty_window=True)
-        starts = [[] for _ in documents]
-        rows = []
-        for document, start in zip(windows.document.tolist(), windows.start.tolist()):
-            starts[document].append(start)
-            rows.append(self._single(documents[document][start : start + room]))
+        rows, starts = window_rows(documents, self.sequence_length - 2, stride, self._single)
         return _fill(rows, self.sequence_length), starts
 
     def pack_windows(self, texts, stride: int):
