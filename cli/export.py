@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from kbert.cli.common import print_result
-from kbert.cli.frame import DIR_IN_PLACE, MODEL, command
+from kbert.cli.frame import ANY_MODEL, DIR_IN_PLACE, command
 from kbert.formats.sources import ACCEPTED
 from kbert.runtime.errors import KbertError
 from kbert.runtime.files import check_apart
@@ -17,7 +17,7 @@ from kbert.runtime.files import check_apart
 # The serving export writes EXPORT_BASE in place (a new version beside the others); --format tfhub
 # replaces it whole, so that branch also refuses a base that holds the model.
 # long: one typer option per flag, as --help lists them; the body is a few calls
-@command(inputs={"model_dir": MODEL}, outputs={"export_base": DIR_IN_PLACE}, tensorflow="keras")
+@command(inputs={"model_dir": ANY_MODEL}, outputs={"export_base": DIR_IN_PLACE}, tensorflow="keras")
 def export(
     model_dir: Path = typer.Argument(..., help=f"The model (converted, pretrained or fine-tuned): {ACCEPTED}."),
     export_base: Path = typer.Argument(

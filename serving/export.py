@@ -53,8 +53,9 @@ from kbert.config import sequence_length
 from kbert.finetuning.options import window_stride
 from kbert.finetuning.tasks import get_task, head_task
 from kbert.formats.sources import open_model
-from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
+from kbert.model.bert import BertEncoder, BertPretrainer
 from kbert.model.embedding_record import embedding_of
+from kbert.model.families import MODERNBERT, encoder_of, family_of
 from kbert.model.kinds import model_kind
 from kbert.runtime.errors import KbertError, option
 from kbert.runtime.files import atomic_output_dir, writes
@@ -78,7 +79,7 @@ from kbert.serving.models_config import (  # noqa: F401
     write_batching_parameters,
     write_models_config,
 )
-from kbert.serving.optimize import optimize
+from kbert.serving.optimize import optimize, optimize_modernbert
 from kbert.serving.signatures import (
     exported_signatures,  # noqa: F401
     set_method_name,
@@ -115,9 +116,11 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=Fal
     weights as graph constants if `constant_weights` and its dense layers in int8 if `int8`."""
 
     def serving(m):
+        if family_of(model) == MODERNBERT:
+            return optimize_modernbert(m, constant_weights=constant_weights, int8=int8)
         return optimize(m, constant_weights=constant_weights, int8=int8)
 
-    if isinstance(model, (BertEncoder, BertPretrainer)):
+    if isinstance(model, (BertEncoder, BertPretrainer)) or _is_modernbert_encoder(model):
         if embedding_of(model) is not None:  # a sentence-embedding model serves its vectors
             return serve_embedding(model, serving, text_pairs)
         return serve_encoder(serving(encoder_of(model)), bool(text_pairs))
@@ -139,6 +142,21 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=Fal
         pairs = bool(task_info.get("text_pairs", True)) if text_pairs is None else text_pairs
         head = head._replace(text_inputs={"text": 1, "text_b": 1} if pairs else {"text": 1})
     return head
+
+
+def _is_modernbert_encoder(model) -> bool:
+    """A ModernBERT without a task head (its encoder, or its masked LM): served as an encoder."""
+    return family_of(model) == MODERNBERT and not getattr(model, "num_classes", None)
+
+
+def _graph_packer(model, length: int):
+    """The model's text -> ids inside the graph: the original tokenizer for a BERT, the
+    tokenizer.json's byte-level BPE for a ModernBERT."""
+    if family_of(model) == MODERNBERT:
+        from kbert.modernbert.graph_tokenizer import BpeGraphPacker
+
+        return BpeGraphPacker(model.tokenizer_file, length, model.config.pad_token_id)
+    return BertPreprocessor(model.vocab_file, model.do_lower_case, length)
 
 
 def _warmup_requests(path: str, name: str, text_inputs: dict, fits=lambda texts: True):
@@ -257,6 +275,12 @@ def export_model(
     if length < 3:
         raise KbertError(f"{option('max_seq_length', length)} must be at least 3 ([CLS] x [SEP])")
     windows = None
+    if task_info.get("long_text") == "windows" and family_of(model) == MODERNBERT:
+        raise KbertError(
+            f"{model_dir} reads long documents in windows (long_text windows), which an export builds in the "
+            f"graph for BERT models only; serve this ModernBERT with `kbert predict`, or fine-tune it with "
+            f"--long-text truncate to export it"
+        )
     if task_info.get("long_text") == "windows":
         # Whole documents, in the windows the model was fine-tuned on (kbert.serving.heads.serve_windows).
         windows = (window_stride(task_info.get("doc_stride"), length), max_windows or MAX_WINDOWS)
@@ -266,11 +290,12 @@ def export_model(
             f"{model_dir} truncates long texts: drop {option('max_windows')}"
         )
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows)
-    preprocessor = BertPreprocessor(model.vocab_file, model.do_lower_case, length)
-    preprocessor((tf.constant(["warm up"]), tf.constant(["b"])))  # builds it, so ExportArchive may track it
+    preprocessor = _graph_packer(model, length)
+    # Built by a first call, so that ExportArchive may track it; its keys are serve_ids' inputs.
+    id_names = list(preprocessor((tf.constant(["warm up"]), tf.constant(["b"]))))
 
     # --- the signatures ---
-    archive = _archive(head, preprocessor, model.vocab_file, windows)
+    archive = _archive(head, preprocessor, _vocabulary_file(model), windows, id_names)
 
     # --- finish: the version directory, renamed into place whole, and TF Serving's files ---
     os.makedirs(export_base, exist_ok=True)
@@ -331,7 +356,12 @@ def _open_in_precision(model_dir, policy: str):
         keras.mixed_precision.set_global_policy(previous)
 
 
-def _archive(head: ServingHead, preprocessor, vocab_file: str, windows):
+def _vocabulary_file(model) -> str:
+    """The file the export's assets carry for clients: a BERT's vocab.txt, a ModernBERT's tokenizer.json."""
+    return model.tokenizer_file if family_of(model) == MODERNBERT else model.vocab_file
+
+
+def _archive(head: ServingHead, preprocessor, vocab_file: str, windows, id_names):
     """A `keras.export.ExportArchive` holding the tokenizer's tables and the signatures: serving_default,
     serve_ids, serve_examples, and the head's Classify or Regress API signature if it has one."""
 
@@ -359,7 +389,8 @@ def _archive(head: ServingHead, preprocessor, vocab_file: str, windows):
     archive.track(preprocessor)  # its tokenizer's vocabulary lookup table
     # The tokenizer's table is built from the vocabulary in memory (the exact load_vocab
     # semantics: stripped lines, the last id of a repeated token). This id -> token table
-    # reads the vocabulary from the SavedModel's assets, which puts vocab.txt there for clients.
+    # reads the vocabulary from the SavedModel's assets, which puts vocab.txt there for clients
+    # (a ModernBERT's tokenizer.json: a table of its lines, there for the same reason).
     archive.track(
         tf.lookup.StaticHashTable(
             tf.lookup.TextFileInitializer(
@@ -372,11 +403,11 @@ def _archive(head: ServingHead, preprocessor, vocab_file: str, windows):
             default_value="[UNK]",
         )
     )
-    _add_signatures(archive, head, pack, packer)
+    _add_signatures(archive, head, pack, packer, id_names)
     return archive
 
 
-def _add_signatures(archive, head: ServingHead, pack, packer):
+def _add_signatures(archive, head: ServingHead, pack, packer, id_names):
     """The export's signatures, each calling the head's outputs on text packed by `pack` (single
     texts and pairs) or `packer` (documents in windows)."""
     outputs = head.outputs
@@ -399,8 +430,14 @@ def _add_signatures(archive, head: ServingHead, pack, packer):
 
     text_signature = [tf.TensorSpec([None] * rank, tf.string, name=name) for name, rank in head.text_inputs.items()]
 
-    def serve_ids(input_ids, input_mask, segment_ids):
-        return outputs({"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids})
+    if len(id_names) == 3:
+
+        def serve_ids(input_ids, input_mask, segment_ids):
+            return outputs({"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids})
+    else:  # a model without segment ids (ModernBERT)
+
+        def serve_ids(input_ids, input_mask):
+            return outputs({"input_ids": input_ids, "input_mask": input_mask})
 
     def parse_examples(examples):
         # One bytes feature per input: `text` required, a second text "" when absent, and a
@@ -430,7 +467,7 @@ def _add_signatures(archive, head: ServingHead, pack, packer):
     archive.add_endpoint(
         "serve_ids",
         serve_ids,
-        [tf.TensorSpec([None] * head.ids_rank, tf.int32, name=n) for n in ("input_ids", "input_mask", "segment_ids")],
+        [tf.TensorSpec([None] * head.ids_rank, tf.int32, name=n) for n in id_names],
     )
     archive.add_endpoint("serve_examples", serve_examples, [tf.TensorSpec([None], tf.string, name="examples")])
     if head.api:

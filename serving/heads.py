@@ -32,8 +32,8 @@ import tensorflow as tf
 from kbert.finetuning.tasks import TASKS, get_task
 from kbert.finetuning.tasks.classify import CLASSIFY_API, CLASSIFY_METHOD
 from kbert.finetuning.tasks.regress import REGRESS_API, REGRESS_METHOD
-from kbert.model.bert import encoder_of
 from kbert.model.embedding_record import embedding_of
+from kbert.model.families import encoder_of
 from kbert.model.pooling import SentencePooling
 from kbert.runtime.errors import KbertError, option
 from kbert.text.windows import SlidingWindows, max_context_windows
@@ -71,16 +71,14 @@ def _label_table(labels, n):
 
 
 def serve_encoder(encoder, text_pairs: bool) -> ServingHead:
-    """An encoder's (or pretrained model's) head: `pooled_output`, `sequence_output` and
-    `input_mask`; `serving_default` takes `text_b` too if `text_pairs`."""
+    """An encoder's (or pretrained model's) head: `pooled_output` (a BERT's), `sequence_output`
+    and `input_mask`; `serving_default` takes `text_b` too if `text_pairs`."""
 
     def outputs(features):
         out = encoder(features, training=False)
-        return {
-            "pooled_output": finite("pooled_output", out["pooled_output"]),
-            "sequence_output": finite("sequence_output", out["sequence_output"]),
-            "input_mask": features["input_mask"],
-        }
+        # A ModernBERT has no pooler: its encoder serves sequence_output alone.
+        named = [name for name in ("pooled_output", "sequence_output") if name in out]
+        return {**{name: finite(name, out[name]) for name in named}, "input_mask": features["input_mask"]}
 
     return ServingHead(outputs, {"text": 1, "text_b": 1} if text_pairs else {"text": 1})
 

@@ -142,6 +142,29 @@ def optimize(
     return OnLongestText(rewritten, model, _fits_in_graph(model) if constant_weights else False, group_rows)
 
 
+def optimize_modernbert(model, constant_weights: bool = False, *, int8: bool = False) -> OnLongestText:
+    """A ModernBERT as the export runs it: each batch cut to its longest text (`OnLongestText`;
+    its blocks already skip padding in their dense layers), its weights as graph constants if
+    `constant_weights`, and with `int8` every dense layer of its blocks and head (Wqkv, Wo, Wi,
+    the head's dense) as one `Int8Dense`; the embeddings, norms and attention stay float32.
+    `model` is changed in place by int8: export opens a model of its own.
+    """
+    if int8:
+        require_int8_matmul()
+        from kbert.modernbert.layers import Attention, EncoderLayer
+
+        blocks = [
+            layer for layer in model._flatten_layers(recursive=True) if isinstance(layer, (Attention, EncoderLayer))
+        ]
+        for layer in blocks:
+            for name, child in list(vars(layer).items()):
+                if isinstance(child, keras.layers.Dense) and child.built and len(child.kernel.shape) == 2:
+                    # Past Keras' tracking (the block is built, and would refuse a new sub-layer):
+                    # the export saves the variables its signatures read, these among them.
+                    object.__setattr__(layer, name, Int8Dense(child))
+    return OnLongestText(model, model, _fits_in_graph(model) if constant_weights else False, GROUP_ROWS)
+
+
 def _fits_in_graph(model) -> bool:
     """Whether `model`'s weights fit in a GraphDef as constants (the fused Q, K and V replace the
     three they are made of, so the export holds as many numbers as the model)."""
@@ -377,7 +400,8 @@ class _Int8Weights:
 
     @classmethod
     def of(cls, owner, dense, shift: float = 0.0):
-        return cls(owner, dense.name, dense.kernel, dense.bias, shift)
+        bias = dense.bias if dense.use_bias else np.zeros(dense.units, np.float32)
+        return cls(owner, dense.name, dense.kernel, bias, shift)
 
     def __call__(self, x):
         return int8_matmul(x, self.weights)

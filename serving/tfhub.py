@@ -48,6 +48,7 @@ from kbert.formats.model_dir import CONFIG_FILE
 from kbert.formats.sources import open_model
 from kbert.model.bert import BertEncoder, BertPretrainer, encoder_of
 from kbert.model.embedding_record import embedding_of
+from kbert.model.families import BERT, family_of
 from kbert.model.layers import attention_adder
 from kbert.model.pooling import l2_normalize, pool
 from kbert.runtime.errors import KbertError, option
@@ -280,6 +281,11 @@ def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: b
         model = open_model(model_dir)
     finally:
         keras.mixed_precision.set_global_policy(previous)
+    if family_of(model) != BERT:
+        raise KbertError(
+            f"{model_dir}: --format tfhub writes TF Hub's BERT encoder and preprocessor; a {family_of(model)} "
+            f"model exports with --format serving (raw text in, its tokenizer in the graph)"
+        )
     encoder = encoder_of(model)
     if encoder is None:
         raise KbertError(f"{model_dir}: a {type(model).__name__} has no BERT encoder to export")

@@ -167,10 +167,8 @@ def save(
     >>> kbert.save(classifier, "out/clf", task="classify", labels=["neg", "pos"])  # doctest: +SKIP
     """
     if getattr(model, "family", None) == modernbert_directory.FAMILY:
-        record = {key: value for key, value in (("task", task), ("labels", labels)) if value is not None}
-        if max_seq_length is not None:
-            record["max_seq_length"] = max_seq_length
-        return modernbert_directory.save(model, model_dir, overwrite, {**model.task_info, **record})
+        record = head_record(model, task, labels, max_seq_length, text_pairs)
+        return modernbert_directory.save(model, model_dir, overwrite, record)
     vocab_file = vocab_file or getattr(model, "vocab_file", None)
     if not vocab_file:
         raise KbertError("kbert.save needs the vocabulary: pass vocab_file=PATH/vocab.txt")
@@ -286,7 +284,12 @@ def load(model_dir):
     if is_keras_file(model_dir):
         return load_keras_file(model_dir)
     if modernbert_directory.is_modernbert_dir(model_dir):
-        return modernbert_directory.load(model_dir)
+        model = modernbert_directory.load(model_dir)
+        if model_kind(model) in HEAD_KINDS and "task" not in model.task_info:
+            # A head converted without its task: its kind's (classify, regress, tag), as BERT's.
+            with contextlib.suppress(KbertError):
+                model.task_info = head_record(model)
+        return model
     config = load_config(model_dir)
     weights = os.path.join(model_dir, WEIGHTS_FILE)
     require_path(weights, "weights file", "the model directory is incomplete; convert or train it again")

@@ -187,40 +187,72 @@ class BpeGraphPacker(tf.Module):
         self._ranks = _table(spec["merges"], list(range(len(spec["merges"]))), self.NO_RANK)
         alphabet = spec["alphabet"]
         self._alphabet = _table([bytes([b]) for b in alphabet], list(alphabet.values()), "")
-        self._added_pattern, self._strip_pattern = self._added_patterns(spec["added"])
         added = spec["added"]
+        # Leftmost, then longest: the longer of two tokens that start at one place is tried first.
+        contents = sorted((t["content"] for t in added), key=len, reverse=True)
+        self._added_pattern = "|".join(re.escape(c) for c in contents) if added else None
         self._added_ids = _table([t["content"] for t in added], [t["id"] for t in added], -1) if added else None
-
-    @staticmethod
-    def _added_patterns(added):
-        """(the regex that finds added tokens, leftmost and longest, with the whitespace they
-        strip; the regex that takes that whitespace off again) or (None, None)."""
-        if not added:
-            return None, None
-        space = f"[{WHITESPACE}]*"
-        alternatives, strips = [], []
-        for token in sorted(added, key=lambda t: -len(t["content"])):
-            literal = re.escape(token["content"])
-            alternatives.append(
-                f"{space if token.get('lstrip') else ''}{literal}{space if token.get('rstrip') else ''}"
-            )
-            if token.get("lstrip") or token.get("rstrip"):
-                strips.append(literal)
-        strip = f"^{space}({'|'.join(strips)}){space}$" if strips else None
-        return "|".join(alternatives), strip
+        self._lstrip = (
+            _table([t["content"] for t in added], [bool(t.get("lstrip")) for t in added], False) if added else None
+        )
+        self._rstrip = (
+            _table([t["content"] for t in added], [bool(t.get("rstrip")) for t in added], False) if added else None
+        )
 
     # === Text -> ids of each text, no special tokens ===
 
     def _pieces(self, texts):
-        """[batch] -> ([batch, pieces] strings, whether each piece is an added token)."""
+        """[batch] -> ([batch, (pieces)] strings, each piece's added token id or -1 for text)."""
         if self.nfc:
             texts = tf_text.normalize_utf8(texts, "NFC")
         if self._added_pattern is None:
             pieces = tf.RaggedTensor.from_tensor(tf.expand_dims(texts, 1))
             pieces = tf.ragged.boolean_mask(pieces, tf.strings.length(pieces) > 0)
-            return pieces, tf.zeros_like(pieces, tf.bool)
-        pieces = tf_text.regex_split(texts, self._added_pattern, self._added_pattern)
-        return pieces, tf.strings.regex_full_match(pieces, self._added_pattern)
+            return pieces, tf.ones_like(pieces, tf.int32) * -1
+        return self._split_added(texts)
+
+    def _split_added(self, texts):
+        """Texts cut around their added tokens as `tokenizers`' AddedVocabulary cuts them: each
+        token's place, widened over the whitespace before it (lstrip, not into the token before)
+        and after it (rstrip, even over a whitespace token that follows, which is then a token
+        too), and the text between places that are apart."""
+        found, begins, ends = tf_text.regex_split_with_offsets(texts, self._added_pattern, self._added_pattern)
+        is_token = tf.strings.regex_full_match(found, self._added_pattern)
+        tokens = tf.ragged.boolean_mask(found, is_token)  # [batch, (tokens)]
+        begin = tf.ragged.boolean_mask(begins, is_token).flat_values
+        end = tf.ragged.boolean_mask(ends, is_token).flat_values
+        token = tokens.flat_values
+        row = tokens.value_rowids()
+        text = tf.gather(texts, row)
+        before = tf.strings.regex_replace(
+            tf.strings.substr(text, tf.zeros_like(begin), begin), f"(?s)^.*?([{WHITESPACE}]*)$", r"\1"
+        )
+        after = tf.strings.regex_replace(
+            tf.strings.substr(text, end, tf.fill(tf.shape(end), tf.constant(-1, end.dtype))),
+            f"(?s)^([{WHITESPACE}]*).*$",
+            r"\1",
+        )
+        end = tf.where(self._rstrip.lookup(token), end + tf.cast(tf.strings.length(after), end.dtype), end)
+        # Where the text before each token starts: the (widened) end of the token before it, in its row.
+        first_in_row = tf.range(tf.size(token, out_type=tf.int64)) == tf.gather(tokens.row_starts(), row)
+        previous_end = tf.where(first_in_row, tf.zeros_like(end), tf.roll(end, 1, axis=0))
+        begin = tf.where(
+            self._lstrip.lookup(token),
+            tf.maximum(begin - tf.cast(tf.strings.length(before), begin.dtype), previous_end),
+            begin,
+        )
+        between = tf.strings.substr(text, previous_end, tf.maximum(begin - previous_end, 0))
+        ids = self._added_ids.lookup(token)
+        # Each token: the text before it (maybe empty), then the token; each row ends with its rest.
+        pairs = tokens.with_flat_values(tf.stack([between, token], axis=1)).merge_dims(1, 2)
+        pair_ids = tokens.with_flat_values(tf.stack([tf.fill(tf.shape(ids), -1), ids], axis=1)).merge_dims(1, 2)
+        last_end = tf.gather(tf.concat([tf.zeros([1], end.dtype), end], 0), tokens.row_limits())
+        last_end = tf.where(tokens.row_lengths() > 0, last_end, 0)  # 0 for a row without tokens
+        rest = tf.strings.substr(texts, last_end, tf.fill(tf.shape(last_end), tf.constant(-1, last_end.dtype)))
+        pieces = tf.concat([pairs, tf.RaggedTensor.from_tensor(rest[:, None])], axis=1)
+        piece_ids = tf.concat([pair_ids, tf.RaggedTensor.from_tensor(tf.fill([tf.shape(texts)[0], 1], -1))], axis=1)
+        keep = (pieces != "") | (piece_ids >= 0)
+        return tf.ragged.boolean_mask(pieces, keep), tf.ragged.boolean_mask(piece_ids, keep)
 
     def _words(self, pieces):
         """Pieces of text [n] -> their ByteLevel words [n, (words)]."""
@@ -286,17 +318,13 @@ class BpeGraphPacker(tf.Module):
     def token_ids(self, texts):
         """[batch] strings -> each text's token ids, without special tokens [batch, (tokens)] int32."""
         pieces, added = self._pieces(texts)  # [batch, (pieces)]
-        piece, is_added = pieces.flat_values, added.flat_values
+        piece, added_id = pieces.flat_values, tf.cast(added.flat_values, tf.int64)
+        is_added = added_id >= 0
         words = self._words(tf.where(is_added, "", piece))  # [pieces, (words)]
         symbols = self._merge(words.flat_values)  # [words, (symbols)]
         ids = words.with_flat_values(self._ids.lookup(symbols)).merge_dims(1, 2)  # [pieces, (ids)]
-        if self._added_ids is not None:
-            if self._strip_pattern is not None:
-                piece = tf.strings.regex_replace(piece, self._strip_pattern, r"\1")
-            own = tf.RaggedTensor.from_row_lengths(
-                tf.boolean_mask(self._added_ids.lookup(piece), is_added), tf.cast(is_added, tf.int64)
-            )
-            ids = tf.concat([ids, own], axis=1)  # a piece is either text or one added token
+        own = tf.RaggedTensor.from_row_lengths(tf.boolean_mask(added_id, is_added), tf.cast(is_added, tf.int64))
+        ids = tf.concat([ids, tf.cast(own, ids.dtype)], axis=1)  # a piece is either text or one added token
         return tf.cast(pieces.with_flat_values(ids).merge_dims(1, 2), tf.int32)
 
     # === Ids -> rows: the template, cut to length longest first, padded ===
@@ -317,6 +345,7 @@ class BpeGraphPacker(tf.Module):
         """The lengths `tokenizers` cuts a pair to (TruncationStrategy::LongestFirst): the shorter
         kept whole if it leaves the longer room, else each half (the longer one the odd token)."""
         n1, n2 = a.row_lengths(), b.row_lengths()
+        room = tf.constant(room, n1.dtype)
         short = tf.minimum(n1, n2)
         long_kept = tf.where(short > room, short, tf.maximum(short, room - short))
         halves = short + long_kept > room

@@ -416,7 +416,6 @@ def test_features_of_a_modernbert_are_refused_in_one_line_pointing_to_embed(fold
 @pytest.mark.parametrize(
     "command",
     [
-        ["export", "{model}", "{out}"],
         ["convert", "to-tf1", "{model}", "{out}"],
         ["convert", "to-keras-hub", "{model}", "{out}"],
         ["extend", "{model}", "{out}", "--max-position-embeddings", "1024"],
