@@ -67,6 +67,7 @@ SHELL_MARKERS = {
     "fine-tuning": "kbert finetune MODEL_DIR --task classify",
     "converting": "kbert convert inspect SRC",
     "serving": "kbert export out/clf exports/sentiment",
+    "modernbert": "kbert convert from-hf ModernBERT-base out/modernbert",
 }
 
 # What of the README's blocks does not run here, and why.
@@ -216,6 +217,25 @@ def test_pretraining_block(tmp_path, monkeypatch):
     assert longer["max_position_embeddings"] == {"from": 128, "to": 1024}
     assert "systemd" in more_words["new_words"]["words"]
     assert filled["masks"][0]["predictions"]
+
+
+def test_modernbert_block(tmp_path, monkeypatch):
+    """The ModernBERT block on a transformers ModernBertForMaskedLM of random weights (no download
+    here), saved with a byte-level BPE tokenizer.json, in the block's ModernBERT-base folder."""
+    from test_modernbert import CONFIGS, make_hf_folder, train_tokenizer
+
+    make_hf_folder(tmp_path / "ModernBERT-base", train_tokenizer(), **CONFIGS["masked_lm"])
+    for name, seed in (("train.tsv", 0), ("dev.tsv", 1)):
+        write_tsv(tmp_path / name, sentiment_rows(32, seed))
+    write_tsv(tmp_path / "new.tsv", [(text,) for text, _ in sentiment_rows(4, 3)], header=("text",))
+    printed = run_shell_block("modernbert", tmp_path, monkeypatch)
+    assert json.loads(printed["kbert convert from-hf"])["family"] == "modernbert"
+    assert len(json.loads(printed["kbert fill-mask out/modernbert"])["masks"][0]["predictions"]) > 0
+    assert "accuracy" in json.loads(printed["kbert finetune out/modernbert"])
+    rows = [json.loads(line) for line in printed["kbert predict out/modernbert-clf"].splitlines()]
+    assert len(rows) == 4 and all(sorted(row["probabilities"]) == ["neg", "pos"] for row in rows)
+    exported = json.loads(printed["kbert export out/modernbert-clf"])
+    assert exported["serving_default_inputs"] == ["text"]
 
 
 def test_fine_tuning_and_serving_blocks(tmp_path, monkeypatch, tiny_model_dir):
