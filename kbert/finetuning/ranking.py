@@ -37,8 +37,9 @@ _QUERIES_AT_ONCE = 1024  # queries scored against the whole corpus at a time
 
 
 def side_features(features: dict, side: str) -> dict:
-    """The encoder inputs of one side of a pairs file's features ("query_input_ids" -> "input_ids")."""
-    return {name: features[f"{side}_{name}"] for name in ENCODER_INPUTS}
+    """The encoder inputs of one side of a pairs file's features ("query_input_ids" -> "input_ids"):
+    a BERT's three, a ModernBERT's two (it has no segment ids)."""
+    return {name: features[f"{side}_{name}"] for name in ENCODER_INPUTS if f"{side}_{name}" in features}
 
 
 def unit_vectors(encoder: BertEncoder, pooling: str) -> keras.Model:
@@ -86,6 +87,7 @@ class PairRanker(keras.Model):
             f"{side}_{name}": keras.Input(shape=(None,), dtype="int32", name=f"{side}_{name}")
             for side in sides
             for name in ENCODER_INPUTS
+            if name in encoder.input
         }
         vectors = []
         for side in sides:

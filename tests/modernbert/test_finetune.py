@@ -38,7 +38,7 @@ def test_a_modernbert_regresses(hf_folder, tmp_path):
     )  # fmt: skip
     assert {"pearson", "spearman"} <= set(result)
     rows = rows_of(run_kbert("predict", tmp_path / "out", "--input", train))
-    assert len(rows) == len(SENTIMENT) * 4 and all(isinstance(row["score"], float) for row in rows)
+    assert len(rows) == len(SENTIMENT) * 4 and all(isinstance(row["prediction"], float) for row in rows)
 
 
 def test_a_modernbert_learns_embeddings_and_ranks(hf_folder, tmp_path):
@@ -49,7 +49,7 @@ def test_a_modernbert_learns_embeddings_and_ranks(hf_folder, tmp_path):
     result = json.loads(
         run_kbert(
             "finetune", hf_folder, "--task", "embed", "--train", pairs, "--dev", pairs, "--output",
-            tmp_path / "out", "--pooling", "mean", "--max-seq-length", "24", *FLAGS,
+            tmp_path / "out", "--pooling", "mean", "--normalize", "--max-seq-length", "24", *FLAGS,
         ).stdout
     )  # fmt: skip
     assert 0 <= result["ndcg@10"] <= 1

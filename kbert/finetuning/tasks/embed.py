@@ -19,10 +19,9 @@ import logging
 
 import numpy as np
 
-from kbert.config import BertConfig
 from kbert.finetuning import encoding, ranking, readers
 from kbert.finetuning.tasks.base import Task, TaskData
-from kbert.model import bert
+from kbert.model import families
 from kbert.model.embedding_record import EMBEDDING_KEY, embedding_of, embedding_settings
 from kbert.runtime.errors import KbertError, option
 
@@ -109,7 +108,7 @@ class Embed(Task):
     def build(self, base, *, labels, task_info=None):
         embedding = task_info[EMBEDDING_KEY]
         ranker = ranking.PairRanker(
-            bert.encoder_of(base), embedding["pooling"], negatives=task_info.get("negatives", False)
+            families.encoder_of(base), embedding["pooling"], negatives=task_info.get("negatives", False)
         )
         ranker.embedding = dict(embedding)
         return ranker
@@ -132,9 +131,9 @@ class Embed(Task):
         (bert_config.json's embedding, as kbert convert from-hf records a sentence-transformers
         model's), its task embed."""
         encoder = ranker.encoder
-        config = BertConfig.from_dict(encoder.config.to_dict())
-        config.extras[EMBEDDING_KEY] = dict(ranker.embedding)
-        encoder.config = config
+        # A copy of the config (a BERT's or a ModernBERT's), the record added to its extras.
+        extras = {**encoder.config.extras, EMBEDDING_KEY: dict(ranker.embedding)}
+        encoder.config = dataclasses.replace(encoder.config, extras=extras)
         encoder.task_info = {"task": self.name}
         encoder.fresh_heads = tuple(getattr(ranker, "fresh_heads", ()))
         return encoder
@@ -166,7 +165,7 @@ class Embed(Task):
         data = self.read(
             path, preprocessor=preprocessor, labels=None, options=opts, require_labels=True, training=False
         )
-        embedder = ranking.unit_vectors(bert.encoder_of(model), settings.pooling)
+        embedder = ranking.unit_vectors(families.encoder_of(model), settings.pooling)
         vectors = ranking.pair_vectors(embedder, data.features, opts.batch_size)
         result = self.score(data, vectors, options=opts, do_lower_case=model.do_lower_case)
         result["examples"] = data.size
