@@ -271,8 +271,8 @@ def check_input(path: str, declared: Input, flag: str):
         if source_family(path) not in declared.families:
             raise KbertError(
                 f"{flag} {path}: a ModernBERT, and this command takes BERT models only so far; a ModernBERT "
-                f"converts from and to Hugging Face, fills masks, embeds, fine-tunes to classify, regress or tag, "
-                f"predicts and evaluates (docs/modernbert.md)"
+                f"converts from and to Hugging Face, fills masks, embeds, fine-tunes to classify, regress, tag or "
+                f"embed, predicts, evaluates and exports for TF Serving (docs/modernbert.md)"
             )
         return
     if is_url(path):

@@ -261,6 +261,11 @@ def _create_pretraining_data(
     input_files, vocab_file, outputs, options, do_lower_case, workers, chunk_docs, chunk_bytes, on_progress, started
 ) -> dict:
     shards = len(outputs)
+    if vocab_file.endswith(".json"):
+        raise KbertError(
+            f"{vocab_file}: a tokenizer.json (a ModernBERT's); create-data makes WordPiece records for BERT "
+            "pretraining only so far: pass a BERT vocab.txt (kbert vocab writes one)"
+        )
     missing = [t for t in SPECIAL_TOKENS if t not in load_vocab(vocab_file)]
     if missing:
         raise KbertError(f"{vocab_file} has no {', '.join(missing)}; pass a BERT vocab.txt (kbert vocab writes one)")

@@ -419,6 +419,7 @@ def test_features_of_a_modernbert_are_refused_in_one_line_pointing_to_embed(fold
         ["convert", "to-tf1", "{model}", "{out}"],
         ["convert", "to-keras-hub", "{model}", "{out}"],
         ["extend", "{model}", "{out}", "--max-position-embeddings", "1024"],
+        ["pretrain", "--init", "{model}", "--data", "{model}/config.json", "--model-dir", "{out}"],
     ],
 )
 def test_commands_that_take_bert_only_say_so_of_a_modernbert_in_one_line(folders, tmp_path, command):
@@ -428,6 +429,18 @@ def test_commands_that_take_bert_only_say_so_of_a_modernbert_in_one_line(folders
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert "a ModernBERT, and this command takes BERT models only so far" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_create_data_says_a_tokenizer_json_is_not_a_vocab_txt_in_one_line(folders, tmp_path):
+    _, _, kbert_dir = folders["masked_lm"]
+    (tmp_path / "corpus.txt").write_text("One sentence.\nAnother one.\n")
+    done = run_kbert(
+        "create-data", "--input", tmp_path / "corpus.txt", "--vocab", kbert_dir / "tokenizer.json", "--output",
+        tmp_path / "out.tfrecord", "--workers", "1", check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "a tokenizer.json" in done.stderr and "vocab.txt" in done.stderr
+    assert not (tmp_path / "out.tfrecord").exists()
 
 
 TRAIN_STEP = r"""
