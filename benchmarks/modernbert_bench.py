@@ -6,8 +6,9 @@ converted by `kbert convert from-hf`. Each side runs in a process of its own on 
 threads, alternating rounds; each reports the best of its forward passes and how far its peak
 resident memory rose above what it held once the model was loaded.
 
-Cases: one text of `--length` tokens, and a batch of the first 32 non-empty lines of the repo's
-sample text (each line's length in tokens, ids drawn at random), padded to its longest.
+Cases: one text of `--length` tokens, and a batch of 32 lines of the repo's
+sample text (its 31 lines, then the first again; each line's length in tokens, ids drawn at
+random), padded to its longest.
 
     python benchmarks/modernbert_bench.py --length 4096 --rounds 3
 """
@@ -107,11 +108,12 @@ def make_models(folder: str):
 
 
 def sample_lengths(count: int = 32) -> list:
-    """The token counts of the sample text's first `count` non-empty lines, with [CLS] and [SEP]
-    (four bytes a token, ModernBERT's BPE's rough rate on English)."""
+    """The token counts of `count` lines of the sample text, its non-empty lines in order and
+    from the first again when they run out (it has 31), with [CLS] and [SEP] (four bytes a
+    token, ModernBERT's BPE's rough rate on English)."""
     with open(SAMPLE, encoding="utf-8") as f:
-        lines = [line.strip() for line in f if line.strip()][:count]
-    return [2 + max(1, len(line.encode()) // 4) for line in lines]
+        lines = [line.strip() for line in f if line.strip()]
+    return [2 + max(1, len(lines[i % len(lines)].encode()) // 4) for i in range(count)]
 
 
 def main():

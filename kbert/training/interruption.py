@@ -51,6 +51,11 @@ def _say(message: str):
     print(f"kbert: {message}", file=sys.stderr, flush=True)  # at once: the process may end next
 
 
+def _say_first(number: int, doing: str):
+    """What a first signal gets: what the run does now, and how to stop it at once."""
+    _say(f"{signal.Signals(number).name} received{doing} (send it again to stop at once)")
+
+
 def _stop_now(number: int, message: str):
     _say(f"second {signal.Signals(number).name}: {message}")
     os._exit(128 + number)  # not sys.exit: it would run TensorFlow's teardown mid-write
@@ -78,10 +83,7 @@ class StopSignals(_SignalHandlers):
     def _handle(self, number, frame):
         if self.requested is None:
             self.requested = number
-            _say(
-                f"{signal.Signals(number).name} received: saving a checkpoint after the step in flight "
-                f"(send it again to stop at once)"
-            )
+            _say_first(number, ": saving a checkpoint after the step in flight")
             return
         _stop_now(number, self.second_signal_message)
 
@@ -125,10 +127,7 @@ class FinishingSignals(_SignalHandlers):
     def _handle(self, number, frame):
         if self.received is None:
             self.received = number
-            _say(
-                f"{signal.Signals(number).name} received after training ended: writing {self.output} first "
-                f"(send it again to stop at once)"
-            )
+            _say_first(number, f" after training ended: writing {self.output} first")
             return
         _stop_now(number, f"stopped at once, while writing {self.output}")
 
