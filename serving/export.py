@@ -279,7 +279,7 @@ def export_model(
         raise KbertError(
             f"{model_dir} reads long documents in windows (long_text windows), which an export builds in the "
             f"graph for BERT models only; serve this ModernBERT with `kbert predict`, or fine-tune it with "
-            f"--long-text truncate to export it"
+            f"{option('long_text', 'truncate')} to export it"
         )
     if task_info.get("long_text") == "windows":
         # Whole documents, in the windows the model was fine-tuned on (kbert.serving.heads.serve_windows).

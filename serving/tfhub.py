@@ -283,8 +283,8 @@ def export_tfhub(model_dir, out, max_seq_length: int | None = None, overwrite: b
         keras.mixed_precision.set_global_policy(previous)
     if family_of(model) != BERT:
         raise KbertError(
-            f"{model_dir}: --format tfhub writes TF Hub's BERT encoder and preprocessor; a {family_of(model)} "
-            f"model exports with --format serving (raw text in, its tokenizer in the graph)"
+            f"{model_dir}: TF Hub's BERT format holds a BERT encoder and its preprocessor; a {family_of(model)} "
+            f"model exports for TF Serving instead (raw text in, its tokenizer in the graph)"
         )
     encoder = encoder_of(model)
     if encoder is None:

@@ -233,7 +233,7 @@ def test_the_served_tagger_tags_each_word_as_kbert_predict_does(exported, tmp_pa
 def test_what_an_export_cannot_build_for_a_modernbert_is_said_in_one_line(exported, tmp_path):
     _, _, kbert_dir = exported["models"]["masked_lm"]
     done = run_kbert("export", kbert_dir, tmp_path / "hub", "--format", "tfhub", check=False)
-    assert_user_error(done, "TF Hub's BERT", "--format serving")
+    assert_user_error(done, "TF Hub's BERT format", "exports for TF Serving")
     assert not (tmp_path / "hub").exists()
     # A tokenizer.json the graph cannot run: the export says so, and writes nothing.
     other = tmp_path / "model"
