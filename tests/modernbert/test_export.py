@@ -148,7 +148,8 @@ def test_a_tokenizer_json_the_graph_cannot_run_is_refused_in_one_line(tokenizer_
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """A classifier, an encoder and a tagger of random weights in transformers, converted and
-    exported in float32 (and the classifier in bfloat16 and int8), served by the stand-in."""
+    exported in float32 (the classifier in bfloat16 and int8 too, the encoder with its weights as
+    graph constants), served by the stand-in."""
     tokenizer = train_tokenizer()
     root = tmp_path_factory.mktemp("exports")
     made = {}
@@ -156,10 +157,12 @@ def exported(tmp_path_factory):
         model = make_hf_folder(root / name / "hf", tokenizer, seed=7, **CONFIGS[name])
         run_kbert("convert", "from-hf", root / name / "hf", root / name / "kbert")
         precisions = ("float32", "bfloat16", "int8") if name == "classifier_mean" else ("float32",)
+        # The encoder's weights as graph constants (--constant-weights), the others' as variables.
+        constants = ["--constant-weights"] if name == "masked_lm" else []
         for precision in precisions:
             run_kbert(
                 "export", root / name / "kbert", root / "serving" / f"{name}-{precision}",
-                "--precision", precision, "--max-seq-length", "64",
+                "--precision", precision, "--max-seq-length", "64", *constants,
             )  # fmt: skip
         made[name] = (root / name / "hf", model, root / name / "kbert")
     configs = sorted((root / "serving").glob("*/models.config"))
@@ -196,6 +199,9 @@ def test_served_probabilities_are_those_of_transformers(exported, tmp_path):
 
 
 def test_the_served_encoder_gives_the_last_hidden_states_and_serve_ids_takes_two_inputs(exported):
+    from kbert.serving.signatures import holds_no_variables
+
+    assert holds_no_variables(str(exported["root"] / "serving" / "masked_lm-float32" / "1"))
     hf_folder, model, _ = exported["models"]["masked_lm"]
     saved = tf.saved_model.load(str(exported["root"] / "serving" / "masked_lm-float32" / "1"))
     batch = batch_of(hf_folder, TEXTS)
