@@ -59,6 +59,14 @@ def test_a_modernbert_learns_embeddings_and_ranks(hf_folder, tmp_path):
     assert len(vectors) == 2 and abs(np.linalg.norm(vectors[0]) - 1) < 1e-5  # normalised, as recorded
     scores = json.loads(run_kbert("evaluate", tmp_path / "out", "--input", pairs).stdout)
     assert scores["ndcg@10"] == pytest.approx(result["ndcg@10"], abs=1e-6)
+    # Exported, it serves each text's vector as kbert embed computes it.
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
+
+    exported = json.loads(run_kbert("export", tmp_path / "out", tmp_path / "served").stdout)
+    served = tf.saved_model.load(exported["export"]).signatures["serving_default"]
+    ours = served(text=tf.constant(["a great film", "an awful film"]))["embedding"].numpy()
+    np.testing.assert_allclose(ours, np.array(vectors), atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
