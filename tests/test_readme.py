@@ -230,7 +230,6 @@ def test_modernbert_block(tmp_path, monkeypatch):
     write_tsv(tmp_path / "new.tsv", [(text,) for text, _ in sentiment_rows(4, 3)], header=("text",))
     printed = run_shell_block("modernbert", tmp_path, monkeypatch)
     assert json.loads(printed["kbert convert from-hf"])["family"] == "modernbert"
-    assert len(json.loads(printed["kbert fill-mask out/modernbert"])["masks"][0]["predictions"]) > 0
     assert "accuracy" in json.loads(printed["kbert finetune out/modernbert"])
     rows = [json.loads(line) for line in printed["kbert predict out/modernbert-clf"].splitlines()]
     assert len(rows) == 4 and all(sorted(row["probabilities"]) == ["neg", "pos"] for row in rows)
