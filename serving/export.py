@@ -53,10 +53,9 @@ from kbert.config import sequence_length
 from kbert.finetuning.options import window_stride
 from kbert.finetuning.tasks import get_task, head_task
 from kbert.formats.sources import open_model
-from kbert.model.bert import BertEncoder, BertPretrainer
 from kbert.model.embedding_record import embedding_of
-from kbert.model.families import MODERNBERT, encoder_of, family_of
-from kbert.model.kinds import model_kind
+from kbert.model.families import encoder_of, graph_packer, ids_file
+from kbert.model.kinds import HEAD_KINDS, model_kind
 from kbert.runtime.errors import KbertError, option
 from kbert.runtime.files import atomic_output_dir, writes
 from kbert.serving.heads import (
@@ -79,12 +78,11 @@ from kbert.serving.models_config import (  # noqa: F401
     write_batching_parameters,
     write_models_config,
 )
-from kbert.serving.optimize import optimize, optimize_modernbert
+from kbert.serving.optimize import optimize
 from kbert.serving.signatures import (
     exported_signatures,  # noqa: F401
     set_method_name,
 )
-from kbert.text.graph_packer import BertPreprocessor
 
 log = logging.getLogger("kbert")
 
@@ -116,11 +114,9 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=Fal
     weights as graph constants if `constant_weights` and its dense layers in int8 if `int8`."""
 
     def serving(m):
-        if family_of(model) == MODERNBERT:
-            return optimize_modernbert(m, constant_weights=constant_weights, int8=int8)
         return optimize(m, constant_weights=constant_weights, int8=int8)
 
-    if isinstance(model, (BertEncoder, BertPretrainer)) or _is_modernbert_encoder(model):
+    if model_kind(model) not in HEAD_KINDS:  # an encoder, or a pretrained model
         if embedding_of(model) is not None:  # a sentence-embedding model serves its vectors
             return serve_embedding(model, serving, text_pairs)
         return serve_encoder(serving(encoder_of(model)), bool(text_pairs))
@@ -142,21 +138,6 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=Fal
         pairs = bool(task_info.get("text_pairs", True)) if text_pairs is None else text_pairs
         head = head._replace(text_inputs={"text": 1, "text_b": 1} if pairs else {"text": 1})
     return head
-
-
-def _is_modernbert_encoder(model) -> bool:
-    """A ModernBERT without a task head (its encoder, or its masked LM): served as an encoder."""
-    return family_of(model) == MODERNBERT and not getattr(model, "num_classes", None)
-
-
-def _graph_packer(model, length: int):
-    """The model's text -> ids inside the graph: the original tokenizer for a BERT, the
-    tokenizer.json's byte-level BPE for a ModernBERT."""
-    if family_of(model) == MODERNBERT:
-        from kbert.modernbert.graph_tokenizer import BpeGraphPacker
-
-        return BpeGraphPacker(model.tokenizer_file, length, model.config.pad_token_id)
-    return BertPreprocessor(model.vocab_file, model.do_lower_case, length)
 
 
 def _warmup_requests(path: str, name: str, text_inputs: dict, fits=lambda texts: True):
@@ -274,11 +255,12 @@ def export_model(
     length = sequence_length(max_seq_length, model.config.max_position_embeddings, recorded)
     if length < 3:
         raise KbertError(f"{option('max_seq_length', length)} must be at least 3 ([CLS] x [SEP])")
+    preprocessor = graph_packer(model, length)
     windows = None
-    if task_info.get("long_text") == "windows" and family_of(model) == MODERNBERT:
+    if task_info.get("long_text") == "windows" and not hasattr(preprocessor, "pack_windows"):
         raise KbertError(
-            f"{model_dir} reads long documents in windows (long_text windows), which an export builds in the "
-            f"graph for BERT models only; serve this ModernBERT with `kbert predict`, or fine-tune it with "
+            f"{model_dir} reads long documents in windows (long_text windows), which its tokenizer cannot cut "
+            f"inside the graph yet; serve it with `kbert predict`, or fine-tune it with "
             f"{option('long_text', 'truncate')} to export it"
         )
     if task_info.get("long_text") == "windows":
@@ -290,12 +272,11 @@ def export_model(
             f"{model_dir} truncates long texts: drop {option('max_windows')}"
         )
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows)
-    preprocessor = _graph_packer(model, length)
     # Built by a first call, so that ExportArchive may track it; its keys are serve_ids' inputs.
     id_names = list(preprocessor((tf.constant(["warm up"]), tf.constant(["b"]))))
 
     # --- the signatures ---
-    archive = _archive(head, preprocessor, _vocabulary_file(model), windows, id_names)
+    archive = _archive(head, preprocessor, ids_file(model), windows, id_names)
 
     # --- finish: the version directory, renamed into place whole, and TF Serving's files ---
     os.makedirs(export_base, exist_ok=True)
@@ -354,11 +335,6 @@ def _open_in_precision(model_dir, policy: str):
         return open_model(model_dir)
     finally:
         keras.mixed_precision.set_global_policy(previous)
-
-
-def _vocabulary_file(model) -> str:
-    """The file the export's assets carry for clients: a BERT's vocab.txt, a ModernBERT's tokenizer.json."""
-    return model.tokenizer_file if family_of(model) == MODERNBERT else model.vocab_file
 
 
 def _archive(head: ServingHead, preprocessor, vocab_file: str, windows, id_names):

@@ -66,6 +66,7 @@ from keras import ops
 
 from kbert._compat import reads_replaced
 from kbert.model.bert import encoder_of
+from kbert.model.families import MODERNBERT, family_of
 from kbert.model.layers import BertEmbeddings, TransformerLayer
 from kbert.serving.int8 import GELU_FLOOR, Int8Kernel, int8_matmul, require_int8_matmul
 
@@ -95,7 +96,8 @@ def optimize(
 
     Args:
         model: keras.Model. A built kbert model (an encoder or a task model on one): each of its
-            `BertEmbeddings` and `TransformerLayer`s runs through its inference layer.
+            `BertEmbeddings` and `TransformerLayer`s runs through its inference layer (a
+            ModernBERT runs as `optimize_modernbert` says).
         constant_weights: bool. Trace the model with its weights as graph constants, if they fit
             (CONSTANT_WEIGHTS_MAX_BYTES; otherwise a warning, and variables).
         int8: bool. Run the encoder's dense layers (Q/K/V, attention output, both feed-forward
@@ -124,6 +126,8 @@ def optimize(
 
     if layer_norm not in LAYER_NORMS:
         raise ValueError(f"layer_norm {layer_norm!r}: one of {', '.join(LAYER_NORMS)}")
+    if family_of(model) == MODERNBERT:  # its blocks are its own: cut to the longest text, int8 dense layers
+        return optimize_modernbert(model, constant_weights, int8=int8)
     if int8:
         require_int8_matmul()
     encoder = encoder_of(model)

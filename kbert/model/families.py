@@ -41,6 +41,24 @@ def make_packer(model, sequence_length: int):
     return make_preprocessor(model.vocab_file, model.do_lower_case, sequence_length)
 
 
+def graph_packer(model, sequence_length: int):
+    """The model's texts -> its inputs as TensorFlow ops, for an export: the original tokenizer on
+    vocab.txt for a BERT (`BertPreprocessor`), the tokenizer.json's byte-level BPE for a
+    ModernBERT (`BpeGraphPacker`)."""
+    if family_of(model) == MODERNBERT:
+        from kbert.modernbert.graph_tokenizer import BpeGraphPacker
+
+        return BpeGraphPacker(model.tokenizer_file, sequence_length, model.config.pad_token_id)
+    from kbert.text.graph_packer import BertPreprocessor
+
+    return BertPreprocessor(model.vocab_file, model.do_lower_case, sequence_length)
+
+
+def ids_file(model) -> str:
+    """The file a model's token ids come from: a BERT's vocab.txt, a ModernBERT's tokenizer.json."""
+    return model.tokenizer_file if family_of(model) == MODERNBERT else model.vocab_file
+
+
 def fill_masks(model, text: str, top_k: int, mask: str) -> dict | None:
     """A masked LM's predictions at each `mask` in `text`, where the family reads text its own way
     (a ModernBERT's masked LM: its tokenizer.json); None for any other model, which
