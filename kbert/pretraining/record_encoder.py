@@ -17,6 +17,10 @@ from kbert.runtime.records import encode_varint
 INPUT_KEYS = (*ENCODER_INPUTS, "masked_lm_positions")
 LABEL_KEYS = ("masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
 FEATURES = INPUT_KEYS + LABEL_KEYS
+# Masked-LM-only records (a ModernBERT's: no segments, no next-sentence task) hold just these;
+# a file's features say which objective it was made for.
+MLM_INPUT_KEYS = ("input_ids", "input_mask", "masked_lm_positions")
+MLM_LABEL_KEYS = ("masked_lm_ids", "masked_lm_weights")
 
 # An Example is Features{map<string, Feature>}; a map entry is {1: key, 2: Feature}; a Feature
 # holds {2: FloatList | 3: Int64List}; each list is {1: packed values}. Every field here is
