@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from kbert.cli.common import print_result
-from kbert.cli.frame import JSON, MODEL, RECORDS, TEXT, Output, command
+from kbert.cli.frame import ANY_MODEL, JSON, RECORDS, TEXT, Output, command
 from kbert.formats.sources import ACCEPTED
 from kbert.pretraining.options import PretrainOptions
 
@@ -21,7 +21,7 @@ DEFAULTS = PretrainOptions()
 # workers write theirs aside and do not lock it.
 # long: one typer option per flag, as --help lists them; the body is one call
 @command(
-    inputs={"data": RECORDS, "eval_data": RECORDS, "config": JSON, "vocab": TEXT, "init": MODEL},
+    inputs={"data": RECORDS, "eval_data": RECORDS, "config": JSON, "vocab": TEXT, "init": ANY_MODEL},
     outputs={"model_dir": Output("dir-in-place", lock=False)},
     above_zero=("learning_rate",),
     tensorflow="backend",

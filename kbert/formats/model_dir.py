@@ -31,7 +31,15 @@ from kbert.model.initializers import unfilled
 from kbert.model.kinds import HEAD_KINDS, TASK_KEYS, model_classes, model_kind
 from kbert.modernbert import directory as modernbert_directory
 from kbert.runtime.errors import KbertError, first_line
-from kbert.runtime.files import atomic_output_dir, count_lines, load_weights, require_path, save_weights, writes
+from kbert.runtime.files import (
+    atomic_output_dir,
+    count_lines,
+    load_weights,
+    replace_file,
+    require_path,
+    save_weights,
+    writes,
+)
 
 log = logging.getLogger("kbert")
 
@@ -345,20 +353,13 @@ def write_model_files(model, model_dir, vocab_file: str, do_lower_case: bool, we
     config = BertConfig.from_dict(model.config.to_dict())
     _describe(model, config, do_lower_case, head_record(model))
     os.makedirs(model_dir, exist_ok=True)
-
-    def replace(name, write, tmp_name=None):
-        tmp = os.path.join(model_dir, tmp_name or f".{name}.tmp")
-        try:
-            write(tmp)
-            os.replace(tmp, os.path.join(model_dir, name))
-        except BaseException:  # a full disk: no half-written file beside the good one
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-
-    replace(CONFIG_FILE, config.to_json_file)
+    replace_file(os.path.join(model_dir, CONFIG_FILE), config.to_json_file)
     if os.path.abspath(vocab_file) != os.path.abspath(os.path.join(model_dir, VOCAB_FILE)):
-        replace(VOCAB_FILE, lambda tmp: shutil.copyfile(vocab_file, tmp))
+        replace_file(os.path.join(model_dir, VOCAB_FILE), lambda tmp: shutil.copyfile(vocab_file, tmp))
     if weights:
         # Keras insists on the .weights.h5 suffix, so the temporary name keeps it.
-        replace(WEIGHTS_FILE, lambda tmp: save_weights(model, tmp), tmp_name=".tmp-" + WEIGHTS_FILE)
+        replace_file(
+            os.path.join(model_dir, WEIGHTS_FILE),
+            lambda tmp: save_weights(model, tmp),
+            tmp_name=os.path.join(model_dir, ".tmp-" + WEIGHTS_FILE),
+        )

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 from kbert.model.initializers import unfilled
 from kbert.modernbert.config import ModernBertConfig
 from kbert.modernbert.models import FAMILY, MODEL_CLASSES
 from kbert.modernbert.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES, copy_tokenizer_files
 from kbert.runtime.errors import KbertError, first_line, os_error_or
-from kbert.runtime.files import atomic_output_dir, load_weights, require_path, save_weights
+from kbert.runtime.files import atomic_output_dir, load_weights, replace_file, require_path, save_weights
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
@@ -44,17 +45,60 @@ def kind_of(model) -> str:
 
 def save(model, model_dir, overwrite: bool = False, task_info: dict | None = None):
     """Write a kbert ModernBERT as a model directory, atomically."""
+    with atomic_output_dir(model_dir, overwrite=overwrite) as tmp:
+        with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
+            f.write(_config_text(model, task_info))
+        copy_tokenizer_files(model, tmp)
+        save_weights(model, os.path.join(tmp, WEIGHTS_FILE))
+    return model_dir
+
+
+def write_in_place(model, model_dir, weights: bool = True):
+    """Write (or replace) a ModernBERT's model-directory files inside an existing directory, each
+    one atomically: what pretraining writes, whose directory also holds checkpoints and logs.
+
+    Example:
+    >>> import tempfile
+    >>> from kbert.modernbert.config import ModernBertConfig
+    >>> from kbert.modernbert.models import ModernBertMaskedLM
+    >>> config = ModernBertConfig(vocab_size=64, hidden_size=16, intermediate_size=24,
+    ...                           num_hidden_layers=1, num_attention_heads=2)
+    >>> folder = tempfile.mkdtemp()
+    >>> write_in_place(ModernBertMaskedLM(config, tokenizer_file="tests/fixtures/modernbert-tokenizer.json"),
+    ...                folder, weights=False)  # doctest: +SKIP
+    >>> is_modernbert_dir(folder)  # doctest: +SKIP
+    True
+    """
+    model_dir = os.fspath(model_dir)
+    os.makedirs(model_dir, exist_ok=True)
+    replace_file(os.path.join(model_dir, CONFIG_FILE), lambda tmp: _write_text(tmp, _config_text(model, None)))
+    source = getattr(model, "tokenizer_folder", None) or os.path.dirname(model.tokenizer_file or "")
+    if os.path.abspath(source) != os.path.abspath(model_dir):
+        for name in TOKENIZER_FILES:
+            path = os.path.join(source, name)
+            if os.path.isfile(path):
+                replace_file(os.path.join(model_dir, name), lambda tmp, path=path: shutil.copyfile(path, tmp))
+    if weights:
+        # Keras insists on the .weights.h5 suffix, so the temporary name keeps it.
+        replace_file(
+            os.path.join(model_dir, WEIGHTS_FILE),
+            lambda tmp: save_weights(model, tmp),
+            tmp_name=os.path.join(model_dir, ".tmp-" + WEIGHTS_FILE),
+        )
+
+
+def _config_text(model, task_info) -> str:
     values = model.config.to_hf()
     values.update({FAMILY_KEY: FAMILY, "kbert_model": kind_of(model)})
     if hasattr(model, "num_classes"):
         values["num_classes"] = model.num_classes
     values.update(task_info if task_info is not None else model.task_info)
-    with atomic_output_dir(model_dir, overwrite=overwrite) as tmp:
-        with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
-            f.write(json.dumps(values, indent=2) + "\n")
-        copy_tokenizer_files(model, tmp)
-        save_weights(model, os.path.join(tmp, WEIGHTS_FILE))
-    return model_dir
+    return json.dumps(values, indent=2) + "\n"
+
+
+def _write_text(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def load(model_dir):
@@ -88,4 +132,4 @@ def load(model_dir):
     return model
 
 
-__all__ = ["FAMILY", "TOKENIZER_FILES", "is_modernbert_dir", "load", "save"]
+__all__ = ["FAMILY", "TOKENIZER_FILES", "is_modernbert_dir", "load", "save", "write_in_place"]

@@ -34,30 +34,29 @@ from keras import ops
 from kbert.backend import keras_batches, pretraining_placement, use_mixed_precision
 from kbert.backend.checkpoints import latest_training_state, restore_training_state, save_training_state
 from kbert.backend.event_log import EventLog
-from kbert.model.bert import BertPretrainer
 from kbert.pretraining import record_checks
-from kbert.pretraining.losses import pretraining_losses
 from kbert.pretraining.options import PretrainOptions
+from kbert.pretraining.pretrainers import MASKED_LM_AND_NEXT_SENTENCE, Objective, copied_in_scope, new_pretrainer
 from kbert.pretraining.record_reader import numpy_batches
-from kbert.pretraining.run_setup import ModelStart, Training, copied_in_scope
+from kbert.pretraining.run_setup import ModelStart, Training
 from kbert.runtime.errors import KbertError, option
 from kbert.training.interruption import StopSignals
 from kbert.training.optimization import make_optimizer
 
 log = logging.getLogger("kbert")
 
-METRIC_NAMES = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
-
 
 class PretrainingModel(keras.Model):
-    """A `BertPretrainer` with run_pretraining.py's losses, for Keras' `fit` and `evaluate`.
+    """A pretrainer with its objective's losses, for Keras' `fit` and `evaluate`.
 
-    `compute_loss` is the original's MLM + NSP loss (`kbert.pretraining.losses`); the parts and
-    accuracies are tracked beside Keras' own `loss`, so `fit` reports their means over its steps.
-    The weights are the pretrainer's: a checkpoint or `kbert.save` of `pretrainer` is the model.
+    `compute_loss` is the objective's loss (`kbert.pretraining.pretrainers.Objective`: a BERT's
+    MLM + NSP, as the original's, or a ModernBERT's MLM alone); the parts and accuracies are
+    tracked beside Keras' own `loss`, so `fit` reports their means over its steps. The weights
+    are the pretrainer's: a checkpoint or `kbert.save` of `pretrainer` is the model.
 
     Args:
-        pretrainer: BertPretrainer. The model to train.
+        pretrainer: a BertPretrainer or ModernBertMaskedLM. The model to train.
+        objective: `Objective`. What it trains (default: a BERT's masked LM + next sentence).
 
     Example:
     >>> import numpy as np
@@ -73,19 +72,19 @@ class PretrainingModel(keras.Model):
     ['loss', 'mlm_accuracy', 'mlm_loss', 'nsp_accuracy', 'nsp_loss']
     """
 
-    def __init__(self, pretrainer: BertPretrainer, **kwargs):
+    def __init__(self, pretrainer, objective: Objective = MASKED_LM_AND_NEXT_SENTENCE, **kwargs):
         super().__init__(**kwargs)
-        self.pretrainer = pretrainer
+        self.pretrainer, self.objective = pretrainer, objective
         # Keras tracks these (a model's metric attributes) beside its own `loss`; fit resets them.
-        self.trackers = {name: keras.metrics.Mean(name=name) for name in METRIC_NAMES[1:]}
+        self.trackers = {name: keras.metrics.Mean(name=name) for name in objective.metric_names[1:]}
         self.built = True  # the pretrainer is built; fit must not draw a batch to build it
 
     def call(self, features, training=False):
         outputs = self.pretrainer(features, training=training)
-        return {"mlm_logits": outputs["mlm_logits"], "nsp_logits": outputs["nsp_logits"]}
+        return {name: outputs[name] for name in self.objective.outputs}
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        losses = pretraining_losses(y_pred, y)
+        losses = self.objective.losses(y_pred, y)
         for name, tracker in self.trackers.items():
             tracker.update_state(ops.stop_gradient(losses[name]))
         return losses["loss"]
@@ -147,9 +146,9 @@ class KerasEngine:
         jit = (self.backend == "jax") if opts.jit is None else opts.jit
         keras.utils.set_random_seed(opts.seed)  # the same initial weights for the same --seed
         pretrainer = (
-            BertPretrainer(start.config) if start.initial is None else copied_in_scope(start.initial, start.config)
+            new_pretrainer(start.config, start.vocab_file) if start.initial is None else copied_in_scope(start.initial)
         )
-        model = PretrainingModel(pretrainer)
+        model = PretrainingModel(pretrainer, start.objective)
         # A float16 policy makes compile wrap the optimizer in a LossScaleOptimizer.
         model.compile(optimizer=make_optimizer(opts.optimizer, opts.learning_rate, opts.steps, warmup), jit_compile=jit)
         optimizer = model.optimizer
@@ -160,6 +159,7 @@ class KerasEngine:
             step = int(ops.convert_to_numpy(optimizer.iterations))
             log.info("resumed from step %d", step)
         self.model, self.optimizer, self.ckpt_dir, self.keep = model, optimizer, ckpt_dir, opts.keep_checkpoints
+        self.objective = start.objective
         return Training(pretrainer, step, replicas, warmup, jit)
 
     def start(self, files, eval_files, opts, training: Training):
@@ -174,6 +174,7 @@ class KerasEngine:
             training=True,
             seed=opts.seed,
             skip_batches=training.step,
+            keys=(self.objective.input_keys, self.objective.label_keys),
         )
         return contextlib.closing(self.batches)
 
@@ -189,7 +190,7 @@ class KerasEngine:
             shuffle=False,
             callbacks=[steps_run],
         )
-        metrics = {k: float(v) for k, v in self.model.get_metrics_result().items() if k in METRIC_NAMES}
+        metrics = {k: float(v) for k, v in self.model.get_metrics_result().items() if k in self.objective.metric_names}
         return metrics, steps_run.steps, None
 
     def learning_rate(self) -> float:
@@ -198,12 +199,12 @@ class KerasEngine:
     def evaluate(self, opts: PretrainOptions, last_saved: int) -> dict:
         """Held-out losses and accuracies: their means over the first `eval_steps` batches of the eval data."""
         scores = self.model.evaluate(
-            keras_batches(_take(_eval_batches(self.eval_files, opts), opts.eval_steps)),
+            keras_batches(_take(_eval_batches(self.eval_files, opts, self.objective), opts.eval_steps)),
             steps=opts.eval_steps,
             verbose=0,
             return_dict=True,
         )
-        return {k: round(float(scores[k]), 6) for k in METRIC_NAMES}
+        return {k: round(float(scores[k]), 6) for k in self.objective.metric_names}
 
     def save(self, step: int, last_saved: int):
         save_training_state(
@@ -241,15 +242,20 @@ def _take(batches, n: int):
         yield next(batches)
 
 
-def _eval_batches(files, opts):
+def _eval_batches(files, opts, objective: Objective):
     """Held-out batches of `batch_size`, the eval files read again and again. A last partial batch
     is left out (it would split unevenly over devices), unless the files hold no full one."""
     while True:
         full = False
         for features, labels in numpy_batches(
-            files, opts.batch_size, opts.max_seq_length, opts.max_predictions_per_seq, training=False
+            files,
+            opts.batch_size,
+            opts.max_seq_length,
+            opts.max_predictions_per_seq,
+            training=False,
+            keys=(objective.input_keys, objective.label_keys),
         ):
-            if len(labels["next_sentence_labels"]) == opts.batch_size:
+            if len(labels["masked_lm_ids"]) == opts.batch_size:
                 full = True
                 yield features, labels
             elif not full:

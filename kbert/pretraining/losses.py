@@ -1,8 +1,9 @@
-"""The pretraining losses of run_pretraining.py, and softmax cross-entropy for a large vocabulary.
+"""The pretraining losses: run_pretraining.py's masked LM + next sentence (`pretraining_losses`),
+the masked LM alone (`masked_lm_losses`, a ModernBERT's), and softmax cross-entropy for a large
+vocabulary.
 
-`pretraining_losses` and the cross-entropy are `keras.ops`, the same on TensorFlow, JAX and
-PyTorch. TensorFlow's engine trains with a faster form of the cross-entropy
-(`kbert.pretraining.tf_losses`), which it passes to `pretraining_losses`.
+They are `keras.ops`, the same on TensorFlow, JAX and PyTorch. TensorFlow's engine trains with a
+faster form of the cross-entropy (`kbert.pretraining.tf_losses`), which it passes to them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,38 @@ def pretraining_losses(outputs, labels, cross_entropy=None):
     >>> {k: round(float(v), 4) for k, v in pretraining_losses(out, labels).items()}
     {'loss': 0.8201, 'mlm_loss': 0.1269, 'nsp_loss': 0.6931, 'mlm_accuracy': 1.0, 'nsp_accuracy': 1.0}
     """
+    masked_lm = masked_lm_losses(outputs, labels, cross_entropy)
+    nsp_logits = ops.cast(outputs["nsp_logits"], "float32")
+    nsp_labels = ops.cast(ops.reshape(labels["next_sentence_labels"], [-1]), "int32")
+    nsp_loss = ops.mean(ops.sparse_categorical_crossentropy(nsp_labels, nsp_logits, from_logits=True))
+    nsp_hits = ops.cast(ops.equal(ops.cast(ops.argmax(nsp_logits, -1), "int32"), nsp_labels), "float32")
+    return {
+        "loss": masked_lm["mlm_loss"] + nsp_loss,
+        "mlm_loss": masked_lm["mlm_loss"],
+        "nsp_loss": nsp_loss,
+        "mlm_accuracy": masked_lm["mlm_accuracy"],
+        "nsp_accuracy": ops.mean(nsp_hits),
+    }
+
+
+def masked_lm_losses(outputs, labels, cross_entropy=None):
+    """The masked-LM loss alone (a ModernBERT's objective: no next-sentence task), weighted as
+    the original weights it: Σ w·(-log p(label)) / (Σ w + 1e-5); the accuracy the same way.
+
+    Args:
+        outputs: dict. `mlm_logits` [batch, P, vocab].
+        labels: dict. `masked_lm_ids` int [batch, P] and `masked_lm_weights` float32 [batch, P].
+        cross_entropy: callable, as `pretraining_losses` takes it.
+
+    Returns: dict of float32 scalars `loss` (the masked-LM loss), `mlm_loss` and `mlm_accuracy`.
+
+    Example:
+    >>> import numpy as np
+    >>> out = {"mlm_logits": np.array([[[2.0, 0.0], [0.0, 2.0]]], "float32")}
+    >>> labels = {"masked_lm_ids": np.array([[0, 0]]), "masked_lm_weights": np.array([[1.0, 1.0]], "float32")}
+    >>> {k: round(float(v), 4) for k, v in masked_lm_losses(out, labels).items()}
+    {'loss': 1.1269, 'mlm_loss': 1.1269, 'mlm_accuracy': 0.5}
+    """
     ids = ops.cast(labels["masked_lm_ids"], "int32")
     weights = ops.cast(labels["masked_lm_weights"], "float32")
     mlm_logits = ops.cast(outputs["mlm_logits"], "float32")
@@ -46,16 +79,10 @@ def pretraining_losses(outputs, labels, cross_entropy=None):
     per_position = ops.reshape(per_position, ops.shape(ids))
     mlm_hits = ops.reshape(ops.cast(mlm_hits, "float32"), ops.shape(ids))
     mlm_loss = ops.sum(weights * per_position) / (ops.sum(weights) + 1e-5)
-    nsp_logits = ops.cast(outputs["nsp_logits"], "float32")
-    nsp_labels = ops.cast(ops.reshape(labels["next_sentence_labels"], [-1]), "int32")
-    nsp_loss = ops.mean(ops.sparse_categorical_crossentropy(nsp_labels, nsp_logits, from_logits=True))
-    nsp_hits = ops.cast(ops.equal(ops.cast(ops.argmax(nsp_logits, -1), "int32"), nsp_labels), "float32")
     return {
-        "loss": mlm_loss + nsp_loss,
+        "loss": mlm_loss,
         "mlm_loss": mlm_loss,
-        "nsp_loss": nsp_loss,
         "mlm_accuracy": ops.sum(weights * mlm_hits) / (ops.sum(weights) + 1e-5),
-        "nsp_accuracy": ops.mean(nsp_hits),
     }
 
 

@@ -14,7 +14,7 @@ import glob
 import logging
 import os
 
-from kbert.pretraining.record_encoder import INPUT_KEYS, LABEL_KEYS
+from kbert.pretraining.record_encoder import INPUT_KEYS, LABEL_KEYS, MLM_INPUT_KEYS, MLM_LABEL_KEYS
 from kbert.runtime.errors import KbertError, on_command_line, option
 from kbert.runtime.files import folder_of_glob
 from kbert.runtime.records import check_records_file
@@ -59,14 +59,20 @@ def find_files(pattern: str, flag: str = "--data") -> list[str]:
 
 
 def check_records(
-    files, max_seq_length: int, max_predictions_per_seq: int, flag: str = "--data", vocab_size: int | None = None
+    files,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    flag: str = "--data",
+    vocab_size: int | None = None,
+    objective=None,
 ):
     """Walk every file's record framing to its end (`kbert.runtime.records.check_records_file`: the
     headers only), then read its first record: a cut-short, corrupt or wrongly sized file is
     named here, before anything is written, rather than failing deep in the run. With
     `vocab_size`, the token ids of each file's first CHECKED_RECORDS records must lie in the
     vocabulary (made with another vocab.txt, they would fail in a gather mid-run on a CPU, and
-    read zeros unnoticed on a GPU)."""
+    read zeros unnoticed on a GPU). `objective` (`kbert.pretraining.pretrainers.Objective`; default
+    BERT's) names the features the records must hold."""
     from kbert.runtime.records import parse_example, read_frames
 
     for path in files:
@@ -78,9 +84,7 @@ def check_records(
             except (ValueError, IndexError, UnicodeDecodeError):
                 raise not_examples(path) from None
             if checked == 0:
-                missing = [k for k in INPUT_KEYS + LABEL_KEYS if k not in example]
-                if missing:
-                    raise not_pretraining_records(path, missing)
+                check_features(path, set(example), objective)
                 seq, pred = len(example["input_ids"]), len(example["masked_lm_positions"])
                 if (seq, pred) != (max_seq_length, max_predictions_per_seq):
                     raise other_shape(path, seq, pred, max_seq_length, max_predictions_per_seq)
@@ -94,6 +98,36 @@ def check_records(
                 break
         if checked == 0:
             raise no_records(path)
+
+
+def check_features(path, found: set, objective=None):
+    """One line unless a file's records hold the features `objective` reads (default: BERT's,
+    masked LM + next sentence). Records made for the other objective are named as such: a
+    ModernBERT's masked-LM-only records lack segment ids and next-sentence labels, and a BERT's
+    records hold them.
+
+    >>> check_features("data.tfrecord", set(MLM_INPUT_KEYS + MLM_LABEL_KEYS))
+    Traceback (most recent call last):
+    ...
+    kbert.runtime.errors.KbertError: data.tfrecord: masked-LM-only records (made from a tokenizer.json, for a ModernBERT); a BERT pretrains on masked-LM + next-sentence records: make them from the model's vocab.txt (kbert create-data --vocab MODEL_DIR/vocab.txt)
+    """
+    keys = (*objective.input_keys, *objective.label_keys) if objective else INPUT_KEYS + LABEL_KEYS
+    next_sentence = "next_sentence_labels" in keys
+    if next_sentence and set(MLM_INPUT_KEYS + MLM_LABEL_KEYS) <= found and "next_sentence_labels" not in found:
+        raise KbertError(
+            f"{path}: masked-LM-only records (made from a tokenizer.json, for a ModernBERT); a BERT pretrains on "
+            "masked-LM + next-sentence records: make them from the model's vocab.txt "
+            "(kbert create-data --vocab MODEL_DIR/vocab.txt)"
+        )
+    if not next_sentence and "next_sentence_labels" in found:
+        raise KbertError(
+            f"{path}: masked-LM + next-sentence records (made from a vocab.txt, for a BERT); a ModernBERT "
+            "pretrains on masked-LM-only records: make them from the model's tokenizer.json "
+            "(kbert create-data --vocab MODEL_DIR/tokenizer.json)"
+        )
+    missing = [k for k in keys if k not in found]
+    if missing:
+        raise not_pretraining_records(path, missing)
 
 
 def no_records(path) -> KbertError:
@@ -123,5 +157,6 @@ def outside_vocabulary(path, row, value, key, vocab_size) -> KbertError:
     return KbertError(
         f"{path}: record {row + 1} holds token id {value} ({key}), outside the model's "
         f"vocabulary of {vocab_size:,} (ids 0 to {vocab_size - 1:,}); the records were made "
-        f"with another vocab.txt: make them again with the model's (`kbert create-data --vocab`)"
+        f"with another vocabulary: make them again with the model's vocab.txt (a ModernBERT's: its tokenizer.json) "
+        "(`kbert create-data --vocab`)"
     )

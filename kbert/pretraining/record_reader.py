@@ -23,20 +23,26 @@ from kbert.runtime.records import parse_example, read_frames
 FLOAT_KEYS = ("masked_lm_weights",)
 
 
-def pretraining_example(data: bytes, path, offset: int, max_seq_length: int, max_predictions_per_seq: int):
+def pretraining_example(
+    data: bytes, path, offset: int, max_seq_length: int, max_predictions_per_seq: int, keys=(INPUT_KEYS, LABEL_KEYS)
+):
     """One record as tf_dataset.pretraining_dataset parses it: (features, labels) of numpy values,
-    the int64 features as int32; a record without a feature or with another length is one line."""
+    the int64 features as int32; a record without a feature or with another length is one line.
+    `keys` are the (features, labels) the run reads: BERT's records' (the default), or
+    masked-LM-only records' (`record_encoder.MLM_INPUT_KEYS`, `MLM_LABEL_KEYS`)."""
     try:
         example = parse_example(data)
     except ValueError:
         raise KbertError(
             f"{path}: the record at {offset} is not a tf.train.Example; recreate the file with kbert create-data"
         ) from None
+    input_keys, label_keys = keys
     lengths = dict.fromkeys(ENCODER_INPUTS, max_seq_length)
     lengths.update(masked_lm_positions=max_predictions_per_seq, masked_lm_ids=max_predictions_per_seq)
     lengths.update(masked_lm_weights=max_predictions_per_seq, next_sentence_labels=1)
     out = {}
-    for key, length in lengths.items():
+    for key in (*input_keys, *label_keys):
+        length = lengths[key]
         values = example.get(key)
         want = np.float32 if key in FLOAT_KEYS else np.int64
         if not isinstance(values, np.ndarray) or values.dtype != want or len(values) != length:
@@ -48,8 +54,9 @@ def pretraining_example(data: bytes, path, offset: int, max_seq_length: int, max
                 f"{max_predictions_per_seq} (make them with kbert create-data)"
             )
         out[key] = values if key in FLOAT_KEYS else values.astype(np.int32)
-    out["next_sentence_labels"] = out["next_sentence_labels"][0]
-    return {k: out[k] for k in INPUT_KEYS}, {k: out[k] for k in LABEL_KEYS}
+    if "next_sentence_labels" in out:
+        out["next_sentence_labels"] = out["next_sentence_labels"][0]
+    return {k: out[k] for k in input_keys}, {k: out[k] for k in label_keys}
 
 
 def _records(files, training: bool, seed: int, shard: tuple[int, int]):
@@ -93,7 +100,7 @@ def _records(files, training: bool, seed: int, shard: tuple[int, int]):
         position += 1
 
 
-def _example_stream(files, training, seed, shard, skip, max_seq_length, max_predictions_per_seq):
+def _example_stream(files, training, seed, shard, skip, max_seq_length, max_predictions_per_seq, keys):
     index, count = shard
     records = _records(files, training, seed, shard)
     if count > len(files):  # fewer files than shards: each takes every count-th record instead
@@ -109,19 +116,19 @@ def _example_stream(files, training, seed, shard, skip, max_seq_length, max_pred
             if skip:
                 skip -= 1
                 continue
-            yield pretraining_example(record[2], record[0], record[1], max_seq_length, max_predictions_per_seq)
+            yield pretraining_example(record[2], record[0], record[1], max_seq_length, max_predictions_per_seq, keys)
         rng.shuffle(buffer)
         records = buffer
     for path, offset, data in records:
         if skip:
             skip -= 1
             continue
-        yield pretraining_example(data, path, offset, max_seq_length, max_predictions_per_seq)
+        yield pretraining_example(data, path, offset, max_seq_length, max_predictions_per_seq, keys)
 
 
 def _stack(examples):
-    features = {k: np.stack([f[k] for f, _ in examples]) for k in INPUT_KEYS}
-    labels = {k: np.stack([lab[k] for _, lab in examples]) for k in LABEL_KEYS}
+    features = {k: np.stack([f[k] for f, _ in examples]) for k in examples[0][0]}
+    labels = {k: np.stack([lab[k] for _, lab in examples]) for k in examples[0][1]}
     return features, labels
 
 
@@ -135,11 +142,13 @@ def numpy_batches(
     shard: tuple[int, int] = (0, 1),
     skip_batches: int = 0,
     prefetch: int = 8,
+    keys=(INPUT_KEYS, LABEL_KEYS),
 ):
     """(features, labels) numpy batches from run_pretraining.py records, without TensorFlow.
 
     The same dicts as `tf_dataset.pretraining_dataset` (int32 ids, float32 masked_lm_weights,
-    next_sentence_labels of shape [batch]). Training data repeats, each pass over the files in a
+    next_sentence_labels of shape [batch]); `keys` are the (features, labels) read, as
+    `pretraining_example` takes them. Training data repeats, each pass over the files in a
     seeded order, through a 4096-record shuffle buffer, and drops a last partial batch; `shard`
     is (this input pipeline, how many). Batches are made in a background thread, up to
     `prefetch` ahead, so an accelerator does not wait for the parsing.
@@ -172,7 +181,7 @@ def numpy_batches(
     def produce():
         try:
             examples = _example_stream(
-                files, training, seed, shard, skip_batches * batch_size, max_seq_length, max_predictions_per_seq
+                files, training, seed, shard, skip_batches * batch_size, max_seq_length, max_predictions_per_seq, keys
             )
             batch = []
             for example in examples:

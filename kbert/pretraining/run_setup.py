@@ -16,14 +16,15 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import keras
+
 from kbert.backend.checkpoints import latest_training_state
 from kbert.config import BertConfig
-from kbert.formats.model_dir import CHECKPOINTS_DIR, CONFIG_FILE, VOCAB_FILE, check_vocab
+from kbert.formats.model_dir import CHECKPOINTS_DIR, check_vocab
 from kbert.formats.sources import open_model
-from kbert.model.bert import BertPretrainer
-from kbert.model.initializers import unfilled
 from kbert.pretraining.fill_mask import what_it_is
 from kbert.pretraining.options import PretrainOptions
+from kbert.pretraining.pretrainers import Objective, continued_from, is_pretrainer, objective_of, run_model_start
 from kbert.pretraining.record_checks import find_files
 from kbert.pretraining.run_record import (
     RUN_FILE,
@@ -39,12 +40,17 @@ from kbert.runtime.files import count_lines
 
 @dataclasses.dataclass
 class ModelStart:
-    """Where a run's model starts: its config, vocabulary and casing, and the model --init opened."""
+    """Where a run's model starts: its config, the file of its token ids (a BERT's vocab.txt, a
+    ModernBERT's tokenizer.json) and casing, and the model --init opened."""
 
-    config: BertConfig
+    config: object  # BertConfig or ModernBertConfig
     vocab_file: str
     do_lower_case: bool
-    initial: BertPretrainer | None = None
+    initial: keras.Model | None = None
+
+    @property
+    def objective(self) -> Objective:
+        return objective_of(self.config)
 
 
 @dataclasses.dataclass
@@ -65,7 +71,7 @@ class Training:
     """What an engine built for the loop: the pretrainer it trains (the model the run writes), the
     step it starts from (0 for a new run, else the one restored), and how."""
 
-    model: BertPretrainer
+    model: keras.Model  # a BertPretrainer or a ModernBertMaskedLM
     step: int
     replicas: int
     warmup: int
@@ -115,18 +121,6 @@ def has_checkpoint(engine, ckpt_dir: str) -> bool:
     return bool(_checkpoint_kinds(engine, ckpt_dir))
 
 
-def copied_in_scope(initial, config):
-    """A `BertPretrainer` built in the current strategy scope (its variables mirrored where the
-    strategy mirrors them) holding `initial`'s weights."""
-    with unfilled():  # every weight is assigned next
-        model = BertPretrainer(config)
-    for target, value in zip(model.weights, initial.weights, strict=True):
-        target.assign(value)
-    # `initial` stays referenced by the caller: a converter's vocab.txt (one made from an HF
-    # tokenizer.json) lives as long as the model it was made for.
-    return model
-
-
 def _resolved_options(model_dir, data, options, overrides, starts_from, do_lower_case):
     """(options, run record, data files), checked: for a resume, its pretrain_run.json's with
     the ones given; for a new run, the ones given (and None, None)."""
@@ -164,8 +158,7 @@ def _model_start(
                 f"{option('resume', True)}: {model_dir} has no {RUN_FILE} (its run began before kbert recorded "
                 f"a run's flags); give {option('data')} and the other flags it was started with"
             )
-        config = BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
-        vocab_file = os.path.join(model_dir, VOCAB_FILE)
+        config, vocab_file = run_model_start(model_dir)
     else:
         if has_checkpoints:
             raise KbertError(
@@ -176,14 +169,19 @@ def _model_start(
             # Any model source (kbert.formats.sources.open_model), opened outside the strategy's scope: a
             # converter assigns its variables directly, which mirrored variables do not allow.
             initial = open_model(init, do_lower_case)
-            if not isinstance(initial, BertPretrainer):
+            if not is_pretrainer(initial):
                 raise KbertError(
-                    f"{option('init', init)}: {what_it_is(initial)}, without the masked-LM and next-sentence heads "
+                    f"{option('init', init)}: {what_it_is(initial)}, without the {objective_of(initial).heads} "
                     f"pretraining trains; pass a pretrained or converted model (the one it came from)"
                 )
-            config = BertConfig.from_dict(initial.config.to_dict())
-            vocab_file, do_lower_case = initial.vocab_file, initial.do_lower_case
+            config, vocab_file, do_lower_case = continued_from(initial, do_lower_case)
         elif config_file and vocab_file:
+            if os.fspath(vocab_file).endswith(".json"):
+                raise KbertError(
+                    f"{option('vocab_file', vocab_file, flag='--vocab')}: a tokenizer.json (a ModernBERT's); kbert "
+                    f"pretrains a ModernBERT from a converted one: pass {option('init', 'MODEL_DIR')} instead of "
+                    f"{option('config_file', flag='--config')} and {option('vocab_file', flag='--vocab')}"
+                )
             config = BertConfig.from_json_file(config_file)
             entries = count_lines(vocab_file)
             if entries != config.vocab_size:  # a new model: its config is the user's to match to the vocabulary
@@ -197,9 +195,12 @@ def _model_start(
                 f"{option('vocab_file', 'vocab.txt', flag='--vocab')} "
                 f"(from scratch), {option('init', 'MODEL_DIR')} (continue), or {option('resume', True)}"
             )
-    check_vocab(vocab_file, config)
-    if do_lower_case is None or opts.resume:
-        do_lower_case = config.extras.get("do_lower_case", True)
+    if isinstance(config, BertConfig):  # a ModernBERT's ids are its tokenizer.json's, read whole
+        check_vocab(vocab_file, config)
+        if do_lower_case is None or opts.resume:
+            do_lower_case = config.extras.get("do_lower_case", True)
+    else:
+        do_lower_case = False  # a byte-level BPE keeps case
     if opts.max_seq_length > config.max_position_embeddings:
         raise KbertError(
             f"{option('max_seq_length', opts.max_seq_length)} exceeds max_position_embeddings "
@@ -210,11 +211,19 @@ def _model_start(
 
 def _checked_records(engine, files, opts, config) -> list | None:
     """Check the training records (and --eval-data's) against the model; the eval files."""
-    engine.check_records(files, opts.max_seq_length, opts.max_predictions_per_seq, vocab_size=config.vocab_size)
+    objective = objective_of(config)
+    engine.check_records(
+        files, opts.max_seq_length, opts.max_predictions_per_seq, vocab_size=config.vocab_size, objective=objective
+    )
     eval_files = find_files(opts.eval_data, "--eval-data") if opts.eval_data else None
     if eval_files:
         engine.check_records(
-            eval_files, opts.max_seq_length, opts.max_predictions_per_seq, "--eval-data", vocab_size=config.vocab_size
+            eval_files,
+            opts.max_seq_length,
+            opts.max_predictions_per_seq,
+            "--eval-data",
+            vocab_size=config.vocab_size,
+            objective=objective,
         )
     return eval_files
 

@@ -10,10 +10,10 @@ import tensorflow as tf
 
 from kbert.pretraining.record_checks import (
     CHECKED_RECORDS,
+    check_features,
     named,
     no_records,
     not_examples,
-    not_pretraining_records,
     other_shape,
     outside_vocabulary,
 )
@@ -22,10 +22,11 @@ from kbert.runtime.errors import KbertError, op_error_text
 from kbert.runtime.records import check_records_file
 
 
-def feature_spec(max_seq_length: int, max_predictions_per_seq: int):
-    """The features run_pretraining.py's input_fn parses, with the same lengths and types."""
+def feature_spec(max_seq_length: int, max_predictions_per_seq: int, keys=(INPUT_KEYS, LABEL_KEYS)):
+    """The features run_pretraining.py's input_fn parses, with the same lengths and types (those
+    of `keys`, the (features, labels) a run reads: masked-LM-only records hold fewer)."""
     seq, pred = max_seq_length, max_predictions_per_seq
-    return {
+    spec = {
         "input_ids": tf.io.FixedLenFeature([seq], tf.int64),
         "input_mask": tf.io.FixedLenFeature([seq], tf.int64),
         "segment_ids": tf.io.FixedLenFeature([seq], tf.int64),
@@ -34,10 +35,16 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int):
         "masked_lm_weights": tf.io.FixedLenFeature([pred], tf.float32),
         "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
     }
+    return {key: spec[key] for key in (*keys[0], *keys[1])}
 
 
 def check_records(
-    files, max_seq_length: int, max_predictions_per_seq: int, flag: str = "--data", vocab_size: int | None = None
+    files,
+    max_seq_length: int,
+    max_predictions_per_seq: int,
+    flag: str = "--data",
+    vocab_size: int | None = None,
+    objective=None,
 ):
     """`kbert.pretraining.record_checks.check_records` read by tf.data: the same checks and
     messages, and one more for a file TensorFlow cannot read as TFRecords."""
@@ -58,9 +65,7 @@ def check_records(
         except Exception:
             raise not_examples(path) from None
         features = example.features.feature
-        missing = [k for k in INPUT_KEYS + LABEL_KEYS if k not in features]
-        if missing:
-            raise not_pretraining_records(path, missing)
+        check_features(path, set(features), objective)
         seq = len(features["input_ids"].int64_list.value)
         pred = len(features["masked_lm_positions"].int64_list.value)
         if (seq, pred) != (max_seq_length, max_predictions_per_seq):
@@ -110,13 +115,15 @@ def pretraining_dataset(
     seed: int = 12345,
     input_context=None,
     skip_batches: int = 0,
+    keys=(INPUT_KEYS, LABEL_KEYS),
 ):
     """(features, labels) batches of `batch_size` (per replica), from run_pretraining.py records.
 
     Training data repeats, is sharded per input pipeline (worker), interleaved over files and
-    shuffled with a fixed seed, so `skip_batches` resumes at the same place in the stream.
+    shuffled with a fixed seed, so `skip_batches` resumes at the same place in the stream. `keys`
+    are the (features, labels) read (`feature_spec`).
     """
-    spec = feature_spec(max_seq_length, max_predictions_per_seq)
+    spec = feature_spec(max_seq_length, max_predictions_per_seq, keys)
     ds = tf.data.Dataset.from_tensor_slices(list(files))
     shards = input_context.num_input_pipelines if input_context else 1
     index = input_context.input_pipeline_id if input_context else 0
@@ -139,9 +146,10 @@ def pretraining_dataset(
     def parse(record):
         example = tf.io.parse_single_example(record, spec)
         example = {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in example.items()}
-        features = {k: example[k] for k in INPUT_KEYS}
-        labels = {k: example[k] for k in LABEL_KEYS}
-        labels["next_sentence_labels"] = tf.reshape(labels["next_sentence_labels"], [])
+        features = {k: example[k] for k in keys[0]}
+        labels = {k: example[k] for k in keys[1]}
+        if "next_sentence_labels" in labels:
+            labels["next_sentence_labels"] = tf.reshape(labels["next_sentence_labels"], [])
         return features, labels
 
     if skip_batches:  # skip raw records, before the cost of parsing them

@@ -21,11 +21,11 @@ import tensorflow as tf
 
 from kbert.backend import is_chief, pretraining_placement, use_mixed_precision
 from kbert.backend.checkpoints import checkpoint_write_failed, random_state_variables
-from kbert.model.bert import BertPretrainer
 from kbert.pretraining.options import PretrainOptions
-from kbert.pretraining.run_setup import ModelStart, Training, copied_in_scope
+from kbert.pretraining.pretrainers import Objective, copied_in_scope, new_pretrainer
+from kbert.pretraining.run_setup import ModelStart, Training
 from kbert.pretraining.tf_dataset import check_records, find_corrupt_record, pretraining_dataset
-from kbert.pretraining.tf_losses import pretraining_losses
+from kbert.pretraining.tf_losses import cross_entropy_and_hits
 from kbert.runtime.errors import KbertError, op_error_text, option
 from kbert.training.optimization import make_optimizer
 
@@ -72,7 +72,9 @@ class TensorFlowEngine:
         keras.utils.set_random_seed(opts.seed)  # the same initial weights for the same --seed
         with strategy.scope():
             model = (
-                BertPretrainer(start.config) if start.initial is None else copied_in_scope(start.initial, start.config)
+                new_pretrainer(start.config, start.vocab_file)
+                if start.initial is None
+                else copied_in_scope(start.initial)
             )
             optimizer = make_optimizer(opts.optimizer, opts.learning_rate, opts.steps, warmup)
             if keras.mixed_precision.global_policy().name == "mixed_float16":
@@ -92,7 +94,7 @@ class TensorFlowEngine:
             checkpoint.restore(tf.train.latest_checkpoint(ckpt_dir)).expect_partial()
             step = int(optimizer.iterations.numpy())
             log.info("resumed from step %d", step)
-        self.strategy, self.model, self.optimizer = strategy, model, optimizer
+        self.strategy, self.model, self.optimizer, self.objective = strategy, model, optimizer, start.objective
         return Training(model, step, replicas, warmup, jit, chief)
 
     def start(self, files, eval_files, opts, training: Training):
@@ -101,9 +103,9 @@ class TensorFlowEngine:
         self.files, self.eval_files = files, eval_files
         self.train_iterator = self._train_data(files, opts, training)
         self.train_loop = _make_train_loop(
-            self.strategy, self.model, self.optimizer, opts.grad_accum, training.replicas, training.jit
+            self.strategy, self.model, self.objective, self.optimizer, opts.grad_accum, training.replicas, training.jit
         )
-        self.eval_loop = _make_eval_loop(self.strategy, self.model)
+        self.eval_loop = _make_eval_loop(self.strategy, self.model, self.objective)
         self.replicas = training.replicas
         self.multi_worker = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
         return contextlib.nullcontext()
@@ -122,6 +124,7 @@ class TensorFlowEngine:
                 seed=opts.seed,
                 input_context=context,
                 skip_batches=per_pipeline,
+                keys=(self.objective.input_keys, self.objective.label_keys),
             )
 
         return iter(self.strategy.distribute_datasets_from_function(train_input))
@@ -144,7 +147,7 @@ class TensorFlowEngine:
     def evaluate(self, opts: PretrainOptions, last_saved: int) -> dict:
         """Held-out losses and accuracies over the first `eval_steps` batches of the eval data."""
         try:
-            return _evaluate(self.eval_loop, self.strategy, self.eval_files, opts, self.replicas)
+            return _evaluate(self.eval_loop, self.strategy, self.eval_files, opts, self.replicas, self.objective)
         except tf.errors.DataLossError as e:
             raise _corrupt_records(self.eval_files, e, last_saved) from None
 
@@ -202,14 +205,19 @@ def _worker_dir(strategy):
     return os.path.join(tempfile.gettempdir(), f"kbert-worker-{task}-{os.getpid()}")
 
 
-def _make_train_loop(strategy, model, optimizer, grad_accum: int, replicas: int, jit: bool):
+def _losses(objective: Objective, outputs, labels) -> dict:
+    """The objective's losses with this engine's faster cross-entropy (`kbert.pretraining.tf_losses`)."""
+    return objective.losses(outputs, labels, cross_entropy=cross_entropy_and_hits)
+
+
+def _make_train_loop(strategy, model, objective: Objective, optimizer, grad_accum: int, replicas: int, jit: bool):
     """A tf.function running N optimizer steps per call (N is a tensor: one trace for all N)."""
     variables = model.trainable_variables
 
     def forward_backward(features, labels):
         with tf.GradientTape() as tape:
             outputs = model(features, training=True)
-            metrics = pretraining_losses(outputs, labels)
+            metrics = _losses(objective, outputs, labels)
             # Mean over replicas and micro-batches: the summed gradient is the global batch's.
             loss = metrics["loss"] / (replicas * grad_accum)
             if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
@@ -237,7 +245,7 @@ def _make_train_loop(strategy, model, optimizer, grad_accum: int, replicas: int,
         """Mean metrics of `num_steps` steps, and `stop_requested` summed over all workers: a
         signal one worker got reaches every worker at the same step (what Model Garden's
         PreemptionCheckpointHandler does through the coordination service)."""
-        sums = {k: tf.constant(0.0) for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
+        sums = {k: tf.constant(0.0) for k in objective.metric_names}
         for _ in tf.range(num_steps):
             micro_batches = [next(iterator) for _ in range(grad_accum)]
             per_replica = strategy.run(replica_step, args=(micro_batches,))
@@ -251,9 +259,9 @@ def _make_train_loop(strategy, model, optimizer, grad_accum: int, replicas: int,
     return train_loop
 
 
-def _make_eval_loop(strategy, model):
+def _make_eval_loop(strategy, model, objective: Objective):
     def replica_eval(features, labels):
-        return pretraining_losses(model(features, training=False), labels)
+        return _losses(objective, model(features, training=False), labels)
 
     @tf.function
     def eval_step(batch):
@@ -263,13 +271,19 @@ def _make_eval_loop(strategy, model):
     return eval_step
 
 
-def _evaluate(eval_step, strategy, files, opts: PretrainOptions, replicas: int) -> dict:
+def _evaluate(eval_step, strategy, files, opts: PretrainOptions, replicas: int, objective: Objective) -> dict:
     """Held-out losses and accuracies over the first `eval_steps` batches of the eval data."""
     batch = max(1, opts.batch_size // replicas)
 
     def eval_input(context):
         return pretraining_dataset(
-            files, batch, opts.max_seq_length, opts.max_predictions_per_seq, training=False, input_context=context
+            files,
+            batch,
+            opts.max_seq_length,
+            opts.max_predictions_per_seq,
+            training=False,
+            input_context=context,
+            keys=(objective.input_keys, objective.label_keys),
         ).repeat()
 
     iterator = iter(strategy.distribute_datasets_from_function(eval_input))

@@ -40,8 +40,9 @@ import time
 import keras
 
 from kbert.backend import writes_shared_files
-from kbert.formats.model_dir import WEIGHTS_FILE, write_model_files
+from kbert.formats.model_dir import WEIGHTS_FILE
 from kbert.pretraining.options import PretrainOptions
+from kbert.pretraining.pretrainers import objective_of, write_model_files
 from kbert.pretraining.run_record import record_run, recorded_options
 from kbert.pretraining.run_setup import ModelStart, RunSetup, Training, check_one_start, has_checkpoint, set_up_run
 from kbert.runtime.errors import KbertError, option
@@ -242,7 +243,7 @@ def _finished(engine, training: Training, opts, last, last_eval, speed, model_di
         training.model.fresh_heads = ()  # pretraining trains every head: masked-LM, next-sentence and the pooler
         write_model_files(training.model, model_dir, start.vocab_file, start.do_lower_case, weights=True)
         write_loss_plot(os.path.join(model_dir, METRICS_FILE), os.path.join(model_dir, LOSS_PLOT))
-    result = {k: last[k] for k in ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")}
+    result = {k: last[k] for k in ("step", *objective_of(training.model).metric_names)}
     result["sequences_per_second"] = speed
     result["learning_rate"] = last["learning_rate"]
     if last_eval:
@@ -272,7 +273,7 @@ def _finish_trained_run(model, model_dir, vocab_file, do_lower_case, step, retur
             rows = [json.loads(line) for line in f if line.strip()]
         logged = next((row for row in reversed(rows) if row.get("step") == step and "split" not in row), {})
     log.info("%s: trained to step %d; wrote the model files it lacked", model_dir, step)
-    keys = ("step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "learning_rate")
+    keys = ("step", *objective_of(model).metric_names, "learning_rate")
     result = {"step": step, **{k: logged[k] for k in keys if k in logged}, "model_dir": model_dir, "resumed_from": step}
     return (result, model) if return_model else result
 

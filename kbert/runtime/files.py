@@ -295,6 +295,28 @@ def count_lines(path: str) -> int:
     return data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
 
 
+def replace_file(path, write, tmp_name: str | None = None):
+    """`write(tmp)` a file beside `path`, then rename it over `path`; a failed write (a full
+    disk) leaves no half-written file beside the good one. `tmp_name` is the temporary's path,
+    for writers that insist on a suffix (default: `.NAME.tmp` beside `path`).
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.txt")
+    >>> replace_file(path, lambda tmp: open(tmp, "w").write("one"))
+    >>> open(path).read(), os.listdir(os.path.dirname(path))
+    ('one', ['a.txt'])
+    """
+    path = os.fspath(path)
+    tmp = tmp_name or os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def atomic_write_text(path, text: str):
     r"""Write `text` to a temporary file beside `path`, then rename: never a half-written file.
 

@@ -116,7 +116,8 @@ def keep_history_until(history_path: str, step: int) -> int:
 
 
 def write_loss_plot(history_path: str, png_path: str):
-    """Plot loss, MLM and NSP loss (and held-out values, if any) against step into a PNG."""
+    """Plot loss, MLM and NSP loss (NSP where the run trains it; held-out values, if any) against
+    step into a PNG."""
     if not os.path.isfile(history_path):
         return None
     train, held_out = [], []
@@ -130,13 +131,15 @@ def write_loss_plot(history_path: str, png_path: str):
     # A Figure of its own, not pyplot's: no global backend to set, no figure to close.
     fig = Figure(figsize=(8, 4.5), dpi=100)
     ax = fig.subplots()
-    for key, style in (("loss", "-"), ("mlm_loss", "--"), ("nsp_loss", ":")):
+    first = train[0] if train else {}
+    parts = [(key, style) for key, style in (("loss", "-"), ("mlm_loss", "--"), ("nsp_loss", ":")) if key in first]
+    for key, style in parts:  # a ModernBERT's run trains the masked LM alone: no nsp_loss
         ax.plot([r["step"] for r in train], [r[key] for r in train], style, label=f"train {key}")
     if held_out:
         ax.plot([r["step"] for r in held_out], [r["loss"] for r in held_out], "o-", label="held-out loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title("kbert pretraining (MLM + NSP)")
+    ax.set_title("kbert pretraining (MLM)" if first and "nsp_loss" not in first else "kbert pretraining (MLM + NSP)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
