@@ -1,5 +1,5 @@
-"""`kbert pretrain`: MLM + NSP pretraining on one device, many GPUs, many machines or a TPU; on
-TensorFlow, JAX or PyTorch (KERAS_BACKEND)."""
+"""`kbert pretrain`: MLM + NSP pretraining of a BERT (a ModernBERT's: the masked LM alone) on one
+device, many GPUs, many machines or a TPU; on TensorFlow, JAX or PyTorch (KERAS_BACKEND)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def pretrain_command(
     init: Path | None = typer.Option(
         None,
         "--init",
-        help=f"Continue pretraining from this model, e.g. Google's uncased_L-12_H-768_A-12/: {ACCEPTED}.",
+        help=f"Continue pretraining from this model, e.g. Google's uncased_L-12_H-768_A-12/ or a converted "
+        f"ModernBERT: {ACCEPTED}.",
     ),
     max_seq_length: int = typer.Option(
         DEFAULTS.max_seq_length, min=5, help="Must match the records (phase 2: --init + 512)."
@@ -102,7 +103,8 @@ def pretrain_command(
         help="Record the vocabulary's casing (default: from the config, else lowercase).",
     ),
 ):
-    """Pretrain BERT with masked-LM + next-sentence prediction; prints the final metrics as JSON.
+    """Pretrain BERT with masked-LM + next-sentence prediction, or continue a ModernBERT's masked LM
+    (--init, on records made from its tokenizer.json); prints the final metrics as JSON.
 
     SIGTERM or Ctrl-C saves a checkpoint at the step reached; `kbert pretrain --model-dir DIR
     --resume` continues it."""

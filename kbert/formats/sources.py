@@ -389,8 +389,15 @@ def read_with_tensorflow(source, kind: str):
 
 
 def with_casing(model, do_lower_case: bool):
-    """`model`, its vocabulary (and its encoder's) declaring `do_lower_case`."""
+    """`model`, its vocabulary (and its encoder's) declaring `do_lower_case`; one line for a model
+    whose casing is not a vocabulary's to declare (a ModernBERT's is its tokenizer.json's)."""
     from kbert.model import bert
+
+    if not hasattr(model, "vocab_file"):
+        raise KbertError(
+            f"{option('do_lower_case', flag='--lowercase' if do_lower_case else '--no-lowercase')}: a ModernBERT's casing is its "
+            f"tokenizer.json's; drop {option('do_lower_case', flag='--lowercase/--no-lowercase')}"
+        )
 
     vocabulary = bert.Vocabulary(model.vocab_file, bool(do_lower_case))
     for part in {id(m): m for m in (model, bert.encoder_of(model)) if m is not None}.values():

@@ -32,7 +32,6 @@ from kbert.modernbert.models import ModernBertMaskedLM
 from kbert.modernbert.tokenizer import TOKENIZER_FILE
 from kbert.pretraining.losses import masked_lm_losses, pretraining_losses
 from kbert.pretraining.record_encoder import INPUT_KEYS, LABEL_KEYS, MLM_INPUT_KEYS, MLM_LABEL_KEYS
-from kbert.runtime.errors import KbertError, option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,15 +85,11 @@ def is_pretrainer(model) -> bool:
     return isinstance(model, (BertPretrainer, ModernBertMaskedLM))
 
 
-def continued_from(initial, do_lower_case: bool | None) -> tuple:
+def continued_from(initial) -> tuple:
     """(config, ids file, casing) of a run continuing `initial`'s pretraining: its own, with a
-    BERT's casing as `do_lower_case` overrides it; a ModernBERT's is its tokenizer.json's."""
+    BERT's casing as `do_lower_case` set it (`kbert.formats.sources.open_model`); a ModernBERT's
+    is its tokenizer.json's."""
     if family_of(initial) == MODERNBERT:
-        if do_lower_case is not None:
-            raise KbertError(
-                f"{option('do_lower_case', do_lower_case, flag='--lowercase')}: a ModernBERT's casing is its "
-                f"tokenizer.json's; drop {option('do_lower_case', flag='--lowercase/--no-lowercase')}"
-            )
         return initial.config, initial.tokenizer_file, False
     return BertConfig.from_dict(initial.config.to_dict()), initial.vocab_file, initial.do_lower_case
 

@@ -109,7 +109,7 @@ def check_features(path, found: set, objective=None):
     >>> check_features("data.tfrecord", set(MLM_INPUT_KEYS + MLM_LABEL_KEYS))
     Traceback (most recent call last):
     ...
-    kbert.runtime.errors.KbertError: data.tfrecord: masked-LM-only records (made from a tokenizer.json, for a ModernBERT); a BERT pretrains on masked-LM + next-sentence records: make them from the model's vocab.txt (kbert create-data --vocab MODEL_DIR/vocab.txt)
+    kbert.runtime.errors.KbertError: data.tfrecord: masked-LM-only records (made from a tokenizer.json, for a ModernBERT); a BERT pretrains on masked-LM + next-sentence records: make them from the model's vocab.txt (`kbert create-data --vocab MODEL_DIR/vocab.txt`)
     """
     keys = (*objective.input_keys, *objective.label_keys) if objective else INPUT_KEYS + LABEL_KEYS
     next_sentence = "next_sentence_labels" in keys
@@ -117,13 +117,13 @@ def check_features(path, found: set, objective=None):
         raise KbertError(
             f"{path}: masked-LM-only records (made from a tokenizer.json, for a ModernBERT); a BERT pretrains on "
             "masked-LM + next-sentence records: make them from the model's vocab.txt "
-            "(kbert create-data --vocab MODEL_DIR/vocab.txt)"
+            "(`kbert create-data --vocab MODEL_DIR/vocab.txt`)"
         )
     if not next_sentence and "next_sentence_labels" in found:
         raise KbertError(
             f"{path}: masked-LM + next-sentence records (made from a vocab.txt, for a BERT); a ModernBERT "
             "pretrains on masked-LM-only records: make them from the model's tokenizer.json "
-            "(kbert create-data --vocab MODEL_DIR/tokenizer.json)"
+            "(`kbert create-data --vocab MODEL_DIR/tokenizer.json`)"
         )
     missing = [k for k in keys if k not in found]
     if missing:

@@ -174,7 +174,7 @@ def _model_start(
                     f"{option('init', init)}: {what_it_is(initial)}, without the {objective_of(initial).heads} "
                     f"pretraining trains; pass a pretrained or converted model (the one it came from)"
                 )
-            config, vocab_file, do_lower_case = continued_from(initial, do_lower_case)
+            config, vocab_file, do_lower_case = continued_from(initial)
         elif config_file and vocab_file:
             if os.fspath(vocab_file).endswith(".json"):
                 raise KbertError(

@@ -1,4 +1,5 @@
-"""`pretrain(...)`: MLM + NSP pretraining as run_pretraining.py does it, on every Keras backend.
+"""`pretrain(...)`: MLM + NSP pretraining as run_pretraining.py does it, on every Keras backend; a
+ModernBERT continues its masked LM alone (`kbert.pretraining.pretrainers` says what each family trains).
 
 The run reads as nanoGPT's train.py: setup, where the model starts, data, model and optimizer,
 the loop, the finished model. The loop is written once, here; an engine runs what differs
@@ -12,6 +13,7 @@ between backends:
 Per step, on every replica:
 
     loss = masked-LM loss (Σ w·xent / (Σ w + 1e-5), as the original) + mean next-sentence loss
+           (a ModernBERT's: the masked-LM loss alone)
     gradients of loss, summed over micro-batches and replicas as the global batch's
     -> clipped to global norm 1.0 -> BertAdamW (or LAMB) with warmup + linear decay.
 
@@ -67,7 +69,8 @@ def pretrain(
     return_model: bool = False,
     **overrides,
 ):
-    """Pretrain a BERT with MLM + NSP; returns the final metrics (also printed by the CLI).
+    """Pretrain a BERT with MLM + NSP, or a ModernBERT's masked LM (from `init`); returns the final
+    metrics (also printed by the CLI).
 
     A new run records its flags in MODEL_DIR/pretrain_run.json. `resume=True` continues the
     run from its last checkpoint with those flags: the ones given (keyword arguments, and the
@@ -76,7 +79,7 @@ def pretrain(
 
     Args:
         model_dir: str. Becomes a kbert model directory (bert_config.json, vocab.txt,
-            model.weights.h5) plus checkpoints/, logs/ (TensorBoard), metrics.jsonl, loss.png,
+            model.weights.h5; a ModernBERT's: config.json, tokenizer.json, model.weights.h5) plus checkpoints/, logs/ (TensorBoard), metrics.jsonl, loss.png,
             pretrain_run.json.
         data: str. TFRecord file(s) or glob(s) made by create_pretraining_data.py or
             `kbert create-data`. With `resume`, default: the recorded files.

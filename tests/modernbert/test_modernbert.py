@@ -419,7 +419,6 @@ def test_features_of_a_modernbert_are_refused_in_one_line_pointing_to_embed(fold
         ["convert", "to-tf1", "{model}", "{out}"],
         ["convert", "to-keras-hub", "{model}", "{out}"],
         ["extend", "{model}", "{out}", "--max-position-embeddings", "1024"],
-        ["pretrain", "--init", "{model}", "--data", "{model}/config.json", "--model-dir", "{out}"],
     ],
 )
 def test_commands_that_take_bert_only_say_so_of_a_modernbert_in_one_line(folders, tmp_path, command):
