@@ -207,7 +207,7 @@ def run_pipeline(
     *,
     runner: str = "DirectRunner",
     flags: str = "",
-    do_lower_case: bool | None = True,
+    do_lower_case: bool | None = None,
     options: DataOptions = DataOptions(),
     shards: int = 1,
     overwrite: bool = False,

@@ -23,7 +23,7 @@ import random
 from kbert.pretraining.instances import _SEED_STRIDE, DataOptions, InstanceCounts
 from kbert.pretraining.python_random import randbelow, shuffle
 from kbert.pretraining.record_encoder import ExampleBytes
-from kbert.runtime.errors import KbertError
+from kbert.runtime.errors import KbertError, option
 
 MASK_TOKENS = ("[MASK]", "<mask>")  # ModernBERT's, RoBERTa's
 _PROBE = "a"  # a text whose tokens sit between the template's prefix and suffix
@@ -112,7 +112,7 @@ class MlmInstanceBuilder:
         self.max_piece = options.max_seq_length - len(prefix) - len(suffix)
         if self.max_piece < 2:
             raise KbertError(
-                f"max_seq_length {options.max_seq_length} leaves fewer than two tokens beside the template's "
+                f"{option('max_seq_length', options.max_seq_length)} leaves fewer than two tokens beside the template's "
                 f"{len(prefix) + len(suffix)} special tokens; pass a larger one"
             )
 

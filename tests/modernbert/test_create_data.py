@@ -8,6 +8,8 @@ with ModernBERT's special tokens and template (tests/helpers.py `bpe_tokenizer_f
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -201,6 +203,18 @@ def test_tf_data_parses_exactly_the_five_features(tmp_path, tokenizer_json):
     # The raw Example holds these five and no other (no segment_ids, no next_sentence_labels).
     raw = next(iter(tf.data.TFRecordDataset(str(out)))).numpy()
     assert set(tf.train.Example.FromString(raw).features.feature) == FIVE
+
+
+def test_workers_do_not_load_tensorflow(tokenizer_json):
+    """A spawned worker builds the tokenizer.json's builder without TensorFlow, whose start-up each
+    worker would pay again."""
+    code = (
+        "import sys, kbert.cli.main; from kbert.pretraining import create_data, worker_pool; "
+        f"worker_pool._start_worker({tokenizer_json!r}, None, create_data.DataOptions()); "
+        "print(type(worker_pool._BUILDER).__name__, 'tensorflow' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["MlmInstanceBuilder", "False"]
 
 
 def test_a_roberta_style_template_and_mask_token(tmp_path):
