@@ -47,7 +47,7 @@ def create_data(
         min=1,
         show_default=False,
         help="Masked positions per instance at most. Default: 20 for a vocab.txt; for a tokenizer.json, "
-        "max_seq_length x masked_lm_prob rounded, so that none is cut.",
+        "max_seq_length x masked_lm_prob rounded, so no instance has more masks than it may hold.",
     ),
     masked_lm_prob: float | None = typer.Option(
         None,
