@@ -1,5 +1,6 @@
 """`kbert create-data`: pretraining TFRecords from text, as google-research/bert's
-create_pretraining_data.py makes them (same features, same algorithm), streamed and in parallel."""
+create_pretraining_data.py makes them (same features, same algorithm), streamed and in parallel;
+from a ModernBERT's tokenizer.json, masked-LM-only records."""
 
 from __future__ import annotations
 
@@ -29,23 +30,44 @@ Inputs = text_inputs(
 def create_data(
     input: Inputs = ...,
     more_inputs: MoreInputs = None,
-    vocab: Path = typer.Option(..., "--vocab", help="vocab.txt of the model (or from `kbert vocab`)."),
+    vocab: Path = typer.Option(
+        ...,
+        "--vocab",
+        help="vocab.txt of the model (or from `kbert vocab`): BERT's records. Or a ModernBERT's tokenizer.json: "
+        "masked-LM-only records (no segment ids, no next-sentence labels), for `kbert pretrain --init`.",
+    ),
     output: str = typer.Option(
         ..., "--output", help="TFRecord file to write; with --shards N, the prefix of OUTPUT-0000i-of-0000N."
     ),
     max_seq_length: int = typer.Option(
         DEFAULT_MAX_SEQ_LENGTH, min=5, help="Tokens per instance, [CLS] and [SEP]s included."
     ),
-    max_predictions_per_seq: int = typer.Option(20, min=1, help="Masked positions per instance at most."),
-    masked_lm_prob: float = typer.Option(0.15, min=0, max=1, help="Share of tokens to mask."),
+    max_predictions_per_seq: int | None = typer.Option(
+        None,
+        min=1,
+        show_default=False,
+        help="Masked positions per instance at most. Default: 20 for a vocab.txt; for a tokenizer.json, "
+        "max_seq_length x masked_lm_prob rounded, so no instance has more masks than it may hold.",
+    ),
+    masked_lm_prob: float | None = typer.Option(
+        None,
+        min=0,
+        max=1,
+        show_default=False,
+        help="Share of tokens to mask. Default: 0.15 for a vocab.txt, 0.3 for a tokenizer.json (ModernBERT's recipe).",
+    ),
     dupe_factor: int = typer.Option(10, min=1, help="Passes over the text, each with fresh instances and masks."),
     short_seq_prob: float = typer.Option(0.1, min=0, max=1, help="Probability of a shorter target length."),
     seed: int = typer.Option(12345, min=0, help="Random seed; the output depends on it, not on --workers."),
     whole_word_mask: bool = typer.Option(
-        False, "--whole-word-mask", help="Mask all WordPiece pieces of a word together."
+        False, "--whole-word-mask", help="Mask all WordPiece pieces of a word together (a vocab.txt only)."
     ),
-    lowercase: bool = typer.Option(
-        True, "--lowercase/--no-lowercase", help="Lower-case and strip accents (uncased vocabularies)."
+    lowercase: bool | None = typer.Option(
+        None,
+        "--lowercase/--no-lowercase",
+        show_default=False,
+        help="Lower-case and strip accents (uncased vocabularies). Default: --lowercase for a vocab.txt; "
+        "a tokenizer.json's own normalizer decides, so it takes neither.",
     ),
     shards: int = typer.Option(1, min=1, help="Output files; records go to them round-robin."),
     workers: int | None = typer.Option(None, min=1, help="Processes making instances (default: the CPUs available)."),
@@ -70,17 +92,28 @@ def create_data(
         '"--direct_num_workers=2 --direct_running_mode=multi_processing".',
     ),
 ):
-    """Make MLM + NSP pretraining records from text; prints a JSON summary with their statistics."""
+    """Make MLM + NSP pretraining records from text with a vocab.txt, or masked-LM-only records with a
+    ModernBERT's tokenizer.json; prints a JSON summary with their statistics."""
     # Here, not at the top: every kbert command, `kbert --help` and create-data's spawned workers
     # (which import the kbert script again) would otherwise pay for them.
     from rich.progress import TextColumn
 
-    from kbert.pretraining.create_data import DataOptions, create_pretraining_data
+    from kbert.pretraining.create_data import create_pretraining_data
+    from kbert.pretraining.record_kinds import data_options
     from kbert.runtime.errors import KbertError
 
     inputs = [*input, *(more_inputs or [])]  # globs expanded by the frame, the same files on every runner
-    options = DataOptions(
-        max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor, short_seq_prob, whole_word_mask, seed
+    # Each kind of records' defaults (a vocab.txt's, a tokenizer.json's), resolved in one place.
+    options, lowercase = data_options(
+        vocab,
+        max_seq_length=max_seq_length,
+        max_predictions_per_seq=max_predictions_per_seq,
+        masked_lm_prob=masked_lm_prob,
+        dupe_factor=dupe_factor,
+        short_seq_prob=short_seq_prob,
+        whole_word_mask=whole_word_mask,
+        seed=seed,
+        do_lower_case=lowercase,
     )
     # Where the records go and how the text is cut into work: the same on every runner.
     writing = dict(shards=shards, overwrite=overwrite, chunk_docs=chunk_docs, chunk_bytes=chunk_bytes)

@@ -345,3 +345,32 @@ def without_tensorflow_env(folder, backend: str) -> dict:
     (folder / "sitecustomize.py").write_text("import sys\n" + blocked)
     path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
     return dict(os.environ, PYTHONPATH=path, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+
+
+# === Byte-level BPE tokenizer.json files, as a ModernBERT (or RoBERTa) ships them ===
+
+
+def bpe_tokenizer_file(path, corpus, specials=("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"), template=(1, 2)):
+    """A byte-level BPE tokenizer.json trained by the tokenizers library on `corpus` (a text file),
+    saved to `path`; `template`: the indices in `specials` of the tokens around one text, as
+    ModernBERT's [CLS] ... [SEP] (None: no post-processor, so no special tokens are added)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    with open(corpus, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=list(specials), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(lines, trainer)
+    if template is not None:
+        first, last = specials[template[0]], specials[template[1]]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{first}:0 $A:0 {last}:0",
+            pair=f"{first}:0 $A:0 {last}:0 $B:1 {last}:1",
+            special_tokens=[(first, tokenizer.token_to_id(first)), (last, tokenizer.token_to_id(last))],
+        )
+    tokenizer.save(str(path))
+    return path

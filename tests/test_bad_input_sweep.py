@@ -106,6 +106,7 @@ def tree(root: Path):
     run_kbert("convert", "from-tf1", root / "model", root / "kbert")  # opens without a casing note
     shutil.copy(os.path.join(FIXTURES, "sample_text.txt"), root / "text.txt")
     shutil.copy(UNCASED_VOCAB, root / "vocab.txt")
+    tokenizer_files(root)
     (root / "train.tsv").write_text("text\tlabel\ngold fresh.\tpos\ndead dust.\tneg\n")
     # Its own file, so that "--output is the dev file" is a case apart from "--output is the train file".
     shutil.copy(root / "train.tsv", root / "dev.tsv")
@@ -158,6 +159,16 @@ def tree(root: Path):
     )
     (root / "read-only").mkdir()
     (root / "read-only").chmod(0o555)
+
+
+def tokenizer_files(root: Path):
+    """T/tokenizer.json (a ModernBERT's byte-level BPE), and tokenizer.json files create-data cannot use."""
+    from helpers import bpe_tokenizer_file
+
+    text = root / "text.txt"
+    bpe_tokenizer_file(root / "tokenizer.json", text)
+    bpe_tokenizer_file(root / "no-mask-tokenizer.json", text, ("[UNK]", "[CLS]", "[SEP]", "[PAD]"))
+    bpe_tokenizer_file(root / "no-template-tokenizer.json", text, template=None)
 
 
 def stopped_runs(root: Path):
@@ -324,11 +335,24 @@ _EMBED = "embed T/kbert --input T/text.txt --pooling mean"
 _FINETUNE_EMBED = "finetune T/kbert --task embed --output T/out/ft"
 _PREDICT_STOPPED = "predict T/kbert --input T/train.tsv --output T/stopped-predictions.jsonl"
 _EMBED_STOPPED = "embed T/kbert --input T/text.txt --pooling mean --output T/stopped-embeddings.jsonl"
+_MLM_DATA = "create-data --input T/text.txt --output T/out/data.tfrecord --vocab"
 _PRETRAIN_NEW = (  # a run that would train: real records of the tiny vocabulary, one step
     "pretrain --model-dir T/out/run --data T/tiny.tfrecord --init T/kbert --max-seq-length 32 "
     "--max-predictions-per-seq 5 --steps 1 --batch-size 2"
 )
 WHOLE_CASES = [
+    # create-data with a tokenizer.json: what does not apply to byte-level BPE, and files it cannot use.
+    ("create-data", "whole-word-mask-with-a-tokenizer-json", f"{_MLM_DATA} T/tokenizer.json --whole-word-mask"),
+    ("create-data", "lowercase-with-a-tokenizer-json", f"{_MLM_DATA} T/tokenizer.json --lowercase"),
+    ("create-data", "no-lowercase-with-a-tokenizer-json", f"{_MLM_DATA} T/tokenizer.json --no-lowercase"),
+    ("create-data", "tokenizer-json-without-a-mask-token", f"{_MLM_DATA} T/no-mask-tokenizer.json"),
+    ("create-data", "tokenizer-json-without-a-template", f"{_MLM_DATA} T/no-template-tokenizer.json"),
+    ("create-data", "tokenizer-json-unreadable", f"{_MLM_DATA} T/truncated.json"),
+    (
+        "create-data",
+        "tokenizer-json-without-a-mask-token-on-beam",
+        f"{_MLM_DATA} T/no-mask-tokenizer.json --runner DirectRunner",
+    ),
     # --init is not in pretrain's valid invocation (it starts from --config): its model sources here.
     ("pretrain", "init-missing", f"{_PRETRAIN_INIT} T/nowhere/missing"),
     ("pretrain", "init-empty-dir", f"{_PRETRAIN_INIT} T/empty-dir"),

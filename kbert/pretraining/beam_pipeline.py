@@ -47,7 +47,8 @@ from fractions import Fraction
 
 from kbert.pretraining import create_data
 from kbert.pretraining.create_data import read_chunks
-from kbert.pretraining.instances import DataOptions, InstanceBuilder, InstanceCounts
+from kbert.pretraining.instances import DataOptions, InstanceCounts
+from kbert.pretraining.record_kinds import instance_builder, statistics
 from kbert.pretraining.worker_pool import own_peak_kib
 
 # apache_beam and FileSystems as kbert.runtime.beam imports them (with Beam's import-time log quiet).
@@ -67,7 +68,6 @@ from kbert.runtime.beam import (
 )
 from kbert.runtime.errors import KbertError, first_line, option
 from kbert.runtime.records import tfrecord_frames
-from kbert.text.tokenizer import load_vocab
 
 STATISTICS_FILE = "statistics.json"
 
@@ -76,17 +76,22 @@ class BuildChunk(beam.DoFn):
     """(index, ranges) -> (shard, (index, path, counts)): the chunk's records in a TFRecord file
     in `staging`, keyed by the shard they go to, with the chunk's counts."""
 
-    def __init__(self, vocab_text: str, do_lower_case: bool, options: DataOptions, staging: str, shards: int):
-        # The vocabulary travels inside the DoFn: workers (Dataflow's, say) do not see the
-        # launcher's disk.
-        self.vocab_text, self.do_lower_case, self.options = vocab_text, do_lower_case, options
-        self.staging, self.shards = staging, shards
+    def __init__(
+        self, vocab_text: str, vocab_name: str, do_lower_case, options: DataOptions, staging: str, shards: int
+    ):
+        # The vocabulary (a vocab.txt or a tokenizer.json) travels inside the DoFn: workers
+        # (Dataflow's, say) do not see the launcher's disk. Its name's ending picks the records' kind.
+        self.vocab_text, self.vocab_name, self.do_lower_case = vocab_text, vocab_name, do_lower_case
+        self.options, self.staging, self.shards = options, staging, shards
 
     def setup(self):
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
+        suffix = "-" + os.path.basename(self.vocab_name)
+        with tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False, encoding="utf-8") as f:
             f.write(self.vocab_text)
-        self.builder = InstanceBuilder(f.name, self.do_lower_case, self.options)
-        os.remove(f.name)
+        try:
+            self.builder = instance_builder(f.name, self.do_lower_case, self.options)
+        finally:
+            os.remove(f.name)
 
     def process(self, chunk):
         index, ranges = chunk
@@ -202,7 +207,7 @@ def run_pipeline(
     *,
     runner: str = "DirectRunner",
     flags: str = "",
-    do_lower_case: bool = True,
+    do_lower_case: bool | None = None,
     options: DataOptions = DataOptions(),
     shards: int = 1,
     overwrite: bool = False,
@@ -210,6 +215,9 @@ def run_pipeline(
     chunk_bytes: int = create_data.CHUNK_BYTES,
 ) -> dict:
     """Run create-data on a Beam runner; returns the same summary as the local path.
+
+    `vocab_file` is a vocab.txt (BERT's records) or a tokenizer.json (masked-LM-only records);
+    `options` as `record_kinds.data_options` resolves them for it.
 
     Example:
     >>> run_pipeline(["corpus/*.txt"], "vocab.txt", "gs://bucket/data.tfrecord", runner="DataflowRunner",
@@ -224,11 +232,10 @@ def run_pipeline(
     vocab_file = os.fspath(vocab_file)
     if not os.path.isfile(vocab_file):
         raise KbertError(
-            f"{vocab_file}: no such vocab file; pass the vocab.txt of the model (or make one with `kbert vocab`)"
+            f"{vocab_file}: no such vocab file; pass the vocab.txt of the model (or make one with `kbert vocab`), "
+            "or a ModernBERT's tokenizer.json"
         )
-    missing = [t for t in create_data.SPECIAL_TOKENS if t not in load_vocab(vocab_file)]
-    if missing:
-        raise KbertError(f"{vocab_file} has no {', '.join(missing)}; pass a BERT vocab.txt (kbert vocab writes one)")
+    instance_builder(vocab_file, do_lower_case, options)  # a file that cannot make records fails here, not on a worker
     output = os.fspath(output)
     outputs = create_data.shard_paths(output, shards)
     try:
@@ -264,7 +271,7 @@ def run_pipeline(
         _ = (
             pipeline
             | "Chunks" >> beam.Create(plan)
-            | "Records" >> beam.ParDo(BuildChunk(vocab_text, do_lower_case, options, staging, shards))
+            | "Records" >> beam.ParDo(BuildChunk(vocab_text, vocab_file, do_lower_case, options, staging, shards))
             | "ByShard" >> beam.GroupByKey()
             | "Shards" >> beam.ParDo(WriteShard(staging))
             | "Sum" >> beam.CombineGlobally(SumCounts()).without_defaults()  # with defaults: a side input
@@ -291,5 +298,5 @@ def run_pipeline(
         # In-memory DirectRunner runs the workers in this process; multi_processing in their own.
         "peak_rss_mib_largest_worker": round(totals["peak_kib"] / 1024, 1),
         "peak_rss_mib_main": round(own_peak_kib() / 1024, 1),
-        **counts.statistics(),
+        **statistics(counts, vocab_file, options),
     }

@@ -2,7 +2,10 @@
 
 This module is the command: its options, reading the text in chunks, and writing the shards.
 The rest of it, one job a module:
+- `record_kinds`: which records the vocabulary file makes, and each kind's defaults: BERT's from a
+  vocab.txt, masked-LM-only from a tokenizer.json (a ModernBERT's);
 - `instances`: the algorithm, beside the original's functions, and where and why it differs;
+- `mlm_instances`: masked-LM-only instances (run_mlm.py's pieces of text, BERT's masking);
 - `python_random`: `random.shuffle` and `randint`, the same draws with fewer Python calls;
 - `record_encoder`: tf.train.Example bytes, without TensorFlow (`kbert.runtime.records` frames them);
 - `worker_pool`: the spawned worker processes, and peak memory;
@@ -29,6 +32,7 @@ import time
 
 from kbert.config import DEFAULT_MAX_SEQ_LENGTH
 from kbert.pretraining.instances import DataOptions, InstanceCounts
+from kbert.pretraining.record_kinds import data_options, instance_builder, statistics
 from kbert.pretraining.worker_pool import chunk_results, peak_rss_mib
 from kbert.runtime.errors import KbertError, on_command_line, option
 from kbert.runtime.files import (
@@ -40,9 +44,8 @@ from kbert.runtime.files import (
     sweep_stale_temporaries,
     temporary_name,
 )
-from kbert.text.tokenizer import load_vocab
 
-SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[MASK]", "[UNK]")
+__all__ = ["DataOptions", "create_pretraining_data", "read_chunks", "shard_paths"]
 CHUNK_DOCS = 5000
 CHUNK_BYTES = 1 << 20
 
@@ -152,7 +155,8 @@ def _check_paths(input_files, vocab_file, outputs, overwrite):
             )
     if not os.path.isfile(vocab_file):
         raise KbertError(
-            f"{vocab_file}: no such vocab file; pass the vocab.txt of the model (or make one with `kbert vocab`)"
+            f"{vocab_file}: no such vocab file; pass the vocab.txt of the model (or make one with `kbert vocab`), "
+            "or a ModernBERT's tokenizer.json"
         )
     for path in outputs:
         if os.path.isdir(path):
@@ -169,10 +173,10 @@ def create_pretraining_data(
     vocab_file,
     output,
     *,
-    do_lower_case: bool = True,
+    do_lower_case: bool | None = None,
     max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH,
-    max_predictions_per_seq: int = 20,
-    masked_lm_prob: float = 0.15,
+    max_predictions_per_seq: int | None = None,
+    masked_lm_prob: float | None = None,
     dupe_factor: int = 10,
     short_seq_prob: float = 0.1,
     seed: int = 12345,
@@ -186,18 +190,25 @@ def create_pretraining_data(
 ) -> dict:
     """Write pretraining TFRecords from text, as create_pretraining_data.py does (see the module doc).
 
+    From a vocab.txt: BERT's records (masked LM + next sentence). From a tokenizer.json (a
+    ModernBERT's): masked-LM-only records, pieces of each document's text in its template
+    (`kbert.pretraining.mlm_instances`).
+
     Args:
         input_files: list of str. Text: one sentence per line, a blank line between documents.
-        vocab_file: str. The vocab.txt to tokenize with.
+        vocab_file: str. The vocab.txt, or the tokenizer.json, to tokenize with.
         output: str. The TFRecord file; with `shards` > 1 the prefix of OUT-0000i-of-0000N.
-        do_lower_case: bool. Lower-case and strip accents (uncased vocabularies).
+        do_lower_case: bool or None. Lower-case and strip accents (uncased vocabularies); None:
+            True for a vocab.txt. A tokenizer.json's own normalizer decides, so leave it None.
         max_seq_length: int. Tokens per instance.
-        max_predictions_per_seq: int. Masked positions per instance at most.
-        masked_lm_prob: float. Share of tokens to mask.
+        max_predictions_per_seq: int or None. Masked positions per instance at most; None: 20
+            for a vocab.txt, round(max_seq_length * masked_lm_prob) for a tokenizer.json.
+        masked_lm_prob: float or None. Share of tokens to mask; None: 0.15 for a vocab.txt, 0.3
+            (ModernBERT's recipe) for a tokenizer.json.
         dupe_factor: int. Passes over the data, each with fresh masks.
         short_seq_prob: float. Probability of a shorter target length.
         seed: int. Random seed; the output is the same for the same seed whatever `workers` is.
-        whole_word_mask: bool. Mask whole words.
+        whole_word_mask: bool. Mask whole words (WordPiece's; not for a tokenizer.json).
         shards: int. Output files; records go to them round-robin.
         workers: int or None. Processes making chunks (None: the CPUs this process may use).
             Above 1 they are spawned, so a script calling this needs the usual
@@ -211,7 +222,8 @@ def create_pretraining_data(
     Returns:
         dict: output_files, instances, documents, skipped_empty_documents,
         replaced_invalid_utf8, chunks, seconds, instances_per_second, peak_rss_mib (+ main and
-        largest worker), and the statistics of `compute_statistics`.
+        largest worker), and the statistics of `compute_statistics` (for masked-LM-only records
+        also objective "mlm", and the max_seq_length and max_predictions_per_seq to pretrain with).
 
     Example:
     >>> import tempfile
@@ -222,16 +234,18 @@ def create_pretraining_data(
     (23, 3, True)
     """
     started = time.perf_counter()
-    options = DataOptions(
-        max_seq_length,
-        max_predictions_per_seq,
-        masked_lm_prob,
-        dupe_factor,
-        short_seq_prob,
-        bool(whole_word_mask),
-        seed,
+    vocab_file = os.fspath(vocab_file)
+    options, do_lower_case = data_options(
+        vocab_file,
+        max_seq_length=max_seq_length,
+        max_predictions_per_seq=max_predictions_per_seq,
+        masked_lm_prob=masked_lm_prob,
+        dupe_factor=dupe_factor,
+        short_seq_prob=short_seq_prob,
+        whole_word_mask=whole_word_mask,
+        seed=seed,
+        do_lower_case=do_lower_case,
     )
-    options.check()
     if shards < 1:
         raise KbertError(f"{option('shards')} must be at least 1")
     if workers is None:
@@ -239,7 +253,6 @@ def create_pretraining_data(
     if workers < 1:
         raise KbertError(f"{option('workers')} must be at least 1")
     input_files = expand_inputs([os.fspath(p) for p in input_files]) if input_files else []
-    vocab_file = os.fspath(vocab_file)
     outputs = shard_paths(output, shards)
     _check_paths(input_files, vocab_file, outputs, overwrite)
     with claim_output(output, inputs=[*input_files, vocab_file]):
@@ -261,14 +274,7 @@ def _create_pretraining_data(
     input_files, vocab_file, outputs, options, do_lower_case, workers, chunk_docs, chunk_bytes, on_progress, started
 ) -> dict:
     shards = len(outputs)
-    if vocab_file.endswith(".json"):
-        raise KbertError(
-            f"{vocab_file}: a tokenizer.json (a ModernBERT's); create-data makes WordPiece records for BERT "
-            "pretraining only so far: pass a BERT vocab.txt (kbert vocab writes one)"
-        )
-    missing = [t for t in SPECIAL_TOKENS if t not in load_vocab(vocab_file)]
-    if missing:
-        raise KbertError(f"{vocab_file} has no {', '.join(missing)}; pass a BERT vocab.txt (kbert vocab writes one)")
+    instance_builder(vocab_file, do_lower_case, options)  # a file that cannot make records fails here, once
 
     total_bytes = sum(os.path.getsize(p) for p in input_files)
     for path in outputs:
@@ -331,5 +337,5 @@ def _create_pretraining_data(
         "seconds": round(seconds, 3),
         "instances_per_second": round(counts.instances / seconds, 1),
         **peak_rss_mib(peaks),
-        **counts.statistics(),
+        **statistics(counts, vocab_file, options),
     }

@@ -115,3 +115,40 @@ class ExampleBytes:
             )
         )
         return b"\x0a" + self._length(len(features)) + features
+
+    def mlm_record(self, tokens: list, positions: list, labels: list) -> bytes:
+        """One masked-LM-only Example (`MLM_INPUT_KEYS + MLM_LABEL_KEYS`): no segment_ids and no
+        next_sentence_labels, whose absence is what tells these records from BERT's.
+
+        Args:
+            tokens: list of bytes. The template's specials around one piece of text, after masking.
+            positions: list of int. Masked positions, ascending.
+            labels: list of bytes. The original tokens at `positions`.
+
+        Example:
+        >>> from kbert.runtime.records import parse_example
+        >>> example = parse_example(ExampleBytes(6, 2, 100).mlm_record([b"\\x01", b"\\x04", b"\\x02"], [1], [b"\\x09"]))
+        >>> sorted(example) == sorted(MLM_INPUT_KEYS + MLM_LABEL_KEYS), example["input_ids"].tolist()
+        (True, [1, 4, 2, 0, 0, 0])
+        """
+        n, k, zeros = len(tokens), len(positions), self.zeros
+        ids = b"".join(tokens)
+        pos = b"".join(map(self.varint.__getitem__, positions))
+        lab = b"".join(labels)
+        ids_pad, preds_pad = self.seq - n, self.preds - k
+        features = b"".join(
+            (
+                self.ids_prefix[len(ids) + ids_pad],
+                ids,
+                zeros[ids_pad],
+                self.input_mask[n],
+                self.positions_prefix[len(pos) + preds_pad],
+                pos,
+                zeros[preds_pad],
+                self.labels_prefix[len(lab) + preds_pad],
+                lab,
+                zeros[preds_pad],
+                self.weights[k],
+            )
+        )
+        return b"\x0a" + self._length(len(features)) + features

@@ -2,7 +2,7 @@
 
 `compute_statistics` reads any writer's records (kbert's, the original script's, the Beam
 pipeline's) and reports the shares create-data's own counts report, so two writers' outputs can
-be compared. The records are read by `kbert.runtime.records`, without TensorFlow, every frame's
+be compared: BERT's records, and masked-LM-only ones (no next_sentence_labels; a tokenizer.json's). The records are read by `kbert.runtime.records`, without TensorFlow, every frame's
 checksums checked.
 """
 
@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from kbert.pretraining.record_kinds import is_tokenizer_json
 from kbert.runtime.errors import KbertError
 from kbert.runtime.records import parse_example, read_frames
 from kbert.text.tokenizer import load_vocab
@@ -26,13 +27,13 @@ def compute_statistics(tfrecord_paths, vocab_file) -> dict:
 
     Args:
         tfrecord_paths: list of str. TFRecord files of pretraining Examples.
-        vocab_file: str. The vocab.txt they were made with (for the id of [MASK]).
+        vocab_file: str. The vocab.txt, or tokenizer.json, they were made with (for the mask token's id).
 
     Returns:
         dict: instances; mean_length (mean sum of input_mask); masked_share (mean of
         sum(masked_lm_weights) / sum(input_mask)); mask_token_share, kept_share, random_share
-        (of all masked positions: the input id is [MASK], is the label, is another word);
-        random_next_share (mean next_sentence_labels).
+        (of all masked positions: the input id is the mask token, is the label, is another word);
+        random_next_share (mean next_sentence_labels; records without them have none).
 
     Example:
     >>> import tempfile
@@ -44,12 +45,14 @@ def compute_statistics(tfrecord_paths, vocab_file) -> dict:
     11
     """
     paths = [os.fspath(p) for p in tfrecord_paths]
-    mask_id = load_vocab(vocab_file)["[MASK]"]
+    mask_id = _mask_id(os.fspath(vocab_file))
     first = next(read_frames(paths[0]), None)
     if first is None:
         raise KbertError(f"{paths[0]}: no records")
     example = _example(paths[0], *first)
-    lengths = {name: len(example.get(name, ())) for name in _KEYS}  # a missing one: _batches says so
+    # Masked-LM-only records have no next_sentence_labels; any other missing key: _batches says so.
+    keys = _KEYS if "next_sentence_labels" in example else _KEYS[:-1]
+    lengths = {name: len(example.get(name, ())) for name in keys}
     sums = collections.Counter()
     for batch in _batches(paths, lengths):
         length = batch["input_mask"].sum(axis=1)
@@ -63,17 +66,29 @@ def compute_statistics(tfrecord_paths, vocab_file) -> dict:
         sums["masked"] += int(weights.sum())
         sums["mask_token"] += int(is_mask.sum())
         sums["kept"] += int(is_kept.sum())
-        sums["random_next"] += int(batch["next_sentence_labels"].sum())
+        if "next_sentence_labels" in batch:
+            sums["random_next"] += int(batch["next_sentence_labels"].sum())
     n, masked = max(sums["instances"], 1), max(sums["masked"], 1)
-    return {
+    result = {
         "instances": sums["instances"],
         "mean_length": sums["tokens"] / n,
         "masked_share": sums["masked_share"] / n,
         "mask_token_share": sums["mask_token"] / masked,
         "kept_share": sums["kept"] / masked,
         "random_share": (sums["masked"] - sums["mask_token"] - sums["kept"]) / masked,
-        "random_next_share": sums["random_next"] / n,
     }
+    if "next_sentence_labels" in lengths:
+        result["random_next_share"] = sums["random_next"] / n
+    return result
+
+
+def _mask_id(vocab_file: str) -> int:
+    if is_tokenizer_json(vocab_file):
+        from kbert.modernbert.tokenizer import BpeTokenizer
+        from kbert.pretraining.mlm_instances import mask_token_id
+
+        return mask_token_id(BpeTokenizer(vocab_file))
+    return load_vocab(vocab_file)["[MASK]"]
 
 
 def _example(path, offset: int, data: bytes) -> dict:

@@ -1,11 +1,12 @@
 """create-data's worker processes: chunks made in parallel, handed back in chunk order, and
 the peak memory every process used.
 
-Each worker builds one `InstanceBuilder` (the vocabulary and byte tables once) and returns a
-chunk's records already framed as TFRecords, so the parent only reads text and writes bytes.
-A worker imports the kbert script, this module, `instances` and `record_encoder`, none of which
-imports TensorFlow: its start-up alone was a sixth of the whole command's time on the Debian
-corpus, and every worker would pay it again.
+Each worker builds one instance builder (`record_kinds.instance_builder`: the vocabulary and
+byte tables once) and returns a chunk's records already framed as TFRecords, so the parent only
+reads text and writes bytes. A worker imports the kbert script, this module, `instances` (or
+`mlm_instances` and `tokenizers`) and `record_encoder`, none of which imports TensorFlow: its
+start-up alone was a sixth of the whole command's time on the Debian corpus, and every worker
+would pay it again.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ import signal
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-from kbert.pretraining.instances import InstanceBuilder
+from kbert.pretraining.record_kinds import instance_builder
 from kbert.runtime.processes import die_with_parent
 from kbert.runtime.records import tfrecord_frames
 
-_BUILDER: InstanceBuilder | None = None
+_BUILDER = None  # this process's InstanceBuilder or MlmInstanceBuilder
 
 
 def _start_worker(vocab_file, do_lower_case, options):
     global _BUILDER
-    _BUILDER = InstanceBuilder(vocab_file, do_lower_case, options)
+    _BUILDER = instance_builder(vocab_file, do_lower_case, options)
 
 
 def _start_worker_process(parent_pid, *args):
