@@ -430,18 +430,6 @@ def test_commands_that_take_bert_only_say_so_of_a_modernbert_in_one_line(folders
     assert not (tmp_path / "out").exists()
 
 
-def test_create_data_says_a_tokenizer_json_is_not_a_vocab_txt_in_one_line(folders, tmp_path):
-    _, _, kbert_dir = folders["masked_lm"]
-    (tmp_path / "corpus.txt").write_text("One sentence.\nAnother one.\n")
-    done = run_kbert(
-        "create-data", "--input", tmp_path / "corpus.txt", "--vocab", kbert_dir / "tokenizer.json", "--output",
-        tmp_path / "out.tfrecord", "--workers", "1", check=False,
-    )  # fmt: skip
-    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
-    assert "a tokenizer.json" in done.stderr and "vocab.txt" in done.stderr
-    assert not (tmp_path / "out.tfrecord").exists()
-
-
 TRAIN_STEP = r"""
 import sys, numpy as np, keras, kbert
 model = kbert.load(sys.argv[1])

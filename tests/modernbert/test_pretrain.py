@@ -212,6 +212,25 @@ def test_pretraining_starts_from_the_hugging_face_folder_itself(made, tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["kbert_family"] == "modernbert"
 
 
+def test_records_of_create_data_with_the_tokenizer_json_continue_the_model(made, tmp_path):
+    """The user's path: create-data with the model's tokenizer.json (30% masking, no next
+    sentence, max-predictions-per-seq from the length), then pretrain --init on its records."""
+    made_data = json.loads(
+        run_kbert(
+            "create-data", "--input", SAMPLE, "--vocab", made["kbert"] / "tokenizer.json", "--output",
+            tmp_path / "data.tfrecord", "--max-seq-length", SEQ, "--dupe-factor", "2", "--workers", "1",
+        ).stdout
+    )  # fmt: skip
+    assert made_data["max_predictions_per_seq"] == PREDS  # round(32 * 0.3): what pretrain is told below
+    result = json.loads(
+        run_kbert(
+            "pretrain", "--init", made["kbert"], "--data", tmp_path / "data.tfrecord", "--model-dir",
+            tmp_path / "out", "--steps", "3", *FLAGS,
+        ).stdout
+    )  # fmt: skip
+    assert result["step"] == 3 and result["loss"] == result["mlm_loss"] and "nsp_loss" not in result
+
+
 def bert_records(tmp_path):
     out = tmp_path / "bert.tfrecord"
     vocab = os.path.join(os.path.dirname(SAMPLE), "vocab-uncased.txt")
