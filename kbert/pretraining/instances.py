@@ -228,29 +228,7 @@ class InstanceBuilder:
             candidates = [*range(1, len_a + 1), *range(len_a + 2, n - 1)]
             shuffle(candidates, rng)
             chosen = candidates[:num_to_predict]
-        output = tokens[:]
-        random_draw, mask = rng.random, self.mask
-        mask_token = kept = 0
-        for index in chosen:
-            if random_draw() < 0.8:
-                output[index] = mask
-                mask_token += 1
-            elif random_draw() < 0.5:
-                kept += 1  # the original token stays
-            else:
-                word = self.vocab_words[randbelow(rng, len(self.vocab_words))]
-                output[index] = word
-                # Counted as compute_statistics reads the record: by what the input shows.
-                mask_token += word is mask
-                kept += word is tokens[index]
-        chosen.sort()
-
-        counts.instances += 1
-        counts.tokens += n
-        counts.masked += len(chosen)
-        counts.masked_share_sum += len(chosen) / n
-        counts.mask_token += mask_token
-        counts.kept += kept
+        output = mask_chosen(tokens, chosen, self.mask, self.vocab_words, rng, counts)
         counts.random_next += is_random_next
         return self.bytes.record(output, len_a, chosen, [tokens[p] for p in chosen], is_random_next)
 
@@ -273,6 +251,43 @@ class InstanceBuilder:
                 continue  # the whole word does not fit: try a shorter one
             chosen.extend(group)  # groups never overlap, so none is already covered
         return chosen
+
+
+def mask_chosen(tokens: list, chosen: list, mask, vocab_words: list, rng: random.Random, counts: InstanceCounts):
+    """The instance's tokens with its `chosen` positions masked as the original masks them (80%
+    `mask`, 10% kept, 10% a random word of `vocab_words`, in the original's draws); `chosen` is
+    sorted in place, and `counts` adds the instance.
+
+    Example:
+    >>> counts = InstanceCounts()
+    >>> chosen = [3, 1]
+    >>> mask_chosen(["a", "b", "c", "d"], chosen, "[MASK]", ["x"], random.Random(0), counts), chosen
+    (['a', '[MASK]', 'c', 'x'], [1, 3])
+    """
+    output = tokens[:]
+    random_draw = rng.random
+    mask_token = kept = 0
+    for index in chosen:
+        if random_draw() < 0.8:
+            output[index] = mask
+            mask_token += 1
+        elif random_draw() < 0.5:
+            kept += 1  # the original token stays
+        else:
+            word = vocab_words[randbelow(rng, len(vocab_words))]
+            output[index] = word
+            # Counted as compute_statistics reads the record: by what the input shows.
+            mask_token += word is mask
+            kept += word is tokens[index]
+    chosen.sort()
+    n = len(tokens)
+    counts.instances += 1
+    counts.tokens += n
+    counts.masked += len(chosen)
+    counts.masked_share_sum += len(chosen) / n
+    counts.mask_token += mask_token
+    counts.kept += kept
+    return output
 
 
 def _joined(sentences: list) -> list:

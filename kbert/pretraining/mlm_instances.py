@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import random
 
-from kbert.pretraining.instances import _SEED_STRIDE, DataOptions, InstanceCounts
+from kbert.pretraining.instances import _SEED_STRIDE, DataOptions, InstanceCounts, mask_chosen
 from kbert.pretraining.python_random import randbelow, shuffle
 from kbert.pretraining.record_encoder import ExampleBytes
 from kbert.runtime.errors import KbertError, option
@@ -109,6 +109,7 @@ class MlmInstanceBuilder:
         varint = self.bytes.varint
         self.prefix, self.suffix = [varint[i] for i in prefix], [varint[i] for i in suffix]
         self.mask = varint[mask]
+        self.vocab_words = [varint[i] for i in self.regular]  # a random replacement's choices
         self.max_piece = options.max_seq_length - len(prefix) - len(suffix)
         if self.max_piece < 2:
             raise KbertError(
@@ -158,27 +159,5 @@ class MlmInstanceBuilder:
         candidates = list(range(len(self.prefix), len(self.prefix) + len(piece)))
         shuffle(candidates, rng)
         chosen = candidates[:num_to_predict]
-        output = tokens[:]
-        random_draw, mask, regular, varint = rng.random, self.mask, self.regular, self.bytes.varint
-        mask_token = kept = 0
-        for index in chosen:
-            if random_draw() < 0.8:
-                output[index] = mask
-                mask_token += 1
-            elif random_draw() < 0.5:
-                kept += 1  # the original token stays
-            else:
-                word = varint[regular[randbelow(rng, len(regular))]]
-                output[index] = word
-                # Counted as compute_statistics reads the record: by what the input shows.
-                mask_token += word is mask
-                kept += word is tokens[index]
-        chosen.sort()
-
-        counts.instances += 1
-        counts.tokens += n
-        counts.masked += len(chosen)
-        counts.masked_share_sum += len(chosen) / n
-        counts.mask_token += mask_token
-        counts.kept += kept
+        output = mask_chosen(tokens, chosen, self.mask, self.vocab_words, rng, counts)
         return self.bytes.mlm_record(output, chosen, [tokens[p] for p in chosen])

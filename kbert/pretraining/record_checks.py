@@ -154,9 +154,8 @@ def other_shape(path, seq, pred, max_seq_length, max_predictions_per_seq) -> Kbe
 
 
 def outside_vocabulary(path, row, value, key, vocab_size) -> KbertError:
+    where = f"{path}: record {row + 1} holds token id {value} ({key}), outside the model's vocabulary"
     return KbertError(
-        f"{path}: record {row + 1} holds token id {value} ({key}), outside the model's "
-        f"vocabulary of {vocab_size:,} (ids 0 to {vocab_size - 1:,}); the records were made "
-        f"with another vocabulary: make them again with the model's vocab.txt (a ModernBERT's: its tokenizer.json) "
-        "(`kbert create-data --vocab`)"
+        f"{where} of {vocab_size:,} (ids 0 to {vocab_size - 1:,}); the records were made with another vocabulary: "
+        "make them again with the model's vocab.txt or tokenizer.json (`kbert create-data --vocab`)"
     )

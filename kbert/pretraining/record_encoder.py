@@ -89,32 +89,9 @@ class ExampleBytes:
             labels: list of bytes. The original tokens at `positions`.
             is_random_next: bool. The next_sentence_label.
         """
-        n, k, zeros = len(tokens), len(positions), self.zeros
-        ids = b"".join(tokens)
-        pos = b"".join(map(self.varint.__getitem__, positions))
-        lab = b"".join(labels)
-        ids_pad, preds_pad = self.seq - n, self.preds - k  # padding: one 0x00 byte per zero
-        features = b"".join(
-            (
-                self.ids_prefix[len(ids) + ids_pad],
-                ids,
-                zeros[ids_pad],
-                self.input_mask[n],
-                self.segment_prefix,
-                zeros[len_a + 2],
-                self.ones[n - len_a - 2],
-                zeros[ids_pad],
-                self.positions_prefix[len(pos) + preds_pad],
-                pos,
-                zeros[preds_pad],
-                self.labels_prefix[len(lab) + preds_pad],
-                lab,
-                zeros[preds_pad],
-                self.weights[k],
-                self.labels[is_random_next],
-            )
-        )
-        return b"\x0a" + self._length(len(features)) + features
+        n = len(tokens)
+        segments = (self.segment_prefix, self.zeros[len_a + 2], self.ones[n - len_a - 2], self.zeros[self.seq - n])
+        return self._example(tokens, positions, labels, segments, self.labels[is_random_next])
 
     def mlm_record(self, tokens: list, positions: list, labels: list) -> bytes:
         """One masked-LM-only Example (`MLM_INPUT_KEYS + MLM_LABEL_KEYS`): no segment_ids and no
@@ -131,17 +108,23 @@ class ExampleBytes:
         >>> sorted(example) == sorted(MLM_INPUT_KEYS + MLM_LABEL_KEYS), example["input_ids"].tolist()
         (True, [1, 4, 2, 0, 0, 0])
         """
+        return self._example(tokens, positions, labels, (), b"")
+
+    def _example(self, tokens: list, positions: list, labels: list, segments: tuple, next_sentence: bytes) -> bytes:
+        """The Example's bytes, its features in create_pretraining_data.py's order; `segments` and
+        `next_sentence` are the segment_ids and next_sentence_labels entries (empty: left out)."""
         n, k, zeros = len(tokens), len(positions), self.zeros
         ids = b"".join(tokens)
         pos = b"".join(map(self.varint.__getitem__, positions))
         lab = b"".join(labels)
-        ids_pad, preds_pad = self.seq - n, self.preds - k
+        ids_pad, preds_pad = self.seq - n, self.preds - k  # padding: one 0x00 byte per zero
         features = b"".join(
             (
                 self.ids_prefix[len(ids) + ids_pad],
                 ids,
                 zeros[ids_pad],
                 self.input_mask[n],
+                *segments,
                 self.positions_prefix[len(pos) + preds_pad],
                 pos,
                 zeros[preds_pad],
@@ -149,6 +132,7 @@ class ExampleBytes:
                 lab,
                 zeros[preds_pad],
                 self.weights[k],
+                next_sentence,
             )
         )
         return b"\x0a" + self._length(len(features)) + features
