@@ -94,27 +94,21 @@ def create_data(
 ):
     """Make MLM + NSP pretraining records from text with a vocab.txt, or masked-LM-only records with a
     ModernBERT's tokenizer.json; prints a JSON summary with their statistics."""
+    flags = locals()
     # Here, not at the top: every kbert command, `kbert --help` and create-data's spawned workers
     # (which import the kbert script again) would otherwise pay for them.
     from rich.progress import TextColumn
 
     from kbert.pretraining.create_data import create_pretraining_data
+    from kbert.pretraining.instances import DataOptions
     from kbert.pretraining.record_kinds import data_options
     from kbert.runtime.errors import KbertError
 
     inputs = [*input, *(more_inputs or [])]  # globs expanded by the frame, the same files on every runner
     # Each kind of records' defaults (a vocab.txt's, a tokenizer.json's), resolved in one place.
-    options, lowercase = data_options(
-        vocab,
-        max_seq_length=max_seq_length,
-        max_predictions_per_seq=max_predictions_per_seq,
-        masked_lm_prob=masked_lm_prob,
-        dupe_factor=dupe_factor,
-        short_seq_prob=short_seq_prob,
-        whole_word_mask=whole_word_mask,
-        seed=seed,
-        do_lower_case=lowercase,
-    )
+    # (The flags of DataOptions are its fields, by name.)
+    given = {field.name: flags[field.name] for field in dataclasses.fields(DataOptions)}
+    options, lowercase = data_options(vocab, **given, do_lower_case=lowercase)
     # Where the records go and how the text is cut into work: the same on every runner.
     writing = dict(shards=shards, overwrite=overwrite, chunk_docs=chunk_docs, chunk_bytes=chunk_bytes)
     if runner != "local":

@@ -151,28 +151,12 @@ class InstanceBuilder:
     def chunk(self, index: int, raw_documents: list) -> tuple[list, InstanceCounts]:
         """Records (serialized, shuffled) and counts of one chunk of documents
         (create_training_instances)."""
-        opts, counts = self.options, InstanceCounts()
-        rng = random.Random(opts.seed + index * _SEED_STRIDE)
         tokenize, token = self.tokenizer.tokenize, self.token
-        documents = []
-        for lines in raw_documents:
-            document = []
-            for line in lines:
-                tokens = tokenize(line)
-                if tokens:
-                    document.append([token[t] for t in tokens])
-            if document:
-                documents.append(document)
-            else:
-                counts.empty_documents += 1
-        counts.documents = len(documents)
-        shuffle(documents, rng)
-        records = []
-        for _ in range(opts.dupe_factor):
-            for document_index in range(len(documents)):
-                self.document(documents, document_index, rng, records, counts)
-        shuffle(records, rng)
-        return records, counts
+
+        def read(lines):  # a document: its sentences' tokens, empty sentences left out
+            return [ids for ids in ([token[t] for t in tokenize(line)] for line in lines) if ids]
+
+        return chunk_records(index, raw_documents, self.options, read, self.document)
 
     def document(self, documents: list, document_index: int, rng: random.Random, records: list, counts: InstanceCounts):
         """Append the records of one document's pass (create_instances_from_document)."""
@@ -251,6 +235,38 @@ class InstanceBuilder:
                 continue  # the whole word does not fit: try a shorter one
             chosen.extend(group)  # groups never overlap, so none is already covered
         return chosen
+
+
+def chunk_records(index: int, raw_documents: list, options: DataOptions, read, build) -> tuple[list, InstanceCounts]:
+    """A chunk's records, shuffled, and counts, in create_training_instances' order of draws: each
+    document read once (`read(lines)`: its tokens, empty if none), the documents shuffled, then
+    `dupe_factor` passes each building every document's records (`build(documents, i, rng,
+    records, counts)`), then the records shuffled.
+
+    Example:
+    >>> def build(documents, i, rng, records, counts):
+    ...     records.append(documents[i])
+    >>> records, counts = chunk_records(0, [["a"], [], ["b"]], DataOptions(dupe_factor=2), lambda lines: lines, build)
+    >>> sorted(records), counts.documents, counts.empty_documents
+    ([['a'], ['a'], ['b'], ['b']], 2, 1)
+    """
+    counts = InstanceCounts()
+    rng = random.Random(options.seed + index * _SEED_STRIDE)
+    documents = []
+    for lines in raw_documents:
+        document = read(lines)
+        if document:
+            documents.append(document)
+        else:
+            counts.empty_documents += 1
+    counts.documents = len(documents)
+    shuffle(documents, rng)
+    records = []
+    for _ in range(options.dupe_factor):
+        for document_index in range(len(documents)):
+            build(documents, document_index, rng, records, counts)
+    shuffle(records, rng)
+    return records, counts
 
 
 def mask_chosen(tokens: list, chosen: list, mask, vocab_words: list, rng: random.Random, counts: InstanceCounts):

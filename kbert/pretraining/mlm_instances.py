@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import random
 
-from kbert.pretraining.instances import _SEED_STRIDE, DataOptions, InstanceCounts, mask_chosen
+from kbert.pretraining.instances import DataOptions, InstanceCounts, chunk_records, mask_chosen
 from kbert.pretraining.python_random import randbelow, shuffle
 from kbert.pretraining.record_encoder import ExampleBytes
 from kbert.runtime.errors import KbertError, option
@@ -119,29 +119,16 @@ class MlmInstanceBuilder:
 
     def chunk(self, index: int, raw_documents: list) -> tuple[list, InstanceCounts]:
         """Records (serialized, shuffled) and counts of one chunk of documents."""
-        opts, counts = self.options, InstanceCounts()
-        rng = random.Random(opts.seed + index * _SEED_STRIDE)
         varint, tokens_only = self.bytes.varint, self.tokenizer.tokens_only
-        documents = []
-        for lines in raw_documents:
-            document = []
-            for line in lines:
-                document += tokens_only(line)
-            if document:
-                documents.append([varint[i] for i in document])
-            else:
-                counts.empty_documents += 1
-        counts.documents = len(documents)
-        shuffle(documents, rng)
-        records = []
-        for _ in range(opts.dupe_factor):
-            for document in documents:
-                self.document(document, rng, records, counts)
-        shuffle(records, rng)
-        return records, counts
 
-    def document(self, document: list, rng: random.Random, records: list, counts: InstanceCounts):
+        def read(lines):  # a document: its lines' tokens, one after another
+            return [varint[i] for line in lines for i in tokens_only(line)]
+
+        return chunk_records(index, raw_documents, self.options, read, self.document)
+
+    def document(self, documents: list, document_index: int, rng: random.Random, records: list, counts: InstanceCounts):
         """Append the records of one document's pass: its consecutive pieces, in order."""
+        document = documents[document_index]
         start, max_piece, short_seq_prob = 0, self.max_piece, self.options.short_seq_prob
         while start < len(document):
             target = max_piece

@@ -1,8 +1,7 @@
 """The pretraining records a run is given: found (`find_files`) and checked before it trains.
 
 `check_records` reads the records with kbert's own reader (`record_reader`, CRC-checked) and
-imports no TensorFlow; TensorFlow's engine checks them with tf.data instead
-(`kbert.pretraining.tf_dataset.check_records`), with the same messages built here.
+imports no TensorFlow; every engine checks its records with it.
 
 >>> INPUT_KEYS + LABEL_KEYS
 ('input_ids', 'input_mask', 'segment_ids', 'masked_lm_positions', 'masked_lm_ids', 'masked_lm_weights', 'next_sentence_labels')

@@ -1,25 +1,16 @@
 """Reading create_pretraining_data.py's TFRecords with tf.data: sharded, interleaved, shuffled.
 
-The input of TensorFlow's engine (`kbert.pretraining.tf_engine`), and its checks of the records
-(the messages of `kbert.pretraining.record_checks`, which JAX and PyTorch runs check with).
+The input of TensorFlow's engine (`kbert.pretraining.tf_engine`). The records are checked before a
+run by `kbert.pretraining.record_checks`, on every backend alike; `find_corrupt_record` names the
+file of a record whose checksum fails mid-run.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from kbert.pretraining.record_checks import (
-    CHECKED_RECORDS,
-    check_features,
-    named,
-    no_records,
-    not_examples,
-    other_shape,
-    outside_vocabulary,
-)
 from kbert.pretraining.record_encoder import INPUT_KEYS, LABEL_KEYS
-from kbert.runtime.errors import KbertError, op_error_text
-from kbert.runtime.records import check_records_file
+from kbert.runtime.errors import op_error_text
 
 
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int, keys=(INPUT_KEYS, LABEL_KEYS)):
@@ -36,60 +27,6 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int, keys=(INPUT_
         "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
     }
     return {key: spec[key] for key in (*keys[0], *keys[1])}
-
-
-def check_records(
-    files,
-    max_seq_length: int,
-    max_predictions_per_seq: int,
-    flag: str = "--data",
-    vocab_size: int | None = None,
-    objective=None,
-):
-    """`kbert.pretraining.record_checks.check_records` read by tf.data: the same checks and
-    messages, and one more for a file TensorFlow cannot read as TFRecords."""
-    for path in files:
-        check_records_file(path, named(flag))
-        try:
-            first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
-        except tf.errors.OpError as e:
-            raise KbertError(
-                f"{path}: not a readable TFRecord file (TensorFlow says: {op_error_text(e)}); "
-                f"{named(flag)} takes the records kbert create-data (or create_pretraining_data.py) makes "
-                f"from text: make them first"
-            ) from None
-        if first is None:
-            raise no_records(path)
-        try:
-            example = tf.train.Example.FromString(first.numpy())
-        except Exception:
-            raise not_examples(path) from None
-        features = example.features.feature
-        check_features(path, set(features), objective)
-        seq = len(features["input_ids"].int64_list.value)
-        pred = len(features["masked_lm_positions"].int64_list.value)
-        if (seq, pred) != (max_seq_length, max_predictions_per_seq):
-            raise other_shape(path, seq, pred, max_seq_length, max_predictions_per_seq)
-        if vocab_size is not None:
-            _check_token_ids(path, vocab_size)
-
-
-def _check_token_ids(path: str, vocab_size: int):
-    """Raise a one-line `KbertError` naming the record and id if a token id of the first
-    CHECKED_RECORDS records of `path` is outside [0, vocab_size)."""
-    spec = {key: tf.io.VarLenFeature(tf.int64) for key in ("input_ids", "masked_lm_ids")}
-    records = tf.data.TFRecordDataset(path).take(CHECKED_RECORDS)
-    try:
-        batches = list(records.batch(CHECKED_RECORDS).map(lambda r: tf.io.parse_example(r, spec)))
-    except tf.errors.OpError:
-        return  # a record whose checksum fails: the run names it where it meets it (tf_engine's corrupt_records)
-    for record in batches:
-        for key, ids in record.items():
-            bad = tf.where((ids.values < 0) | (ids.values >= vocab_size))
-            if bad.shape[0]:
-                index = int(bad[0][0])
-                row, value = int(ids.indices[index][0]), int(ids.values[index])
-                raise outside_vocabulary(path, row, value, key, vocab_size)
 
 
 def find_corrupt_record(files) -> str | None:

@@ -23,8 +23,9 @@ from kbert.backend import is_chief, pretraining_placement, use_mixed_precision
 from kbert.backend.checkpoints import checkpoint_write_failed, random_state_variables
 from kbert.pretraining.options import PretrainOptions
 from kbert.pretraining.pretrainers import Objective, copied_in_scope, new_pretrainer
+from kbert.pretraining.record_checks import check_records
 from kbert.pretraining.run_setup import ModelStart, Training
-from kbert.pretraining.tf_dataset import check_records, find_corrupt_record, pretraining_dataset
+from kbert.pretraining.tf_dataset import find_corrupt_record, pretraining_dataset
 from kbert.pretraining.tf_losses import cross_entropy_and_hits
 from kbert.runtime.errors import KbertError, op_error_text, option
 from kbert.training.optimization import make_optimizer
