@@ -286,11 +286,8 @@ def export_model(
             f"{model_dir} truncates long texts: drop {option('max_windows')}"
         )
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows)
-    if calibration_set is not None and "endings" in head.text_inputs:
-        raise KbertError(
-            f"a multiple-choice export takes endings with each text, which a calibration file does not "
-            f"hold: leave out {option('calibration')}"
-        )
+    if calibration_set is not None:
+        _check_calibration_fits(head, calibration, calibration_set)
 
     # --- the signatures ---
     archive = _archive(head, preprocessor, ids_file(model), windows, _id_names(preprocessor))
@@ -306,14 +303,9 @@ def export_model(
         if windows is not None:
             _write_windows_info(tmp, length, *windows)
         if calibration_set is not None:
-            # The float32 export of the same model, for the drift: the model is opened again in
-            # float32 unless it already is (int8 quantizes the float32 model it opened).
+            # int8 quantizes the float32 model it opened: that model is the reference as it is.
             reference = model if int8 else _open_in_precision(model_dir, "float32")
-            reference_head = _serving_head(reference, task_info, text_pairs, windows=windows)
-            reference_packer = graph_packer(reference, length)
-            reference_archive = _archive(
-                reference_head, reference_packer, ids_file(reference), windows, _id_names(reference_packer)
-            )
+            reference_archive = _float32_archive(reference, task_info, text_pairs, windows, length)
             _record_drift(tmp, reference_archive, precision, calibration, calibration_set, max_drift)
     write_models_config(export_base, name, version)
     write_batching_parameters(export_base)
@@ -347,6 +339,27 @@ def _calibration_set(precision: str, calibration, count, max_drift):
     if count is not None and count < 1:
         raise KbertError(f"{option('calibration_texts', count)}: use 1 text or more")
     return read_calibration(os.fspath(calibration), count)
+
+
+def _check_calibration_fits(head: ServingHead, calibration, texts):
+    """Refuse calibration texts the export's serving_default cannot take as they are."""
+    if "endings" in head.text_inputs:
+        raise KbertError(
+            f"a multiple-choice export takes endings with each text, which a calibration file does not "
+            f"hold: leave out {option('calibration')}"
+        )
+    if texts[1] is not None and "text_b" not in head.text_inputs:
+        raise KbertError(
+            f"{calibration} holds sentence pairs (text_b), and this export takes one text per row: pass a file "
+            f"of single texts to {option('calibration')}"
+        )
+
+
+def _float32_archive(model, task_info, text_pairs, windows, length):
+    """The archive of `model`'s float32 export with the same options: the drift's reference."""
+    preprocessor = graph_packer(model, length)
+    head = _serving_head(model, task_info, text_pairs, windows=windows)
+    return _archive(head, preprocessor, ids_file(model), windows, _id_names(preprocessor))
 
 
 DRIFT_INFO = os.path.join("assets.extra", "kbert_drift.json")
