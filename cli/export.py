@@ -40,7 +40,8 @@ def export(
     precision: str = typer.Option(
         "float32",
         help="float32 (exact), bfloat16 (faster on CPUs with AVX512-BF16 or AMX) or int8 (the encoder's matmuls in int8, "
-        "faster on CPUs with VNNI or AMX); both slightly off float32's outputs (the README's Results section).",
+        "faster on CPUs with VNNI or AMX); both slightly off float32's outputs (the README's Results section; "
+        "--calibration measures by how much on your texts).",
     ),
     export_format: str = typer.Option(
         "serving",

@@ -55,12 +55,12 @@ def models(tiny_model_dir, tmp_path_factory):
     }
 
 
-def serving_default(path, texts):
+def serving_default(path, texts, texts_b=None):
     """The numeric outputs of the SavedModel at `path` for `texts`, one request of them all."""
     function = tf.saved_model.load(str(path)).signatures["serving_default"]
     request = {"text": tf.constant(texts)}
     if "text_b" in function.structured_input_signature[1]:
-        request["text_b"] = tf.constant([""] * len(texts))
+        request["text_b"] = tf.constant(texts_b or [""] * len(texts))
     return {k: v.numpy() for k, v in function(**request).items() if v.dtype != tf.string}
 
 
@@ -150,6 +150,34 @@ def test_max_drift_refuses_past_the_measured_drift_and_writes_nothing(exported, 
     assert written["drift"]["drift"] == pytest.approx(measured, abs=1e-6)
     assert written["drift"]["max_drift"] == pytest.approx(measured * 2)
     assert os.path.exists(os.path.join(written["export"], "saved_model.pb"))
+
+
+@pytest.mark.slow
+def test_a_bfloat16_export_of_sentence_pairs_is_measured_against_float32_the_same_way(
+    exported, models, texts_file, tmp_path
+):
+    """bfloat16 is measured as int8 is (its float32 reference opened again in float32), and a
+    calibration table of pairs sends each text with its text_b; --calibration-texts takes the first N."""
+    texts = texts_of(texts_file)[:20]
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("text\ttext_b\n" + "".join(f"{a}\t{b}\n" for a, b in zip(texts, texts[1:] + texts[:1])))
+    result = json.loads(
+        run_kbert(
+            "export", models["classifier"], tmp_path / "base", "--precision", "bfloat16",
+            "--calibration", pairs, "--calibration-texts", "16",
+        ).stdout
+    )  # fmt: skip
+    report, float32 = result["drift"], exported["classifier"][1]
+    assert (report["precision"], report["kind"], report["texts"]) == ("bfloat16", "classifier", 16)
+    texts_b = texts[1:17]
+    want = expected(
+        "classifier",
+        serving_default(float32, texts[:16], texts_b),
+        serving_default(result["export"], texts[:16], texts_b),
+    )
+    for name, value in want.items():
+        assert report[name] == pytest.approx(float(value), abs=1e-6), name
+    assert report["probability_error_max"] > 0  # bfloat16 really ran
 
 
 def test_without_calibration_no_drift_is_measured_or_recorded(tiny_encoder_export):
