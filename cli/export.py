@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from kbert.cli.common import print_result
-from kbert.cli.frame import ANY_MODEL, DIR_IN_PLACE, command
+from kbert.cli.frame import ANY_MODEL, DIR_IN_PLACE, TEXT, command
 from kbert.formats.sources import ACCEPTED
 from kbert.runtime.errors import KbertError
 from kbert.runtime.files import check_apart
@@ -17,7 +17,9 @@ from kbert.runtime.files import check_apart
 # The serving export writes EXPORT_BASE in place (a new version beside the others); --format tfhub
 # replaces it whole, so that branch also refuses a base that holds the model.
 # long: one typer option per flag, as --help lists them; the body is a few calls
-@command(inputs={"model_dir": ANY_MODEL}, outputs={"export_base": DIR_IN_PLACE}, tensorflow="keras")
+@command(
+    inputs={"model_dir": ANY_MODEL, "calibration": TEXT}, outputs={"export_base": DIR_IN_PLACE}, tensorflow="keras"
+)
 def export(
     model_dir: Path = typer.Argument(..., help=f"The model (converted, pretrained or fine-tuned): {ACCEPTED}."),
     export_base: Path = typer.Argument(
@@ -38,7 +40,8 @@ def export(
     precision: str = typer.Option(
         "float32",
         help="float32 (exact), bfloat16 (faster on CPUs with AVX512-BF16 or AMX) or int8 (the encoder's matmuls in int8, "
-        "faster on CPUs with VNNI or AMX); both slightly off float32's outputs (the README's Results section).",
+        "faster on CPUs with VNNI or AMX); both slightly off float32's outputs (the README's Results section; "
+        "--calibration measures by how much on your texts).",
     ),
     export_format: str = typer.Option(
         "serving",
@@ -59,6 +62,30 @@ def export(
         help="For a model fine-tuned with --long-text windows (served whole, in windows): the most windows a "
         "request may take in all; a request that needs more fails with an error saying so (default: 64).",
     ),
+    calibration: Path | None = typer.Option(
+        None,
+        "--calibration",
+        help="For --precision int8 or bfloat16: real texts (one per line, or a CSV, TSV or JSON Lines table with a "
+        "text column) on which the export's drift from float32 is measured: the float32 export of the same model is "
+        "made in a temporary directory, both are served on the same texts, and the report is printed and recorded "
+        "in the export (assets.extra/kbert_drift.json). Without it the drift is not measured.",
+    ),
+    calibration_texts: int | None = typer.Option(
+        None,
+        "--calibration-texts",
+        min=1,
+        help="How many texts of --calibration to use (default: the first 200, or all if fewer); a file with fewer "
+        "texts than asked is refused.",
+    ),
+    max_drift: float | None = typer.Option(
+        None,
+        "--max-drift",
+        min=0.0,
+        help="With --calibration: refuse to write an export whose drift passes this. The drift is 0 for float32's "
+        "outputs and grows as they part: embedding models and encoders 1 - the smallest cosine to float32's "
+        "vectors; classifiers 1 - the share of texts whose label_id agrees with float32's; taggers the same per "
+        "real token; regressors the largest absolute error of score.",
+    ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing version (tfhub: an existing EXPORT_BASE)."
     ),
@@ -76,6 +103,9 @@ def export(
             ("--text-pairs/--single-text", text_pairs),
             ("--constant-weights", constant_weights or None),
             ("--max-windows", max_windows),
+            ("--calibration", calibration),
+            ("--calibration-texts", calibration_texts),
+            ("--max-drift", max_drift),
         ):
             if value is not None:
                 raise KbertError(
@@ -105,6 +135,9 @@ def export(
         precision=precision,
         constant_weights=constant_weights,
         max_windows=max_windows,
+        calibration=calibration,
+        calibration_texts=calibration_texts,
+        max_drift=max_drift,
     )
     base = os.path.dirname(path)
     print_result(
@@ -116,6 +149,7 @@ def export(
             "signatures": exported_signatures(path),
             "serving_default_inputs": signature_inputs(path),  # what a client sends: text, and text_b for pairs
             **_windows_info(path),
+            **_drift_info(path),
             "model_config_file": os.path.join(base, MODELS_CONFIG),
             "batching_parameters_file": os.path.join(base, BATCHING_PARAMETERS),
             # Its tokenizer is tensorflow_text's ops (TF Serving links them in): plain TensorFlow
@@ -142,3 +176,16 @@ def _windows_info(path) -> dict:
     with open(info_file) as f:
         info = json.load(f)
     return {k: info[k] for k in ("long_text", "doc_stride", "max_windows")}
+
+
+def _drift_info(path) -> dict:
+    """{"drift": the report} of an export measured on calibration texts (nothing for others)."""
+    import json
+
+    from kbert.serving.export import DRIFT_INFO
+
+    info_file = os.path.join(path, DRIFT_INFO)
+    if not os.path.exists(info_file):
+        return {}
+    with open(info_file) as f:
+        return {"drift": json.load(f)}

@@ -58,6 +58,7 @@ from kbert.model.families import encoder_of, graph_packer, ids_file
 from kbert.model.kinds import HEAD_KINDS, model_kind
 from kbert.runtime.errors import KbertError, option
 from kbert.runtime.files import atomic_output_dir, writes
+from kbert.serving.drift import check_drift, measure_drift, read_calibration
 from kbert.serving.heads import (
     API_METHODS,
     MAX_WINDOWS,
@@ -183,7 +184,7 @@ def _write_windows_info(path, length, stride, max_windows):
         f.write("\n")
 
 
-@writes("export_base", inputs=("model_dir",), in_place=True)
+@writes("export_base", inputs=("model_dir", "calibration"), in_place=True)
 def export_model(
     model_dir,
     export_base,
@@ -195,6 +196,9 @@ def export_model(
     precision: str = "float32",
     constant_weights: bool = False,
     max_windows: int | None = None,
+    calibration=None,
+    calibration_texts: int | None = None,
+    max_drift: float | None = None,
 ) -> str:
     """Export a kbert model directory for TF Serving; returns the path of `EXPORT_BASE/<version>`.
 
@@ -230,6 +234,15 @@ def export_model(
             serves whole documents in windows: the most windows a request may take in all
             (default MAX_WINDOWS); a request that needs more fails with an error that says so.
             Ignored, with a warning, for other models.
+        calibration: str. A file of real texts (one per line, or a CSV, TSV or JSON Lines table
+            with a `text` column) on which an int8 or bfloat16 export's drift from float32 is
+            measured (`kbert.serving.drift`): the float32 export of the same model is made in a
+            temporary directory and both are served on the same texts. The report is recorded
+            in the export (DRIFT_INFO). Without it, the drift is not measured.
+        calibration_texts: int. How many texts of `calibration` to use (default: up to
+            `kbert.serving.drift.CALIBRATION_TEXTS`); a file with fewer is refused.
+        max_drift: float. Refuse to write the export if its drift passes this
+            (`kbert.serving.drift.DRIFT_IS` says what the drift is for each kind of model).
 
     Example:
     >>> path = export_model("out/classifier", "exports/sentiment")  # doctest: +SKIP
@@ -246,6 +259,7 @@ def export_model(
     int8 = precision == "int8"
     if int8:
         _check_int8()
+    calibration_set = _calibration_set(precision, calibration, calibration_texts, max_drift)
 
     # --- the model, in the export's precision, and how it is served ---
     model = _open_in_precision(model_dir, "float32" if int8 else precision)  # int8 quantizes the float32 model
@@ -272,11 +286,11 @@ def export_model(
             f"{model_dir} truncates long texts: drop {option('max_windows')}"
         )
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows)
-    # Built by a first call, so that ExportArchive may track it; its keys are serve_ids' inputs.
-    id_names = list(preprocessor((tf.constant(["warm up"]), tf.constant(["b"]))))
+    if calibration_set is not None:
+        _check_calibration_fits(head, calibration, calibration_set)
 
     # --- the signatures ---
-    archive = _archive(head, preprocessor, ids_file(model), windows, id_names)
+    archive = _archive(head, preprocessor, ids_file(model), windows, _id_names(preprocessor))
 
     # --- finish: the version directory, renamed into place whole, and TF Serving's files ---
     os.makedirs(export_base, exist_ok=True)
@@ -288,9 +302,89 @@ def export_model(
         _warmup_requests(os.path.join(tmp, WARMUP_FILE), name, head.text_inputs, fits)
         if windows is not None:
             _write_windows_info(tmp, length, *windows)
+        if calibration_set is not None:
+            # int8 quantizes the float32 model it opened: that model is the reference as it is.
+            reference = model if int8 else _open_in_precision(model_dir, "float32")
+            reference_archive = _float32_archive(reference, task_info, text_pairs, windows, length)
+            _record_drift(tmp, reference_archive, precision, calibration, calibration_set, max_drift)
     write_models_config(export_base, name, version)
     write_batching_parameters(export_base)
     return path
+
+
+def _id_names(preprocessor) -> list:
+    """serve_ids' input names: the keys of a first call's features (which also builds the
+    preprocessor, so that ExportArchive may track it)."""
+    return list(preprocessor((tf.constant(["warm up"]), tf.constant(["b"]))))
+
+
+def _calibration_set(precision: str, calibration, count, max_drift):
+    """The calibration texts (texts, texts_b), checked against the options, or None without
+    --calibration."""
+    if max_drift is not None and max_drift < 0:
+        raise KbertError(f"{option('max_drift', max_drift)}: a drift is 0 or more; give 0 or a positive limit")
+    if calibration is None:
+        for name, value in (("max_drift", max_drift), ("calibration_texts", count)):
+            if value is not None:
+                raise KbertError(
+                    f"{option(name)} applies to the drift measured on {option('calibration')}: pass a file of "
+                    f"real texts with {option('calibration')}, or drop {option(name)}"
+                )
+        return None
+    if precision == "float32":
+        raise KbertError(
+            f"{option('calibration')} measures an int8 or bfloat16 export's drift from float32; a float32 "
+            f"export is float32: pass {option('precision', 'int8')} (or bfloat16), or drop {option('calibration')}"
+        )
+    if count is not None and count < 1:
+        raise KbertError(f"{option('calibration_texts', count)}: use 1 text or more")
+    return read_calibration(os.fspath(calibration), count)
+
+
+def _check_calibration_fits(head: ServingHead, calibration, texts):
+    """Refuse calibration texts the export's serving_default cannot take as they are."""
+    if "endings" in head.text_inputs:
+        raise KbertError(
+            f"a multiple-choice export takes endings with each text, which a calibration file does not "
+            f"hold: leave out {option('calibration')}"
+        )
+    if texts[1] is not None and "text_b" not in head.text_inputs:
+        raise KbertError(
+            f"{calibration} holds sentence pairs (text_b), and this export takes one text per row: pass a file "
+            f"of single texts to {option('calibration')}"
+        )
+
+
+def _float32_archive(model, task_info, text_pairs, windows, length):
+    """The archive of `model`'s float32 export with the same options: the drift's reference."""
+    preprocessor = graph_packer(model, length)
+    head = _serving_head(model, task_info, text_pairs, windows=windows)
+    return _archive(head, preprocessor, ids_file(model), windows, _id_names(preprocessor))
+
+
+DRIFT_INFO = os.path.join("assets.extra", "kbert_drift.json")
+
+
+def _record_drift(path: str, reference_archive, precision: str, calibration, texts, max_drift):
+    """Measure the export written at `path` against the float32 `reference_archive` (written to
+    a temporary directory, removed after), record the report at DRIFT_INFO (TF Serving ignores
+    the file), and refuse a drift past `max_drift`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kbert-float32-reference-") as reference:
+        write_export_archive(reference_archive, reference)
+        report = measure_drift(reference, path, *texts)
+    info = {
+        "precision": precision,
+        "reference": "float32",
+        "calibration": os.path.abspath(os.fspath(calibration)),
+        **report,
+        "max_drift": max_drift,
+    }
+    check_drift(info, max_drift, precision)
+    with open(os.path.join(path, DRIFT_INFO), "w") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
 
 
 def _version_dir(export_base: str, version: int | None, overwrite: bool, name: str | None):

@@ -122,6 +122,7 @@ def tree(root: Path):
     (root / "spaced-word.txt").write_text("gold dust\n")
     (root / "blank-lines.txt").write_text("\n  \n\n")
     (root / "empty.txt").write_bytes(b"")
+    (root / "no-texts.jsonl").write_text('{"id": 1}\n{"id": 2}\n')  # JSON, but no text in it
     (root / "empty-dir").mkdir()
     (root / "binary.bin").write_bytes(_elf_head())
     (root / "broken.keras").write_bytes(_elf_head())  # a model input may be a .keras file: this is not one
@@ -340,6 +341,7 @@ _PRETRAIN_NEW = (  # a run that would train: real records of the tiny vocabulary
     "pretrain --model-dir T/out/run --data T/tiny.tfrecord --init T/kbert --max-seq-length 32 "
     "--max-predictions-per-seq 5 --steps 1 --batch-size 2"
 )
+_INT8 = "export T/kbert T/out/export --precision int8"
 WHOLE_CASES = [
     # create-data with a tokenizer.json: what does not apply to byte-level BPE, and files it cannot use.
     ("create-data", "whole-word-mask-with-a-tokenizer-json", f"{_MLM_DATA} T/tokenizer.json --whole-word-mask"),
@@ -450,6 +452,26 @@ WHOLE_CASES = [
     ("finetune", "normalize-without-embed", f"{_FINETUNE} --normalize"),
     ("predict", "layers-of-a-classifier", "predict T/classifier --input T/train.tsv --layers -1"),
     ("export", "max-windows-of-a-truncating-model", "export T/kbert T/out/export --max-windows 4"),
+    # Calibration texts for the drift of an int8 export: files that hold none, or too few; options without them.
+    *[
+        ("export", f"calibration-{case}", f"{_INT8} --calibration {path}")
+        for case, path in (
+            ("missing", "T/nowhere/missing"),
+            ("a-directory", "T/empty-dir"),
+            ("empty", "T/empty.txt"),
+            ("blank-lines", "T/blank-lines.txt"),
+            ("binary", "T/binary.bin"),
+            ("a-tfrecord", "T/uncased.tfrecord"),
+            ("json-of-no-texts", "T/no-texts.jsonl"),
+            ("pairs-for-a-one-text-model", "T/pairs.tsv"),
+        )
+    ],
+    ("export", "calibration-fewer-texts-than-asked", f"{_INT8} --calibration T/text.txt --calibration-texts 1000"),
+    ("export", "calibration-of-a-float32-export", "export T/kbert T/out/export --calibration T/text.txt"),
+    ("export", "calibration-for-tfhub", "export T/kbert T/out/hub --format tfhub --calibration T/text.txt"),
+    ("export", "max-drift-without-calibration", f"{_INT8} --max-drift 0.1"),
+    ("export", "calibration-texts-without-calibration", f"{_INT8} --calibration-texts 10"),
+    ("export", "max-drift-negative", f"{_INT8} --calibration T/text.txt --max-drift -0.5"),
 ]
 
 CASES = [
