@@ -205,3 +205,10 @@ def test_drift_report_per_kind():
         [{"embedding": np.array([[1.0, 0.0], [0.0, 1.0]])}], [{"embedding": np.array([[1.0, 0.0], [1.0, 1.0]])}]
     )
     assert vectors["cosine_min"] == pytest.approx(np.sqrt(0.5)) and vectors["drift"] == pytest.approx(1 - np.sqrt(0.5))
+
+
+def test_the_help_names_the_default_number_of_calibration_texts():
+    from kbert.serving.drift import CALIBRATION_TEXTS
+
+    shown = " ".join(run_kbert("export", "--help").stdout.split())
+    assert f"the first {CALIBRATION_TEXTS}," in shown
