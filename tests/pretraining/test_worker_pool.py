@@ -30,8 +30,12 @@ def test_a_pool_stopped_while_chunks_wait_leaves_no_thread_error():
     """
     with open(os.path.join(FIXTURES, "sample_text.txt"), encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
-    documents = [lines] * 40  # seconds of work per chunk: none is done when the signal comes
-    start_args = (UNCASED_VOCAB, True, DataOptions(dupe_factor=2))
+    # Seconds of work per chunk, so that none is done when the signal comes: a worker stopped
+    # while it sends a chunk's records back leaves the pool's result pipe half-written, and
+    # CPython 3.11's pool then waits on it forever. Small chunks (their pickles pass through the
+    # pipes at once) made of many passes.
+    documents = [lines] * 40
+    start_args = (UNCASED_VOCAB, True, DataOptions(dupe_factor=200))
     thread_errors = []
     hook, handler = threading.excepthook, signal.signal(signal.SIGALRM, _raise_stop)
     threading.excepthook = thread_errors.append
