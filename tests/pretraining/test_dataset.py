@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY, assert_user_error, run_kbert
+from kbert.pretraining.record_checks import CHECKED_RECORDS
 
 SHAPE = ["--max-seq-length", "32", "--max-predictions-per-seq", "5"]
 
@@ -77,7 +78,8 @@ def test_a_truncated_records_file_is_named_before_anything_is_written(tmp_path, 
 
 
 def test_a_corrupt_record_met_mid_run_is_named_and_a_new_run_leaves_nothing(tmp_path):
-    data = write_records(tmp_path / "data.tfrecord", 20)
+    # Past the records checked before the run: the run meets it, in its first batches.
+    data = write_records(tmp_path / "data.tfrecord", CHECKED_RECORDS + 20)
     raw = bytearray(data.read_bytes())
     raw[-10] ^= 0xFF  # inside the last record's data: its framing is whole, its checksum fails
     data.write_bytes(bytes(raw))
@@ -85,4 +87,14 @@ def test_a_corrupt_record_met_mid_run_is_named_and_a_new_run_leaves_nothing(tmp_
     assert_user_error(
         result, f"{data}: corrupted record at", "make the file again", "no checkpoint was saved", alone=False
     )
+    assert not (tmp_path / "bert").exists()
+
+
+def test_a_corrupt_record_among_the_first_is_refused_before_the_run(tmp_path):
+    data = write_records(tmp_path / "data.tfrecord", 20)
+    raw = bytearray(data.read_bytes())
+    raw[-10] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    result = pretrain(tmp_path / "bert", data)
+    assert_user_error(result, f"{data}: corrupted record at", "make the file again")
     assert not (tmp_path / "bert").exists()
