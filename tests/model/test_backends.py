@@ -325,7 +325,9 @@ def test_weights_saved_on_one_backend_load_on_the_others(reports, loaded_by):
     assert set(result) == set(dirs)
     for saved_by, check in result.items():
         assert check["paths_equal"] and check["weights_bit_identical"], (saved_by, loaded_by, check)
-        assert check["logits_max_diff"] <= 1e-6, (saved_by, loaded_by, check)
+        # The weights are the same bits; the logits are another backend's arithmetic on them, whose
+        # order of summation varies with the threads it gets (1.3e-6 seen under a loaded host).
+        assert check["logits_max_diff"] <= 1e-5, (saved_by, loaded_by, check)
 
 
 @pytest.mark.slow  # the README's model on the real vocabulary, compiled fit, then `kbert predict`
