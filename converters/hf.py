@@ -23,15 +23,7 @@ import keras
 import numpy as np
 
 from kbert.config import BertConfig
-from kbert.converters.loading import (
-    HEAD_PATHS,
-    POOLER_PATH,
-    Converted,
-    Stored,
-    load_pretrainer,
-    model_to_write,
-    stored_weights,
-)
+from kbert.converters import loading
 from kbert.converters.modernbert_hf import (
     convert_modernbert,
     describe_modernbert_hf,
@@ -400,7 +392,7 @@ def load_hf_model(src, do_lower_case=None):
 
 
 # long: the source's weights, names and casing feed both the model and its report, step after step
-def convert_hf_model(src, do_lower_case=None) -> Converted:
+def convert_hf_model(src, do_lower_case=None) -> loading.Converted:
     """`load_hf_model`'s model (same arguments) and its report."""
     source = find_hf_model(src)
     values = _read_json(source.config_file, "config")
@@ -410,7 +402,7 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
         embedding = sentence_transformers_embedding(source.folder, converted.model.config, False)
         if embedding:
             converted.model.config.extras[EMBEDDING_KEY] = embedding
-        return Converted(converted.model, {**converted.report, "embedding": embedding})
+        return loading.Converted(converted.model, {**converted.report, "embedding": embedding})
     config = config_from_hf(values, source.config_file)
     recorded_fresh = _recorded_fresh_heads(values, source.config_file)
     vocab_file, vocab_origin = _vocab_file(source.folder, config, source.config_file)
@@ -436,15 +428,15 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
     embedding = sentence_transformers_embedding(source.folder, config, bool(do_lower_case))
     if embedding:
         config.extras[EMBEDDING_KEY] = embedding
-    model, absent = load_pretrainer(
+    model, absent = loading.load_pretrainer(
         config,
-        Stored(
+        loading.Stored(
             where=source.folder,
             shapes={c: tuple(f.shapes[name]) for c, (f, name) in weights.items()},
             paths=kbert_paths,
             read=read,
             stored_shape=lambda path, shape: tuple(shape)[::-1] if transposed[hf_of[path]] else tuple(shape),
-            optional={**HEAD_PATHS, "pooler": POOLER_PATH},
+            optional={**loading.HEAD_PATHS, "pooler": loading.POOLER_PATH},
             thing="file",
             config_name=HF_CONFIG_FILE,
             config_file=source.config_file,
@@ -480,7 +472,7 @@ def convert_hf_model(src, do_lower_case=None) -> Converted:
         )
     if vocab_origin != VOCAB_FILE:  # the temporary vocab.txt lives as long as the model
         weakref.finalize(model, shutil.rmtree, os.path.dirname(vocab_file), True)
-    return Converted(
+    return loading.Converted(
         model,
         {
             "source": source.weight_files[0] if len(source.weight_files) == 1 else source.folder,
@@ -531,7 +523,7 @@ def hf_tensors(model, left_out=()) -> tuple:
         value = keras.ops.convert_to_numpy(value).astype("float32", copy=False)
         return value.T if transposed.get(path) else value
 
-    tensors = stored_weights(
+    tensors = loading.stored_weights(
         model,
         hf_paths,
         format_name="a Hugging Face model",
@@ -615,7 +607,7 @@ def save_hf_model(
             else None,
         )
         return {**written, "embedding": embedding}
-    vocab_file, do_lower_case, config, left_out = model_to_write(
+    vocab_file, do_lower_case, config, left_out = loading.model_to_write(
         model, "save_hf_model", vocab_file, do_lower_case, include_fresh_heads
     )
     tensors, architecture = hf_tensors(model, left_out)

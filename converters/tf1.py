@@ -20,15 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from kbert.config import BertConfig
-from kbert.converters.loading import (
-    HEAD_PATHS,
-    POOLER_PATH,
-    Converted,
-    Stored,
-    load_pretrainer,
-    model_to_write,
-    stored_weights,
-)
+from kbert.converters import loading
 from kbert.converters.names import HEADS, TF1_CLASSIFIER_HEAD, tf1_to_kbert_paths
 from kbert.formats.model_dir import (
     CONFIG_FILE,
@@ -168,7 +160,7 @@ def load_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=No
     return convert_tf1_checkpoint(src, config_file, vocab_file, do_lower_case).model
 
 
-def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=None) -> Converted:
+def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case=None) -> loading.Converted:
     """`load_tf1_checkpoint`'s model (same arguments) and its report: what was loaded, skipped and
     freshly initialised.
 
@@ -205,9 +197,9 @@ def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case
             ) from None
 
     do_lower_case, lower_origin = _casing(source.prefix, config, do_lower_case)
-    model, fresh_heads = load_pretrainer(
+    model, fresh_heads = loading.load_pretrainer(
         config,
-        Stored(
+        loading.Stored(
             where=source.prefix,
             shapes=ours,
             paths=tf1_to_kbert_paths(config.num_hidden_layers),
@@ -215,7 +207,7 @@ def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case
             thing="checkpoint",
             config_name=CONFIG_FILE,
             config_file=source.config_file,
-            optional={**HEAD_PATHS, "pooler": POOLER_PATH},
+            optional={**loading.HEAD_PATHS, "pooler": loading.POOLER_PATH},
             noun="variable",
             unknown_hint=lambda names: "; is this a BERT checkpoint?",
             missing_hint=lambda names: "",
@@ -229,7 +221,7 @@ def convert_tf1_checkpoint(src, config_file=None, vocab_file=None, do_lower_case
     model.fresh_heads = tuple(fresh_heads)
 
     _log_conversion(skipped, other, fresh_heads, ours, do_lower_case, lower_origin)
-    return Converted(
+    return loading.Converted(
         model,
         {
             "checkpoint": source.prefix,
@@ -309,13 +301,13 @@ def save_tf1_checkpoint(
     Example:
     >>> kbert.converters.save_tf1_checkpoint(kbert.load("out/tiny"), "out/tiny-tf1")  # doctest: +SKIP
     """
-    vocab_file, do_lower_case, config, left_out = model_to_write(
+    vocab_file, do_lower_case, config, left_out = loading.model_to_write(
         model, "save_tf1_checkpoint", vocab_file, do_lower_case, include_fresh_heads
     )
     paths = tf1_to_kbert_paths(config.num_hidden_layers)
     if isinstance(model, BertClassifier):
         paths = {**paths, **TF1_CLASSIFIER_HEAD}
-    values = stored_weights(
+    values = loading.stored_weights(
         model,
         paths,
         format_name="a google-research checkpoint",

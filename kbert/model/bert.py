@@ -202,14 +202,16 @@ class BertPretrainer(_Described, keras.Model):
         encoder: optional `BertEncoder` to put the heads on (its weights are shared).
         vocabulary: `Vocabulary` or its dict; default: the encoder's.
 
-    Example:
+    Example (the heads on an encoder of its own, or on one given, whose weights they share):
     >>> import numpy as np, kbert
     >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
     ...                           num_attention_heads=4, intermediate_size=64)
-    >>> model = kbert.bert_pretrainer(config)
+    >>> encoder = kbert.bert_encoder(config)
+    >>> model = kbert.BertPretrainer(config, encoder)
+    >>> model.encoder is encoder
+    True
     >>> ids = np.array([[2, 7, 9, 3]], dtype="int32")
-    >>> out = model({"input_ids": ids, "input_mask": np.ones_like(ids),
-    ...              "segment_ids": np.zeros_like(ids),
+    >>> out = model({"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids),
     ...              "masked_lm_positions": np.array([[1, 2]], dtype="int32")})
     >>> tuple(out["mlm_logits"].shape), tuple(out["nsp_logits"].shape)
     ((1, 2, 100), (1, 2))
@@ -480,6 +482,13 @@ def _vocabulary_of(config_or_model, vocabulary):
     return Vocabulary.of(vocabulary) or getattr(config_or_model, "vocabulary", None)
 
 
+def _head_on(model_class, config_or_model, vocabulary, task_info, **head_args):
+    """`model_class` untrained from a config, or on the encoder (and vocabulary) of a loaded model."""
+    config, encoder = _config_and_encoder(config_or_model)
+    vocabulary = _vocabulary_of(config_or_model, vocabulary)
+    return model_class(config, encoder=encoder, vocabulary=vocabulary, task_info=task_info, **head_args)
+
+
 def bert_classifier(
     config_or_model, num_classes: int, dropout: float = 0.1, *, vocabulary=None, task_info=None
 ) -> BertClassifier:
@@ -489,48 +498,26 @@ def bert_classifier(
     >>> pretrained = kbert.converters.load_tf1_checkpoint("tests/fixtures/tf1-tiny")  # doctest: +SKIP
     >>> classifier = kbert.bert_classifier(pretrained, num_classes=2)  # doctest: +SKIP
     """
-    config, encoder = _config_and_encoder(config_or_model)
-    return BertClassifier(
-        config,
-        num_classes,
-        encoder,
-        dropout,
-        vocabulary=_vocabulary_of(config_or_model, vocabulary),
-        task_info=task_info,
-    )
+    return _head_on(BertClassifier, config_or_model, vocabulary, task_info, num_classes=num_classes, dropout=dropout)
 
 
 def bert_tagger(
     config_or_model, num_classes: int, dropout: float = 0.1, *, vocabulary=None, task_info=None
 ) -> BertTagger:
     """A `BertTagger`: untrained from a config, or sharing the encoder of a loaded model."""
-    config, encoder = _config_and_encoder(config_or_model)
-    return BertTagger(
-        config,
-        num_classes,
-        encoder,
-        dropout,
-        vocabulary=_vocabulary_of(config_or_model, vocabulary),
-        task_info=task_info,
-    )
+    return _head_on(BertTagger, config_or_model, vocabulary, task_info, num_classes=num_classes, dropout=dropout)
 
 
 def bert_span_predictor(config_or_model, *, vocabulary=None, task_info=None) -> BertSpanPredictor:
     """A `BertSpanPredictor` (SQuAD): untrained from a config, or sharing a loaded model's encoder."""
-    config, encoder = _config_and_encoder(config_or_model)
-    return BertSpanPredictor(
-        config, encoder=encoder, vocabulary=_vocabulary_of(config_or_model, vocabulary), task_info=task_info
-    )
+    return _head_on(BertSpanPredictor, config_or_model, vocabulary, task_info)
 
 
 def bert_multiple_choice(
     config_or_model, dropout: float = 0.1, *, vocabulary=None, task_info=None
 ) -> BertMultipleChoice:
     """A `BertMultipleChoice` (SWAG): untrained from a config, or sharing a loaded model's encoder."""
-    config, encoder = _config_and_encoder(config_or_model)
-    return BertMultipleChoice(
-        config, encoder, dropout, vocabulary=_vocabulary_of(config_or_model, vocabulary), task_info=task_info
-    )
+    return _head_on(BertMultipleChoice, config_or_model, vocabulary, task_info, dropout=dropout)
 
 
 def bert_encoder(config, *, vocabulary=None) -> BertEncoder:

@@ -52,20 +52,8 @@ from kbert.pretraining.record_kinds import instance_builder, statistics
 from kbert.pretraining.worker_pool import own_peak_kib
 
 # apache_beam and FileSystems as kbert.runtime.beam imports them (with Beam's import-time log quiet).
-from kbert.runtime.beam import (
-    FileSystems,
-    beam,
-    create_file,
-    expand_inputs,
-    is_url,
-    one_task_per_element,
-    open_file,
-    pipeline_options,
-    remove,
-    remove_stale,
-    run,
-    write_atomically,
-)
+from kbert.runtime import beam as beam_runtime
+from kbert.runtime.beam import FileSystems, beam
 from kbert.runtime.errors import KbertError, first_line, option
 from kbert.runtime.records import tfrecord_frames
 
@@ -98,14 +86,14 @@ class BuildChunk(beam.DoFn):
         replaced_before = create_data._REPLACED[0]
         documents = [
             d
-            for _, chunk_documents, _, _ in read_chunks(ranges, None, None, open_file=open_file)
+            for _, chunk_documents, _, _ in read_chunks(ranges, None, None, open_file=beam_runtime.open_file)
             for d in chunk_documents
         ]
         records, counts = self.builder.chunk(index, documents)
         # A retried bundle writes a file of its own; only the path of the one that committed
         # goes on, and the staging folder goes with every other.
         path = FileSystems.join(self.staging, f"chunk-{index:06d}-{uuid.uuid4().hex[:8]}.tfrecord")
-        with create_file(path) as f:
+        with beam_runtime.create_file(path) as f:
             f.write(tfrecord_frames(records)[0])  # the local path's framing: the same bytes
         del records
         chunk_counts = {name: getattr(counts, name) for name in InstanceCounts.__slots__}
@@ -130,10 +118,10 @@ class WriteShard(beam.DoFn):
 
         def write(out):
             for _, path, _ in chunks:
-                with open_file(path) as f:
+                with beam_runtime.open_file(path) as f:
                     shutil.copyfileobj(f, out, 8 << 20)
 
-        write_atomically(shard_file(self.staging, shard), write)
+        beam_runtime.write_atomically(shard_file(self.staging, shard), write)
         for _, _, counts in chunks:
             yield counts
 
@@ -165,14 +153,18 @@ class SumCounts(beam.CombineFn):
 
 
 def _write_statistics(totals: dict, staging: str):
-    write_atomically(FileSystems.join(staging, STATISTICS_FILE), lambda f: f.write(json.dumps(totals).encode()))
+    beam_runtime.write_atomically(
+        FileSystems.join(staging, STATISTICS_FILE), lambda f: f.write(json.dumps(totals).encode())
+    )
     return totals
 
 
 def _plan(input_files, chunk_docs, chunk_bytes):
     """[(index, ranges)] of every chunk, and the documents planned (the launcher's one pass)."""
     plan, documents = [], 0
-    for index, chunk_documents, _, ranges in read_chunks(input_files, chunk_docs, chunk_bytes, open_file=open_file):
+    for index, chunk_documents, _, ranges in read_chunks(
+        input_files, chunk_docs, chunk_bytes, open_file=beam_runtime.open_file
+    ):
         plan.append((index, ranges))
         documents += len(chunk_documents)
     return plan, documents
@@ -187,7 +179,7 @@ def _commit(staging: str, outputs: list, chunks: int, runner: str) -> dict:
             f"where this machine reads: give an {option('output')} on a file system both reach (gs://, s3://, "
             f"a shared disk)"
         )
-    with open_file(statistics) as f:
+    with beam_runtime.open_file(statistics) as f:
         totals = json.load(f)
     if totals["chunks"] != chunks:
         raise KbertError(f"the {runner} job made {totals['chunks']} of the {chunks} chunks; run it again")
@@ -195,7 +187,7 @@ def _commit(staging: str, outputs: list, chunks: int, runner: str) -> dict:
         if shard < chunks:
             FileSystems.rename([shard_file(staging, shard)], [path])
         else:  # more shards than chunks: this one has no records, as the local path would write it
-            create_file(path).close()
+            beam_runtime.create_file(path).close()
     return totals
 
 
@@ -225,10 +217,10 @@ def run_pipeline(
     """
     started = time.perf_counter()
     options.check()
-    beam_options = pipeline_options(runner, flags)  # before any reading: a typo fails at once
+    beam_options = beam_runtime.pipeline_options(runner, flags)  # before any reading: a typo fails at once
     if shards < 1:
         raise KbertError(f"{option('shards')} must be at least 1")
-    input_files = expand_inputs(input_patterns)
+    input_files = beam_runtime.expand_inputs(input_patterns)
     vocab_file = os.fspath(vocab_file)
     if not os.path.isfile(vocab_file):
         raise KbertError(
@@ -254,14 +246,14 @@ def run_pipeline(
             f"{', '.join(input_files)}: no text to make instances from; pass text with one "
             f"sentence per line and blank lines between documents"
         )
-    one_task_per_element(beam_options, runner, len(plan))
+    beam_runtime.one_task_per_element(beam_options, runner, len(plan))
     with open(vocab_file, encoding="utf-8") as f:
         vocab_text = f.read()
-    if not is_url(output):
+    if not beam_runtime.is_url(output):
         output = os.path.abspath(output)
         os.makedirs(os.path.dirname(output), exist_ok=True)
     final = create_data.shard_paths(output, shards)
-    remove_stale(output)  # what a killed run on this output left (this one's, and Beam's file sink's)
+    beam_runtime.remove_stale(output)  # what a killed run on this output left (this one's, and Beam's file sink's)
     folder, name = FileSystems.split(output)
     staging = FileSystems.join(folder, f"kbert-temp-{name}-{uuid.uuid4().hex}")
     FileSystems.mkdirs(staging)
@@ -277,10 +269,10 @@ def run_pipeline(
             | "Sum" >> beam.CombineGlobally(SumCounts()).without_defaults()  # with defaults: a side input
             | "Statistics" >> beam.Map(_write_statistics, staging)
         )
-        run(pipeline, runner)
+        beam_runtime.run(pipeline, runner)
         totals = _commit(staging, final, len(plan), runner)
     finally:
-        remove(staging)  # the chunk files, and a failed or interrupted job's shards
+        beam_runtime.remove(staging)  # the chunk files, and a failed or interrupted job's shards
     counts = InstanceCounts()
     for name in InstanceCounts.__slots__:
         setattr(counts, name, totals[name])

@@ -24,19 +24,8 @@ import tempfile
 import uuid
 import zlib
 
-from kbert.runtime.beam import (
-    FileSystems,
-    beam,
-    expand_inputs,
-    is_url,
-    one_task_per_element,
-    open_file,
-    pipeline_options,
-    remove,
-    run,
-    temp_location,
-    write_atomically,
-)
+from kbert.runtime import beam as beam_runtime
+from kbert.runtime.beam import FileSystems, beam
 from kbert.runtime.errors import KbertError, option
 from kbert.runtime.files import TEXT_CHECK_BYTES, check_head_is_text
 from kbert.text.vocab_builder import WordTokenizer
@@ -78,28 +67,28 @@ class _WriteCounts(beam.DoFn):
                 f.write(json.dumps(word_count).encode("utf-8") + b"\n")
                 written += 1
 
-        write_atomically(FileSystems.join(self.folder, f"counts-{n:05d}.jsonl"), write)
+        beam_runtime.write_atomically(FileSystems.join(self.folder, f"counts-{n:05d}.jsonl"), write)
         yield written
 
 
 def _write_total(total: int, folder: str):
-    write_atomically(FileSystems.join(folder, TOTAL_FILE), lambda f: f.write(json.dumps(total).encode()))
+    beam_runtime.write_atomically(FileSystems.join(folder, TOTAL_FILE), lambda f: f.write(json.dumps(total).encode()))
 
 
 @contextlib.contextmanager
 def _counts_folder(options):
     """A new folder under Beam's --temp_location, or a fresh local one; removed afterwards."""
-    base = temp_location(options)
+    base = beam_runtime.temp_location(options)
     if base is None:
         folder = tempfile.mkdtemp(prefix="kbert-vocab-")
     else:
-        base = base if is_url(base) else os.path.abspath(base)
+        base = base if beam_runtime.is_url(base) else os.path.abspath(base)
         folder = FileSystems.join(base, f"kbert-vocab-{uuid.uuid4().hex}")
         FileSystems.mkdirs(folder)
     try:
         yield folder
     finally:
-        remove(folder)
+        beam_runtime.remove(folder)
 
 
 def beam_word_counts(
@@ -120,12 +109,12 @@ def beam_word_counts(
     >>> counts = beam_word_counts(["gs://bucket/corpus/*.txt"], runner="DataflowRunner",
     ...                           flags="--project=P --region=R --temp_location=gs://bucket/tmp")  # doctest: +SKIP
     """
-    options = pipeline_options(runner, flags)
-    input_files = expand_inputs(input_patterns)
+    options = beam_runtime.pipeline_options(runner, flags)
+    input_files = beam_runtime.expand_inputs(input_patterns)
     for path in input_files:  # a binary or compressed file is refused before the job starts
-        with open_file(path) as f:
+        with beam_runtime.open_file(path) as f:
             check_head_is_text(path, f.read(TEXT_CHECK_BYTES))
-    one_task_per_element(options, runner, len(input_files))
+    beam_runtime.one_task_per_element(options, runner, len(input_files))
     counts = collections.Counter()
     with _counts_folder(options) as folder:
         pipeline = beam.Pipeline(options=options)
@@ -147,7 +136,7 @@ def beam_word_counts(
             | "Total" >> beam.CombineGlobally(sum).without_defaults()
             | "WriteTotal" >> beam.Map(_write_total, folder)
         )
-        run(pipeline, runner)
+        beam_runtime.run(pipeline, runner)
         total_file = FileSystems.join(folder, TOTAL_FILE)
         if not FileSystems.exists(total_file):
             raise KbertError(
@@ -155,10 +144,10 @@ def beam_word_counts(
                 f"({folder}); add --temp_location=DIR to {option('flags', flag='--pipeline-options')}, with a DIR "
                 "both reach (gs://..., a shared disk)"
             )
-        with open_file(total_file) as f:
+        with beam_runtime.open_file(total_file) as f:
             total = json.load(f)
         for match in FileSystems.match([FileSystems.join(folder, "counts-*.jsonl")])[0].metadata_list:
-            with open_file(match.path) as f:
+            with beam_runtime.open_file(match.path) as f:
                 for line in f:
                     word, count = json.loads(line)
                     counts[word] += count

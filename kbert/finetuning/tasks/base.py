@@ -67,6 +67,9 @@ class Task:
             (a converter's fresh pooler is fresh no more).
         own_options: tuple of str. The `FinetuneOptions` fields only this task reads (squad: its
             answer decoding; embed: the pooling): given to another task, they are refused.
+        reader: the function of `kbert.finetuning.readers` that reads its files, called as
+            `reader(path, skip_bad_rows=..., require_labels=...)`; a task whose reader takes
+            other arguments writes its own `read_rows`.
     """
 
     name: str = ""
@@ -81,6 +84,7 @@ class Task:
     reads_doc_stride: bool = False
     trains_pooler: bool = False
     own_options: tuple = ()
+    reader = None
 
     def __repr__(self):
         return f"<task {self.name}>"
@@ -97,7 +101,10 @@ class Task:
 
     def read_rows(self, path, *, options: FinetuneOptions, require_labels: bool):
         """The file's rows, read by the task's reader of `kbert.finetuning.readers`."""
-        raise NotImplementedError
+        read = type(self).reader  # a plain function, not a method of the task
+        if read is None:
+            raise NotImplementedError
+        return read(path, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels)
 
     def encode(
         self, examples, *, path, preprocessor, labels, options: FinetuneOptions, require_labels: bool, training: bool

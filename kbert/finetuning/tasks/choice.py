@@ -35,10 +35,8 @@ class Choice(Task):
     metric = "accuracy"
     head = "multiple_choice"
     served = True
+    reader = readers.read_choice_examples
     trains_pooler = True
-
-    def read_rows(self, path, *, options, require_labels):
-        return readers.read_choice_examples(path, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels)
 
     def encode(self, examples, *, path, preprocessor, labels, options, require_labels, training):
         features, truncated = encoding.encode_choices(preprocessor, examples.contexts, examples.endings)

@@ -51,9 +51,7 @@ class Tag(Task):
     head = "tagger"
     windows = True
     served = True
-
-    def read_rows(self, path, *, options, require_labels):
-        return readers.read_tagged_examples(path, skip_bad_rows=options.skip_bad_rows, require_labels=require_labels)
+    reader = readers.read_tagged_examples
 
     def encode(self, examples, *, path, preprocessor, labels, options, require_labels, training):
         tags = examples.tags
