@@ -12,6 +12,8 @@ STRATEGIES = ("auto", "cpu", "gpu", "mirrored")
 # --long-text: what classify, regress and tag do with a text longer than the window.
 LONG_TEXT = ("truncate", "windows")
 SQUAD_DOC_STRIDE = 128  # run_squad.py's --doc_stride
+# --loss of rerank: pairs' sigmoid cross-entropy, softmax over a query's group, a teacher's margins.
+RERANK_LOSSES = ("bce", "listwise", "margin-mse")
 
 
 @dataclasses.dataclass
@@ -58,6 +60,9 @@ class FinetuneOptions:
     # normalisation; None: the pretrained model's embedding record.
     pooling: str | None = None
     normalize: bool | None = None
+    # rerank: the loss (None: bce), and the column of a teacher's scores that margin-mse learns from.
+    loss: str | None = None
+    teacher_scores: str | None = None
 
     def __post_init__(self):
         for name in (
@@ -92,6 +97,8 @@ class FinetuneOptions:
             raise KbertError(f"{_option('long_text', self.long_text)}: use truncate (the default) or windows")
         if self.pooling is not None:
             self._check_pooling()
+        if self.loss is not None and self.loss not in RERANK_LOSSES:
+            raise KbertError(f"{_option('loss', self.loss)}: use one of {', '.join(RERANK_LOSSES)}")
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise KbertError(f"{_option('normalize', self.normalize)}: give True or False")
         if self.long_text == "windows" and self.max_seq_length is not None:
@@ -113,7 +120,7 @@ def resolve_options(options: FinetuneOptions | None, overrides: dict) -> Finetun
     >>> resolve_options(None, {"batch": 8})
     Traceback (most recent call last):
     ...
-    kbert.runtime.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress, pooling, normalize
+    kbert.runtime.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress, pooling, normalize, loss, teacher_scores
     """
     if options is not None and not isinstance(options, FinetuneOptions):
         raise KbertError(f"options must be a FinetuneOptions, not {type(options).__name__}")

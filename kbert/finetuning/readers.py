@@ -73,7 +73,7 @@ _HEADER_SAMPLE = 101  # the first rows, a pairs file's first included, that tell
 
 
 @dataclasses.dataclass(kw_only=True)
-class _Rows:
+class Rows:
     """What every file's examples share: their count, the line each starts on, and a slice of
     them (prediction runs over a file a batch at a time). Each kind's own fields come first; these
     three are given by keyword.
@@ -107,7 +107,7 @@ class _Rows:
 
 
 @dataclasses.dataclass
-class TextExamples(_Rows):
+class TextExamples(Rows):
     """Examples for `--task classify` or `regress`, as read from one file.
 
     Args:
@@ -117,7 +117,7 @@ class TextExamples(_Rows):
         labels: list, or None. str class names (classify) or floats (regress); None when the
             file has no labels (prediction input, GLUE test sets).
         format: str. The format that was read: one of `TEXT_FORMATS`.
-        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`_Rows`).
+        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`Rows`).
     """
 
     texts: list[str]
@@ -128,13 +128,13 @@ class TextExamples(_Rows):
 
 
 @dataclasses.dataclass
-class TaggedExamples(_Rows):
+class TaggedExamples(Rows):
     """Sentences for `--task tag`, as read from one CoNLL file.
 
     Args:
         words: list of list of str. The words of each sentence.
         tags: list of list of str, or None. One tag per word; None when the file has no tags.
-        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`_Rows`).
+        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`Rows`).
     """
 
     words: list[list[str]]
@@ -143,7 +143,7 @@ class TaggedExamples(_Rows):
 
 
 @dataclasses.dataclass
-class ChoiceExamples(_Rows):
+class ChoiceExamples(Rows):
     """Questions for `--task choice` (SWAG), as read from one CSV file.
 
     Args:
@@ -151,7 +151,7 @@ class ChoiceExamples(_Rows):
         endings: list of list of str. The full candidate endings of each question (SWAG's
             `sent2 + " " + endingK`), the same number for every question.
         labels: list of int, or None. The index of the right ending; None without labels.
-        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`_Rows`).
+        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`Rows`).
     """
 
     contexts: list[str]
@@ -161,7 +161,7 @@ class ChoiceExamples(_Rows):
 
 
 @dataclasses.dataclass
-class PairExamples(_Rows):
+class PairExamples(Rows):
     """(query, document) pairs for `--task embed`, as read from one file.
 
     Args:
@@ -170,7 +170,7 @@ class PairExamples(_Rows):
         negatives: list of str, or None. A hard negative per row: a document that does not
             answer it; None when the file has no negative column.
         format: str. The format that was read: csv, tsv or jsonl.
-        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`_Rows`).
+        skipped_rows, replaced_bytes, lines: keywords, as every kind's (`Rows`).
     """
 
     queries: list[str]
@@ -226,7 +226,7 @@ def read_text_examples(
     path = os.fspath(path)
     if format != "auto" and format not in TEXT_FORMATS:
         raise KbertError(f"unknown data format {format!r}; use auto or one of {', '.join(TEXT_FORMATS)}")
-    text, replaced = _read_file(path)
+    text, replaced = read_file(path)
     detect = format == "auto"
     if detect:
         format = format_from_extension(path, text)
@@ -269,7 +269,7 @@ def read_tagged_examples(path, skip_bad_rows: bool = False, require_labels: bool
     ([['EU', 'rejects'], ['Peter']], [['B-ORG', 'O'], ['B-PER']])
     """
     path = os.fspath(path)
-    text, replaced = _read_file(path)
+    text, replaced = read_file(path)
     refuse_text_rows(path, text)
     sentences, current, lines = [], [], []
     for line_no, line in enumerate(io.StringIO(text, newline=None), 1):
@@ -310,7 +310,7 @@ def read_tagged_examples(path, skip_bad_rows: bool = False, require_labels: bool
         words.append([fields[0] for _, fields in sentence])
         tags.append([fields[-1] for _, fields in sentence])
         starts.append(sentence[0][0])
-    _check_bad_rows(path, bad, skip_bad_rows, len(words))
+    check_bad_rows(path, bad, skip_bad_rows, len(words))
     return TaggedExamples(
         words=words,
         tags=tags if width > 1 else None,
@@ -347,8 +347,8 @@ def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool
     (['A man sits.'], [['He smiles.', 'He flies away.']], [0])
     """
     path = os.fspath(path)
-    text, replaced = _read_file(path)
-    rows = _table_rows(text, ",", quoting=True)
+    text, replaced = read_file(path)
+    rows = table_rows(text, ",", quoting=True)
     if not rows or rows[0][1] is None:
         raise KbertError(
             f"{path}: no readable header; a SWAG CSV starts with a header naming sent1, "
@@ -388,7 +388,7 @@ def read_choice_examples(path, skip_bad_rows: bool = False, require_labels: bool
         choices.append([f"{start} {fields[i].strip()}".strip() for i in endings])
         labels.append(label)
         lines.append(line_no)
-    _check_bad_rows(path, bad, skip_bad_rows, len(contexts))
+    check_bad_rows(path, bad, skip_bad_rows, len(contexts))
     if not has_label or any(label is None for label in labels):
         labels = None
     return ChoiceExamples(
@@ -450,7 +450,7 @@ def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) 
     path = os.fspath(path)
     if format not in ("auto", "csv", "tsv", "jsonl"):
         raise KbertError(f"{option('format', format)}: pairs are read from csv, tsv or jsonl (or auto, by extension)")
-    text, replaced = _read_file(path)
+    text, replaced = read_file(path)
     if format == "auto":
         format = format_from_extension(path, text)
     columns, blank = None, []
@@ -467,7 +467,7 @@ def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) 
             kept.append((line_no, fields))
     rows = kept
     bad.sort()
-    _check_bad_rows(path, bad, skip_bad_rows, len(rows))
+    check_bad_rows(path, bad, skip_bad_rows, len(rows))
     check_pairs(path, [fields[1] for _, fields in rows])
     if columns is not None:
         log.info("%s: %s", path, columns.describe())
@@ -479,7 +479,7 @@ def read_pair_examples(path, format: str = "auto", skip_bad_rows: bool = False) 
         skipped_rows=[n for n, _ in bad],
         replaced_bytes=replaced,
         lines=[n for n, _ in rows],
-        blank_lines=_before_last(blank, [n for n, _ in rows]),
+        blank_lines=before_last(blank, [n for n, _ in rows]),
     )
 
 
@@ -487,7 +487,7 @@ def _pair_rows_table(path: str, text: str, format: str, blank: list):
     """([(line, [query, document(, negative)])], bad rows, whether there are negatives, `PairColumns`)
     of a CSV/TSV."""
     quoting = format == "csv"
-    rows = _table_rows(text, "," if quoting else "\t", quoting, blank)
+    rows = table_rows(text, "," if quoting else "\t", quoting, blank)
     if not rows:
         raise KbertError(f"{path}: the file is empty; pass a file with a query and a document per row")
     separator = "comma" if quoting else "tab"
@@ -600,7 +600,7 @@ def read_feature_texts(path, format: str = "auto", skip_bad_rows: bool = False) 
     path = os.fspath(path)
     if format != "auto" and format not in TEXT_FORMATS:
         raise KbertError(f"unknown data format {format!r}; use auto or one of {', '.join(TEXT_FORMATS)}")
-    text, _ = _read_file(path)
+    text, _ = read_file(path)
     detected = format_from_extension(path, text) if format == "auto" else format
     first = text.lstrip("\ufeff").split("\n", 1)[0].rstrip("\r").split("\t")
     header = {name.strip().lower() for name in first} & {n.lower() for n in TEXT_NAMES}
@@ -615,7 +615,7 @@ def read_feature_texts(path, format: str = "auto", skip_bad_rows: bool = False) 
 
 
 def _read_plain_lines(path: str) -> TextExamples:
-    text, replaced = _read_file(path)
+    text, replaced = read_file(path)
     texts, texts_b, lines, blank = [], [], [], []
     for line_no, line in enumerate(text.splitlines(), 1):
         if line.strip():
@@ -633,11 +633,11 @@ def _read_plain_lines(path: str) -> TextExamples:
         skipped_rows=[],
         replaced_bytes=replaced,
         lines=lines,
-        blank_lines=_before_last(blank, lines),
+        blank_lines=before_last(blank, lines),
     )
 
 
-def _read_file(path: str) -> tuple[str, int]:
+def read_file(path: str) -> tuple[str, int]:
     """The file's text and how many invalid UTF-8 sequences became U+FFFD."""
     if not os.path.exists(path):
         raise KbertError(f"{path}: no such file; check the path")
@@ -721,7 +721,7 @@ class _TextExampleCollector:
                 f"{option('task', 'regress', command='finetune')} needs a number per row (a score such as 3.8): "
                 f"for class names use {option('task', 'classify', command='finetune')}"
             )
-        _check_bad_rows(self.path, self.bad, self.skip_bad_rows, len(self.texts))
+        check_bad_rows(self.path, self.bad, self.skip_bad_rows, len(self.texts))
         labels = self.labels if self.has_label_column else None
         if labels is not None and any(label is None for label in labels):
             labels = None  # only when labels are optional: a partial set is no set
@@ -733,20 +733,20 @@ class _TextExampleCollector:
             skipped_rows=[n for n, _ in self.bad],
             replaced_bytes=replaced,
             lines=self.lines,
-            blank_lines=_before_last(self.blank, self.lines),
+            blank_lines=before_last(self.blank, self.lines),
         )
 
 
-def _before_last(blank: list, lines: list) -> list:
+def before_last(blank: list, lines: list) -> list:
     """The blank lines that come before the last example (those after it move no example).
 
-    >>> _before_last([1, 4, 9], [2, 3, 5, 6])
+    >>> before_last([1, 4, 9], [2, 3, 5, 6])
     [1, 4]
     """
     return [n for n in blank if lines and n < lines[-1]]
 
 
-def _check_bad_rows(path, bad, skip_bad_rows, kept):
+def check_bad_rows(path, bad, skip_bad_rows, kept):
     if bad and not skip_bad_rows:
         numbers = ", ".join(str(n) for n, _ in bad[:_MAX_LISTED])
         more = f" and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
@@ -763,7 +763,7 @@ def _check_bad_rows(path, bad, skip_bad_rows, kept):
         )
 
 
-def _table_rows(
+def table_rows(
     text: str, delimiter: str, quoting: bool, blank: list | None = None
 ) -> list[tuple[int, list | None, str]]:
     """[(first line number, fields or None, csv's complaint)] for each non-blank row; the blank
@@ -791,7 +791,7 @@ def _table_rows(
 def _read_table(reader: _TextExampleCollector, text: str, format: str, detect_glue: bool):
     path = reader.path
     quoting = format == "csv"
-    rows = _table_rows(text, "," if quoting else "\t", quoting, reader.blank)
+    rows = table_rows(text, "," if quoting else "\t", quoting, reader.blank)
     if not rows:
         raise KbertError(f"{path}: the file is empty; pass a file with one example per row")
     first = [f.strip() for f in rows[0][1] or []]

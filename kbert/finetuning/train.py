@@ -64,10 +64,10 @@ log = logging.getLogger("kbert")
 RESULTS_FILE = "eval_results.json"
 
 
-def compile_for_task(model, task: Task | str, optimizer):
+def compile_for_task(model, task: Task | str, optimizer, options: FinetuneOptions | None = None):
     """`model.compile` with the task's losses (and loss weights)."""
     task = get_task(task) if isinstance(task, str) else task
-    loss, weights = task.losses()
+    loss, weights = task.losses(options)
     model.compile(optimizer=optimizer, loss=loss, loss_weights=weights)
 
 
@@ -131,6 +131,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
             model,
             task,
             make_finetune_optimizer(opts.learning_rate, total_steps, int(total_steps * opts.warmup_proportion)),
+            opts,
         )
         model.optimizer.build(model.trainable_variables)  # its slots must exist to be restored
 

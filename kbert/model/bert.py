@@ -369,7 +369,7 @@ class BertSpanPredictor(_TaskModel):
         return {**self._described_config(), "task_info": self.task_info}
 
 
-class _FoldChoices(keras.layers.Layer):
+class FoldChoices(keras.layers.Layer):
     """[batch, choices, seq] -> [batch·choices, seq]; the sizes are read when called."""
 
     def call(self, x):
@@ -379,7 +379,7 @@ class _FoldChoices(keras.layers.Layer):
         return keras.KerasTensor((None, x.shape[-1]), dtype=x.dtype)
 
 
-class _UnfoldChoices(keras.layers.Layer):
+class UnfoldChoices(keras.layers.Layer):
     """Scores [batch·choices, 1] -> [batch, choices], the choices counted in `like` [batch, choices, seq]."""
 
     def call(self, scores, like):
@@ -434,9 +434,9 @@ class BertMultipleChoice(_TaskModel):
         # === Functional Model ===
         inputs = {name: keras.Input(shape=(None, None), dtype="int32", name=name) for name in ENCODER_INPUTS}
         # Every choice is one sequence to the encoder: [batch·choices, seq].
-        flat = {name: _FoldChoices(name=f"fold_{name}")(tensor) for name, tensor in inputs.items()}
+        flat = {name: FoldChoices(name=f"fold_{name}")(tensor) for name, tensor in inputs.items()}
         scores = self.head(self.dropout(self.encoder(flat)["pooled_output"]))
-        logits = _UnfoldChoices(name="unfold_choices")(scores, inputs["input_ids"])
+        logits = UnfoldChoices(name="unfold_choices")(scores, inputs["input_ids"])
         super().__init__(inputs=inputs, outputs={"logits": logits}, **kwargs)
 
         # === Config ===

@@ -19,8 +19,18 @@ HEAD_KINDS = ("classifier", "tagger", "span_predictor", "multiple_choice")
 # `evaluate` and `export` read, so that none of them needs the task's flags again. long_text
 # (classify, regress, tag): "truncate" (also when absent) or "windows", documents read whole in
 # windows of max_seq_length tokens starting doc_stride tokens apart; doc_stride is also squad's.
+# activation (rerank): sigmoid or identity, what turns the logit into the score it prints.
 # Each task checks and completes its own (`kbert.finetuning.tasks.head_task_info`).
-TASK_KEYS = ("task", "labels", "max_seq_length", "text_pairs", "long_text", "doc_stride", "max_query_length")
+TASK_KEYS = (
+    "task",
+    "labels",
+    "max_seq_length",
+    "text_pairs",
+    "long_text",
+    "doc_stride",
+    "max_query_length",
+    "activation",
+)
 
 
 def model_classes() -> dict:

@@ -13,7 +13,9 @@ The tasks:
 - squad: run_squad.py's start/end span head, SQuAD v1.1 and v2.0;
 - choice: multiple choice as the BERT paper ran SWAG (one score per [CLS], softmax over N endings);
 - embed: sentence embeddings on (query, document) pairs, with in-batch negatives
-  (kbert.finetuning.ranking); the output is an embedding model, scored by ranking.
+  (kbert.finetuning.ranking); the output is an embedding model, scored by ranking;
+- rerank: a cross-encoder, one score per (query, document) pair (kbert.finetuning.reranking),
+  scored by how it reorders each query's candidates.
 
 classify, regress and tag also read documents longer than the window (`--long-text windows`):
 the model runs on overlapping windows (`TaskData.windows` says whose each is), trains on each
@@ -36,13 +38,14 @@ from kbert.finetuning.tasks.choice import CHOICE
 from kbert.finetuning.tasks.classify import CLASSIFY
 from kbert.finetuning.tasks.embed import EMBED
 from kbert.finetuning.tasks.regress import REGRESS
+from kbert.finetuning.tasks.rerank import RERANK
 from kbert.finetuning.tasks.squad import SQUAD
 from kbert.finetuning.tasks.tag import TAG
 from kbert.formats.model_dir import register_head_describer
 from kbert.model.kinds import TASK_KEYS, model_kind
 from kbert.runtime.errors import KbertError
 
-TASKS = {task.name: task for task in (CLASSIFY, REGRESS, TAG, SQUAD, CHOICE, EMBED)}
+TASKS = {task.name: task for task in (CLASSIFY, REGRESS, TAG, SQUAD, CHOICE, EMBED, RERANK)}
 
 
 def get_task(name: str) -> Task:

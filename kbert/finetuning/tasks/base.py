@@ -26,6 +26,22 @@ from kbert.runtime.errors import KbertError, option
 log = logging.getLogger("kbert")
 
 
+def predict_batches(model, features: dict, batch_size: int) -> dict:
+    """A model's outputs over `features` (numpy, float32), `batch_size` rows per call: a dict
+    by output name ("output" for a model of one unnamed output; "output_0", ... for several)."""
+    n = len(next(iter(features.values())))
+    parts = []
+    for first in range(0, n, batch_size):
+        outputs = model.predict_on_batch({k: v[first : first + batch_size] for k, v in features.items()})
+        if isinstance(outputs, (list, tuple)):  # a model of several unnamed outputs: output_0, output_1, ...
+            outputs = {f"output_{k}": v for k, v in enumerate(outputs)}
+        outputs = outputs if isinstance(outputs, dict) else {"output": outputs}
+        parts.append({k: np.asarray(v, dtype=np.float32) for k, v in outputs.items()})
+    if not parts:
+        return {}
+    return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+
+
 @dataclasses.dataclass
 class TaskData:
     """One file, read and encoded for a task: model inputs, targets, and what scoring needs."""
@@ -172,8 +188,9 @@ class Task:
         """The task's keras.Model on `base`, declaring `task_info`."""
         raise NotImplementedError
 
-    def losses(self):
-        """(loss per output, loss weights or None), for model.compile."""
+    def losses(self, options: FinetuneOptions | None = None):
+        """(loss per output, loss weights or None), for model.compile; `options` for a task whose
+        loss is chosen by a flag (rerank's --loss)."""
         raise NotImplementedError
 
     def record(self, opts: FinetuneOptions, max_seq_length: int, data: TaskData) -> dict:
@@ -193,8 +210,7 @@ class Task:
 
     def outputs(self, model, data: TaskData, batch_size: int) -> dict:
         """Raw model outputs over `data` (numpy, float32)."""
-        outputs = model.predict(data.features, batch_size=batch_size, verbose=0)
-        return {k: np.asarray(v, dtype=np.float32) for k, v in outputs.items()}
+        return predict_batches(model, data.features, batch_size)
 
     def score(self, data: TaskData, outputs, *, options, do_lower_case) -> dict:
         """The metrics of `outputs` against `data`'s labels."""

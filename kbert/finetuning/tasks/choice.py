@@ -46,7 +46,7 @@ class Choice(Task):
     def build(self, base, *, labels, task_info=None):
         return bert.bert_multiple_choice(base, task_info=task_info)
 
-    def losses(self):
+    def losses(self, options=None):
         return {"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, None
 
     def score(self, data, outputs, *, options, do_lower_case):

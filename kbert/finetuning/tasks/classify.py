@@ -169,7 +169,7 @@ class Classify(Task):
     def build(self, base, *, labels, task_info=None):
         return families.classifier(base, len(labels), task_info=task_info)
 
-    def losses(self):
+    def losses(self, options=None):
         return {"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, None
 
     def record(self, opts, max_seq_length, data):

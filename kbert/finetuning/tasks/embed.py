@@ -113,7 +113,7 @@ class Embed(Task):
         ranker.embedding = dict(embedding)
         return ranker
 
-    def losses(self):
+    def losses(self, options=None):
         return {"logits": ranking.InBatchNegatives()}, None
 
     def record(self, opts, max_seq_length, data):

@@ -41,7 +41,7 @@ class Regress(Classify):
     def build(self, base, *, labels, task_info=None):
         return families.classifier(base, 1, task_info=task_info)
 
-    def losses(self):
+    def losses(self, options=None):
         return {"logits": keras.losses.MeanSquaredError()}, None
 
     def score(self, data, outputs, *, options, do_lower_case):

@@ -78,7 +78,7 @@ class Squad(Task):
     def build(self, base, *, labels, task_info=None):
         return bert.bert_span_predictor(base, task_info=task_info)
 
-    def losses(self):
+    def losses(self, options=None):
         # run_squad.py: total_loss = (start_loss + end_loss) / 2.
         ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         return {"start_logits": ce, "end_logits": ce}, {"start_logits": 0.5, "end_logits": 0.5}

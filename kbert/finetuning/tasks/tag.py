@@ -83,7 +83,7 @@ class Tag(Task):
     def build(self, base, *, labels, task_info=None):
         return families.tagger(base, len(labels), task_info=task_info)
 
-    def losses(self):
+    def losses(self, options=None):
         # -1 marks positions with no label: [CLS], [SEP], padding, and non-first WordPieces.
         return {"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1)}, None
 
