@@ -35,12 +35,14 @@ def finetune(
         ...,
         "--task",
         help="classify | regress | tag | squad | choice | embed (sentence embeddings from pairs: in-batch negatives, "
-        "sentence-transformers' MultipleNegativesRankingLoss; the output is an embedding model).",
+        "sentence-transformers' MultipleNegativesRankingLoss; the output is an embedding model) | rerank (a "
+        "cross-encoder: a score per query-document pair).",
     ),
     train: Path = typer.Option(
         ...,
         "--train",
-        help="Training data: CSV/TSV/JSONL with text[,text_b],label; a GLUE TSV; CoNLL (tag); SQuAD JSON (squad); SWAG CSV (choice); pairs with query, document[, negative] columns, or those first two (three) columns without a header (embed).",
+        help="Training data: CSV/TSV/JSONL with text[,text_b],label; a GLUE TSV; CoNLL (tag); SQuAD JSON (squad); SWAG CSV (choice); pairs with query, document[, negative] columns, or those first two (three) columns without a header (embed); "
+        "with a header, query, document, label (labels 0 to 1) or query, document, negative[, negative_2, ...] (rerank).",
     ),
     output: Path = typer.Option(..., "--output", help="Output: the fine-tuned kbert model directory."),
     dev: Path | None = typer.Option(
@@ -121,6 +123,19 @@ def finetune(
         "--normalize/--no-normalize",
         help="embed: whether the saved model's vectors are unit length; default the model's record, else no. "
         "Training compares cosines either way.",
+    ),
+    loss: str | None = typer.Option(
+        DEFAULTS.loss,
+        "--loss",
+        help="rerank: bce (the default: each pair's label, sentence-transformers' BinaryCrossEntropyLoss), listwise "
+        "(softmax over each query's group, its document first) or margin-mse (a teacher's margins, from "
+        "--teacher-scores). listwise and margin-mse read groups.",
+    ),
+    teacher_scores: str | None = typer.Option(
+        DEFAULTS.teacher_scores,
+        "--teacher-scores",
+        help="rerank with --loss margin-mse: the column holding a teacher's score of each document of the group "
+        "(its document, then its negatives), as numbers separated by spaces or commas, or a JSON list.",
     ),
 ):
     """Fine-tune BERT on a labelled file (or on query-document pairs); prints the best epoch's dev metrics as JSON.

@@ -11,7 +11,19 @@ import typer
 from typer import Abort
 
 from kbert._compat import command_line_errors
-from kbert.cli import convert, create_data, embed, export, extend, fill_mask, finetune, predict, pretrain, vocab
+from kbert.cli import (
+    convert,
+    create_data,
+    embed,
+    export,
+    extend,
+    fill_mask,
+    finetune,
+    predict,
+    pretrain,
+    rerank,
+    vocab,
+)
 from kbert.cli.common import HelpCommand, quiet_tensorflow, setup_logging
 from kbert.cli.frame import needs_tensorflow
 from kbert.runtime.errors import (
@@ -43,6 +55,7 @@ app.command("finetune")(finetune.finetune)
 app.command("predict")(predict.predict)
 app.command("evaluate")(predict.evaluate)
 app.command("embed")(embed.embed)
+app.command("rerank")(rerank.rerank)
 app.command("export")(export.export)
 app.command("extend")(extend.extend)
 _COMMANDS = {

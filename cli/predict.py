@@ -131,12 +131,14 @@ def evaluate(
         ...,
         "--input",
         help="Labelled data in the format the model was trained on; embedding models: pairs (query, document), "
-        "each query ranked against every document of the file.",
+        'each query ranked against every document of the file; rerankers: JSON Lines of {"query", "documents" '
+        '(a first stage\'s order), "positive" (the relevant ones)}, scored before and after reranking.',
     ),
     task: str | None = typer.Option(
         None,
         "--task",
-        help="embed: score a model without a task head as an embedding model (one with an embedding record needs no flag).",
+        help="embed: score a model without a task head as an embedding model (one with an embedding record needs no "
+        "flag). A fine-tuned model is scored for its own task (rerank: MAP, MRR@10, NDCG@10, recall@1).",
     ),
     pooling: str | None = typer.Option(
         None, help="embed: cls | mean | max | mean_sqrt_len; default the model's embedding record."

@@ -35,6 +35,7 @@ _EXPORTS = {
     "BertPreprocessor": "kbert.text.graph_packer",
     "load": "kbert.formats.sources",
     "embed": "kbert.finetuning.embedding",
+    "rerank": "kbert.finetuning.predict",
     "save": "kbert.formats.model_dir",
     "Tokenizer": "kbert.text.tokenizer",
     "pack_texts": "kbert.text.packing",

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import h5py
 import keras
@@ -374,3 +375,28 @@ def bpe_tokenizer_file(path, corpus, specials=("[UNK]", "[CLS]", "[SEP]", "[PAD]
         )
     tokenizer.save(str(path))
     return path
+
+
+# === Runs stopped mid-file (predict, rerank: --output then --resume) ===
+
+
+def complete_lines(path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def stop_mid_run(process, partial, number, rows, total, limit=300):
+    """Send `number` once `partial` has `rows` complete lines, while the run is still going."""
+    deadline = time.monotonic() + limit
+    while complete_lines(partial) < rows:
+        assert process.poll() is None, f"predict ended first: {process.returncode} {process.stderr.read()[-2000:]}"
+        assert time.monotonic() < deadline, f"no {rows} rows in {partial} within {limit} s"
+        time.sleep(0.005)
+    process.send_signal(number)
+    stdout, stderr = process.communicate(timeout=120)
+    written = complete_lines(partial)
+    assert rows <= written < total, f"the signal landed after the run ended ({written} of {total} rows)"
+    return written, stdout, stderr

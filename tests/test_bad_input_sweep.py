@@ -40,6 +40,7 @@ VALID = {
     "predict": "T/model --input T/train.tsv --output T/out/predictions.jsonl",
     "evaluate": "T/model --input T/train.tsv",
     "embed": "T/model --input T/text.txt --output T/out/embeddings.jsonl --pooling mean",
+    "rerank": "T/reranker --input T/candidates.jsonl --output T/out/reranked.jsonl",
     "export": "T/model T/out/export",
     "extend": "T/model T/out/extended --max-position-embeddings 128 --words T/words.txt --corpus T/text.txt --max-new 2",
     "convert from-tf1": "T/model T/out/converted --config T/model/bert_config.json --vocab T/model/vocab.txt",
@@ -158,8 +159,32 @@ def tree(root: Path):
     kbert.save(
         kbert.bert_classifier(kbert.load(root / "kbert"), 2, task_info={"labels": ["neg", "pos"]}), root / "classifier"
     )
+    # A reranker (a classifier of one output recording task rerank), and the files rerankers read.
+    kbert.save(kbert.bert_classifier(kbert.load(root / "kbert"), 1, task_info={"task": "rerank"}), root / "reranker")
+    rerank_files(root)
     (root / "read-only").mkdir()
     (root / "read-only").chmod(0o555)
+
+
+def rerank_files(root: Path):
+    """Candidate lists and reranker training files, good and bad."""
+    rows = {
+        "candidates": {"query": "gold.", "documents": ["fresh.", "dust."], "positive": ["fresh."]},
+        "no-documents": {"query": "gold.", "documents": []},
+        "no-positive": {"query": "gold.", "documents": ["fresh.", "dust."], "positive": []},
+    }
+    for name, row in rows.items():
+        (root / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    tables = {
+        "rerank-groups": "query\tdocument\tnegative\ngold.\tfresh.\tdust.\n",
+        "rerank-pairs": "query\tdocument\tlabel\ngold.\tfresh.\t1\ngold.\tdust.\t0\n",
+        "label-out-of-range": "query\tdocument\tlabel\ngold.\tfresh.\t3\n",
+        "label-and-negative": "query\tdocument\tlabel\tnegative\ngold.\tfresh.\t1\tdust.\n",
+        "empty-negative": "query\tdocument\tnegative\ngold.\tfresh.\t \n",
+        "teacher": "query\tdocument\tnegative\tteacher\ngold.\tfresh.\tdust.\t0.9 0.1 0.3\n",
+    }
+    for name, text in tables.items():
+        (root / f"{name}.tsv").write_text(text)
 
 
 def tokenizer_files(root: Path):
@@ -342,6 +367,8 @@ _PRETRAIN_NEW = (  # a run that would train: real records of the tiny vocabulary
     "--max-predictions-per-seq 5 --steps 1 --batch-size 2"
 )
 _INT8 = "export T/kbert T/out/export --precision int8"
+_FINETUNE_RERANK = "finetune T/kbert --task rerank --output T/out/ft"
+_RERANK = "rerank T/reranker --input"
 WHOLE_CASES = [
     # create-data with a tokenizer.json: what does not apply to byte-level BPE, and files it cannot use.
     ("create-data", "whole-word-mask-with-a-tokenizer-json", f"{_MLM_DATA} T/tokenizer.json --whole-word-mask"),
@@ -472,6 +499,35 @@ WHOLE_CASES = [
     ("export", "max-drift-without-calibration", f"{_INT8} --max-drift 0.1"),
     ("export", "calibration-texts-without-calibration", f"{_INT8} --calibration-texts 10"),
     ("export", "max-drift-negative", f"{_INT8} --calibration T/text.txt --max-drift -0.5"),
+    # Rerankers: training files of the wrong shape, losses their file cannot feed, lists with nothing to rank.
+    ("finetune", "rerank-label-out-of-range", f"{_FINETUNE_RERANK} --train T/label-out-of-range.tsv"),
+    ("finetune", "rerank-label-and-negatives", f"{_FINETUNE_RERANK} --train T/label-and-negative.tsv"),
+    ("finetune", "rerank-empty-negative", f"{_FINETUNE_RERANK} --train T/empty-negative.tsv"),
+    ("finetune", "rerank-no-header", f"{_FINETUNE_RERANK} --train T/labelled.tsv"),
+    ("finetune", "rerank-candidate-lists", f"{_FINETUNE_RERANK} --train T/candidates.jsonl"),
+    ("finetune", "rerank-loss-unknown", f"{_FINETUNE_RERANK} --train T/rerank-groups.tsv --loss hinge"),
+    ("finetune", "rerank-listwise-on-pairs", f"{_FINETUNE_RERANK} --train T/rerank-pairs.tsv --loss listwise"),
+    (
+        "finetune",
+        "rerank-margin-mse-without-teacher",
+        f"{_FINETUNE_RERANK} --train T/rerank-groups.tsv --loss margin-mse",
+    ),
+    (
+        "finetune",
+        "rerank-teacher-without-margin-mse",
+        f"{_FINETUNE_RERANK} --train T/teacher.tsv --teacher-scores teacher",
+    ),
+    (
+        "finetune",
+        "rerank-teacher-column-missing",
+        f"{_FINETUNE_RERANK} --train T/rerank-groups.tsv --loss margin-mse --teacher-scores teacher",
+    ),
+    ("finetune", "loss-without-rerank", f"{_FINETUNE} --loss bce"),
+    ("rerank", "no-documents", f"{_RERANK} T/no-documents.jsonl"),
+    ("rerank", "a-training-file", f"{_RERANK} T/rerank-groups.tsv"),
+    ("rerank", "not-a-reranker", "rerank T/classifier --input T/candidates.jsonl"),
+    ("rerank", "resume-without-output", f"{_RERANK} T/candidates.jsonl --resume"),
+    ("evaluate", "rerank-no-positive", "evaluate T/reranker --input T/no-positive.jsonl"),
 ]
 
 CASES = [

@@ -24,6 +24,7 @@ from kbert.config import sequence_length
 from kbert.finetuning import encoding, readers
 from kbert.finetuning.embedding import Embedder, json_vector, one_text_per_row
 from kbert.finetuning.options import FinetuneOptions, resolve_options
+from kbert.finetuning.rerank_files import CandidateLists
 from kbert.finetuning.rows import check_start, stream_rows
 from kbert.finetuning.tasks import TASKS, get_task
 from kbert.finetuning.tasks.base import json_floats, predict_batches
@@ -169,6 +170,111 @@ def predict(
         answer = _task_answers(model, task, input_path, preprocessor, opts, tally)
     rows = stream_rows(examples, answer, _chunk(opts.batch_size, layers), start, with_lines=opts.skip_bad_rows)
     return tally.report_after(rows, input_path, preprocessor, opts)
+
+
+def rerank(
+    model_or_path, query: str, documents, *, top_k: int | None = None, batch_size: int = 32, max_seq_length=None
+) -> dict:
+    """A query's documents scored by a reranker and ordered: `{"scores": [...], "ranking": [...]}`,
+    the scores in the documents' order, the ranking their indexes best first (the first `top_k`).
+
+    Args:
+        model_or_path: a reranker (fine-tuned with `--task rerank`, or a sentence-transformers
+            CrossEncoder, converted or its folder), as a kbert model or any source kbert reads.
+        query: str.
+        documents: list of str.
+        top_k: int or None. The indexes the ranking keeps (None: every document's).
+        batch_size: int. Pairs per run of the model.
+        max_seq_length: int. Tokens per pair; default the model's.
+
+    Example:
+    >>> kbert.rerank("out/reranker", "how to make tea", ["Call the vet.", "Put the kettle on."])  # doctest: +SKIP
+    {'scores': [0.003, 0.981], 'ranking': [1, 0]}
+    """
+    opts = resolve_options(None, {"batch_size": batch_size, "max_seq_length": max_seq_length})
+    check_top_k(top_k)
+    model = model_or_path if isinstance(model_or_path, keras.Model) else open_model(model_or_path)
+    task = _reranking_task(model, "the model" if isinstance(model_or_path, keras.Model) else model_or_path)
+    if isinstance(documents, str) or not all(isinstance(d, str) for d in documents):
+        raise KbertError("documents: give a list of str, the texts to rerank")
+    if not documents:
+        return {"scores": [], "ranking": []}
+    length = sequence_length(
+        max_seq_length, model.config.max_position_embeddings, model.task_info.get("max_seq_length")
+    )
+    examples = CandidateLists([query], [list(documents)], None, skipped_rows=[], replaced_bytes=0, lines=[1])
+    data = task.encode(
+        examples,
+        path="documents",
+        preprocessor=make_packer(model, length),
+        labels=None,
+        options=opts,
+        require_labels=False,
+        training=False,
+    )
+    row = next(iter(task.rows(data, task.outputs(model, data, batch_size), options=opts, do_lower_case=None)))
+    return {**row, "ranking": row["ranking"][:top_k]}
+
+
+def rerank_file(
+    model_dir, input_path, top_k: int | None = None, options: FinetuneOptions | None = None, start: int = 0, **overrides
+) -> Iterator[dict]:
+    """What `kbert rerank` prints: for each line of a JSON Lines file, `{"query": ...,
+    "documents": [...]}`, the answer `rerank` gives, a batch of queries at a time.
+
+    Args:
+        model_dir: str or PathLike. A reranker (see `rerank`).
+        input_path: str or PathLike. The candidate lists.
+        top_k: int or None. The indexes each ranking keeps (None: every document's).
+        options: `FinetuneOptions` (batch_size: pairs per run of the model; max_seq_length;
+            skip_bad_rows); keyword arguments override single fields.
+        start: int. The first query to answer (a resumed `kbert rerank --output`).
+
+    Example:
+    >>> next(rerank_file("out/reranker", "candidates.jsonl", top_k=3))  # doctest: +SKIP
+    {'scores': [0.02, 0.97, 0.41, 0.003], 'ranking': [1, 2, 0]}
+    """
+    check_start(start)
+    check_top_k(top_k)
+    model, task, opts, preprocessor = _prepare(model_dir, options, overrides)
+    task = _reranking_task(model, model_dir)
+    examples = task.read_examples(input_path, options=opts, require_labels=False, training=False)
+    if not isinstance(examples, CandidateLists):
+        raise KbertError(
+            f'{os.fspath(input_path)}: kbert rerank reads JSON Lines of {{"query": ..., "documents": [...]}}, '
+            f"one query per line"
+        )
+    tally = _Tally()
+    answer = _task_answers(model, task, input_path, preprocessor, opts, tally)
+    rows = stream_rows(examples, answer, _chunk(opts.batch_size), start, with_lines=opts.skip_bad_rows)
+    return (
+        {**row, "ranking": row["ranking"][:top_k]} for row in tally.report_after(rows, input_path, preprocessor, opts)
+    )
+
+
+def check_top_k(top_k):
+    """`top_k` is None or a whole number of documents, 1 or more.
+
+    >>> check_top_k(0)
+    Traceback (most recent call last):
+    ...
+    kbert.runtime.errors.KbertError: top_k=0: give the number of documents each ranking keeps, 1 or more
+    """
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise KbertError(f"{option('top_k', top_k)}: give the number of documents each ranking keeps, 1 or more")
+
+
+def _reranking_task(model, where):
+    """The reranking task of a reranker; a one-line error for any other model."""
+    info = getattr(model, "task_info", None) or {}
+    task = get_task(info["task"]) if info.get("task") else None
+    if task is None or not task.reranks:
+        raise KbertError(
+            f"{os.fspath(where)} is {'fine-tuned for ' + task.name if task else 'not fine-tuned'}, not a "
+            f"reranker; give a model fine-tuned with {option('task', 'rerank', command='finetune')} or a "
+            f"sentence-transformers CrossEncoder"
+        )
+    return task
 
 
 def layer_indexes(layers) -> list[int] | None:

@@ -258,13 +258,14 @@ class _Layout:
 
 
 def _label(value, name) -> float:
+    given = value
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
-            raise ValueError(f"{name} {value!r} is not a number") from None
+            raise ValueError(f"{name} {given!r} is not a number") from None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} {value!r}: give a number from 0 (not relevant) to 1 (relevant)")
+        raise ValueError(f"{name} {given!r}: give a number from 0 (not relevant) to 1 (relevant)")
     return float(value)
 
 

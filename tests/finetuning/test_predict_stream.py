@@ -13,13 +13,12 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from conftest import assert_user_error, kbert_command, popen_interruptible, run_kbert
-from helpers import FILLER, NEGATIVE, POSITIVE, write_tsv
+from helpers import FILLER, NEGATIVE, POSITIVE, stop_mid_run, write_tsv
 from kbert.finetuning.output import partial_path
 
 WORDS = FILLER + POSITIVE + NEGATIVE
@@ -36,33 +35,11 @@ def distinct_texts(n, seed=0):
     return texts
 
 
-def complete_lines(path) -> int:
-    try:
-        with open(path, "rb") as f:
-            return f.read().count(b"\n")
-    except FileNotFoundError:
-        return 0
-
-
 def start_predict(model, source, output, *flags, interruptible=False):
     args = kbert_command() + [str(a) for a in ("predict", model, "--input", source, "--output", output, *flags)]
     env = {k: v for k, v in os.environ.items() if k != "KBERT_DEBUG"}
     start = popen_interruptible if interruptible else subprocess.Popen
     return start(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def stop_mid_run(process, partial, number, rows, total, limit=300):
-    """Send `number` once `partial` has `rows` complete lines, while the run is still going."""
-    deadline = time.monotonic() + limit
-    while complete_lines(partial) < rows:
-        assert process.poll() is None, f"predict ended first: {process.returncode} {process.stderr.read()[-2000:]}"
-        assert time.monotonic() < deadline, f"no {rows} rows in {partial} within {limit} s"
-        time.sleep(0.005)
-    process.send_signal(number)
-    stdout, stderr = process.communicate(timeout=120)
-    written = complete_lines(partial)
-    assert rows <= written < total, f"the signal landed after the run ended ({written} of {total} rows)"
-    return written, stdout, stderr
 
 
 def assert_same_rows(resumed_path, full_path, key):

@@ -81,6 +81,7 @@ class Task:
             own windows).
         trains_pooler: bool. Its head reads the pooled output, so training trains the pooler
             (a converter's fresh pooler is fresh no more).
+        reranks: bool. Its model scores each query's candidate documents (`kbert rerank` runs it).
         own_options: tuple of str. The `FinetuneOptions` fields only this task reads (squad: its
             answer decoding; embed: the pooling): given to another task, they are refused.
         reader: the function of `kbert.finetuning.readers` that reads its files, called as
@@ -99,6 +100,7 @@ class Task:
     served: bool = False
     reads_doc_stride: bool = False
     trains_pooler: bool = False
+    reranks: bool = False
     own_options: tuple = ()
     reader = None
 

@@ -53,6 +53,7 @@ class Rerank(Task):
     head_outputs = 1
     served = False
     trains_pooler = True
+    reranks = True
     own_options = ("loss", "teacher_scores")
 
     # === Reading and encoding ===

@@ -1,0 +1,74 @@
+"""`kbert rerank`: each query's candidate documents scored by a reranker and ordered, from the shell.
+
+The library is imported inside the command, not at the top: `kbert --help` and a mistyped flag
+should answer at once, without waiting for TensorFlow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from kbert.cli.common import print_result, print_rows
+from kbert.cli.frame import ANY_MODEL, FILE_OR_STREAM, TEXT, command
+from kbert.cli.options import OverwriteRows, ResumeRows, SkipMalformedRows
+from kbert.runtime.files import is_stream
+
+
+@command(inputs={"model_dir": ANY_MODEL, "input": TEXT}, outputs={"output": FILE_OR_STREAM}, tensorflow="backend")
+def rerank(
+    model_dir: Path = typer.Argument(
+        ...,
+        help="A reranker: a model fine-tuned with kbert finetune --task rerank, or a sentence-transformers "
+        "CrossEncoder (converted by kbert convert from-hf, or its folder).",
+    ),
+    input: Path = typer.Option(
+        ...,
+        "--input",
+        help='JSON Lines, one query per line: {"query": "...", "documents": ["...", ...]}, the documents a first '
+        "stage found.",
+    ),
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        help="Write the JSON lines to this file instead of stdout: batch by batch to FILE.partial, renamed to FILE "
+        "at the end; resumable with --resume. - (or /dev/stdout) is stdout.",
+    ),
+    top_k: int | None = typer.Option(
+        None, "--top-k", min=1, help="The document indexes each ranking keeps, best first. Default: all."
+    ),
+    batch_size: int = typer.Option(32, min=1, help="Query-document pairs per batch (across queries)."),
+    max_seq_length: int | None = typer.Option(
+        None, min=3, help="Tokens per pair. Default: the length the model was trained with."
+    ),
+    skip_bad_rows: SkipMalformedRows = False,
+    resume: ResumeRows = False,
+    overwrite: OverwriteRows = False,
+):
+    """Rerank each query's documents; prints one JSON object per query: {"scores": [...] in the documents'
+    order, "ranking": [document indexes, best first]} (with --output, writes them to FILE and prints a summary)."""
+    from kbert.runtime.errors import KbertError, option
+
+    if output is None and (resume or overwrite):
+        flag = option("resume" if resume else "overwrite")
+        raise KbertError(f"{flag} applies to an {option('output')} file; give {option('output')} FILE")
+    from kbert.finetuning.predict import rerank_file
+
+    reading = dict(batch_size=batch_size, max_seq_length=max_seq_length, skip_bad_rows=skip_bad_rows)
+
+    def rows(start):
+        return rerank_file(str(model_dir), str(input), top_k=top_k, start=start, **reading)
+
+    if output is not None and (resume or overwrite or not is_stream(output)):
+        from kbert.finetuning.output import model_identity, write_rows
+
+        # What shapes a row besides the input: a resume with any other is refused.
+        made_by = {
+            "model": model_identity(model_dir),
+            "top_k": top_k,
+            "max_seq_length": max_seq_length,
+            "skip_bad_rows": skip_bad_rows,
+        }
+        print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=input, made_by=made_by))
+        return
+    print_rows(rows(0), output)
