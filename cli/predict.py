@@ -131,8 +131,8 @@ def evaluate(
         ...,
         "--input",
         help="Labelled data in the format the model was trained on; embedding models: pairs (query, document), "
-        'each query ranked against every document of the file; rerankers: JSON Lines of {"query", "documents" '
-        '(a first stage\'s order), "positive" (the relevant ones)}, scored before and after reranking.',
+        'each query ranked against every document of the file; rerankers: JSON Lines with "query", "documents" '
+        '(in a first stage\'s order) and "positive" (the relevant ones), scored before and after reranking.',
     ),
     task: str | None = typer.Option(
         None,

@@ -25,8 +25,8 @@ def rerank(
     input: Path = typer.Option(
         ...,
         "--input",
-        help='JSON Lines, one query per line: {"query": "...", "documents": ["...", ...]}, the documents a first '
-        "stage found.",
+        help='JSON Lines, one object per query with "query" (a string) and "documents" (a list of strings: what '
+        "a first stage found).",
     ),
     output: Path | None = typer.Option(
         None,
@@ -45,8 +45,8 @@ def rerank(
     resume: ResumeRows = False,
     overwrite: OverwriteRows = False,
 ):
-    """Rerank each query's documents; prints one JSON object per query: {"scores": [...] in the documents'
-    order, "ranking": [document indexes, best first]} (with --output, writes them to FILE and prints a summary)."""
+    """Rerank each query's documents; prints one JSON object per query: "scores" in the documents' order, and
+    "ranking", the document indexes best first (with --output, writes them to FILE and prints a summary)."""
     from kbert.runtime.errors import KbertError, option
 
     if output is None and (resume or overwrite):

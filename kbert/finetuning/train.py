@@ -89,7 +89,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     Args:
         model_dir: str. A kbert model directory (converted or pretrained) or a google-research
             checkpoint directory (its casing decided by `kbert.formats.model_dir.lower_case_for`).
-        task: str. A name in `kbert.finetuning.tasks.TASKS`: classify | regress | tag | squad | choice | embed.
+        task: str. A name in `kbert.finetuning.tasks.TASKS`: classify | regress | tag | squad | choice | embed | rerank.
         train, dev: str. Data files (see `kbert finetune --help` for the formats).
         output: str. The fine-tuned kbert model directory: bert_config.json (with task, labels,
             max_seq_length), vocab.txt, model.weights.h5, eval_results.json, logs/.

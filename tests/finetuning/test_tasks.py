@@ -50,15 +50,15 @@ def test_best_metric_converts_numpy_and_rejects_bad_input():
 
 
 def test_every_task_is_found_by_its_name():
-    assert list(TASKS) == ["classify", "regress", "tag", "squad", "choice", "embed"]
+    assert list(TASKS) == ["classify", "regress", "tag", "squad", "choice", "embed", "rerank"]
     for name, task in TASKS.items():
         assert get_task(name) is task and task.name == name
     with pytest.raises(KbertError) as error:
         get_task("ner")
-    assert str(error.value) == "unknown task='ner'; use one of classify, regress, tag, squad, choice, embed"
+    assert str(error.value) == "unknown task='ner'; use one of classify, regress, tag, squad, choice, embed, rerank"
     with command_line_names({"--task"}), pytest.raises(KbertError) as error:  # as `kbert finetune --task ner`
         get_task("ner")
-    assert str(error.value) == "unknown --task ner; use one of classify, regress, tag, squad, choice, embed"
+    assert str(error.value) == "unknown --task ner; use one of classify, regress, tag, squad, choice, embed, rerank"
 
 
 def test_sequence_lengths_are_the_original_scripts_defaults():
@@ -70,6 +70,7 @@ def test_sequence_lengths_are_the_original_scripts_defaults():
         "squad": 384,
         "choice": 128,
         "embed": 128,  # sentence-transformers' own default is the model's; kbert's is the record's, else this
+        "rerank": 128,  # a CrossEncoder's is its model's; a converted one records it
     }
 
 

@@ -83,7 +83,7 @@ def head_tasks() -> dict:
     head saved without one.
 
     >>> head_tasks()["classifier"]
-    ('classify', 'regress')
+    ('classify', 'regress', 'rerank')
     """
     kinds = {}
     for task in TASKS.values():
@@ -132,7 +132,7 @@ def head_task_info(
     >>> head_task_info(kbert.bert_classifier(config, 2), task="tag")
     Traceback (most recent call last):
     ...
-    kbert.runtime.errors.KbertError: task 'tag' does not fit a classifier (bert_classifier); its tasks are classify, regress
+    kbert.runtime.errors.KbertError: task 'tag' does not fit a classifier (bert_classifier); its tasks are classify, regress, rerank
     """
     kind = model_kind(model)
     given = {
