@@ -192,7 +192,7 @@ for name, args in job["inference"].items():
     report["inference"][name] = dict(run(*with_outputs(args, name)), args=args)
 
 # predict --output stopped by SIGTERM after its first chunk of rows, then --resume.
-import kbert.finetuning.tasks.base as predict_module  # where every task's outputs are predicted
+import kbert.finetuning.predict as predict_module
 predict_batches = predict_module.predict_batches
 calls = []
 def stop_at_second(*args, **kwargs):  # a real SIGTERM, once the first chunk's rows are written

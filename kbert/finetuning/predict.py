@@ -27,7 +27,7 @@ from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.rerank_files import CandidateLists
 from kbert.finetuning.rows import check_start, stream_rows
 from kbert.finetuning.tasks import TASKS, get_task
-from kbert.finetuning.tasks.base import json_floats, predict_batches
+from kbert.finetuning.tasks.base import json_floats
 from kbert.formats.model_dir import model_kind
 from kbert.formats.sources import open_model
 from kbert.model.embedding_record import embedding_of
@@ -212,7 +212,8 @@ def rerank(
         require_labels=False,
         training=False,
     )
-    row = next(iter(task.rows(data, task.outputs(model, data, batch_size), options=opts, do_lower_case=None)))
+    outputs = task.outputs(model, data, batch_size, run=predict_batches)
+    row = next(iter(task.rows(data, outputs, options=opts, do_lower_case=None)))
     return {**row, "ranking": row["ranking"][:top_k]}
 
 
@@ -338,6 +339,22 @@ class _Tally:
             )
 
 
+def predict_batches(model, features: dict, batch_size: int) -> dict:
+    """A model's outputs over `features` (numpy, float32), `batch_size` rows per call: a dict
+    by output name ("output" for a model of one unnamed output; "output_0", ... for several)."""
+    n = len(next(iter(features.values())))
+    parts = []
+    for first in range(0, n, batch_size):
+        outputs = model.predict_on_batch({k: v[first : first + batch_size] for k, v in features.items()})
+        if isinstance(outputs, (list, tuple)):  # a model of several unnamed outputs: output_0, output_1, ...
+            outputs = {f"output_{k}": v for k, v in enumerate(outputs)}
+        outputs = outputs if isinstance(outputs, dict) else {"output": outputs}
+        parts.append({k: np.asarray(v, dtype=np.float32) for k, v in outputs.items()})
+    if not parts:
+        return {}
+    return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+
+
 def _task_answers(model, task, input_path, preprocessor, opts, tally):
     labels = model.task_info.get("labels")
 
@@ -352,7 +369,7 @@ def _task_answers(model, task, input_path, preprocessor, opts, tally):
             training=False,
         )
         tally.add(data)
-        outputs = task.outputs(model, data, opts.batch_size)
+        outputs = task.outputs(model, data, opts.batch_size, run=predict_batches)
         return list(task.rows(data, outputs, options=opts, do_lower_case=model.do_lower_case))
 
     return answer

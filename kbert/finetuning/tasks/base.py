@@ -26,20 +26,11 @@ from kbert.runtime.errors import KbertError, option
 log = logging.getLogger("kbert")
 
 
-def predict_batches(model, features: dict, batch_size: int) -> dict:
-    """A model's outputs over `features` (numpy, float32), `batch_size` rows per call: a dict
-    by output name ("output" for a model of one unnamed output; "output_0", ... for several)."""
-    n = len(next(iter(features.values())))
-    parts = []
-    for first in range(0, n, batch_size):
-        outputs = model.predict_on_batch({k: v[first : first + batch_size] for k, v in features.items()})
-        if isinstance(outputs, (list, tuple)):  # a model of several unnamed outputs: output_0, output_1, ...
-            outputs = {f"output_{k}": v for k, v in enumerate(outputs)}
-        outputs = outputs if isinstance(outputs, dict) else {"output": outputs}
-        parts.append({k: np.asarray(v, dtype=np.float32) for k, v in outputs.items()})
-    if not parts:
-        return {}
-    return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+def keras_predict(model, features: dict, batch_size: int) -> dict:
+    """`model.predict` over `features`, as numpy float32 by output name: it splits batches across
+    a tf.distribute strategy's replicas, as `predict_on_batch` does not."""
+    outputs = model.predict(features, batch_size=batch_size, verbose=0)
+    return {k: np.asarray(v, dtype=np.float32) for k, v in outputs.items()}
 
 
 @dataclasses.dataclass
@@ -210,9 +201,10 @@ class Task:
 
     # === Scoring and predicting ===
 
-    def outputs(self, model, data: TaskData, batch_size: int) -> dict:
-        """Raw model outputs over `data` (numpy, float32)."""
-        return predict_batches(model, data.features, batch_size)
+    def outputs(self, model, data: TaskData, batch_size: int, run=keras_predict) -> dict:
+        """Raw model outputs over `data` (numpy, float32). run: (model, features, batch_size) ->
+        outputs, how the model runs (`kbert predict` runs it a batch at a time)."""
+        return run(model, data.features, batch_size)
 
     def score(self, data: TaskData, outputs, *, options, do_lower_case) -> dict:
         """The metrics of `outputs` against `data`'s labels."""

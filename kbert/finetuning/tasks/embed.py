@@ -140,7 +140,7 @@ class Embed(Task):
 
     # === Scoring and predicting ===
 
-    def outputs(self, model, data, batch_size):
+    def outputs(self, model, data, batch_size, run=None):
         # A PairRanker's logits compare the rows of one batch with each other: each row's query
         # and document vectors instead.
         return ranking.pair_vectors(model.embedder, data.features, batch_size)

@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from kbert.finetuning import encoding, rerank_files, reranking
-from kbert.finetuning.tasks.base import Task, TaskData
+from kbert.finetuning.tasks.base import Task, TaskData, keras_predict
 from kbert.model import families
 from kbert.runtime.errors import KbertError, option
 
@@ -129,9 +129,9 @@ class Rerank(Task):
 
     # === Scoring and predicting ===
 
-    def outputs(self, model, data, batch_size):
+    def outputs(self, model, data, batch_size, run=keras_predict):
         scorer = getattr(model, "scorer", model)
-        logits = pair_logits(scorer, data.features, batch_size)
+        logits = pair_logits(scorer, data.features, batch_size, run)
         activation = (getattr(scorer, "task_info", None) or {}).get("activation", DEFAULT_ACTIVATION)
         return {"logits": logits, "scores": reranking.activate(logits, activation).astype(np.float32)}
 
@@ -174,20 +174,24 @@ class Rerank(Task):
             )
 
 
-def pair_logits(scorer, features: dict, batch_size: int) -> np.ndarray:
+def pair_logits(scorer, features: dict, batch_size: int, run=keras_predict) -> np.ndarray:
     """The scorer's logit of every pair in `features` (int32 [..., seq]: pairs, or groups of
-    them), shaped as the features' leading axes; each batch cut to its longest pair (rounded up
-    to 16 tokens, so that a few shapes are traced), as padding changes no logit."""
+    them), shaped as the features' leading axes.
+
+    Pairs are run shortest first, each run cut to its longest pair rounded up to 16 tokens: padding
+    changes no logit, so a batch of short pairs costs what its tokens cost, and a few widths are
+    traced. run: (model, features, batch_size) -> outputs (`keras_predict`, or `kbert predict`'s
+    batch at a time).
+    """
     shape = features["input_ids"].shape
     flat = {name: values.reshape(-1, shape[-1]) for name, values in features.items()}
     lengths = flat["input_mask"].sum(axis=1)
+    widths = np.minimum(shape[-1], -(-np.maximum(lengths, 1) // 16) * 16)
     logits = np.zeros(len(lengths), np.float32)
-    for first in range(0, len(lengths), batch_size):
-        longest = int(lengths[first : first + batch_size].max(initial=1))
-        width = min(shape[-1], -(-longest // 16) * 16)
-        batch = {name: values[first : first + batch_size, :width] for name, values in flat.items()}
-        out = scorer.predict_on_batch(batch)
-        logits[first : first + batch_size] = np.asarray(out["logits"], np.float32)[:, 0]
+    for width in np.unique(widths):
+        rows = np.flatnonzero(widths == width)
+        part = {name: values[rows, :width] for name, values in flat.items()}
+        logits[rows] = np.asarray(run(scorer, part, batch_size)["logits"], np.float32)[:, 0]
     return logits.reshape(shape[:-1])
 
 
