@@ -260,6 +260,7 @@ def save_converted(model, report: dict, out_model_dir, overwrite: bool, named=()
                 "fresh_heads": report["fresh_heads"],
                 "dtypes": report["dtypes"],
                 **({"embedding": report["embedding"]} if report.get("embedding") else {}),
+                **({"rerank": report["rerank"]} if report.get("rerank") else {}),
             }
         )
         return

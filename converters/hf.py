@@ -50,6 +50,7 @@ from kbert.formats.model_dir import (
 )
 from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary, bert_classifier
 from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
+from kbert.modernbert.config import ModernBertConfig
 from kbert.runtime.errors import KbertError, listing, option
 from kbert.runtime.files import atomic_output_dir, count_lines, writes
 from kbert.text.tokenizer import load_vocab
@@ -399,7 +400,10 @@ def convert_hf_model(src, do_lower_case=None) -> loading.Converted:
     source = find_hf_model(src)
     values = _read_json(source.config_file, "config")
     if is_modernbert_config(values):  # a ModernBERT or an Ettin encoder: its family's converter
+        activation = cross_encoder_activation(source.folder, values)
         converted = convert_modernbert(source, values)
+        if activation:
+            return _modernbert_reranker(converted, source.folder, activation)
         # A sentence-transformers folder's pooling, as for a BERT's (a byte-level BPE never lower-cases).
         embedding = sentence_transformers_embedding(source.folder, converted.model.config, False)
         if embedding:
@@ -627,16 +631,17 @@ def save_hf_model(
     """
     if getattr(model, "family", None) == "modernbert":
         embedding = check_embedding(model.config, "the model's config")
+        rerank = _rerank_record(model)
         hidden = model.config.hidden_size
-        written = save_modernbert_hf(
-            model,
-            out_dir,
-            overwrite=overwrite,
-            write_more=(lambda folder: write_sentence_transformers_files(folder, embedding, hidden))
-            if embedding
-            else None,
-        )
-        return {**written, "embedding": embedding}
+
+        def write_more(folder):
+            if embedding:
+                write_sentence_transformers_files(folder, embedding, hidden)
+            if rerank:
+                write_cross_encoder_record(folder, rerank)
+
+        written = save_modernbert_hf(model, out_dir, overwrite=overwrite, write_more=write_more)
+        return {**written, "embedding": embedding, "rerank": rerank}
     vocab_file, do_lower_case, config, left_out = loading.model_to_write(
         model, "save_hf_model", vocab_file, do_lower_case, include_fresh_heads
     )
@@ -685,7 +690,7 @@ def save_hf_model(
 
 def _rerank_record(model) -> dict | None:
     """A reranker's {"activation", "max_seq_length"}, as a CrossEncoder folder records them; else None."""
-    info = head_task_info(model) if type(model) is BertClassifier else {}
+    info = head_task_info(model) if getattr(model, "num_classes", None) == 1 else {}
     if info.get("task") != "rerank":
         return None
     length = min(
@@ -707,7 +712,15 @@ def describe_hf(src) -> dict:
     source = find_hf_model(src)
     values = _read_json(source.config_file, "config")
     if is_modernbert_config(values):
-        return describe_modernbert_hf(source, values)
+        activation = cross_encoder_activation(source.folder, values)
+        described = describe_modernbert_hf(source, values)
+        if activation:
+            config = ModernBertConfig.from_hf(values, source.config_file)
+            described["rerank"] = {
+                "activation": activation,
+                "max_seq_length": cross_encoder_length(source.folder, config),
+            }
+        return described
     keys = _open_weights(source)
     config = config_from_hf(values, source.config_file)
     weights = {c: v for c, v in keys.items() if c not in HF_BUFFERS and c not in HF_TIED}
@@ -991,3 +1004,28 @@ def _as_reranker(pretrainer, head: dict, values: dict, activation: str, max_seq_
     reranker.head.output_bias.assign(bias.astype("float32"))
     reranker.fresh_heads = ()
     return reranker
+
+
+def _modernbert_reranker(converted, folder, activation: str):
+    """A ModernBERT CrossEncoder's converted classifier, recording its task as a reranker's."""
+    model = converted.model
+    if getattr(model, "num_classes", None) != 1:
+        raise KbertError(
+            f"{folder}: a CrossEncoder of {getattr(model, 'num_classes', 'no')} outputs; kbert converts CrossEncoders "
+            f"of one output (rerankers, num_labels 1)"
+        )
+    rerank = {"activation": activation, "max_seq_length": cross_encoder_length(folder, model.config)}
+    model.task_info = {"task": "rerank", **rerank}
+    return loading.Converted(model, {**converted.report, "embedding": None, "rerank": rerank})
+
+
+def write_cross_encoder_record(folder, rerank: dict):
+    """Record a reranker's activation and max_seq_length in the Hugging Face folder `folder` where
+    sentence-transformers' CrossEncoder reads them (config.json, tokenizer_config.json)."""
+    path = os.path.join(folder, HF_CONFIG_FILE)
+    values = _read_json(path, "config")
+    values[ST_CROSS_ENCODER_KEY] = {"activation_fn": ST_ACTIVATION_OF[rerank["activation"]]}
+    _write_json(path, values)
+    path = os.path.join(folder, TOKENIZER_CONFIG_FILE)
+    tokenizer_config = _read_json(path, "tokenizer config") if os.path.isfile(path) else {}
+    _write_json(path, {**tokenizer_config, "model_max_length": rerank["max_seq_length"]})

@@ -131,6 +131,26 @@ def test_a_kbert_reranker_goes_to_a_cross_encoder(tmp_path):
     assert largest_difference(ours, cross_encoder_scores(tmp_path / "ce", "identity")) <= 1e-5
 
 
+def test_a_modernbert_cross_encoder_converts_both_ways_with_its_scores(tmp_path):
+    import torch
+    from sentence_transformers import CrossEncoder
+    from test_modernbert import make_hf_folder, train_tokenizer
+
+    make_hf_folder(tmp_path / "hf", train_tokenizer(), "ModernBertForSequenceClassification", 2, 2, 8, num_labels=1)
+    model = CrossEncoder(str(tmp_path / "hf"), max_length=MAX_LENGTH, activation_fn=torch.nn.Identity(), device="cpu")
+    model.save(str(tmp_path / "ce"))
+    reference = cross_encoder_scores(tmp_path / "ce", "identity")
+    assert np.ptp(np.concatenate(reference)) > 0.05
+
+    converted = json.loads(run_kbert("convert", "from-hf", tmp_path / "ce", tmp_path / "kbert").stdout)
+    record = {"activation": "identity", "max_seq_length": MAX_LENGTH}
+    assert converted["family"] == "modernbert" and converted["rerank"] == record
+    assert largest_difference(kbert_scores(tmp_path / "kbert", tmp_path), reference) <= 1e-5
+    written = json.loads(run_kbert("convert", "to-hf", tmp_path / "kbert", tmp_path / "back").stdout)
+    assert written["architecture"] == "ModernBertForSequenceClassification" and written["rerank"] == record
+    assert largest_difference(cross_encoder_scores(tmp_path / "back", "identity"), reference) <= 1e-5
+
+
 def _as_before_4(folder, activation_fn):
     """The folder as sentence-transformers before 4 saved it: config.json's
     sbert_ce_default_activation_function, no modules.json or sentence-transformers configs."""
