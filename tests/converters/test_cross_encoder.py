@@ -66,20 +66,20 @@ def tiny_cross_encoder(folder, activation: str, num_labels=1):
     return folder
 
 
-def cross_encoder_scores(folder, expect_activation=None):
-    """CrossEncoder.predict's scores of CANDIDATES, a list per query; checks what it loaded."""
+def cross_encoder_scores(folder, expect_activation=None, candidates=CANDIDATES):
+    """CrossEncoder.predict's scores of `candidates`, a list per query; checks what it loaded."""
     from sentence_transformers import CrossEncoder
 
     model = CrossEncoder(str(folder), device="cpu")
     assert model.max_seq_length == MAX_LENGTH
     if expect_activation:
         assert type(model.activation_fn) is type(torch_activation(expect_activation))
-    return [model.predict([(row["query"], d) for d in row["documents"]], batch_size=4) for row in CANDIDATES]
+    return [model.predict([(row["query"], d) for d in row["documents"]], batch_size=4) for row in candidates]
 
 
-def kbert_scores(model, tmp_path):
+def kbert_scores(model, tmp_path, candidates=CANDIDATES):
     source = tmp_path / "candidates.jsonl"
-    source.write_text("".join(json.dumps(row) + "\n" for row in CANDIDATES))
+    source.write_text("".join(json.dumps(row) + "\n" for row in candidates))
     result = run_kbert("predict", model, "--input", source)
     return [json.loads(line)["scores"] for line in result.stdout.splitlines()]
 
@@ -139,16 +139,18 @@ def test_a_modernbert_cross_encoder_converts_both_ways_with_its_scores(tmp_path)
     make_hf_folder(tmp_path / "hf", train_tokenizer(), "ModernBertForSequenceClassification", 2, 2, 8, num_labels=1)
     model = CrossEncoder(str(tmp_path / "hf"), max_length=MAX_LENGTH, activation_fn=torch.nn.Identity(), device="cpu")
     model.save(str(tmp_path / "ce"))
-    reference = cross_encoder_scores(tmp_path / "ce", "identity")
+    # A query past half of max_length too: both texts are cut, as the tokenizer.json cuts them.
+    rows = [*CANDIDATES, {"query": " ".join(WORDS[:25]), "documents": [" ".join(WORDS[5:30]), " ".join(WORDS)]}]
+    reference = cross_encoder_scores(tmp_path / "ce", "identity", rows)
     assert np.ptp(np.concatenate(reference)) > 0.05
 
     converted = json.loads(run_kbert("convert", "from-hf", tmp_path / "ce", tmp_path / "kbert").stdout)
     record = {"activation": "identity", "max_seq_length": MAX_LENGTH}
     assert converted["family"] == "modernbert" and converted["rerank"] == record
-    assert largest_difference(kbert_scores(tmp_path / "kbert", tmp_path), reference) <= 1e-5
+    assert largest_difference(kbert_scores(tmp_path / "kbert", tmp_path, rows), reference) <= 1e-5
     written = json.loads(run_kbert("convert", "to-hf", tmp_path / "kbert", tmp_path / "back").stdout)
     assert written["architecture"] == "ModernBertForSequenceClassification" and written["rerank"] == record
-    assert largest_difference(cross_encoder_scores(tmp_path / "back", "identity"), reference) <= 1e-5
+    assert largest_difference(cross_encoder_scores(tmp_path / "back", "identity", rows), reference) <= 1e-5
 
 
 def _as_before_4(folder, activation_fn):
