@@ -470,7 +470,7 @@ def convert_hf_model(src, do_lower_case=None) -> loading.Converted:
                 f"{source.folder}: a CrossEncoder without its pooler (bert.pooler.*), which its score reads; "
                 f"convert the BertForSequenceClassification's complete files"
             )
-        rerank = {"activation": activation, "max_seq_length": cross_encoder_length(source.folder, config)}
+        rerank = {"activation": activation, "max_seq_length": _cross_encoder_length(source.folder, config)}
         model = _as_reranker(model, head, values, rerank["activation"], rerank["max_seq_length"], source.folder)
         missing = absent = []  # the pretraining heads are no part of a reranker
 
@@ -638,7 +638,7 @@ def save_hf_model(
             if embedding:
                 write_sentence_transformers_files(folder, embedding, hidden)
             if rerank:
-                write_cross_encoder_record(folder, rerank)
+                _write_cross_encoder_record(folder, rerank)
 
         written = save_modernbert_hf(model, out_dir, overwrite=overwrite, write_more=write_more)
         return {**written, "embedding": embedding, "rerank": rerank}
@@ -718,7 +718,7 @@ def describe_hf(src) -> dict:
             config = ModernBertConfig.from_hf(values, source.config_file)
             described["rerank"] = {
                 "activation": activation,
-                "max_seq_length": cross_encoder_length(source.folder, config),
+                "max_seq_length": _cross_encoder_length(source.folder, config),
             }
         return described
     keys = _open_weights(source)
@@ -729,7 +729,7 @@ def describe_hf(src) -> dict:
     vocab = os.path.join(folder, VOCAB_FILE)
     lower = hf_lower_case(folder)[0]
     activation = cross_encoder_activation(folder, values)
-    rerank = {"activation": activation, "max_seq_length": cross_encoder_length(folder, config)} if activation else None
+    rerank = {"activation": activation, "max_seq_length": _cross_encoder_length(folder, config)} if activation else None
     embedding = None if rerank else sentence_transformers_embedding(folder, config, lower_case_for(folder, lower))
     return {
         "kind": "Hugging Face model",
@@ -964,7 +964,7 @@ def _check_cross_encoder_modules(folder):
         )
 
 
-def cross_encoder_length(folder, config: BertConfig) -> int:
+def _cross_encoder_length(folder, config: BertConfig) -> int:
     """The tokens a CrossEncoder keeps per pair: its max_length, within max_position_embeddings."""
     path = os.path.join(folder, ST_CONFIG_FILE)
     st_config = _read_json(path, "sentence-transformers config") if os.path.isfile(path) else {}
@@ -1014,12 +1014,12 @@ def _modernbert_reranker(converted, folder, activation: str):
             f"{folder}: a CrossEncoder of {getattr(model, 'num_classes', 'no')} outputs; kbert converts CrossEncoders "
             f"of one output (rerankers, num_labels 1)"
         )
-    rerank = {"activation": activation, "max_seq_length": cross_encoder_length(folder, model.config)}
+    rerank = {"activation": activation, "max_seq_length": _cross_encoder_length(folder, model.config)}
     model.task_info = {"task": "rerank", **rerank}
     return loading.Converted(model, {**converted.report, "embedding": None, "rerank": rerank})
 
 
-def write_cross_encoder_record(folder, rerank: dict):
+def _write_cross_encoder_record(folder, rerank: dict):
     """Record a reranker's activation and max_seq_length in the Hugging Face folder `folder` where
     sentence-transformers' CrossEncoder reads them (config.json, tokenizer_config.json)."""
     path = os.path.join(folder, HF_CONFIG_FILE)
