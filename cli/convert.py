@@ -117,7 +117,7 @@ def from_hf(
 ):
     """Convert a Hugging Face BERT or ModernBERT (Ettin's encoders too; safetensors only; pickles are
     refused) into a kbert model directory; a sentence-transformers folder's pooling and normalisation
-    are recorded for kbert embed."""
+    are recorded for kbert embed, and a CrossEncoder of one output becomes a reranker (task rerank)."""
     from kbert.converters.hf import convert_hf_model
 
     model, report = convert_hf_model(src, do_lower_case=lowercase)
@@ -141,7 +141,7 @@ def to_hf(
 ):
     """Write a kbert model as a Hugging Face BERT or ModernBERT that transformers' from_pretrained loads (a classifier
     as BertForSequenceClassification with its labels; a sentence-embedding model as a sentence-transformers
-    folder too); heads a converter created are left out."""
+    folder too, a reranker as a CrossEncoder); heads a converter created are left out."""
     from kbert.converters.hf import WEIGHTS_FILE, save_hf_model
     from kbert.formats.sources import open_model
 
@@ -156,6 +156,8 @@ def to_hf(
             **({"do_lower_case": model.do_lower_case} if hasattr(model, "do_lower_case") else {}),
             # Written as a sentence-transformers folder too (modules.json, 1_Pooling, ...).
             **({"embedding": written["embedding"]} if written.get("embedding") else {}),
+            # Written as a sentence-transformers CrossEncoder folder too (its activation and max_length).
+            **({"rerank": written["rerank"]} if written.get("rerank") else {}),
         }
     )
 
@@ -258,6 +260,7 @@ def save_converted(model, report: dict, out_model_dir, overwrite: bool, named=()
                 "fresh_heads": report["fresh_heads"],
                 "dtypes": report["dtypes"],
                 **({"embedding": report["embedding"]} if report.get("embedding") else {}),
+                **({"rerank": report["rerank"]} if report.get("rerank") else {}),
             }
         )
         return
@@ -273,5 +276,7 @@ def save_converted(model, report: dict, out_model_dir, overwrite: bool, named=()
             **{k: report[k] for k in ("do_lower_case_from",) if k in report},
             # A sentence-transformers folder's pooling and normalisation, which kbert embed uses.
             **({"embedding": report["embedding"]} if report.get("embedding") else {}),
+            # A CrossEncoder's activation and max_length, which kbert predict and rerank use.
+            **({"rerank": report["rerank"]} if report.get("rerank") else {}),
         }
     )

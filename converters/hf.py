@@ -48,8 +48,9 @@ from kbert.formats.model_dir import (
     lower_case_for,
     stored_head_provenance,
 )
-from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary
+from kbert.model.bert import BertClassifier, BertEncoder, BertPretrainer, Vocabulary, bert_classifier
 from kbert.model.embedding_record import EMBEDDING_KEY, check_embedding
+from kbert.modernbert.config import ModernBertConfig
 from kbert.runtime.errors import KbertError, listing, option
 from kbert.runtime.files import atomic_output_dir, count_lines, writes
 from kbert.text.tokenizer import load_vocab
@@ -374,7 +375,9 @@ def _check_tied(source, keys):
 
 
 def load_hf_model(src, do_lower_case=None):
-    """A `BertPretrainer` holding the weights of a Hugging Face BERT (safetensors only).
+    """A `BertPretrainer` holding the weights of a Hugging Face BERT (safetensors only); for a
+    sentence-transformers CrossEncoder folder of one output, a reranker: a `BertClassifier` of one
+    output whose task is rerank, with the CrossEncoder's activation and max_length.
 
     Args:
         src: str. A Hugging Face model directory (config.json, model.safetensors, vocab.txt or
@@ -397,7 +400,10 @@ def convert_hf_model(src, do_lower_case=None) -> loading.Converted:
     source = find_hf_model(src)
     values = _read_json(source.config_file, "config")
     if is_modernbert_config(values):  # a ModernBERT or an Ettin encoder: its family's converter
+        activation = cross_encoder_activation(source.folder, values)
         converted = convert_modernbert(source, values)
+        if activation:
+            return _modernbert_reranker(converted, source.folder, activation)
         # A sentence-transformers folder's pooling, as for a BERT's (a byte-level BPE never lower-cases).
         embedding = sentence_transformers_embedding(source.folder, converted.model.config, False)
         if embedding:
@@ -411,6 +417,9 @@ def convert_hf_model(src, do_lower_case=None) -> loading.Converted:
     tf1_to_kbert = tf1_to_kbert_paths(config.num_hidden_layers)
     transposed = {hf: hf_name(tf1)[1] for hf, tf1 in hf_to_tf1.items()}
     weights = {c: (f, name) for c, (f, name) in keys.items() if c not in HF_TIED and c not in HF_BUFFERS}
+    # A CrossEncoder's classifier is read onto the reranker after its encoder.
+    activation = cross_encoder_activation(source.folder, values)
+    head = {c: weights.pop(c) for c in map(hf_canonical, CLASSIFIER_WEIGHTS) if c in weights} if activation else {}
 
     def read(canonical, shape):
         # A kernel is transposed from torch's [out, in] to TF1's [in, out].
@@ -425,7 +434,7 @@ def convert_hf_model(src, do_lower_case=None) -> loading.Converted:
         do_lower_case, _ = hf_lower_case(source.folder)
         unsaid = do_lower_case is None
         do_lower_case = lower_case_for(source.folder) if unsaid else do_lower_case
-    embedding = sentence_transformers_embedding(source.folder, config, bool(do_lower_case))
+    embedding = None if activation else sentence_transformers_embedding(source.folder, config, bool(do_lower_case))
     if embedding:
         config.extras[EMBEDDING_KEY] = embedding
     model, absent = loading.load_pretrainer(
@@ -446,7 +455,7 @@ def convert_hf_model(src, do_lower_case=None) -> loading.Converted:
         ),
         Vocabulary(vocab_file, bool(do_lower_case)),
     )
-    loaded = set(weights)
+    loaded = set(weights) | set(head)
     _check_tied(source, keys)
     # Heads kbert wrote out though fresh (to-hf --include-fresh-heads) stay fresh.
     for part in recorded_fresh:
@@ -454,6 +463,16 @@ def convert_hf_model(src, do_lower_case=None) -> loading.Converted:
             log.info("%s records the %s as fresh (random weights written out by kbert)", HF_CONFIG_FILE, part)
     missing, absent = absent, [h for h in HEADS if h in absent or h in recorded_fresh]
     model.fresh_heads = tuple(absent)
+    rerank = None
+    if activation:
+        if "pooler" in absent:
+            raise KbertError(
+                f"{source.folder}: a CrossEncoder without its pooler (bert.pooler.*), which its score reads; "
+                f"convert the BertForSequenceClassification's complete files"
+            )
+        rerank = {"activation": activation, "max_seq_length": _cross_encoder_length(source.folder, config)}
+        model = _as_reranker(model, head, values, rerank["activation"], rerank["max_seq_length"], source.folder)
+        missing = absent = []  # the pretraining heads are no part of a reranker
 
     skipped = sorted(name for canonical, (_, name) in keys.items() if canonical in HF_BUFFERS)
     if skipped:
@@ -482,6 +501,7 @@ def convert_hf_model(src, do_lower_case=None) -> loading.Converted:
             "dtypes": dtypes,
             "vocab_from": vocab_origin,
             "embedding": embedding,
+            "rerank": rerank,
         },
     )
 
@@ -552,9 +572,17 @@ def _task_config(model) -> dict:
     """A classifier's labels and loss as BertForSequenceClassification's config reads them."""
     if type(model) is not BertClassifier:
         return {}
+    info = head_task_info(model)
+    if info.get("task") == "rerank":  # a CrossEncoder's: its activation where sentence-transformers reads it
+        activation_fn = ST_ACTIVATION_OF[info.get("activation", "sigmoid")]
+        return {
+            "num_labels": 1,
+            "classifier_dropout": model.dropout_rate,
+            ST_CROSS_ENCODER_KEY: {"activation_fn": activation_fn},
+        }
     if model.num_classes == 1:  # a regressor: its one logit is the prediction
         return {"num_labels": 1, "problem_type": "regression", "classifier_dropout": model.dropout_rate}
-    labels = head_task_info(model)["labels"]
+    labels = info["labels"]
     return {
         "id2label": {str(i): label for i, label in enumerate(labels)},
         "label2id": {label: i for i, label in enumerate(labels)},
@@ -590,23 +618,30 @@ def save_hf_model(
     normalises), sentence_bert_config.json and config_sentence_transformers.json, so that
     `sentence_transformers.SentenceTransformer(out_dir)` gives kbert's vectors.
 
-    Returns {"architecture": str, "left_out": [heads], "parameters": int, "embedding": dict or None}.
+    A reranker (task rerank) is written as a sentence-transformers CrossEncoder folder: config.json
+    records its activation (`sentence_transformers.activation_fn`) and tokenizer_config.json its
+    max_seq_length (`model_max_length`), so that `sentence_transformers.CrossEncoder(out_dir)` scores
+    pairs as kbert does.
+
+    Returns {"architecture": str, "left_out": [heads], "parameters": int, "embedding": dict or None,
+    "rerank": {"activation", "max_seq_length"} or None}.
 
     Example:
     >>> kbert.converters.save_hf_model(kbert.load("out/tiny"), "out/tiny-hf")  # doctest: +SKIP
     """
     if getattr(model, "family", None) == "modernbert":
         embedding = check_embedding(model.config, "the model's config")
+        rerank = _rerank_record(model)
         hidden = model.config.hidden_size
-        written = save_modernbert_hf(
-            model,
-            out_dir,
-            overwrite=overwrite,
-            write_more=(lambda folder: write_sentence_transformers_files(folder, embedding, hidden))
-            if embedding
-            else None,
-        )
-        return {**written, "embedding": embedding}
+
+        def write_more(folder):
+            if embedding:
+                write_sentence_transformers_files(folder, embedding, hidden)
+            if rerank:
+                _write_cross_encoder_record(folder, rerank)
+
+        written = save_modernbert_hf(model, out_dir, overwrite=overwrite, write_more=write_more)
+        return {**written, "embedding": embedding, "rerank": rerank}
     vocab_file, do_lower_case, config, left_out = loading.model_to_write(
         model, "save_hf_model", vocab_file, do_lower_case, include_fresh_heads
     )
@@ -629,10 +664,12 @@ def save_hf_model(
         **_task_config(model),
         **({FRESH_HEADS_KEY: written_fresh} if written_fresh else {}),
     }
+    # A reranker's max_seq_length is its CrossEncoder's max_length, which the tokenizer holds.
+    rerank = _rerank_record(model)
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": bool(do_lower_case),
-        "model_max_length": config.max_position_embeddings,
+        "model_max_length": rerank["max_seq_length"] if rerank else config.max_position_embeddings,
     }
     with atomic_output_dir(out_dir, overwrite=overwrite) as tmp:
         write_safetensors(os.path.join(tmp, WEIGHTS_FILE), tensors)
@@ -647,7 +684,19 @@ def save_hf_model(
         "left_out": list(left_out),
         "parameters": int(sum(np.size(v) for name, v in tensors.items() if name not in tied)),
         "embedding": embedding,
+        "rerank": rerank,
     }
+
+
+def _rerank_record(model) -> dict | None:
+    """A reranker's {"activation", "max_seq_length"}, as a CrossEncoder folder records them; else None."""
+    info = head_task_info(model) if getattr(model, "num_classes", None) == 1 else {}
+    if info.get("task") != "rerank":
+        return None
+    length = min(
+        info.get("max_seq_length") or model.config.max_position_embeddings, model.config.max_position_embeddings
+    )
+    return {"activation": info.get("activation", "sigmoid"), "max_seq_length": int(length)}
 
 
 def _write_json(path, value):
@@ -663,7 +712,15 @@ def describe_hf(src) -> dict:
     source = find_hf_model(src)
     values = _read_json(source.config_file, "config")
     if is_modernbert_config(values):
-        return describe_modernbert_hf(source, values)
+        activation = cross_encoder_activation(source.folder, values)
+        described = describe_modernbert_hf(source, values)
+        if activation:
+            config = ModernBertConfig.from_hf(values, source.config_file)
+            described["rerank"] = {
+                "activation": activation,
+                "max_seq_length": _cross_encoder_length(source.folder, config),
+            }
+        return described
     keys = _open_weights(source)
     config = config_from_hf(values, source.config_file)
     weights = {c: v for c, v in keys.items() if c not in HF_BUFFERS and c not in HF_TIED}
@@ -671,7 +728,9 @@ def describe_hf(src) -> dict:
     folder = source.folder
     vocab = os.path.join(folder, VOCAB_FILE)
     lower = hf_lower_case(folder)[0]
-    embedding = sentence_transformers_embedding(folder, config, lower_case_for(folder, lower))
+    activation = cross_encoder_activation(folder, values)
+    rerank = {"activation": activation, "max_seq_length": _cross_encoder_length(folder, config)} if activation else None
+    embedding = None if rerank else sentence_transformers_embedding(folder, config, lower_case_for(folder, lower))
     return {
         "kind": "Hugging Face model",
         "source": source.folder,
@@ -688,6 +747,7 @@ def describe_hf(src) -> dict:
         "dtypes": sorted({f.dtypes[n] for f, n in weights.values()}),
         "do_lower_case": lower,
         **({"embedding": embedding} if embedding else {}),
+        **({"rerank": rerank} if rerank else {}),
     }
 
 
@@ -834,3 +894,138 @@ def write_sentence_transformers_files(folder, embedding: dict, hidden_size: int)
         os.path.join(folder, ST_MODEL_CONFIG_FILE),
         {"prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"},
     )
+
+
+# === sentence-transformers' CrossEncoder ===
+# A CrossEncoder folder is a BertForSequenceClassification of one output plus a record of the
+# activation its scores go through: config_sentence_transformers.json's activation_fn (version 6,
+# beside a modules.json of one Transformer), config.json's sentence_transformers.activation_fn
+# (versions 4 and 5) or config.json's sbert_ce_default_activation_function (before 4); a record
+# naming none means the sigmoid, CrossEncoder's default for one output. Its tokenizer's
+# model_max_length is the CrossEncoder's max_length. kbert converts it to a reranker (task rerank).
+
+ST_CROSS_ENCODER_KEY = "sentence_transformers"
+ST_LEGACY_ACTIVATION_KEY = "sbert_ce_default_activation_function"
+# The activations kbert reproduces, by the import path sentence-transformers records (either spelling).
+ST_ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
+    "torch.nn.Identity": "identity",
+}
+# BertForSequenceClassification's head, a Linear of weight [num_labels, H].
+CLASSIFIER_WEIGHTS = ("classifier.weight", "classifier.bias")
+ST_ACTIVATION_OF = {"sigmoid": "torch.nn.modules.activation.Sigmoid", "identity": "torch.nn.modules.linear.Identity"}
+
+
+def cross_encoder_activation(folder, values: dict) -> str | None:
+    """kbert's name ("sigmoid" or "identity") of the activation a sentence-transformers CrossEncoder
+    folder records, read where sentence-transformers reads it; None for a folder that is no
+    CrossEncoder. An activation kbert cannot reproduce is refused in one line.
+
+    Example:
+    >>> cross_encoder_activation("tests/fixtures/hf-tiny", {ST_LEGACY_ACTIVATION_KEY: "torch.nn.modules.linear.Identity"})
+    'identity'
+    >>> cross_encoder_activation("tests/fixtures/hf-tiny", {"model_type": "bert"}) is None
+    True
+    """
+    recorded = []  # (file, activation_fn or None), most binding first, as CrossEncoder reads them
+    path = os.path.join(folder, ST_MODEL_CONFIG_FILE)
+    model_config = _read_json(path, "sentence-transformers config") if os.path.isfile(path) else {}
+    if isinstance(model_config, dict) and model_config.get("model_type") == "CrossEncoder":
+        _check_cross_encoder_modules(folder)
+        recorded.append((path, model_config.get("activation_fn")))
+    config_file = os.path.join(folder, HF_CONFIG_FILE)
+    st_record = values.get(ST_CROSS_ENCODER_KEY)
+    if isinstance(st_record, dict):
+        recorded.append((config_file, st_record.get("activation_fn")))
+    elif values.get(ST_LEGACY_ACTIVATION_KEY) is not None:
+        recorded.append((config_file, values[ST_LEGACY_ACTIVATION_KEY]))
+    if not recorded:
+        return None
+    where, name = next(((w, n) for w, n in recorded if n is not None), (recorded[0][0], ST_ACTIVATION_OF["sigmoid"]))
+    if name not in ST_ACTIVATIONS:
+        raise KbertError(
+            f"{where}: the CrossEncoder's scores go through {name!r}, which kbert cannot reproduce; kbert converts "
+            f"CrossEncoders whose activation_fn is torch.nn.Sigmoid or torch.nn.Identity"
+        )
+    return ST_ACTIVATIONS[name]
+
+
+def _check_cross_encoder_modules(folder):
+    """A version-6 CrossEncoder folder's modules.json must list its Transformer alone, beside it."""
+    path = os.path.join(folder, ST_MODULES_FILE)
+    modules = _read_json(path, "sentence-transformers module list") if os.path.isfile(path) else []
+    kinds = [m.get("type", "?").rsplit(".", 1)[-1] if isinstance(m, dict) else "?" for m in modules or ()]
+    if kinds not in ([], ["Transformer"]) or (modules and (modules[0].get("path") or "") not in ("", ".")):
+        raise KbertError(
+            f"{path}: a CrossEncoder of modules {' -> '.join(kinds)}; kbert converts CrossEncoders whose one "
+            f"module is the Transformer beside modules.json (a BertForSequenceClassification of one output)"
+        )
+
+
+def _cross_encoder_length(folder, config: BertConfig) -> int:
+    """The tokens a CrossEncoder keeps per pair: its max_length, within max_position_embeddings."""
+    path = os.path.join(folder, ST_CONFIG_FILE)
+    st_config = _read_json(path, "sentence-transformers config") if os.path.isfile(path) else {}
+    return _st_length(folder, st_config if isinstance(st_config, dict) else {}, config)
+
+
+def _as_reranker(pretrainer, head: dict, values: dict, activation: str, max_seq_length: int, where: str):
+    """The kbert reranker of a CrossEncoder: a classifier of one output on `pretrainer`'s encoder,
+    its head read from `head` ({canonical HF name: (file, name in it)})."""
+    weight_name, bias_name = map(hf_canonical, CLASSIFIER_WEIGHTS)
+    if weight_name not in head or bias_name not in head:
+        raise KbertError(
+            f"{where}: a CrossEncoder without classifier.weight and classifier.bias; a CrossEncoder's score "
+            f"is BertForSequenceClassification's, so its files must hold both"
+        )
+    (f, name), (g, stored_bias) = head[weight_name], head[bias_name]
+    weight, bias = f.read(name), g.read(stored_bias)
+    hidden = pretrainer.config.hidden_size
+    if weight.shape[0] != 1:
+        raise KbertError(
+            f"{where}: a CrossEncoder of {weight.shape[0]} outputs; kbert converts CrossEncoders of one output "
+            f"(rerankers, num_labels 1)"
+        )
+    if tuple(weight.shape) != (1, hidden) or tuple(bias.shape) != (1,):
+        raise KbertError(
+            f"{where}: classifier.weight is {list(weight.shape)} and classifier.bias {list(bias.shape)}, but "
+            f"config.json's hidden_size {hidden} makes them [1, {hidden}] and [1]; the config is not these weights'"
+        )
+    dropout = values.get("classifier_dropout")  # BertForSequenceClassification's: hidden_dropout_prob when null
+    reranker = bert_classifier(
+        pretrainer,
+        1,
+        dropout=float(pretrainer.config.hidden_dropout_prob if dropout is None else dropout),
+        task_info={"task": "rerank", "max_seq_length": max_seq_length, "activation": activation},
+    )
+    reranker.head.output_weights.assign(weight.astype("float32"))
+    reranker.head.output_bias.assign(bias.astype("float32"))
+    reranker.fresh_heads = ()
+    return reranker
+
+
+def _modernbert_reranker(converted, folder, activation: str):
+    """A ModernBERT CrossEncoder's converted classifier, recording its task as a reranker's."""
+    model = converted.model
+    if getattr(model, "num_classes", None) != 1:
+        raise KbertError(
+            f"{folder}: a CrossEncoder of {getattr(model, 'num_classes', 'no')} outputs; kbert converts CrossEncoders "
+            f"of one output (rerankers, num_labels 1)"
+        )
+    rerank = {"activation": activation, "max_seq_length": _cross_encoder_length(folder, model.config)}
+    model.task_info = {"task": "rerank", **rerank}
+    return loading.Converted(model, {**converted.report, "embedding": None, "rerank": rerank})
+
+
+def _write_cross_encoder_record(folder, rerank: dict):
+    """Record a reranker's activation and max_seq_length in the Hugging Face folder `folder` where
+    sentence-transformers' CrossEncoder reads them (config.json, tokenizer_config.json)."""
+    path = os.path.join(folder, HF_CONFIG_FILE)
+    values = _read_json(path, "config")
+    values[ST_CROSS_ENCODER_KEY] = {"activation_fn": ST_ACTIVATION_OF[rerank["activation"]]}
+    _write_json(path, values)
+    path = os.path.join(folder, TOKENIZER_CONFIG_FILE)
+    tokenizer_config = _read_json(path, "tokenizer config") if os.path.isfile(path) else {}
+    _write_json(path, {**tokenizer_config, "model_max_length": rerank["max_seq_length"]})

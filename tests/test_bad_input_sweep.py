@@ -22,6 +22,7 @@ import sys
 import typing
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import FIXTURES, TINY, UNCASED_VOCAB, run_kbert
@@ -131,6 +132,7 @@ def tree(root: Path):
     (root / "notes").mkdir()  # a folder, but of no model
     (root / "notes" / "notes.txt").write_text("not a model\n")
     truncated_sources(root)
+    cross_encoders(root)
     # A model directory whose bert_config.json names its fresh heads wrongly (a string, not a list).
     shutil.copytree(root / "kbert", root / "bad-fresh-heads")
     config = json.loads((root / "kbert" / "bert_config.json").read_text())
@@ -185,6 +187,27 @@ def rerank_files(root: Path):
     }
     for name, text in tables.items():
         (root / f"{name}.tsv").write_text(text)
+
+
+def cross_encoders(root: Path):
+    """T/ce-tanh: hf-tiny recording, as a sentence-transformers CrossEncoder does, an activation kbert
+    cannot reproduce; T/ce-two: hf-tiny with the head of a CrossEncoder of two outputs."""
+    from kbert.converters.safetensors_file import SafetensorsFile, write_safetensors
+
+    config = json.loads((root / "hf" / "config.json").read_text())
+    for name, values in (
+        ("ce-tanh", {"sentence_transformers": {"activation_fn": "torch.nn.modules.activation.Tanh"}}),
+        ("ce-two", {"architectures": ["BertForSequenceClassification"], "sentence_transformers": {}}),
+    ):
+        shutil.copytree(root / "hf", root / name)
+        (root / name / "config.json").write_text(json.dumps({**config, **values}))
+    weights = SafetensorsFile(root / "hf" / "model.safetensors")
+    tensors = {name: weights.read(name) for name in weights.shapes if not name.startswith("cls.")}
+    head = {
+        "classifier.weight": np.zeros((2, config["hidden_size"]), "float32"),
+        "classifier.bias": np.zeros(2, "float32"),
+    }
+    write_safetensors(str(root / "ce-two" / "model.safetensors"), {**tensors, **head})
 
 
 def tokenizer_files(root: Path):
@@ -528,6 +551,10 @@ WHOLE_CASES = [
     ("rerank", "not-a-reranker", "rerank T/classifier --input T/candidates.jsonl"),
     ("rerank", "resume-without-output", f"{_RERANK} T/candidates.jsonl --resume"),
     ("evaluate", "rerank-no-positive", "evaluate T/reranker --input T/no-positive.jsonl"),
+    # sentence-transformers CrossEncoders kbert cannot reproduce: an activation it lacks, two outputs.
+    ("convert from-hf", "cross-encoder-activation-unknown", "convert from-hf T/ce-tanh T/out/from-hf"),
+    ("convert inspect", "cross-encoder-activation-unknown", "convert inspect T/ce-tanh"),
+    ("convert from-hf", "cross-encoder-of-two-outputs", "convert from-hf T/ce-two T/out/from-hf"),
 ]
 
 CASES = [

@@ -352,7 +352,7 @@ def open_model(source, do_lower_case: bool | None = None):
 
     A kbert model directory or .keras file is loaded (`kbert.load`); any other kind is converted
     in memory by its converter, into a pretrainer whose `fresh_heads` name the heads the source
-    lacked. Where a source records no casing, `kbert.formats.model_dir.lower_case_for` decides from its
+    lacked (a sentence-transformers CrossEncoder folder: into its reranker, a classifier of one output). Where a source records no casing, `kbert.formats.model_dir.lower_case_for` decides from its
     folder name, and the log says so. `do_lower_case` overrides the casing in every case.
 
     Example:

@@ -13,6 +13,7 @@ import os
 import shutil
 
 from kbert.model.initializers import unfilled
+from kbert.model.kinds import TASK_KEYS
 from kbert.modernbert.config import ModernBertConfig
 from kbert.modernbert.models import FAMILY, MODEL_CLASSES
 from kbert.modernbert.tokenizer import TOKENIZER_FILE, TOKENIZER_FILES, copy_tokenizer_files
@@ -118,8 +119,7 @@ def load(model_dir):
     if kind not in MODEL_CLASSES:
         raise KbertError(f"{config_file}: unknown kbert_model {kind!r}; expected one of {', '.join(MODEL_CLASSES)}")
     config = ModernBertConfig.from_hf(values, config_file)
-    task_keys = ("task", "labels", "max_seq_length", "text_pairs", "long_text", "doc_stride")
-    task_info = {k: config.extras.pop(k) for k in task_keys if k in config.extras}
+    task_info = {k: config.extras.pop(k) for k in TASK_KEYS if k in config.extras}
     weights = os.path.join(model_dir, WEIGHTS_FILE)
     require_path(weights, "weights file", "the model directory is incomplete; convert or train it again")
     tokenizer_file = os.path.join(model_dir, TOKENIZER_FILE)
