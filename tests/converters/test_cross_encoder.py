@@ -227,3 +227,30 @@ def test_a_cross_encoder_of_two_outputs_is_refused(tmp_path):
     result = run_kbert("convert", "from-hf", folder, tmp_path / "out", check=False)
     assert_user_error(result, "a CrossEncoder of 2 outputs", "one output")
     assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_of_a_cross_encoder_is_cross_encoder_reranking_evaluators(tmp_path):
+    """`kbert evaluate` of a CrossEncoder folder prints the metrics CrossEncoderRerankingEvaluator
+    gives the same CrossEncoder on the same candidate lists, before and after reranking (with
+    always_rerank_positives=False: the reranker orders what the first stage found)."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
+
+    folder = tiny_cross_encoder(tmp_path / "ce", "sigmoid")
+    rng = np.random.default_rng(3)
+    samples = []
+    for i in range(12):
+        found = documents(10 + i)
+        positive = [found[j] for j in sorted(rng.choice(len(found), size=1 + i % 2, replace=False))]
+        if i == 0:  # a relevant document the first stage did not find
+            positive = ["a document nobody found."]
+        samples.append({"query": QUERIES[i % 3], "documents": found, "positive": positive})
+    path = tmp_path / "candidates.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    expected = CrossEncoderRerankingEvaluator(samples, always_rerank_positives=False, write_csv=False)(
+        CrossEncoder(str(folder), device="cpu")
+    )
+    got = json.loads(run_kbert("evaluate", folder, "--input", path).stdout)
+    for name in ("map", "mrr@10", "ndcg@10", "base_map", "base_mrr@10", "base_ndcg@10"):
+        assert got[name] == pytest.approx(expected[name], abs=1e-5), name
+    assert got["queries"] == 12
