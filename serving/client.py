@@ -240,6 +240,21 @@ class Client:
             )
         return self.predict(arrays, "serve_ids")
 
+    def rerank(self, query, documents) -> dict:
+        """A served reranker's scores of a query's documents, and their order: what `kbert rerank`
+        answers, `{"scores": [...], "ranking": [...]}` (document indexes, best first).
+
+        Example:
+        >>> Client("localhost:8500", "reranker").rerank("how to make tea", ["Call the vet.", "Put the kettle on."])  # doctest: +SKIP
+        {'scores': [0.004, 0.981], 'ranking': [1, 0]}
+        """
+        documents = _text_list(documents, "documents")
+        if not documents:
+            return {"scores": [], "ranking": []}
+        scores = self.predict_text([query] * len(documents), documents)["score"]
+        order = np.argsort(-np.asarray(scores, np.float64), kind="stable")
+        return {"scores": [round(float(s), 6) for s in scores], "ranking": order.tolist()}
+
     # === Classify and Regress APIs ===
 
     def classify(self, texts, texts_b=None, signature_name: str = "classify") -> list[list[tuple[str, float]]]:

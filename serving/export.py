@@ -126,7 +126,7 @@ def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=Fal
         task = head_task(model_kind(model), getattr(model, "num_classes", 0)).name
     require_served(task)  # before the model is rewritten for serving
     served = serving(model)
-    head = serving_head(task, served, task_info.get("labels"))
+    head = serving_head(task, served, task_info.get("labels"), task_info)
     if windows is not None:
         if text_pairs:
             raise KbertError(

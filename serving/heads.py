@@ -7,6 +7,7 @@ fine-tuned model's head by the task it was fine-tuned for: the task (`kbert.fine
 picks the head, built here:
 - classify: `probabilities`, `label_id`, `label`, and the Classify API;
 - regress: `score`, and the Regress API;
+- rerank: `score`, each (query, document) pair's, from `text` and `text_b`;
 - tag: per-token `label_id`, `label` and `input_mask`, and from text also `word_label`, the
   tag of each whitespace-separated word (as `kbert predict` tags CoNLL words);
 - choice: `probabilities` over the endings and `label_id`; it takes `text` and `endings`.
@@ -17,7 +18,7 @@ its pooling, `kbert.finetuning.embedding`): `embedding`, each text's vector as `
 
 Example:
 >>> SERVED_TASKS, API_METHODS[CLASSIFY_API]
-(('classify', 'regress', 'tag', 'choice'), 'tensorflow/serving/classify')
+(('classify', 'regress', 'tag', 'choice', 'rerank'), 'tensorflow/serving/classify')
 """
 
 from __future__ import annotations
@@ -167,6 +168,18 @@ def serve_regressor(model, labels) -> ServingHead:
     return ServingHead(outputs, api=REGRESS_API, api_outputs=regress_outputs)
 
 
+def serve_reranker(model, activation: str) -> ServingHead:
+    """A reranker's head: `score`, each (text, text_b) pair's logit through the model's
+    activation (sigmoid or identity), as `kbert rerank` scores a (query, document) pair. It has no
+    Regress API: a regressor's export has that, and `kbert predict --server` tells them apart by it."""
+
+    def outputs(features):
+        logits = tf.cast(model(features, training=False)["logits"][:, 0], tf.float32)
+        return {"score": finite("score", tf.sigmoid(logits) if activation == "sigmoid" else logits)}
+
+    return ServingHead(outputs, {"text": 1, "text_b": 1})
+
+
 def serve_tagger(model, labels, fallback: str) -> ServingHead:
     """A tagger's head: per-token `label_id`, `label` and `input_mask`, and from text `word_label`,
     each word's tag (`fallback` for a word cut off by the sequence length)."""
@@ -239,13 +252,14 @@ def require_served(task: str):
         )
 
 
-def serving_head(task: str, model, labels: list | None) -> ServingHead:
+def serving_head(task: str, model, labels: list | None, record: dict | None = None) -> ServingHead:
     """The head that serves `model`, fine-tuned for `task`.
 
     Args:
         task: str. A name in `kbert.finetuning.tasks.TASKS`.
         model: the task's keras.Model (or anything called as one: features -> {"logits": ...}).
         labels: list or None. The label names bert_config.json records; None: the class numbers.
+        record: dict or None. The model's whole task record (what bert_config.json records).
 
     Raises:
         KbertError: a task export does not serve (`require_served`), or labels that do not
@@ -261,7 +275,7 @@ def serving_head(task: str, model, labels: list | None) -> ServingHead:
     ('classify', array([b'pos'], dtype=object))
     """
     require_served(task)
-    return get_task(task).serving_head(model, labels, _HEADS)
+    return get_task(task).serving_head(model, labels, _HEADS, record=record or {})
 
 
 # === Documents longer than the window (`kbert finetune --long-text windows`) ===

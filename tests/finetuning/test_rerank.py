@@ -303,3 +303,47 @@ def test_each_loss_trains_a_reranker_that_beats_the_first_stage(base, files, tmp
     )  # fmt: skip
     metrics = json.loads(result.stdout)
     assert metrics["ndcg@10"] > metrics["base_ndcg@10"] + 0.1, metrics
+
+
+# === Serving ===
+
+
+@pytest.mark.slow
+def test_the_export_scores_pairs_as_kbert_rerank_and_the_server_reranks(reranker, files, tmp_path):
+    """`kbert export` of a reranker serves `score` from raw (text, text_b) pairs: the tokenizer, the
+    pair packing and the activation in the graph. Served by the stand-in server, `kbert predict
+    --server` prints `kbert rerank`'s rows (float32: scores to 1e-5) and `Client.rerank` answers
+    as `kbert.rerank`; bfloat16 and int8 exports serve the same kind of scores."""
+    import kbert
+    from helpers import start_standin_server
+    from kbert.serving.client import Client
+
+    out, _ = reranker
+    local = [
+        json.loads(line)
+        for line in run_kbert("rerank", out, "--input", files / "candidates.jsonl").stdout.split("\n")
+        if line
+    ]
+    configs = []
+    for precision in ("float32", "bfloat16", "int8"):
+        run_kbert("export", out, tmp_path / precision, "--precision", precision, "--name", precision)
+        configs.append(tmp_path / precision / "models.config")
+    process, ready = start_standin_server(configs, tmp_path / "server.log")
+    try:
+        server = f"127.0.0.1:{ready['grpc_port']}"
+        for precision, bound in (("float32", 1e-5), ("bfloat16", 0.05), ("int8", 0.05)):
+            remote = run_kbert(
+                "predict", "--server", server, "--model", precision, "--input", files / "candidates.jsonl"
+            )
+            rows = [json.loads(line) for line in remote.stdout.split("\n") if line]
+            difference = max(np.abs(np.subtract(r["scores"], mine["scores"])).max() for r, mine in zip(rows, local))
+            assert len(rows) == len(local) and difference <= bound, (precision, difference)
+            if precision == "float32":
+                assert [r["ranking"] for r in rows] == [mine["ranking"] for mine in local]
+        sample = candidate_rows(files)[0]
+        served = Client(server, "float32").rerank(sample["query"], sample["documents"])
+        asked = kbert.rerank(out, sample["query"], sample["documents"])
+        assert served["ranking"] == asked["ranking"] and np.allclose(served["scores"], asked["scores"], atol=1e-5)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -260,9 +260,9 @@ class Task:
 
     # === Serving (kbert.serving) ===
 
-    def serving_head(self, model, labels, heads):
+    def serving_head(self, model, labels, heads, record=None):
         """The `ServingHead` an export serves for a model of this task, built with `heads`
-        (`kbert.serving.heads`)."""
+        (`kbert.serving.heads`); record: the model's task record (rerank: its activation)."""
         raise NotImplementedError
 
     def serving_windows(self, head, model, labels, stride: int, max_windows: int, heads):

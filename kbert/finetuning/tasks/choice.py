@@ -55,7 +55,7 @@ class Choice(Task):
     def rows(self, data, outputs, *, options, do_lower_case):
         return (choice_row(row) for row in softmax(outputs["logits"]))
 
-    def serving_head(self, model, labels, heads):
+    def serving_head(self, model, labels, heads, record=None):
         return heads.serve_choices(model, labels)
 
     def served_by(self, signatures):

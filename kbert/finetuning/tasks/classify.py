@@ -200,7 +200,7 @@ class Classify(Task):
 
     # === Serving ===
 
-    def serving_head(self, model, labels, heads):
+    def serving_head(self, model, labels, heads, record=None):
         return heads.serve_classifier(model, labels)
 
     def serving_windows(self, head, model, labels, stride, max_windows, heads):

@@ -59,7 +59,7 @@ class Regress(Classify):
                 f"task regress needs a classifier with one output (num_classes=1); this one has {num_classes}"
             )
 
-    def serving_head(self, model, labels, heads):
+    def serving_head(self, model, labels, heads, record=None):
         return heads.serve_regressor(model, labels)
 
     def serving_windows(self, head, model, labels, stride, max_windows, heads):

@@ -25,6 +25,7 @@ import numpy as np
 
 from kbert.finetuning import encoding, rerank_files, reranking
 from kbert.finetuning.tasks.base import Task, TaskData, keras_predict
+from kbert.finetuning.tasks.regress import REGRESS_API
 from kbert.model import families
 from kbert.runtime.errors import KbertError, option
 
@@ -51,7 +52,7 @@ class Rerank(Task):
     metric = "ndcg@10"
     head = "classifier"
     head_outputs = 1
-    served = False
+    served = True
     trains_pooler = True
     reranks = True
     own_options = ("loss", "teacher_scores")
@@ -157,6 +158,32 @@ class Rerank(Task):
         if not isinstance(data.raw, rerank_files.CandidateLists):
             return ({"scores": [round(float(s), 6) for s in row]} for row in outputs["scores"])
         return (ranking_row(scores) for scores in _per_query(outputs["scores"], data.extra))
+
+    # === Serving ===
+
+    def serving_head(self, model, labels, heads, record=None):
+        return heads.serve_reranker(model, (record or {}).get("activation", DEFAULT_ACTIVATION))
+
+    def served_by(self, signatures):
+        # A regressor of pairs serves text, text_b and score too, with the Regress API beside them.
+        default = signatures.get("serving_default", {})
+        pairs = "text_b" in default.get("inputs", {}) and set(default.get("outputs", {})) == {"score"}
+        return pairs and REGRESS_API not in signatures
+
+    def served_answers(self, client, examples, signatures, path):
+        if not isinstance(examples, rerank_files.CandidateLists):
+            raise KbertError(
+                f'{path}: a served reranker reads JSON Lines of {{"query": ..., "documents": [...]}}, one query per line'
+            )
+
+        def answer(part, first):
+            # Every query's pairs in one request, then split back per query.
+            queries = [q for q, documents in zip(part.queries, part.documents) for _ in documents]
+            documents = [d for row in part.documents for d in row]
+            scores = client.predict_text(queries, documents)["score"]
+            return [ranking_row(row) for row in _per_query(scores, [len(row) for row in part.documents])]
+
+        return answer
 
     # === What a head records ===
 

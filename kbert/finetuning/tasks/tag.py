@@ -96,7 +96,7 @@ class Tag(Task):
     def check_head(self, info, num_classes, kind):
         info["labels"] = label_names(info, num_classes, kind)
 
-    def serving_head(self, model, labels, heads):
+    def serving_head(self, model, labels, heads, record=None):
         fallback = fallback_tag([str(label) for label in labels or range(model.num_classes)])
         return heads.serve_tagger(model, labels, fallback)
 
