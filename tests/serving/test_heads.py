@@ -120,7 +120,7 @@ def test_every_task_but_squad_is_served():
     with pytest.raises(KbertError) as error:
         require_served("squad")
     assert str(error.value) == (
-        "kbert export serves encoders, pretrained models and the classify, regress, tag, choice tasks; a squad "
+        "kbert export serves encoders, pretrained models and the classify, regress, tag, choice, rerank tasks; a squad "
         "model needs its question/context windows, which export does not build yet: serve its encoder or use "
         "kbert predict"
     )
