@@ -21,7 +21,7 @@ DEFAULTS = FinetuneOptions()
 
 # long: one typer option per flag, as --help lists them; the body is one call
 @command(
-    inputs={"model_dir": ANY_MODEL, "train": TEXT, "dev": TEXT},
+    inputs={"model_dir": ANY_MODEL, "train": TEXT, "dev": TEXT, "mine_negatives": ANY_MODEL},
     outputs={"output": DIR},
     above_zero=("learning_rate",),
     tensorflow="backend",  # on JAX and PyTorch it trains without TensorFlow
@@ -136,6 +136,17 @@ def finetune(
         "--teacher-scores",
         help="rerank with --loss margin-mse: the column holding a teacher's score of each document of the group "
         "(its document, then its negatives), as numbers separated by spaces or commas, or a JSON list.",
+    ),
+    mine_negatives: Path | None = typer.Option(
+        DEFAULTS.mine_negatives,
+        "--mine-negatives",
+        metavar="EMBED_MODEL",
+        help="rerank: train on (query, document) pairs with hard negatives this sentence-embedding model finds among "
+        "the file's documents (not the query's own, nor near-duplicates of its document); written beside --output "
+        "as OUTPUT.mined.jsonl, a groups file a later run can train on.",
+    ),
+    negatives: int | None = typer.Option(
+        DEFAULTS.negatives, "--negatives", min=1, help="With --mine-negatives: negatives per pair (default 3)."
     ),
 ):
     """Fine-tune BERT on a labelled file (or on query-document pairs); prints the best epoch's dev metrics as JSON.

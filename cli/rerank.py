@@ -15,7 +15,11 @@ from kbert.cli.options import OverwriteRows, ResumeRows, SkipMalformedRows
 from kbert.runtime.files import is_stream
 
 
-@command(inputs={"model_dir": ANY_MODEL, "input": TEXT}, outputs={"output": FILE_OR_STREAM}, tensorflow="backend")
+@command(
+    inputs={"model_dir": ANY_MODEL, "input": TEXT, "candidates_from": ANY_MODEL, "corpus": TEXT},
+    outputs={"output": FILE_OR_STREAM},
+    tensorflow="backend",
+)
 def rerank(
     model_dir: Path = typer.Argument(
         ...,
@@ -41,6 +45,22 @@ def rerank(
     max_seq_length: int | None = typer.Option(
         None, min=3, help="Tokens per pair. Default: the length the model was trained with."
     ),
+    candidates_from: Path | None = typer.Option(
+        None,
+        "--candidates-from",
+        metavar="EMBED_MODEL",
+        help="Find each query's candidates first with this sentence-embedding model, in --corpus: the input's rows "
+        'then need only "query", and each answer starts with "candidates", the corpus texts\' indexes (0-based, '
+        "blank lines not counted) that its scores and ranking follow.",
+    ),
+    corpus: Path | None = typer.Option(
+        None,
+        "--corpus",
+        help="With --candidates-from: the documents, one per line (blank lines skipped), or a table's text column.",
+    ),
+    k: int | None = typer.Option(
+        None, "--k", min=1, help="With --candidates-from: candidates per query (default 100)."
+    ),
     skip_bad_rows: SkipMalformedRows = False,
     resume: ResumeRows = False,
     overwrite: OverwriteRows = False,
@@ -56,8 +76,10 @@ def rerank(
 
     reading = dict(batch_size=batch_size, max_seq_length=max_seq_length, skip_bad_rows=skip_bad_rows)
 
+    first_stage = dict(candidates_from=candidates_from and str(candidates_from), corpus=corpus and str(corpus), k=k)
+
     def rows(start):
-        return rerank_file(str(model_dir), str(input), top_k=top_k, start=start, **reading)
+        return rerank_file(str(model_dir), str(input), top_k=top_k, start=start, **first_stage, **reading)
 
     if output is not None and (resume or overwrite or not is_stream(output)):
         from kbert.finetuning.output import model_identity, write_rows
@@ -66,6 +88,9 @@ def rerank(
         made_by = {
             "model": model_identity(model_dir),
             "top_k": top_k,
+            "candidates_from": candidates_from and model_identity(candidates_from),
+            "corpus": corpus and str(corpus.resolve()),
+            "k": k,
             "max_seq_length": max_seq_length,
             "skip_bad_rows": skip_bad_rows,
         }

@@ -174,6 +174,7 @@ def rerank_files(root: Path):
         "candidates": {"query": "gold.", "documents": ["fresh.", "dust."], "positive": ["fresh."]},
         "no-documents": {"query": "gold.", "documents": []},
         "no-positive": {"query": "gold.", "documents": ["fresh.", "dust."], "positive": []},
+        "queries": {"query": "gold."},
     }
     for name, row in rows.items():
         (root / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
@@ -551,6 +552,34 @@ WHOLE_CASES = [
     ("rerank", "not-a-reranker", "rerank T/classifier --input T/candidates.jsonl"),
     ("rerank", "resume-without-output", f"{_RERANK} T/candidates.jsonl --resume"),
     ("evaluate", "rerank-no-positive", "evaluate T/reranker --input T/no-positive.jsonl"),
+    # The first stage: an embedding model's options without it, or a model that is not one.
+    ("finetune", "negatives-without-mining", f"{_FINETUNE_RERANK} --train T/query-pairs.tsv --negatives 2"),
+    (
+        "finetune",
+        "mine-negatives-with-a-classifier",
+        f"{_FINETUNE_RERANK} --train T/query-pairs.tsv --mine-negatives T/classifier",
+    ),
+    (
+        "finetune",
+        "mine-negatives-of-labelled-pairs",
+        f"{_FINETUNE_RERANK} --train T/rerank-pairs.tsv --mine-negatives T/embedding",
+    ),
+    (
+        "finetune",
+        "mine-negatives-for-margin-mse",
+        f"{_FINETUNE_RERANK} --train T/query-pairs.tsv --mine-negatives T/embedding --loss margin-mse "
+        "--teacher-scores teacher",
+    ),
+    ("rerank", "candidates-from-without-corpus", f"{_RERANK} T/queries.jsonl --candidates-from T/embedding"),
+    ("rerank", "corpus-without-candidates-from", f"{_RERANK} T/queries.jsonl --corpus T/text.txt"),
+    ("rerank", "k-without-candidates-from", f"{_RERANK} T/candidates.jsonl --k 5"),
+    ("rerank", "candidates-from-missing", f"{_RERANK} T/queries.jsonl --candidates-from T/nowhere --corpus T/text.txt"),
+    ("finetune", "mine-negatives-missing", f"{_FINETUNE_RERANK} --train T/query-pairs.tsv --mine-negatives T/nowhere"),
+    (
+        "rerank",
+        "candidates-from-a-classifier",
+        f"{_RERANK} T/queries.jsonl --candidates-from T/classifier --corpus T/text.txt",
+    ),
     # sentence-transformers CrossEncoders kbert cannot reproduce: an activation it lacks, two outputs.
     ("convert from-hf", "cross-encoder-activation-unknown", "convert from-hf T/ce-tanh T/out/from-hf"),
     ("convert inspect", "cross-encoder-activation-unknown", "convert inspect T/ce-tanh"),

@@ -63,6 +63,9 @@ class FinetuneOptions:
     # rerank: the loss (None: bce), and the column of a teacher's scores that margin-mse learns from.
     loss: str | None = None
     teacher_scores: str | None = None
+    # rerank: the embedding model that mines each pair's hard negatives, and how many (default 3).
+    mine_negatives: str | None = None
+    negatives: int | None = None
 
     def __post_init__(self):
         for name in (
@@ -78,6 +81,8 @@ class FinetuneOptions:
             _check_int("doc_stride", self.doc_stride, least=1)
         if self.max_seq_length is not None:  # None: unset; 0 is not
             _check_int("max_seq_length", self.max_seq_length, least=3)  # [CLS], a token, [SEP]
+        if self.negatives is not None:
+            _check_int("negatives", self.negatives, least=1)
         if self.patience is not None:
             _check_int("patience", self.patience, least=0)
         _check_int("seed", self.seed, least=0, most=2**32 - 1)  # numpy's and Keras' seed range
@@ -120,7 +125,7 @@ def resolve_options(options: FinetuneOptions | None, overrides: dict) -> Finetun
     >>> resolve_options(None, {"batch": 8})
     Traceback (most recent call last):
     ...
-    kbert.runtime.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress, pooling, normalize, loss, teacher_scores
+    kbert.runtime.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress, pooling, normalize, loss, teacher_scores, mine_negatives, negatives
     """
     if options is not None and not isinstance(options, FinetuneOptions):
         raise KbertError(f"options must be a FinetuneOptions, not {type(options).__name__}")

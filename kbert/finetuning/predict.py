@@ -24,7 +24,7 @@ from kbert.config import sequence_length
 from kbert.finetuning import encoding, readers
 from kbert.finetuning.embedding import Embedder, json_vector, one_text_per_row
 from kbert.finetuning.options import FinetuneOptions, resolve_options
-from kbert.finetuning.rerank_files import CandidateLists
+from kbert.finetuning.rerank_files import CandidateLists, read_candidate_lists
 from kbert.finetuning.rows import check_start, stream_rows
 from kbert.finetuning.tasks import TASKS, get_task
 from kbert.finetuning.tasks.base import json_floats
@@ -218,7 +218,16 @@ def rerank(
 
 
 def rerank_file(
-    model_dir, input_path, top_k: int | None = None, options: FinetuneOptions | None = None, start: int = 0, **overrides
+    model_dir,
+    input_path,
+    top_k: int | None = None,
+    options: FinetuneOptions | None = None,
+    start: int = 0,
+    *,
+    candidates_from=None,
+    corpus=None,
+    k: int | None = None,
+    **overrides,
 ) -> Iterator[dict]:
     """What `kbert rerank` prints: for each line of a JSON Lines file, `{"query": ...,
     "documents": [...]}`, the answer `rerank` gives, a batch of queries at a time.
@@ -230,6 +239,12 @@ def rerank_file(
         options: `FinetuneOptions` (batch_size: pairs per run of the model; max_seq_length;
             skip_bad_rows); keyword arguments override single fields.
         start: int. The first query to answer (a resumed `kbert rerank --output`).
+        candidates_from: str or PathLike, or None. A sentence-embedding model that finds each
+            query's candidates in `corpus` first (the rows then need only "query"); each answer
+            then starts with "candidates", the corpus texts' indexes in its order.
+        corpus: str or PathLike. The documents `candidates_from` searches: one per line (blank
+            lines skipped), or a table's text column, as `kbert embed` reads texts.
+        k: int. The candidates it finds per query (default 100).
 
     Example:
     >>> next(rerank_file("out/reranker", "candidates.jsonl", top_k=3))  # doctest: +SKIP
@@ -239,7 +254,19 @@ def rerank_file(
     check_top_k(top_k)
     model, task, opts, preprocessor = _prepare(model_dir, options, overrides)
     task = _reranking_task(model, model_dir)
-    examples = task.read_examples(input_path, options=opts, require_labels=False, training=False)
+    if (candidates_from is None) != (corpus is None):
+        raise KbertError(
+            f"{option('candidates_from')} and {option('corpus')} go together: a first-stage model and the documents "
+            f"it searches"
+        )
+    if candidates_from is None and k is not None:
+        raise KbertError(
+            f"{option('k', k)} is how many candidates {option('candidates_from')} finds; add it, or drop it"
+        )
+    if candidates_from is not None:
+        examples, found = _first_stage_candidates(input_path, candidates_from, corpus, k or FIRST_STAGE_K, opts)
+    else:
+        examples = task.read_examples(input_path, options=opts, require_labels=False, training=False)
     if not isinstance(examples, CandidateLists):
         raise KbertError(
             f'{os.fspath(input_path)}: kbert rerank reads JSON Lines of {{"query": ..., "documents": [...]}}, '
@@ -247,22 +274,53 @@ def rerank_file(
         )
     tally = _Tally()
     answer = _task_answers(model, task, input_path, preprocessor, opts, tally)
+    if candidates_from is not None:
+        answer = _with_candidates(answer, found)
     rows = stream_rows(examples, answer, _chunk(opts.batch_size), start, with_lines=opts.skip_bad_rows)
     return (
         {**row, "ranking": row["ranking"][:top_k]} for row in tally.report_after(rows, input_path, preprocessor, opts)
     )
 
 
-def check_top_k(top_k):
+# The candidates `rerank_file`'s first stage finds per query unless told otherwise.
+FIRST_STAGE_K = 100
+
+
+def _first_stage_candidates(input_path, candidates_from, corpus, k, opts) -> tuple[CandidateLists, list]:
+    """The input's queries, each with its `k` nearest corpus texts by the embedding model: (the
+    candidate lists, each list's corpus indexes)."""
+    from kbert.finetuning import first_stage
+    from kbert.finetuning.embedding import read_texts
+
+    check_top_k(k, "k")
+    queries = read_candidate_lists(input_path, skip_bad_rows=opts.skip_bad_rows, queries_only=True)
+    readers.report_skipped(input_path, queries)
+    model = first_stage.open_embedding_model(candidates_from, "candidates_from")
+    texts = read_texts(corpus)
+    found = first_stage.candidates(model, queries.queries, texts, k, opts.batch_size).tolist()
+    return dataclasses.replace(queries, documents=[[texts[i] for i in row] for row in found]), found
+
+
+def _with_candidates(answer, candidates):
+    """Each row of `answer` led by its query's candidates (their corpus indexes)."""
+
+    def with_candidates(part, first):
+        rows = answer(part, first)
+        return [{"candidates": candidates[first + i], **row} for i, row in enumerate(rows)]
+
+    return with_candidates
+
+
+def check_top_k(top_k, name: str = "top_k"):
     """`top_k` is None or a whole number of documents, 1 or more.
 
     >>> check_top_k(0)
     Traceback (most recent call last):
     ...
-    kbert.runtime.errors.KbertError: top_k=0: give the number of documents each ranking keeps, 1 or more
+    kbert.runtime.errors.KbertError: top_k=0: give a number of documents, 1 or more
     """
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise KbertError(f"{option('top_k', top_k)}: give the number of documents each ranking keeps, 1 or more")
+        raise KbertError(f"{option(name, top_k)}: give a number of documents, 1 or more")
 
 
 def _reranking_task(model, where):

@@ -96,7 +96,11 @@ class CandidateLists(Rows):
 
 
 def read_rerank_examples(
-    path, format: str = "auto", skip_bad_rows: bool = False, teacher_scores: str | None = None
+    path,
+    format: str = "auto",
+    skip_bad_rows: bool = False,
+    teacher_scores: str | None = None,
+    positives_only: bool = False,
 ) -> RerankExamples:
     """Read a reranker's training or dev file: labelled pairs or groups (see the module).
 
@@ -106,6 +110,8 @@ def read_rerank_examples(
             or "jsonl".
         skip_bad_rows: bool. Skip bad rows (listed in `skipped_rows`) instead of failing.
         teacher_scores: str or None. The column of a teacher's scores (groups only).
+        positives_only: bool. The file holds (query, document) pairs, each document relevant, and
+            no label or negative (their negatives are mined: `kbert.finetuning.first_stage`).
 
     Raises:
         KbertError: a missing or empty file, a header without the columns, a file with both
@@ -121,7 +127,7 @@ def read_rerank_examples(
         format = format_from_extension(path, text)
     blank: list = []
     records = _jsonl_records(path, text, blank) if format == "jsonl" else _table_records(path, text, format, blank)
-    layout = _Layout.of(path, records, teacher_scores)
+    layout = _Layout.of(path, records, teacher_scores, positives_only)
     rows, bad = [], []
     for line_no, record in records:
         if isinstance(record, str):
@@ -195,13 +201,14 @@ class _Layout:
     label: str | None
     negatives: list
     teacher: str | None
+    positives_only: bool = False
 
     @property
     def grouped(self) -> bool:
-        return self.label is None
+        return self.label is None and not self.positives_only
 
     @classmethod
-    def of(cls, path, records, teacher):
+    def of(cls, path, records, teacher, positives_only=False):
         first = next((record for _, record in records if isinstance(record, dict)), None)
         if first is None:
             raise KbertError(f"{path}: no rows to read; add a query and its documents per row")
@@ -217,6 +224,14 @@ class _Layout:
                 f"{path}: its rows have no query and document (they have {said}); name them query and "
                 f"document (or anchor and positive)"
             )
+        if positives_only:
+            if label is not None or negatives:
+                raise KbertError(
+                    f"{option('mine_negatives')} mines negatives for (query, document) pairs, each document the "
+                    f"query's relevant one; {path} has {'a ' + label + ' column' if label else 'negatives'}: "
+                    f"drop {option('mine_negatives')}, or give pairs without them"
+                )
+            return cls(query, document, None, [], None, True)
         if label is not None and negatives:
             raise KbertError(
                 f"{path}: has both a {label} column and negatives; give labelled pairs (query, document, label) "
@@ -243,6 +258,8 @@ class _Layout:
         for name, value in ((self.query, query), (self.document, document)):
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"empty {name}" if isinstance(value, str) else f"no {name} string")
+        if self.positives_only:
+            return query, [document], [1.0], None
         if not self.grouped:
             return query, [document], [_label(record.get(self.label), self.label)], None
         negatives = []
@@ -286,13 +303,17 @@ def _scores(value, name, count) -> list[float]:
 # === Candidate lists ===
 
 
-def read_candidate_lists(path, skip_bad_rows: bool = False, require_positives: bool = False) -> CandidateLists:
+def read_candidate_lists(
+    path, skip_bad_rows: bool = False, require_positives: bool = False, queries_only: bool = False
+) -> CandidateLists:
     """Read JSON Lines of queries with their candidate documents (see the module).
 
     Args:
         path: str or PathLike. The file.
         skip_bad_rows: bool. Skip bad rows instead of failing.
         require_positives: bool. Each row must name its relevant documents (evaluation).
+        queries_only: bool. Rows need only a query (a first stage finds the documents): any
+            documents given are not read.
 
     Raises:
         KbertError: a missing, empty or non-JSON-Lines file, or bad rows (no query, no
@@ -315,7 +336,7 @@ def read_candidate_lists(path, skip_bad_rows: bool = False, require_positives: b
         try:
             if isinstance(record, str):
                 raise ValueError(record)
-            rows.append((line_no, _candidates(record, require_positives)))
+            rows.append((line_no, _query_only(record) if queries_only else _candidates(record, require_positives)))
         except ValueError as error:
             bad.append((line_no, str(error)))
     check_bad_rows(path, bad, skip_bad_rows, len(rows))
@@ -352,6 +373,13 @@ def _candidates(record: dict, require_positives: bool):
     if require_positives and not positives:
         raise ValueError('an empty "positive" list: name the query\'s relevant documents')
     return query, documents, positives, ranked
+
+
+def _query_only(record: dict):
+    query = record.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise ValueError('no "query" string' if not isinstance(query, str) else "an empty query")
+    return query, [], [], True
 
 
 def _texts(record: dict, key: str, required: bool) -> list[str]:

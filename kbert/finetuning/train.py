@@ -113,6 +113,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     with strategy.scope():
         base = open_model(model_dir)
     opts = task.settle(base, opts, where=os.fspath(model_dir))  # embed: the pooling the base records
+    train = task.training_file(train, output, opts)  # rerank: with the negatives it mined
 
     # --- data ---
     max_seq_length = sequence_length(

@@ -347,3 +347,79 @@ def test_the_export_scores_pairs_as_kbert_rerank_and_the_server_reranks(reranker
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+# === The first stage: mined negatives, candidates from an embedding model ===
+
+
+@pytest.fixture(scope="module")
+def embedder(base, tmp_path_factory):
+    """The tiny model as a sentence-embedding model: the record kbert convert from-hf writes for a
+    sentence-transformers folder (mean pooling, normalised)."""
+    import shutil
+
+    out = tmp_path_factory.mktemp("embedder") / "tiny-embed"
+    shutil.copytree(base, out)
+    config = json.loads((out / "bert_config.json").read_text())
+    config["embedding"] = {"pooling": "mean", "normalize": True, "max_seq_length": 24}
+    (out / "bert_config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_mined_negatives_are_the_nearest_other_documents_and_train_a_reranker(base, embedder, files, tmp_path):
+    """Each pair's negatives are the documents nearest its query by the embedding model's cosine,
+    none of them the query's own or a near-duplicate of its document; they are written beside the
+    output as a groups file, which trains a reranker as mined."""
+    import kbert
+    from kbert.finetuning.first_stage import NEAR_DUPLICATE
+
+    pairs = files / "positives.tsv"
+    rows = groups(96, 0)
+    pairs.write_text("query\tdocument\n" + "".join(f"{q}\t{d}\n" for q, d, _ in rows))
+    result = run_kbert(
+        "finetune", base, "--task", "rerank", "--train", pairs, "--mine-negatives", embedder, "--negatives", "2",
+        "--dev", files / "candidates.jsonl", "--output", tmp_path / "out", *FLAGS,
+    )  # fmt: skip
+    metrics = json.loads(result.stdout)
+    assert metrics["ndcg@10"] > metrics["base_ndcg@10"], metrics
+    mined = [json.loads(line) for line in open(tmp_path / "out.mined.jsonl")]
+    corpus = list(dict.fromkeys(d for _, d, _ in rows))
+    vectors = kbert.embed(embedder, corpus)
+    queries = kbert.embed(embedder, [q for q, _, _ in rows])
+    own = {}
+    for q, d, _ in rows:
+        own.setdefault(q, set()).add(d)
+    assert len(mined) == len(rows)
+    for row, query_vector in zip(mined, queries):
+        assert len(row["negatives"]) == 2 and not own[row["query"]] & set(row["negatives"])
+        positive = vectors[corpus.index(row["document"])]
+        allowed = [
+            i for i in np.argsort(-(vectors @ query_vector), kind="stable")
+            if corpus[i] not in own[row["query"]] and vectors[i] @ positive < NEAR_DUPLICATE
+        ]  # fmt: skip
+        assert row["negatives"] == [corpus[i] for i in allowed[:2]]
+    again = run_kbert(
+        "finetune", base, "--task", "rerank", "--train", tmp_path / "out.mined.jsonl", "--output", tmp_path / "again",
+        *FLAGS,
+    )  # fmt: skip
+    assert json.loads(again.stdout)["epoch"] == 3
+
+
+def test_candidates_from_an_embedding_model_are_its_nearest_and_reranked(reranker, embedder, files, tmp_path):
+    import kbert
+
+    out, _ = reranker
+    corpus = sorted({d for sample in candidate_rows(files) for d in sample["documents"]})
+    (tmp_path / "corpus.txt").write_text("\n".join(corpus) + "\n")
+    queries = [sample["query"] for sample in candidate_rows(files)]
+    (tmp_path / "queries.jsonl").write_text("".join(json.dumps({"query": q}) + "\n" for q in queries))
+    result = run_kbert(
+        "rerank", out, "--input", tmp_path / "queries.jsonl", "--candidates-from", embedder,
+        "--corpus", tmp_path / "corpus.txt", "--k", "5",
+    )  # fmt: skip
+    rows = [json.loads(line) for line in result.stdout.split("\n") if line]
+    document_vectors = kbert.embed(embedder, corpus)
+    for query, row, vector in zip(queries, rows, kbert.embed(embedder, queries)):
+        assert row["candidates"] == np.argsort(-(document_vectors @ vector), kind="stable")[:5].tolist()
+        asked = kbert.rerank(out, query, [corpus[i] for i in row["candidates"]])
+        assert np.allclose(asked["scores"], row["scores"], atol=1e-6) and asked["ranking"] == row["ranking"]

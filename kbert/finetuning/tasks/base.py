@@ -174,6 +174,11 @@ class Task:
         """Why the task takes no `--long-text windows` (said when it is given)."""
         return f"{self.name} packs each context with each ending as a pair"
 
+    def training_file(self, train, output, opts: FinetuneOptions):
+        """The file training reads: `train`, or one the task writes from it beside `output` (rerank:
+        its pairs with mined negatives), which a `--resume` reads again."""
+        return train
+
     def check_training_data(self, path, data: TaskData):
         """A training file's data, checked beyond having rows (classify: two labels)."""
 

@@ -19,18 +19,23 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy as np
 
-from kbert.finetuning import encoding, rerank_files, reranking
+from kbert.finetuning import encoding, first_stage, rerank_files, reranking
 from kbert.finetuning.tasks.base import Task, TaskData, keras_predict
 from kbert.finetuning.tasks.regress import REGRESS_API
 from kbert.model import families
 from kbert.runtime.errors import KbertError, option
+from kbert.runtime.files import atomic_write_text
 
 DEFAULT_LOSS = "bce"
 DEFAULT_ACTIVATION = "sigmoid"
+DEFAULT_NEGATIVES = 3  # sentence-transformers' mine_hard_negatives' num_negatives
+
+log = logging.getLogger("kbert")
 
 
 def ranking_row(scores, top_k: int | None = None) -> dict:
@@ -55,7 +60,7 @@ class Rerank(Task):
     served = True
     trains_pooler = True
     reranks = True
-    own_options = ("loss", "teacher_scores")
+    own_options = ("loss", "teacher_scores", "mine_negatives", "negatives")
 
     # === Reading and encoding ===
 
@@ -99,11 +104,43 @@ class Rerank(Task):
                 f"{option('loss', 'margin-mse')} learns a teacher's margins: name the column of its scores "
                 f"with {option('teacher_scores')}"
             )
+        if opts.negatives is not None and opts.mine_negatives is None:
+            raise KbertError(
+                f"{option('negatives', opts.negatives)} is how many {option('mine_negatives')} mines; add it, or drop "
+                f"{option('negatives')}"
+            )
+        if opts.mine_negatives is not None and opts.loss == "margin-mse":
+            raise KbertError(
+                f"{option('loss', 'margin-mse')} learns a teacher's scores, which mined negatives have none of; "
+                f"give groups with {option('teacher_scores')}, or another {option('loss')}"
+            )
         if opts.teacher_scores is not None and opts.loss != "margin-mse":
             raise KbertError(
                 f"{option('teacher_scores', opts.teacher_scores)} is read by {option('loss', 'margin-mse')} only; "
                 f"add it, or drop {option('teacher_scores')}"
             )
+
+    def training_file(self, train, output, opts):
+        if opts.mine_negatives is None:
+            return train
+        mined = f"{os.fspath(output)}.mined.jsonl"
+        if opts.resume and os.path.exists(mined):  # the negatives the interrupted run trained on
+            log.info("%s: the negatives mined before, read again", mined)
+            return mined
+        pairs = rerank_files.read_rerank_examples(
+            train, format=opts.format, skip_bad_rows=opts.skip_bad_rows, positives_only=True
+        )
+        model = first_stage.open_embedding_model(opts.mine_negatives, "mine_negatives")
+        count = opts.negatives or DEFAULT_NEGATIVES
+        documents = [group[0] for group in pairs.groups]
+        kept, negatives = first_stage.mine_negatives(model, pairs.queries, documents, count, opts.batch_size)
+        rows = [
+            json.dumps({"query": pairs.queries[row], "document": documents[row], "negatives": found}) + "\n"
+            for row, found in zip(kept, negatives)
+        ]
+        atomic_write_text(mined, "".join(rows))
+        log.info("%s: %d negatives mined for each of %d pairs with %s", mined, count, len(kept), opts.mine_negatives)
+        return mined
 
     def check_training_data(self, path, data):
         if isinstance(data.raw, rerank_files.CandidateLists):
@@ -123,7 +160,12 @@ class Rerank(Task):
         return {"activation": DEFAULT_ACTIVATION}
 
     def fingerprint(self, opts):
-        return {"loss": opts.loss or DEFAULT_LOSS, "teacher_scores": opts.teacher_scores}
+        return {
+            "loss": opts.loss or DEFAULT_LOSS,
+            "teacher_scores": opts.teacher_scores,
+            "mine_negatives": opts.mine_negatives and os.path.abspath(opts.mine_negatives),
+            "negatives": opts.negatives,
+        }
 
     def saved(self, model):
         return model.scorer
