@@ -119,10 +119,49 @@ def shuffled_order(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n).astype(np.int64)
 
 
+# A batch cut to its longest text is cut at a multiple of this many tokens: a few shapes to trace.
+TRIM_MULTIPLE = 16
+_TEXT_INPUTS = ("input_ids", "input_mask", "segment_ids")
+
+
+def text_groups(names) -> dict:
+    """{prefix: its input names}: the inputs of each text a batch holds (embed's "query_input_ids",
+    "query_input_mask", ... share the prefix "query_"; a single text's, "").
+
+    >>> text_groups(["query_input_ids", "query_input_mask", "document_input_ids", "document_input_mask"])
+    {'query_': ['query_input_ids', 'query_input_mask'], 'document_': ['document_input_ids', 'document_input_mask']}
+    """
+    groups: dict = {}
+    for name in names:
+        suffix = next((s for s in _TEXT_INPUTS if name.endswith(s)), None)
+        if suffix is not None:
+            groups.setdefault(name[: -len(suffix)], []).append(name)
+    return groups
+
+
+def trimmed(features: dict) -> dict:
+    """A batch's features, each text's inputs cut to its longest text in the batch (rounded up to
+    `TRIM_MULTIPLE` tokens): padding changes no output (attention and pooling skip it), and a batch
+    of short texts then costs what its tokens cost, as sentence-transformers pads each batch.
+
+    >>> mask = np.array([[1, 1, 0] + [0] * 29, [1] * 5 + [0] * 27])
+    >>> trimmed({"input_ids": mask, "input_mask": mask})["input_ids"].shape
+    (2, 16)
+    """
+    out = dict(features)
+    for prefix, names in text_groups(features).items():
+        mask = features[prefix + "input_mask"]
+        longest = max(int(mask.sum(axis=-1).max(initial=1)), 1)
+        width = min(mask.shape[-1], -(-longest // TRIM_MULTIPLE) * TRIM_MULTIPLE)
+        out.update({name: features[name][..., :width] for name in names})
+    return out
+
+
 class Batches(keras.utils.PyDataset):
     """One epoch's training batches from numpy, from batch `skip` on: the rows in `shuffled_order`
     (of the windows, with --long-text windows), the last partial batch dropped as tf.data's
-    `drop_remainder` does (kept when it is the only one)."""
+    `drop_remainder` does (kept when it is the only one); each cut to its longest text (`trimmed`)
+    when the task's data asks (`TaskData.trim_batches`)."""
 
     def __init__(self, train_data, opts, epoch: int, skip: int):
         super().__init__()
@@ -132,6 +171,7 @@ class Batches(keras.utils.PyDataset):
         self.order = shuffled_order(rows, opts.seed + epoch)
         self.skip = skip
         self.batches = max(1, train_data.size // self.batch_size)
+        self.trim = train_data.trim_batches
 
     def __len__(self):
         return self.batches - self.skip
@@ -139,7 +179,8 @@ class Batches(keras.utils.PyDataset):
     def __getitem__(self, index):
         rows = self.order[(self.skip + index) * self.batch_size :][: self.batch_size]
         take = lambda part: {k: v[rows] for k, v in part.items()} if isinstance(part, dict) else part[rows]  # noqa: E731
-        return take(self.features), take(self.targets)
+        features = take(self.features)
+        return (trimmed(features) if self.trim else features), take(self.targets)
 
 
 def epoch_batches(train_data, opts):

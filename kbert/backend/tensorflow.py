@@ -20,7 +20,7 @@ import tensorflow as tf
 from kbert.backend import tensorflow_fused as fused  # noqa: F401 (the layers train through it: `kbert.backend.fused`)
 from kbert.backend.checkpoints import random_state_variables
 from kbert.backend.placement import check_strategy
-from kbert.backend.portable import check_filled_shape
+from kbert.backend.portable import TRIM_MULTIPLE, check_filled_shape, text_groups
 from kbert.runtime.errors import KbertError, first_line, option
 
 # Tests (and CPU-only users who want to try mirrored training) split the CPU into N logical
@@ -190,6 +190,18 @@ def keras_batches(batches):
     return batches
 
 
+def trimmed(features: dict) -> dict:
+    """`kbert.backend.portable.trimmed` in the tf.data pipeline: each text's inputs cut to its
+    longest text in the batch, rounded up to `TRIM_MULTIPLE` tokens."""
+    out = dict(features)
+    for prefix, names in text_groups(features).items():
+        mask = features[prefix + "input_mask"]
+        longest = tf.maximum(tf.reduce_max(tf.reduce_sum(mask, axis=-1)), 1)
+        width = tf.minimum(tf.shape(mask)[-1], (longest + TRIM_MULTIPLE - 1) // TRIM_MULTIPLE * TRIM_MULTIPLE)
+        out.update({name: features[name][..., :width] for name in names})
+    return out
+
+
 def epoch_batches(train_data, opts):
     """epoch_data(epoch, skip_batches): one epoch's batches as a tf.data pipeline, from a given batch on.
 
@@ -210,6 +222,8 @@ def epoch_batches(train_data, opts):
                 tuple({k: v[order] for k, v in part.items()} for part in (train_data.features, train_data.targets))
             )
         batches = batches.batch(opts.batch_size, drop_remainder=train_data.size >= opts.batch_size)
+        if train_data.trim_batches:
+            batches = batches.map(lambda features, targets: (trimmed(features), targets))
         return batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
 
     return epoch_data

@@ -18,16 +18,17 @@ from kbert.finetuning.output import partial_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # sentence-transformers reads local folders only
 
-# Toy retrieval over the tiny vocabulary: a query is two cue words, its relevant document holds
-# them among filler; other documents hold other words. A cross-encoder sees both texts at once,
-# so it can learn to match them.
-WORDS = POSITIVE + NEGATIVE + FILLER[11:]
+# Toy retrieval over the tiny vocabulary: a query is two cue words; its relevant document holds
+# them and a word of praise, among filler; the others hold other words and a word of blame. A
+# cross-encoder sees both texts at once, so it can learn both signs.
+WORDS = FILLER[11:]
 FLAGS = ["--epochs", "3", "--batch-size", "8", "--learning-rate", "1e-3", "--max-seq-length", "24"]
 
 
-def document_for(words, rng):
-    filler = [str(w) for w in rng.choice(FILLER[:11], size=2, replace=False)]
-    return " ".join([filler[0], *rng.permutation(words).tolist(), filler[1]]) + "."
+def document_for(words, rng, relevant=True):
+    sign = str(rng.choice(POSITIVE if relevant else NEGATIVE))
+    filler = str(rng.choice(FILLER[:11]))
+    return " ".join(rng.permutation([filler, sign, *words]).tolist()) + "."
 
 
 def groups(n, seed, negatives=3):
@@ -37,7 +38,9 @@ def groups(n, seed, negatives=3):
     for _ in range(n):
         words = [str(w) for w in rng.choice(WORDS, size=2, replace=False)]
         others = [
-            document_for([str(w) for w in rng.choice([w for w in WORDS if w not in words], 2, replace=False)], rng)
+            document_for(
+                [str(w) for w in rng.choice([w for w in WORDS if w not in words], 2, replace=False)], rng, False
+            )
             for _ in range(negatives)
         ]
         rows.append((" ".join(words), document_for(words, rng), others))
@@ -399,10 +402,10 @@ def test_mined_negatives_are_the_nearest_other_documents_and_train_a_reranker(ba
         ]  # fmt: skip
         assert row["negatives"] == [corpus[i] for i in allowed[:2]]
     again = run_kbert(
-        "finetune", base, "--task", "rerank", "--train", tmp_path / "out.mined.jsonl", "--output", tmp_path / "again",
-        *FLAGS,
+        "finetune", base, "--task", "rerank", "--train", tmp_path / "out.mined.jsonl", "--loss", "listwise",
+        "--dev", files / "candidates.jsonl", "--output", tmp_path / "again", *FLAGS,
     )  # fmt: skip
-    assert json.loads(again.stdout)["epoch"] == 3
+    assert json.loads(again.stdout)["ndcg@10"] > metrics["base_ndcg@10"]
 
 
 def test_candidates_from_an_embedding_model_are_its_nearest_and_reranked(reranker, embedder, files, tmp_path):

@@ -45,6 +45,8 @@ class TaskData:
     raw: object = None  # the examples as read (for scoring and printing)
     extra: object = None  # task-specific (tag: word starts, or each word's window and position; squad: features)
     windows: object = None  # --long-text windows: kbert.finetuning.windows.Windows, each row's document
+    # Training cuts each batch to its longest text (embed, rerank: texts of any length in one file).
+    trim_batches: bool = False
 
     @property
     def documents(self) -> int:

@@ -80,7 +80,7 @@ class Embed(Task):
             )
         # InBatchNegatives reads each query's place in its batch; model.fit wants a target per row.
         targets = {"logits": np.zeros(len(examples), np.int32)}
-        return TaskData(features, targets, None, len(examples), 0, examples)
+        return TaskData(features, targets, None, len(examples), 0, examples, trim_batches=True)
 
     # === Training ===
 

@@ -90,7 +90,7 @@ class Rerank(Task):
         features, truncated = encoding.encode_choices(preprocessor, examples.queries, examples.groups)
         wanted = examples.teacher if examples.teacher is not None else examples.labels
         targets = {"logits": np.asarray(wanted, np.float32)}
-        return TaskData(features, targets, None, len(examples.queries), truncated, examples)
+        return TaskData(features, targets, None, len(examples.queries), truncated, examples, trim_batches=True)
 
     # === Training ===
 
