@@ -182,7 +182,7 @@ def test_kbert_save_records_the_task_predict_and_evaluate_need(user_classifier, 
     "kwargs, fragment",
     [
         ({"task": "tag"}, "task 'tag' does not fit a classifier (bert_classifier); its tasks are classify, regress"),
-        ({"task": "translate"}, "unknown task 'translate'; use one of classify, regress, tag, squad, choice"),
+        ({"task": "translate"}, "unknown task 'translate'; use one of classify, regress, rerank, tag, squad, choice"),
         ({"labels": ["neg"]}, "the classifier has 2 outputs, so give 2 different label names, in output order"),
         ({"labels": ["pos", "pos"]}, "give 2 different label names"),
         ({"labels": "neg,pos"}, "labels must be a list of label names (str), one per output"),
