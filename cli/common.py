@@ -188,6 +188,26 @@ class HelpCommand(TyperCommand):
                     formatter.write_dl(sections[key])
 
 
+def put_rows(rows, output, *, resume: bool, overwrite: bool, source, made_by):
+    """A command's rows: written to the `--output` FILE batch by batch (FILE.partial, renamed at the
+    end; resumable), with a summary printed, or printed as JSON lines (stdout, or a stream).
+
+    Args:
+        rows: callable. The number of rows already written -> the rows from there on.
+        made_by: callable. -> what shapes a row besides the input (the model's identity, the
+            options): recorded beside FILE.partial, and a `--resume` with any other is refused.
+            Called only when a file is written (a model's identity reads its files).
+    """
+    from kbert.runtime.files import is_stream
+
+    if output is not None and (resume or overwrite or not is_stream(output)):
+        from kbert.finetuning.output import write_rows
+
+        print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=source, made_by=made_by()))
+        return
+    print_rows(rows(0), output)
+
+
 def print_rows(rows, output=None):
     """Each row as a JSON line on stdout (or the stream `--output` names: `-`, /dev/stdout, a pipe)
     as it is computed; a stop says how many rows were printed (`kbert predict`, `kbert embed`)."""

@@ -134,6 +134,7 @@ def finetune(
     teacher_scores: str | None = typer.Option(
         DEFAULTS.teacher_scores,
         "--teacher-scores",
+        metavar="COLUMN",
         help="rerank with --loss margin-mse: the column holding a teacher's score of each document of the group "
         "(its document, then its negatives), as numbers separated by spaces or commas, or a JSON list.",
     ),

@@ -31,7 +31,15 @@ def text_inputs(help: str):
     return Annotated[list[str], typer.Option("--input", help=help)]
 
 
-# The rows that `kbert predict` and `kbert embed` write to --output.
+# The rows that `kbert predict`, `kbert rerank` and `kbert embed` write to --output.
+JsonRowsOutput = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        help="Write the JSON lines to this file instead of stdout: batch by batch to FILE.partial, renamed to FILE "
+        "at the end; resumable with --resume. - (or /dev/stdout) is stdout.",
+    ),
+]
 ResumeRows = Annotated[
     bool,
     typer.Option(

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import typer
 
-from kbert.cli.common import print_result, print_rows
+from kbert.cli.common import print_result, put_rows
 from kbert.cli.frame import ANY_MODEL, FILE_OR_STREAM, TEXT, command
-from kbert.cli.options import DataFormat, OverwriteRows, ResumeRows, SkipMalformedRows
-from kbert.runtime.files import is_stream
+from kbert.cli.options import DataFormat, JsonRowsOutput, OverwriteRows, ResumeRows, SkipMalformedRows
 
 
 # long: one typer option per flag, as --help lists them, then the choice of a local or a served model
@@ -46,11 +45,7 @@ def predict(
     max_seq_length: int | None = typer.Option(None, min=3, help="Default: the length the model was fine-tuned with."),
     format: DataFormat = "auto",
     skip_bad_rows: SkipMalformedRows = False,
-    output: Path | None = typer.Option(
-        None,
-        "--output",
-        help="Write the JSON lines to this file instead of stdout: batch by batch to FILE.partial, renamed to FILE at the end; resumable with --resume. - (or /dev/stdout) is stdout.",
-    ),
+    output: JsonRowsOutput = None,
     resume: ResumeRows = False,
     overwrite: OverwriteRows = False,
     timeout: float = typer.Option(
@@ -105,20 +100,19 @@ def predict(
         def rows(start):
             return predict_rows(str(model_dir), str(input), layers=layers, start=start, **reading)
 
-    if output is not None and (resume or overwrite or not is_stream(output)):
-        from kbert.finetuning.output import model_identity, write_rows
+    def made_by():
+        from kbert.finetuning.output import model_identity
 
-        # What shapes a row besides the input: a resume with any other is refused.
-        made_by = {
-            "model": {"server": server, "model": model} if server is not None else model_identity(model_dir),
+        served = {"server": server, "model": model} if server is not None else None
+        return {
+            "model": served or model_identity(model_dir),
             "layers": layers,
             "max_seq_length": max_seq_length,
             "format": format,
             "skip_bad_rows": skip_bad_rows,
         }
-        print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=input, made_by=made_by))
-        return
-    print_rows(rows(0), output)
+
+    put_rows(rows, output, resume=resume, overwrite=overwrite, source=input, made_by=made_by)
 
 
 @command(inputs={"model_dir": ANY_MODEL, "input": TEXT}, tensorflow="backend")

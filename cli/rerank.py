@@ -9,10 +9,9 @@ from pathlib import Path
 
 import typer
 
-from kbert.cli.common import print_result, print_rows
+from kbert.cli.common import put_rows
 from kbert.cli.frame import ANY_MODEL, FILE_OR_STREAM, TEXT, command
-from kbert.cli.options import OverwriteRows, ResumeRows, SkipMalformedRows
-from kbert.runtime.files import is_stream
+from kbert.cli.options import JsonRowsOutput, OverwriteRows, ResumeRows, SkipMalformedRows
 
 
 @command(
@@ -32,12 +31,7 @@ def rerank(
         help='JSON Lines, one object per query with "query" (a string) and "documents" (a list of strings: what '
         "a first stage found).",
     ),
-    output: Path | None = typer.Option(
-        None,
-        "--output",
-        help="Write the JSON lines to this file instead of stdout: batch by batch to FILE.partial, renamed to FILE "
-        "at the end; resumable with --resume. - (or /dev/stdout) is stdout.",
-    ),
+    output: JsonRowsOutput = None,
     top_k: int | None = typer.Option(
         None, "--top-k", min=1, help="The document indexes each ranking keeps, best first. Default: all."
     ),
@@ -81,19 +75,12 @@ def rerank(
     def rows(start):
         return rerank_file(str(model_dir), str(input), top_k=top_k, start=start, **first_stage, **reading)
 
-    if output is not None and (resume or overwrite or not is_stream(output)):
-        from kbert.finetuning.output import model_identity, write_rows
+    def made_by():
+        from kbert.finetuning.output import model_identity
 
-        # What shapes a row besides the input: a resume with any other is refused.
-        made_by = {
-            "model": model_identity(model_dir),
-            "top_k": top_k,
-            "candidates_from": candidates_from and model_identity(candidates_from),
-            "corpus": corpus and str(corpus.resolve()),
-            "k": k,
-            "max_seq_length": max_seq_length,
-            "skip_bad_rows": skip_bad_rows,
-        }
-        print_result(write_rows(output, rows, resume=resume, overwrite=overwrite, source=input, made_by=made_by))
-        return
-    print_rows(rows(0), output)
+        first = {"candidates_from": candidates_from and model_identity(candidates_from), "k": k}
+        corpus_path = corpus and str(corpus.resolve())
+        shaping = {"max_seq_length": max_seq_length, "skip_bad_rows": skip_bad_rows}
+        return {"model": model_identity(model_dir), "top_k": top_k, **first, "corpus": corpus_path, **shaping}
+
+    put_rows(rows, output, resume=resume, overwrite=overwrite, source=input, made_by=made_by)

@@ -522,14 +522,9 @@ def _pair_rows_jsonl(path: str, text: str, blank: list):
                 '{"query": "...", "document": "..."}'
             )
     found, bad = [], []
-    for line_no, line in enumerate(io.StringIO(text, newline=None), 1):
-        if not line.strip():
-            blank.append(line_no)
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as error:
-            bad.append((line_no, f"not JSON ({getattr(error, 'msg', error)})"))
+    for line_no, row, not_json in json_lines(text, blank):
+        if not_json:
+            bad.append((line_no, not_json))
             continue
         if isinstance(row, dict):
             fields = [row.get(name) for name in PAIR_COLUMNS]
@@ -737,6 +732,24 @@ class _TextExampleCollector:
         )
 
 
+def json_lines(text: str, blank: list):
+    """(line number, the line's JSON value or None, why it is not JSON or "") for each non-blank
+    line of JSON Lines; the blank lines' numbers go to `blank`.
+
+    >>> blank = []
+    >>> list(json_lines('{"a": 1}\\n\\n{oops\\n', blank)), blank
+    ([(1, {'a': 1}, ''), (3, None, 'not JSON (Expecting property name enclosed in double quotes)')], [2])
+    """
+    for line_no, line in enumerate(io.StringIO(text, newline=None), 1):
+        if not line.strip():
+            blank.append(line_no)
+            continue
+        try:
+            yield line_no, json.loads(line), ""
+        except ValueError as error:
+            yield line_no, None, f"not JSON ({getattr(error, 'msg', error)})"
+
+
 def before_last(blank: list, lines: list) -> list:
     """The blank lines that come before the last example (those after it move no example).
 
@@ -840,14 +853,9 @@ def _read_jsonl(reader: _TextExampleCollector, text: str):
             'per line such as {"text": "...", "label": "..."}'
         )
     rows = []
-    for line_no, line in enumerate(io.StringIO(text, newline=None), 1):
-        if not line.strip():
-            reader.blank.append(line_no)
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as error:
-            reader.bad.append((line_no, f"not JSON ({getattr(error, 'msg', error)})"))
+    for line_no, row, not_json in json_lines(text, reader.blank):
+        if not_json:
+            reader.bad.append((line_no, not_json))
             continue
         if not isinstance(row, dict):
             reader.bad.append((line_no, f"a JSON {type(row).__name__}, not an object"))

@@ -33,15 +33,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import io
-import json
 import math
 import os
 import re
 
 from kbert.finetuning.formats import format_from_extension
 from kbert.finetuning.pair_columns import ROLE_NAMES
-from kbert.finetuning.readers import Rows, before_last, check_bad_rows, read_file, table_rows
+from kbert.finetuning.readers import Rows, before_last, check_bad_rows, json_lines, read_file, table_rows
 from kbert.runtime.errors import KbertError, option
 
 LABEL_NAMES = ("label", "score")
@@ -178,18 +176,10 @@ def _table_records(path, text, format, blank):
 
 def _jsonl_records(path, text, blank):
     """[(line, object or the reason the row is bad)] of JSON Lines."""
-    records = []
-    for line_no, line in enumerate(io.StringIO(text, newline=None), 1):
-        if not line.strip():
-            blank.append(line_no)
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as error:
-            records.append((line_no, f"not JSON ({getattr(error, 'msg', error)})"))
-            continue
-        records.append((line_no, row if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"))
-    return records
+    return [
+        (line_no, not_json or (row if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"))
+        for line_no, row, not_json in json_lines(text, blank)
+    ]
 
 
 @dataclasses.dataclass

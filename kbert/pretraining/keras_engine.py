@@ -166,15 +166,9 @@ class KerasEngine:
         """The training batches from the step reached on; closing the returned context ends their
         reading thread."""
         self.eval_files = eval_files
+        layout = self.objective.record_layout(opts)
         self.batches = numpy_batches(
-            files,
-            opts.batch_size,
-            opts.max_seq_length,
-            opts.max_predictions_per_seq,
-            training=True,
-            seed=opts.seed,
-            skip_batches=training.step,
-            keys=(self.objective.input_keys, self.objective.label_keys),
+            files, opts.batch_size, training=True, seed=opts.seed, skip_batches=training.step, **layout
         )
         return contextlib.closing(self.batches)
 
@@ -247,14 +241,7 @@ def _eval_batches(files, opts, objective: Objective):
     is left out (it would split unevenly over devices), unless the files hold no full one."""
     while True:
         full = False
-        for features, labels in numpy_batches(
-            files,
-            opts.batch_size,
-            opts.max_seq_length,
-            opts.max_predictions_per_seq,
-            training=False,
-            keys=(objective.input_keys, objective.label_keys),
-        ):
+        for features, labels in numpy_batches(files, opts.batch_size, training=False, **objective.record_layout(opts)):
             if len(labels["masked_lm_ids"]) == opts.batch_size:
                 full = True
                 yield features, labels

@@ -47,6 +47,15 @@ class Objective:
     describes: str  # the records it reads, for messages
     heads: str  # the heads it trains, for messages
 
+    def record_layout(self, opts) -> dict:
+        """What a record reader (`record_reader.numpy_batches`, `tf_dataset.pretraining_dataset`)
+        takes besides the files and the batching: the records' lengths and the features read."""
+        return {
+            "max_seq_length": opts.max_seq_length,
+            "max_predictions_per_seq": opts.max_predictions_per_seq,
+            "keys": (self.input_keys, self.label_keys),
+        }
+
     def losses(self, outputs, labels, cross_entropy=None) -> dict:
         """Its losses and accuracies (`kbert.pretraining.losses`), one float32 scalar each."""
         losses = pretraining_losses if "nsp_logits" in self.outputs else masked_lm_losses

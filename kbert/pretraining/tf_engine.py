@@ -119,13 +119,11 @@ class TensorFlowEngine:
             return pretraining_dataset(
                 files,
                 self.micro_batch,
-                opts.max_seq_length,
-                opts.max_predictions_per_seq,
                 training=True,
                 seed=opts.seed,
                 input_context=context,
                 skip_batches=per_pipeline,
-                keys=(self.objective.input_keys, self.objective.label_keys),
+                **self.objective.record_layout(opts),
             )
 
         return iter(self.strategy.distribute_datasets_from_function(train_input))
@@ -277,15 +275,8 @@ def _evaluate(eval_step, strategy, files, opts: PretrainOptions, replicas: int, 
     batch = max(1, opts.batch_size // replicas)
 
     def eval_input(context):
-        return pretraining_dataset(
-            files,
-            batch,
-            opts.max_seq_length,
-            opts.max_predictions_per_seq,
-            training=False,
-            input_context=context,
-            keys=(objective.input_keys, objective.label_keys),
-        ).repeat()
+        layout = objective.record_layout(opts)
+        return pretraining_dataset(files, batch, training=False, input_context=context, **layout).repeat()
 
     iterator = iter(strategy.distribute_datasets_from_function(eval_input))
     sums, n = {}, 0
