@@ -40,7 +40,7 @@ from kbert.converters.names import (
     tf1_to_kbert_paths,
 )
 from kbert.converters.safetensors_file import RESAVE, SafetensorsFile, write_safetensors
-from kbert.finetuning.tasks import head_task_info
+from kbert.finetuning.tasks import get_task, head_task_info
 from kbert.formats.model_dir import (
     HEADS,
     VOCAB_FILE,
@@ -573,7 +573,7 @@ def _task_config(model) -> dict:
     if type(model) is not BertClassifier:
         return {}
     info = head_task_info(model)
-    if info.get("task") == "rerank":  # a CrossEncoder's: its activation where sentence-transformers reads it
+    if _reranks(info):  # a CrossEncoder's: its activation where sentence-transformers reads it
         activation_fn = ST_ACTIVATION_OF[info.get("activation", "sigmoid")]
         return {
             "num_labels": 1,
@@ -688,10 +688,15 @@ def save_hf_model(
     }
 
 
+def _reranks(info: dict) -> bool:
+    """Whether a task record is a reranker's (a CrossEncoder's, in Hugging Face's layout)."""
+    return bool(info.get("task")) and get_task(info["task"]).reranks
+
+
 def _rerank_record(model) -> dict | None:
     """A reranker's {"activation", "max_seq_length"}, as a CrossEncoder folder records them; else None."""
     info = head_task_info(model) if getattr(model, "num_classes", None) == 1 else {}
-    if info.get("task") != "rerank":
+    if not _reranks(info):
         return None
     length = min(
         info.get("max_seq_length") or model.config.max_position_embeddings, model.config.max_position_embeddings

@@ -26,6 +26,8 @@ SIGNATURES = {
     },
     "tag": {"serving_default": {"inputs": {"text": {}}, "outputs": {"label": {}, "word_label": {}}}},
     "choice": {"serving_default": {"inputs": {"text": {}, "endings": {}}, "outputs": {"label_id": {}}}},
+    # A reranker's: a regressor's of pairs without its Regress API.
+    "rerank": {"serving_default": {"inputs": {"text": {}, "text_b": {}}, "outputs": {"score": {}}}},
 }
 ENCODER = {"serving_default": {"inputs": {"text": {}}, "outputs": {"pooled_output": {}, "sequence_output": {}}}}
 EMBEDDER = {"serving_default": {"inputs": {"text": {}}, "outputs": {"embedding": {}}}}
@@ -47,7 +49,7 @@ def test_a_model_kbert_did_not_export_is_refused():
         served_task({"serving_default": {"outputs": {"logits": {}}}})
     assert str(error.value) == (
         "the served model's serving_default has outputs logits; predict_served reads what kbert export "
-        "writes (the tasks classify, regress, tag, choice, encoders and sentence-embedding models): use "
+        "writes (the tasks classify, regress, tag, choice, rerank, encoders and sentence-embedding models): use "
         "Client.predict for other models"
     )
     with command_line_names({"--server", "--input"}), pytest.raises(KbertError) as error:  # `kbert predict --server`
