@@ -17,7 +17,17 @@ import numpy as np
 import pytest
 
 from conftest import assert_user_error, kbert_command, run_kbert
-from helpers import FILLER, NEGATIVE, POSITIVE, start_standin_server, swag_rows, write_conll, write_swag, write_tsv
+from helpers import (
+    FILLER,
+    NEGATIVE,
+    POSITIVE,
+    complete_lines,
+    start_standin_server,
+    swag_rows,
+    write_conll,
+    write_swag,
+    write_tsv,
+)
 from kbert.finetuning.output import partial_path
 
 pytestmark = pytest.mark.slow  # `make test-fast` leaves these out; `make test` runs them
@@ -247,14 +257,6 @@ def start_predict(job, protocol, output, *flags):
     )
     stderr.close()
     return process
-
-
-def complete_lines(path) -> int:
-    try:
-        with open(path, "rb") as f:
-            return f.read().count(b"\n")
-    except FileNotFoundError:
-        return 0
 
 
 def wait_for_rows(process, partial, rows, limit=300):

@@ -68,10 +68,9 @@ def files(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    out = tmp_path_factory.mktemp("base") / "tiny"
-    run_kbert("convert", "from-tf1", TINY, out)
-    return out
+def base(tiny_model_dir):
+    """The tiny checkpoint, converted once for the session (read, never written)."""
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="module")
