@@ -281,9 +281,10 @@ def _export_onnx(model_path, tokenizer, optimised):
 # === The parent: data, conversions, commands, children, one report ===
 
 
-def spawn(name, call):
-    """Run `retrieval_bench.<call>` in a fresh Python; its JSON result, or {"error": its last line}."""
-    code = f"import json, sys; sys.path.insert(0, {HERE!r}); import retrieval_bench as b; print(json.dumps(b.{call}))"
+def spawn(name, call, module="retrieval_bench"):
+    """Run `<module>.<call>` (a benchmark of this folder) in a fresh Python; its JSON result, or
+    {"error": its last line}."""
+    code = f"import json, sys; sys.path.insert(0, {HERE!r}); import {module} as b; print(json.dumps(b.{call}))"
     return _run(name, [sys.executable, "-c", code], parse=True)
 
 

@@ -161,3 +161,29 @@ def test_the_retrieval_benchmark_scores_as_scikit_learn_does():
     assert found["mrr@10"] == pytest.approx(np.mean(np.where(rank <= 10, 1 / rank, 0)))
     # A document scored level with the right one counts as ahead of it.
     assert retrieval_bench.ranks(np.array([[1.0, 1.0], [0.0, 2.0]])).tolist() == [2, 1]
+
+
+def test_the_rerank_benchmark_ranks_the_relevant_document_where_the_reranker_put_it():
+    """benchmarks/rerank_bench.py: a query's rank of its document after its candidates are
+    reordered, or its first-stage rank where the candidates missed it."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import rerank_bench
+
+    rng = np.random.default_rng(1)
+    n, top = 40, 5
+    first = rng.normal(size=(n, n)) + np.diag(rng.uniform(0, 3, n))
+    candidates = np.argsort(-first, axis=1, kind="stable")[:, :top]
+    base = np.array([list(np.argsort(-first[i], kind="stable")).index(i) + 1 for i in range(n)])
+    scores = rng.normal(size=(n, top))
+    scores[:3] = 0.5  # level scores keep the first stage's order
+    rankings = np.argsort(-scores, axis=1, kind="stable")
+    found = rerank_bench.reranked_ranks(candidates, rankings, base)
+    for i in range(n):
+        row = list(candidates[i])
+        if i in row:
+            better = sum(s > scores[i, row.index(i)] for s in scores[i])
+            level_before = sum(s == scores[i, row.index(i)] for s in scores[i, : row.index(i)])
+            assert found[i] == 1 + better + level_before
+        else:
+            assert found[i] == base[i] > top
+    assert 0 < np.sum(found <= top) < n
