@@ -5,7 +5,8 @@ It continues `benchmarks/retrieval_bench.py`'s work folder (`--work`), which mus
 the converted all-MiniLM-L6-v2 (`minilm/`), and the `kbert finetune --task embed` model with its
 vectors of the test split (`kbert-finetune/`, `kbert-fit-{queries,documents}.npy`: run
 `retrieval_bench.py --work DIR --only kbert-finetune` first). That embedder is the first stage: for
-each test query, its `--top` nearest test documents are the candidates.
+each test query, its `--top` nearest test documents are the candidates (`--first-stage bm25`:
+BM25's top instead).
 
 - BM25 (rank_bm25's `BM25Okapi`, as retrieval_bench runs it) and the embedder alone: each query's
   rank of its one relevant document among all the test documents.
@@ -21,14 +22,16 @@ each test query, its `--top` nearest test documents are the candidates.
   over the seconds of the training call (`fit`; the loop `kbert finetune` reports).
 - Scoring: every candidate pair of the first `--test-queries` test queries, 32 pairs a batch:
   kbert's `rerank_file` (what `kbert rerank` runs: tokenising, batching across queries, the model)
-  against `CrossEncoder.predict` over the same pairs, each timed in its own process after loading.
+  against `CrossEncoder.predict` over the same pairs, each in its own process after a warm-up:
+  kbert's time includes opening the model, sentence-transformers' starts after loading it.
 - Metrics after reranking: the relevant document's place in the reranked candidates (equal scores
   keep the first stage's order, as `kbert rerank`'s ranking does), or its first-stage rank where
   the first stage missed it: nDCG@10, recall@1, recall@10, MRR@10 (with one relevant document, MAP
   is MRR untruncated), over the same queries as the first stage's figures beside them.
 
 usage: .venv/bin/python benchmarks/rerank_bench.py --work DIR [--train-queries 2000] [--negatives 3]
-       [--top 20] [--test-queries 3000] [--max-seq-length 128] [--only NAME...] [--output FILE]
+       [--top 20] [--test-queries 3000] [--max-seq-length 128] [--first-stage embedder|bm25]
+       [--reranker DIR (score with it, no training)] [--only NAME...] [--output FILE]
 Needs what retrieval_bench.py needs (sentence-transformers' `fit` needs `datasets` and
 `accelerate`). Progress on stderr, one JSON object on stdout.
 """
@@ -47,6 +50,7 @@ import retrieval_bench as rb
 
 BATCH, EPOCHS, LEARNING_RATE, WARMUP = rb.BATCH, rb.EPOCHS, rb.LEARNING_RATE, rb.WARMUP
 CONTENDERS = ("bm25", "kbert-rerank", "st-rerank")
+FIRST_STAGES = {"embedder": "first stage: kbert finetune --task embed", "bm25": "first stage: BM25"}
 
 
 def spawn(name, call):
@@ -140,12 +144,29 @@ def child_st_score(work_dir, model_dir, candidates, out, max_seq_length):
 # === The parent ===
 
 
-def first_stage(work_dir, top, test_queries):
-    """The embedder's candidates (indexes of test documents, best first) of the first
-    `test_queries` queries, and every query's rank of its document among all."""
-    queries = np.load(os.path.join(work_dir, "kbert-fit-queries.npy"))
-    documents = np.load(os.path.join(work_dir, "kbert-fit-documents.npy"))
-    scores = queries @ documents.T
+def child_bm25_scores(work_dir, out):
+    """BM25's score of every test document for every test query, to `out` (.npy)."""
+    from rank_bm25 import BM25Okapi
+
+    queries, documents = rb.read_pairs(os.path.join(work_dir, "data", "test.tsv"))
+    index = BM25Okapi([rb.bm25_tokens(d) for d in documents], k1=1.5, b=0.75)
+    np.save(out, np.stack([index.get_scores(rb.bm25_tokens(q)) for q in queries]).astype(np.float32))
+    return {}
+
+
+def first_stage(work_dir, top, test_queries, kind="embedder"):
+    """The first stage's candidates (indexes of test documents, best first) of the first
+    `test_queries` queries, and every query's rank of its document among all: the embedder's
+    (cosine of its vectors) or BM25's."""
+    if kind == "bm25":
+        out = os.path.join(work_dir, "bm25-scores.npy")
+        if not os.path.exists(out):
+            rb.spawn("bm25 scores", f"child_bm25_scores({work_dir!r}, {out!r})", module="rerank_bench")
+        scores = np.load(out)
+    else:
+        queries = np.load(os.path.join(work_dir, "kbert-fit-queries.npy"))
+        documents = np.load(os.path.join(work_dir, "kbert-fit-documents.npy"))
+        scores = queries @ documents.T
     order = np.argsort(-scores, axis=1, kind="stable")[:test_queries, :top]
     return order, rb.ranks(scores)
 
@@ -166,7 +187,7 @@ def reranked_ranks(candidates, rankings, base_ranks):
 def write_inputs(work_dir, args, order):
     """candidates.jsonl (query, documents, positive) and the reranker's training pairs."""
     queries, documents = rb.read_pairs(os.path.join(work_dir, "data", "test.tsv"))
-    candidates = os.path.join(work_dir, f"candidates-{args.top}-{len(order)}.jsonl")
+    candidates = os.path.join(work_dir, f"candidates-{args.first_stage}-{args.top}-{len(order)}.jsonl")
     with open(candidates, "w", encoding="utf-8") as f:
         for i, row in enumerate(order):
             line = {"query": queries[i], "documents": [documents[j] for j in row], "positive": [documents[i]]}
@@ -199,6 +220,10 @@ def main():
     parser.add_argument("--top", type=int, default=20, help="candidates per query from the first stage")
     parser.add_argument("--test-queries", type=int, default=3000, help="test queries reranked: the first N")
     parser.add_argument("--max-seq-length", type=int, default=128, help="tokens per pair, for every contender")
+    parser.add_argument(
+        "--first-stage", default="embedder", choices=("embedder", "bm25"), help="whose candidates are reranked"
+    )
+    parser.add_argument("--reranker", help="kbert-rerank: score with this kbert reranker instead of training one")
     parser.add_argument("--only", nargs="*", default=list(CONTENDERS), choices=CONTENDERS, help="parts to run")
     parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
@@ -210,11 +235,12 @@ def main():
     if BATCH % (1 + args.negatives):
         sys.exit(f"--negatives: 1 + negatives must divide {BATCH}, the pairs of a step")
     seq = args.max_seq_length
-    order, base_ranks = first_stage(work_dir, args.top, args.test_queries)
+    order, base_ranks = first_stage(work_dir, args.top, args.test_queries, args.first_stage)
     candidates, train = write_inputs(work_dir, args, order)
     base_ranks = np.asarray(base_ranks)
     subset = base_ranks[: len(order)]
-    results = {"first stage: kbert finetune --task embed": rb.metrics(subset)}
+    first_name = FIRST_STAGES[args.first_stage]
+    results = {first_name: rb.metrics(subset)}
     training, scoring = {}, {}
 
     if "bm25" in args.only:
@@ -230,7 +256,12 @@ def main():
 
     tuned = os.path.join(work_dir, "kbert-reranker")
     mined = tuned + ".mined.jsonl"
-    if "kbert-rerank" in args.only:
+    if "kbert-rerank" in args.only and args.reranker:
+        out = os.path.join(work_dir, "kbert-reranker-rankings.npy")
+        reranker = os.path.abspath(args.reranker)
+        score = spawn("kbert rerank", f"child_kbert_score({work_dir!r}, {reranker!r}, {candidates!r}, {out!r}, {seq})")
+        rerank_results("kbert rerank", score, out)
+    elif "kbert-rerank" in args.only:
         done = rb._run(
             "kbert finetune --task rerank",
             rb.kbert(
@@ -288,7 +319,8 @@ def main():
     report = {
         "task": {
             "data": "scripts/debian_retrieval.py on this machine's apt lists, retrieval_bench.py's work folder",
-            "first_stage": "kbert finetune --task embed (retrieval_bench.py's), top candidates by cosine",
+            "first_stage": first_name,
+            "reranker": args.reranker,
             "top": args.top,
             "test_queries": len(order),
             "train_queries": args.train_queries,
@@ -304,17 +336,17 @@ def main():
         "retrieval": results,
         "training": training,
         "scoring_batch32": scoring,
-        "summary": summary(results, training, scoring),
+        "summary": summary(results, training, scoring, first_name),
         "machine": {"cpus": os.cpu_count(), "cpu_flags": record.cpu_flags()},
     }
     record.emit(report, "rerank", args.output)
 
 
-def summary(results, training, scoring):
+def summary(results, training, scoring, first_name):
     """Each target's figure against its anchor, measured in this run (absent where either failed)."""
     found = {}
     ours, theirs = results.get("kbert rerank", {}), results.get("sentence-transformers CrossEncoder", {})
-    first = results["first stage: kbert finetune --task embed"]
+    first = results[first_name]
     if "ndcg@10" in ours:
         found["ndcg@10_kbert_minus_first_stage"] = round(ours["ndcg@10"] - first["ndcg@10"], 4)
         if "ndcg@10" in theirs:

@@ -399,6 +399,11 @@ def main():
     parser.add_argument("--batches", type=int, default=16, help="timed batch-32 calls per throughput contender")
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds; each contender's best is kept")
     parser.add_argument("--only", nargs="*", default=list(CONTENDERS), choices=CONTENDERS, help="parts to run")
+    parser.add_argument(
+        "--mixed-precision",
+        action="store_true",
+        help="kbert finetune trains with --mixed-precision (bfloat16 on a CPU)",
+    )
     parser.add_argument("--base", default=None, help="the sentence-transformers folder (default: all-MiniLM-L6-v2)")
     parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
@@ -444,9 +449,15 @@ def main():
             results["sentence-transformers fit"] = done if "error" in done else scored(work_dir, "st-fit", done)
 
     if "kbert-finetune" in args.only:
-        tuned = os.path.join(work_dir, "kbert-finetune")
+        # --mixed-precision: bfloat16 matmuls on a CPU (float16 on a GPU), kept apart from float32's.
+        suffix, name = (
+            ("-bf16", "kbert finetune --task embed --mixed-precision")
+            if args.mixed_precision
+            else ("", "kbert finetune --task embed")
+        )
+        tuned = os.path.join(work_dir, "kbert-finetune" + suffix)
         done = _run(
-            "kbert finetune",
+            name,
             kbert(
                 "finetune",
                 converted,
@@ -467,20 +478,19 @@ def main():
                 "--max-seq-length",
                 seq,
                 "--overwrite",
+                *(["--mixed-precision"] if args.mixed_precision else []),
             ),
             parse=True,
         )
         if "train_examples_per_second" in done:  # pairs over the seconds of its training loop, as it reports them
             done["pairs_per_s"] = done["train_examples_per_second"]
             done["pairs_per_s_whole_command"] = train_pairs / done["wall_seconds"]
-        training["kbert finetune --task embed"] = done
+        training[name] = done
         if "error" in done:
-            results["kbert finetune --task embed"] = done
+            results[name] = done
         else:
-            embedded = kbert_embed("kbert finetune embed", tuned, work_dir, "kbert-fit", seq)
-            results["kbert finetune --task embed"] = (
-                embedded if "error" in embedded else scored(work_dir, "kbert-fit", embedded)
-            )
+            embedded = kbert_embed(f"{name} embed", tuned, work_dir, "kbert-fit" + suffix, seq)
+            results[name] = embedded if "error" in embedded else scored(work_dir, "kbert-fit" + suffix, embedded)
 
     throughput = {}
     if "throughput" in args.only:
@@ -524,6 +534,7 @@ def main():
             "learning_rate": LEARNING_RATE,
             "warmup_proportion": WARMUP,
             "base": "all-MiniLM-L6-v2" if args.base is None else args.base,
+            "kbert_mixed_precision": args.mixed_precision,
         },
         "retrieval": results,
         "training": training,
@@ -538,10 +549,11 @@ def main():
 def summary(results, training, throughput):
     """Each target's figure against its anchor, measured in this run (absent where either failed)."""
     found = {}
-    ours, theirs = results.get("kbert finetune --task embed", {}), results.get("sentence-transformers fit", {})
+    kbert_run = next((name for name in training if name.startswith("kbert finetune")), "")
+    ours, theirs = results.get(kbert_run, {}), results.get("sentence-transformers fit", {})
     if "ndcg@10" in ours and "ndcg@10" in theirs:
         found["ndcg@10_kbert_minus_st_fit"] = round(ours["ndcg@10"] - theirs["ndcg@10"], 4)
-    ours, theirs = training.get("kbert finetune --task embed", {}), training.get("sentence-transformers fit", {})
+    ours, theirs = training.get(kbert_run, {}), training.get("sentence-transformers fit", {})
     if ours.get("pairs_per_s") and theirs.get("pairs_per_s"):
         found["train_pairs_per_s_kbert_over_st_fit"] = round(ours["pairs_per_s"] / theirs["pairs_per_s"], 3)
     export = throughput.get("kbert export (TF Serving's session)", {}).get("seq_per_s")
