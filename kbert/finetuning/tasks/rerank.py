@@ -133,7 +133,9 @@ class Rerank(Task):
         model = first_stage.open_embedding_model(opts.mine_negatives, "mine_negatives")
         count = opts.negatives or DEFAULT_NEGATIVES
         documents = [group[0] for group in pairs.groups]
-        kept, negatives = first_stage.mine_negatives(model, pairs.queries, documents, count, opts.batch_size)
+        # --batch-size counts groups of 1 + count pairs; embedding is lighter than training, so a step's worth of texts.
+        texts_per_batch = opts.batch_size * (1 + count)
+        kept, negatives = first_stage.mine_negatives(model, pairs.queries, documents, count, texts_per_batch)
         rows = [
             json.dumps({"query": pairs.queries[row], "document": documents[row], "negatives": found}) + "\n"
             for row, found in zip(kept, negatives)
