@@ -311,6 +311,32 @@ def kbert(*args):
     return [os.path.join(os.path.dirname(sys.executable), "kbert"), *map(str, args)]
 
 
+def kbert_finetune(model_dir, task, train_file, output, max_seq_length, *more, batch_size=BATCH):
+    """`kbert finetune` with the recipe every trainer here shares (epochs, learning rate, warm-up)."""
+    return kbert(
+        "finetune",
+        model_dir,
+        "--task",
+        task,
+        "--train",
+        train_file,
+        "--output",
+        output,
+        "--epochs",
+        EPOCHS,
+        "--batch-size",
+        batch_size,
+        "--learning-rate",
+        LEARNING_RATE,
+        "--warmup-proportion",
+        WARMUP,
+        "--max-seq-length",
+        max_seq_length,
+        "--overwrite",
+        *more,
+    )
+
+
 def kbert_embed(name, model_dir, work_dir, tag, max_seq_length):
     """`kbert embed` of the test queries and documents, to TAG-{queries,documents}.npy."""
     result = {"seconds": 0.0}
@@ -458,27 +484,8 @@ def main():
         tuned = os.path.join(work_dir, "kbert-finetune" + suffix)
         done = _run(
             name,
-            kbert(
-                "finetune",
-                converted,
-                "--task",
-                "embed",
-                "--train",
-                train_file,
-                "--output",
-                tuned,
-                "--epochs",
-                EPOCHS,
-                "--batch-size",
-                BATCH,
-                "--learning-rate",
-                LEARNING_RATE,
-                "--warmup-proportion",
-                WARMUP,
-                "--max-seq-length",
-                seq,
-                "--overwrite",
-                *(["--mixed-precision"] if args.mixed_precision else []),
+            kbert_finetune(
+                converted, "embed", train_file, tuned, seq, *(["--mixed-precision"] if args.mixed_precision else [])
             ),
             parse=True,
         )
