@@ -5,7 +5,9 @@ sends each the same texts at batch 1, A then B, text by text, so that the host's
 from minute to minute here) falls on both alike. Then, in a fresh process each, the memory and
 load time of each export: peak and final RSS of a process that loads it and serves 20 requests.
 
-usage: .venv/bin/python benchmarks/export_ab.py EXPORT_A EXPORT_B [--texts texts.json] [--requests 150] [--batch 1]
+usage: .venv/bin/python benchmarks/export_ab.py EXPORT_A EXPORT_B [--texts texts.json] [--requests 150] [--batch 1] [--threads 1 1]
+`--threads INTRA INTER`: both sessions' thread pools, as tensorflow_model_server's
+--tensorflow_intra_op_parallelism and --tensorflow_inter_op_parallelism set them (default 0 0: a thread per core).
 `--batch N`: each request N consecutive texts (p50 and sequences/s reported). `--texts`: a JSON list of strings (serving_bench.py --work DIR writes DIR/texts.json, the Debian
 descriptions); default: sentences of 8 to 120 words. One JSON object on stdout.
 """
@@ -57,6 +59,7 @@ def main():
     parser.add_argument("--requests", type=int, default=150)
     parser.add_argument("--batch", type=int, default=1, help="texts per request")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory and load-time children")
+    parser.add_argument("--threads", type=int, nargs=2, default=[0, 0], metavar=("INTRA", "INTER"))
     parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
     if args.texts:
@@ -67,7 +70,11 @@ def main():
     wanted = args.requests * args.batch
     texts = (texts * (wanted // len(texts) + 1))[:wanted]
     requests = [texts[i : i + args.batch] for i in range(0, wanted, args.batch)]
-    serves = [session_call(path) for path in args.exports]
+    import tensorflow as tf
+
+    intra, inter = args.threads
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra, inter_op_parallelism_threads=inter)
+    serves = [session_call(path, config) for path in args.exports]
     for serve in serves:  # warm-up
         for request in requests[:20]:
             serve(request)
@@ -77,7 +84,7 @@ def main():
             start = time.perf_counter()
             serve(request)
             spent.append((time.perf_counter() - start) * 1000)
-    report = {}
+    report = {"threads": {"intra_op": intra, "inter_op": inter}}
     for path, spent in zip(args.exports, times):
         report[path] = dict(
             p50_ms=round(float(np.median(spent)), 1),

@@ -36,7 +36,6 @@ import time
 
 import numpy as np
 import record
-from serving_bench import cpu_flags  # stdlib only: the parent imports no ML library
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -280,7 +279,7 @@ def main():
         "rows": args.rows,
         "machine": {
             "cpus": os.cpu_count(),
-            "cpu_flags": cpu_flags(),
+            "cpu_flags": record.cpu_flags(),
             "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
         },
         "ms_per_call": per_call,

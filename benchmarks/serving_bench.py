@@ -40,7 +40,7 @@ Ratios: kbert's best way at each precision against the best peer (torch, keras-h
 same precision, and against ONNX Runtime float32 and int8.
 
 usage: .venv/bin/python benchmarks/serving_bench.py [--model base|minilm] [--requests 200] [--batches 4]
-       [--quick] [--only kbert keras-hub torch onnxruntime] [--work DIR] [--rounds N]
+       [--quick] [--only kbert keras-hub torch onnxruntime] [--work DIR] [--rounds N] [--variants ...] [--server-threads N]
 --model minilm times a 6-layer, 384-wide model (all-MiniLM-L6-v2's size) instead of BERT-base.
 int8: kbert's `export --precision int8` against PyTorch's `quantize_dynamic` and ONNX Runtime's
 `quantize_dynamic`, each on its float32 model; the int8 limit is oneDNN's int8 matmul peak.
@@ -70,6 +70,8 @@ MODELS = {"base": (12, 768, 12, 3072), "minilm": (6, 384, 12, 1536)}
 MODEL = os.environ.get("KBERT_BENCH_MODEL", "base")
 L, H, A, I = MODELS[MODEL]
 V, SEQ, BIG_BATCH = 30522, 128, 32
+# The kbert sessions' thread pools (--server-threads; 0: TensorFlow's default, a thread per core).
+SERVER_THREADS = int(os.environ.get("KBERT_BENCH_SERVER_THREADS", "0"))
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VOCAB = os.path.join(ROOT, "tests", "fixtures", "vocab-uncased.txt")
@@ -138,12 +140,22 @@ VARIANTS = {
     "keras-layer-norm": "each LayerNorm as keras' element-wise ops, not the export's few ops",
     "one-kernel-layer-norm": "each LayerNorm as a batch norm over rows: one oneDNN kernel where TF turns oneDNN on",
     "inter-op-1": "a session with one inter-op thread (tensorflow_model_server --tensorflow_inter_op_parallelism=1)",
+    "calibrated": (
+        "kbert export --precision int8 --int8-ranges calibrated --calibration DEBIAN_DEV: fixed input ranges "
+        "measured on the Debian dev split, the GELU in the int8 kernel"
+    ),
+    "one-thread": (
+        "a session with one thread in each pool (tensorflow_model_server --tensorflow_intra_op_parallelism=1 "
+        "--tensorflow_inter_op_parallelism=1)"
+    ),
 }
 
 
 # The precisions each variant is timed at (float32 only if not named).
 VARIANT_PRECISIONS = {
     "constant-weights": ("float32", "bfloat16", "int8"),
+    "one-thread": ("float32", "bfloat16", "int8"),
+    "calibrated": ("int8",),
     "keras-layer-norm": ("float32", "bfloat16"),
     "one-kernel-layer-norm": ("float32", "bfloat16"),
 }
@@ -159,22 +171,10 @@ def trained_like(weights):
         w.assign(w.numpy() + rng.normal(0, 0.02, w.shape).astype(w.numpy().dtype))
 
 
-def child_kbert(work, precision, work_dir, variant=""):
-    import tensorflow as tf
-
-    sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
-    import kbert
-    import serving_session  # an export in a TF1 session, as TF Serving runs it
-    from kbert.serving import export as serving_export
-    from kbert.serving import optimize as serving_optimize
-
-    built = (
-        variant
-        if variant
-        in ("padded", "one-group", "separate-qkv", "constant-weights", "keras-layer-norm", "one-kernel-layer-norm")
-        else ""
-    )
-    # Exports are kept in work_dir between runs, under the hash of the code that built them.
+def kbert_export_path(precision, work_dir, variant=""):
+    """Where the kbert export of `precision` (and `variant`, if it changes the export) is kept in
+    work_dir between runs, under the hash of the code that builds it."""
+    built = variant if variant in BUILT_VARIANTS else ""
     sources = (
         "serving/export.py",
         "serving/optimize.py",
@@ -183,43 +183,87 @@ def child_kbert(work, precision, work_dir, variant=""):
         "kbert/model/bert.py",
     )
     code = hashlib.sha256(b"".join(open(os.path.join(ROOT, f), "rb").read() for f in sources)).hexdigest()[:10]
-    path = os.path.join(work_dir, f"kbert-{code}-{MODEL}-trained-like-{precision}{'-' + built if built else ''}", "1")
-    if not os.path.isdir(path):
-        # Each variant undoes one of kbert.serving.optimize's rewrites (a keyword argument of
-        # `optimize`); "padded" undoes them all: the export serves the model itself.
-        undone = {
-            "one-group": {"group_rows": 1 << 30},
-            "separate-qkv": {"fuse_qkv": False},
-            "keras-layer-norm": {"layer_norm": "keras"},
-            "one-kernel-layer-norm": {"layer_norm": "one-kernel"},
-        }
-        if variant == "padded":
-            serving_export.optimize = lambda model, **_: model
-        elif variant in undone:
-            serving_export.optimize = functools.partial(serving_optimize.optimize, **undone[variant])
-        config = kbert.BertConfig(
-            vocab_size=V,
-            hidden_size=H,
-            num_hidden_layers=L,
-            num_attention_heads=A,
-            intermediate_size=I,
-            max_position_embeddings=512,
-            type_vocab_size=2,
+    return os.path.join(work_dir, f"kbert-{code}-{MODEL}-trained-like-{precision}{'-' + built if built else ''}", "1")
+
+
+# The variants that are exports of their own (the others are the same export, served another way).
+BUILT_VARIANTS = (
+    "padded",
+    "one-group",
+    "separate-qkv",
+    "constant-weights",
+    "keras-layer-norm",
+    "one-kernel-layer-norm",
+    "calibrated",
+)
+
+
+def build_kbert(precision, work_dir, variant=""):
+    """Make the export `kbert_export_path` names (run in a process of its own: see child_kbert)."""
+    import kbert
+    from kbert.serving import export as serving_export
+    from kbert.serving import optimize as serving_optimize
+
+    path = kbert_export_path(precision, work_dir, variant)
+    # Each variant undoes one of kbert.serving.optimize's rewrites (a keyword argument of
+    # `optimize`); "padded" undoes them all: the export serves the model itself.
+    undone = {
+        "one-group": {"group_rows": 1 << 30},
+        "separate-qkv": {"fuse_qkv": False},
+        "keras-layer-norm": {"layer_norm": "keras"},
+        "one-kernel-layer-norm": {"layer_norm": "one-kernel"},
+    }
+    if variant == "padded":
+        serving_export.optimize = lambda model, **_: model
+    elif variant in undone:
+        serving_export.optimize = functools.partial(serving_optimize.optimize, **undone[variant])
+    config = kbert.BertConfig(
+        vocab_size=V,
+        hidden_size=H,
+        num_hidden_layers=L,
+        num_attention_heads=A,
+        intermediate_size=I,
+        max_position_embeddings=512,
+        type_vocab_size=2,
+    )
+    model = kbert.bert_encoder(config, vocabulary=kbert.Vocabulary(VOCAB, do_lower_case=True))
+    trained_like(model.weights)
+    with tempfile.TemporaryDirectory() as tmp:
+        kbert.save(model, os.path.join(tmp, "model"))
+        serving_export.export_model(
+            os.path.join(tmp, "model"),
+            os.path.dirname(path),
+            version=1,
+            max_seq_length=SEQ,
+            precision=precision,
+            constant_weights=variant == "constant-weights",
+            **(
+                {"calibration": os.path.join(work_dir, "debian", "dev.tsv"), "int8_ranges": "calibrated"}
+                if variant == "calibrated"
+                else {}
+            ),
         )
-        model = kbert.bert_encoder(config, vocabulary=kbert.Vocabulary(VOCAB, do_lower_case=True))
-        trained_like(model.weights)
-        with tempfile.TemporaryDirectory() as tmp:
-            kbert.save(model, os.path.join(tmp, "model"))
-            serving_export.export_model(
-                os.path.join(tmp, "model"),
-                os.path.dirname(path),
-                version=1,
-                max_seq_length=SEQ,
-                precision=precision,
-                constant_weights=variant == "constant-weights",
-            )
+
+
+def child_kbert(work, precision, work_dir, variant=""):
+    path = kbert_export_path(precision, work_dir, variant)
+    if not os.path.isdir(path):
+        # Built in a process of its own: TensorFlow sizes a process's thread pools once, at its
+        # first session or eager op, and the timed session must be that first for its threads to hold.
+        code = f"import sys; sys.path.insert(0, {HERE!r}); import serving_bench as b; "
+        code += f"b.build_kbert({precision!r}, {work_dir!r}, {variant!r})"
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    import tensorflow as tf
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+    import serving_session  # an export in a TF1 session, as TF Serving runs it
+
     session, fetches, feed = serving_session.load(
-        path, tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1 if variant == "inter-op-1" else 0)
+        path,
+        tf.compat.v1.ConfigProto(
+            inter_op_parallelism_threads=1 if variant in ("inter-op-1", "one-thread") else SERVER_THREADS,
+            intra_op_parallelism_threads=1 if variant == "one-thread" else SERVER_THREADS,
+        ),
     )
     assert int(session.run(fetches, {feed: [FULL_TEXT]})["input_mask"].sum()) == SEQ
     return measure(lambda texts: session.run(fetches, {feed: texts}), work)
@@ -575,10 +619,19 @@ def main():
         choices=[v for v in VARIANTS if v],
         help="also time these kbert export variants (each transformation undone alone)",
     )
+    parser.add_argument(
+        "--server-threads",
+        type=int,
+        default=0,
+        help="each pool's threads in kbert's sessions (tensorflow_model_server --tensorflow_intra_op_parallelism "
+        "and --tensorflow_inter_op_parallelism); 0: TensorFlow's default, a thread per core",
+    )
     parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
-    if args.model != MODEL:  # every child reads the size from the environment
+    # Every child reads the size and the threads from the environment.
+    if args.model != MODEL or args.server_threads != SERVER_THREADS:
         os.environ["KBERT_BENCH_MODEL"] = args.model
+        os.environ["KBERT_BENCH_SERVER_THREADS"] = str(args.server_threads)
         os.execv(sys.executable, [sys.executable, *sys.argv])
     if args.quick:
         args.requests, args.batches = 40, 1
@@ -609,6 +662,7 @@ def main():
         "model": {"name": MODEL, "layers": L, "hidden": H, "heads": A, "intermediate": I, "vocab": V, "max_seq": SEQ},
         "machine": {
             "cpus": os.cpu_count(),
+            "kbert_server_threads": SERVER_THREADS,
             "cpu_flags": record.cpu_flags(),
             # TensorFlow's oneDNN for float ops: on by default only from AVX-512 VNNI up; "1" turns it on.
             "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),

@@ -86,6 +86,14 @@ def export(
         "vectors; classifiers 1 - the share of texts whose label_id agrees with float32's; taggers the same per "
         "real token; regressors the largest absolute error of score.",
     ),
+    int8_ranges: str = typer.Option(
+        "per-row",
+        "--int8-ranges",
+        help="How --precision int8 quantizes each dense layer's input: per-row (each token on its own scale, on "
+        "every request; no calibration needed) or calibrated (on fixed ranges measured on the --calibration texts "
+        "at export, the GELU inside the int8 kernel: fewer ops per request; the second feed-forward matmul stays "
+        "per row, where that is more accurate). docs/serving.md says which to choose on which CPU.",
+    ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing version (tfhub: an existing EXPORT_BASE)."
     ),
@@ -106,6 +114,7 @@ def export(
             ("--calibration", calibration),
             ("--calibration-texts", calibration_texts),
             ("--max-drift", max_drift),
+            ("--int8-ranges", None if int8_ranges == "per-row" else int8_ranges),
         ):
             if value is not None:
                 raise KbertError(
@@ -138,6 +147,7 @@ def export(
         calibration=calibration,
         calibration_texts=calibration_texts,
         max_drift=max_drift,
+        int8_ranges=int8_ranges,
     )
     base = os.path.dirname(path)
     print_result(
@@ -145,6 +155,7 @@ def export(
             "export": path,
             "version": int(os.path.basename(path)),
             "precision": precision,
+            **({"int8_ranges": int8_ranges} if precision == "int8" else {}),
             "constant_weights": holds_no_variables(path),
             "signatures": exported_signatures(path),
             "serving_default_inputs": signature_inputs(path),  # what a client sends: text, and text_b for pairs

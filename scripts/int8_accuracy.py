@@ -10,8 +10,11 @@ the `serve` MetaGraph, fed and fetched by the `serving_default` signature's tens
 - CLASSIFIER_DIR (the same encoder fine-tuned by `kbert finetune --task classify`): accuracy on
   DATA_DIR/test.tsv of each export, and how many predictions differ.
 
-usage: .venv/bin/python scripts/int8_accuracy.py ENCODER_DIR CLASSIFIER_DIR DATA_DIR [--work DIR]
-DATA_DIR holds test.tsv (text, label), as `scripts/debian_sections.py` writes it.
+With `--calibrated`, a third export of each, `--int8-ranges calibrated` on DATA_DIR/dev.tsv's
+texts (not the test texts it is measured on), is compared with float32 the same way.
+
+usage: .venv/bin/python scripts/int8_accuracy.py ENCODER_DIR CLASSIFIER_DIR DATA_DIR [--work DIR] [--calibrated]
+DATA_DIR holds test.tsv (text, label), and dev.tsv for --calibrated, as `scripts/debian_sections.py` writes them.
 Progress on stderr, one JSON object on stdout.
 """
 
@@ -70,7 +73,12 @@ def main():
     parser.add_argument("classifier_dir")
     parser.add_argument("data_dir")
     parser.add_argument("--work", help="where the exports go (default: a temporary directory)")
+    parser.add_argument("--calibrated", action="store_true", help="also an int8 export on ranges measured on dev.tsv")
     args = parser.parse_args()
+    int8_kinds = {"int8": {}}
+    if args.calibrated:
+        dev = os.path.join(args.data_dir, "dev.tsv")
+        int8_kinds["int8-calibrated"] = {"int8_ranges": "calibrated", "calibration": dev}
     with open(os.path.join(args.data_dir, "test.tsv"), encoding="utf-8") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     texts, labels = [r["text"] for r in rows], [r["label"] for r in rows]
@@ -78,37 +86,37 @@ def main():
     report = {"texts": len(texts), "data": os.path.abspath(args.data_dir)}
 
     exported = {}
+    kinds = {"float32": {}, **{k: {"precision": "int8", **options} for k, options in int8_kinds.items()}}
     for kind, model_dir in (("encoder", args.encoder_dir), ("classifier", args.classifier_dir)):
-        for precision in ("float32", "int8"):
-            log(f"exporting the {kind} in {precision} ...")
-            exported[kind, precision] = export_model(
-                model_dir, os.path.join(work, f"{kind}-{precision}"), version=1, overwrite=True, precision=precision
+        for name, options in kinds.items():
+            log(f"exporting the {kind} ({name}) ...")
+            exported[kind, name] = export_model(
+                model_dir, os.path.join(work, f"{kind}-{name}"), version=1, overwrite=True, **options
             )
 
     log("sentence embeddings ...")
-    runs = {
-        p: serve(exported["encoder", p], texts, ["sequence_output", "pooled_output", "input_mask"])
-        for p in ("float32", "int8")
-    }
+    runs = {p: serve(exported["encoder", p], texts, ["sequence_output", "pooled_output", "input_mask"]) for p in kinds}
     mask = runs["float32"]["input_mask"][..., None].astype(np.float64)
     mean = {p: (r["sequence_output"] * mask).sum(1) / mask.sum(1) for p, r in runs.items()}
-    report["embeddings"] = {
-        "mean_pooled_cosine": summary(cosines(mean["int8"], mean["float32"])),
-        "pooled_output_cosine": summary(cosines(runs["int8"]["pooled_output"], runs["float32"]["pooled_output"])),
-    }
-    log(f"  {report['embeddings']}")
+    for name in int8_kinds:
+        report[f"embeddings ({name})"] = {
+            "mean_pooled_cosine": summary(cosines(mean[name], mean["float32"])),
+            "pooled_output_cosine": summary(cosines(runs[name]["pooled_output"], runs["float32"]["pooled_output"])),
+        }
+        log(f"  {name}: {report[f'embeddings ({name})']}")
 
     log("classification ...")
-    predicted = {p: serve(exported["classifier", p], texts, ["label"])["label"] for p in ("float32", "int8")}
+    predicted = {p: serve(exported["classifier", p], texts, ["label"])["label"] for p in kinds}
     predicted = {p: [v.decode() for v in values] for p, values in predicted.items()}
     accuracy = {p: float(np.mean([a == b for a, b in zip(values, labels)])) for p, values in predicted.items()}
-    report["classification"] = {
-        "float32_accuracy": round(accuracy["float32"], 4),
-        "int8_accuracy": round(accuracy["int8"], 4),
-        "int8_minus_float32_points": round(100 * (accuracy["int8"] - accuracy["float32"]), 2),
-        "predictions_that_differ": int(sum(a != b for a, b in zip(predicted["int8"], predicted["float32"]))),
-    }
-    log(f"  {report['classification']}")
+    for name in int8_kinds:
+        report[f"classification ({name})"] = {
+            "float32_accuracy": round(accuracy["float32"], 4),
+            "int8_accuracy": round(accuracy[name], 4),
+            "int8_minus_float32_points": round(100 * (accuracy[name] - accuracy["float32"]), 2),
+            "predictions_that_differ": int(sum(a != b for a, b in zip(predicted[name], predicted["float32"]))),
+        }
+        log(f"  {name}: {report[f'classification ({name})']}")
     print(json.dumps(report))
 
 

@@ -39,6 +39,7 @@ answers per window.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -54,10 +55,11 @@ from kbert.finetuning.options import window_stride
 from kbert.finetuning.tasks import get_task, head_task
 from kbert.formats.sources import open_model
 from kbert.model.embedding_record import embedding_of
-from kbert.model.families import encoder_of, graph_packer, ids_file
+from kbert.model.families import MODERNBERT, encoder_of, family_of, graph_packer, ids_file
 from kbert.model.kinds import HEAD_KINDS, model_kind
 from kbert.runtime.errors import KbertError, option
 from kbert.runtime.files import atomic_output_dir, writes
+from kbert.serving.drift import BATCH as DRIFT_BATCH
 from kbert.serving.drift import check_drift, measure_drift, read_calibration
 from kbert.serving.heads import (
     API_METHODS,
@@ -79,7 +81,7 @@ from kbert.serving.models_config import (  # noqa: F401
     write_batching_parameters,
     write_models_config,
 )
-from kbert.serving.optimize import optimize
+from kbert.serving.optimize import measure_int8_ranges, optimize
 from kbert.serving.signatures import (
     exported_signatures,  # noqa: F401
     set_method_name,
@@ -89,6 +91,8 @@ log = logging.getLogger("kbert")
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 PRECISIONS = ("float32", "bfloat16", "int8")
+# How an int8 export quantizes each dense layer's input (`export_model`'s int8_ranges).
+INT8_RANGES = ("per-row", "calibrated")
 # Representative warmup requests: TF Serving runs them at load so that the first real request
 # does not pay for graph set-up; one per batch shape that a client typically sends.
 WARMUP_TEXTS = (
@@ -107,15 +111,19 @@ def _next_version(export_base: str) -> int:
     return max(versions, default=0) + 1
 
 
-def _serving_head(model, task_info, text_pairs, constant_weights=False, int8=False, windows=None) -> ServingHead:
+def _serving_head(
+    model, task_info, text_pairs, constant_weights=False, int8=False, windows=None, calibrate=None
+) -> ServingHead:
     """How to serve `model`: encoders serve their outputs, fine-tuned models their task's head
     (`kbert.serving.heads`), whole documents in windows if `windows` is (stride, max_windows)
     (`serve_windows`). Either way the model runs as `kbert.serving.optimize` rewrites it
     (on each batch's longest text, Q, K and V as one matmul, LayerNorms in few ops), with its
-    weights as graph constants if `constant_weights` and its dense layers in int8 if `int8`."""
+    weights as graph constants if `constant_weights` and its dense layers in int8 if `int8`:
+    on input ranges measured by `calibrate` (the served model -> its ranges) if given, else per row."""
 
     def serving(m):
-        return optimize(m, constant_weights=constant_weights, int8=int8)
+        ranges = calibrate(m) if calibrate is not None else None
+        return optimize(m, constant_weights=constant_weights, int8=int8, int8_ranges=ranges)
 
     if model_kind(model) not in HEAD_KINDS:  # an encoder, or a pretrained model
         if embedding_of(model) is not None:  # a sentence-embedding model serves its vectors
@@ -199,6 +207,7 @@ def export_model(
     calibration=None,
     calibration_texts: int | None = None,
     max_drift: float | None = None,
+    int8_ranges: str = "per-row",
 ) -> str:
     """Export a kbert model directory for TF Serving; returns the path of `EXPORT_BASE/<version>`.
 
@@ -243,6 +252,12 @@ def export_model(
             `kbert.serving.drift.CALIBRATION_TEXTS`); a file with fewer is refused.
         max_drift: float. Refuse to write the export if its drift passes this
             (`kbert.serving.drift.DRIFT_IS` says what the drift is for each kind of model).
+        int8_ranges: str. How an int8 export quantizes each dense layer's input: "per-row" (each
+            token on its own scale, on every request: no calibration needed), or "calibrated"
+            (needs `calibration`): on fixed ranges measured as the float32 model runs on the
+            calibration texts, with the GELU inside the int8 kernel, fewer ops per request; the
+            second feed-forward matmul, whose input is a GELU's output, stays per row there, as
+            it is more accurate (`kbert.serving.optimize.measure_int8_ranges`; docs/serving.md).
 
     Example:
     >>> path = export_model("out/classifier", "exports/sentiment")  # doctest: +SKIP
@@ -260,6 +275,7 @@ def export_model(
     if int8:
         _check_int8()
     calibration_set = _calibration_set(precision, calibration, calibration_texts, max_drift)
+    _check_int8_ranges(int8_ranges, precision, calibration)
 
     # --- the model, in the export's precision, and how it is served ---
     model = _open_in_precision(model_dir, "float32" if int8 else precision)  # int8 quantizes the float32 model
@@ -285,7 +301,15 @@ def export_model(
             f"{option('max_windows')} applies to models fine-tuned with `kbert finetune --long-text windows`; "
             f"{model_dir} truncates long texts: drop {option('max_windows')}"
         )
-    head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows)
+    if int8_ranges == "calibrated" and family_of(model) == MODERNBERT:
+        raise KbertError(
+            f"{option('int8_ranges', 'calibrated')} measures a BERT's dense layers; a ModernBERT's int8 export "
+            f"quantizes per row: drop {option('int8_ranges')}"
+        )
+    calibrate = None
+    if int8_ranges == "calibrated":
+        calibrate = functools.partial(_measured_int8_ranges, preprocessor=preprocessor, texts=calibration_set)
+    head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows, calibrate)
     if calibration_set is not None:
         _check_calibration_fits(head, calibration, calibration_set)
 
@@ -306,7 +330,15 @@ def export_model(
             # int8 quantizes the float32 model it opened: that model is the reference as it is.
             reference = model if int8 else _open_in_precision(model_dir, "float32")
             reference_archive = _float32_archive(reference, task_info, text_pairs, windows, length)
-            _record_drift(tmp, reference_archive, precision, calibration, calibration_set, max_drift)
+            _record_drift(
+                tmp,
+                reference_archive,
+                precision,
+                calibration,
+                calibration_set,
+                max_drift,
+                int8_ranges if int8 else None,
+            )
     write_models_config(export_base, name, version)
     write_batching_parameters(export_base)
     return path
@@ -365,7 +397,7 @@ def _float32_archive(model, task_info, text_pairs, windows, length):
 DRIFT_INFO = os.path.join("assets.extra", "kbert_drift.json")
 
 
-def _record_drift(path: str, reference_archive, precision: str, calibration, texts, max_drift):
+def _record_drift(path: str, reference_archive, precision: str, calibration, texts, max_drift, int8_ranges=None):
     """Measure the export written at `path` against the float32 `reference_archive` (written to
     a temporary directory, removed after), record the report at DRIFT_INFO (TF Serving ignores
     the file), and refuse a drift past `max_drift`."""
@@ -376,6 +408,7 @@ def _record_drift(path: str, reference_archive, precision: str, calibration, tex
         report = measure_drift(reference, path, *texts)
     info = {
         "precision": precision,
+        **({"int8_ranges": int8_ranges} if int8_ranges else {}),
         "reference": "float32",
         "calibration": os.path.abspath(os.fspath(calibration)),
         **report,
@@ -406,6 +439,36 @@ def _version_dir(export_base: str, version: int | None, overwrite: bool, name: s
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise KbertError(f"model name {name!r} must be letters, digits, '_', '-' or '.'; pass {option('name')}")
     return path, version, name
+
+
+def _check_int8_ranges(int8_ranges: str, precision: str, calibration):
+    if int8_ranges not in INT8_RANGES:
+        raise KbertError(f"{option('int8_ranges', int8_ranges)}: choose {' or '.join(INT8_RANGES)}")
+    if int8_ranges == "calibrated" and precision != "int8":
+        raise KbertError(
+            f"{option('int8_ranges', 'calibrated')} sets how int8 quantizes: pass {option('precision', 'int8')}, "
+            f"or drop {option('int8_ranges')}"
+        )
+    if int8_ranges == "calibrated" and calibration is None:
+        raise KbertError(
+            f"{option('int8_ranges', 'calibrated')} measures its ranges on real texts: pass a file of them with "
+            f"{option('calibration')}"
+        )
+
+
+def _measured_int8_ranges(served_model, preprocessor, texts) -> dict:
+    """The int8 input ranges of `served_model` on the calibration texts (texts, texts_b), packed
+    by the export's own preprocessor, BATCH texts a call, shortest first (as the export groups)."""
+    texts, texts_b = texts
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]) + (len(texts_b[i]) if texts_b else 0))
+    batches = []
+    for start in range(0, len(order), DRIFT_BATCH):
+        part = order[start : start + DRIFT_BATCH]
+        inputs = tf.constant([texts[i] for i in part])
+        if texts_b:
+            inputs = (inputs, tf.constant([texts_b[i] for i in part]))
+        batches.append({k: v.numpy() for k, v in preprocessor(inputs).items()})
+    return measure_int8_ranges(served_model, batches)
 
 
 def _check_int8():

@@ -169,18 +169,10 @@ def int8_matmul(x, weights: Int8Kernel):
     True
     """
     x = tf.convert_to_tensor(x, tf.float32)
-    # Each row's largest value, kept as a column [rows, 1] (no op to reshape it).
-    if weights.shift:  # x + shift > 0 (GELU_FLOOR is below the GELU's minimum)
-        top = tf.maximum(tf.reduce_max(x, axis=1, keepdims=True) + weights.shift, 1e-12)
-        levels = (x + weights.shift) * (255.0 / top)
-        row_scale = top * (1.0 / 255.0)
-    else:
-        largest = tf.maximum(tf.reduce_max(tf.abs(x), axis=1, keepdims=True), 1e-12)
-        levels = x * (127.5 / largest) + 127.5  # (x + largest) · 255 / (2 · largest)
-        row_scale = largest * (2.0 / 255.0)
-    # Each row on its own scale, rounded half to even as QuantizeV2 does (whose per-row form
-    # is several times slower: docs/performance.md, "int8 serving"); within [0, 255] by construction.
-    quantized = tf.bitcast(tf.cast(tf.round(levels), tf.uint8), tf.quint8)
+    # The quantizing and rescaling ops get scopes of their own, so that a profile of the export
+    # can tell them from the model's other element-wise ops (benchmarks/request_profile.py).
+    with tf.name_scope("int8_quantize"):
+        quantized, row_scale = _quantize_rows(x, weights.shift)
     weight_range = tf.convert_to_tensor(weights.weight_range, tf.float32)
     product = _quantized_matmul(
         quantized,
@@ -191,13 +183,32 @@ def int8_matmul(x, weights: Int8Kernel):
         weight_range,
         weight_range,
     )
-    return product * row_scale + tf.convert_to_tensor(weights.bias, tf.float32)
+    with tf.name_scope("int8_dequantize"):
+        return product * row_scale + tf.convert_to_tensor(weights.bias, tf.float32)
 
 
-def _quantized_matmul(x_q, kernel_q, bias, x_min, x_max, w_min, w_max):
-    """`_QuantizedMatMul` with [BiasAdd, Dequantize]: not in tf.raw_ops (its name starts with
-    an underscore), so it is added to the graph, or run eagerly, by its registered name. All
-    inputs are host inputs, as Intel Neural Compressor passes them."""
+def _quantize_rows(x, shift: float):
+    """x [rows, in] float32 -> (quint8 levels [rows, in], each row's scale [rows, 1]), as
+    `int8_matmul` says: a signed row over [0, 2·max|x|], a shifted one over [0, max(x + shift)]."""
+    # Each row's largest value, kept as a column [rows, 1] (no op to reshape it).
+    if shift:  # x + shift > 0 (GELU_FLOOR is below the GELU's minimum)
+        top = tf.maximum(tf.reduce_max(x, axis=1, keepdims=True) + shift, 1e-12)
+        levels = (x + shift) * (255.0 / top)
+        row_scale = top * (1.0 / 255.0)
+    else:
+        largest = tf.maximum(tf.reduce_max(tf.abs(x), axis=1, keepdims=True), 1e-12)
+        levels = x * (127.5 / largest) + 127.5  # (x + largest) · 255 / (2 · largest)
+        row_scale = largest * (2.0 / 255.0)
+    # Each row on its own scale, rounded half to even as QuantizeV2 does (whose per-row form
+    # is several times slower: docs/performance.md, "int8 serving"); within [0, 255] by construction.
+    return tf.bitcast(tf.cast(tf.round(levels), tf.uint8), tf.quint8), row_scale
+
+
+def _quantized_matmul(x_q, kernel_q, bias, x_min, x_max, w_min, w_max, fused_ops=("BiasAdd", "Dequantize")):
+    """`_QuantizedMatMul` with `fused_ops` ([BiasAdd, Dequantize], or with a GELU between): not
+    in tf.raw_ops (its name starts with an underscore), so it is added to the graph, or run
+    eagerly, by its registered name. All inputs are host inputs, as Intel Neural Compressor
+    passes them."""
     inputs = [x_q, kernel_q, bias, x_min, x_max, w_min, w_max]
     attrs = dict(
         Tdevice_outputs=[],
@@ -211,7 +222,7 @@ def _quantized_matmul(x_q, kernel_q, bias, x_min, x_max, w_min, w_max):
         transpose_b=False,
         is_weight_const=True,
         is_bias_const=True,
-        fused_ops=["BiasAdd", "Dequantize"],
+        fused_ops=list(fused_ops),
         input_quant_mode="SCALED",
         output_quant_mode="SCALED",
         leakyrelu_alpha=0.2,
@@ -231,3 +242,82 @@ def _quantized_matmul(x_q, kernel_q, bias, x_min, x_max, w_min, w_max):
         return run_op_eagerly(_OP, 1, inputs, flat)[0]
     op = add_op_to_graph(_OP, name="int8_matmul", device_inputs=[], host_inputs=inputs, **attrs)
     return op.outputs[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibratedInt8Kernel:
+    """One dense layer for inputs within a range measured on real texts at export
+    (`kbert export --precision int8 --calibration FILE --int8-ranges calibrated`), as
+    `calibrated_int8_matmul` runs it. Made once (`CalibratedInt8Kernel.of`); the fields are
+    numpy arrays, or tensors or Keras weights holding them, but `gelu` and the input's scalars.
+
+    kernel: int8 [in, out], within ±WEIGHT_LEVELS, as `Int8Kernel`'s.
+    weight_range: float32 [out], as `Int8Kernel`'s.
+    bias: float32 [out], the layer's bias less the input's zero point times the kernel's column sums.
+    input_scale: levels per unit of the input: 255 / (high - low) of its measured range.
+    zero_point: the level that stands for 0.0 (an integer in [0, 255]).
+    gelu: None, "exact" (erf) or "approximate" (tanh): the GELU the kernel applies to its output.
+    """
+
+    kernel: object
+    weight_range: object
+    bias: object
+    input_scale: float
+    zero_point: float
+    gelu: str | None = None
+
+    @classmethod
+    def of(cls, kernel, bias, low: float, high: float, gelu: str | None = None) -> CalibratedInt8Kernel:
+        """A float kernel [in, out] and bias [out] -> their int8 form, for inputs in [low, high]
+        (widened to hold 0.0, which is then a level of its own: padding and zeros stay exact).
+
+        >>> k = CalibratedInt8Kernel.of(np.eye(2), np.zeros(2), -1.0, 3.0)
+        >>> k.input_scale, k.zero_point
+        (63.75, 64.0)
+        """
+        low, high = min(float(low), 0.0), max(float(high), 0.0)
+        scale = 255.0 / max(high - low, 1e-6)
+        zero_point = float(np.clip(np.rint(-low * scale), 0, 255))
+        kernel_q, weight_scale = quantize_kernel(kernel)
+        # x ≈ (q - zero_point) / scale, so x @ W + b = (q @ W) / scale + (b - zero_point / scale · colsum(W)).
+        corrected = shifted_bias(bias, kernel_q, weight_scale, zero_point / scale)
+        return cls(kernel_q, (weight_scale * np.float32(127.0)).astype(np.float32), corrected, scale, zero_point, gelu)
+
+
+def calibrated_int8_matmul(x, weights: CalibratedInt8Kernel):
+    """x [rows, in] float32 @ the int8 kernel [in, out] + bias [out] (then the kernel's GELU, if
+    it has one) -> float32 [rows, out], with x quantized on the fixed scale measured at export.
+
+    One quantizing step per call (levels = round(x · scale + zero_point), cut to [0, 255]) and
+    one kernel, which rescales, adds the bias and applies the GELU itself: nothing is computed
+    per row, and no range per call, so the kernel's oneDNN primitive is made once per shape.
+    An input beyond the measured range is cut to it.
+
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.uniform(-1, 1, size=(4, 16)).astype("float32")
+    >>> w = rng.normal(size=(16, 8)).astype("float32")
+    >>> y = calibrated_int8_matmul(tf.constant(x), CalibratedInt8Kernel.of(w, np.zeros(8), -1.0, 1.0))
+    >>> bool(np.abs(y.numpy() - x @ w).max() < 0.05 * np.abs(x @ w).max())
+    True
+    """
+    x = tf.convert_to_tensor(x, tf.float32)
+    with tf.name_scope("int8_quantize"):
+        levels = tf.clip_by_value(tf.round(x * weights.input_scale + weights.zero_point), 0.0, 255.0)
+        quantized = tf.bitcast(tf.cast(levels, tf.uint8), tf.quint8)
+    fused = [
+        "BiasAdd",
+        *({"exact": ["GeluExact"], "approximate": ["GeluApproximate"]}.get(weights.gelu, [])),
+        "Dequantize",
+    ]
+    weight_range = tf.convert_to_tensor(weights.weight_range, tf.float32)
+    return _quantized_matmul(
+        quantized,
+        tf.bitcast(tf.convert_to_tensor(weights.kernel), tf.qint8),
+        tf.convert_to_tensor(weights.bias, tf.float32),
+        tf.constant(0.0),
+        # The kernel multiplies its integer product by (this / 255) · weight_range / 127: 1 / input_scale.
+        tf.constant(255.0 / weights.input_scale),
+        weight_range,
+        weight_range,
+        fused_ops=fused,
+    )

@@ -68,7 +68,14 @@ from kbert._compat import reads_replaced
 from kbert.model.bert import encoder_of
 from kbert.model.families import MODERNBERT, family_of
 from kbert.model.layers import BertEmbeddings, TransformerLayer
-from kbert.serving.int8 import GELU_FLOOR, Int8Kernel, int8_matmul, require_int8_matmul
+from kbert.serving.int8 import (
+    GELU_FLOOR,
+    CalibratedInt8Kernel,
+    Int8Kernel,
+    calibrated_int8_matmul,
+    int8_matmul,
+    require_int8_matmul,
+)
 
 log = logging.getLogger("kbert")
 
@@ -88,6 +95,7 @@ def optimize(
     constant_weights: bool = False,
     *,
     int8: bool = False,
+    int8_ranges=None,
     fuse_qkv: bool = True,
     layer_norm: str = "few-ops",
     group_rows: int = GROUP_ROWS,
@@ -103,6 +111,12 @@ def optimize(
         int8: bool. Run the encoder's dense layers (Q/K/V, attention output, both feed-forward
             matmuls, the pooler) as oneDNN int8 matmuls (`kbert.serving.int8`); the model must
             be float32. Outputs then differ from float32's by the quantization.
+        int8_ranges: with `int8`, how the dense layers' inputs are quantized: None, each row on
+            its own scale, per call (`int8_matmul`); a dict {layer key: (low, high)}, measured
+            by `measure_int8_ranges`, each layer it names on that fixed range
+            (`calibrated_int8_matmul`, its GELU in the kernel), the others per row; or an
+            `Int8Recorder`, which each dense layer's float32 input is shown to as the model
+            runs in float32 (what `measure_int8_ranges` does).
         fuse_qkv: bool. Q, K and V as one matmul.
         layer_norm: str. How each LayerNorm is written, a key of LAYER_NORMS: "few-ops"
             (`layer_norm_in_few_ops`), "one-kernel" (`layer_norm_as_batch_norm`) or "keras".
@@ -135,15 +149,39 @@ def optimize(
 
     def inference_layer(layer):
         if isinstance(layer, TransformerLayer):
-            return InferenceTransformerLayer(layer, fuse_qkv, layer_norm, int8=int8)
+            return InferenceTransformerLayer(layer, fuse_qkv, layer_norm, int8=int8, int8_ranges=int8_ranges)
         if isinstance(layer, BertEmbeddings):
             return InferenceEmbeddings(layer, layer_norm)
         if int8 and layer is pooler:
-            return Int8Dense(layer)
+            return Int8Dense(layer, int8_ranges)
         return layer  # the same layer or op, and so the same weights: the pooler, the heads, the mask's arithmetic
 
     rewritten = keras.models.clone_model(model, clone_function=inference_layer, recursive=True)
     return OnLongestText(rewritten, model, _fits_in_graph(model) if constant_weights else False, group_rows)
+
+
+def measure_int8_ranges(model, batches) -> dict:
+    """{layer key: (low, high)}: the range of each int8 dense layer's input (Q/K/V, attention
+    output, both feed-forward matmuls, the pooler) as `model` runs in float32 on `batches`
+    (dicts of int32 `input_ids`, `input_mask`, `segment_ids`, each cut to its longest text as the
+    export cuts it), for `optimize(model, int8=True, int8_ranges=...)`.
+
+    Example:
+    >>> import numpy as np, kbert
+    >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+    ...                           num_attention_heads=4, intermediate_size=64)
+    >>> encoder = kbert.bert_encoder(config)
+    >>> ids = np.array([[2, 7, 9, 3, 0, 0]], dtype="int32")
+    >>> ranges = measure_int8_ranges(encoder, [{"input_ids": ids, "input_mask": np.sign(ids),
+    ...                                        "segment_ids": np.zeros_like(ids)}])
+    >>> sorted(ranges)[:2], all(low <= 0.0 <= high for low, high in ranges.values())
+    (['pooler/pooler', 'transformer_layer_0/attention_output'], True)
+    """
+    recorder = Int8Recorder()
+    served = optimize(model, int8=True, int8_ranges=recorder)
+    for features in batches:
+        served._on_longest({k: tf.convert_to_tensor(v, tf.int32) for k, v in features.items()})
+    return dict(recorder)
 
 
 def optimize_modernbert(model, constant_weights: bool = False, *, int8: bool = False) -> OnLongestText:
@@ -296,7 +334,13 @@ class InferenceTransformerLayer(keras.layers.Layer):
     """
 
     def __init__(
-        self, layer: TransformerLayer, fuse_qkv: bool = True, layer_norm: str = "few-ops", *, int8: bool = False
+        self,
+        layer: TransformerLayer,
+        fuse_qkv: bool = True,
+        layer_norm: str = "few-ops",
+        *,
+        int8: bool = False,
+        int8_ranges=None,
     ):
         super().__init__(name=layer.name, dtype=layer.dtype_policy)
         self.layer = layer
@@ -308,14 +352,23 @@ class InferenceTransformerLayer(keras.layers.Layer):
             if layer.compute_dtype != "float32":
                 raise ValueError(f"int8 serving quantizes a float32 model, not {layer.compute_dtype}")
             # Q, K and V as one int8 matmul, and the three other dense layers each as one.
-            qkv = _Int8Weights(self, "qkv", _concatenated(denses, "kernel"), _concatenated(denses, "bias"))
-            shift = -GELU_FLOOR if _gelu(layer.intermediate_activation) else 0.0
+            ranges = int8_ranges
+            qkv = _Int8Weights(
+                self, "qkv", _concatenated(denses, "kernel"), _concatenated(denses, "bias"), ranges=ranges
+            )
+            gelu = _gelu_form(layer.intermediate_activation)
+            shift = -GELU_FLOOR if gelu else 0.0
             self.int8 = {
                 "qkv": qkv,
-                "attention_output": _Int8Weights.of(self, layer.attention_output),
-                "intermediate": _Int8Weights.of(self, layer.intermediate),
-                # The input of the second feed-forward matmul is a GELU's output: never below GELU_FLOOR.
-                "output": _Int8Weights.of(self, layer.output_dense, shift=shift),
+                "attention_output": _Int8Weights.of(self, layer.attention_output, ranges=ranges),
+                # On a fixed range the kernel applies the GELU itself.
+                "intermediate": _Int8Weights.of(self, layer.intermediate, ranges=ranges, gelu=gelu),
+                # The input of the second feed-forward matmul is a GELU's output: never below
+                # GELU_FLOOR, most values near 0 and a few channels far out. On one fixed range it
+                # lost the most accuracy (docs/serving.md), so it stays per row, measured or not.
+                "output": _Int8Weights.of(
+                    self, layer.output_dense, shift=shift, ranges=ranges if isinstance(ranges, Int8Recorder) else None
+                ),
             }
         elif fuse_qkv:
             kernel, bias = _concatenated(denses, "kernel"), _concatenated(denses, "bias")
@@ -342,7 +395,9 @@ class InferenceTransformerLayer(keras.layers.Layer):
         probs = ops.cast(ops.softmax(scores, axis=-1), self.compute_dtype)
         context = ops.reshape(ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3)), (-1, H))
         attended = self.norm(layer.attention_layer_norm, dense("attention_output", context) + flat)
-        inner = layer.intermediate_activation(dense("intermediate", attended))
+        inner = dense("intermediate", attended)
+        if self.int8 is None or self.int8["intermediate"].gelu is None:  # unless the int8 kernel applied it
+            inner = layer.intermediate_activation(inner)
         out = self.norm(layer.output_layer_norm, dense("output", inner) + attended)
         return ops.reshape(out, (batch, seq, H))
 
@@ -383,32 +438,64 @@ def _concatenated(denses, name):
     return ops.concatenate([ops.convert_to_tensor(getattr(d, name)) for d in denses], axis=-1)
 
 
-def _gelu(activation) -> bool:
-    """Whether `activation` (a transformer layer's) is a GELU, erf or tanh form."""
+def _gelu_form(activation) -> str | None:
+    """Which GELU `activation` (a transformer layer's) is: "exact" (erf), "approximate" (tanh),
+    or None for another function. The two forms part by 1.5e-4 at 1.0."""
     x = tf.constant([-0.75, 0.0, 1.0])
-    return bool(np.allclose(activation(x).numpy(), [-0.16997, 0.0, 0.84134], atol=2e-4))
+    y = activation(x).numpy()
+    for form, expected in (("exact", [-0.169963, 0.0, 0.841345]), ("approximate", [-0.170036, 0.0, 0.841192])):
+        if np.allclose(y, expected, atol=3e-5):
+            return form
+    return None
+
+
+class Int8Recorder(dict):
+    """{layer key: (low, high)}: the range of each int8 dense layer's input seen so far, filled
+    as a model built with `optimize(..., int8=True, int8_ranges=recorder)` runs eagerly, in
+    float32 (`measure_int8_ranges`)."""
+
+    def record(self, key: str, x):
+        x = ops.convert_to_numpy(x)
+        low, high = float(x.min(initial=0.0)), float(x.max(initial=0.0))
+        seen = self.get(key, (low, high))
+        self[key] = (min(seen[0], low), max(seen[1], high))
 
 
 class _Int8Weights:
-    """One dense layer's `Int8Kernel`, its arrays held as non-trainable weights of `owner`."""
+    """One dense layer's int8 form, its arrays held as non-trainable weights of `owner`: an
+    `Int8Kernel` (each row quantized per call), or, where `ranges` holds its input's range, a
+    `CalibratedInt8Kernel` (that range fixed; with `gelu`, the kernel applies it). Its key in
+    `ranges` is "OWNER/NAME", e.g. "transformer_layer_0/qkv"."""
 
-    def __init__(self, owner, name, kernel, bias, shift: float = 0.0):
-        made = Int8Kernel.of(ops.convert_to_numpy(kernel), ops.convert_to_numpy(bias), shift)
+    def __init__(self, owner, name, kernel, bias, shift: float = 0.0, ranges=None, gelu: str | None = None):
+        self.key = f"{owner.name}/{name}"
+        kernel, bias = ops.convert_to_numpy(kernel), ops.convert_to_numpy(bias)
+        self.recorder = ranges if isinstance(ranges, Int8Recorder) else None
+        self.float_weights = (kernel, bias) if self.recorder is not None else None
+        calibrated = self.recorder is None and ranges is not None and self.key in ranges
+        self.gelu = gelu if calibrated else None
+        if calibrated:
+            made = CalibratedInt8Kernel.of(kernel, bias, *ranges[self.key], gelu=gelu)
+            fields = ("kernel", "weight_range", "bias")
+        else:
+            made = Int8Kernel.of(kernel, bias, shift)
+            fields = ("kernel", "weight_range", "kernel_bias", "bias")
+        self.matmul = calibrated_int8_matmul if calibrated else int8_matmul
         self.weights = dataclasses.replace(
-            made,
-            **{
-                field: _constant_weight(owner, f"{name}_int8_{field}", getattr(made, field))
-                for field in ("kernel", "weight_range", "kernel_bias", "bias")
-            },
+            made, **{field: _constant_weight(owner, f"{name}_int8_{field}", getattr(made, field)) for field in fields}
         )
 
     @classmethod
-    def of(cls, owner, dense, shift: float = 0.0):
+    def of(cls, owner, dense, shift: float = 0.0, ranges=None, gelu: str | None = None):
         bias = dense.bias if dense.use_bias else np.zeros(dense.units, np.float32)
-        return cls(owner, dense.name, dense.kernel, bias, shift)
+        return cls(owner, dense.name, dense.kernel, bias, shift, ranges, gelu)
 
     def __call__(self, x):
-        return int8_matmul(x, self.weights)
+        if self.recorder is not None:  # measuring: the float32 layer, its input's range noted
+            self.recorder.record(self.key, x)
+            kernel, bias = self.float_weights
+            return ops.matmul(x, kernel) + bias
+        return self.matmul(x, self.weights)
 
 
 def _constant_weight(owner, name, value):
@@ -423,10 +510,10 @@ class Int8Dense(keras.layers.Layer):
     """`dense` (a float32 Dense with a bias) as one int8 matmul, then its activation: the pooler
     of an int8 export."""
 
-    def __init__(self, dense: keras.layers.Dense):
+    def __init__(self, dense: keras.layers.Dense, int8_ranges=None):
         super().__init__(name=dense.name, dtype=dense.dtype_policy)
         self.dense = dense
-        self.weights_int8 = _Int8Weights.of(self, dense)
+        self.weights_int8 = _Int8Weights.of(self, dense, ranges=int8_ranges)
         self.built = True
 
     def call(self, x):

@@ -523,6 +523,16 @@ WHOLE_CASES = [
     ("export", "max-drift-without-calibration", f"{_INT8} --max-drift 0.1"),
     ("export", "calibration-texts-without-calibration", f"{_INT8} --calibration-texts 10"),
     ("export", "max-drift-negative", f"{_INT8} --calibration T/text.txt --max-drift -0.5"),
+    # Calibrated int8 ranges: measured on texts, so they need the file; only int8 has them.
+    ("export", "int8-ranges-without-calibration", f"{_INT8} --int8-ranges calibrated"),
+    ("export", "int8-ranges-unknown", f"{_INT8} --calibration T/text.txt --int8-ranges per-tensor"),
+    (
+        "export",
+        "int8-ranges-of-a-float32-export",
+        "export T/kbert T/out/export --int8-ranges calibrated --calibration T/text.txt",
+    ),
+    ("export", "int8-ranges-for-tfhub", "export T/kbert T/out/hub --format tfhub --int8-ranges calibrated"),
+    ("export", "int8-ranges-calibrated-on-no-texts", f"{_INT8} --int8-ranges calibrated --calibration T/empty.txt"),
     # Rerankers: training files of the wrong shape, losses their file cannot feed, lists with nothing to rank.
     ("finetune", "rerank-label-out-of-range", f"{_FINETUNE_RERANK} --train T/label-out-of-range.tsv"),
     ("finetune", "rerank-label-and-negatives", f"{_FINETUNE_RERANK} --train T/label-and-negative.tsv"),
