@@ -247,9 +247,10 @@ def profile_onnx(args, texts) -> dict:
         ops[op] += event["dur"]
         op_nodes[op] += 1
         if op in ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"):
-            shapes = event["args"].get("input_type_shape", [])
-            a, b = (list(s.values())[0] for s in shapes[:2])
-            int8_flops += 2.0 * float(np.prod(a)) * b[-1]
+            # Weights are initializers, without a shape here: [rows..., in] in, [rows..., out] out.
+            x = list(event["args"]["input_type_shape"][0].values())[0]
+            y = list(event["args"]["output_type_shape"][0].values())[0]
+            int8_flops += 2.0 * float(np.prod(x)) * y[-1]
             int8_us += event["dur"]
     report = {"onnx": args.onnx, "requests": len(timed), "p50_ms": round(float(np.median(wall)) * 1000, 2)}
     report.update(summary(kinds, kind_nodes, ops, op_nodes, len(timed), args.top))

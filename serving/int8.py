@@ -31,6 +31,12 @@ ranges it is given, 255 for quint8 and 127 for qint8):
   ranges (scale 1 for the input, the weights' own), each row is quantized on its own scale
   (Mul, Round, Cast), and each output row is multiplied by that scale before the bias is added.
 
+With ranges measured at export (`kbert export --int8-ranges calibrated --calibration FILE`,
+`CalibratedInt8Kernel`, `calibrated_int8_matmul`), an input is quantized on its layer's fixed
+range instead (one scale and zero point for every row and request), and the kernel itself
+rescales, adds the bias and, after the first feed-forward matmul, applies the GELU
+(`fused_ops = [BiasAdd, GeluExact, Dequantize]`): fewer ops per call, nothing computed per row.
+
 Why not the others: `QuantizedMatMulWithBiasAndDequantize` adds `min_a / x_scale · colsum(W)`
 to the bias in MIN_FIRST mode, where the offset is `min_a · w_scale · colsum(W)` (its output
 is then neither the float product nor the int32 one), and recomputes that correction on every

@@ -22,7 +22,9 @@ kernels, nothing else. Everything an export does differently lives here, in five
   model should not depend on which CPU runs it, so the few ops are the default.
 - **int8 matmuls** (`optimize(..., int8=True)`, `kbert export --precision int8`). Each dense
   layer of the encoder runs as oneDNN's int8 matmul from int8 copies of its weights, made
-  here (`kbert.serving.int8`, `Int8Dense`); the numbers then differ by the quantization.
+  here (`kbert.serving.int8`, `Int8Dense`); the numbers then differ by the quantization. Each
+  input is quantized per row on every call, or, with `int8_ranges` measured on real texts
+  (`measure_int8_ranges`), on fixed ranges, the GELU inside the kernel.
 - **Weights as graph constants** (`optimize(..., constant_weights=True)`, `kbert export
   --constant-weights`, up to CONSTANT_WEIGHTS_MAX_BYTES). oneDNN keeps a constant weight in
   its reordered layout between calls, where it reorders a variable's on every call. But the
@@ -352,7 +354,7 @@ class InferenceTransformerLayer(keras.layers.Layer):
             if layer.compute_dtype != "float32":
                 raise ValueError(f"int8 serving quantizes a float32 model, not {layer.compute_dtype}")
             # Q, K and V as one int8 matmul, and the three other dense layers each as one.
-            ranges = int8_ranges
+            ranges = int8_ranges  # {layer key: (low, high)}, an Int8Recorder, or None: per row
             qkv = _Int8Weights(
                 self, "qkv", _concatenated(denses, "kernel"), _concatenated(denses, "bias"), ranges=ranges
             )
