@@ -6,7 +6,8 @@ the `serve` MetaGraph, fed and fetched by the `serving_default` signature's tens
 - ENCODER_DIR (a kbert encoder, e.g. all-MiniLM-L6-v2 converted by `kbert convert from-hf`):
   sentence embeddings of the texts of DATA_DIR/test.tsv, int8 against float32: the cosine of
   each text's mean-pooled `sequence_output` (how sentence-transformers pools MiniLM) and of its
-  `pooled_output`; median, 1st percentile and minimum.
+  `pooled_output`; median, 1st percentile and minimum. A sentence-embedding model (converted
+  from sentence-transformers) serves its `embedding`, compared the same way.
 - CLASSIFIER_DIR (the same encoder fine-tuned by `kbert finetune --task classify`): accuracy on
   DATA_DIR/test.tsv of each export, and how many predictions differ.
 
@@ -95,14 +96,25 @@ def main():
             )
 
     log("sentence embeddings ...")
-    runs = {p: serve(exported["encoder", p], texts, ["sequence_output", "pooled_output", "input_mask"]) for p in kinds}
-    mask = runs["float32"]["input_mask"][..., None].astype(np.float64)
-    mean = {p: (r["sequence_output"] * mask).sum(1) / mask.sum(1) for p, r in runs.items()}
+    probe = ServingSession(exported["encoder", "float32"])
+    outputs = probe.signatures["serving_default"].outputs
+    probe.close()
+    if "embedding" in outputs:  # a sentence-embedding model: its own pooling, normalized
+        runs = {p: serve(exported["encoder", p], texts, ["embedding"]) for p in kinds}
+        sentence = {p: r["embedding"].astype(np.float64) for p, r in runs.items()}
+    else:
+        runs = {
+            p: serve(exported["encoder", p], texts, ["sequence_output", "pooled_output", "input_mask"]) for p in kinds
+        }
+        mask = runs["float32"]["input_mask"][..., None].astype(np.float64)
+        sentence = {p: (r["sequence_output"] * mask).sum(1) / mask.sum(1) for p, r in runs.items()}
     for name in int8_kinds:
         report[f"embeddings ({name})"] = {
-            "mean_pooled_cosine": summary(cosines(mean[name], mean["float32"])),
-            "pooled_output_cosine": summary(cosines(runs[name]["pooled_output"], runs["float32"]["pooled_output"])),
+            "sentence_embedding_cosine": summary(cosines(sentence[name], sentence["float32"]))
         }
+        if "pooled_output" in runs[name]:
+            pooled = cosines(runs[name]["pooled_output"], runs["float32"]["pooled_output"])
+            report[f"embeddings ({name})"]["pooled_output_cosine"] = summary(pooled)
         log(f"  {name}: {report[f'embeddings ({name})']}")
 
     log("classification ...")
