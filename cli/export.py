@@ -92,7 +92,7 @@ def export(
         help="How --precision int8 quantizes each dense layer's input: per-row (each token on its own scale, on "
         "every request; no calibration needed) or calibrated (on fixed ranges measured on the --calibration texts "
         "at export, the GELU inside the int8 kernel: fewer ops per request; the second feed-forward matmul stays "
-        "per row, where that is more accurate). docs/serving.md says which to choose on which CPU.",
+        "per row, where that is more accurate).",
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing version (tfhub: an existing EXPORT_BASE)."

@@ -252,12 +252,9 @@ def export_model(
             `kbert.serving.drift.CALIBRATION_TEXTS`); a file with fewer is refused.
         max_drift: float. Refuse to write the export if its drift passes this
             (`kbert.serving.drift.DRIFT_IS` says what the drift is for each kind of model).
-        int8_ranges: str. How an int8 export quantizes each dense layer's input: "per-row" (each
-            token on its own scale, on every request: no calibration needed), or "calibrated"
-            (needs `calibration`): on fixed ranges measured as the float32 model runs on the
-            calibration texts, with the GELU inside the int8 kernel, fewer ops per request; the
-            second feed-forward matmul, whose input is a GELU's output, stays per row there, as
-            it is more accurate (`kbert.serving.optimize.measure_int8_ranges`; docs/serving.md).
+        int8_ranges: str. How int8 quantizes each dense layer's input: "per-row" (each token on
+            its own scale, every request), or "calibrated": on ranges measured on `calibration`
+            (`_calibrated_ranges`; docs/serving.md).
 
     Example:
     >>> path = export_model("out/classifier", "exports/sentiment")  # doctest: +SKIP
@@ -274,8 +271,7 @@ def export_model(
     int8 = precision == "int8"
     if int8:
         _check_int8()
-    calibration_set = _calibration_set(precision, calibration, calibration_texts, max_drift)
-    _check_int8_ranges(int8_ranges, precision, calibration)
+    calibration_set = _calibration_set(precision, calibration, calibration_texts, max_drift, int8_ranges)
 
     # --- the model, in the export's precision, and how it is served ---
     model = _open_in_precision(model_dir, "float32" if int8 else precision)  # int8 quantizes the float32 model
@@ -301,14 +297,7 @@ def export_model(
             f"{option('max_windows')} applies to models fine-tuned with `kbert finetune --long-text windows`; "
             f"{model_dir} truncates long texts: drop {option('max_windows')}"
         )
-    if int8_ranges == "calibrated" and family_of(model) == MODERNBERT:
-        raise KbertError(
-            f"{option('int8_ranges', 'calibrated')} measures a BERT's dense layers; a ModernBERT's int8 export "
-            f"quantizes per row: drop {option('int8_ranges')}"
-        )
-    calibrate = None
-    if int8_ranges == "calibrated":
-        calibrate = functools.partial(_measured_int8_ranges, preprocessor=preprocessor, texts=calibration_set)
+    calibrate = _calibrated_ranges(int8_ranges, model, preprocessor, calibration_set)
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows, calibrate)
     if calibration_set is not None:
         _check_calibration_fits(head, calibration, calibration_set)
@@ -330,15 +319,8 @@ def export_model(
             # int8 quantizes the float32 model it opened: that model is the reference as it is.
             reference = model if int8 else _open_in_precision(model_dir, "float32")
             reference_archive = _float32_archive(reference, task_info, text_pairs, windows, length)
-            _record_drift(
-                tmp,
-                reference_archive,
-                precision,
-                calibration,
-                calibration_set,
-                max_drift,
-                int8_ranges if int8 else None,
-            )
+            ranges = int8_ranges if int8 else None
+            _record_drift(tmp, reference_archive, precision, calibration, calibration_set, max_drift, ranges)
     write_models_config(export_base, name, version)
     write_batching_parameters(export_base)
     return path
@@ -350,9 +332,10 @@ def _id_names(preprocessor) -> list:
     return list(preprocessor((tf.constant(["warm up"]), tf.constant(["b"]))))
 
 
-def _calibration_set(precision: str, calibration, count, max_drift):
+def _calibration_set(precision: str, calibration, count, max_drift, int8_ranges="per-row"):
     """The calibration texts (texts, texts_b), checked against the options, or None without
     --calibration."""
+    _check_int8_ranges(int8_ranges, precision, calibration)
     if max_drift is not None and max_drift < 0:
         raise KbertError(f"{option('max_drift', max_drift)}: a drift is 0 or more; give 0 or a positive limit")
     if calibration is None:
@@ -454,6 +437,22 @@ def _check_int8_ranges(int8_ranges: str, precision: str, calibration):
             f"{option('int8_ranges', 'calibrated')} measures its ranges on real texts: pass a file of them with "
             f"{option('calibration')}"
         )
+
+
+def _calibrated_ranges(int8_ranges: str, model, preprocessor, texts):
+    """None for per-row int8 (or no int8); for "calibrated", the function that measures a served
+    model's int8 input ranges on the calibration texts (`_measured_int8_ranges`): fixed ranges,
+    the GELU inside the int8 kernel, fewer ops per request; the second feed-forward matmul, whose
+    input is a GELU's output, stays per row, as it is more accurate there
+    (`kbert.serving.optimize.measure_int8_ranges`)."""
+    if int8_ranges != "calibrated":
+        return None
+    if family_of(model) == MODERNBERT:
+        raise KbertError(
+            f"{option('int8_ranges', 'calibrated')} measures a BERT's dense layers; a ModernBERT's int8 export "
+            f"quantizes per row: drop {option('int8_ranges')}"
+        )
+    return functools.partial(_measured_int8_ranges, preprocessor=preprocessor, texts=texts)
 
 
 def _measured_int8_ranges(served_model, preprocessor, texts) -> dict:

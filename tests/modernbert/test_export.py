@@ -241,6 +241,13 @@ def test_what_an_export_cannot_build_for_a_modernbert_is_said_in_one_line(export
     done = run_kbert("export", kbert_dir, tmp_path / "hub", "--format", "tfhub", check=False)
     assert_user_error(done, "TF Hub's BERT format", "exports for TF Serving")
     assert not (tmp_path / "hub").exists()
+    # Calibrated int8 ranges are measured on a BERT's dense layers; a ModernBERT's int8 is per row.
+    texts = tmp_path / "texts.txt"
+    texts.write_text("A first text to calibrate on.\nAnd a second one.\n")
+    calibrated = ("--precision", "int8", "--int8-ranges", "calibrated", "--calibration", texts)
+    done = run_kbert("export", kbert_dir, tmp_path / "served", *calibrated, check=False)
+    assert_user_error(done, "--int8-ranges calibrated", "quantizes per row")
+    assert not (tmp_path / "served").exists()
     # A tokenizer.json the graph cannot run: the export says so, and writes nothing.
     other = tmp_path / "model"
     run_kbert("convert", "from-hf", exported["models"]["masked_lm"][0], other)
