@@ -55,7 +55,7 @@ from kbert.finetuning.options import window_stride
 from kbert.finetuning.tasks import get_task, head_task
 from kbert.formats.sources import open_model
 from kbert.model.embedding_record import embedding_of
-from kbert.model.families import MODERNBERT, encoder_of, family_of, graph_packer, ids_file
+from kbert.model.families import encoder_of, graph_packer, ids_file
 from kbert.model.kinds import HEAD_KINDS, model_kind
 from kbert.runtime.errors import KbertError, option
 from kbert.runtime.files import atomic_output_dir, writes
@@ -297,7 +297,7 @@ def export_model(
             f"{option('max_windows')} applies to models fine-tuned with `kbert finetune --long-text windows`; "
             f"{model_dir} truncates long texts: drop {option('max_windows')}"
         )
-    calibrate = _calibrated_ranges(int8_ranges, model, preprocessor, calibration_set)
+    calibrate = _calibrated_ranges(int8_ranges, preprocessor, calibration_set)
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows, calibrate)
     if calibration_set is not None:
         _check_calibration_fits(head, calibration, calibration_set)
@@ -439,7 +439,7 @@ def _check_int8_ranges(int8_ranges: str, precision: str, calibration):
         )
 
 
-def _calibrated_ranges(int8_ranges: str, model, preprocessor, texts):
+def _calibrated_ranges(int8_ranges: str, preprocessor, texts):
     """None for per-row int8 (or no int8); for "calibrated", the function that measures a served
     model's int8 input ranges on the calibration texts (`_measured_int8_ranges`): fixed ranges,
     the GELU inside the int8 kernel, fewer ops per request; the second feed-forward matmul, whose
@@ -447,11 +447,6 @@ def _calibrated_ranges(int8_ranges: str, model, preprocessor, texts):
     (`kbert.serving.optimize.measure_int8_ranges`)."""
     if int8_ranges != "calibrated":
         return None
-    if family_of(model) == MODERNBERT:
-        raise KbertError(
-            f"{option('int8_ranges', 'calibrated')} measures a BERT's dense layers; a ModernBERT's int8 export "
-            f"quantizes per row: drop {option('int8_ranges')}"
-        )
     return functools.partial(_measured_int8_ranges, preprocessor=preprocessor, texts=texts)
 
 

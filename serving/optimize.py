@@ -70,6 +70,7 @@ from kbert._compat import reads_replaced
 from kbert.model.bert import encoder_of
 from kbert.model.families import MODERNBERT, family_of
 from kbert.model.layers import BertEmbeddings, TransformerLayer
+from kbert.runtime.errors import KbertError, option
 from kbert.serving.int8 import (
     GELU_FLOOR,
     CalibratedInt8Kernel,
@@ -143,6 +144,11 @@ def optimize(
     if layer_norm not in LAYER_NORMS:
         raise ValueError(f"layer_norm {layer_norm!r}: one of {', '.join(LAYER_NORMS)}")
     if family_of(model) == MODERNBERT:  # its blocks are its own: cut to the longest text, int8 dense layers
+        if int8_ranges is not None:
+            raise KbertError(
+                f"{option('int8_ranges', 'calibrated')} measures a BERT's dense layers; a ModernBERT's int8 export "
+                f"quantizes per row: drop {option('int8_ranges')}"
+            )
         return optimize_modernbert(model, constant_weights, int8=int8)
     if int8:
         require_int8_matmul()
