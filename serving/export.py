@@ -270,7 +270,7 @@ def export_model(
         raise KbertError(f"{option('max_windows', max_windows)}: a request needs at least 1 window; give 1 or more")
     int8 = precision == "int8"
     if int8:
-        _check_int8()
+        require_int8_matmul()
     calibration_set = _calibration_set(precision, calibration, calibration_texts, max_drift, int8_ranges)
 
     # --- the model, in the export's precision, and how it is served ---
@@ -301,6 +301,8 @@ def export_model(
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows, calibrate)
     if calibration_set is not None:
         _check_calibration_fits(head, calibration, calibration_set)
+    if int8:  # said once what was asked is known to build, so that a refusal stays one line
+        _warn_without_int8_instructions()
 
     # --- the signatures ---
     archive = _archive(head, preprocessor, ids_file(model), windows, _id_names(preprocessor))
@@ -465,9 +467,8 @@ def _measured_int8_ranges(served_model, preprocessor, texts) -> dict:
     return measure_int8_ranges(served_model, batches)
 
 
-def _check_int8():
-    """An int8 export needs TensorFlow's int8 matmul; a CPU without int8 dot products gets a warning."""
-    require_int8_matmul()
+def _warn_without_int8_instructions():
+    """A warning on a CPU without int8 dot products, where the export's int8 matmuls run slowly."""
     if not cpu_int8_instructions():
         log.warning(
             "this CPU has no int8 dot-product instructions (%s): int8 matmuls run at a fraction of their "

@@ -143,7 +143,11 @@ def test_max_drift_refuses_past_the_measured_drift_and_writes_nothing(exported, 
     base = tmp_path / "base"
     args = ["export", models["embedding"], base, "--precision", "int8", "--calibration", texts_file]
     refused = run_kbert(*args, "--max-drift", f"{measured / 2:.9f}", check=False)
-    assert_user_error(refused, "the int8 export drifts", f"--max-drift {measured / 2:.9f}", "nothing was written")
+    # Refused after the export is built and measured: the warnings of that work (a CPU without
+    # int8 dot products) may come before the one error line.
+    assert_user_error(
+        refused, "the int8 export drifts", f"--max-drift {measured / 2:.9f}", "nothing was written", alone=False
+    )
     assert f"{measured:.6g}" in refused.stderr
     assert not (base / "1").exists() and not base.exists()
     written = json.loads(run_kbert(*args, "--max-drift", f"{measured * 2:.9f}").stdout)
