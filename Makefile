@@ -6,10 +6,15 @@ STAMP := $(VENV)/.kbert-installed
 
 .PHONY: quickstart lint test test-fast bench clean
 
+# uv installs what pip would (the same resolution, from the same indexes and PIP_FIND_LINKS, the
+# system's certificates), downloading and unpacking in parallel: a fresh venv in a fraction of
+# pip's time. pip installs it instead where uv cannot run.
+INSTALL = $(BIN)/pip install --quiet uv && UV_NATIVE_TLS=1 $(BIN)/uv pip install --quiet --python $(BIN)/python \
+	$${PIP_FIND_LINKS:+--find-links $$PIP_FIND_LINKS}
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test,beam]"
+	$(INSTALL) -e ".[test,beam]" || $(BIN)/pip install --quiet -e ".[test,beam]"
 	@touch $(STAMP)
 
 quickstart: $(STAMP)
@@ -32,7 +37,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e ".[test,beam,bench]"
+	$(INSTALL) -e ".[test,beam,bench]" || $(BIN)/pip install --quiet -e ".[test,beam,bench]"
 	$(BIN)/python benchmarks/convert_bench.py
 	$(BIN)/python benchmarks/tokenizer_bench.py
 
