@@ -301,8 +301,7 @@ def export_model(
     head = _serving_head(model, task_info, text_pairs, constant_weights, int8, windows, calibrate)
     if calibration_set is not None:
         _check_calibration_fits(head, calibration, calibration_set)
-    if int8:  # said once what was asked is known to build, so that a refusal stays one line
-        _warn_without_int8_instructions()
+    _warn_without_int8_instructions(int8)  # after the checks above: a refusal stays one line
 
     # --- the signatures ---
     archive = _archive(head, preprocessor, ids_file(model), windows, _id_names(preprocessor))
@@ -467,9 +466,9 @@ def _measured_int8_ranges(served_model, preprocessor, texts) -> dict:
     return measure_int8_ranges(served_model, batches)
 
 
-def _warn_without_int8_instructions():
-    """A warning on a CPU without int8 dot products, where the export's int8 matmuls run slowly."""
-    if not cpu_int8_instructions():
+def _warn_without_int8_instructions(int8: bool):
+    """For an int8 export, a warning on a CPU without int8 dot products, where its matmuls run slowly."""
+    if int8 and not cpu_int8_instructions():
         log.warning(
             "this CPU has no int8 dot-product instructions (%s): int8 matmuls run at a fraction of their "
             "speed here; the export is made for CPUs that have them (to serve on one without, start the "
