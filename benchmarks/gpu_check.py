@@ -7,12 +7,17 @@ Runs on a machine that has JAX, PyTorch and transformers but neither TensorFlow 
    expected.npz) on the GPU in float32 at the highest matmul precision, on JAX and on PyTorch,
    with the tiny model's weights from benchmarks/gpu_check_data/ (a .weights.h5 that
    `--make-weights` writes where TensorFlow is);
-2. pretrains BERT-base from a random start in bfloat16 (Keras' mixed_bfloat16) with kbert's
-   BertPretrainer, losses and BertAdamW through Keras `fit`, on JAX and on PyTorch, at batch
-   256 x 128 and 32 x 512, reading records that kbert's TensorFlow-free create-data writes from
-   tests/fixtures/sample_text.txt at the start, through kbert.pretraining.record_reader;
-3. trains the contenders on the same batches in the same run: Hugging Face BertForPreTraining
-   on PyTorch eager and under torch.compile, and keras-hub's BertMaskedLM on JAX;
+2. pretrains BERT-base from a random start in bfloat16 with `kbert pretrain` itself (its engine,
+   record reader, optimizer, losses and checkpoints; its Python function, which the command calls)
+   on JAX and on PyTorch, at batch 256 x 128 and 32 x 512, on records that kbert's
+   TensorFlow-free create-data writes from tests/fixtures/sample_text.txt at the start; its own
+   sequences/s (the loops after the first, which compiles) is the figure compared;
+3. runs `kbert pretrain --mixed-precision-dtype float16` once: a loop, its checkpoint with the
+   loss scale, and a --resume that must carry the scale on;
+4. trains the contenders on the same batches in the same run: Hugging Face BertForPreTraining
+   on PyTorch eager and under torch.compile, and keras-hub's BertMaskedLM on JAX; and, last,
+   kbert's model in a plain Keras `fit` (BertPretrainer, its losses and BertAdamW), to tell the
+   model's speed from its loop's;
 
 and prints one JSON object (sequences/s after the warm-up steps, each step's loss), written
 through benchmarks/record.py unless --smoke, to --output or else into the temp folder (never into
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -46,6 +52,7 @@ ROOT = os.path.dirname(HERE)
 DATA = os.path.join(HERE, "gpu_check_data")
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 TINY = os.path.join(FIXTURES, "tf1-tiny")
+VOCAB = os.path.join(FIXTURES, "vocab-uncased.txt")
 WEIGHTS = os.path.join(DATA, "tf1-tiny.weights.h5")
 
 BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
@@ -53,8 +60,22 @@ SMOKE = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attentio
 # (batch, max_seq_length, max_predictions_per_seq): run_pretraining.py's two phases.
 SHAPES = {"full": [(256, 128, 20), (32, 512, 80)], "smoke": [(4, 32, 5)]}
 # In the order they run: the ones the aims compare first, so a spent time budget drops the others.
-RUNS = ("kbert-jax", "keras-hub-jax", "hf-torch-compile", "hf-torch-eager", "kbert-torch")
-# The aims the speed is measured against: kbert on JAX against each contender, at each shape.
+# kbert-pretrain-*: `kbert pretrain` itself (its engine, record reader, optimizer, losses and
+# checkpoints), timed as it times itself; kbert-fit-*: kbert's model in a plain Keras `fit`.
+RUNS = (
+    "kbert-pretrain-jax",
+    "keras-hub-jax",
+    "hf-torch-compile",
+    "kbert-pretrain-jax-float16",
+    "hf-torch-eager",
+    "kbert-pretrain-torch",
+    "kbert-fit-jax",
+    "kbert-fit-torch",
+)
+# The float16 run trains, checkpoints its loss scale and resumes: once, at the first shape.
+FIRST_SHAPE_ONLY = ("kbert-pretrain-jax-float16",)
+# The aims the speed is measured against: `kbert pretrain` on JAX against each contender, at each shape.
+OURS = "kbert-pretrain-jax"
 TARGETS = {"keras-hub-jax": 1.2, "hf-torch-compile": 1.0}
 
 
@@ -68,7 +89,7 @@ def make_records(folder: str, max_seq_length: int, max_predictions_per_seq: int)
     path = os.path.join(folder, f"records-{max_seq_length}.tfrecord")
     create_pretraining_data(
         [os.path.join(FIXTURES, "sample_text.txt")],
-        os.path.join(FIXTURES, "vocab-uncased.txt"),
+        VOCAB,
         path,
         max_seq_length=max_seq_length,
         max_predictions_per_seq=max_predictions_per_seq,
@@ -159,7 +180,94 @@ def per_step(running_means: list) -> list:
     return [round(s - (sums[k - 1] if k else 0.0), 4) for k, s in enumerate(sums)]
 
 
-def run_kbert(size: dict, shape, records: str, steps: int, warmup: int) -> dict:
+def run_kbert_pretrain(size: dict, shape, records: str, steps: int) -> dict:
+    """`kbert pretrain` from a random start in bfloat16, as a user runs it (its Python function,
+    which the command calls with the flags): `steps` steps a loop, the default's 10 on the GPU,
+    and two loops. Its own figure is the one reported: sequences/s over the loops after the first
+    (which compiles), checkpoint writes left out."""
+    with tempfile.TemporaryDirectory() as folder:
+        result, rows, seconds = pretrain_run(folder, size, shape, records, steps, 2 * steps, "bfloat16")
+    return {
+        "sequences_per_second": result["sequences_per_second"],
+        "warmup_seconds": round(seconds[0], 2),
+        "loop_seconds": [round(s, 3) for s in seconds],
+        "losses": [round(row["loss"], 4) for row in rows],
+        "losses_are": f"each loop's mean over its {steps} steps",
+        "mixed_precision": result["mixed_precision"],
+        "jit": result["jit"],
+    }
+
+
+def run_kbert_pretrain_float16(size: dict, shape, records: str, steps: int) -> dict:
+    """`kbert pretrain --mixed-precision-dtype float16`: a loop, its checkpoint, then `--resume`
+    with twice the steps. The loss scale and its step counter must come back from the checkpoint:
+    the counter goes on from where it stopped unless the scale changed (a step whose gradients
+    overflowed halves the scale and restarts the count)."""
+    with tempfile.TemporaryDirectory() as folder:
+        first, _, _ = pretrain_run(folder, size, shape, records, steps, steps, "float16")
+        resumed, rows, _ = pretrain_run(folder, size, shape, records, steps, 2 * steps, "float16", resume=True)
+        before, after = loss_scale_at(folder, steps), loss_scale_at(folder, 2 * steps)
+    scale_changed = after["dynamic_scale"] != before["dynamic_scale"]
+    counted_on = after["step_counter"] == before["step_counter"] + steps
+    finite = all(math.isfinite(row["loss"]) for row in rows)
+    return {  # no speed: each of its two runs' loops is one compiling call
+        "mixed_precision": resumed["mixed_precision"],
+        "resumed_from": resumed["resumed_from"],
+        "loss_scale": {f"step {steps}": before, f"step {2 * steps}": after},
+        "losses": [round(first["loss"], 4)] + [round(row["loss"], 4) for row in rows],
+        "ok": resumed["resumed_from"] == steps
+        and resumed["step"] == 2 * steps
+        and (scale_changed or counted_on)
+        and finite,
+    }
+
+
+def pretrain_run(folder: str, size: dict, shape, records: str, loop: int, total: int, dtype: str, resume=False):
+    """One `kbert pretrain` run into folder/model (or its --resume): (its result, the loops'
+    metrics rows it added, each of those loops' seconds)."""
+    from kbert.pretraining.train import METRICS_FILE, pretrain
+
+    batch, seq, preds = shape
+    model_dir, config = os.path.join(folder, "model"), os.path.join(folder, "bert_config.json")
+    with open(config, "w") as f:
+        json.dump(dict(size, max_position_embeddings=512, type_vocab_size=2), f)
+    metrics = os.path.join(model_dir, METRICS_FILE)
+    logged = sum(1 for _ in open(metrics)) if resume else 0
+    start = {} if resume else {"data": records, "config_file": config, "vocab_file": VOCAB}
+    flags = {} if resume else dict(max_seq_length=seq, max_predictions_per_seq=preds, batch_size=batch, seed=0)
+    result = pretrain(
+        model_dir,
+        **start,
+        **flags,
+        steps=total,
+        steps_per_loop=loop,
+        save_every=loop,
+        mixed_precision_dtype=dtype,
+        resume=resume,
+        progress=False,
+    )
+    with open(metrics) as f:
+        rows = [json.loads(line) for line in f][logged:]
+    return result, rows, [loop * batch / row["sequences_per_second"] for row in rows]
+
+
+def loss_scale_at(folder: str, step: int) -> dict:
+    """The float16 run's loss scale and step counter in its checkpoint of `step`."""
+    import numpy as np
+
+    path = os.path.join(folder, "model", "checkpoints", f"ckpt-{step}")
+    with open(os.path.join(path, "manifest.json")) as f:
+        rows = json.load(f)["variables"]["optimizer"]
+    with np.load(os.path.join(path, "state.npz")) as state:
+        return {
+            name: float(state[row["key"]])
+            for row in rows
+            for name in ("dynamic_scale", "step_counter")
+            if row["name"].endswith(f"/{name}")
+        }
+
+
+def run_kbert_fit(size: dict, shape, records: str, steps: int, warmup: int) -> dict:
     import keras
 
     from kbert.config import BertConfig
@@ -303,9 +411,14 @@ def run_one(args, run: str) -> dict:
     shape = tuple(args.shape)
     report = {"device": device_name()}
     if run.startswith("kbert"):
-        if args.check_outputs:
-            report["outputs"] = check_outputs()
-        report.update(run_kbert(size, shape, args.records, args.steps, args.warmup))
+        if args.check_outputs:  # once a process
+            report["outputs"], args.check_outputs = check_outputs(), False
+        if run.startswith("kbert-fit"):
+            report.update(run_kbert_fit(size, shape, args.records, args.steps, args.warmup))
+        elif run.endswith("float16"):
+            report.update(run_kbert_pretrain_float16(size, shape, args.records, args.steps))
+        else:
+            report.update(run_kbert_pretrain(size, shape, args.records, args.steps))
     elif run == "keras-hub-jax":
         report.update(run_keras_hub(size, shape, args.records, args.steps, args.warmup))
     else:
@@ -329,7 +442,7 @@ def run_in_this_process(args) -> dict:
 
 
 def backend_of(run: str) -> str:
-    return "jax" if run.endswith("jax") else "torch"
+    return "torch" if "torch" in run else "jax"
 
 
 def spawn(runs: list, shape, records: str, args, check_outputs: bool, timeout: float) -> dict:
@@ -352,15 +465,15 @@ def spawn(runs: list, shape, records: str, args, check_outputs: bool, timeout: f
 
 
 def ratios(runs: dict, shapes) -> dict:
-    """kbert on JAX's sequences/s over each contender's, at each shape, and whether it meets the aim."""
+    """`kbert pretrain` on JAX's sequences/s over each contender's, at each shape, and whether it meets the aim."""
     out = {}
     for batch, seq, _ in shapes:
-        ours = runs.get(f"kbert-jax {batch}x{seq}", {}).get("sequences_per_second")
+        ours = runs.get(f"{OURS} {batch}x{seq}", {}).get("sequences_per_second")
         for contender, aim in TARGETS.items():
             theirs = runs.get(f"{contender} {batch}x{seq}", {}).get("sequences_per_second")
             if ours and theirs:
                 ratio = ours / theirs
-                out[f"kbert-jax/{contender} {batch}x{seq}"] = {
+                out[f"{OURS}/{contender} {batch}x{seq}"] = {
                     "ratio": round(ratio, 3),
                     "aim": aim,
                     "met": ratio >= aim,
@@ -418,15 +531,20 @@ def main(argv=None):
             groups = [g for g in ([run for run in chosen if backend_of(run) == b] for b in ("jax", "torch")) if g]
         else:
             groups = [[run] for run in chosen]
-        for group in groups:
+        checked = set()  # the backends whose encoder was checked against the original's outputs
+        for runs_of_backend in groups:
             for shape in shapes:
+                group = [run for run in runs_of_backend if shape == shapes[0] or run not in FIRST_SHAPE_ONLY]
+                if not group:
+                    continue
                 names = [f"{run} {shape[0]}x{shape[1]}" for run in group]
                 left = args.budget - (time.perf_counter() - started)
                 if left < 30:
                     for name in names:
                         report["runs"][name] = {"error": f"not run: the --budget of {args.budget} s was spent"}
                     continue
-                check = shape == shapes[0] and any(run.startswith("kbert") for run in group)
+                check = backend_of(group[0]) not in checked and any(run.startswith("kbert") for run in group)
+                checked |= {backend_of(group[0])} if check else set()
                 timeout = min(args.timeout * len(group), left)
                 results = spawn(group, shape, records[shape], args, check, timeout)
                 report["runs"].update(zip(names, (results[run] for run in group)))

@@ -63,7 +63,13 @@ def finetune(
     ),
     seed: int = typer.Option(DEFAULTS.seed, min=0, help="Seed for the head's initial weights, dropout and data order."),
     mixed_precision: bool = typer.Option(
-        DEFAULTS.mixed_precision, "--mixed-precision", help="bfloat16 on CPU, float16 with loss scaling on GPU."
+        DEFAULTS.mixed_precision,
+        "--mixed-precision",
+        help="Compute in 16 bits, keep the variables in float32: bfloat16, or float16 with loss scaling on GPUs older than the A100 (see --mixed-precision-dtype).",
+    ),
+    mixed_precision_dtype: str = typer.Option(
+        DEFAULTS.mixed_precision_dtype,
+        help="auto|bfloat16|float16: the 16-bit type of --mixed-precision, which naming one turns on (auto: bfloat16, or float16 with loss scaling on GPUs older than the A100).",
     ),
     strategy: str = typer.Option(
         DEFAULTS.strategy,

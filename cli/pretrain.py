@@ -80,12 +80,18 @@ def pretrain_command(
     ),
     tpu: str | None = typer.Option(DEFAULTS.tpu, help="TPU name or address, with --strategy tpu."),
     mixed_precision: bool = typer.Option(
-        DEFAULTS.mixed_precision, "--mixed-precision", help="bfloat16 on CPU/TPU, float16 with loss scaling on GPU."
+        DEFAULTS.mixed_precision,
+        "--mixed-precision",
+        help="Compute in 16 bits, keep the variables in float32: bfloat16, or float16 with loss scaling on GPUs older than the A100 (see --mixed-precision-dtype).",
+    ),
+    mixed_precision_dtype: str = typer.Option(
+        DEFAULTS.mixed_precision_dtype,
+        help="auto|bfloat16|float16: the 16-bit type of --mixed-precision, which naming one turns on (auto: bfloat16, or float16 with loss scaling on GPUs older than the A100).",
     ),
     jit: bool | None = typer.Option(
         DEFAULTS.jit,
         "--jit/--no-jit",
-        help="XLA-compile the step (default: on for GPU/TPU, off on CPU; on JAX always on; on PyTorch --jit is torch.compile).",
+        help="XLA-compile the step (default on TensorFlow: on for GPU/TPU, off on CPU; on JAX always on; on PyTorch off, and --jit is torch.compile).",
     ),
     steps_per_loop: int = typer.Option(
         DEFAULTS.steps_per_loop,

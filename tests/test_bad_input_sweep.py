@@ -446,6 +446,7 @@ WHOLE_CASES = [
     ("finetune", "doc-stride-the-window's", f"{_FINETUNE} --long-text windows --doc-stride 62"),
     ("finetune", "doc-stride-past-the-window", f"{_FINETUNE} --long-text windows --max-seq-length 16 --doc-stride 20"),
     ("finetune", "long-text-unknown", f"{_FINETUNE} --long-text chunks"),
+    ("finetune", "mixed-precision-dtype-unknown", f"{_FINETUNE} --mixed-precision-dtype fp16"),
     ("finetune", "windows-for-squad", f"{_FINETUNE.replace('classify', 'squad')} --long-text windows"),
     ("finetune", "windows-for-choice", f"{_FINETUNE.replace('classify', 'choice')} --long-text windows"),
     ("finetune", "windows-with-pairs", f"{_FINETUNE.replace('train.tsv', 'pairs.tsv')} --long-text windows"),
@@ -488,6 +489,7 @@ WHOLE_CASES = [
         "pretrain --model-dir T/out/run --data T/data.tfrecord T/truncated.tfrecord --init T/kbert",
     ),
     # Options that do not apply to what runs: each would go unread, so each is refused.
+    ("pretrain", "mixed-precision-dtype-unknown", f"{_PRETRAIN_NEW} --mixed-precision-dtype half"),
     ("pretrain", "tpu-without-strategy-tpu", f"{_PRETRAIN_NEW} --tpu my-tpu"),
     ("pretrain", "eval-every-without-eval-data", f"{_PRETRAIN_NEW} --eval-every 5"),
     *[

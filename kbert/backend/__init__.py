@@ -13,7 +13,8 @@ What it answers:
   and for multi-worker runs `is_chief(strategy)` and `writes_shared_files(strategy)`;
 - seeds and precision: `set_random_seed(seed)`, `generator_states()` and
   `restore_generator_states(states)` (the backend's own random states a checkpoint keeps),
-  `use_mixed_precision(enabled)`;
+  `use_mixed_precision(enabled, dtype)` (bfloat16, or float16 with loss scaling on GPUs older
+  than the A100);
 - the batches of an epoch: `epoch_batches(train_data, opts)` (tf.data, or numpy batches),
   `shuffled_order(n, seed)` and `keras_batches(batches)` (what `fit` reads them through);
 - a training run's files: `Checkpointer(ckpt_dir, model, keep)`, `event_writer(log_dir)` and
@@ -45,6 +46,7 @@ from __future__ import annotations
 import keras
 
 from kbert.backend.placement import STRATEGIES, check_strategy, is_chief, writes_shared_files  # noqa: F401
+from kbert.runtime.precision import mixed_precision_policy
 
 name = keras.config.backend()
 
@@ -57,6 +59,7 @@ else:
 
 LAYERS_ARE_MODULES = _running.LAYERS_ARE_MODULES
 has_gpu = _running.has_gpu
+gpu_compute_capability = _running.gpu_compute_capability
 finetuning_placement = _running.finetuning_placement
 pretraining_placement = _running.pretraining_placement
 set_random_seed = _running.set_random_seed
@@ -79,8 +82,8 @@ adamw_kernels = _running.adamw_kernels
 fill_weight = _running.fill_weight
 
 
-def use_mixed_precision(enabled: bool):
-    """Turn on Keras' mixed precision if `enabled`: float16 compute (with loss scaling) on a GPU,
-    bfloat16 elsewhere (CPUs with AVX512-BF16 or AMX, TPUs); variables stay float32."""
-    if enabled:
-        keras.mixed_precision.set_global_policy("mixed_float16" if has_gpu() else "mixed_bfloat16")
+def use_mixed_precision(enabled: bool, dtype: str = "auto"):
+    """Turn on Keras' mixed precision if `enabled` or a `dtype` is named, computing in `dtype`
+    (`mixed_precision_policy`); variables stay float32."""
+    if enabled or dtype != "auto":
+        keras.mixed_precision.set_global_policy(mixed_precision_policy(dtype, gpu_compute_capability()))

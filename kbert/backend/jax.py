@@ -22,6 +22,15 @@ def has_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
 
+def gpu_compute_capability() -> float | None:
+    """The first GPU's CUDA compute capability (9.0 for an H100), or None without a GPU."""
+    import jax
+
+    if not has_gpu():
+        return None
+    return float(getattr(jax.devices()[0], "compute_capability", 0) or 0)
+
+
 def keras_devices(name: str = "auto", tpu: str | None = None) -> list:
     """The devices a JAX run trains on, for `--strategy name`; several devices are spread over
     with `keras.distribution.DataParallel`. A strategy that does not map to JAX raises a one-line

@@ -76,6 +76,15 @@ def has_gpu() -> bool:
     return bool(tf.config.list_logical_devices("GPU"))
 
 
+def gpu_compute_capability() -> float | None:
+    """The first GPU's CUDA compute capability (9.0 for an H100), or None without a GPU."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    major, minor = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
+    return float(f"{major}.{minor}")
+
+
 def make_strategy(name: str = "auto", tpu: str | None = None):
     """The tf.distribute strategy for `name`.
 

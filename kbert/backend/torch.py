@@ -23,6 +23,16 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def gpu_compute_capability() -> float | None:
+    """The GPU's CUDA compute capability (9.0 for an H100), or None without a GPU."""
+    import torch
+
+    if not has_gpu():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return float(f"{major}.{minor}")
+
+
 def set_random_seed(seed: int):
     """Python's, numpy's and PyTorch's generators, without TensorFlow's."""
     import torch

@@ -7,6 +7,7 @@ import math
 import numbers
 
 from kbert.runtime.errors import KbertError, option
+from kbert.runtime.precision import check_mixed_precision_dtype
 
 STRATEGIES = ("auto", "cpu", "gpu", "mirrored")
 # --long-text: what classify, regress and tag do with a text longer than the window.
@@ -40,6 +41,7 @@ class FinetuneOptions:
     warmup_proportion: float = 0.1  # run_classifier.py's default
     seed: int = 12345
     mixed_precision: bool = False
+    mixed_precision_dtype: str = "auto"  # auto | bfloat16 | float16; naming one turns mixed precision on
     strategy: str = "auto"  # auto | cpu | gpu | mirrored
     patience: int | None = None  # stop after this many epochs without a better dev score
     skip_bad_rows: bool = False
@@ -98,6 +100,7 @@ class FinetuneOptions:
                 f"{_option('strategy', self.strategy)}: fine-tuning runs on {', '.join(STRATEGIES[:-1])} or "
                 f"{STRATEGIES[-1]}"
             )
+        check_mixed_precision_dtype(self.mixed_precision_dtype)
         if self.long_text not in LONG_TEXT:
             raise KbertError(f"{_option('long_text', self.long_text)}: use truncate (the default) or windows")
         if self.pooling is not None:
@@ -125,7 +128,7 @@ def resolve_options(options: FinetuneOptions | None, overrides: dict) -> Finetun
     >>> resolve_options(None, {"batch": 8})
     Traceback (most recent call last):
     ...
-    kbert.runtime.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress, pooling, normalize, loss, teacher_scores, mine_negatives, negatives
+    kbert.runtime.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, mixed_precision_dtype, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress, pooling, normalize, loss, teacher_scores, mine_negatives, negatives
     """
     if options is not None and not isinstance(options, FinetuneOptions):
         raise KbertError(f"options must be a FinetuneOptions, not {type(options).__name__}")

@@ -107,7 +107,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     task.check_options(opts)
     strategy = backend.finetuning_placement(opts.strategy)  # a tf.distribute strategy, or one device
     check_output_dir(os.fspath(output), opts.overwrite)
-    backend.use_mixed_precision(opts.mixed_precision)
+    backend.use_mixed_precision(opts.mixed_precision, opts.mixed_precision_dtype)
     backend.set_random_seed(opts.seed)
     # The pretrained model, opened once: its config, vocabulary and casing say how to read the data.
     with strategy.scope():

@@ -134,7 +134,7 @@ class KerasEngine:
 
     def build(self, opts, devices: list, start: ModelStart, model_dir, ckpt_dir) -> Training:
         """Precision, the model over `devices`, its optimizer and compiled step; restored for a resume."""
-        use_mixed_precision(opts.mixed_precision)
+        use_mixed_precision(opts.mixed_precision, opts.mixed_precision_dtype)
         replicas = len(devices)
         if opts.batch_size % replicas:
             raise KbertError(

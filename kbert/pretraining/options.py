@@ -32,6 +32,7 @@ class PretrainOptions:
     strategy: str = "auto"
     tpu: str | None = None
     mixed_precision: bool = False
+    mixed_precision_dtype: str = "auto"  # auto | bfloat16 | float16; naming one turns mixed precision on
     jit: bool | None = None  # default: on for GPU/TPU, off on CPU (XLA:CPU skips oneDNN)
     steps_per_loop: int = 10
     grad_accum: int = 1

@@ -36,6 +36,7 @@ from kbert.pretraining.run_record import (
 )
 from kbert.runtime.errors import KbertError, option
 from kbert.runtime.files import count_lines
+from kbert.runtime.precision import check_mixed_precision_dtype
 
 
 @dataclasses.dataclass
@@ -267,6 +268,7 @@ def _check_options(opts: PretrainOptions):
             raise KbertError(f"{option(name)} must be a positive integer, got {value!r}")
     if not opts.learning_rate > 0:
         raise KbertError(f"{option('learning_rate')} must be positive, got {opts.learning_rate}")
+    check_mixed_precision_dtype(opts.mixed_precision_dtype)
     # Options that would go unread are a mistake: refused, as every command refuses them.
     if opts.tpu is not None and opts.strategy != "tpu":
         raise KbertError(

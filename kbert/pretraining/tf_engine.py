@@ -59,7 +59,7 @@ class TensorFlowEngine:
         restored for a resume."""
         on_accelerator = bool(tf.config.list_logical_devices("GPU")) or opts.strategy == "tpu"
         jit = on_accelerator if opts.jit is None else opts.jit
-        use_mixed_precision(opts.mixed_precision)
+        use_mixed_precision(opts.mixed_precision, opts.mixed_precision_dtype)
         replicas = strategy.num_replicas_in_sync
         if opts.batch_size % (replicas * opts.grad_accum):
             raise KbertError(
