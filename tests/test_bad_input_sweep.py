@@ -535,6 +535,8 @@ WHOLE_CASES = [
     ),
     ("export", "int8-ranges-for-tfhub", "export T/kbert T/out/hub --format tfhub --int8-ranges calibrated"),
     ("export", "int8-ranges-calibrated-on-no-texts", f"{_INT8} --int8-ranges calibrated --calibration T/empty.txt"),
+    # Batches of like lengths: only where a batch is cut to its longest text.
+    ("finetune", "group-by-length-for-classify", f"{_FINETUNE} --group-by-length"),
     # Rerankers: training files of the wrong shape, losses their file cannot feed, lists with nothing to rank.
     ("finetune", "rerank-label-out-of-range", f"{_FINETUNE_RERANK} --train T/label-out-of-range.tsv"),
     ("finetune", "rerank-label-and-negatives", f"{_FINETUNE_RERANK} --train T/label-and-negative.tsv"),

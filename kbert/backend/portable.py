@@ -119,6 +119,48 @@ def shuffled_order(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n).astype(np.int64)
 
 
+# --group-by-length sorts the rows of this many batches at a time by length (Hugging Face
+# Trainer's `group_by_length` takes 50 too): batches of like lengths, still drawn from the shuffle.
+MEGA_BATCH = 50
+
+
+def length_grouped(order: np.ndarray, features: dict, batch_size: int, seed: int) -> np.ndarray:
+    """`order` regrouped so that each batch holds rows of like lengths: its rows taken
+    `MEGA_BATCH` batches at a time, sorted by length (longest first), cut into batches, and those
+    batches shuffled (`seed`). A batch cut to its longest text (`trimmed`) then carries little
+    padding; which rows meet in a batch stays random across the shuffle's runs of like lengths.
+    A row's length is the sum, over its texts, of its longest text's tokens (a group of documents
+    counts its longest).
+
+    >>> mask = np.array([[1] * n + [0] * (8 - n) for n in (2, 8, 3, 7)])
+    >>> length_grouped(np.arange(4), {"input_mask": mask}, batch_size=2, seed=0).reshape(2, 2).tolist()
+    [[1, 3], [2, 0]]
+    """
+    lengths = np.zeros(len(order), np.int64)
+    for prefix in text_groups(features):
+        mask = np.asarray(features[prefix + "input_mask"])
+        lengths += mask.reshape(mask.shape[0], -1, mask.shape[-1]).sum(axis=-1).max(axis=-1)
+    grouped = []
+    for start in range(0, len(order), MEGA_BATCH * batch_size):
+        part = order[start : start + MEGA_BATCH * batch_size]
+        grouped.append(part[np.argsort(-lengths[part], kind="stable")])
+    grouped = np.concatenate(grouped) if grouped else order
+    whole = len(grouped) // batch_size * batch_size  # the partial batch stays last, to be dropped
+    batches = grouped[:whole].reshape(-1, batch_size)
+    batches = batches[np.random.default_rng(seed).permutation(len(batches))]
+    return np.concatenate([batches.reshape(-1), grouped[whole:]]).astype(np.int64)
+
+
+def epoch_order(train_data, opts, epoch: int, shuffle=shuffled_order) -> np.ndarray:
+    """One epoch's order of the training rows (of the windows, with --long-text windows):
+    `shuffle`d with the epoch's seed, then `length_grouped` with --group-by-length."""
+    rows = train_data.size if train_data.windows is None else len(train_data.windows.document)
+    order = shuffle(rows, opts.seed + epoch)
+    if opts.group_by_length:
+        order = length_grouped(order, train_data.features, opts.batch_size, opts.seed + epoch)
+    return order
+
+
 # A batch cut to its longest text is cut at a multiple of this many tokens: a few shapes to trace.
 TRIM_MULTIPLE = 16
 _TEXT_INPUTS = ("input_ids", "input_mask", "segment_ids")
@@ -158,7 +200,7 @@ def trimmed(features: dict) -> dict:
 
 
 class Batches(keras.utils.PyDataset):
-    """One epoch's training batches from numpy, from batch `skip` on: the rows in `shuffled_order`
+    """One epoch's training batches from numpy, from batch `skip` on: the rows in `epoch_order`
     (of the windows, with --long-text windows), the last partial batch dropped as tf.data's
     `drop_remainder` does (kept when it is the only one); each cut to its longest text (`trimmed`)
     when the task's data asks (`TaskData.trim_batches`)."""
@@ -167,8 +209,7 @@ class Batches(keras.utils.PyDataset):
         super().__init__()
         self.features, self.targets = train_data.features, train_data.targets
         self.batch_size = opts.batch_size
-        rows = train_data.size if train_data.windows is None else len(train_data.windows.document)
-        self.order = shuffled_order(rows, opts.seed + epoch)
+        self.order = epoch_order(train_data, opts, epoch)
         self.skip = skip
         self.batches = max(1, train_data.size // self.batch_size)
         self.trim = train_data.trim_batches

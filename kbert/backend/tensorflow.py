@@ -20,7 +20,7 @@ import tensorflow as tf
 from kbert.backend import tensorflow_fused as fused  # noqa: F401 (the layers train through it: `kbert.backend.fused`)
 from kbert.backend.checkpoints import random_state_variables
 from kbert.backend.placement import check_strategy
-from kbert.backend.portable import TRIM_MULTIPLE, check_filled_shape, text_groups
+from kbert.backend.portable import TRIM_MULTIPLE, check_filled_shape, epoch_order, text_groups
 from kbert.runtime.errors import KbertError, first_line, option
 
 # Tests (and CPU-only users who want to try mirrored training) split the CPU into N logical
@@ -214,19 +214,20 @@ def trimmed(features: dict) -> dict:
 def epoch_batches(train_data, opts):
     """epoch_data(epoch, skip_batches): one epoch's batches as a tf.data pipeline, from a given batch on.
 
-    Its shuffle draws the order from `seed + epoch`; with --long-text windows, the windows are
-    put in `shuffled_order` first.
+    Its shuffle draws the order from `seed + epoch`; with --long-text windows or
+    --group-by-length, the rows are put in `epoch_order` first (the same shuffle).
     """
-    if train_data.windows is None:
+    in_order = train_data.windows is not None or opts.group_by_length
+    if not in_order:
         examples = tf.data.Dataset.from_tensor_slices((train_data.features, train_data.targets))
 
     def epoch_data(epoch: int, skip_batches: int):
-        if train_data.windows is None:
+        if not in_order:
             batches = examples.shuffle(
                 min(train_data.size, 100_000), seed=opts.seed + epoch, reshuffle_each_iteration=False
             )
         else:
-            order = shuffled_order(len(train_data.windows.document), opts.seed + epoch)
+            order = epoch_order(train_data, opts, epoch, shuffle=shuffled_order)
             batches = tf.data.Dataset.from_tensor_slices(
                 tuple({k: v[order] for k, v in part.items()} for part in (train_data.features, train_data.targets))
             )

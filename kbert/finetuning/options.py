@@ -68,6 +68,8 @@ class FinetuneOptions:
     # rerank: the embedding model that mines each pair's hard negatives, and how many (default 3).
     mine_negatives: str | None = None
     negatives: int | None = None
+    # embed, rerank: batches of texts of like lengths (`kbert.backend.portable.length_grouped`).
+    group_by_length: bool = False
 
     def __post_init__(self):
         for name in (
@@ -128,7 +130,7 @@ def resolve_options(options: FinetuneOptions | None, overrides: dict) -> Finetun
     >>> resolve_options(None, {"batch": 8})
     Traceback (most recent call last):
     ...
-    kbert.runtime.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, mixed_precision_dtype, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress, pooling, normalize, loss, teacher_scores, mine_negatives, negatives
+    kbert.runtime.errors.KbertError: unknown option 'batch'; the options are FinetuneOptions' fields: epochs, batch_size, learning_rate, max_seq_length, warmup_proportion, seed, mixed_precision, mixed_precision_dtype, strategy, patience, skip_bad_rows, format, long_text, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold, overwrite, resume, save_every, progress, pooling, normalize, loss, teacher_scores, mine_negatives, negatives, group_by_length
     """
     if options is not None and not isinstance(options, FinetuneOptions):
         raise KbertError(f"options must be a FinetuneOptions, not {type(options).__name__}")

@@ -234,6 +234,7 @@ def _fingerprint(model_dir, task: Task, train, dev, opts, max_seq_length: int, t
     fingerprint.update(task.fingerprint(opts))
     if opts.long_text == "windows":
         fingerprint["doc_stride"] = opts.doc_stride
+    fingerprint["group_by_length"] = opts.group_by_length  # another order of batches
     return fingerprint
 
 
@@ -448,7 +449,8 @@ class _RunCheckpoints(keras.callbacks.Callback):
         if state is None:
             resume = option("resume", True)
             raise KbertError(f"{resume}: no unfinished run at {self.run_dir} to continue; drop {resume} to start one")
-        before = {"long_text": "truncate", **state["fingerprint"]}  # runs from before --long-text truncated
+        # Runs from before --long-text truncated; from before --group-by-length, shuffled.
+        before = {"long_text": "truncate", "group_by_length": False, **state["fingerprint"]}
         changed = [k for k, v in self.fingerprint.items() if before.get(k) != v]
         if changed:
             k = changed[0]

@@ -168,8 +168,9 @@ class Task:
         for other in TASKS.values():
             for name in other.own_options:
                 if name not in self.own_options and getattr(opts, name) != getattr(defaults, name):
+                    owners = [option("task", task.name) for task in TASKS.values() if name in task.own_options]
                     raise KbertError(
-                        f"{option(name)} applies to {option('task', other.name)}; drop it for {option('task', self.name)}"
+                        f"{option(name)} applies to {' or '.join(owners)}; drop it for {option('task', self.name)}"
                     )
 
     def why_no_windows(self) -> str:

@@ -54,7 +54,7 @@ class Embed(Task):
     name = "embed"
     metric = "ndcg@10"
     embeds = True
-    own_options = ("pooling", "normalize")
+    own_options = ("pooling", "normalize", "group_by_length")
 
     # === Reading and encoding ===
 

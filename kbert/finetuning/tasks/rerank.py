@@ -60,7 +60,7 @@ class Rerank(Task):
     served = True
     trains_pooler = True
     reranks = True
-    own_options = ("loss", "teacher_scores", "mine_negatives", "negatives")
+    own_options = ("loss", "teacher_scores", "mine_negatives", "negatives", "group_by_length")
 
     # === Reading and encoding ===
 
