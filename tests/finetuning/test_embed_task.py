@@ -451,7 +451,9 @@ def test_finetune_embed_learns_with_group_by_length(tmp_path, pairs):
         "finetune", TINY, "--task", "classify", "--group-by-length", "--train", train, "--output", tmp_path / "c",
         check=False,
     )  # fmt: skip
-    assert_user_error(refused, "--group-by-length applies to --task embed or --task rerank; drop it for --task classify")
+    assert_user_error(
+        refused, "--group-by-length applies to --task embed or --task rerank; drop it for --task classify"
+    )
 
 
 # === Interrupted and resumed ===
