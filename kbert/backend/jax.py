@@ -23,12 +23,14 @@ def has_gpu() -> bool:
 
 
 def gpu_compute_capability() -> float | None:
-    """The first GPU's CUDA compute capability (9.0 for an H100), or None without a GPU."""
+    """The first GPU's CUDA compute capability (9.0 for an H100), or None without a GPU (or where
+    this jaxlib does not say)."""
     import jax
 
     if not has_gpu():
         return None
-    return float(getattr(jax.devices()[0], "compute_capability", 0) or 0)
+    value = getattr(jax.devices()[0], "compute_capability", None)
+    return float(value) if value else None
 
 
 def keras_devices(name: str = "auto", tpu: str | None = None) -> list:

@@ -77,12 +77,11 @@ def has_gpu() -> bool:
 
 
 def gpu_compute_capability() -> float | None:
-    """The first GPU's CUDA compute capability (9.0 for an H100), or None without a GPU."""
+    """The first GPU's CUDA compute capability (9.0 for an H100), or None without a GPU (or where
+    TensorFlow does not say)."""
     gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return None
-    major, minor = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
-    return float(f"{major}.{minor}")
+    capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability") if gpus else None
+    return float("{}.{}".format(*capability)) if capability else None
 
 
 def make_strategy(name: str = "auto", tpu: str | None = None):
