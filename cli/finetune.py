@@ -12,7 +12,7 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.cli.frame import ANY_MODEL, DIR, TEXT, command
-from kbert.cli.options import DataFormat, options_from
+from kbert.cli.options import DataFormat, MixedPrecision, MixedPrecisionDtype, options_from
 from kbert.finetuning.options import FinetuneOptions
 
 # Each fine-tuning flag's default is the FinetuneOptions field's.
@@ -62,15 +62,8 @@ def finetune(
         DEFAULTS.warmup_proportion, min=0, max=1, help="Share of steps with linear warmup (run_classifier.py's 0.1)."
     ),
     seed: int = typer.Option(DEFAULTS.seed, min=0, help="Seed for the head's initial weights, dropout and data order."),
-    mixed_precision: bool = typer.Option(
-        DEFAULTS.mixed_precision,
-        "--mixed-precision",
-        help="Compute in 16 bits, keep the variables in float32: bfloat16, or float16 with loss scaling on GPUs older than the A100 (see --mixed-precision-dtype).",
-    ),
-    mixed_precision_dtype: str = typer.Option(
-        DEFAULTS.mixed_precision_dtype,
-        help="auto|bfloat16|float16: the 16-bit type of --mixed-precision, which naming one turns on (auto: bfloat16, or float16 with loss scaling on GPUs older than the A100).",
-    ),
+    mixed_precision: MixedPrecision = DEFAULTS.mixed_precision,
+    mixed_precision_dtype: MixedPrecisionDtype = DEFAULTS.mixed_precision_dtype,
     strategy: str = typer.Option(
         DEFAULTS.strategy,
         help="auto | cpu | gpu | mirrored (TensorFlow's strategies; on JAX and PyTorch only auto, the default device).",

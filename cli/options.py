@@ -31,6 +31,24 @@ def text_inputs(help: str):
     return Annotated[list[str], typer.Option("--input", help=help)]
 
 
+# The training precision of `kbert pretrain` and `kbert finetune`.
+MixedPrecision = Annotated[
+    bool,
+    typer.Option(
+        "--mixed-precision",
+        help="Compute in 16 bits, keep the variables in float32: bfloat16, or float16 with loss scaling on GPUs "
+        "older than the A100 (see --mixed-precision-dtype).",
+    ),
+]
+MixedPrecisionDtype = Annotated[
+    str,
+    typer.Option(
+        help="auto|bfloat16|float16: the 16-bit type of --mixed-precision, which naming one turns on (auto: "
+        "bfloat16, or float16 with loss scaling on GPUs older than the A100).",
+    ),
+]
+
+
 # The rows that `kbert predict`, `kbert rerank` and `kbert embed` write to --output.
 JsonRowsOutput = Annotated[
     Path | None,

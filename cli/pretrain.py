@@ -10,6 +10,7 @@ import typer
 
 from kbert.cli.common import print_result
 from kbert.cli.frame import ANY_MODEL, JSON, RECORDS, TEXT, Output, command
+from kbert.cli.options import MixedPrecision, MixedPrecisionDtype
 from kbert.formats.sources import ACCEPTED
 from kbert.pretraining.options import PretrainOptions
 
@@ -79,15 +80,8 @@ def pretrain_command(
         help="auto|cpu|gpu|mirrored|multi-worker|tpu. On JAX, mirrored (and auto, on GPUs or TPUs) spreads each batch over the local devices; PyTorch trains on one; multi-worker is TensorFlow's.",
     ),
     tpu: str | None = typer.Option(DEFAULTS.tpu, help="TPU name or address, with --strategy tpu."),
-    mixed_precision: bool = typer.Option(
-        DEFAULTS.mixed_precision,
-        "--mixed-precision",
-        help="Compute in 16 bits, keep the variables in float32: bfloat16, or float16 with loss scaling on GPUs older than the A100 (see --mixed-precision-dtype).",
-    ),
-    mixed_precision_dtype: str = typer.Option(
-        DEFAULTS.mixed_precision_dtype,
-        help="auto|bfloat16|float16: the 16-bit type of --mixed-precision, which naming one turns on (auto: bfloat16, or float16 with loss scaling on GPUs older than the A100).",
-    ),
+    mixed_precision: MixedPrecision = DEFAULTS.mixed_precision,
+    mixed_precision_dtype: MixedPrecisionDtype = DEFAULTS.mixed_precision_dtype,
     jit: bool | None = typer.Option(
         DEFAULTS.jit,
         "--jit/--no-jit",

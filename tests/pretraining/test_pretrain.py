@@ -89,7 +89,8 @@ def _pretrain(model_dir, records, *extra, check=True, env=None, config=None):
 def test_every_pretrain_option_is_a_flag_with_the_same_default():
     """cli/pretrain.py hands its flags to PretrainOptions by name, so the two lists must match."""
     flags = {
-        name: parameter.default.default
+        # A typer.Option's default, or the plain default of a shared Annotated option (kbert.cli.options).
+        name: getattr(parameter.default, "default", parameter.default)
         for name, parameter in inspect.signature(pretrain_command).parameters.items()
         if name != "ctx"
     }
