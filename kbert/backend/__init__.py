@@ -46,7 +46,7 @@ from __future__ import annotations
 import keras
 
 from kbert.backend.placement import STRATEGIES, check_strategy, is_chief, writes_shared_files  # noqa: F401
-from kbert.runtime.precision import mixed_precision_policy
+from kbert.runtime.precision import mixed_precision_policy, resolved_mixed_precision_dtype
 
 name = keras.config.backend()
 
@@ -80,6 +80,12 @@ empty = _running.empty
 fused = _running.fused
 adamw_kernels = _running.adamw_kernels
 fill_weight = _running.fill_weight
+
+
+def mixed_precision_dtype(dtype: str) -> str:
+    """The 16-bit type --mixed-precision-dtype `dtype` computes in here: "auto" resolved for this
+    machine's accelerator (`resolved_mixed_precision_dtype`), so that a run can record what it used."""
+    return resolved_mixed_precision_dtype(dtype, gpu_compute_capability())
 
 
 def use_mixed_precision(enabled: bool, dtype: str = "auto"):

@@ -95,6 +95,8 @@ def continue_run(
     fields = [f.name for f in dataclasses.fields(PretrainOptions)]
     # A field the record lacks (kbert added it later) takes its default.
     recorded = dataclasses.replace(PretrainOptions(), **{k: v for k, v in run["options"].items() if k in fields})
+    if opts.mixed_precision_dtype == "auto":  # "suits this machine": the run's own type suits its checkpoint
+        given = given - {"mixed_precision_dtype"}
     for name in fields:  # in --help's order
         if name not in given:
             continue

@@ -18,6 +18,7 @@ import os
 
 import keras
 
+from kbert import backend
 from kbert.backend.checkpoints import latest_training_state
 from kbert.config import BertConfig
 from kbert.formats.model_dir import CHECKPOINTS_DIR, check_vocab
@@ -138,6 +139,12 @@ def _resolved_options(model_dir, data, options, overrides, starts_from, do_lower
             "a glob or a comma-separated list"
         )
     _check_options(opts)
+    if opts.mixed_precision or opts.mixed_precision_dtype != "auto":
+        # "auto" resolved here and recorded so: a resume on another kind of GPU (float16 where the run
+        # was bfloat16) computes as the run did, and its checkpoint matches its optimizer.
+        opts = dataclasses.replace(
+            opts, mixed_precision=True, mixed_precision_dtype=backend.mixed_precision_dtype(opts.mixed_precision_dtype)
+        )
     return opts, run, files
 
 

@@ -28,16 +28,26 @@ def check_mixed_precision_dtype(dtype: str):
         )
 
 
-def mixed_precision_policy(dtype: str, compute_capability: float | None) -> str:
-    """Keras' mixed policy for `dtype`. "auto" is bfloat16 (CPUs, TPUs, GPUs from the A100 on:
+def resolved_mixed_precision_dtype(dtype: str, compute_capability: float | None) -> str:
+    """The 16-bit type `dtype` names on a device of this `compute_capability` (None: not a GPU, or
+    one whose backend does not say). "auto" is bfloat16 (CPUs, TPUs, GPUs from the A100 on:
     compute capability 8.0), and float16 on older GPUs, whose tensor cores lack bfloat16; under
     float16 the loss is scaled (its narrow range would otherwise flush small gradients to zero).
 
-    >>> mixed_precision_policy("auto", None), mixed_precision_policy("auto", 9.0)
-    ('mixed_bfloat16', 'mixed_bfloat16')
-    >>> mixed_precision_policy("auto", 7.0), mixed_precision_policy("float16", None)
-    ('mixed_float16', 'mixed_float16')
+    >>> resolved_mixed_precision_dtype("auto", None), resolved_mixed_precision_dtype("auto", 9.0)
+    ('bfloat16', 'bfloat16')
+    >>> resolved_mixed_precision_dtype("auto", 7.0), resolved_mixed_precision_dtype("float16", None)
+    ('float16', 'float16')
     """
     if dtype == "auto":
-        dtype = "float16" if compute_capability is not None and compute_capability < 8.0 else "bfloat16"
-    return f"mixed_{dtype}"
+        return "float16" if compute_capability is not None and compute_capability < 8.0 else "bfloat16"
+    return dtype
+
+
+def mixed_precision_policy(dtype: str, compute_capability: float | None) -> str:
+    """Keras' mixed policy for `dtype` (`resolved_mixed_precision_dtype`).
+
+    >>> mixed_precision_policy("auto", 7.0), mixed_precision_policy("bfloat16", 7.0)
+    ('mixed_float16', 'mixed_bfloat16')
+    """
+    return f"mixed_{resolved_mixed_precision_dtype(dtype, compute_capability)}"

@@ -151,7 +151,14 @@ def test_pretrain_then_resume(tmp_path, original_records):
 
 def test_refuses_to_overwrite_a_run_and_to_resume_it_with_other_flags(tmp_path, original_records):
     out = tmp_path / "bert"
-    _pretrain(out, original_records, "--steps", "2", "--save-every", "2")
+    _pretrain(out, original_records, "--steps", "2", "--save-every", "2", "--mixed-precision")
+    # "auto" is recorded as the type it meant here, so a resume on another machine computes alike.
+    recorded = json.load(open(out / "pretrain_run.json"))["options"]
+    assert (recorded["mixed_precision"], recorded["mixed_precision_dtype"]) == (True, "bfloat16")
+    assert_user_error(
+        _pretrain(out, original_records, "--resume", "--steps", "4", "--mixed-precision-dtype", "float16", check=False),
+        "was started with --mixed-precision-dtype bfloat16, not float16",
+    )
     assert_user_error(_pretrain(out, original_records, "--steps", "4", check=False), "--resume")
     assert_user_error(
         _pretrain(out, original_records, "--resume", "--steps", "4", "--batch-size", "16", check=False),
