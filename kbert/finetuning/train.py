@@ -253,6 +253,7 @@ def _fit_epochs(model, task: Task, opts, train_data, tracker, saver, step: int, 
             enabled=opts.progress,
             sequences_per_step=opts.batch_size,
             description=f"finetune {task.name}",
+            rate_unit="examples/s",  # a task's examples (a reranker's: whole groups), as the result's rate
         ) as bar,
         StopSignals() as signals,
     ):

@@ -15,8 +15,10 @@ from kbert.runtime.files import atomic_write_text
 
 
 class Progress:
-    """A rich progress bar (steps, seq/s, loss, ETA) on stderr; plain log lines when stderr is
-    not a terminal (CI logs, files), so there is always a trace of the run.
+    """A rich progress bar (steps, rate, loss, ETA) on stderr; plain log lines when stderr is
+    not a terminal (CI logs, files), so there is always a trace of the run. The rate counts what
+    a step's batch holds: sequences in pretraining (`rate_unit` "seq/s"), a task's examples in
+    fine-tuning (a reranker's example is a query's whole group, an embedder's a pair of texts).
 
     Example:
     >>> with Progress(total=10, enabled=False) as bar:
@@ -30,10 +32,11 @@ class Progress:
         enabled: bool = True,
         sequences_per_step: int = 1,
         description: str = "pretrain",
+        rate_unit: str = "seq/s",
     ):
         self.total, self.start, self.enabled = total, start, enabled
         self.interactive = enabled and sys.stderr.isatty()
-        self.description = description
+        self.description, self.rate_unit = description, rate_unit
         self.sequences_per_step = sequences_per_step
         self._last_logged = start
         self._progress = None
@@ -44,7 +47,7 @@ class Progress:
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]} seq/s"),
+                TextColumn("{task.fields[rate]} " + self.rate_unit),
                 TextColumn("loss {task.fields[loss]}"),
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
@@ -68,7 +71,7 @@ class Progress:
             eta = (self.total - step) * self.sequences_per_step / max(rate, 1e-9)
             print(
                 f"kbert: {self.description} step {step}/{self.total}  loss {loss:.4f}  "
-                f"{rate:,.1f} seq/s  ETA {eta:,.0f} s",
+                f"{rate:,.1f} {self.rate_unit}  ETA {eta:,.0f} s",
                 file=sys.stderr,
                 flush=True,
             )

@@ -384,6 +384,8 @@ def test_mined_negatives_are_the_nearest_other_documents_and_train_a_reranker(ba
     )  # fmt: skip
     metrics = json.loads(result.stdout)
     assert metrics["ndcg@10"] > metrics["base_ndcg@10"], metrics
+    # The progress counts groups, each a query with its document and 2 negatives: not sequences.
+    assert " examples/s  ETA " in result.stderr and " seq/s" not in result.stderr, result.stderr
     mined = [json.loads(line) for line in open(tmp_path / "out.mined.jsonl")]
     corpus = list(dict.fromkeys(d for _, d, _ in rows))
     vectors = kbert.embed(embedder, corpus)

@@ -25,12 +25,12 @@ def _logged_steps(text):
 
 
 def test_about_twenty_lines_a_run_and_always_the_last_step(capsys):
-    with Progress(total=100, description="finetune classify") as bar:
+    with Progress(total=100, description="finetune classify", rate_unit="examples/s") as bar:
         for step in range(1, 101):
             bar.update(step, {"loss": 1.0, "sequences_per_second": 10.0})
     err = capsys.readouterr().err
     assert _logged_steps(err) == list(range(5, 101, 5))
-    assert err.splitlines()[0].startswith("kbert: finetune classify step 5/100  loss 1.0000  10.0 seq/s")
+    assert err.splitlines()[0].startswith("kbert: finetune classify step 5/100  loss 1.0000  10.0 examples/s")
 
 
 def test_a_resumed_run_counts_from_where_it_resumed(capsys):
