@@ -27,7 +27,7 @@ from kbert.finetuning.options import FinetuneOptions, resolve_options
 from kbert.finetuning.rerank_files import CandidateLists, read_candidate_lists
 from kbert.finetuning.rows import check_start, stream_rows
 from kbert.finetuning.tasks import TASKS, get_task
-from kbert.finetuning.tasks.base import json_floats
+from kbert.finetuning.tasks.base import json_floats, windows_summary
 from kbert.formats.model_dir import model_kind
 from kbert.formats.sources import open_model
 from kbert.model.embedding_record import embedding_of
@@ -385,16 +385,8 @@ class _Tally:
         yield from rows
         encoding.log_truncated(path, self.truncated, self.examples, preprocessor.sequence_length)
         if self.windows:
-            counts = np.concatenate(self.windows)
-            log.info(
-                "%s: %d of %d documents longer than %d tokens became %d windows; %d windows in all",
-                path,
-                int((counts > 1).sum()),
-                len(counts),
-                preprocessor.sequence_length - 2,
-                int(counts[counts > 1].sum()),
-                int(counts.sum()),
-            )
+            summary = windows_summary(path, np.concatenate(self.windows), preprocessor.sequence_length - 2)
+            log.info("%s", summary)
 
 
 def predict_batches(model, features: dict, batch_size: int) -> dict:

@@ -4,6 +4,7 @@ no model) recognised, and the command that finishes it, for every command handed
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -54,22 +55,43 @@ def interrupted_finetuning_message(path, state: dict) -> str:
     if run.get("dev"):
         flags.append(f"--dev {quote(run['dev'])}")
     flags.append(f"--output {quote(output)}")
-    # Flags away from their defaults: --resume refuses a run started with other values.
-    defaults = FinetuneOptions()
-    flags += [
-        f"--{k.replace('_', '-')} {run[k]}"
-        for k in ("epochs", "batch_size", "learning_rate", "seed")
-        if k in run and run[k] != getattr(defaults, k)
-    ]
-    default_length = TASKS[run["task"]].max_seq_length if run.get("task") in TASKS else DEFAULT_MAX_SEQ_LENGTH
-    if run.get("max_seq_length") not in (None, default_length):
-        flags.append(f"--max-seq-length {run['max_seq_length']}")
+    flags += recorded_flags(run)
     batches = max(1, int(run.get("train_examples", 0)) // max(1, int(run.get("batch_size", 1))))
     total = f" of {batches * int(run['epochs'])}" if "epochs" in run and "train_examples" in run else ""
     return (
         f"{path}: an unfinished kbert finetune run (stopped at step {state.get('step', '?')}{total}), not a "
         f"model; finish it with `{' '.join(flags)} --resume`, then use {output}"
     )
+
+
+def recorded_flags(run: dict) -> list[str]:
+    """The flags that repeat a run's recorded settings (its state.json's fingerprint) where they are
+    not the defaults: --resume refuses a run started with other values.
+
+    >>> recorded_flags({"task": "rerank", "epochs": 1, "batch_size": 8, "loss": "listwise", "negatives": None,
+    ...                 "mixed_precision": "bfloat16", "group_by_length": True, "max_seq_length": 128})
+    ['--epochs 1', '--batch-size 8', '--loss listwise', '--mixed-precision-dtype bfloat16', '--group-by-length']
+    """
+    defaults = dataclasses.asdict(FinetuneOptions())
+    task = TASKS.get(run.get("task"))
+    if task is not None:  # the task's own options as a run without them records them (rerank: loss bce)
+        defaults.update(task.fingerprint(FinetuneOptions()))
+    defaults["mixed_precision"] = False
+    flags = []
+    for key, value in run.items():
+        if key not in defaults or key in ("max_seq_length", "mixed_precision_dtype") or value == defaults[key]:
+            continue
+        name = "--" + key.replace("_", "-")
+        if key == "mixed_precision":  # the type it computed in: naming one turns mixed precision on
+            flags.append(f"--mixed-precision-dtype {value}")
+        elif isinstance(value, bool):
+            flags.append(name if value else f"--no-{key.replace('_', '-')}")
+        elif value is not None:
+            flags.append(f"{name} {shlex.quote(str(value))}")
+    default_length = task.max_seq_length if task is not None else DEFAULT_MAX_SEQ_LENGTH
+    if run.get("max_seq_length") not in (None, default_length):
+        flags.append(f"--max-seq-length {run['max_seq_length']}")
+    return flags
 
 
 # How every command that is handed an OUTPUT.partial/ tells it apart and names the command that finishes it.

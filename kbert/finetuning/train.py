@@ -46,7 +46,7 @@ from kbert.backend.checkpoints import checkpoint_write_failed
 from kbert.config import sequence_length
 from kbert.finetuning.encoding import log_truncated
 from kbert.finetuning.options import FinetuneOptions, resolve_options, window_stride
-from kbert.finetuning.run_state import STATE_FILE
+from kbert.finetuning.run_state import STATE_FILE, interrupted_finetuning
 from kbert.finetuning.squad_decoding import write_predictions_json
 from kbert.finetuning.tasks import Task, best_metric, get_task
 from kbert.finetuning.tasks.base import TaskData, json_floats
@@ -62,6 +62,9 @@ from kbert.training.progress import Progress
 log = logging.getLogger("kbert")
 
 RESULTS_FILE = "eval_results.json"
+
+# A run's settings that state.json holds only since a later release: an older run's resume does not compare them.
+NOT_RECORDED_BEFORE = ("warmup_proportion", "mixed_precision", "format", "skip_bad_rows")
 
 
 def compile_for_task(model, task: Task | str, optimizer, options: FinetuneOptions | None = None):
@@ -107,6 +110,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     task.check_options(opts)
     strategy = backend.finetuning_placement(opts.strategy)  # a tf.distribute strategy, or one device
     check_output_dir(os.fspath(output), opts.overwrite)
+    opts = _settled_mixed_precision(opts, os.fspath(output) + PARTIAL_SUFFIX)
     backend.use_mixed_precision(opts.mixed_precision, opts.mixed_precision_dtype)
     backend.set_random_seed(opts.seed)
     # The pretrained model, opened once: its config, vocabulary and casing say how to read the data.
@@ -165,6 +169,20 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
         )
         _write_output(task.saved(model), output, run_dir, result, tracker, opts.overwrite)
         return json_floats(result)
+
+
+def _settled_mixed_precision(opts: FinetuneOptions, run_dir: str) -> FinetuneOptions:
+    """`opts` with --mixed-precision's 16-bit type made concrete, so that the run records what it
+    computed in: "auto" is the type a run being resumed recorded (a run started on an A100 in
+    bfloat16 stays in bfloat16 on an older GPU, its optimizer without a loss scale), else this
+    machine's (`kbert.backend.mixed_precision_dtype`)."""
+    if not (opts.mixed_precision or opts.mixed_precision_dtype != "auto"):
+        return opts
+    dtype = opts.mixed_precision_dtype
+    if dtype == "auto" and opts.resume:
+        state = interrupted_finetuning(run_dir) or {"fingerprint": {}}
+        dtype = state["fingerprint"].get("mixed_precision") or dtype  # False: started without; refused on resume
+    return dataclasses.replace(opts, mixed_precision=True, mixed_precision_dtype=backend.mixed_precision_dtype(dtype))
 
 
 def _read_data(task: Task, base, train, dev, opts, max_seq_length: int, replicas: int):
@@ -227,8 +245,14 @@ def _fingerprint(model_dir, task: Task, train, dev, opts, max_seq_length: int, t
         "epochs": opts.epochs,
         "batch_size": opts.batch_size,
         "learning_rate": opts.learning_rate,
+        "warmup_proportion": opts.warmup_proportion,
         "seed": opts.seed,
+        # The 16-bit type it computed in (`_settled_mixed_precision`), or False: float16 adds a loss scale to
+        # the optimizer's checkpoint.
+        "mixed_precision": opts.mixed_precision and opts.mixed_precision_dtype,
         "max_seq_length": max_seq_length,
+        "format": opts.format,
+        "skip_bad_rows": opts.skip_bad_rows,
         "long_text": opts.long_text,  # a run started before --long-text existed truncated (_RunCheckpoints.resume)
     }
     fingerprint.update(task.fingerprint(opts))
@@ -450,8 +474,11 @@ class _RunCheckpoints(keras.callbacks.Callback):
         if state is None:
             resume = option("resume", True)
             raise KbertError(f"{resume}: no unfinished run at {self.run_dir} to continue; drop {resume} to start one")
-        # Runs from before --long-text truncated; from before --group-by-length, shuffled.
+        # Runs from before --long-text truncated; from before --group-by-length, shuffled. What older runs did
+        # not record is taken as given.
         before = {"long_text": "truncate", "group_by_length": False, **state["fingerprint"]}
+        for key in NOT_RECORDED_BEFORE:
+            before.setdefault(key, self.fingerprint[key])
         changed = [k for k, v in self.fingerprint.items() if before.get(k) != v]
         if changed:
             k = changed[0]

@@ -9,6 +9,7 @@ from Python: each is refused in one line that says what is wrong and how to fix 
   be written: TensorFlow's `{{function_node ...}}` wrapping stays out of the message.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -310,6 +311,9 @@ def test_finetune_resume_without_a_run_names_the_argument_or_the_flag(tmp_path, 
 # === an unfinished run: its checkpoint write fails, then it is used as a model, then resumed ===
 
 
+MORE_SETTINGS = ("--warmup-proportion", "0.2", "--long-text", "windows", "--mixed-precision-dtype", "bfloat16")
+
+
 @pytest.fixture(scope="module")
 def failed_run(tmp_path_factory, tiny_model_dir):
     """`kbert finetune` whose second checkpoint cannot be written: a file stands where TensorFlow
@@ -347,6 +351,8 @@ def failed_run(tmp_path_factory, tiny_model_dir):
             "16",
             "--save-every",
             "1",
+            # Settings the message's command must repeat: the resume refuses other values.
+            *MORE_SETTINGS,
             check=False,
         )
     finally:
@@ -392,7 +398,36 @@ def test_an_unfinished_run_is_named_and_its_command_finishes_it(failed_run, tmp_
     # The command the message gives is the one that finishes the run.
     command = re.search(r"`kbert (finetune .*--resume)`", report["resume"]).group(1).split()
     assert command[1:3] == [str(tiny_model_dir), "--task"] and "--epochs" in command and "--max-seq-length" in command
+    said = " ".join(command)
+    assert all(f"{flag} {value}" in said for flag, value in zip(MORE_SETTINGS[::2], MORE_SETTINGS[1::2])), said
+    assert "--doc-stride 7" in said  # what windows of 16 tokens resolved to
+    at = command.index("--mixed-precision-dtype")
+    for other, recorded in ((["--mixed-precision-dtype", "float16"], "'float16'"), ([], "False")):
+        refused = run_kbert(*command[:at], *other, *command[at + 2 :], check=False)
+        assert_user_error(
+            refused, f"was started with mixed_precision 'bfloat16', not {recorded}; resume with the same", alone=False
+        )
     os.remove(os.path.join(partial, "checkpoints", "ckpt-2_temp"))
     finished = json.loads(run_kbert(*command).stdout)
     assert finished["resumed_from_step"] == 1 and finished["epoch"] >= 1
     assert kbert.load(out).task_info["labels"] == ["neg", "pos"] and not os.path.exists(partial)
+
+
+def test_mixed_precision_auto_resumes_in_the_type_the_run_recorded(tmp_path):
+    from kbert.finetuning.train import _settled_mixed_precision
+
+    run_dir = tmp_path / "x.partial"
+    run_dir.mkdir()
+    (run_dir / "state.json").write_text(json.dumps({"step": 3, "fingerprint": {"mixed_precision": "float16"}}))
+    auto = FinetuneOptions(mixed_precision=True)
+    settled = [
+        _settled_mixed_precision(opts, str(run_dir))
+        for opts in (dataclasses.replace(auto, resume=True), auto, FinetuneOptions(mixed_precision_dtype="float16"))
+    ]
+    # A resume keeps the recorded float16; a new run on this CPU computes in bfloat16; a named type turns it on.
+    assert [(o.mixed_precision, o.mixed_precision_dtype) for o in settled] == [
+        (True, "float16"),
+        (True, "bfloat16"),
+        (True, "float16"),
+    ]
+    assert _settled_mixed_precision(FinetuneOptions(resume=True), str(run_dir)).mixed_precision is False

@@ -353,16 +353,25 @@ def log_windows(path, windows, preprocessor, options):
     """Say how the file's documents became windows (nothing without `--long-text windows`)."""
     if windows is None:
         return
-    longer = int((windows.counts > 1).sum())
-    log.info(
-        "%s: %d of %d documents longer than %d tokens became %d windows (stride %d); %d windows in all",
-        path,
-        longer,
-        windows.num_documents,
-        preprocessor.sequence_length - 2,
-        int(windows.counts[windows.counts > 1].sum()),
-        window_stride(options.doc_stride, preprocessor.sequence_length),
-        len(windows.document),
+    stride = window_stride(options.doc_stride, preprocessor.sequence_length)
+    log.info("%s", windows_summary(path, windows.counts, preprocessor.sequence_length - 2, stride))
+
+
+def windows_summary(path, counts, tokens: int, stride: int | None = None) -> str:
+    """How a file's documents (`counts`: each one's windows) became windows of `tokens` tokens.
+
+    >>> windows_summary("a.tsv", np.array([1, 3, 1, 2]), 14, stride=7)
+    'a.tsv: 2 of 4 documents longer than 14 tokens became 5 windows (stride 7); 7 windows in all'
+    >>> windows_summary("a.tsv", np.array([1, 1]), 14)
+    'a.tsv: none of 2 documents is longer than 14 tokens: one window each'
+    """
+    longer = counts > 1
+    if not longer.any():
+        return f"{path}: none of {len(counts)} documents is longer than {tokens} tokens: one window each"
+    strided = f" (stride {stride})" if stride is not None else ""
+    return (
+        f"{path}: {int(longer.sum())} of {len(counts)} documents longer than {tokens} tokens became "
+        f"{int(counts[longer].sum())} windows{strided}; {int(counts.sum())} windows in all"
     )
 
 
