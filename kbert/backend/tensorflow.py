@@ -161,8 +161,19 @@ def pretraining_placement(strategy: str, tpu: str | None = None):
 
 
 def finetuning_placement(strategy: str):
-    """Where fine-tuning runs: the tf.distribute strategy for --strategy."""
-    return make_strategy(strategy)
+    """Where fine-tuning runs: the tf.distribute strategy for --strategy.
+
+    One device that TensorFlow places on anyway (the CPU of a machine without a GPU, or its one
+    GPU) gets the default strategy rather than OneDeviceStrategy: under that, Keras' `fit` feeds
+    each batch through the strategy's distributed dataset and its step through `strategy.run`,
+    which on a CPU spent a third of the step in the kernel's page faults
+    (docs/performance.md, "Fine-tuning on one device").
+    """
+    chosen = make_strategy(strategy)  # checks the name, and that a GPU asked for is there
+    on_default_device = not (strategy == "cpu" and tf.config.list_logical_devices("GPU"))
+    if isinstance(chosen, tf.distribute.OneDeviceStrategy) and on_default_device:
+        return tf.distribute.get_strategy()
+    return chosen
 
 
 # === Seeds ===

@@ -71,7 +71,9 @@ def compile_for_task(model, task: Task | str, optimizer, options: FinetuneOption
     """`model.compile` with the task's losses (and loss weights)."""
     task = get_task(task) if isinstance(task, str) else task
     loss, weights = task.losses(options)
-    model.compile(optimizer=optimizer, loss=loss, loss_weights=weights)
+    # Not the whole step through XLA, which Keras' "auto" picks on a GPU outside a strategy: on a
+    # CPU it was slower than the graph with its fused kernels (kbert.backend.tensorflow_fused).
+    model.compile(optimizer=optimizer, loss=loss, loss_weights=weights, jit_compile=False)
 
 
 def make_finetune_optimizer(learning_rate, total_steps, warmup_steps):
