@@ -480,7 +480,7 @@ class _RunCheckpoints(keras.callbacks.Callback):
         # not record is taken as given.
         before = {"long_text": "truncate", "group_by_length": False, **state["fingerprint"]}
         for key in NOT_RECORDED_BEFORE:
-            before.setdefault(key, self.fingerprint[key])
+            before.setdefault(key, self.fingerprint.get(key))
         changed = [k for k, v in self.fingerprint.items() if before.get(k) != v]
         if changed:
             k = changed[0]
