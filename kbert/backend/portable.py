@@ -129,21 +129,23 @@ def length_grouped(order: np.ndarray, features: dict, batch_size: int, seed: int
     `MEGA_BATCH` batches at a time, sorted by length (longest first), cut into batches, and those
     batches shuffled (`seed`). A batch cut to its longest text (`trimmed`) then carries little
     padding; which rows meet in a batch stays random across the shuffle's runs of like lengths.
-    A row's length is the sum, over its texts, of its longest text's tokens (a group of documents
-    counts its longest).
+    Rows are sorted by their longest text's tokens (a group of documents counts its longest), ties
+    by all their texts' tokens added: each text is cut to its own longest in the batch, and the
+    widest text costs the most (an embedding pair's document, not its short query).
 
     >>> mask = np.array([[1] * n + [0] * (8 - n) for n in (2, 8, 3, 7)])
     >>> length_grouped(np.arange(4), {"input_mask": mask}, batch_size=2, seed=0).reshape(2, 2).tolist()
     [[1, 3], [2, 0]]
     """
-    lengths = np.zeros(len(order), np.int64)
+    longest, total = np.zeros(len(order), np.int64), np.zeros(len(order), np.int64)
     for prefix in text_groups(features):
         mask = np.asarray(features[prefix + "input_mask"])
-        lengths += mask.reshape(mask.shape[0], -1, mask.shape[-1]).sum(axis=-1).max(axis=-1)
+        tokens = mask.reshape(mask.shape[0], -1, mask.shape[-1]).sum(axis=-1).max(axis=-1)
+        longest, total = np.maximum(longest, tokens), total + tokens
     grouped = []
     for start in range(0, len(order), MEGA_BATCH * batch_size):
         part = order[start : start + MEGA_BATCH * batch_size]
-        grouped.append(part[np.argsort(-lengths[part], kind="stable")])
+        grouped.append(part[np.lexsort((-total[part], -longest[part]))])
     grouped = np.concatenate(grouped) if grouped else order
     whole = len(grouped) // batch_size * batch_size  # the partial batch stays last, to be dropped
     batches = grouped[:whole].reshape(-1, batch_size)
@@ -161,7 +163,10 @@ def epoch_order(train_data, opts, epoch: int, shuffle=shuffled_order) -> np.ndar
     return order
 
 
-# A batch cut to its longest text is cut at a multiple of this many tokens: a few shapes to trace.
+# A batch cut to its longest text is cut at a multiple of this many tokens. On JAX each shape is a
+# step compiled anew, so a few shapes; PyTorch and TensorFlow's tf.data pipeline (one trace, its
+# width unknown) cut at a multiple of 8 (`kbert.backend.torch`, `kbert.backend.tensorflow`), where
+# the matmuls keep their vector alignment.
 TRIM_MULTIPLE = 16
 _TEXT_INPUTS = ("input_ids", "input_mask", "segment_ids")
 
@@ -181,9 +186,9 @@ def text_groups(names) -> dict:
     return groups
 
 
-def trimmed(features: dict) -> dict:
+def trimmed(features: dict, multiple: int = TRIM_MULTIPLE) -> dict:
     """A batch's features, each text's inputs cut to its longest text in the batch (rounded up to
-    `TRIM_MULTIPLE` tokens): padding changes no output (attention and pooling skip it), and a batch
+    `multiple` tokens): padding changes no output (attention and pooling skip it), and a batch
     of short texts then costs what its tokens cost, as sentence-transformers pads each batch.
 
     >>> mask = np.array([[1, 1, 0] + [0] * 29, [1] * 5 + [0] * 27])
@@ -194,7 +199,7 @@ def trimmed(features: dict) -> dict:
     for prefix, names in text_groups(features).items():
         mask = features[prefix + "input_mask"]
         longest = max(int(mask.sum(axis=-1).max(initial=1)), 1)
-        width = min(mask.shape[-1], -(-longest // TRIM_MULTIPLE) * TRIM_MULTIPLE)
+        width = min(mask.shape[-1], -(-longest // multiple) * multiple)
         out.update({name: features[name][..., :width] for name in names})
     return out
 
@@ -202,11 +207,12 @@ def trimmed(features: dict) -> dict:
 class Batches(keras.utils.PyDataset):
     """One epoch's training batches from numpy, from batch `skip` on: the rows in `epoch_order`
     (of the windows, with --long-text windows), the last partial batch dropped as tf.data's
-    `drop_remainder` does (kept when it is the only one); each cut to its longest text (`trimmed`)
-    when the task's data asks (`TaskData.trim_batches`)."""
+    `drop_remainder` does (kept when it is the only one); each cut to its longest text (`trimmed`,
+    at a multiple of `trim_multiple` tokens) when the task's data asks (`TaskData.trim_batches`)."""
 
-    def __init__(self, train_data, opts, epoch: int, skip: int):
+    def __init__(self, train_data, opts, epoch: int, skip: int, trim_multiple: int = TRIM_MULTIPLE):
         super().__init__()
+        self.trim_multiple = trim_multiple
         self.features, self.targets = train_data.features, train_data.targets
         self.batch_size = opts.batch_size
         self.order = epoch_order(train_data, opts, epoch)
@@ -221,12 +227,12 @@ class Batches(keras.utils.PyDataset):
         rows = self.order[(self.skip + index) * self.batch_size :][: self.batch_size]
         take = lambda part: {k: v[rows] for k, v in part.items()} if isinstance(part, dict) else part[rows]  # noqa: E731
         features = take(self.features)
-        return (trimmed(features) if self.trim else features), take(self.targets)
+        return (trimmed(features, self.trim_multiple) if self.trim else features), take(self.targets)
 
 
-def epoch_batches(train_data, opts):
+def epoch_batches(train_data, opts, trim_multiple: int = TRIM_MULTIPLE):
     """epoch_data(epoch, skip_batches): one epoch's `Batches`, from a given batch on."""
-    return lambda epoch, skip_batches: Batches(train_data, opts, epoch, skip_batches)
+    return lambda epoch, skip_batches: Batches(train_data, opts, epoch, skip_batches, trim_multiple)
 
 
 def keras_batches(batches):

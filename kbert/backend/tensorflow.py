@@ -20,7 +20,7 @@ import tensorflow as tf
 from kbert.backend import tensorflow_fused as fused  # noqa: F401 (the layers train through it: `kbert.backend.fused`)
 from kbert.backend.checkpoints import random_state_variables
 from kbert.backend.placement import check_strategy
-from kbert.backend.portable import TRIM_MULTIPLE, check_filled_shape, epoch_order, text_groups
+from kbert.backend.portable import check_filled_shape, epoch_order, text_groups
 from kbert.runtime.errors import KbertError, first_line, option
 
 # Tests (and CPU-only users who want to try mirrored training) split the CPU into N logical
@@ -207,6 +207,11 @@ def shuffled_order(n: int, seed: int) -> np.ndarray:
 def keras_batches(batches):
     """`batches` as Keras' `fit` and `evaluate` read them: as they are."""
     return batches
+
+
+# The pipeline's batches have a width unknown to the one trace of Keras' train step, so widths cost
+# no retracing: a batch is cut at a multiple of 8 tokens, not 16 as on JAX.
+TRIM_MULTIPLE = 8
 
 
 def trimmed(features: dict) -> dict:

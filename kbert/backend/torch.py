@@ -121,7 +121,7 @@ def pretraining_placement(strategy: str, tpu: str | None = None) -> list:
 def epoch_batches(train_data, opts):
     """epoch_data(epoch, skip_batches): one epoch's `portable.Batches`, from a given batch on,
     read through `keras_batches`."""
-    batches = portable.epoch_batches(train_data, opts)
+    batches = portable.epoch_batches(train_data, opts, trim_multiple=8)  # eager: any width runs as it comes
     return lambda epoch, skip_batches: keras_batches(batches(epoch, skip_batches))
 
 

@@ -65,6 +65,9 @@ RESULTS_FILE = "eval_results.json"
 
 # A run's settings that state.json holds only since a later release: an older run's resume does not compare them.
 NOT_RECORDED_BEFORE = ("warmup_proportion", "mixed_precision", "format", "skip_bad_rows")
+# How --group-by-length sorts rows (`kbert.backend.portable.length_grouped`); runs of the release
+# that sorted by all texts' tokens added record none, and cannot resume in this order.
+LENGTH_ORDER = "longest text"
 
 
 def compile_for_task(model, task: Task | str, optimizer, options: FinetuneOptions | None = None):
@@ -261,6 +264,8 @@ def _fingerprint(model_dir, task: Task, train, dev, opts, max_seq_length: int, t
     if opts.long_text == "windows":
         fingerprint["doc_stride"] = opts.doc_stride
     fingerprint["group_by_length"] = opts.group_by_length  # another order of batches
+    if opts.group_by_length:
+        fingerprint["length_order"] = LENGTH_ORDER
     return fingerprint
 
 
@@ -481,6 +486,12 @@ class _RunCheckpoints(keras.callbacks.Callback):
         before = {"long_text": "truncate", "group_by_length": False, **state["fingerprint"]}
         for key in NOT_RECORDED_BEFORE:
             before.setdefault(key, self.fingerprint.get(key))
+        if before["group_by_length"] and self.fingerprint["group_by_length"] and "length_order" not in before:
+            raise KbertError(
+                f"{option('resume', True)}: the run in {self.run_dir} was started by an earlier kbert, whose "
+                f"{option('group_by_length', True)} batched the rows in another order; finish it with that release, "
+                f"or {option('overwrite', True)} to start over"
+            )
         changed = [k for k, v in self.fingerprint.items() if before.get(k) != v]
         if changed:
             k = changed[0]

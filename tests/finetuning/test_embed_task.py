@@ -406,13 +406,19 @@ def test_group_by_length_batches_rows_of_like_lengths_from_the_shuffle():
     groups[0, 1, :6] = groups[1, 0, :2] = groups[2, 1, :4] = 1
     queries = (np.arange(8) < np.array([[1], [7], [1]])).astype("int32")
     features = {"document_input_mask": groups, "query_input_mask": queries}
-    assert length_grouped(np.arange(3), features, batch_size=3, seed=0).tolist() == [1, 0, 2]  # 9, 7, 5 tokens
+    assert length_grouped(np.arange(3), features, batch_size=3, seed=0).tolist() == [1, 0, 2]  # longest 7, 6, 4
+    # Sorted by the longest text (each text is cut to its own longest in the batch), ties by all texts' tokens:
+    # (query, document) tokens (6, 2), (1, 7), (5, 1), (1, 6), where adding them would put row 0 first.
+    queries, documents = ((np.arange(8) < np.array(n)[:, None]).astype("int32") for n in ([6, 1, 5, 1], [2, 7, 1, 6]))
+    features = {"query_input_mask": queries, "document_input_mask": documents}
+    assert length_grouped(np.arange(4), features, batch_size=4, seed=0).tolist() == [1, 0, 3, 2]
 
 
-@pytest.mark.parametrize("engine", ["tensorflow", "portable"])
-def test_group_by_length_cuts_each_batch_to_its_like_lengths(engine):
-    """Both engines' epochs (tf.data's, and the numpy batches of JAX and PyTorch): a batch of short
-    texts is cut short, the same rows come in the same order, and a resumed epoch skips alike."""
+@pytest.mark.parametrize("engine, multiple", [("tensorflow", 8), ("portable", 16), ("portable", 8)])
+def test_group_by_length_cuts_each_batch_to_its_like_lengths(engine, multiple):
+    """Both engines' epochs (tf.data's, and the numpy batches of JAX, 16 tokens a step, and PyTorch,
+    8): a batch of short texts is cut short, the same rows come in the same order, and a resumed
+    epoch skips alike."""
     from kbert.backend import portable, tensorflow
     from kbert.finetuning.options import FinetuneOptions
     from kbert.finetuning.tasks.base import TaskData
@@ -422,12 +428,15 @@ def test_group_by_length_cuts_each_batch_to_its_like_lengths(engine):
     features = {"document_input_ids": mask * 7, "document_input_mask": mask, "document_segment_ids": 0 * mask}
     data = TaskData(features, {"logits": np.arange(256)}, None, 256, trim_batches=True)
     opts = FinetuneOptions(batch_size=16, group_by_length=True)
-    epoch_data = (tensorflow if engine == "tensorflow" else portable).epoch_batches(data, opts)
+    if engine == "tensorflow":
+        epoch_data = tensorflow.epoch_batches(data, opts)
+    else:
+        epoch_data = portable.epoch_batches(data, opts, trim_multiple=multiple)
     widths, rows = [], []
     for features, targets in epoch_data(1, 0):
         got = np.asarray(targets["logits"])
         widths.append(np.asarray(features["document_input_mask"]).shape[1])
-        assert widths[-1] == -(-lengths[got].max() // 16) * 16
+        assert widths[-1] == -(-lengths[got].max() // multiple) * multiple
         rows.append(got)
     assert sorted(np.concatenate(rows).tolist()) == list(range(256))
     assert np.mean(widths) < 0.7 * 128  # ungrouped, nearly every batch of 16 holds a text near 128
@@ -453,6 +462,24 @@ def test_finetune_embed_learns_with_group_by_length(tmp_path, pairs):
     )  # fmt: skip
     assert_user_error(
         refused, "--group-by-length applies to --task embed or --task rerank; drop it for --task classify"
+    )
+
+
+def test_a_grouped_run_that_recorded_no_length_order_is_not_resumed_in_another(tmp_path, pairs):
+    """A --group-by-length run of the release that sorted rows by all their texts' tokens added
+    (its state records no `length_order`) is refused, not continued in this release's order."""
+    train, _ = pairs
+    (tmp_path / "model.partial").mkdir()
+    (tmp_path / "model.partial" / "state.json").write_text(
+        json.dumps({"step": 2, "fingerprint": {"group_by_length": True}})
+    )
+    flags = ["--task", "embed", "--pooling", "mean", "--train", train, *FLAGS, "--group-by-length", "--resume"]
+    refused = run_kbert("finetune", TINY, "--output", tmp_path / "model", *flags, check=False)
+    assert_user_error(
+        refused,
+        f"--resume: the run in {tmp_path / 'model.partial'} was started by an earlier kbert, whose --group-by-length "
+        "batched the rows in another order; finish it with that release, or --overwrite to start over",
+        alone=False,  # after what reading the model and the pairs said
     )
 
 
