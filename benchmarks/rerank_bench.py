@@ -17,7 +17,8 @@ BM25's top instead).
 - kbert: `kbert finetune --task rerank`, from the converted all-MiniLM-L6-v2 with a new head of one
   output, loss `bce`; sentence-transformers: `CrossEncoder(num_labels=1).fit` from the same
   weights (its default loss for one label is the same binary cross-entropy). Both 1 epoch, 32 pairs
-  a step (kbert batches whole groups: `--batch-size` 32 / (1 + negatives) queries), learning rate
+  a step (kbert: `--batch-size` 32 / (1 + negatives) queries, whole groups, or with
+  `--group-by-length` their pairs among pairs of like lengths), learning rate
   2e-5, warm-up 10%, linear decay, pairs cut to `--max-seq-length` tokens. Training pairs/s: pairs
   over the seconds of the training call (`fit`; the loop `kbert finetune` reports).
 - Scoring: every candidate pair of the first `--test-queries` test queries, 32 pairs a batch:
@@ -31,7 +32,7 @@ BM25's top instead).
 
 usage: .venv/bin/python benchmarks/rerank_bench.py --work DIR [--train-queries 2000] [--negatives 3]
        [--top 20] [--test-queries 3000] [--max-seq-length 128] [--first-stage embedder|bm25]
-       [--reranker DIR (score with it, no training)] [--only NAME...] [--output FILE]
+       [--group-by-length] [--reranker DIR (score with it, no training)] [--only NAME...] [--output FILE]
 Needs what retrieval_bench.py needs (sentence-transformers' `fit` needs `datasets` and
 `accelerate`). Progress on stderr, one JSON object on stdout.
 """
@@ -223,6 +224,12 @@ def main():
     parser.add_argument(
         "--first-stage", default="embedder", choices=("embedder", "bm25"), help="whose candidates are reranked"
     )
+    parser.add_argument(
+        "--group-by-length",
+        action="store_true",
+        help="kbert finetune trains with --group-by-length (with bce: each pair batched apart from its group, "
+        "among pairs of like lengths)",
+    )
     parser.add_argument("--reranker", help="kbert-rerank: score with this kbert reranker instead of training one")
     parser.add_argument("--only", nargs="*", default=list(CONTENDERS), choices=CONTENDERS, help="parts to run")
     parser.add_argument("--output", help=record.OUTPUT_HELP)
@@ -274,6 +281,7 @@ def main():
                 embedder,
                 "--negatives",
                 args.negatives,
+                *["--group-by-length"] * args.group_by_length,
                 batch_size=BATCH // (1 + args.negatives),
             ),
             parse=True,
@@ -318,6 +326,7 @@ def main():
             "learning_rate": LEARNING_RATE,
             "warmup_proportion": WARMUP,
             "base": "all-MiniLM-L6-v2, a new head of one output",
+            "kbert_group_by_length": args.group_by_length,
             "relevant_in_candidates": float(np.mean(subset <= args.top)),
         },
         "retrieval": results,

@@ -371,19 +371,21 @@ def _chunk(batch_size: int, layers=None) -> int:
 class _Tally:
     """What a file's batches had in common to report, once, when the last is done."""
 
-    examples: int = 0
+    packed: int = 0  # what truncation counts (`TaskData.packed`)
+    what: str = "examples"
     truncated: int = 0
     windows: list = dataclasses.field(default_factory=list)  # each batch's document window counts
 
     def add(self, data):
-        self.examples += data.documents
+        count, self.what = data.packed()
+        self.packed += count
         self.truncated += data.truncated
         if data.windows is not None:
             self.windows.append(data.windows.counts)
 
     def report_after(self, rows, path, preprocessor, opts) -> Iterator[dict]:
         yield from rows
-        encoding.log_truncated(path, self.truncated, self.examples, preprocessor.sequence_length)
+        encoding.log_truncated(path, self.truncated, self.packed, preprocessor.sequence_length, what=self.what)
         if self.windows:
             summary = windows_summary(path, np.concatenate(self.windows), preprocessor.sequence_length - 2)
             log.info("%s", summary)
@@ -458,7 +460,7 @@ def _feature_answers(model, preprocessor, layers, tally, batch_size):
 
     def answer(part, first):
         inputs, truncated = encoding.encode_texts(preprocessor, part.texts, part.texts_b)
-        tally.examples += len(part.texts)
+        tally.packed += len(part.texts)
         tally.truncated += truncated
         values = predict_batches(extractor, inputs, batch_size)
         if not layers:
@@ -473,7 +475,7 @@ def _embedding_answers(embedder, tally):
     def answer(part, first):
         truncated = embedder.truncated
         vectors = embedder(part.texts)
-        tally.examples += len(part.texts)
+        tally.packed += len(part.texts)
         tally.truncated += embedder.truncated - truncated
         return [{"embedding": json_vector(vector)} for vector in vectors]
 

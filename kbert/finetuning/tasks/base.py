@@ -47,11 +47,22 @@ class TaskData:
     windows: object = None  # --long-text windows: kbert.finetuning.windows.Windows, each row's document
     # Training cuts each batch to its longest text (embed, rerank: texts of any length in one file).
     trim_batches: bool = False
+    # Rows of `features` that one example of --batch-size became (a reranker's group trained
+    # pointwise with --group-by-length: its pairs, batched apart); `size` counts rows.
+    rows_per_example: int = 1
 
     @property
     def documents(self) -> int:
         """The examples of the file (documents, however many windows they took)."""
         return self.size if self.windows is None else self.windows.num_documents
+
+    def packed(self) -> tuple[int, str]:
+        """(how many, what): what was packed to the sequence length, as truncation counts it: each
+        pair of a group (choice, rerank), else each example."""
+        ids = self.features.get("input_ids")
+        if ids is not None and ids.ndim == 3:
+            return ids.shape[0] * ids.shape[1], "pairs"
+        return self.documents, "examples"
 
 
 class Task:
@@ -231,7 +242,8 @@ class Task:
             require_labels=True,
             training=False,
         )
-        log_truncated(path, data.truncated, data.size, preprocessor.sequence_length)
+        packed, what = data.packed()
+        log_truncated(path, data.truncated, packed, preprocessor.sequence_length, what=what)
         if data.size == 0:
             raise KbertError(f"{path} has no usable rows to evaluate")
         result = self.score(
