@@ -17,8 +17,8 @@ BM25's top instead).
 - kbert: `kbert finetune --task rerank`, from the converted all-MiniLM-L6-v2 with a new head of one
   output, loss `bce`; sentence-transformers: `CrossEncoder(num_labels=1).fit` from the same
   weights (its default loss for one label is the same binary cross-entropy). Both 1 epoch, 32 pairs
-  a step (kbert: `--batch-size` 32 / (1 + negatives) queries, whole groups, or with
-  `--group-by-length` their pairs among pairs of like lengths), learning rate
+  a step (kbert batches whole groups: `--batch-size` 32 / (1 + negatives) queries; with
+  `--group-by-length`, groups of like lengths), learning rate
   2e-5, warm-up 10%, linear decay, pairs cut to `--max-seq-length` tokens. Training pairs/s: pairs
   over the seconds of the training call (`fit`; the loop `kbert finetune` reports).
 - Scoring: every candidate pair of the first `--test-queries` test queries, 32 pairs a batch:
@@ -227,8 +227,7 @@ def main():
     parser.add_argument(
         "--group-by-length",
         action="store_true",
-        help="kbert finetune trains with --group-by-length (with bce: each pair batched apart from its group, "
-        "among pairs of like lengths)",
+        help="kbert finetune trains with --group-by-length (batches of groups of like lengths)",
     )
     parser.add_argument("--reranker", help="kbert-rerank: score with this kbert reranker instead of training one")
     parser.add_argument("--only", nargs="*", default=list(CONTENDERS), choices=CONTENDERS, help="parts to run")

@@ -152,8 +152,7 @@ def finetune(
         DEFAULTS.group_by_length,
         "--group-by-length",
         help="embed, rerank: batches of texts of like lengths (the shuffled rows of 50 batches at a time sorted "
-        "by length, those batches shuffled), so that each batch, cut to its longest text, carries less padding. "
-        "rerank with --loss bce batches each pair apart from its group.",
+        "by length, those batches shuffled), so that each batch, cut to its longest text, carries less padding.",
     ),
 ):
     """Fine-tune BERT on a labelled file (or on query-document pairs); prints the best epoch's dev metrics as JSON.

@@ -68,10 +68,6 @@ NOT_RECORDED_BEFORE = ("warmup_proportion", "mixed_precision", "format", "skip_b
 # How --group-by-length sorts rows (`kbert.backend.portable.length_grouped`); runs of the release
 # that sorted by all texts' tokens added record none, and cannot resume in this order.
 LENGTH_ORDER = "longest text"
-# The order of a reranker's pairs batched apart from their groups (`TaskData.rows_per_example`).
-PAIRS_LENGTH_ORDER = "each pair alone, by its tokens"
-# Fingerprint entries that follow from the flags; a resume names a changed flag before them.
-FOLLOWS_FROM_FLAGS = ("train_examples", "length_order")
 
 
 def compile_for_task(model, task: Task | str, optimizer, options: FinetuneOptions | None = None):
@@ -138,7 +134,7 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     train_data, dev_data = _read_data(task, base, train, dev, opts, max_seq_length, strategy.num_replicas_in_sync)
 
     # --- model and optimizer: the task's head on the base, declaring what predict, evaluate and export read ---
-    steps_per_epoch = max(1, train_data.size // (opts.batch_size * train_data.rows_per_example))
+    steps_per_epoch = max(1, train_data.size // opts.batch_size)
     total_steps = steps_per_epoch * opts.epochs
     with strategy.scope():
         model = task.build(base, labels=train_data.labels, task_info=_task_info(task, opts, max_seq_length, train_data))
@@ -212,16 +208,11 @@ def _read_data(task: Task, base, train, dev, opts, max_seq_length: int, replicas
     if dev:
         dev_data = read(dev, labels=labels, training=False)  # scored against the training file's labels
         _warn_truncated(dev, dev_data, max_seq_length)
-    rows, made_of = train_data.rows_per_example, ""
-    if train_data.windows is not None:
-        made_of = f" (windows of {train_data.documents} documents)"
-    elif rows > 1:
-        made_of = f" ({train_data.size} pairs, each batched apart from its group)"
     log.info(
         "%s: %d training examples%s%s, %d replica%s",
         task.name,
-        train_data.size // rows,
-        made_of,
+        train_data.size,
+        "" if train_data.windows is None else f" (windows of {train_data.documents} documents)",
         f", {len(labels)} labels" if labels else "",
         replicas,
         "s" if replicas > 1 else "",
@@ -255,7 +246,7 @@ def _fingerprint(model_dir, task: Task, train, dev, opts, max_seq_length: int, t
         "model_dir": os.path.abspath(os.fspath(model_dir)),
         "task": task.name,
         "train": os.path.abspath(train),
-        "train_examples": train_data.size // train_data.rows_per_example,
+        "train_examples": train_data.size,
         "dev": dev and os.path.abspath(dev),
         "epochs": opts.epochs,
         "batch_size": opts.batch_size,
@@ -275,16 +266,8 @@ def _fingerprint(model_dir, task: Task, train, dev, opts, max_seq_length: int, t
         fingerprint["doc_stride"] = opts.doc_stride
     fingerprint["group_by_length"] = opts.group_by_length  # another order of batches
     if opts.group_by_length:
-        fingerprint["length_order"] = PAIRS_LENGTH_ORDER if train_data.rows_per_example > 1 else LENGTH_ORDER
+        fingerprint["length_order"] = LENGTH_ORDER
     return fingerprint
-
-
-def training_batches(train_data: TaskData, opts: FinetuneOptions):
-    """epoch_data(epoch, skip_batches): the backend's batches of an epoch (`kbert.backend`'s
-    `epoch_batches`), each of --batch-size examples: their rows, where an example became several
-    (`TaskData.rows_per_example`: a reranker's group trained pointwise, each pair its own row)."""
-    rows_per_batch = opts.batch_size * train_data.rows_per_example
-    return backend.epoch_batches(train_data, dataclasses.replace(opts, batch_size=rows_per_batch))
 
 
 def _fit_epochs(model, task: Task, opts, train_data, tracker, saver, step: int, total_steps: int, steps_per_epoch: int):
@@ -293,7 +276,7 @@ def _fit_epochs(model, task: Task, opts, train_data, tracker, saver, step: int, 
     # As run_classifier.py: shuffle, and drop the last partial batch so every step has the same shape.
     # Each epoch's order is its own seed's (seed + epoch), so a resumed run replays the rest of an
     # epoch exactly. With --long-text windows, the windows of all documents are shuffled together.
-    epoch_data = training_batches(train_data, opts)
+    epoch_data = backend.epoch_batches(train_data, opts)
     callbacks = [tracker, saver, backend.epoch_logger(os.path.join(saver.run_dir, "logs", "fit"))]
     with (
         Progress(
@@ -504,16 +487,13 @@ class _RunCheckpoints(keras.callbacks.Callback):
         before = {"long_text": "truncate", "group_by_length": False, **state["fingerprint"]}
         for key in NOT_RECORDED_BEFORE:
             before.setdefault(key, self.fingerprint.get(key))
-        changed = [k for k, v in self.fingerprint.items() if before.get(k) != v]
-        # A flag first, then what follows from the flags: the examples read, then the order of their batches.
-        changed.sort(key=lambda k: FOLLOWS_FROM_FLAGS.index(k) if k in FOLLOWS_FROM_FLAGS else -1)
-        grouped = before["group_by_length"] and self.fingerprint["group_by_length"]
-        if grouped and ("length_order" not in before or changed == ["length_order"]):  # all else the same
+        if before["group_by_length"] and self.fingerprint["group_by_length"] and "length_order" not in before:
             raise KbertError(
                 f"{option('resume', True)}: the run in {self.run_dir} was started by an earlier kbert, whose "
                 f"{option('group_by_length', True)} batched the rows in another order; finish it with that release, "
                 f"or {option('overwrite', True)} to start over"
             )
+        changed = [k for k, v in self.fingerprint.items() if before.get(k) != v]
         if changed:
             k = changed[0]
             raise KbertError(

@@ -6,13 +6,14 @@ with each loss, its rankings streamed, resumed and equal in every way of asking.
 
 import json
 import os
+import re
 import signal
 import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import TINY, assert_user_error, fail_nth_checkpoint, kbert_command, run_kbert
+from conftest import TINY, assert_user_error, kbert_command, run_kbert
 from helpers import FILLER, NEGATIVE, POSITIVE, stop_mid_run
 from kbert.finetuning.output import partial_path
 
@@ -231,6 +232,17 @@ def test_a_trained_reranker_beats_the_first_stage_and_records_its_task(reranker,
     assert (config["kbert_model"], config["task"], config["activation"]) == ("classifier", "rerank", "sigmoid")
 
 
+def test_truncation_counts_a_groups_pairs(base, files, tmp_path):
+    """Each of a group's pairs is packed alone, so the warning counts pairs of pairs: 96 groups of 4."""
+    flags = ["--epochs", "1", "--batch-size", "8", "--max-seq-length", "8"]
+    result = run_kbert(
+        "finetune", base, "--task", "rerank", "--train", files / "groups.tsv", "--output", tmp_path / "o", *flags
+    )  # fmt: skip
+    truncated = re.search(r"groups\.tsv: (\d+) of (\d+) (\w+) longer than --max-seq-length 8", result.stderr)
+    assert truncated and truncated.group(2, 3) == ("384", "pairs"), result.stderr
+    assert 96 < int(truncated.group(1)) <= 384
+
+
 def test_evaluate_gives_the_runs_dev_metrics(reranker, files):
     out, result = reranker
     evaluated = json.loads(run_kbert("evaluate", out, "--input", files / "candidates.jsonl").stdout)
@@ -295,96 +307,16 @@ def test_a_killed_rerank_keeps_its_rows_and_resumes(reranker, files, tmp_path):
     assert np.abs(np.array([r["scores"] for r in rows]) - np.array([r["scores"] for r in expected])).max() <= 1e-5
 
 
-@pytest.mark.parametrize("loss", ["listwise", "margin-mse", "bce-on-pairs", "bce-grouped-by-length"])
+@pytest.mark.parametrize("loss", ["listwise", "margin-mse", "bce-on-pairs"])
 def test_each_loss_trains_a_reranker_that_beats_the_first_stage(base, files, tmp_path, loss):
     train = files / ("pairs.jsonl" if loss == "bce-on-pairs" else "groups.tsv")
-    extra = {
-        "listwise": ["--loss", "listwise"],
-        "margin-mse": ["--loss", "margin-mse", "--teacher-scores", "teacher"],
-        "bce-grouped-by-length": ["--group-by-length"],
-    }
+    extra = {"listwise": ["--loss", "listwise"], "margin-mse": ["--loss", "margin-mse", "--teacher-scores", "teacher"]}
     result = run_kbert(
         "finetune", base, "--task", "rerank", "--train", train, "--dev", files / "candidates.jsonl",
         "--output", tmp_path / "out", *FLAGS, *extra.get(loss, []),
     )  # fmt: skip
     metrics = json.loads(result.stdout)
     assert metrics["ndcg@10"] > metrics["base_ndcg@10"] + 0.1, metrics
-    if loss == "bce-grouped-by-length":  # 96 groups of 4 pairs, 8 groups' worth of pairs a step
-        assert "rerank: 96 training examples (384 pairs, each batched apart from its group)" in result.stderr
-        assert "/36 " in result.stderr and metrics["train_examples_per_second"] > 0, result.stderr
-
-
-def test_bce_with_group_by_length_batches_a_groups_pairs_apart_by_their_lengths(tmp_path):
-    """bce scores each pair alone: with --group-by-length a group's pairs are rows of their own, each
-    labelled as in its group, and a batch holds --batch-size groups' worth of pairs of like lengths;
-    the losses that compare a query's documents keep each group whole."""
-    from kbert.backend import make_preprocessor
-    from kbert.finetuning.options import FinetuneOptions
-    from kbert.finetuning.tasks import get_task
-    from kbert.finetuning.train import training_batches
-
-    rng = np.random.default_rng(0)
-    # Every group's positive is short and its negatives of 1 to 40 words more: a batch of whole
-    # groups holds a long pair nearly always, and a group's pairs differ in length.
-    rows = [(q, d, [n + " " + " ".join(rng.choice(WORDS, rng.integers(1, 40))) for n in negatives])
-            for q, d, negatives in groups(64, 5)]  # fmt: skip
-    path = tmp_path / "groups.jsonl"
-    path.write_text("".join(json.dumps({"query": q, "document": d, "negatives": n}) + "\n" for q, d, n in rows))
-    packer = make_preprocessor(os.path.join(TINY, "vocab.txt"), True, 64)
-    task = get_task("rerank")
-
-    def batches(**options):
-        opts = FinetuneOptions(batch_size=4, max_seq_length=64, group_by_length=True, **options)
-        data = task.read(path, preprocessor=packer, labels=None, options=opts, require_labels=True, training=True)
-        return data, list(training_batches(data, opts)(0, 0))
-
-    data, pointwise = batches()
-    assert (data.rows_per_example, data.size) == (4, 256)
-    assert data.features["input_ids"].shape[:2] == (256, 1)
-    assert data.targets["logits"].reshape(64, 4).tolist() == [[1.0, 0.0, 0.0, 0.0]] * 64  # each pair as labelled
-    lengths = data.features["input_mask"][:, 0].sum(axis=1)
-    assert len(pointwise) == 16 and all(np.asarray(t["logits"]).shape == (16, 1) for _, t in pointwise)
-    assert sum(float(np.asarray(t["logits"]).sum()) for _, t in pointwise) == 64  # every pair once
-    widths = [np.asarray(f["input_mask"]).shape[-1] for f, _ in pointwise]
-    # The short positives share batches: some batch holds more than its 4 groups' 4 positives.
-    assert max(float(np.asarray(t["logits"]).sum()) for _, t in pointwise) > 4
-    grouped_data, whole = batches(loss="listwise")
-    assert grouped_data.rows_per_example == 1 and grouped_data.features["input_ids"].shape[:2] == (64, 4)
-    assert all(np.asarray(t["logits"]).shape == (4, 4) for _, t in whole) and len(whole) == 16
-    whole_widths = [np.asarray(f["input_mask"]).shape[-1] for f, _ in whole]
-    assert sum(widths) * 16 < 0.8 * sum(whole_widths) * 16, (widths, whole_widths)
-    assert max(widths) == -(-lengths.max() // 8) * 8
-
-
-def test_a_grouped_bce_run_of_whole_groups_is_not_resumed_pair_by_pair(base, files, tmp_path, monkeypatch):
-    """A --group-by-length bce run of the release that batched whole groups (its state records the
-    order "longest text") is refused on resume, not continued with each pair batched apart; a run
-    of this release resumes."""
-    out = tmp_path / "out"
-    flags = ["--task", "rerank", "--train", files / "groups.tsv", "--output", out, *FLAGS, "--group-by-length"]
-    with monkeypatch.context() as patched:
-        fail_nth_checkpoint(patched, 2)  # saved at step 4, then the save at step 8 fails
-        failed = run_kbert("finetune", base, *flags, "--save-every", "4", check=False)
-    assert failed.returncode == 1, failed.stderr[-2000:]
-    state_file = tmp_path / "out.partial" / "state.json"
-    state = json.loads(state_file.read_text())
-    fingerprint = state["fingerprint"]
-    assert (fingerprint["length_order"], fingerprint["train_examples"], state["step"]) == (
-        "each pair alone, by its tokens",
-        96,
-        4,
-    )
-    state_file.write_text(json.dumps({**state, "fingerprint": {**fingerprint, "length_order": "longest text"}}))
-    refused = run_kbert("finetune", base, *flags, "--resume", check=False)
-    assert_user_error(
-        refused,
-        f"--resume: the run in {tmp_path / 'out.partial'} was started by an earlier kbert, whose --group-by-length "
-        "batched the rows in another order; finish it with that release, or --overwrite to start over",
-        alone=False,
-    )
-    state_file.write_text(json.dumps(state))
-    resumed = json.loads(run_kbert("finetune", base, *flags, "--resume").stdout)
-    assert (resumed["resumed_from_step"], resumed["epoch"]) == (4, 3), resumed
 
 
 # === Serving ===

@@ -47,9 +47,6 @@ class TaskData:
     windows: object = None  # --long-text windows: kbert.finetuning.windows.Windows, each row's document
     # Training cuts each batch to its longest text (embed, rerank: texts of any length in one file).
     trim_batches: bool = False
-    # Rows of `features` that one example of --batch-size became (a reranker's group trained
-    # pointwise with --group-by-length: its pairs, batched apart); `size` counts rows.
-    rows_per_example: int = 1
 
     @property
     def documents(self) -> int:

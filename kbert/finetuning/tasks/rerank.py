@@ -90,15 +90,6 @@ class Rerank(Task):
         features, truncated = encoding.encode_choices(preprocessor, examples.queries, examples.groups)
         wanted = examples.teacher if examples.teacher is not None else examples.labels
         targets = {"logits": np.asarray(wanted, np.float32)}
-        group = features["input_ids"].shape[1] if len(examples.queries) else 1
-        if training and group > 1 and options.group_by_length and (options.loss or DEFAULT_LOSS) == "bce":
-            # bce scores each pair alone, so a group's pairs need not share a batch: each is its own
-            # row, and --group-by-length puts pairs of like lengths together (most groups hold a
-            # document that reaches the length, and a batch of whole groups would pay for it).
-            pairs = {name: values.reshape(-1, 1, values.shape[-1]) for name, values in features.items()}
-            labels = {"logits": targets["logits"].reshape(-1, 1)}
-            size = len(pairs["input_ids"])
-            return TaskData(pairs, labels, None, size, truncated, examples, trim_batches=True, rows_per_example=group)
         return TaskData(features, targets, None, len(examples.queries), truncated, examples, trim_batches=True)
 
     # === Training ===
