@@ -233,7 +233,7 @@ def test_a_trained_reranker_beats_the_first_stage_and_records_its_task(reranker,
 
 
 def test_truncation_counts_a_groups_pairs(base, files, tmp_path):
-    """Each of a group's pairs is packed alone, so the warning counts pairs of pairs: 96 groups of 4."""
+    """Each of a group's pairs is packed alone, so the warning counts pairs: 96 groups of 4 make 384."""
     flags = ["--epochs", "1", "--batch-size", "8", "--max-seq-length", "8"]
     result = run_kbert(
         "finetune", base, "--task", "rerank", "--train", files / "groups.tsv", "--output", tmp_path / "o", *flags
