@@ -212,7 +212,7 @@ report["tensorflow_still_blocked"] = all(sys.modules.get(m, 0) is None for m in 
 print(json.dumps(report))
 """
 
-TASKS = ["classify", "regress", "tag", "squad", "choice", "embed"]
+TASKS = ["classify", "regress", "tag", "squad", "choice", "embed", "rerank"]
 
 
 def _squad(n: int) -> dict:
@@ -231,6 +231,8 @@ def _data(folder) -> dict:
     folder.mkdir()
     (folder / "squad.json").write_text(json.dumps(_squad(16)))
     pairs = [(text, f"the {text}") for text, _ in sentiment_rows(16, 3)]
+    # Each query's document, and another's as its negative: groups of pairs of unlike lengths.
+    groups = [(query, document, pairs[i - 1][1] + " and more") for i, (query, document) in enumerate(pairs)]
     return {
         "classify": str(write_tsv(folder / "classify.tsv", sentiment_rows(32, 0))),
         "classify_dev": str(write_tsv(folder / "classify_dev.tsv", sentiment_rows(16, 1))),
@@ -241,6 +243,7 @@ def _data(folder) -> dict:
         "choice": str(write_swag(folder / "choice.csv", swag_rows(16, 0))),
         "squad": str(folder / "squad.json"),
         "embed": str(write_tsv(folder / "pairs.tsv", pairs, header=("query", "document"))),
+        "rerank": str(write_tsv(folder / "groups.tsv", groups, header=("query", "document", "negative"))),
         "texts": str(write_lines(folder / "texts.txt", sentiment_texts(300, 4)[0])),
     }
 
@@ -317,7 +320,8 @@ def jax_run(tmp_path_factory, tiny_model_dir):
 @pytest.fixture(scope="module")
 def torch_run(tmp_path_factory, tiny_model_dir):
     work = tmp_path_factory.mktemp("torch")
-    return work, _run(work, "torch", tiny_model_dir, tasks=["classify"], interrupt_at=5)
+    # A reranker too: on PyTorch its batches run in chunks of like lengths (on JAX, whole).
+    return work, _run(work, "torch", tiny_model_dir, tasks=["classify", "rerank"], interrupt_at=5)
 
 
 @pytest.fixture(params=["jax", "torch"])
@@ -390,7 +394,7 @@ def test_every_task_fine_tunes(report):
     for task, result in report["tasks"].items():
         assert result["code"] == 0, (task, result["stderr"][-2000:])
         assert result["saved"] == task and result["metrics"]["epoch"] == 1, (task, result)
-    expected = TASKS if report["backend"] == "jax" else ["classify"]
+    expected = TASKS if report["backend"] == "jax" else ["classify", "rerank"]
     assert sorted(report["tasks"]) == sorted(expected)
 
 

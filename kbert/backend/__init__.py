@@ -24,8 +24,9 @@ What it answers:
   fine-tuning's inputs (in the graph on TensorFlow, Python and numpy elsewhere);
 - the model and optimizer: `take_positions`, `real_token_index` (the rows that are not
   padding), `matmul_transposed`, `empty`, `fused` (the XLA kernels training runs through, or
-  None), `adamw_kernels(adamw)`, `fill_weight(variable, make_value)`, and `LAYERS_ARE_MODULES`
-  (PyTorch's layers are torch.nn.Modules).
+  None), `adamw_kernels(adamw)`, `fill_weight(variable, make_value)`, `LAYERS_ARE_MODULES`
+  (PyTorch's layers are torch.nn.Modules) and `COMPILES_STEPS` (whether Keras' steps are
+  compiled whole: XLA on JAX, the graph on TensorFlow, eager PyTorch).
 
 Example:
 >>> import numpy as np
@@ -58,6 +59,7 @@ else:
     from kbert.backend import torch as _running
 
 LAYERS_ARE_MODULES = _running.LAYERS_ARE_MODULES
+COMPILES_STEPS = _running.COMPILES_STEPS
 has_gpu = _running.has_gpu
 gpu_compute_capability = _running.gpu_compute_capability
 finetuning_placement = _running.finetuning_placement

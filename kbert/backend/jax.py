@@ -14,6 +14,10 @@ from kbert.runtime.errors import KbertError, option
 # Keras' layers are plain Python objects here: a layer may hold others before Layer.__init__ runs.
 LAYERS_ARE_MODULES = False
 
+# Keras' training and inference steps compiled whole with XLA (`jit_compile`): without it JAX
+# dispatches every op of every step on its own.
+COMPILES_STEPS = True
+
 
 def has_gpu() -> bool:
     """Whether JAX computes on a GPU."""

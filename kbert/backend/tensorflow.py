@@ -30,6 +30,10 @@ LOGICAL_CPUS_ENV = "KBERT_LOGICAL_CPUS"
 # Keras' layers are plain Python objects here: a layer may hold others before Layer.__init__ runs.
 LAYERS_ARE_MODULES = False
 
+# Keras' steps run as graphs, not compiled whole with XLA: on a CPU whole-step XLA was slower than
+# the graph with its fused kernels (`kbert.backend.tensorflow_fused`), and it skips oneDNN.
+COMPILES_STEPS = False
+
 
 def quiet_native_warnings():
     """Keep TensorFlow's C++ warnings off stderr in a Python session, as the CLI keeps them off its

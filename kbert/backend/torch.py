@@ -15,6 +15,9 @@ from kbert.runtime.errors import KbertError, option
 # A Keras layer is a torch.nn.Module here, which refuses a sub-module set before its own __init__.
 LAYERS_ARE_MODULES = True
 
+# Keras' steps run eagerly; torch.compile (`jit_compile`) is asked for, never the default.
+COMPILES_STEPS = False
+
 
 def has_gpu() -> bool:
     """Whether PyTorch computes on a GPU."""

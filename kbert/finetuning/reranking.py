@@ -31,6 +31,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from kbert import backend
 from kbert.finetuning.metrics import RANKING_DEPTH
 from kbert.model.bert import FoldChoices, UnfoldChoices
 from kbert.runtime.errors import KbertError
@@ -56,6 +57,60 @@ def activate(logits, activation: str) -> np.ndarray:
 
 # === Training ===
 
+# A training batch's pairs run through the scorer in this many runs of like lengths, each cut to
+# its own longest pair (at a multiple of `CHUNK_MULTIPLE` tokens). A batch holds whole groups, and
+# most groups hold one long document: cut as one, every pair of the batch would pay for it.
+LENGTH_CHUNKS = 4
+CHUNK_MULTIPLE = 8
+
+
+class ScoreInLengthChunks(keras.layers.Layer):
+    """The scorer's logits [pairs, 1] of pairs [pairs, seq], computed in `chunks` runs: the pairs
+    sorted by length, split into `chunks` runs of (nearly) equal size, each cut to its longest pair,
+    and the logits put back in the pairs' order. Padding changes no logit, so this is the scorer's
+    output on the whole batch, at the cost of each run's own lengths.
+
+    A run's width depends on the batch's values, which a step compiled whole cannot have (XLA, on
+    JAX: `kbert.backend.COMPILES_STEPS`); there `chunks` is 1, the whole batch in one run.
+
+    Example:
+    >>> import numpy as np, kbert
+    >>> config = kbert.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+    ...                           num_attention_heads=4, intermediate_size=64)
+    >>> classifier = kbert.bert_classifier(config, 1)
+    >>> mask = np.array([[1] * n + [0] * (24 - n) for n in (20, 3, 9, 5)], "int32")
+    >>> pairs = {"input_ids": mask * 7, "input_mask": mask, "segment_ids": np.zeros_like(mask)}
+    >>> whole = keras.ops.convert_to_numpy(classifier(pairs)["logits"])
+    >>> chunked = keras.ops.convert_to_numpy(ScoreInLengthChunks(classifier, chunks=3)(pairs))
+    >>> bool(np.abs(chunked - whole).max() < 1e-5)
+    True
+    """
+
+    def __init__(self, scorer, chunks: int, **kwargs):
+        super().__init__(**kwargs)
+        self.scorer = scorer
+        self.chunks = chunks
+
+    def call(self, pairs):
+        if self.chunks == 1:
+            return self.scorer(pairs)["logits"]
+        mask = pairs["input_mask"]
+        lengths = ops.sum(ops.cast(mask, "int32"), axis=-1)
+        order = ops.argsort(lengths)
+        count = ops.shape(lengths)[0]
+        logits = []
+        for chunk in range(self.chunks):
+            rows = order[chunk * count // self.chunks : (chunk + 1) * count // self.chunks]
+            longest = ops.max(ops.take(lengths, rows), initial=1)
+            width = ops.minimum(ops.shape(mask)[-1], (longest + CHUNK_MULTIPLE - 1) // CHUNK_MULTIPLE * CHUNK_MULTIPLE)
+            logits.append(
+                self.scorer({name: ops.take(x, rows, axis=0)[:, :width] for name, x in pairs.items()})["logits"]
+            )
+        return ops.take(ops.concatenate(logits, axis=0), ops.argsort(order), axis=0)
+
+    def compute_output_spec(self, pairs):
+        return keras.KerasTensor((pairs["input_ids"].shape[0], 1), dtype=self.scorer.output["logits"].dtype)
+
 
 class GroupScorer(keras.Model):
     """A reranker's logits for a query's group of documents at once.
@@ -66,6 +121,8 @@ class GroupScorer(keras.Model):
     Args:
         scorer: a classifier of one output (`kbert.model.families.classifier(base, 1)`): it scores
             every pair, and is the model a run saves.
+        chunks: how many runs of like lengths a batch's pairs are scored in (`ScoreInLengthChunks`);
+            by default `LENGTH_CHUNKS`, or 1 where Keras' steps are compiled whole.
 
     Example:
     >>> import numpy as np, kbert
@@ -78,13 +135,16 @@ class GroupScorer(keras.Model):
     (1, 3)
     """
 
-    def __init__(self, scorer, **kwargs):
+    def __init__(self, scorer, chunks: int | None = None, **kwargs):
         kwargs.setdefault("name", "group_scorer")
+        if chunks is None:
+            chunks = 1 if backend.COMPILES_STEPS else LENGTH_CHUNKS
         # === Functional Model ===
         inputs = {name: keras.Input(shape=(None, None), dtype="int32", name=name) for name in scorer.input}
         # Every pair is one sequence to the scorer: [queries·documents, seq].
         flat = {name: FoldChoices(name=f"fold_{name}")(tensor) for name, tensor in inputs.items()}
-        logits = UnfoldChoices(name="unfold_groups")(scorer(flat)["logits"], inputs["input_ids"])
+        pair_logits = ScoreInLengthChunks(scorer, chunks, name="score_in_length_chunks")(flat)
+        logits = UnfoldChoices(name="unfold_groups")(pair_logits, inputs["input_ids"])
         super().__init__(inputs=inputs, outputs={"logits": ops.cast(logits, "float32")}, **kwargs)
 
         # === Config ===

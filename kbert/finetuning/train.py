@@ -74,9 +74,7 @@ def compile_for_task(model, task: Task | str, optimizer, options: FinetuneOption
     """`model.compile` with the task's losses (and loss weights)."""
     task = get_task(task) if isinstance(task, str) else task
     loss, weights = task.losses(options)
-    # Not the whole step through XLA, which Keras' "auto" picks on a GPU outside a strategy: on a
-    # CPU it was slower than the graph with its fused kernels (kbert.backend.tensorflow_fused).
-    model.compile(optimizer=optimizer, loss=loss, loss_weights=weights, jit_compile=False)
+    model.compile(optimizer=optimizer, loss=loss, loss_weights=weights, jit_compile=backend.COMPILES_STEPS)
 
 
 def make_finetune_optimizer(learning_rate, total_steps, warmup_steps):
@@ -118,12 +116,14 @@ def finetune(model_dir, task, train, output, dev=None, options: FinetuneOptions 
     check_output_dir(os.fspath(output), opts.overwrite)
     opts = _settled_mixed_precision(opts, os.fspath(output) + PARTIAL_SUFFIX)
     backend.use_mixed_precision(opts.mixed_precision, opts.mixed_precision_dtype)
+    # rerank: the file with the negatives it mined; before the seed, so that a run on that file
+    # repeats this one (mining draws from the random generators).
+    train = task.training_file(train, output, opts)
     backend.set_random_seed(opts.seed)
     # The pretrained model, opened once: its config, vocabulary and casing say how to read the data.
     with strategy.scope():
         base = open_model(model_dir)
     opts = task.settle(base, opts, where=os.fspath(model_dir))  # embed: the pooling the base records
-    train = task.training_file(train, output, opts)  # rerank: with the negatives it mined
 
     # --- data ---
     max_seq_length = sequence_length(

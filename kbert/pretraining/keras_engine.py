@@ -31,7 +31,7 @@ import os
 import keras
 from keras import ops
 
-from kbert.backend import keras_batches, pretraining_placement, use_mixed_precision
+from kbert.backend import COMPILES_STEPS, keras_batches, pretraining_placement, use_mixed_precision
 from kbert.backend.checkpoints import latest_training_state, restore_training_state, save_training_state
 from kbert.backend.event_log import EventLog
 from kbert.pretraining import record_checks
@@ -142,8 +142,8 @@ class KerasEngine:
                 f"use a multiple of {replicas}"
             )
         warmup = opts.warmup_steps if opts.warmup_steps is not None else opts.steps // 10
-        # Keras' default: XLA on JAX; PyTorch runs eagerly unless asked (torch.compile).
-        jit = (self.backend == "jax") if opts.jit is None else opts.jit
+        # XLA on JAX; PyTorch runs eagerly unless asked (torch.compile).
+        jit = COMPILES_STEPS if opts.jit is None else opts.jit
         keras.utils.set_random_seed(opts.seed)  # the same initial weights for the same --seed
         pretrainer = (
             new_pretrainer(start.config, start.vocab_file) if start.initial is None else copied_in_scope(start.initial)
