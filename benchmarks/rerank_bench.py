@@ -229,6 +229,9 @@ def main():
         action="store_true",
         help="kbert finetune trains with --group-by-length (batches of groups of like lengths)",
     )
+    parser.add_argument(
+        "--seed", type=int, help="kbert finetune's --seed (its default unless given): another run's draws"
+    )
     parser.add_argument("--reranker", help="kbert-rerank: score with this kbert reranker instead of training one")
     parser.add_argument("--only", nargs="*", default=list(CONTENDERS), choices=CONTENDERS, help="parts to run")
     parser.add_argument("--output", help=record.OUTPUT_HELP)
@@ -281,6 +284,7 @@ def main():
                 "--negatives",
                 args.negatives,
                 *["--group-by-length"] * args.group_by_length,
+                *(["--seed", args.seed] if args.seed is not None else []),
                 batch_size=BATCH // (1 + args.negatives),
             ),
             parse=True,
@@ -326,6 +330,7 @@ def main():
             "warmup_proportion": WARMUP,
             "base": "all-MiniLM-L6-v2, a new head of one output",
             "kbert_group_by_length": args.group_by_length,
+            "kbert_seed": args.seed,
             "relevant_in_candidates": float(np.mean(subset <= args.top)),
         },
         "retrieval": results,
