@@ -7,6 +7,10 @@ one dense layer of the model at a time, to show where kbert's int8 time goes at 
 - "kbert int8": `kbert.serving.int8.int8_matmul` (each row quantized on its own scale, oneDNN's
   `_QuantizedMatMul`, each row rescaled) in a TF1 session, as the int8 export runs it;
 - "kbert int8 kernel": `_QuantizedMatMul` alone, on already quantized uint8 rows;
+- "kbert int8 calibrated": `calibrated_int8_matmul` (`--int8-ranges calibrated`: the input
+  rounded onto a fixed range by element-wise ops, then the kernel);
+- "kbert int8 calibrated, QuantizeV2": the same levels made by one `QuantizeV2` op (MIN_FIRST mode
+  on the same range, which oneDNN builds run as `_MklQuantizeV2`), then the same kernel;
 - "tf float32": `tf.matmul`, what the float32 export runs (Eigen, unless TF_ENABLE_ONEDNN_OPTS=1);
 - "onnxruntime int8": a MatMul + Add graph through `onnxruntime.quantization.quantize_dynamic`
   (int8 weights, what serving_bench's ONNX Runtime int8 model runs: `DynamicQuantizeMatMul`);
@@ -94,11 +98,40 @@ def kernel_alone(x_u8, k):
     )
 
 
+def calibrated_by_quantize_v2(x, k):
+    """`calibrated_int8_matmul` with its input quantized by one `QuantizeV2` op: in MIN_FIRST mode it
+    makes round(x · scale) + zero_point, cut to [0, 255], for min = -zero_point / scale (the same
+    levels as the element-wise ops, ties aside)."""
+    import tensorflow as tf
+
+    from serving.int8 import _quantized_matmul
+
+    low = -k.zero_point / k.input_scale
+    quantized = tf.raw_ops.QuantizeV2(
+        input=x,
+        min_range=tf.constant(low),
+        max_range=tf.constant(low + 255.0 / k.input_scale),
+        T=tf.quint8,
+        mode="MIN_FIRST",
+        ensure_minimum_range=0.0,
+    ).output
+    weight_range = tf.constant(k.weight_range)
+    return _quantized_matmul(
+        quantized,
+        tf.bitcast(tf.constant(k.kernel), tf.qint8),
+        tf.constant(k.bias),
+        tf.constant(0.0),
+        tf.constant(255.0 / k.input_scale),
+        weight_range,
+        weight_range,
+    )
+
+
 def child_tf(shapes, rows_list, runs):
     import tensorflow as tf
 
     sys.path.insert(0, ROOT)
-    from serving.int8 import Int8Kernel, int8_matmul
+    from serving.int8 import CalibratedInt8Kernel, Int8Kernel, calibrated_int8_matmul, int8_matmul
 
     out = {}
     for name, (n_in, n_out) in shapes.items():
@@ -108,9 +141,16 @@ def child_tf(shapes, rows_list, runs):
             x = tf.compat.v1.placeholder(tf.float32, [None, n_in])
             x_u8 = tf.compat.v1.placeholder(tf.uint8, [None, n_in])
             made = [Int8Kernel.of(w, np.zeros(n_out, np.float32)) for w in kernels]
+            # Each copy's range a little different, so that the graph optimizer merges no quantizing ops.
+            calibrated = [
+                CalibratedInt8Kernel.of(w, np.zeros(n_out, np.float32), -3.0 - 0.01 * i, 4.0)
+                for i, w in enumerate(kernels)
+            ]
             fetches = {
                 "kbert int8": [int8_matmul(x, k) for k in made],
                 "kbert int8 kernel": [kernel_alone(x_u8, k) for k in made],
+                "kbert int8 calibrated": [calibrated_int8_matmul(x, k) for k in calibrated],
+                "kbert int8 calibrated, QuantizeV2": [calibrated_by_quantize_v2(x, k) for k in calibrated],
                 "tf float32": [tf.matmul(x, tf.constant(w)) for w in kernels],
             }
             session = tf.compat.v1.Session(graph=graph)
@@ -120,6 +160,13 @@ def child_tf(shapes, rows_list, runs):
                 x: rng.normal(size=(rows, n_in)).astype(np.float32),
                 x_u8: rng.integers(0, 256, (rows, n_in)).astype(np.uint8),
             }
+            # The two ways of quantizing give the same levels but where float32 rounding puts a value
+            # on the other side of a half (round(x·s + z) against round(x·s) + z): one level, rarely.
+            ops_way, quantize_v2 = session.run(
+                [fetches["kbert int8 calibrated"], fetches["kbert int8 calibrated, QuantizeV2"]], feed
+            )
+            differ = np.abs(np.asarray(ops_way) - np.asarray(quantize_v2))
+            assert np.mean(differ > 1e-4 * np.abs(ops_way).max()) < 0.01, "QuantizeV2 made other levels"
             for label, fetch in fetches.items():
                 out.setdefault(label, {}).setdefault(name, {})[rows] = per_call_ms(
                     functools.partial(session.run, fetch, feed), runs
