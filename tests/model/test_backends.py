@@ -90,12 +90,16 @@ def twice(targets):
     return np.concatenate([targets, targets])
 
 
+def fresh():  # each head on its own copy: none starts from an encoder the heads before it moved
+    return kbert.load(job["model_dir"])
+
+
 heads = {
-    "classify": (kbert.bert_classifier(pretrainer, 3), {"logits": twice(rng.integers(0, 3, half))}),
-    "regress": (kbert.bert_classifier(pretrainer, 1), {"logits": twice(rng.normal(size=(half, 1)).astype("float32"))}),
-    "tag": (kbert.bert_tagger(pretrainer, 4), {"logits": np.where(batch["input_mask"] > 0, twice(rng.integers(0, 4, (half, seq))), -1)}),
-    "squad": (kbert.bert_span_predictor(pretrainer), {"start_logits": twice(rng.integers(0, 5, half)), "end_logits": twice(rng.integers(5, 10, half))}),
-    "choice": (kbert.bert_multiple_choice(pretrainer), {"logits": np.array([1, 1])}),  # two different choices
+    "classify": (kbert.bert_classifier(fresh(), 3), {"logits": twice(rng.integers(0, 3, half))}),
+    "regress": (kbert.bert_classifier(fresh(), 1), {"logits": twice(rng.normal(size=(half, 1)).astype("float32"))}),
+    "tag": (kbert.bert_tagger(fresh(), 4), {"logits": np.where(batch["input_mask"] > 0, twice(rng.integers(0, 4, (half, seq))), -1)}),
+    "squad": (kbert.bert_span_predictor(fresh()), {"start_logits": twice(rng.integers(0, 5, half)), "end_logits": twice(rng.integers(5, 10, half))}),
+    "choice": (kbert.bert_multiple_choice(fresh()), {"logits": np.array([1, 1])}),  # two different choices
 }
 report["heads"] = {}
 for task, (model, targets) in heads.items():
