@@ -5,7 +5,10 @@ sends each the same texts at batch 1, A then B, text by text, so that the host's
 from minute to minute here) falls on both alike. Then, in a fresh process each, the memory and
 load time of each export: peak and final RSS of a process that loads it and serves 20 requests.
 
-usage: .venv/bin/python benchmarks/export_ab.py EXPORT_A EXPORT_B [--texts texts.json] [--requests 150] [--batch 1] [--threads 1 1]
+usage: .venv/bin/python benchmarks/export_ab.py EXPORT_A EXPORT_B [--texts texts.json] [--requests 150] [--batch 1] [--threads 1 1] [--env-b NAME=VALUE ...]
+`--env-b NAME=VALUE`: B's server runs with these environment variables (a setting TensorFlow reads
+once per process, such as TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1), so A and B each run in a process of
+their own, still alternating request by request and timed inside each; A and B may be one export.
 `--threads INTRA INTER`: both sessions' thread pools, as tensorflow_model_server's
 --tensorflow_intra_op_parallelism and --tensorflow_inter_op_parallelism set them (default 0 0: a thread per core).
 `--batch N`: each request N consecutive texts (p50 and sequences/s reported). `--texts`: a JSON list of strings (serving_bench.py --work DIR writes DIR/texts.json, the Debian
@@ -52,6 +55,54 @@ def memory(path):
     )
 
 
+def serve_on_request(path, intra, inter, requests_file):
+    """Run in a child: load `path`, then for each request index read on stdin serve that request and
+    answer the milliseconds it took (`--env-b`: each side's process has its own environment)."""
+    import tensorflow as tf
+
+    with open(requests_file, encoding="utf-8") as f:
+        requests = json.load(f)
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra, inter_op_parallelism_threads=inter)
+    serve = session_call(path, config)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        request = requests[int(line)]
+        start = time.perf_counter()
+        serve(request)
+        print((time.perf_counter() - start) * 1000, flush=True)
+
+
+def time_in_children(args, requests, env_b) -> list:
+    """Each export served by a child process of its own (B's with `env_b`), alternating request by
+    request: the milliseconds of each side's requests, after 20 warm-up requests each."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(requests, f)
+    children = []
+    for path, extra in zip(args.exports, ({}, env_b)):
+        command = [sys.executable, __file__, "--serve", path, *map(str, args.threads), f.name]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **extra)
+        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        assert child.stdout.readline().strip() == "ready", f"{path} did not load"
+        children.append(child)
+
+    def ask(child, index) -> float:
+        child.stdin.write(f"{index}\n")
+        child.stdin.flush()
+        return float(child.stdout.readline())
+
+    for index in range(min(20, len(requests))):  # warm-up
+        for child in children:
+            ask(child, index)
+    times = [[ask(child, index) for child in children] for index in range(len(requests))]
+    for child in children:
+        child.stdin.close()
+        child.wait()
+    os.unlink(f.name)
+    return [list(side) for side in zip(*times)]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("exports", nargs=2)
@@ -60,8 +111,10 @@ def main():
     parser.add_argument("--batch", type=int, default=1, help="texts per request")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory and load-time children")
     parser.add_argument("--threads", type=int, nargs=2, default=[0, 0], metavar=("INTRA", "INTER"))
+    parser.add_argument("--env-b", nargs="+", default=[], metavar="NAME=VALUE", help="B's environment variables")
     parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
+    env_b = dict(item.split("=", 1) for item in args.env_b)
     if args.texts:
         with open(args.texts, encoding="utf-8") as f:
             texts = json.load(f)
@@ -70,23 +123,29 @@ def main():
     wanted = args.requests * args.batch
     texts = (texts * (wanted // len(texts) + 1))[:wanted]
     requests = [texts[i : i + args.batch] for i in range(0, wanted, args.batch)]
-    import tensorflow as tf
-
     intra, inter = args.threads
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra, inter_op_parallelism_threads=inter)
-    serves = [session_call(path, config) for path in args.exports]
-    for serve in serves:  # warm-up
-        for request in requests[:20]:
-            serve(request)
-    times = [[], []]
-    for request in requests:
-        for serve, spent in zip(serves, times):
-            start = time.perf_counter()
-            serve(request)
-            spent.append((time.perf_counter() - start) * 1000)
-    report = {"threads": {"intra_op": intra, "inter_op": inter}}
-    for path, spent in zip(args.exports, times):
-        report[path] = dict(
+    if env_b:
+        times = time_in_children(args, requests, env_b)
+    else:
+        import tensorflow as tf
+
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra, inter_op_parallelism_threads=inter)
+        serves = [session_call(path, config) for path in args.exports]
+        for serve in serves:  # warm-up
+            for request in requests[:20]:
+                serve(request)
+        times = [[], []]
+        for request in requests:
+            for serve, spent in zip(serves, times):
+                start = time.perf_counter()
+                serve(request)
+                spent.append((time.perf_counter() - start) * 1000)
+    report = {"threads": {"intra_op": intra, "inter_op": inter}, "env_b": env_b}
+    labels = list(args.exports)
+    if env_b and labels[0] == labels[1]:
+        labels[1] += " with " + " ".join(args.env_b)
+    for label, path, extra, spent in zip(labels, args.exports, ({}, env_b), times):
+        report[label] = dict(
             p50_ms=round(float(np.median(spent)), 1),
             mean_ms=round(float(np.mean(spent)), 1),
             seq_per_s=round(args.batch * 1000 / float(np.mean(spent)), 2),
@@ -96,11 +155,11 @@ def main():
                 [sys.executable, __file__, "--memory", path],
                 capture_output=True,
                 text=True,
-                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **extra),
                 check=True,
             )
-            report[path].update(json.loads(child.stdout.strip().splitlines()[-1]))
-    a, b = (report[p]["p50_ms"] for p in args.exports)
+            report[label].update(json.loads(child.stdout.strip().splitlines()[-1]))
+    a, b = (report[label]["p50_ms"] for label in labels)
     report["b_p50_over_a_p50"] = round(b / a, 3)
     record.emit(report, "export-ab", args.output)
 
@@ -108,5 +167,7 @@ def main():
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--memory"]:
         memory(sys.argv[2])
+    elif sys.argv[1:2] == ["--serve"]:
+        serve_on_request(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     else:
         main()
