@@ -312,10 +312,10 @@ def embedding_model(encoder) -> keras.Model:
     return keras.Model(encoder.input, encoder.embeddings.output)
 
 
-def run_in_fresh_process(work, script: str, spec, timeout: int = 300):
+def run_in_fresh_process(work, script: str, spec, timeout: int = 300, env: dict | None = None):
     """Run `script` (Python source) in a fresh interpreter on `work`/spec.json (`spec` as JSON),
     as the export tests run SavedModels the way TF Serving does (tests/reference is on its path, for
-    serving_session); returns its last stdout line as JSON."""
+    serving_session), with `env` added to its environment; returns its last stdout line as JSON."""
     (work / "spec.json").write_text(json.dumps(spec))
     (work / "serve.py").write_text(script)
     result = subprocess.run(
@@ -327,6 +327,7 @@ def run_in_fresh_process(work, script: str, spec, timeout: int = 300):
             os.environ,
             TF_CPP_MIN_LOG_LEVEL="3",
             PYTHONPATH=os.pathsep.join(filter(None, [REFERENCE, os.environ.get("PYTHONPATH")])),
+            **(env or {}),
         ),
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -9,16 +9,12 @@ a @ b + c with all three from the request, shows that the setting took effect in
 second answer goes wrong there.
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REFERENCE, run_kbert
+from conftest import run_kbert
+from helpers import run_in_fresh_process
 
 TEXTS = ["ok", "a longer sentence about gold and silver prices", "short one", "x " * 60]
 REQUESTS = [[TEXTS[0]], [TEXTS[1]], TEXTS, [TEXTS[3]], [TEXTS[2], TEXTS[0]]]
@@ -63,17 +59,7 @@ class _Product(tf.Module):
 
 
 def _served(work, spec, **env) -> dict:
-    (work / "spec.json").write_text(json.dumps(spec))
-    (work / "serve.py").write_text(SERVE)
-    done = subprocess.run(
-        [sys.executable, str(work / "serve.py"), str(work / "spec.json")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="1", PYTHONPATH=REFERENCE, **env),
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_in_fresh_process(work, SERVE, spec, timeout=600, env={"TF_ENABLE_ONEDNN_OPTS": "1", **env})
 
 
 @pytest.fixture(scope="module")
