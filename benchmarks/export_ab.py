@@ -103,6 +103,14 @@ def time_in_children(args, requests, env_b) -> list:
     return [list(side) for side in zip(*times)]
 
 
+def name_and_value(item: str) -> tuple:
+    """`--env-b`'s NAME=VALUE, or argparse's one-line error."""
+    name, equals, value = item.partition("=")
+    if not name or not equals:
+        raise argparse.ArgumentTypeError(f"{item!r} is not NAME=VALUE")
+    return name, value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("exports", nargs=2)
@@ -111,10 +119,12 @@ def main():
     parser.add_argument("--batch", type=int, default=1, help="texts per request")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory and load-time children")
     parser.add_argument("--threads", type=int, nargs=2, default=[0, 0], metavar=("INTRA", "INTER"))
-    parser.add_argument("--env-b", nargs="+", default=[], metavar="NAME=VALUE", help="B's environment variables")
+    parser.add_argument(
+        "--env-b", nargs="+", type=name_and_value, default=[], metavar="NAME=VALUE", help="B's environment variables"
+    )
     parser.add_argument("--output", help=record.OUTPUT_HELP)
     args = parser.parse_args()
-    env_b = dict(item.split("=", 1) for item in args.env_b)
+    env_b = dict(args.env_b)
     if args.texts:
         with open(args.texts, encoding="utf-8") as f:
             texts = json.load(f)
@@ -143,7 +153,7 @@ def main():
     report = {"threads": {"intra_op": intra, "inter_op": inter}, "env_b": env_b}
     labels = list(args.exports)
     if env_b and labels[0] == labels[1]:
-        labels[1] += " with " + " ".join(args.env_b)
+        labels[1] += " with " + " ".join(f"{k}={v}" for k, v in env_b.items())
     for label, path, extra, spent in zip(labels, args.exports, ({}, env_b), times):
         report[label] = dict(
             p50_ms=round(float(np.median(spent)), 1),
