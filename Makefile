@@ -8,9 +8,12 @@ STAMP := $(VENV)/.kbert-installed
 
 # uv installs what pip would (the same resolution, from the same indexes and PIP_FIND_LINKS, the
 # system's certificates), downloading and unpacking in parallel: a fresh venv in a fraction of
-# pip's time. pip installs it instead where uv cannot run.
-INSTALL = $(BIN)/pip install --quiet uv && UV_NATIVE_TLS=1 $(BIN)/uv pip install --quiet --python $(BIN)/python \
-	$${PIP_FIND_LINKS:+--find-links $$PIP_FIND_LINKS}
+# pip's time. pip installs it instead where uv cannot run. --compile-bytecode writes the .pyc files
+# pip writes and uv leaves out: without them, a Python that may not write its own
+# (PYTHONDONTWRITEBYTECODE, set on the hosts here) compiles TensorFlow's and Keras' sources again in
+# every process, and the tests start hundreds.
+INSTALL = $(BIN)/pip install --quiet uv && UV_NATIVE_TLS=1 $(BIN)/uv pip install --quiet --compile-bytecode \
+	--python $(BIN)/python $${PIP_FIND_LINKS:+--find-links $$PIP_FIND_LINKS}
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
