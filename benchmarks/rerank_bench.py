@@ -15,8 +15,11 @@ BM25's top instead).
   --mine-negatives`, which writes them to `kbert-reranker.mined.jsonl`; sentence-transformers
   trains on that file).
 - kbert: `kbert finetune --task rerank`, from the converted all-MiniLM-L6-v2 with a new head of one
-  output, loss `bce`; sentence-transformers: `CrossEncoder(num_labels=1).fit` from the same
-  weights (its default loss for one label is the same binary cross-entropy). Both 1 epoch, 32 pairs
+  output, `--loss` bce (the default) or listwise; sentence-transformers from the same weights:
+  for bce `CrossEncoder(num_labels=1).fit` (its default loss for one label is the same binary
+  cross-entropy), for listwise `CrossEncoderTrainer` on the groups with MultipleNegativesRankingLoss
+  drawing no in-batch negatives, no activation, scale 1 (the same softmax cross-entropy over each
+  query's group, its batches whole groups as kbert's). Both 1 epoch, 32 pairs
   a step (kbert batches whole groups: `--batch-size` 32 / (1 + negatives) queries; with
   `--group-by-length`, groups of like lengths), learning rate
   2e-5, warm-up 10%, linear decay, pairs cut to `--max-seq-length` tokens. Training pairs/s: pairs
@@ -32,7 +35,7 @@ BM25's top instead).
 
 usage: .venv/bin/python benchmarks/rerank_bench.py --work DIR [--train-queries 2000] [--negatives 3]
        [--top 20] [--test-queries 3000] [--max-seq-length 128] [--first-stage embedder|bm25]
-       [--group-by-length] [--reranker DIR (score with it, no training)] [--only NAME...] [--output FILE]
+       [--group-by-length] [--loss bce|listwise] [--reranker DIR (score with it, no training)] [--only NAME...] [--output FILE]
 Needs what retrieval_bench.py needs (sentence-transformers' `fit` needs `datasets` and
 `accelerate`). Progress on stderr, one JSON object on stdout.
 """
@@ -84,8 +87,11 @@ def child_kbert_score(work_dir, model_dir, candidates, out, max_seq_length):
     return {"pairs": pairs, "queries": len(rows), "seconds": seconds, "pairs_per_s": pairs / seconds}
 
 
-def child_st_fit(work_dir, base, mined, out_dir, max_seq_length):
-    """CrossEncoder(num_labels=1).fit on the mined groups, as labelled pairs; saves to `out_dir`."""
+def child_st_fit(work_dir, base, mined, out_dir, max_seq_length, loss="bce"):
+    """CrossEncoder(num_labels=1).fit on the mined groups, as labelled pairs; saves to `out_dir`.
+    With `loss` "listwise", CrossEncoderTrainer on the groups instead (`st_listwise_fit`)."""
+    if loss == "listwise":
+        return st_listwise_fit(work_dir, base, mined, out_dir, max_seq_length)
     import torch
     from sentence_transformers import InputExample
     from sentence_transformers.cross_encoder import CrossEncoder
@@ -116,6 +122,63 @@ def child_st_fit(work_dir, base, mined, out_dir, max_seq_length):
         "loss": type(model.loss_fct).__name__ if hasattr(model, "loss_fct") else None,
         "train_seconds": seconds,
         "pairs_per_s": len(examples) / seconds,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def st_group_softmax(model):
+    """sentence-transformers' MultipleNegativesRankingLoss for `model` (a CrossEncoder) drawing no
+    in-batch negatives, with no activation and scale 1: softmax cross-entropy of each query's
+    logits over its own group (query, positive, negative_1, ...), as kbert's `--loss listwise`."""
+    from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
+
+    class GroupSoftmax(MultipleNegativesRankingLoss):
+        def get_in_batch_negatives(self, anchors, candidates):
+            return iter(())  # the group's own negatives only (num_negatives=0 cannot be sampled)
+
+    return GroupSoftmax(model, num_negatives=None, scale=1.0, activation_fn=None)
+
+
+def st_listwise_fit(work_dir, base, mined, out_dir, max_seq_length):
+    """CrossEncoderTrainer on the mined groups (query, positive, negative_1, ...), 32 pairs a step,
+    with `st_group_softmax`, the loss of `--loss listwise`."""
+    import torch
+    from datasets import Dataset
+    from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
+
+    torch.manual_seed(0)
+    rows = read_candidates(mined)
+    negatives = len(rows[0]["negatives"])
+    columns = {"query": [r["query"] for r in rows], "positive": [r["document"] for r in rows]}
+    for i in range(negatives):
+        columns[f"negative_{i + 1}"] = [r["negatives"][i] for r in rows]
+    model = CrossEncoder(base, num_labels=1, max_length=max_seq_length, device="cpu")
+    arguments = CrossEncoderTrainingArguments(
+        output_dir=os.path.join(work_dir, "st-listwise-checkpoints"),
+        num_train_epochs=EPOCHS,
+        per_device_train_batch_size=BATCH // (1 + negatives),
+        learning_rate=LEARNING_RATE,
+        warmup_ratio=WARMUP,
+        lr_scheduler_type="linear",
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    train = Dataset.from_dict(columns)
+    trainer = CrossEncoderTrainer(model=model, args=arguments, train_dataset=train, loss=st_group_softmax(model))
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    model.save(out_dir)
+    pairs = len(rows) * (1 + negatives)
+    return {
+        "pairs": pairs,
+        "steps": trainer.state.global_step,
+        "loss": "MultipleNegativesRankingLoss over each group (no in-batch negatives, no activation, scale 1)",
+        "train_seconds": seconds,
+        "pairs_per_s": pairs / seconds,
         "torch_threads": torch.get_num_threads(),
     }
 
@@ -232,6 +295,12 @@ def main():
     parser.add_argument(
         "--seed", type=int, help="kbert finetune's --seed (its default unless given): another run's draws"
     )
+    parser.add_argument(
+        "--loss",
+        default="bce",
+        choices=("bce", "listwise"),
+        help="both rerankers' loss: binary cross-entropy on pairs, or softmax cross-entropy over each group",
+    )
     parser.add_argument("--reranker", help="kbert-rerank: score with this kbert reranker instead of training one")
     parser.add_argument("--only", nargs="*", default=list(CONTENDERS), choices=CONTENDERS, help="parts to run")
     parser.add_argument("--output", help=record.OUTPUT_HELP)
@@ -285,6 +354,8 @@ def main():
                 args.negatives,
                 *["--group-by-length"] * args.group_by_length,
                 *(["--seed", args.seed] if args.seed is not None else []),
+                "--loss",
+                args.loss,
                 batch_size=BATCH // (1 + args.negatives),
             ),
             parse=True,
@@ -305,7 +376,10 @@ def main():
             sys.exit(f"{mined} is missing: run the kbert-rerank part first (it mines the negatives both train on)")
         st_model = os.path.join(work_dir, "st-reranker")
         base = plain_hf_folder(rb.base_model(), work_dir)
-        fit = spawn("st CrossEncoder fit", f"child_st_fit({work_dir!r}, {base!r}, {mined!r}, {st_model!r}, {seq})")
+        fit = spawn(
+            "st CrossEncoder fit",
+            f"child_st_fit({work_dir!r}, {base!r}, {mined!r}, {st_model!r}, {seq}, {args.loss!r})",
+        )
         training["sentence-transformers CrossEncoder fit"] = fit
         if "error" not in fit:
             out = os.path.join(work_dir, "st-reranker-rankings.npy")
@@ -323,6 +397,7 @@ def main():
             "test_queries": len(order),
             "train_queries": args.train_queries,
             "negatives": args.negatives,
+            "loss": args.loss,
             "max_seq_length": seq,
             "epochs": EPOCHS,
             "pairs_per_step": BATCH,

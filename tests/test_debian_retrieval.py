@@ -187,3 +187,29 @@ def test_the_rerank_benchmark_ranks_the_relevant_document_where_the_reranker_put
         else:
             assert found[i] == base[i] > top
     assert 0 < np.sum(found <= top) < n
+
+
+def test_the_rerank_benchmarks_sentence_transformers_listwise_loss_is_kberts():
+    """benchmarks/rerank_bench.py trains sentence-transformers' reranker for `--loss listwise` with
+    MultipleNegativesRankingLoss over each group alone: the same softmax cross-entropy over the
+    model's own logits of (query, positive) then each (query, negative) as kbert's loss."""
+    import torch
+    from sentence_transformers.cross_encoder import CrossEncoder
+
+    from kbert.finetuning.reranking import loss_of
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import rerank_bench
+
+    model = CrossEncoder(os.path.join(ROOT, "tests", "fixtures", "hf-tiny"), num_labels=1, device="cpu")
+    model.eval()  # no dropout: the loss reads the logits predict gives
+    queries = ["how to make tea", "fix a flat tyre", "the city at night"]
+    columns = [queries, ["Put the kettle on.", "Patch the tube.", "Lights on the river."]]
+    columns += [["Call the vet.", "Bake bread.", "Sing a song."], ["A red car.", "Paint a wall.", "Go to bed."]]
+    with torch.no_grad():
+        got = float(rerank_bench.st_group_softmax(model)(columns, None))
+    pairs = [(q, column[i]) for i, q in enumerate(queries) for column in columns[1:]]
+    logits = model.predict(pairs, activation_fn=torch.nn.Identity()).reshape(len(queries), -1)
+    assert abs(logits[:, 0] - logits[:, 1]).max() > 1e-4  # the logits differ: the order is checked
+    labels = np.eye(logits.shape[1], dtype=np.float32)[[0] * len(queries)]
+    assert got == pytest.approx(float(loss_of("listwise")(labels, logits.astype(np.float32))), abs=1e-5)
