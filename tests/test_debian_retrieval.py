@@ -214,3 +214,29 @@ def test_the_rerank_benchmarks_sentence_transformers_listwise_loss_is_kberts():
     labels = np.zeros(logits.shape, np.float32)
     labels[:, 0] = 1  # each group's first document is the right one
     assert got == pytest.approx(float(loss_of("listwise")(labels, logits.astype(np.float32))), abs=1e-5)
+
+
+def test_the_forward_benchs_token_count_is_each_trainers_padding(tmp_path):
+    """benchmarks/forward_bench.py: the tokens a batch of 4 groups pays for, padded to its longest
+    pair (sentence-transformers) and in kbert's runs of like lengths, counted by hand."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import forward_bench
+
+    from kbert.finetuning.reranking import CHUNK_MULTIPLE, LENGTH_CHUNKS
+
+    assert (LENGTH_CHUNKS, CHUNK_MULTIPLE) == (4, 8)  # the hand count below is for these
+    # Query "a" (1 token); documents of n words "the"; a pair is 1 + n + 3 tokens, cut to 16.
+    sizes = [[2, 20, 4, 9, 1, 3, 5, 2], [1] * 8, [6, 6, 6, 6, 7, 7, 7, 7], [30, 1, 1, 1, 1, 1, 1, 1]]
+    with open(tmp_path / "groups.jsonl", "w", encoding="utf-8") as f:
+        for row in sizes:
+            texts = [" ".join(["the"] * n) for n in row]
+            f.write(json.dumps({"query": "a", "document": texts[0], "negatives": texts[1:]}) + "\n")
+    from tests.conftest import UNCASED_VOCAB
+
+    found = forward_bench.child_padding(str(tmp_path / "groups.jsonl"), UNCASED_VOCAB, 16, epochs=1)
+    lengths = sorted(min(16, n + 4) for row in sizes for n in row)
+    assert found["pairs_tokens"] == sum(lengths)
+    assert found["sentence_transformers_pays"] == 32 * 16
+    # Sorted, 4 runs of 8 pairs: longest 5, 5, 10, 16 tokens; each rounded up to 8.
+    assert lengths[7::8] == [5, 5, 10, 16]
+    assert found["kbert_pays"] == 8 * (8 + 8 + 16 + 16)

@@ -70,6 +70,7 @@ def test_each_benchmark_that_prints_a_report_writes_it_to_the_results_folder():
         "create_data_bench.py",
         "export_ab.py",
         "finetune_bench.py",
+        "forward_bench.py",
         "int8_matmul_bench.py",
         "int8_probe.py",
         "packing_bench.py",
