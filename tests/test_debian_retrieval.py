@@ -222,6 +222,7 @@ def test_the_forward_benchs_token_count_is_each_trainers_padding(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import forward_bench
 
+    from conftest import UNCASED_VOCAB
     from kbert.finetuning.reranking import CHUNK_MULTIPLE, LENGTH_CHUNKS
 
     assert (LENGTH_CHUNKS, CHUNK_MULTIPLE) == (4, 8)  # the hand count below is for these
@@ -231,8 +232,6 @@ def test_the_forward_benchs_token_count_is_each_trainers_padding(tmp_path):
         for row in sizes:
             texts = [" ".join(["the"] * n) for n in row]
             f.write(json.dumps({"query": "a", "document": texts[0], "negatives": texts[1:]}) + "\n")
-    from tests.conftest import UNCASED_VOCAB
-
     found = forward_bench.child_padding(str(tmp_path / "groups.jsonl"), UNCASED_VOCAB, 16, epochs=1)
     lengths = sorted(min(16, n + 4) for row in sizes for n in row)
     assert found["pairs_tokens"] == sum(lengths)
